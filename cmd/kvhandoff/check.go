@@ -1,0 +1,287 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/kvhandoff/kvhandoff/spec"
+	"github.com/kvhandoff/kvhandoff/spec/checker"
+	"github.com/kvhandoff/kvhandoff/spec/explore"
+)
+
+const checkUsage = `usage: kvhandoff check [flags]
+
+Model-checks the executable spec of the handoff protocol (docs/spec.md). Exit
+status 0 iff every property holds (with --matrix: iff the correct protocol passes
+and every switch is exposed by some combination of at most --matrix-size switches);
+1 on a violation; 2 on bad usage.
+
+flags:
+`
+
+type checkFlags struct {
+	requests, pages, pageSize int
+	faults, bugs              string
+	maxFaults                 int
+	simulate                  bool
+	seed                      uint64
+	walks, depth              int
+	jsonOut, matrix, quiet    bool
+	traceFormat               string
+	matrixSize, workers       int
+}
+
+func runCheck(args []string, stdout, stderr io.Writer) int {
+	var f checkFlags
+	fs := flag.NewFlagSet("check", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, checkUsage)
+		fs.PrintDefaults()
+	}
+	fs.IntVar(&f.requests, "requests", 3, "requests: all but the last fit, the last is over-long (1..4)")
+	fs.IntVar(&f.pages, "pages", 4, "decode pool pages; the prefill pool gets half (1..8)")
+	fs.IntVar(&f.pageSize, "page-size", 2, "tokens per page")
+	fs.StringVar(&f.faults, "faults", "all", `fault budgets: "all", "none" or name[=N],... of cancel, crash, timeout, cut, late, corrupt`)
+	fs.IntVar(&f.maxFaults, "max-faults", 0, "faults in one execution, all kinds together (0: only the budgets bound them; with --matrix the default is 2)")
+	fs.StringVar(&f.bugs, "bug", "", "switches of the bug catalogue to turn on, comma-separated")
+	fs.BoolVar(&f.simulate, "simulate", false, "random walks instead of exhaustive exploration")
+	fs.Uint64Var(&f.seed, "seed", 1, "simulation seed: the same seed replays the same walks")
+	fs.IntVar(&f.walks, "walks", 10000, "simulation: number of walks")
+	fs.IntVar(&f.depth, "depth", 60, "simulation: steps per walk before it drains")
+	fs.BoolVar(&f.jsonOut, "json", false, "print exactly one JSON object on stdout")
+	fs.StringVar(&f.traceFormat, "trace-format", "text", "counterexample format: text or mermaid")
+	fs.BoolVar(&f.matrix, "matrix", false, "compute the defense matrix")
+	fs.IntVar(&f.matrixSize, "matrix-size", 3, "matrix: largest combination of switches tried")
+	fs.IntVar(&f.workers, "workers", 0, "exploration goroutines (0: one per core)")
+	fs.BoolVar(&f.quiet, "quiet", false, "no progress on stderr")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "kvhandoff check: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	if f.matrix {
+		set := false
+		fs.Visit(func(fl *flag.Flag) { set = set || fl.Name == "max-faults" })
+		if !set {
+			f.maxFaults = 2 // the matrix runs dozens of explorations
+		}
+	}
+	if f.traceFormat != "text" && f.traceFormat != "mermaid" {
+		fmt.Fprintf(stderr, "kvhandoff check: --trace-format must be text or mermaid, not %q\n", f.traceFormat)
+		return 2
+	}
+	cfg, err := f.config()
+	if err != nil {
+		fmt.Fprintf(stderr, "kvhandoff check: %v\n", err)
+		return 2
+	}
+	if !f.quiet && !f.jsonOut {
+		fmt.Fprintf(stderr, "kvhandoff check: %s\n", describeConfig(cfg))
+	}
+	switch {
+	case f.matrix:
+		return f.runMatrix(cfg, stdout, stderr)
+	case f.simulate:
+		r, err := explore.Simulate(cfg, explore.SimOptions{Seed: f.seed, Walks: f.walks, Depth: f.depth})
+		if err != nil {
+			fmt.Fprintf(stderr, "kvhandoff check: %v\n", err)
+			return 2
+		}
+		return f.printReport(r, stdout, stderr)
+	}
+	opt := explore.Options{Workers: f.workers}
+	if !f.quiet {
+		opt.Progress = func(s checker.Stats) {
+			fmt.Fprintf(stderr, "  %d states, %.0f states/s, depth %d, %s\n", s.States, s.StatesPerSecond(), s.Depth, s.Elapsed.Round(time.Second))
+		}
+	}
+	r, err := explore.Check(cfg, opt)
+	if err != nil {
+		fmt.Fprintf(stderr, "kvhandoff check: %v\n", err)
+		return 2
+	}
+	return f.printReport(r, stdout, stderr)
+}
+
+func (f *checkFlags) config() (spec.Config, error) {
+	if f.requests < 1 || f.requests > spec.MaxRequests {
+		return spec.Config{}, fmt.Errorf("--requests must be 1..%d", spec.MaxRequests)
+	}
+	if f.maxFaults < 0 {
+		return spec.Config{}, fmt.Errorf("--max-faults must be 0 or more")
+	}
+	cfg := spec.NewConfig(f.requests, f.pages, f.pageSize)
+	var err error
+	if cfg.Faults, err = spec.ParseFaults(f.faults); err != nil {
+		return cfg, err
+	}
+	if cfg.Bugs, err = spec.ParseSwitches(f.bugs); err != nil {
+		return cfg, err
+	}
+	cfg.MaxFaults = f.maxFaults
+	return cfg, cfg.Validate()
+}
+
+func describeConfig(c spec.Config) string {
+	prompts := make([]string, len(c.Prompts))
+	for i, t := range c.Prompts {
+		prompts[i] = fmt.Sprint(t)
+	}
+	limit := "budgets only"
+	if c.MaxFaults > 0 {
+		limit = fmt.Sprintf("at most %d per execution", c.MaxFaults)
+	}
+	return fmt.Sprintf("%d requests (prompts %s tokens), page size %d, decode pool %d pages, prefill pool %d pages (%d tokens), context limit %d, %d decode slots; faults %s, %s; bugs: %s",
+		len(c.Prompts), strings.Join(prompts, ","), c.PageSize, c.DecodePages, c.PrefillPages, c.PrefillLimit(), c.ContextLimit, c.DecodeSlots, c.Faults, limit, c.Bugs)
+}
+
+type jsonStep struct {
+	Step   int    `json:"step"`
+	Action string `json:"action"`
+	Detail string `json:"detail"`
+}
+
+type jsonReport struct {
+	Result      string     `json:"result"`
+	Property    string     `json:"property"`
+	Bugs        []string   `json:"bugs"`
+	States      int        `json:"states"`
+	Transitions int        `json:"transitions"`
+	Depth       int        `json:"depth"`
+	Seconds     float64    `json:"seconds"`
+	Trace       []jsonStep `json:"trace"`
+}
+
+func (f *checkFlags) printReport(r *explore.Report, stdout, stderr io.Writer) int {
+	code := 0
+	if !r.OK {
+		code = 1
+	}
+	if f.jsonOut {
+		out := jsonReport{Result: "ok", Property: r.Property, Bugs: r.Bugs.Names(), States: r.Stats.States,
+			Transitions: r.Stats.Transitions, Depth: r.Stats.Depth, Seconds: r.Stats.Elapsed.Seconds(), Trace: []jsonStep{}}
+		if !r.OK {
+			out.Result = "violation"
+		}
+		for _, st := range r.Trace {
+			out.Trace = append(out.Trace, jsonStep{st.Step, st.Action, st.Detail})
+		}
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(out); err != nil {
+			fmt.Fprintf(stderr, "kvhandoff check: %v\n", err)
+			return 2
+		}
+		return code
+	}
+	what := fmt.Sprintf("%d states, %d transitions, depth %d, %.2fs (%.0f states/s)",
+		r.Stats.States, r.Stats.Transitions, r.Stats.Depth, r.Stats.Elapsed.Seconds(), r.Stats.StatesPerSecond())
+	if sim := r.Simulation; sim != nil {
+		what = fmt.Sprintf("%d walks from seed %d, %d steps, longest %d, %.2fs", sim.Walks, sim.Seed, sim.Steps, r.Stats.Depth, r.Stats.Elapsed.Seconds())
+	}
+	if r.OK {
+		extra := ""
+		if r.Simulation == nil && r.Stats.Acyclic {
+			extra = "; protocol transitions acyclic, so liveness needs no fairness"
+		}
+		fmt.Fprintf(stdout, "ok: every property holds within the bounds (%s%s)\n", what, extra)
+		return 0
+	}
+	doc := ""
+	for _, inv := range spec.Invariants {
+		if inv.Name == r.Property {
+			doc = inv.Doc
+		}
+	}
+	for _, g := range spec.Goals {
+		if g.Name == r.Property {
+			doc = g.Doc
+		}
+	}
+	fmt.Fprintf(stdout, "VIOLATION of %s (%s) with bugs: %s\n  %s: %s\n", r.Property, r.Kind, r.Bugs, r.Property, doc)
+	switch r.Kind {
+	case checker.Liveness:
+		fmt.Fprintf(stdout, "  after the last step below, no sequence of protocol steps (without further faults) reaches the goal\n")
+	case checker.Deadlock:
+		fmt.Fprintf(stdout, "  after the last step below, nothing can happen and some request has not ended\n")
+	}
+	kind := "shortest counterexample"
+	if r.Simulation != nil {
+		kind = fmt.Sprintf("counterexample from walk %d of seed %d (not shortest)", r.Simulation.Walk, r.Simulation.Seed)
+	}
+	fmt.Fprintf(stdout, "%s, %d steps:\n", kind, len(r.Trace))
+	if f.traceFormat == "mermaid" {
+		explore.WriteMermaid(stdout, fmt.Sprintf("%s violated with %s", r.Property, r.Bugs), r.Trace)
+	} else {
+		explore.WriteText(stdout, r.Trace)
+	}
+	fmt.Fprintf(stdout, "violation of %s in %d steps (%s)\n", r.Property, len(r.Trace), what)
+	return code
+}
+
+func (f *checkFlags) runMatrix(cfg spec.Config, stdout, stderr io.Writer) int {
+	start := time.Now()
+	var progress func(spec.Switches, *explore.Report)
+	if !f.quiet {
+		progress = func(set spec.Switches, r *explore.Report) {
+			verdict := "holds"
+			if !r.OK {
+				verdict = "violates " + r.Property
+			}
+			fmt.Fprintf(stderr, "  %-60s %s (%d states, %.1fs)\n", set, verdict, r.Stats.States, r.Stats.Elapsed.Seconds())
+		}
+	}
+	x, err := explore.DefenseMatrix(cfg, f.matrixSize, progress)
+	if err != nil {
+		fmt.Fprintf(stderr, "kvhandoff check: %v\n", err)
+		return 2
+	}
+	code := 0
+	if !x.OK() {
+		code = 1
+	}
+	if f.jsonOut {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(struct {
+			Matrix []explore.MatrixRow `json:"matrix"`
+		}{x.Rows}); err != nil {
+			fmt.Fprintf(stderr, "kvhandoff check: %v\n", err)
+			return 2
+		}
+		return code
+	}
+	base := "passes"
+	if !x.Base.OK {
+		base = "FAILS " + x.Base.Property
+	}
+	fmt.Fprintf(stdout, "defense matrix: correct protocol %s (%d states); combinations of up to %d switches\n\n", base, x.Base.Stats.States, x.MaxSize)
+	tw := tabwriter.NewWriter(stdout, 2, 8, 2, ' ', 0)
+	fmt.Fprintln(tw, "switch\texposed by\tviolates")
+	for _, row := range x.Rows {
+		var combos []string
+		for _, c := range row.ExposedBy {
+			combos = append(combos, strings.Join(c, " + "))
+		}
+		exposed := strings.Join(combos, " | ")
+		if exposed == "" {
+			exposed = fmt.Sprintf("NOT EXPOSED by any combination of up to %d", x.MaxSize)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", row.Bug, exposed, strings.Join(row.Violated, ", "))
+	}
+	tw.Flush()
+	fmt.Fprintf(stdout, "\n%d explorations in %.1fs\n", x.Runs, time.Since(start).Seconds())
+	return code
+}

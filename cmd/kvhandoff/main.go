@@ -1,0 +1,42 @@
+// Command kvhandoff is kvhandoff's command line. Today it has one job, check:
+// the model checker over the executable spec of the handoff protocol.
+//
+//	kvhandoff check [flags]          exhaustive check of the default configuration
+//	kvhandoff check --bug NAME,...   the same with bugs of the catalogue switched on
+//	kvhandoff check --matrix         the defense matrix
+//	kvhandoff check --simulate       seeded random walks instead of exhaustion
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+const usage = `usage: kvhandoff <command> [flags]
+
+commands:
+  check   model-check the executable spec of the handoff protocol
+          (kvhandoff check -h for its flags)
+`
+
+// run is main without the process: it returns the exit code.
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	switch args[0] {
+	case "check":
+		return runCheck(args[1:], stdout, stderr)
+	case "-h", "--help", "help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	}
+	fmt.Fprintf(stderr, "kvhandoff: unknown command %q\n%s", args[0], usage)
+	return 2
+}

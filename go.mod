@@ -1,0 +1,3 @@
+module github.com/kvhandoff/kvhandoff
+
+go 1.26

@@ -1,0 +1,425 @@
+package checker_test
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/kvhandoff/kvhandoff/spec/checker"
+)
+
+// --- a counter: 0..N by +1, with a fault that resets it ---
+
+type counter struct {
+	n     int
+	reset bool // a fault action that jumps back to 0
+}
+
+func (c counter) Initial() []int { return []int{0} }
+func (c counter) Successors(s *int, emit func(string, int)) {
+	if *s < c.n {
+		emit("inc", *s+1)
+	}
+	if c.reset && *s > 0 {
+		emit("reset", 0)
+	}
+}
+func (c counter) AppendFingerprint(dst []byte, s *int) []byte { return append(dst, byte(*s)) }
+func (c counter) IsFault(a string) bool                       { return a == "reset" }
+func (c counter) Finished(s *int) bool                        { return *s == c.n }
+
+func atMost(k int) checker.Invariant[int] {
+	return checker.Invariant[int]{Name: fmt.Sprintf("AtMost%d", k), Holds: func(s *int) bool { return *s <= k }}
+}
+
+func TestCounterStatesAndDepth(t *testing.T) {
+	res, err := checker.Check[int, string](counter{n: 9}, checker.Properties[int]{Invariants: []checker.Invariant[int]{atMost(9)}}, checker.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.OK() || res.Stats.States != 10 || res.Stats.Depth != 9 || res.Stats.Transitions != 9 {
+		t.Fatalf("got ok=%v %+v, want ok with 10 states, depth 9, 9 transitions", res.OK(), res.Stats)
+	}
+}
+
+func TestSafetyViolationHasShortestTrace(t *testing.T) {
+	res, err := checker.Check[int, string](counter{n: 9, reset: true}, checker.Properties[int]{Invariants: []checker.Invariant[int]{atMost(4)}}, checker.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.OK() {
+		t.Fatal("AtMost4 should fail")
+	}
+	v := res.Violations[0]
+	if v.Property != "AtMost4" || v.Kind != checker.Safety || len(v.Trace) != 6 {
+		t.Fatalf("got %s %s with %d states in the trace, want AtMost4 safety with 6 (0..5)", v.Property, v.Kind, len(v.Trace))
+	}
+	for i, st := range v.Trace {
+		if st.State != i || (i > 0 && st.Action != "inc") || st.Initial != (i == 0) {
+			t.Fatalf("step %d: %+v", i, st)
+		}
+	}
+}
+
+// --- a two-process mutex, with and without a check-then-set race ---
+
+type mutexState struct {
+	pc    [2]uint8 // 0 idle, 1 checked (racy version), 2 critical
+	taken bool
+}
+
+type mutex struct{ racy bool }
+
+func (m mutex) Initial() []mutexState { return []mutexState{{}} }
+func (m mutex) Successors(s *mutexState, emit func(string, mutexState)) {
+	for p := 0; p < 2; p++ {
+		n := *s
+		switch s.pc[p] {
+		case 0:
+			if m.racy {
+				if !s.taken { // check ...
+					n.pc[p] = 1
+					emit(fmt.Sprintf("check%d", p), n)
+				}
+			} else if !s.taken { // atomic test-and-set
+				n.pc[p], n.taken = 2, true
+				emit(fmt.Sprintf("acquire%d", p), n)
+			}
+		case 1: // ... then set, without looking again
+			n.pc[p], n.taken = 2, true
+			emit(fmt.Sprintf("set%d", p), n)
+		case 2:
+			n.pc[p], n.taken = 0, false
+			emit(fmt.Sprintf("release%d", p), n)
+		}
+	}
+}
+func (m mutex) AppendFingerprint(dst []byte, s *mutexState) []byte {
+	return append(dst, s.pc[0], s.pc[1], boolByte(s.taken))
+}
+func (m mutex) IsFault(string) bool         { return false }
+func (m mutex) Finished(s *mutexState) bool { return false }
+func boolByte(b bool) byte                  { return map[bool]byte{false: 0, true: 1}[b] }
+func mutualExclusion() checker.Invariant[mutexState] {
+	return checker.Invariant[mutexState]{Name: "MutualExclusion", Holds: func(s *mutexState) bool { return !(s.pc[0] == 2 && s.pc[1] == 2) }}
+}
+
+func TestMutexWithoutRaceHolds(t *testing.T) {
+	res, err := checker.Check[mutexState, string](mutex{}, checker.Properties[mutexState]{Invariants: []checker.Invariant[mutexState]{mutualExclusion()}}, checker.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.OK() || res.Stats.States != 3 {
+		t.Fatalf("ok=%v states=%d, want ok with 3 states", res.OK(), res.Stats.States)
+	}
+}
+
+func TestMutexRaceFoundWithShortestTrace(t *testing.T) {
+	res, err := checker.Check[mutexState, string](mutex{racy: true}, checker.Properties[mutexState]{Invariants: []checker.Invariant[mutexState]{mutualExclusion()}}, checker.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.OK() {
+		t.Fatal("the racy mutex must violate MutualExclusion")
+	}
+	// check0, check1, set0, set1 (or the symmetric order): 4 steps.
+	if tr := res.Violations[0].Trace; len(tr)-1 != 4 {
+		t.Fatalf("trace has %d steps, want 4: %+v", len(tr)-1, tr)
+	}
+}
+
+// --- deadlock: two processes take two locks in opposite orders ---
+
+type locksState struct{ pc [2]uint8 } // 0 none, 1 first lock, 2 both, 3 done
+
+type locks struct{}
+
+func (locks) Initial() []locksState { return []locksState{{}} }
+func (locks) Successors(s *locksState, emit func(string, locksState)) {
+	held := func(lock int) bool {
+		// process 0 takes A then B; process 1 takes B then A.
+		for p := 0; p < 2; p++ {
+			first := p // process p's first lock is lock p
+			if s.pc[p] == 1 && first == lock || s.pc[p] == 2 {
+				return true
+			}
+		}
+		return false
+	}
+	for p := 0; p < 2; p++ {
+		n := *s
+		switch s.pc[p] {
+		case 0:
+			if !held(p) {
+				n.pc[p] = 1
+				emit(fmt.Sprintf("p%d takes its first lock", p), n)
+			}
+		case 1:
+			if !held(1 - p) {
+				n.pc[p] = 2
+				emit(fmt.Sprintf("p%d takes its second lock", p), n)
+			}
+		case 2:
+			n.pc[p] = 3
+			emit(fmt.Sprintf("p%d releases both", p), n)
+		}
+	}
+}
+func (locks) AppendFingerprint(dst []byte, s *locksState) []byte {
+	return append(dst, s.pc[0], s.pc[1])
+}
+func (locks) IsFault(string) bool         { return false }
+func (locks) Finished(s *locksState) bool { return s.pc[0] == 3 && s.pc[1] == 3 }
+
+func TestDeadlockDetected(t *testing.T) {
+	res, err := checker.Check[locksState, string](locks{}, checker.Properties[locksState]{}, checker.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.OK() {
+		t.Fatal("opposite lock order must deadlock")
+	}
+	v := res.Violations[0]
+	last := v.Trace[len(v.Trace)-1].State
+	if v.Kind != checker.Deadlock || v.Property != checker.DeadlockProperty || last.pc != [2]uint8{1, 1} {
+		t.Fatalf("got %s %s ending in %+v, want a deadlock with both holding their first lock", v.Property, v.Kind, last)
+	}
+}
+
+// --- liveness: a retry loop that can be entered only by a fault ---
+
+type retryState struct {
+	at    uint8 // 0 start, 1 working, 2 done, 3 stuck (a fault's doing)
+	spins uint8
+}
+
+type retry struct{ stuckLoops bool }
+
+func (retry) Initial() []retryState { return []retryState{{}} }
+func (r retry) Successors(s *retryState, emit func(string, retryState)) {
+	switch s.at {
+	case 0:
+		emit("start", retryState{at: 1})
+	case 1:
+		emit("finish", retryState{at: 2})
+		emit("yield", retryState{at: 0}) // a protocol cycle that can always still finish
+		emit("break", retryState{at: 3}) // fault
+	case 3:
+		if r.stuckLoops {
+			emit("spin", retryState{at: 3, spins: 1 - s.spins}) // a protocol cycle that never finishes
+		} else {
+			emit("repair", retryState{at: 2}) // only a fault gets out
+		}
+	}
+}
+func (retry) AppendFingerprint(dst []byte, s *retryState) []byte { return append(dst, s.at, s.spins) }
+func (retry) IsFault(a string) bool                              { return a == "break" || a == "repair" }
+func (retry) Finished(s *retryState) bool                        { return s.at == 2 }
+
+var doneGoal = checker.Properties[retryState]{Goals: []checker.Goal[retryState]{{Name: "Done", Reached: func(s *retryState) bool { return s.at == 2 }}}}
+
+func TestLivenessCycleThatCanStillFinishHolds(t *testing.T) {
+	m := retryNoBreak{}
+	res, err := checker.Check[retryState, string](m, doneGoal, checker.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.OK() || res.Stats.Acyclic {
+		t.Fatalf("ok=%v acyclic=%v: want ok over a cyclic graph", res.OK(), res.Stats.Acyclic)
+	}
+}
+
+// retryNoBreak is retry without its fault.
+type retryNoBreak struct{ retry }
+
+func (r retryNoBreak) Successors(s *retryState, emit func(string, retryState)) {
+	r.retry.Successors(s, func(a string, n retryState) {
+		if a != "break" {
+			emit(a, n)
+		}
+	})
+}
+
+func TestLivenessIgnoresRecoveryByFault(t *testing.T) {
+	res, err := checker.Check[retryState, string](retry{}, doneGoal, checker.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.OK() {
+		t.Fatal("only a fault leaves the stuck state: Done must fail")
+	}
+	v := res.Violations[0]
+	if v.Property != "Done" || v.Kind != checker.Liveness || v.Trace[len(v.Trace)-1].State.at != 3 {
+		t.Fatalf("got %s %s ending in %+v", v.Property, v.Kind, v.Trace[len(v.Trace)-1].State)
+	}
+}
+
+func TestLivenessProtocolCycleThatNeverFinishes(t *testing.T) {
+	res, err := checker.Check[retryState, string](retry{stuckLoops: true}, doneGoal, checker.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.OK() || res.Violations[0].Kind != checker.Liveness {
+		t.Fatalf("a spin loop that never finishes must violate Done, got %+v", res.Violations)
+	}
+	if n := len(res.Violations[0].Trace) - 1; n != 2 {
+		t.Fatalf("shortest trace to the stuck state is start, break: got %d steps", n)
+	}
+}
+
+// --- symmetry: k identical processes, each counting to 2 ---
+
+type tokens struct {
+	k         int
+	canonical bool
+}
+
+func (t tokens) Initial() []string { return []string{string(make([]byte, t.k))} }
+func (t tokens) Successors(s *string, emit func(int, string)) {
+	for i := 0; i < t.k; i++ {
+		if (*s)[i] < 2 {
+			b := []byte(*s)
+			b[i]++
+			emit(i, string(b))
+		}
+	}
+}
+func (t tokens) AppendFingerprint(dst []byte, s *string) []byte {
+	b := []byte(*s)
+	if t.canonical {
+		slices.Sort(b) // processes are interchangeable: only the multiset matters
+	}
+	return append(dst, b...)
+}
+func (tokens) IsFault(int) bool { return false }
+func (t tokens) Finished(s *string) bool {
+	for i := 0; i < t.k; i++ {
+		if (*s)[i] != 2 {
+			return false
+		}
+	}
+	return true
+}
+
+func TestSymmetryReductionCountsMultisets(t *testing.T) {
+	full, err := checker.Check[string, int](tokens{k: 4}, checker.Properties[string]{}, checker.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reduced, err := checker.Check[string, int](tokens{k: 4, canonical: true}, checker.Properties[string]{}, checker.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 3^4 = 81 assignments; multisets of size 4 over 3 values: C(6,2) = 15.
+	if full.Stats.States != 81 || reduced.Stats.States != 15 || !full.OK() || !reduced.OK() {
+		t.Fatalf("full %d, reduced %d states; want 81 and 15", full.Stats.States, reduced.Stats.States)
+	}
+	// A counterexample found under symmetry is replayed as concrete states.
+	bad := checker.Properties[string]{Invariants: []checker.Invariant[string]{{Name: "NotAllTwo", Holds: func(s *string) bool { return !tokens{k: 4}.Finished(s) }}}}
+	res, err := checker.Check[string, int](tokens{k: 4, canonical: true}, bad, checker.Options{})
+	if err != nil || res.OK() {
+		t.Fatalf("want a violation, got %v %v", res, err)
+	}
+	tr := res.Violations[0].Trace
+	for i := 1; i < len(tr); i++ {
+		prev, cur := []byte(tr[i-1].State), []byte(tr[i].State)
+		prev[tr[i].Action]++
+		if string(prev) != string(cur) {
+			t.Fatalf("step %d is not the action applied to the previous concrete state", i)
+		}
+	}
+}
+
+func TestDeterministicAcrossWorkerCounts(t *testing.T) {
+	var traces [][]checker.Step[mutexState, string]
+	for _, w := range []int{1, 2, 7} {
+		res, err := checker.Check[mutexState, string](mutex{racy: true}, checker.Properties[mutexState]{Invariants: []checker.Invariant[mutexState]{mutualExclusion()}}, checker.Options{Workers: w})
+		if err != nil {
+			t.Fatal(err)
+		}
+		traces = append(traces, res.Violations[0].Trace)
+	}
+	for i := 1; i < len(traces); i++ {
+		if !slices.Equal(traces[0], traces[i]) {
+			t.Fatalf("worker counts gave different counterexamples:\n%v\n%v", traces[0], traces[i])
+		}
+	}
+}
+
+func TestAcceptFilterSkipsRefusedCounterexamples(t *testing.T) {
+	props := checker.Properties[int]{Invariants: []checker.Invariant[int]{atMost(4)}}
+	// Refuse the shortest counterexample (ending at 5): the next one ends at 6.
+	res, err := checker.CheckAccepting[int, string](counter{n: 9}, props, checker.Options{}, func(v checker.Violation[int, string]) bool {
+		return v.Trace[len(v.Trace)-1].State != 5
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 5 is bad and not expanded, so 6 is unreachable: the property counts as holding.
+	if !res.OK() {
+		t.Fatalf("want no accepted counterexample, got %+v", res.Violations)
+	}
+	res, err = checker.CheckAccepting[int, string](counter{n: 9, reset: true}, props, checker.Options{MaxRejects: 1}, func(checker.Violation[int, string]) bool { return false })
+	if err != nil || !res.OK() || !res.Truncated {
+		t.Fatalf("refusing past MaxRejects must set Truncated: ok=%v truncated=%v err=%v", res.OK(), res.Truncated, err)
+	}
+}
+
+func TestMaxStates(t *testing.T) {
+	_, err := checker.Check[string, int](tokens{k: 4}, checker.Properties[string]{}, checker.Options{MaxStates: 10})
+	if !errors.Is(err, checker.ErrTooManyStates) {
+		t.Fatalf("got %v, want ErrTooManyStates", err)
+	}
+}
+
+// flaky emits a random successor: its traces cannot be replayed.
+type flaky struct{}
+
+func (flaky) Initial() []int { return []int{0} }
+func (flaky) Successors(s *int, emit func(string, int)) {
+	if *s < 3 {
+		emit("step", *s+1+10*rand.IntN(1000))
+	}
+}
+func (flaky) AppendFingerprint(dst []byte, s *int) []byte {
+	return append(dst, byte(*s), byte(*s>>8), byte(*s>>16))
+}
+func (flaky) IsFault(string) bool { return false }
+func (flaky) Finished(*int) bool  { return true }
+
+func TestNondeterministicModelIsAnError(t *testing.T) {
+	props := checker.Properties[int]{Invariants: []checker.Invariant[int]{{Name: "Zero", Holds: func(s *int) bool { return *s == 0 }}}}
+	_, err := checker.Check[int, string](flaky{}, props, checker.Options{})
+	if !errors.Is(err, checker.ErrNondeterministic) {
+		t.Fatalf("got %v, want ErrNondeterministic", err)
+	}
+}
+
+func TestSimulateFindsRaceAndReplaysFromSeed(t *testing.T) {
+	props := checker.Properties[mutexState]{Invariants: []checker.Invariant[mutexState]{mutualExclusion()}}
+	a := checker.Simulate[mutexState, string](mutex{racy: true}, props, checker.SimOptions{Seed: 42, Walks: 200, Depth: 20})
+	b := checker.Simulate[mutexState, string](mutex{racy: true}, props, checker.SimOptions{Seed: 42, Walks: 200, Depth: 20})
+	if a.Violation == nil {
+		t.Fatal("200 random walks should find the race")
+	}
+	if a.Walk != b.Walk || !slices.Equal(a.Violation.Trace, b.Violation.Trace) {
+		t.Fatal("the same seed must replay the same walk")
+	}
+	ok := checker.Simulate[mutexState, string](mutex{}, props, checker.SimOptions{Seed: 42, Walks: 200, Depth: 20})
+	if ok.Violation != nil || ok.Walks != 200 {
+		t.Fatalf("correct mutex: %+v", ok)
+	}
+}
+
+func TestSimulateFindsDeadlockAndLiveness(t *testing.T) {
+	d := checker.Simulate[locksState, string](locks{}, checker.Properties[locksState]{}, checker.SimOptions{Seed: 1, Walks: 100, Depth: 10})
+	if d.Violation == nil || d.Violation.Kind != checker.Deadlock {
+		t.Fatalf("want a deadlock, got %+v", d.Violation)
+	}
+	l := checker.Simulate[retryState, string](retry{}, doneGoal, checker.SimOptions{Seed: 1, Walks: 100, Depth: 3})
+	if l.Violation == nil || l.Violation.Kind != checker.Liveness {
+		t.Fatalf("want a liveness violation, got %+v", l.Violation)
+	}
+}

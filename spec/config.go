@@ -1,0 +1,280 @@
+package spec
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// Switch is one bug of the catalogue (design.md §5). A set of switches is a
+// Switches value; the zero value is the correct protocol.
+type Switch uint16
+
+// The switches, with exactly the catalogue's names (see Switch.String).
+const (
+	AdmitFinished    Switch = 1 << iota // admission checks "finished", not "rejected"
+	AbortStillSends                     // an aborted sender still sends Done
+	NoTokenCheck                        // decode accepts a Done whose token or page count differs
+	EagerRelease                        // decode frees pages on abort while a WRITE may be in flight
+	TimeoutFree                         // decode frees pages on timeout without fencing the sender
+	PrefillEarlyFree                    // prefill frees source pages before their WRITEs complete
+	DoneUnmatched                       // Done is matched by slot, not by request
+	NoTagCheck                          // tag records and page epochs are not checked
+	NoChecksum                          // payload checksums are not verified
+	LeakOnCancel                        // a cancelled request's pages are never returned
+	NoPeerCancel                        // a failure on one leg is not propagated to the other
+	DoubleFree                          // a page can be freed twice
+	numSwitches      = iota
+)
+
+var switchNames = [numSwitches]string{
+	"admit-finished", "abort-still-sends", "no-token-check", "eager-release", "timeout-free",
+	"prefill-early-free", "done-unmatched", "no-tag-check", "no-checksum", "leak-on-cancel",
+	"no-peer-cancel", "double-free",
+}
+
+// AllSwitches lists every switch in catalogue order.
+func AllSwitches() []Switch {
+	out := make([]Switch, numSwitches)
+	for i := range out {
+		out[i] = 1 << i
+	}
+	return out
+}
+
+func (s Switch) String() string {
+	for i := 0; i < numSwitches; i++ {
+		if s == 1<<i {
+			return switchNames[i]
+		}
+	}
+	return fmt.Sprintf("Switch(%#x)", uint16(s))
+}
+
+// Switches is a set of switches.
+type Switches uint16
+
+// Has reports whether sw is in the set.
+func (s Switches) Has(sw Switch) bool { return s&Switches(sw) != 0 }
+
+// With returns the set plus sw.
+func (s Switches) With(sw Switch) Switches { return s | Switches(sw) }
+
+// Names lists the set's names in catalogue order.
+func (s Switches) Names() []string {
+	out := []string{}
+	for _, sw := range AllSwitches() {
+		if s.Has(sw) {
+			out = append(out, sw.String())
+		}
+	}
+	return out
+}
+
+func (s Switches) String() string {
+	if s == 0 {
+		return "none"
+	}
+	return strings.Join(s.Names(), ",")
+}
+
+// ErrUnknownSwitch is returned for a switch name not in the catalogue.
+var ErrUnknownSwitch = errors.New("unknown switch")
+
+// ParseSwitches parses a comma-separated list of switch names; "" and "none" are the empty set.
+func ParseSwitches(list string) (Switches, error) {
+	var out Switches
+	if list == "" || list == "none" {
+		return 0, nil
+	}
+	for _, name := range strings.Split(list, ",") {
+		name = strings.TrimSpace(name)
+		found := false
+		for i, n := range switchNames {
+			if n == name {
+				out |= 1 << i
+				found = true
+			}
+		}
+		if !found {
+			return 0, fmt.Errorf("%w %q (known: %s)", ErrUnknownSwitch, name, strings.Join(switchNames[:], ", "))
+		}
+	}
+	return out, nil
+}
+
+// Fault is a kind of fault action.
+type Fault int
+
+// The faults, each with a budget in Config.Faults.
+const (
+	FaultCancel  Fault = iota // the client cancels a request at any point
+	FaultCrash                // the prefill node crashes
+	FaultTimeout              // decode's timer for a reserved request fires
+	FaultCut                  // the queue pair breaks: everything in flight is flushed
+	FaultLate                 // a posted WRITE stays in the network, placed arbitrarily later
+	FaultCorrupt              // a WRITE's payload is corrupted in transit
+	NumFaults
+)
+
+var faultNames = [NumFaults]string{"cancel", "crash", "timeout", "cut", "late", "corrupt"}
+
+func (f Fault) String() string {
+	if f >= 0 && f < NumFaults {
+		return faultNames[f]
+	}
+	return fmt.Sprintf("Fault(%d)", int(f))
+}
+
+// Budget is how many times each fault may happen in one execution.
+type Budget [NumFaults]uint8
+
+// String lists the budget as name=N pairs.
+func (b Budget) String() string {
+	var parts []string
+	for f := Fault(0); f < NumFaults; f++ {
+		parts = append(parts, fmt.Sprintf("%s=%d", f, b[f]))
+	}
+	return strings.Join(parts, ",")
+}
+
+// ErrBadFaults is returned for a malformed fault list.
+var ErrBadFaults = errors.New("bad fault list")
+
+// ParseFaults parses "name[=N],..." (a bare name means N=1); "none" is no faults;
+// "all" is every fault once. Faults not named get budget 0.
+func ParseFaults(list string) (Budget, error) {
+	var b Budget
+	switch list {
+	case "none", "":
+		return b, nil
+	case "all":
+		for i := range b {
+			b[i] = 1
+		}
+		return b, nil
+	}
+	for _, item := range strings.Split(list, ",") {
+		name, num, hasNum := strings.Cut(strings.TrimSpace(item), "=")
+		n := 1
+		if hasNum {
+			v, err := strconv.Atoi(num)
+			if err != nil || v < 0 || v > 3 {
+				return b, fmt.Errorf("%w: %q: budget must be 0..3", ErrBadFaults, item)
+			}
+			n = v
+		}
+		found := false
+		for f := Fault(0); f < NumFaults; f++ {
+			if f.String() == name {
+				b[f] = uint8(n)
+				found = true
+			}
+		}
+		if !found {
+			return b, fmt.Errorf("%w: unknown fault %q (known: %s)", ErrBadFaults, name, strings.Join(faultNames[:], ", "))
+		}
+	}
+	return b, nil
+}
+
+// Config is one bounded instance of the protocol.
+type Config struct {
+	PageSize     int   // tokens per page
+	Prompts      []int // prompt length in tokens of each request
+	ContextLimit int   // the advertised context length: all the router checks
+	PrefillPages int   // source pages on the prefill node; its own limit is PrefillPages*PageSize tokens
+	DecodePages  int   // pages in the decode pool
+	DecodeSlots  int   // request slots on the decode node
+	MaxInFlight  int   // WRITEs a sender may have posted and not completed, per request
+	Faults       Budget
+	MaxFaults    int // faults in one execution, all kinds together; 0 means only the budgets bound them
+	Bugs         Switches
+}
+
+// Bounds of the state encoding.
+const (
+	MaxRequests     = 4
+	MaxDecodePages  = 8
+	MaxPrefillPages = 8
+	MaxSlots        = 4
+	MaxQueue        = 16
+)
+
+// DefaultConfig is the incident's deployment at the default bounds: three
+// requests, two that fit and one over-long; the router's advertised context
+// admits the over-long one, the prefill pool does not.
+func DefaultConfig() Config { return NewConfig(3, 4, 2) }
+
+// NewConfig builds the incident-shaped configuration for the given bounds:
+// requests-1 prompts of one page and one over-long prompt of PrefillPages*pageSize+1
+// tokens, where the prefill pool holds half the decode pool (at least one page)
+// and the router checks only the decode pool's capacity (the advertised context).
+// Every fault gets budget 1 and there are two decode slots.
+func NewConfig(requests, decodePages, pageSize int) Config {
+	prefillPages := max(1, decodePages/2)
+	c := Config{
+		PageSize:     pageSize,
+		ContextLimit: decodePages * pageSize,
+		PrefillPages: prefillPages,
+		DecodePages:  decodePages,
+		DecodeSlots:  min(2, max(1, requests-1)),
+		MaxInFlight:  2,
+	}
+	for i := 0; i < requests-1; i++ {
+		c.Prompts = append(c.Prompts, pageSize)
+	}
+	if requests > 0 {
+		c.Prompts = append(c.Prompts, prefillPages*pageSize+1)
+	}
+	for f := range c.Faults {
+		c.Faults[f] = 1
+	}
+	return c
+}
+
+// ErrBadConfig is returned by Validate.
+var ErrBadConfig = errors.New("bad configuration")
+
+// PagesFor is the number of pages a prompt of t tokens needs.
+func (c *Config) PagesFor(t int) int { return (t + c.PageSize - 1) / c.PageSize }
+
+// PrefillLimit is the prefill node's own intake limit in tokens.
+func (c *Config) PrefillLimit() int { return c.PrefillPages * c.PageSize }
+
+// DecodeLimit is the decode node's own intake limit in tokens.
+func (c *Config) DecodeLimit() int { return c.DecodePages * c.PageSize }
+
+// Validate checks that the configuration fits the state encoding.
+func (c *Config) Validate() error {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w: %s", ErrBadConfig, fmt.Sprintf(format, a...))
+	}
+	switch {
+	case len(c.Prompts) < 1 || len(c.Prompts) > MaxRequests:
+		return bad("requests must be 1..%d, got %d", MaxRequests, len(c.Prompts))
+	case c.PageSize < 1 || c.PageSize > 16:
+		return bad("page size must be 1..16 tokens, got %d", c.PageSize)
+	case c.DecodePages < 1 || c.DecodePages > MaxDecodePages:
+		return bad("decode pages must be 1..%d, got %d", MaxDecodePages, c.DecodePages)
+	case c.PrefillPages < 1 || c.PrefillPages > MaxPrefillPages:
+		return bad("prefill pages must be 1..%d, got %d", MaxPrefillPages, c.PrefillPages)
+	case c.DecodeSlots < 1 || c.DecodeSlots > MaxSlots:
+		return bad("decode slots must be 1..%d, got %d", MaxSlots, c.DecodeSlots)
+	case c.MaxInFlight < 1:
+		return bad("max in-flight WRITEs must be at least 1")
+	case c.ContextLimit < 1:
+		return bad("context limit must be at least 1 token")
+	}
+	for i, t := range c.Prompts {
+		if t < 1 || t > 127 {
+			return bad("prompt %d: length must be 1..127 tokens, got %d", i, t)
+		}
+		// A prompt the router admits may be granted up to DecodePages pages.
+		if t <= c.ContextLimit && c.PagesFor(t) > MaxDecodePages {
+			return bad("prompt %d: %d pages exceed the encoding's %d", i, c.PagesFor(t), MaxDecodePages)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,227 @@
+package spec
+
+import (
+	"bytes"
+	"slices"
+)
+
+// Model is the protocol under one Config. It implements the checker's model
+// interface (by method set; spec imports nothing of ours).
+type Model struct {
+	cfg   Config
+	perms [][]int8 // request permutations that preserve the configuration: the symmetry group
+}
+
+// New validates cfg and returns its model.
+func New(cfg Config) (*Model, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.Prompts = slices.Clone(cfg.Prompts)
+	m := &Model{cfg: cfg}
+	m.perms = symmetries(cfg.Prompts)
+	return m, nil
+}
+
+// Config returns the model's configuration.
+func (m *Model) Config() Config { return m.cfg }
+
+// symmetries returns every permutation of request ids that maps each request to
+// one with the same prompt length: such requests are interchangeable.
+func symmetries(prompts []int) [][]int8 {
+	n := len(prompts)
+	var out [][]int8
+	perm := make([]int8, n)
+	used := make([]bool, n)
+	var rec func(i int)
+	rec = func(i int) {
+		if i == n {
+			out = append(out, slices.Clone(perm))
+			return
+		}
+		for j := 0; j < n; j++ {
+			if !used[j] && prompts[j] == prompts[i] {
+				used[j], perm[i] = true, int8(j)
+				rec(i + 1)
+				used[j] = false
+			}
+		}
+	}
+	rec(0)
+	return out
+}
+
+// Initial returns the single initial state: nothing submitted, every decode page
+// free at epoch 0 and holding an earlier tenant's KV, every fault's budget full.
+func (m *Model) Initial() []State {
+	var s State
+	for i := range s.Pages {
+		s.Pages[i] = DecodePage{Owner: Free, Data: Label{Req: Tenant}, Tag: Tag{Req: Tenant, Sum: Label{Req: Tenant}}}
+	}
+	for i := range s.Src {
+		s.Src[i] = SourcePage{Owner: Free, Data: Label{Req: Tenant}}
+	}
+	for i := range s.Slots {
+		s.Slots[i] = Free
+	}
+	for r := range s.Req {
+		s.Req[r].R.Slot = -1
+	}
+	s.Budget = m.cfg.Faults
+	return []State{s}
+}
+
+// IsFault reports whether a is a fault action.
+func (m *Model) IsFault(a Action) bool { return a.IsFault() }
+
+// Finished reports whether s is a legitimate end: every request has ended on
+// both legs. Any other state with no enabled action is a deadlock.
+func (m *Model) Finished(s *State) bool { return m.terminated(s) }
+
+// AppendFingerprint appends the canonical encoding of s: the smallest encoding
+// over the request symmetries, with decode pages relabelled canonically (pages
+// are interchangeable, so only their contents and who refers to them matter).
+func (m *Model) AppendFingerprint(dst []byte, s *State) []byte {
+	if len(m.perms) == 1 {
+		return m.encode(dst, s, m.perms[0])
+	}
+	var best, cur []byte
+	for _, p := range m.perms {
+		cur = m.encode(cur[:0], s, p)
+		if best == nil || bytes.Compare(cur, best) < 0 {
+			best = append(best[:0], cur...)
+		}
+	}
+	return append(dst, best...)
+}
+
+// encode writes s with request r renamed perm[r] and pages renamed canonically.
+func (m *Model) encode(dst []byte, s *State, perm []int8) []byte {
+	nreq := len(m.cfg.Prompts)
+	npages := m.cfg.DecodePages
+	var inv [MaxRequests]int8 // new id -> old id
+	for old, nw := range perm {
+		inv[nw] = int8(old)
+	}
+	req := func(r int8) byte {
+		if r < 0 {
+			return byte(r)
+		}
+		return byte(perm[r])
+	}
+	// Each page's sort key: its content, then the first place that refers to it.
+	// Places are distinct per page, so only unreferenced pages with equal content
+	// tie, and those are interchangeable.
+	type key struct {
+		rec  [12]byte
+		site uint16
+		page int8
+	}
+	var keyArr [MaxDecodePages]key
+	keys := keyArr[:npages]
+	for p := 0; p < npages; p++ {
+		pg := &s.Pages[p]
+		keys[p] = key{rec: [12]byte{pg.Epoch, req(pg.Owner), b2b(pg.Quarantined), req(pg.Data.Req), byte(pg.Data.Index), b2b(pg.Data.Corrupt),
+			req(pg.Tag.Req), byte(pg.Tag.Index), pg.Tag.Epoch, req(pg.Tag.Sum.Req), byte(pg.Tag.Sum.Index), b2b(pg.Tag.Sum.Corrupt)}, site: 0xffff, page: int8(p)}
+	}
+	see := func(page int8, site uint16) {
+		if page >= 0 && int(page) < npages && site < keys[page].site {
+			keys[page].site = site
+		}
+	}
+	for nw := 0; nw < nreq; nw++ {
+		q := &s.Req[inv[nw]]
+		for i := 0; i < int(q.R.N); i++ {
+			see(q.R.Pages[i].Page, uint16(nw*32+i))
+		}
+		if q.S.Granted {
+			for i := 0; i < int(q.R.N); i++ {
+				see(q.S.Grant[i].Page, uint16(nw*32+16+i))
+			}
+		}
+	}
+	for i, msg := range s.QP.Items() {
+		if msg.Kind == MWrite {
+			see(msg.Target.Page, uint16(1000+i))
+		}
+	}
+	if s.Foreign.Happened {
+		see(s.Foreign.Page, 2000)
+	}
+	slices.SortFunc(keys, func(a, b key) int {
+		if c := bytes.Compare(a.rec[:], b.rec[:]); c != 0 {
+			return c
+		}
+		return int(a.site) - int(b.site)
+	})
+	var rename [MaxDecodePages]int8
+	for nw, k := range keys {
+		rename[k.page] = int8(nw)
+	}
+	page := func(p int8) byte {
+		if p < 0 || int(p) >= npages {
+			return byte(p)
+		}
+		return byte(rename[p])
+	}
+	label := func(b []byte, l Label) []byte { return append(b, req(l.Req), byte(l.Index), b2b(l.Corrupt)) }
+
+	for _, k := range keys {
+		dst = append(dst, k.rec[:]...)
+	}
+	for p := 0; p < m.cfg.PrefillPages; p++ {
+		dst = append(dst, req(s.Src[p].Owner))
+		dst = label(dst, s.Src[p].Data)
+	}
+	for i := 0; i < m.cfg.DecodeSlots; i++ {
+		dst = append(dst, req(s.Slots[i]))
+	}
+	for nw := 0; nw < nreq; nw++ {
+		q := &s.Req[inv[nw]]
+		dst = append(dst, b2b(q.Submitted), byte(q.Outcome), byte(q.Reason))
+		sn := &q.S
+		dst = append(dst, byte(sn.Phase), b2b(sn.Placeholder), sn.Pages, b2b(sn.SrcHeld), b2b(sn.Granted), sn.Posted, sn.Completed)
+		for i := 0; i < int(sn.Pages); i++ {
+			dst = append(dst, byte(sn.Src[i]))
+		}
+		if sn.Granted {
+			for i := 0; i < int(q.R.N); i++ {
+				dst = append(dst, page(sn.Grant[i].Page), sn.Grant[i].Epoch)
+			}
+		}
+		rc := &q.R
+		dst = append(dst, byte(rc.Phase), byte(rc.Reason), rc.N, byte(rc.Slot), b2b(rc.Released))
+		for i := 0; i < int(rc.N); i++ {
+			dst = append(dst, page(rc.Pages[i].Page), rc.Pages[i].Epoch)
+		}
+		dst = append(dst, b2b(q.Read), q.ReadN)
+		for i := 0; i < int(q.ReadN); i++ {
+			dst = label(dst, q.ReadData[i])
+		}
+	}
+	for _, qu := range []*Queue{&s.ToPrefill, &s.ToDecode, &s.QP, &s.QPBack} {
+		dst = append(dst, qu.N)
+		for _, msg := range qu.Items() {
+			dst = append(dst, byte(msg.Kind), req(msg.Req), msg.Tokens, msg.Pages, byte(msg.Slot))
+			if msg.Kind == MWrite { // only a WRITE uses these; elsewhere they are zero, not request 0
+				dst = append(dst, byte(msg.Index), page(msg.Target.Page), msg.Target.Epoch, byte(msg.Src), b2b(msg.Corrupt))
+				dst = label(dst, msg.Sum)
+			}
+		}
+	}
+	dst = append(dst, b2b(s.PrefillCrashed), b2b(s.CrashDetected), b2b(s.Overflow))
+	dst = append(dst, s.Budget[:]...)
+	if s.Foreign.Happened {
+		dst = append(dst, 1, req(s.Foreign.Req), page(s.Foreign.Page), req(s.Foreign.Owner))
+	} else {
+		dst = append(dst, 0)
+	}
+	return dst
+}
+
+func b2b(b bool) byte {
+	if b {
+		return 1
+	}
+	return 0
+}

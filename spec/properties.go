@@ -1,0 +1,159 @@
+package spec
+
+// Property names, as design.md §6 gives them.
+const (
+	Isolation        = "Isolation"
+	HonestOutcome    = "HonestOutcome"
+	NoForeignWrite   = "NoForeignWrite"
+	RejectedStaysOut = "RejectedStaysOut"
+	Conservation     = "Conservation"
+	WithinBounds     = "WithinBounds"
+	Termination      = "Termination"
+	NoLeak           = "NoLeak"
+)
+
+// Invariant is a named safety predicate over a state.
+type Invariant struct {
+	Name  string
+	Doc   string
+	Holds func(m *Model, s *State) bool
+}
+
+// Goal is a named liveness property: a state predicate that must stay reachable
+// from every reachable state through protocol actions (see docs/spec.md).
+type Goal struct {
+	Name    string
+	Doc     string
+	Reached func(m *Model, s *State) bool
+}
+
+// Invariants are the safety properties, in the order a violation is reported
+// when several fail in the same state.
+var Invariants = []Invariant{
+	{Isolation, "every page decode read for r holds exactly the KV r wrote for that page, uncorrupted", isolation},
+	{HonestOutcome, "a request reported ok read every page of its prompt, each verified as its own; every other outcome carries an explicit reason", honestOutcome},
+	{NoForeignWrite, "no WRITE for r lands in a decode page owned (or quarantined) by another request", noForeignWrite},
+	{RejectedStaysOut, "a request whose outcome is rejected holds no decode pages, no grant, and no WRITE or Done in flight", rejectedStaysOut},
+	{Conservation, "every page a live request holds is owned by it at the granted epoch: a page is free, owned once, or quarantined, never two owners", conservation},
+	{WithinBounds, "no queue exceeded the model's bound (a modelling limit, not a protocol property)", func(_ *Model, s *State) bool { return !s.Overflow }},
+}
+
+// Goals are the liveness properties.
+var Goals = []Goal{
+	{Termination, "every request reaches an outcome and both of its legs end", func(m *Model, s *State) bool { return m.terminated(s) }},
+	{NoLeak, "at quiescence (every request ended, nothing in flight) every decode and prefill page is free", noLeak},
+}
+
+func isolation(m *Model, s *State) bool {
+	for r := range m.cfg.Prompts {
+		q := &s.Req[r]
+		for i := 0; i < int(q.ReadN); i++ {
+			if !q.ReadData[i].Own(r, i) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+func honestOutcome(m *Model, s *State) bool {
+	for r, t := range m.cfg.Prompts {
+		q := &s.Req[r]
+		switch q.Outcome {
+		case OK:
+			if !q.Read || int(q.ReadN) != m.cfg.PagesFor(t) {
+				return false
+			}
+			for i := 0; i < int(q.ReadN); i++ {
+				if !q.ReadData[i].Own(r, i) {
+					return false
+				}
+			}
+		case Rejected, Cancelled, Failed:
+			if q.Reason == NoReason {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+func noForeignWrite(_ *Model, s *State) bool { return !s.Foreign.Happened }
+
+// holds reports whether r's decode record still holds its pages.
+func holds(rc *Receiver) bool {
+	return rc.Phase == RReserved || rc.Phase == RReady || rc.Phase == RQuarantine && !rc.Released
+}
+
+func rejectedStaysOut(m *Model, s *State) bool {
+	for r := range m.cfg.Prompts {
+		q := &s.Req[r]
+		if q.Outcome != Rejected {
+			continue
+		}
+		if holds(&q.R) || q.S.Granted && q.S.Phase.Live() {
+			return false
+		}
+		for _, msg := range s.QP.Items() {
+			if int(msg.Req) == r && (msg.Kind == MWrite || msg.Kind == MDone) {
+				return false
+			}
+		}
+		for _, msg := range s.QPBack.Items() {
+			if int(msg.Req) == r && msg.Kind == MGrant {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+func conservation(m *Model, s *State) bool {
+	for p := 0; p < m.cfg.DecodePages; p++ {
+		if pg := &s.Pages[p]; pg.Quarantined && pg.Owner == Free {
+			return false
+		}
+	}
+	for r := range m.cfg.Prompts {
+		rc := &s.Req[r].R
+		if !holds(rc) {
+			continue
+		}
+		for i := 0; i < int(rc.N); i++ {
+			ref := rc.Pages[i]
+			pg := &s.Pages[ref.Page]
+			if pg.Owner != int8(r) || pg.Epoch != ref.Epoch {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// terminated: every request has an outcome and neither leg is still working.
+func (m *Model) terminated(s *State) bool {
+	for r := range m.cfg.Prompts {
+		q := &s.Req[r]
+		if !q.Submitted || q.Outcome == Pending || q.S.Phase.Live() || q.R.Phase.Live() {
+			return false
+		}
+	}
+	return true
+}
+
+func noLeak(m *Model, s *State) bool {
+	if !m.terminated(s) || s.QP.N+s.QPBack.N+s.ToPrefill.N+s.ToDecode.N > 0 {
+		return false
+	}
+	for p := 0; p < m.cfg.DecodePages; p++ {
+		if s.Pages[p].Owner != Free {
+			return false
+		}
+	}
+	for p := 0; p < m.cfg.PrefillPages; p++ {
+		if s.Src[p].Owner != Free {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,279 @@
+package spec
+
+import "fmt"
+
+// Tenant is the request id of KV left in decode pages by an earlier tenant: pages
+// are never zeroed, so at the start every page holds someone else's prompt.
+const Tenant int8 = -1
+
+// Free is the owner of a free page or slot.
+const Free int8 = -1
+
+// Label names a piece of KV by what it is: page Index of request Req's prompt,
+// possibly corrupted in transit. Payloads are labels, not bytes: two payloads are
+// equal iff their labels are, and a checksum is the label it was computed over.
+type Label struct {
+	Req     int8
+	Index   int8
+	Corrupt bool
+}
+
+func (l Label) String() string {
+	s := fmt.Sprintf("r%d[%d]", l.Req, l.Index)
+	if l.Req == Tenant {
+		s = "tenant"
+	}
+	if l.Corrupt {
+		s += "(corrupt)"
+	}
+	return s
+}
+
+// Own reports whether l is exactly page i of request r, uncorrupted.
+func (l Label) Own(r, i int) bool { return l == Label{Req: int8(r), Index: int8(i)} }
+
+// PageRef is an ownership tag: a decode page and the epoch it was allocated at.
+type PageRef struct {
+	Page  int8
+	Epoch uint8
+}
+
+// Tag is the tag record written after a page's payload (design.md §3 step 4).
+type Tag struct {
+	Req   int8
+	Index int8
+	Epoch uint8
+	Sum   Label // the payload the sender computed the checksum over
+}
+
+// DecodePage is one page of the decode pool.
+type DecodePage struct {
+	Epoch       uint8 // advanced at every allocation
+	Owner       int8  // request, or Free
+	Quarantined bool  // owner aborted; kept until its writer is fenced
+	Data        Label // the KV the page holds
+	Tag         Tag
+}
+
+// SourcePage is one page of the prefill node's KV pool.
+type SourcePage struct {
+	Owner int8
+	Data  Label
+}
+
+// Outcome is what the client sees.
+type Outcome uint8
+
+// The outcomes; every one but Pending is terminal.
+const (
+	Pending Outcome = iota
+	OK
+	Rejected
+	Cancelled
+	Failed
+)
+
+func (o Outcome) String() string {
+	return [...]string{"pending", "ok", "rejected", "cancelled", "failed"}[o]
+}
+
+// Reason says why a leg or request ended with an error.
+type Reason uint8
+
+// The reasons.
+const (
+	NoReason Reason = iota
+	OverLimit
+	NoCapacity
+	TokenMismatch
+	TagMismatch
+	ChecksumMismatch
+	TimedOut
+	PeerFailed
+	Flushed
+	ClientCancelled
+	GrantMismatch
+)
+
+func (r Reason) String() string {
+	return [...]string{"", "over limit", "no capacity", "token mismatch", "tag mismatch",
+		"checksum mismatch", "timed out", "peer failed", "flushed", "cancelled", "grant mismatch"}[r]
+}
+
+// SenderPhase is the prefill leg's state for one request.
+type SenderPhase uint8
+
+// The sender phases. Terminal: SFinished, SAborted, SRejected, SFailed.
+const (
+	SNone       SenderPhase = iota
+	SAwaitGrant             // KV computed, Bootstrap sent
+	SWriting                // grant admitted, posting WRITEs
+	SSent                   // Done sent, waiting for WRITE completions
+	SAborting               // aborted, waiting for posted WRITEs to complete before AbortAck
+	SFinished
+	SAborted
+	SRejected
+	SFailed
+)
+
+func (p SenderPhase) String() string {
+	return [...]string{"-", "awaiting grant", "writing", "done sent", "aborting", "finished",
+		"aborted", "rejected", "failed"}[p]
+}
+
+// Live reports whether the leg is still working.
+func (p SenderPhase) Live() bool { return p >= SAwaitGrant && p <= SAborting }
+
+// ReceiverPhase is the decode leg's state for one request.
+type ReceiverPhase uint8
+
+// The receiver phases. Terminal: RTombstone, RFinished, RClosed, RRejected.
+const (
+	RNone       ReceiverPhase = iota
+	RTombstone                // cancelled before decode heard of it
+	RReserved                 // pages granted, waiting for Done
+	RReady                    // verified, waiting to decode
+	RQuarantine               // ended while a writer may be live: waiting for the fence
+	RFinished                 // decoded, pages released
+	RClosed                   // ended with an error and fenced
+	RRejected                 // decode's own intake refused it
+)
+
+func (p ReceiverPhase) String() string {
+	return [...]string{"-", "tombstone", "reserved", "ready", "quarantine", "finished",
+		"closed", "rejected"}[p]
+}
+
+// Live reports whether the leg is still working.
+func (p ReceiverPhase) Live() bool { return p >= RReserved && p <= RQuarantine }
+
+// Sender is the prefill node's record of one request.
+type Sender struct {
+	Phase       SenderPhase
+	Placeholder bool  // admit-finished: a rejected prompt swapped for a one-token placeholder
+	Pages       uint8 // pages computed (1 for a placeholder)
+	Src         [MaxDecodePages]int8
+	SrcHeld     bool // source pages still allocated to this request
+	Granted     bool
+	Grant       [MaxDecodePages]PageRef
+	Posted      uint8
+	Completed   uint8
+}
+
+// Receiver is the decode node's record of one request. Pages and Slot are set
+// once, at reservation, and never change: they are what the grant said.
+type Receiver struct {
+	Phase    ReceiverPhase
+	Reason   Reason
+	N        uint8
+	Pages    [MaxDecodePages]PageRef
+	Slot     int8
+	Released bool // pages given back to the pool (or, with leak-on-cancel, abandoned)
+}
+
+// Request is everything about one request: the client's view, both legs, and
+// what decode read (a history variable for Isolation).
+type Request struct {
+	Submitted bool
+	Outcome   Outcome
+	Reason    Reason
+	S         Sender
+	R         Receiver
+	Read      bool
+	ReadN     uint8
+	ReadData  [MaxDecodePages]Label
+}
+
+// MsgKind is a message or work request type.
+type MsgKind uint8
+
+// The messages. Router→prefill: Prefill, Abort. Router→decode: Abort,
+// PeerFailed. On the queue pair, prefill→decode: Bootstrap, Write, Done,
+// AbortAck (RC: delivered in order); decode→prefill: Grant, Abort.
+const (
+	MPrefill MsgKind = iota
+	MAbort
+	MPeerFailed
+	MBootstrap
+	MWrite
+	MDone
+	MAbortAck
+	MGrant
+)
+
+func (k MsgKind) String() string {
+	return [...]string{"Prefill", "Abort", "PeerFailed", "Bootstrap", "WRITE", "Done", "AbortAck", "Grant"}[k]
+}
+
+// Msg is a message in flight or a posted WRITE not yet placed.
+type Msg struct {
+	Kind    MsgKind
+	Req     int8
+	Index   int8    // WRITE: page index within the request
+	Target  PageRef // WRITE: decode page and the epoch it was granted at
+	Src     int8    // WRITE: prefill source page the NIC reads at placement
+	Sum     Label   // WRITE: what the checksum in the tag record covers
+	Corrupt bool    // WRITE: payload corrupted in transit
+	Tokens  uint8   // Bootstrap, Grant, Done: token count
+	Pages   uint8   // Grant, Done: page count
+	Slot    int8    // Grant, Done: decode slot
+}
+
+// Queue is a FIFO channel.
+type Queue struct {
+	N   uint8
+	Buf [MaxQueue]Msg
+}
+
+// Push appends m; it reports false when the queue is full (a bound of the model).
+func (q *Queue) Push(m Msg) bool {
+	if int(q.N) == MaxQueue {
+		return false
+	}
+	q.Buf[q.N] = m
+	q.N++
+	return true
+}
+
+// Head is the first message; the queue must not be empty.
+func (q *Queue) Head() Msg { return q.Buf[0] }
+
+// Pop removes the first message.
+func (q *Queue) Pop() Msg {
+	m := q.Buf[0]
+	copy(q.Buf[:], q.Buf[1:q.N])
+	q.N--
+	q.Buf[q.N] = Msg{}
+	return m
+}
+
+// Clear empties the queue.
+func (q *Queue) Clear() { *q = Queue{} }
+
+// Items is the queue's content.
+func (q *Queue) Items() []Msg { return q.Buf[:q.N] }
+
+// ForeignWrite records the first WRITE that landed in another request's page.
+type ForeignWrite struct {
+	Happened bool
+	Req      int8 // the writer
+	Page     int8
+	Owner    int8 // the page's owner when it landed
+}
+
+// State is the global state of the system.
+type State struct {
+	Req            [MaxRequests]Request
+	Pages          [MaxDecodePages]DecodePage
+	Src            [MaxPrefillPages]SourcePage
+	Slots          [MaxSlots]int8
+	ToPrefill      Queue // router → prefill
+	ToDecode       Queue // router → decode
+	QP             Queue // prefill → decode on the queue pair: WRITEs and SENDs, in order
+	QPBack         Queue // decode → prefill on the queue pair
+	PrefillCrashed bool
+	CrashDetected  bool
+	Budget         Budget // faults left
+	Overflow       bool   // a queue bound was hit: the bounds are too small (reported as a property)
+	Foreign        ForeignWrite
+}

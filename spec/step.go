@@ -1,0 +1,776 @@
+package spec
+
+import "fmt"
+
+// ActionKind is the kind of a step.
+type ActionKind uint8
+
+// Protocol actions first, then faults (see Action.IsFault).
+const (
+	Submit        ActionKind = iota // the client sends a request; the router checks it and dispatches it
+	PrefillRecv                     // prefill takes the next router message (Prefill or Abort)
+	PrefillRecvQP                   // prefill takes the next message from decode (Grant or Abort)
+	DecodeRecv                      // decode takes the next router message (Abort or PeerFailed)
+	DecodeRecvQP                    // the next WRITE on the queue pair is placed, or the next SEND delivered
+	PostWrite                       // prefill posts the next page's WRITE (Arg: Late, Corrupt bits)
+	DecodeRead                      // decode attends over a ready request's pages and replies
+	DetectCrash                     // the router notices the prefill node is gone
+	Cancel                          // fault: the client disconnects
+	Crash                           // fault: the prefill node crashes
+	Timeout                         // fault: decode's timer for a reserved request fires
+	Cut                             // fault: the queue pair breaks and flushes
+)
+
+// PostWrite variants (Action.Arg bits); each is a fault.
+const (
+	Late    = 1 << 0
+	Corrupt = 1 << 1
+)
+
+// Action is one step: its kind, the request it concerns (or -1), and an argument
+// (the WRITE variant, or which free pages a reservation takes).
+type Action struct {
+	Kind ActionKind
+	Req  int8
+	Arg  uint16
+}
+
+// IsFault reports whether a is a fault.
+func (a Action) IsFault() bool {
+	return a.Kind >= Cancel || (a.Kind == PostWrite && a.Arg != 0)
+}
+
+func (a Action) String() string {
+	names := [...]string{"Submit", "PrefillRecv", "PrefillRecvQP", "DecodeRecv", "DecodeRecvQP",
+		"PostWrite", "DecodeRead", "DetectCrash", "Cancel", "Crash", "Timeout", "Cut"}
+	s := names[a.Kind]
+	if a.Req >= 0 {
+		s += fmt.Sprintf("(r%d)", a.Req)
+	}
+	if a.Kind == PostWrite && a.Arg&Late != 0 {
+		s += "+late"
+	}
+	if a.Kind == PostWrite && a.Arg&Corrupt != 0 {
+		s += "+corrupt"
+	}
+	return s
+}
+
+// Successors emits every enabled action of s and its next state.
+func (m *Model) Successors(s *State, emit func(Action, State)) {
+	c := &m.cfg
+	nreq := len(c.Prompts)
+	do := func(a Action, f func(x *sys)) {
+		next := *s
+		f(&sys{m: m, s: &next})
+		emit(a, next)
+	}
+	for r := 0; r < nreq; r++ {
+		if !s.Req[r].Submitted {
+			do(Action{Submit, int8(r), 0}, func(x *sys) { x.submit(r) })
+		}
+	}
+	if !s.PrefillCrashed && s.ToPrefill.N > 0 {
+		do(Action{PrefillRecv, s.ToPrefill.Head().Req, 0}, (*sys).prefillRecv)
+	}
+	if !s.PrefillCrashed && s.QPBack.N > 0 {
+		do(Action{PrefillRecvQP, s.QPBack.Head().Req, 0}, (*sys).prefillRecvQP)
+	}
+	if s.ToDecode.N > 0 {
+		do(Action{DecodeRecv, s.ToDecode.Head().Req, 0}, (*sys).decodeRecv)
+	}
+	if s.QP.N > 0 {
+		h := s.QP.Head()
+		if choices := m.reservations(s, h); choices > 0 {
+			for i := 0; i < choices; i++ {
+				do(Action{DecodeRecvQP, h.Req, uint16(i)}, func(x *sys) { x.decodeRecvQP(i) })
+			}
+		} else {
+			do(Action{DecodeRecvQP, h.Req, 0}, func(x *sys) { x.decodeRecvQP(0) })
+		}
+	}
+	for r := 0; r < nreq; r++ {
+		snd := &s.Req[r].S
+		if s.PrefillCrashed || snd.Phase != SWriting || snd.Posted >= snd.Pages ||
+			int(snd.Posted-snd.Completed) >= c.MaxInFlight {
+			continue
+		}
+		for v := uint16(0); v < 4; v++ {
+			if v != 0 && !m.faultAllowed(s) || v == Late|Corrupt && !m.faultsLeft(s, 2) {
+				continue
+			}
+			if v&Late != 0 && s.Budget[FaultLate] == 0 || v&Corrupt != 0 && s.Budget[FaultCorrupt] == 0 {
+				continue
+			}
+			do(Action{PostWrite, int8(r), v}, func(x *sys) { x.postWrite(r, v) })
+		}
+	}
+	for r := 0; r < nreq; r++ {
+		if s.Req[r].R.Phase == RReady {
+			do(Action{DecodeRead, int8(r), 0}, func(x *sys) { x.decodeRead(r) })
+		}
+	}
+	if s.PrefillCrashed && !s.CrashDetected {
+		do(Action{DetectCrash, -1, 0}, (*sys).detectCrash)
+	}
+	// Faults.
+	if !m.faultAllowed(s) {
+		return
+	}
+	if s.Budget[FaultCancel] > 0 {
+		for r := 0; r < nreq; r++ {
+			if s.Req[r].Submitted && s.Req[r].Outcome == Pending {
+				do(Action{Cancel, int8(r), 0}, func(x *sys) { x.cancel(r) })
+			}
+		}
+	}
+	if s.Budget[FaultCrash] > 0 && !s.PrefillCrashed {
+		do(Action{Crash, -1, 0}, (*sys).crash)
+	}
+	if s.Budget[FaultTimeout] > 0 {
+		for r := 0; r < nreq; r++ {
+			if s.Req[r].R.Phase == RReserved {
+				do(Action{Timeout, int8(r), 0}, func(x *sys) { x.timeout(r) })
+			}
+		}
+	}
+	if s.Budget[FaultCut] > 0 && m.cutMatters(s) {
+		do(Action{Cut, -1, 0}, func(x *sys) {
+			x.s.Budget[FaultCut]--
+			x.cutQP(Flushed)
+		})
+	}
+}
+
+// faultAllowed reports whether one more fault fits in MaxFaults.
+func (m *Model) faultAllowed(s *State) bool { return m.faultsLeft(s, 1) }
+
+func (m *Model) faultsLeft(s *State, n int) bool {
+	if m.cfg.MaxFaults == 0 {
+		return true
+	}
+	used := 0
+	for f := range s.Budget {
+		used += int(m.cfg.Faults[f]) - int(s.Budget[f])
+	}
+	return used+n <= m.cfg.MaxFaults
+}
+
+// cutMatters reports whether breaking the queue pair would affect anything:
+// something in flight on it or a leg that uses it. Cutting an idle queue pair
+// only costs budget, so it is not explored.
+func (m *Model) cutMatters(s *State) bool {
+	if s.QP.N > 0 || s.QPBack.N > 0 {
+		return true
+	}
+	for r := range m.cfg.Prompts {
+		if s.Req[r].S.Phase.Live() || s.Req[r].R.Phase == RReserved || s.Req[r].R.Phase == RQuarantine {
+			return true
+		}
+	}
+	return false
+}
+
+// reservations returns how many ways decode can reserve pages for the Bootstrap
+// at the head of the queue pair (0 if the head is not a Bootstrap that reserves).
+// The spec lets the allocator pick any free pages, in any order.
+func (m *Model) reservations(s *State, h Msg) int {
+	if h.Kind != MBootstrap {
+		return 0
+	}
+	r := h.Req
+	rec := &s.Req[r].R
+	if rec.Phase != RNone || int(h.Tokens) > m.cfg.DecodeLimit() || freeSlot(s, m.cfg.DecodeSlots) < 0 {
+		return 0
+	}
+	n := m.cfg.PagesFor(int(h.Tokens))
+	free := freePages(s, m.cfg.DecodePages)
+	if len(free) < n {
+		return 0
+	}
+	count := 1
+	for i := 0; i < n; i++ {
+		count *= len(free) - i
+	}
+	return count
+}
+
+func freePages(s *State, n int) []int8 {
+	var out []int8
+	for p := 0; p < n; p++ {
+		if s.Pages[p].Owner == Free {
+			out = append(out, int8(p))
+		}
+	}
+	return out
+}
+
+func freeSlot(s *State, n int) int8 {
+	for i := 0; i < n; i++ {
+		if s.Slots[i] == Free {
+			return int8(i)
+		}
+	}
+	return -1
+}
+
+// nthTuple returns the choice-th ordered tuple of n distinct elements of free,
+// in lexicographic order of positions.
+func nthTuple(free []int8, n, choice int) []int8 {
+	pool := append([]int8(nil), free...)
+	out := make([]int8, 0, n)
+	for i := 0; i < n; i++ {
+		rest := 1
+		for j := i + 1; j < n; j++ {
+			rest *= len(pool) - 1 - (j - i - 1)
+		}
+		k := choice / rest
+		choice %= rest
+		out = append(out, pool[k])
+		pool = append(pool[:k], pool[k+1:]...)
+	}
+	return out
+}
+
+// sys applies one step to a state. Its methods are the protocol of design.md §3
+// with the switches of §5.
+type sys struct {
+	m *Model
+	s *State
+}
+
+func (x *sys) bug(sw Switch) bool { return x.m.cfg.Bugs.Has(sw) }
+
+func (x *sys) push(q *Queue, msg Msg) {
+	if !q.Push(msg) {
+		x.s.Overflow = true
+	}
+}
+
+// toPrefill sends to the prefill node; a crashed node drops everything.
+func (x *sys) toPrefill(q *Queue, msg Msg) {
+	if !x.s.PrefillCrashed {
+		x.push(q, msg)
+	}
+}
+
+// report gives the client an outcome; the first one is final.
+func (x *sys) report(r int, o Outcome, why Reason) {
+	q := &x.s.Req[r]
+	if q.Outcome == Pending {
+		q.Outcome, q.Reason = o, why
+	}
+}
+
+// --- router ---
+
+func (x *sys) submit(r int) {
+	q := &x.s.Req[r]
+	q.Submitted = true
+	t := x.m.cfg.Prompts[r]
+	switch {
+	case t > x.m.cfg.ContextLimit:
+		x.report(r, Rejected, OverLimit)
+	case x.s.CrashDetected:
+		x.report(r, Failed, PeerFailed)
+	default:
+		x.toPrefill(&x.s.ToPrefill, Msg{Kind: MPrefill, Req: int8(r), Tokens: uint8(t)})
+	}
+}
+
+func (x *sys) cancel(r int) {
+	x.s.Budget[FaultCancel]--
+	x.report(r, Cancelled, ClientCancelled)
+	x.toPrefill(&x.s.ToPrefill, Msg{Kind: MAbort, Req: int8(r)})
+	x.push(&x.s.ToDecode, Msg{Kind: MAbort, Req: int8(r)})
+}
+
+func (x *sys) detectCrash() {
+	x.s.CrashDetected = true
+	for r := range x.m.cfg.Prompts {
+		if x.s.Req[r].Submitted {
+			x.report(r, Failed, PeerFailed)
+		}
+	}
+	if !x.bug(NoPeerCancel) {
+		x.push(&x.s.ToDecode, Msg{Kind: MPeerFailed, Req: -1})
+	}
+}
+
+// --- prefill (sender) ---
+
+func (x *sys) prefillRecv() {
+	msg := x.s.ToPrefill.Pop()
+	switch msg.Kind {
+	case MPrefill:
+		x.prefillIntake(int(msg.Req))
+	case MAbort:
+		x.prefillAbort(int(msg.Req))
+	}
+}
+
+func (x *sys) prefillIntake(r int) {
+	c := &x.m.cfg
+	snd := &x.s.Req[r].S
+	t := c.Prompts[r]
+	pages := c.PagesFor(t)
+	if t > c.PrefillLimit() {
+		if !x.bug(AdmitFinished) {
+			snd.Phase = SRejected
+			x.report(r, Rejected, OverLimit)
+			return
+		}
+		// The incident: the prompt is swapped for a one-token placeholder and
+		// marked rejected, but admission asks "finished?", so it goes on.
+		snd.Placeholder = true
+		pages = 1
+	}
+	var got []int8
+	for p := 0; p < c.PrefillPages && len(got) < pages; p++ {
+		if x.s.Src[p].Owner == Free {
+			got = append(got, int8(p))
+		}
+	}
+	if len(got) < pages {
+		snd.Phase = SFailed
+		x.report(r, Failed, NoCapacity)
+		return
+	}
+	for i, p := range got {
+		x.s.Src[p] = SourcePage{Owner: int8(r), Data: Label{Req: int8(r), Index: int8(i)}}
+		snd.Src[i] = p
+	}
+	snd.Pages, snd.SrcHeld, snd.Phase = uint8(pages), true, SAwaitGrant
+	x.push(&x.s.QP, Msg{Kind: MBootstrap, Req: int8(r), Tokens: uint8(t)})
+}
+
+func (x *sys) prefillRecvQP() {
+	msg := x.s.QPBack.Pop()
+	r := int(msg.Req)
+	switch msg.Kind {
+	case MGrant:
+		x.admit(r, msg)
+	case MAbort:
+		x.prefillAbort(r)
+	}
+}
+
+// admit checks a grant against the sender's own view of the request (step 3).
+func (x *sys) admit(r int, g Msg) {
+	c := &x.m.cfg
+	snd := &x.s.Req[r].S
+	switch snd.Phase {
+	case SAwaitGrant:
+		t := c.Prompts[r]
+		if int(g.Tokens) != t || int(g.Pages) != c.PagesFor(t) {
+			x.freeSrc(r)
+			snd.Phase = SFailed
+			x.report(r, Failed, GrantMismatch)
+			x.push(&x.s.QP, Msg{Kind: MAbortAck, Req: int8(r)})
+			return
+		}
+		snd.Grant = x.s.Req[r].R.Pages // a grant carries the reservation's (page, epoch) tags
+		snd.Granted = true
+		snd.Phase = SWriting
+	case SAborted, SFailed:
+		// Nothing was posted for r: tell decode it is fenced.
+		x.push(&x.s.QP, Msg{Kind: MAbortAck, Req: int8(r)})
+	}
+}
+
+func (x *sys) prefillAbort(r int) {
+	snd := &x.s.Req[r].S
+	switch snd.Phase {
+	case SAwaitGrant:
+		x.freeSrc(r)
+		snd.Phase = SAborted
+	case SWriting:
+		if x.bug(AbortStillSends) {
+			x.sendDone(r)
+			return
+		}
+		snd.Phase = SAborting
+		x.senderProgress(r)
+	case SSent:
+		snd.Phase = SAborting
+		x.senderProgress(r)
+	case SFinished:
+		if snd.Granted {
+			x.push(&x.s.QP, Msg{Kind: MAbortAck, Req: int8(r)})
+		}
+	}
+}
+
+func (x *sys) postWrite(r int, variant uint16) {
+	snd := &x.s.Req[r].S
+	i := snd.Posted
+	w := Msg{Kind: MWrite, Req: int8(r), Index: int8(i), Target: snd.Grant[i], Src: snd.Src[i],
+		Sum: x.s.Src[snd.Src[i]].Data, Corrupt: variant&Corrupt != 0}
+	snd.Posted++
+	if variant&Corrupt != 0 {
+		x.s.Budget[FaultCorrupt]--
+	}
+	switch {
+	case variant&Late != 0:
+		x.s.Budget[FaultLate]--
+		x.push(&x.s.QP, w)
+	case x.s.QP.N == 0:
+		x.place(w) // nothing ahead of it on the queue pair: placed at once
+	default:
+		x.push(&x.s.QP, w)
+	}
+	if snd.Posted == snd.Pages {
+		x.sendDone(r)
+	}
+}
+
+// sendDone posts Done behind the WRITEs on the same queue pair (step 5).
+func (x *sys) sendDone(r int) {
+	snd := &x.s.Req[r].S
+	tokens := x.m.cfg.Prompts[r]
+	if snd.Placeholder {
+		tokens = 1
+	}
+	x.push(&x.s.QP, Msg{Kind: MDone, Req: int8(r), Tokens: uint8(tokens), Pages: snd.Pages, Slot: x.s.Req[r].R.Slot})
+	snd.Phase = SSent
+	if x.bug(PrefillEarlyFree) {
+		x.freeSrc(r)
+	}
+	x.senderProgress(r)
+}
+
+// senderProgress ends a leg once every WRITE it posted has completed.
+func (x *sys) senderProgress(r int) {
+	snd := &x.s.Req[r].S
+	if snd.Completed != snd.Posted {
+		return
+	}
+	switch snd.Phase {
+	case SSent:
+		x.freeSrc(r)
+		snd.Phase = SFinished
+	case SAborting:
+		x.freeSrc(r)
+		snd.Phase = SAborted
+		x.push(&x.s.QP, Msg{Kind: MAbortAck, Req: int8(r)})
+	}
+}
+
+func (x *sys) freeSrc(r int) {
+	snd := &x.s.Req[r].S
+	if !snd.SrcHeld {
+		return
+	}
+	for i := 0; i < int(snd.Pages); i++ {
+		x.s.Src[snd.Src[i]].Owner = Free
+	}
+	snd.SrcHeld = false
+}
+
+func (x *sys) crash() {
+	x.s.Budget[FaultCrash]--
+	x.s.PrefillCrashed = true
+	for r := range x.m.cfg.Prompts {
+		snd := &x.s.Req[r].S
+		if snd.Phase.Live() {
+			snd.Phase = SFailed
+		}
+		snd.SrcHeld = false
+	}
+	for p := range x.s.Src {
+		x.s.Src[p].Owner = Free // the node's memory is gone; what the NIC already read is in flight
+	}
+	x.s.ToPrefill.Clear()
+	x.s.QPBack.Clear()
+}
+
+// --- the queue pair ---
+
+// place lands a WRITE: payload first, then its tag record (RC order). The NIC
+// reads the source page now, so a source page reused early ships its new content.
+func (x *sys) place(w Msg) {
+	pg := &x.s.Pages[w.Target.Page]
+	if pg.Owner != Free && pg.Owner != w.Req && !x.s.Foreign.Happened {
+		x.s.Foreign = ForeignWrite{Happened: true, Req: w.Req, Page: w.Target.Page, Owner: pg.Owner}
+	}
+	data := x.s.Src[w.Src].Data
+	data.Corrupt = data.Corrupt || w.Corrupt
+	pg.Data = data
+	pg.Tag = Tag{Req: w.Req, Index: w.Index, Epoch: w.Target.Epoch, Sum: w.Sum}
+	if !x.s.PrefillCrashed {
+		x.s.Req[w.Req].S.Completed++
+		x.senderProgress(int(w.Req))
+	}
+}
+
+// cutQP moves the queue pair to the error state: everything in flight on it is
+// flushed and nothing more can land, so every request that used it is fenced.
+func (x *sys) cutQP(why Reason) {
+	x.s.QP.Clear()
+	x.s.QPBack.Clear()
+	for r := range x.m.cfg.Prompts {
+		if snd := &x.s.Req[r].S; snd.Phase.Live() {
+			x.freeSrc(r)
+			snd.Phase = SFailed
+			x.report(r, Failed, why)
+		}
+		rec := &x.s.Req[r].R
+		switch rec.Phase {
+		case RReserved:
+			x.closeReceiver(r, why)
+			x.report(r, Failed, why)
+		case RQuarantine:
+			x.release(r)
+			rec.Phase = RClosed
+		}
+	}
+}
+
+// --- decode (receiver) ---
+
+func (x *sys) decodeRecvQP(choice int) {
+	msg := x.s.QP.Pop()
+	r := int(msg.Req)
+	switch msg.Kind {
+	case MWrite:
+		x.place(msg)
+	case MBootstrap:
+		x.reserve(r, msg, choice)
+	case MDone:
+		x.done(msg)
+	case MAbortAck:
+		x.fence(r, PeerFailed)
+	}
+}
+
+func (x *sys) peerCancel(r int) {
+	if !x.bug(NoPeerCancel) {
+		x.toPrefill(&x.s.QPBack, Msg{Kind: MAbort, Req: int8(r)})
+	}
+}
+
+// reserve is decode's intake and reservation (steps 1-2).
+func (x *sys) reserve(r int, b Msg, choice int) {
+	c := &x.m.cfg
+	rec := &x.s.Req[r].R
+	switch rec.Phase {
+	case RTombstone:
+		// Cancelled before it arrived: refuse, so the sender stops.
+		x.toPrefill(&x.s.QPBack, Msg{Kind: MAbort, Req: int8(r)})
+		return
+	case RNone:
+	default:
+		return // duplicate
+	}
+	t := int(b.Tokens)
+	if t > c.DecodeLimit() {
+		rec.Phase, rec.Reason = RRejected, OverLimit
+		x.report(r, Rejected, OverLimit)
+		x.peerCancel(r)
+		return
+	}
+	n := c.PagesFor(t)
+	slot := freeSlot(x.s, c.DecodeSlots)
+	free := freePages(x.s, c.DecodePages)
+	if slot < 0 || len(free) < n {
+		rec.Phase, rec.Reason, rec.Released = RClosed, NoCapacity, true
+		x.report(r, Failed, NoCapacity)
+		x.peerCancel(r)
+		return
+	}
+	for i, p := range nthTuple(free, n, choice) {
+		pg := &x.s.Pages[p]
+		pg.Epoch++
+		pg.Owner, pg.Quarantined = int8(r), false
+		rec.Pages[i] = PageRef{Page: p, Epoch: pg.Epoch}
+	}
+	rec.N, rec.Slot, rec.Phase = uint8(n), slot, RReserved
+	x.s.Slots[slot] = int8(r)
+	x.toPrefill(&x.s.QPBack, Msg{Kind: MGrant, Req: int8(r), Tokens: uint8(t), Pages: uint8(n), Slot: slot})
+}
+
+// done handles Done (step 6). RC ordering means every WRITE posted before it has
+// been placed, so Done is also the sender's fence.
+func (x *sys) done(d Msg) {
+	r := int(d.Req)
+	if x.bug(DoneUnmatched) {
+		// Matched by slot: whoever holds the slot now gets it.
+		r = -1
+		if d.Slot >= 0 && int(d.Slot) < x.m.cfg.DecodeSlots {
+			r = int(x.s.Slots[d.Slot])
+		}
+		if r < 0 {
+			return
+		}
+	}
+	rec := &x.s.Req[r].R
+	if rec.Phase != RReserved {
+		x.fence(r, PeerFailed)
+		return
+	}
+	if why := x.verify(r, d); why != NoReason {
+		x.closeReceiver(r, why)
+		x.report(r, Failed, why)
+		x.peerCancel(r)
+		return
+	}
+	rec.Phase = RReady
+}
+
+// verify checks a Done against the reservation: counts, tag records, checksums.
+func (x *sys) verify(r int, d Msg) Reason {
+	c := &x.m.cfg
+	rec := &x.s.Req[r].R
+	if !x.bug(NoTokenCheck) && (int(d.Tokens) != c.Prompts[r] || d.Pages != rec.N) {
+		return TokenMismatch
+	}
+	for i := 0; i < int(rec.N); i++ {
+		ref := rec.Pages[i]
+		pg := &x.s.Pages[ref.Page]
+		if !x.bug(NoTagCheck) && (pg.Epoch != ref.Epoch || pg.Tag != Tag{Req: int8(r), Index: int8(i), Epoch: ref.Epoch, Sum: pg.Tag.Sum}) {
+			return TagMismatch
+		}
+		if !x.bug(NoChecksum) && pg.Data != pg.Tag.Sum {
+			return ChecksumMismatch
+		}
+	}
+	return NoReason
+}
+
+// fence handles a signal that r's writer can write no more: Done for an aborted
+// request, AbortAck, or a cut. A terminal record ignores it (idempotent).
+func (x *sys) fence(r int, why Reason) {
+	rec := &x.s.Req[r].R
+	switch rec.Phase {
+	case RQuarantine:
+		x.release(r)
+		rec.Phase = RClosed
+	case RReserved:
+		// The sender gave up on its own.
+		x.closeReceiver(r, why)
+		x.report(r, Failed, why)
+	case RFinished, RClosed:
+		if x.bug(DoubleFree) {
+			x.release(r)
+		}
+	}
+}
+
+// closeReceiver ends a live record whose writer is fenced.
+func (x *sys) closeReceiver(r int, why Reason) {
+	rec := &x.s.Req[r].R
+	x.freeSlotOf(r)
+	x.release(r)
+	rec.Phase, rec.Reason = RClosed, why
+}
+
+func (x *sys) freeSlotOf(r int) {
+	rec := &x.s.Req[r].R
+	if rec.Slot >= 0 && x.s.Slots[rec.Slot] == int8(r) {
+		x.s.Slots[rec.Slot] = Free
+	}
+}
+
+// release gives r's pages back: only pages r still owns at the epoch it was
+// granted. With double-free, a second release frees the recorded pages blindly.
+func (x *sys) release(r int) {
+	rec := &x.s.Req[r].R
+	if rec.Released {
+		if x.bug(DoubleFree) {
+			for i := 0; i < int(rec.N); i++ {
+				pg := &x.s.Pages[rec.Pages[i].Page]
+				pg.Owner, pg.Quarantined = Free, false
+			}
+		}
+		return
+	}
+	for i := 0; i < int(rec.N); i++ {
+		ref := rec.Pages[i]
+		pg := &x.s.Pages[ref.Page]
+		if pg.Owner == int8(r) && pg.Epoch == ref.Epoch {
+			pg.Owner, pg.Quarantined = Free, false
+		}
+	}
+	rec.Released = true
+}
+
+// abortDecode ends r on the decode side before it was read. A writer may still be
+// live, so pages stay quarantined until the fence, unless early is set (the
+// eager-release and timeout-free bugs).
+func (x *sys) abortDecode(r int, why Reason, cancelled, early bool) {
+	rec := &x.s.Req[r].R
+	leak := cancelled && x.bug(LeakOnCancel)
+	switch rec.Phase {
+	case RNone:
+		if cancelled {
+			rec.Phase, rec.Reason = RTombstone, why
+		}
+	case RReserved:
+		x.freeSlotOf(r)
+		rec.Reason = why
+		if leak {
+			rec.Phase, rec.Released = RClosed, true // the pages are forgotten, never returned
+			return
+		}
+		rec.Phase = RQuarantine
+		if early {
+			x.release(r)
+			return
+		}
+		for i := 0; i < int(rec.N); i++ {
+			if pg := &x.s.Pages[rec.Pages[i].Page]; pg.Owner == int8(r) {
+				pg.Quarantined = true
+			}
+		}
+	case RReady:
+		// Done arrived, so the writer is fenced: the pages can go back at once.
+		x.freeSlotOf(r)
+		rec.Reason = why
+		if leak {
+			rec.Phase, rec.Released = RClosed, true
+			return
+		}
+		x.release(r)
+		rec.Phase = RClosed
+	}
+}
+
+func (x *sys) decodeRecv() {
+	msg := x.s.ToDecode.Pop()
+	switch msg.Kind {
+	case MAbort:
+		x.abortDecode(int(msg.Req), ClientCancelled, true, x.bug(EagerRelease))
+	case MPeerFailed:
+		x.cutQP(PeerFailed) // the fence for a dead peer: move the queue pair to error
+	}
+}
+
+func (x *sys) timeout(r int) {
+	x.s.Budget[FaultTimeout]--
+	x.abortDecode(r, TimedOut, false, x.bug(TimeoutFree))
+	x.report(r, Failed, TimedOut)
+	x.peerCancel(r)
+}
+
+// decodeRead is step 7: attend over every page, checking each page's epoch.
+func (x *sys) decodeRead(r int) {
+	q := &x.s.Req[r]
+	rec := &q.R
+	if !x.bug(NoTagCheck) {
+		for i := 0; i < int(rec.N); i++ {
+			if ref := rec.Pages[i]; x.s.Pages[ref.Page].Epoch != ref.Epoch {
+				x.closeReceiver(r, TagMismatch)
+				x.report(r, Failed, TagMismatch)
+				return
+			}
+		}
+	}
+	for i := 0; i < int(rec.N); i++ {
+		q.ReadData[i] = x.s.Pages[rec.Pages[i].Page].Data
+	}
+	q.Read, q.ReadN = true, rec.N
+	x.freeSlotOf(r)
+	x.release(r)
+	rec.Phase = RFinished
+	x.report(r, OK, NoReason)
+}
