@@ -199,7 +199,7 @@ const (
 	MaxDecodePages  = 8
 	MaxPrefillPages = 8
 	MaxSlots        = 4
-	MaxQueue        = 16
+	MaxQueue        = 8
 )
 
 // DefaultConfig is the incident's deployment at the default bounds: three

@@ -20,7 +20,8 @@ const checkUsage = `usage: kvhandoff check [flags]
 Model-checks the executable spec of the handoff protocol (docs/spec.md). Exit
 status 0 iff every property holds (with --matrix: iff the correct protocol passes
 and every switch is exposed by some combination of at most --matrix-size switches);
-1 on a violation; 2 on bad usage.
+1 on a violation; 2 on bad usage; 3 when the bounds are too large to exhaust
+within --max-states.
 
 flags:
 `
@@ -33,8 +34,10 @@ type checkFlags struct {
 	seed                      uint64
 	walks, depth              int
 	jsonOut, matrix, quiet    bool
+	needAll                   bool
 	traceFormat               string
 	matrixSize, workers       int
+	maxStates                 int
 }
 
 func runCheck(args []string, stdout, stderr io.Writer) int {
@@ -51,6 +54,7 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&f.faults, "faults", "all", `fault budgets: "all", "none" or name[=N],... of cancel, crash, timeout, cut, late, corrupt`)
 	fs.IntVar(&f.maxFaults, "max-faults", 0, "faults in one execution, all kinds together (0: only the budgets bound them; with --matrix the default is 2)")
 	fs.StringVar(&f.bugs, "bug", "", "switches of the bug catalogue to turn on, comma-separated")
+	fs.BoolVar(&f.needAll, "need-all", false, "report only counterexamples that need every --bug switch (the matrix's rule): replayed with any one of them off, they no longer fail")
 	fs.BoolVar(&f.simulate, "simulate", false, "random walks instead of exhaustive exploration")
 	fs.Uint64Var(&f.seed, "seed", 1, "simulation seed: the same seed replays the same walks")
 	fs.IntVar(&f.walks, "walks", 10000, "simulation: number of walks")
@@ -59,6 +63,7 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&f.traceFormat, "trace-format", "text", "counterexample format: text or mermaid")
 	fs.BoolVar(&f.matrix, "matrix", false, "compute the defense matrix")
 	fs.IntVar(&f.matrixSize, "matrix-size", 3, "matrix: largest combination of switches tried")
+	fs.IntVar(&f.maxStates, "max-states", 10_000_000, "give up (exit 3) past this many distinct states; each costs about 1 KB")
 	fs.IntVar(&f.workers, "workers", 0, "exploration goroutines (0: one per core)")
 	fs.BoolVar(&f.quiet, "quiet", false, "no progress on stderr")
 	if err := fs.Parse(args); err != nil {
@@ -107,12 +112,27 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "  %d states, %.0f states/s, depth %d, %s\n", s.States, s.StatesPerSecond(), s.Depth, s.Elapsed.Round(time.Second))
 		}
 	}
-	r, err := explore.Check(cfg, opt)
+	opt.MaxStates = f.maxStates
+	var r *explore.Report
+	if f.needAll {
+		r, err = explore.CheckNeeding(cfg, opt)
+	} else {
+		r, err = explore.Check(cfg, opt)
+	}
 	if err != nil {
-		fmt.Fprintf(stderr, "kvhandoff check: %v\n", err)
-		return 2
+		return explorationFailed(err, stderr)
 	}
 	return f.printReport(r, stdout, stderr)
+}
+
+// explorationFailed reports an exploration that could not finish.
+func explorationFailed(err error, stderr io.Writer) int {
+	fmt.Fprintf(stderr, "kvhandoff check: %v\n", err)
+	if errors.Is(err, checker.ErrTooManyStates) {
+		fmt.Fprintln(stderr, "  the bounds are too large to exhaust: lower --max-faults (e.g. 2) or --requests, raise --max-states if memory allows, or use --simulate")
+		return 3
+	}
+	return 2
 }
 
 func (f *checkFlags) config() (spec.Config, error) {
@@ -243,10 +263,9 @@ func (f *checkFlags) runMatrix(cfg spec.Config, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "  %-60s %s (%d states, %.1fs)\n", set, verdict, r.Stats.States, r.Stats.Elapsed.Seconds())
 		}
 	}
-	x, err := explore.DefenseMatrix(cfg, f.matrixSize, progress)
+	x, err := explore.DefenseMatrix(cfg, f.matrixSize, explore.Options{MaxStates: f.maxStates}, progress)
 	if err != nil {
-		fmt.Fprintf(stderr, "kvhandoff check: %v\n", err)
-		return 2
+		return explorationFailed(err, stderr)
 	}
 	code := 0
 	if !x.OK() {

@@ -201,6 +201,14 @@ func CheckAccepting[S any, A comparable](m Model[S, A], props Properties[S], opt
 	if deadlockName == "" {
 		deadlockName = DeadlockProperty
 	}
+	// A deadlock named after a goal is that goal's violation; the liveness
+	// analysis finds its shortest form (a state from which the goal is out of
+	// reach may come well before the state where nothing at all can happen).
+	deferDeadlocks := false
+	for _, g := range goals {
+		deferDeadlocks = deferDeadlocks || liveness && g.Name == deadlockName
+	}
+	var firstDeadlock int32 = -1
 
 	var (
 		visited   = make(map[fingerprint]int32)
@@ -420,6 +428,12 @@ func CheckAccepting[S any, A comparable](m Model[S, A], props Properties[S], opt
 			}
 		}
 		for _, d := range deadlocks {
+			if deferDeadlocks {
+				if firstDeadlock < 0 {
+					firstDeadlock = d
+				}
+				continue
+			}
 			if _, err := report(deadlockName, Deadlock, d); err != nil {
 				return nil, err
 			}
@@ -464,6 +478,11 @@ func CheckAccepting[S any, A comparable](m Model[S, A], props Properties[S], opt
 			}
 			if stopAfter {
 				break
+			}
+		}
+		if firstDeadlock >= 0 && !found[deadlockName] && !stopAfter {
+			if _, err := report(deadlockName, Deadlock, firstDeadlock); err != nil {
+				return nil, err
 			}
 		}
 	}

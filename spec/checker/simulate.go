@@ -13,6 +13,10 @@ type SimOptions struct {
 	// Drain bounds the protocol-only steps taken after Depth to check liveness;
 	// 0 means 4*Depth.
 	Drain int
+	// FaultRate is the probability that a step is a fault when both faults and
+	// protocol actions are enabled; 0 means 0.1. Choosing uniformly among all
+	// actions would make faults (enabled almost everywhere) end most walks early.
+	FaultRate float64
 }
 
 // SimResult is the outcome of Simulate.
@@ -46,7 +50,11 @@ func Simulate[S any, A comparable](m Model[S, A], props Properties[S], opt SimOp
 		a A
 		s S
 	}
-	var succs []succ
+	var succs, faults []succ
+	rate := opt.FaultRate
+	if rate <= 0 {
+		rate = 0.1
+	}
 	for w := 0; w < opt.Walks; w++ {
 		rng := rand.New(rand.NewPCG(opt.Seed, uint64(w)))
 		cur := inits[rng.IntN(len(inits))]
@@ -74,23 +82,29 @@ func Simulate[S any, A comparable](m Model[S, A], props Properties[S], opt SimOp
 		faultsUntil := 1 + rng.IntN(opt.Depth)
 		for step := 0; step < opt.Depth+drain; step++ {
 			draining := step >= faultsUntil
-			succs = succs[:0]
-			any := false
+			succs, faults = succs[:0], faults[:0]
 			m.Successors(&cur, func(a A, n S) {
-				any = true
-				if draining && m.IsFault(a) {
+				if m.IsFault(a) {
+					if !draining {
+						faults = append(faults, succ{a, n})
+					}
 					return
 				}
 				succs = append(succs, succ{a, n})
 			})
-			if !any && !m.Finished(&cur) {
+			if len(succs)+len(faults) == 0 && !draining && !m.Finished(&cur) {
 				return fail(DeadlockProperty, Deadlock)
 			}
-			if len(succs) == 0 {
+			if len(succs) == 0 && (draining || len(faults) == 0) {
 				stuck = true
 				break
 			}
-			pick := succs[rng.IntN(len(succs))]
+			var pick succ
+			if len(faults) > 0 && (len(succs) == 0 || rng.Float64() < rate) {
+				pick = faults[rng.IntN(len(faults))]
+			} else {
+				pick = succs[rng.IntN(len(succs))]
+			}
 			cur = pick.s
 			trace = append(trace, Step[S, A]{Action: pick.a, State: cur})
 			res.Steps++

@@ -55,9 +55,9 @@ func (x *Matrix) OK() bool {
 // combination counts only through a counterexample that needs every switch in
 // it (see CheckNeeding). Combinations of one size run in parallel, one
 // exploration per core. progress, if set, is told of each combination checked.
-func DefenseMatrix(cfg spec.Config, maxSize int, progress func(set spec.Switches, r *Report)) (*Matrix, error) {
+func DefenseMatrix(cfg spec.Config, maxSize int, opt Options, progress func(set spec.Switches, r *Report)) (*Matrix, error) {
 	cfg.Bugs = 0
-	base, err := Check(cfg, Options{})
+	base, err := Check(cfg, Options{MaxStates: opt.MaxStates})
 	if err != nil {
 		return nil, err
 	}
@@ -81,7 +81,7 @@ func DefenseMatrix(cfg spec.Config, maxSize int, progress func(set spec.Switches
 				sets = append(sets, set)
 			}
 		})
-		results, err := runAll(cfg, sets, progress)
+		results, err := runAll(cfg, sets, opt, progress)
 		if err != nil {
 			return err
 		}
@@ -173,7 +173,7 @@ func forCombos(all []spec.Switch, k int, f func([]spec.Switch)) {
 }
 
 // runAll checks each set, one exploration per core.
-func runAll(cfg spec.Config, sets []spec.Switches, progress func(spec.Switches, *Report)) ([]*Report, error) {
+func runAll(cfg spec.Config, sets []spec.Switches, opt Options, progress func(spec.Switches, *Report)) ([]*Report, error) {
 	out := make([]*Report, len(sets))
 	errs := make([]error, len(sets))
 	var mu sync.Mutex
@@ -193,7 +193,7 @@ func runAll(cfg spec.Config, sets []spec.Switches, progress func(spec.Switches, 
 				}
 				c := cfg
 				c.Bugs = sets[i]
-				out[i], errs[i] = CheckNeeding(c)
+				out[i], errs[i] = CheckNeeding(c, Options{MaxStates: opt.MaxStates})
 				if progress != nil && errs[i] == nil {
 					mu.Lock()
 					progress(sets[i], out[i])
@@ -212,8 +212,9 @@ func runAll(cfg spec.Config, sets []spec.Switches, progress func(spec.Switches, 
 }
 
 // CheckNeeding explores cfg and reports only counterexamples that need every
-// switch in cfg.Bugs (see the package documentation). It runs on one core.
-func CheckNeeding(cfg spec.Config) (*Report, error) {
+// switch in cfg.Bugs (see the package documentation). It runs on one core;
+// of opt, only MaxStates applies.
+func CheckNeeding(cfg spec.Config, opt Options) (*Report, error) {
 	m, err := spec.New(cfg)
 	if err != nil {
 		return nil, err
@@ -238,8 +239,7 @@ func CheckNeeding(cfg spec.Config) (*Report, error) {
 		}
 		return true
 	}
-	opt := checkerOptions(Options{Workers: 1})
-	res, err := checker.CheckAccepting(m, Properties(m), opt, accept)
+	res, err := checker.CheckAccepting(m, Properties(m), checkerOptions(Options{Workers: 1, MaxStates: opt.MaxStates}), accept)
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,130 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func runCLI(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var o, e bytes.Buffer
+	code = run(args, &o, &e)
+	return code, o.String(), e.String()
+}
+
+func TestCheckJSONIsOneObjectWithTheDocumentedKeys(t *testing.T) {
+	code, out, _ := runCLI(t, "check", "--json", "--bug", "admit-finished,no-token-check,no-tag-check")
+	if code != 1 {
+		t.Fatalf("exit %d, want 1 for a violation", code)
+	}
+	dec := json.NewDecoder(strings.NewReader(out))
+	var obj map[string]json.RawMessage
+	if err := dec.Decode(&obj); err != nil {
+		t.Fatalf("not JSON: %v\n%s", err, out)
+	}
+	if dec.More() {
+		t.Fatal("more than one JSON value on stdout")
+	}
+	var keys []string
+	for k := range obj {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	want := []string{"bugs", "depth", "property", "result", "seconds", "states", "trace", "transitions"}
+	if !slices.Equal(keys, want) {
+		t.Fatalf("keys %v, want %v", keys, want)
+	}
+	var r struct {
+		Result, Property string
+		Bugs             []string
+		Trace            []struct {
+			Step           int
+			Action, Detail string
+		}
+	}
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatal(err)
+	}
+	if r.Result != "violation" || r.Property != "Isolation" || len(r.Bugs) != 3 || len(r.Trace) == 0 || r.Trace[0].Step != 1 {
+		t.Fatalf("got %+v", r)
+	}
+}
+
+func TestCheckExitsZeroWhenEveryPropertyHolds(t *testing.T) {
+	code, out, errOut := runCLI(t, "check", "--requests", "2", "--faults", "cancel,late", "--quiet")
+	if code != 0 || !strings.HasPrefix(out, "ok: every property holds") {
+		t.Fatalf("exit %d\n%s\n%s", code, out, errOut)
+	}
+}
+
+func TestCheckPrintsNumberedTraceAndSummary(t *testing.T) {
+	code, out, _ := runCLI(t, "check", "--bug", "eager-release", "--quiet")
+	if code != 1 || !strings.Contains(out, "VIOLATION of NoForeignWrite") || !strings.Contains(out, "  1. ") {
+		t.Fatalf("exit %d\n%s", code, out)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if last := lines[len(lines)-1]; !strings.HasPrefix(last, "violation of NoForeignWrite in ") {
+		t.Fatalf("the last line is the one-line summary, got %q", last)
+	}
+}
+
+func TestCheckMermaid(t *testing.T) {
+	code, out, _ := runCLI(t, "check", "--bug", "no-checksum", "--trace-format", "mermaid", "--quiet")
+	if code != 1 || !strings.Contains(out, "sequenceDiagram\n") {
+		t.Fatalf("exit %d\n%s", code, out)
+	}
+}
+
+func TestCheckSimulate(t *testing.T) {
+	code, out, _ := runCLI(t, "check", "--simulate", "--seed", "3", "--walks", "20000", "--bug", "double-free", "--quiet")
+	if code != 1 || !strings.Contains(out, "of seed 3") {
+		t.Fatalf("exit %d\n%s", code, out)
+	}
+}
+
+func TestCheckRejectsBadInputWithExitTwo(t *testing.T) {
+	for _, args := range [][]string{
+		{"check", "--bug", "no-such-bug"},
+		{"check", "--faults", "meteor"},
+		{"check", "--requests", "9"},
+		{"check", "--pages", "0"},
+		{"check", "--trace-format", "svg"},
+		{"check", "--max-faults", "-1"},
+		{"check", "extra"},
+		{"check", "--no-such-flag"},
+		{"frobnicate"},
+		{},
+	} {
+		code, out, errOut := runCLI(t, args...)
+		if code != 2 || out != "" || errOut == "" {
+			t.Errorf("%v: exit %d, stdout %q, stderr %q; want 2, nothing on stdout and a reason on stderr", args, code, out, errOut)
+		}
+	}
+	_, _, errOut := runCLI(t, "check", "--bug", "no-such-bug")
+	if !strings.Contains(errOut, "no-such-bug") || !strings.Contains(errOut, "admit-finished") {
+		t.Errorf("the error should name the bad switch and list the known ones: %s", errOut)
+	}
+}
+
+func TestMatrixJSON(t *testing.T) {
+	code, out, _ := runCLI(t, "check", "--matrix", "--json", "--matrix-size", "1", "--max-faults", "1")
+	if code != 1 { // some switches need partners, so size 1 cannot expose them all
+		t.Fatalf("exit %d, want 1", code)
+	}
+	var m struct {
+		Matrix []struct {
+			Bug       string     `json:"bug"`
+			ExposedBy [][]string `json:"exposed_by"`
+			Violated  []string   `json:"violated"`
+		} `json:"matrix"`
+	}
+	if err := json.Unmarshal([]byte(out), &m); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if len(m.Matrix) != 12 || m.Matrix[0].Bug != "admit-finished" || m.Matrix[0].ExposedBy == nil || m.Matrix[0].Violated == nil {
+		t.Fatalf("got %+v", m.Matrix)
+	}
+}

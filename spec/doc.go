@@ -1,0 +1,77 @@
+// Package spec is the executable specification of kvhandoff's prefill→decode
+// page handoff (design.md §3): the whole system as one deterministic state
+// machine over a global [State], small enough to read next to the design.
+//
+// # What is modelled
+//
+// A router, one prefill node (the sender) and one decode node (the receiver),
+// and a few requests with fixed prompt lengths ([Config]). The default
+// configuration ([DefaultConfig]) is the 2026 incident's deployment in
+// miniature: the router checks only the advertised context length, which is
+// larger than the prefill pool, so one request passes the router and must be
+// rejected by the prefill node's own intake.
+//
+// The state holds, per request, the client's outcome, the sender's record
+// (phase, source pages, the grant it admitted, WRITEs posted and completed)
+// and the receiver's record (phase, the pages and epochs it granted, its slot);
+// the decode pool (each page's epoch, owner, quarantine flag, the KV it holds
+// and its tag record); the prefill pool; and four FIFO channels: router→prefill,
+// router→decode, and the queue pair in both directions. The prefill→decode
+// direction carries both RDMA WRITEs and SENDs (Bootstrap, Done, AbortAck) in
+// one FIFO, because reliable-connected queue pairs place them in order.
+//
+// KV is represented by what it is, not by bytes: a [Label] says "page i of
+// request r" (or an earlier tenant's data, which every page holds at the start:
+// pages are never zeroed). A checksum is the label it was computed over, so a
+// checksum matches exactly when the payload is what the sender meant to write.
+// WRITEs read their source page when they are placed, as a NIC does, so a
+// source page reused early ships its new content.
+//
+// # The usage loop
+//
+// [New] validates a configuration. [Model.Initial] gives the initial state;
+// [Model.Successors] calls back once per enabled [Action] with the next state;
+// [Model.AppendFingerprint] gives a canonical encoding for the checker, with
+// symmetry reduction (requests of equal length are interchangeable, and so
+// are decode pages: a page's identity is its content and who refers to it);
+// [Invariants] and [Goals] are the properties; [Model.Describe] explains a step
+// for a trace. The model checker in package checker drives this loop; package
+// explore binds the two. The spec has no goroutines, clocks or I/O.
+//
+// # Actions
+//
+// Protocol actions: Submit (router intake), PrefillRecv (prefill takes a router
+// message: intake or abort), PrefillRecvQP (prefill takes a Grant or an Abort
+// from decode), DecodeRecv (decode takes a router message: Abort, or PeerFailed,
+// on which it cuts the queue pair), DecodeRecvQP (the head of the queue pair is
+// placed or delivered: a WRITE lands, or decode handles Bootstrap, Done or
+// AbortAck), PostWrite, DecodeRead (attend over a verified request's pages and
+// reply) and DetectCrash (the router notices the dead prefill node).
+//
+// Faults, each with a budget in [Config.Faults] and all together bounded by
+// [Config.MaxFaults]: Cancel (client disconnect at any time), Crash (the prefill
+// node dies; WRITEs already in the network can still land), Timeout (decode's
+// timer for a reserved request fires), Cut (the queue pair breaks and flushes),
+// and two variants of PostWrite: Late (the WRITE stays in the network and is
+// placed at any later point, still in order) and Corrupt (its payload is
+// damaged in transit). Without the Late fault a WRITE posted on an empty queue
+// pair is placed at once; that keeps the state space small without losing any
+// interleaving that matters, since every in-flight WRITE a bug needs can be
+// made late.
+//
+// # Switches
+//
+// The 12 bugs of design.md §5 are [Switch] values with the catalogue's names;
+// [Config.Bugs] turns them on. Each changes exactly the branch the catalogue
+// describes (grep the switch's constant to find it). docs/spec.md tells the
+// story of each one's counterexample and holds the defense matrix.
+//
+// # Properties
+//
+// Safety, checked in every reachable state: Isolation, HonestOutcome,
+// NoForeignWrite, RejectedStaysOut, Conservation, and WithinBounds (a modelling
+// limit: a queue overflowed its fixed bound). Liveness: Termination and NoLeak,
+// checked as "from every reachable state, a goal state is reachable by protocol
+// actions alone" — see docs/spec.md for why that is the right formulation for
+// this bounded model.
+package spec

@@ -1,0 +1,202 @@
+package explore
+
+import (
+	"bytes"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/kvhandoff/kvhandoff/spec"
+)
+
+func bugs(t *testing.T, list string) spec.Switches {
+	t.Helper()
+	s, err := spec.ParseSwitches(list)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestCorrectProtocolPassesAtDefaultBounds(t *testing.T) {
+	r, err := Check(spec.DefaultConfig(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r.OK {
+		var b bytes.Buffer
+		WriteText(&b, r.Trace)
+		t.Fatalf("the correct protocol violates %s:\n%s", r.Property, b.String())
+	}
+	if r.Stats.States < 10000 || !r.Stats.Acyclic {
+		t.Fatalf("default bounds: %d states, acyclic=%v; want >= 10000 and an acyclic protocol graph", r.Stats.States, r.Stats.Acyclic)
+	}
+}
+
+// Each switch, alone or with the partners the defense matrix gives, is exposed
+// through a counterexample that needs all of them, violating a property the
+// catalogue's "seen as" column predicts.
+func TestEverySwitchIsExposed(t *testing.T) {
+	cases := []struct {
+		bugs string
+		want []string
+	}{
+		{"admit-finished,no-token-check,no-tag-check", []string{spec.Isolation}}, // the incident
+		{"abort-still-sends,no-tag-check", []string{spec.Isolation, spec.HonestOutcome}},
+		{"eager-release", []string{spec.NoForeignWrite}},
+		{"timeout-free", []string{spec.NoForeignWrite}},
+		{"prefill-early-free,no-checksum", []string{spec.Isolation, spec.HonestOutcome}},
+		{"done-unmatched,no-tag-check", []string{spec.Isolation, spec.HonestOutcome}},
+		{"no-checksum", []string{spec.Isolation, spec.HonestOutcome}},
+		{"leak-on-cancel", []string{spec.NoLeak}},
+		{"no-peer-cancel", []string{spec.Termination}},
+		{"double-free", []string{spec.Conservation}},
+	}
+	covered := spec.Switches(0)
+	for _, c := range cases {
+		t.Run(c.bugs, func(t *testing.T) {
+			cfg := spec.DefaultConfig()
+			cfg.MaxFaults = 2
+			cfg.Bugs = bugs(t, c.bugs)
+			covered |= cfg.Bugs
+			r, err := CheckNeeding(cfg, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.OK || !slices.Contains(c.want, r.Property) {
+				t.Fatalf("ok=%v property=%q, want a violation of one of %v", r.OK, r.Property, c.want)
+			}
+		})
+	}
+	if len(covered.Names()) != len(spec.AllSwitches()) {
+		t.Fatalf("switches not covered: have %v", covered)
+	}
+}
+
+func TestIncidentCounterexample(t *testing.T) {
+	cfg := spec.DefaultConfig()
+	cfg.Bugs = bugs(t, "admit-finished,no-token-check,no-tag-check")
+	r, err := Check(cfg, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.OK || r.Property != spec.Isolation {
+		t.Fatalf("want Isolation, got ok=%v %q", r.OK, r.Property)
+	}
+	var text bytes.Buffer
+	WriteText(&text, r.Trace)
+	out := text.String()
+	for _, want := range []string{
+		"prefill marks r2 rejected",    // rejected at intake ...
+		"Bootstrap{r2, 5 tokens}",      // ... still handed off
+		"pages [",                      // decode reserves pages for 5 tokens
+		"Done{r2, 1 tokens, 1 pages",   // prefill wrote one page
+		"decode read for r2: page",     // decode read them all
+		"= tenant",                     // including another tenant's KV
+		"decode r2: reserved -> ready", // verification let it through
+		"client sees r2 ok",            // and the client got a success
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("trace lacks %q:\n%s", want, out)
+		}
+	}
+	last := r.Trace[len(r.Trace)-1]
+	if last.Kind.Kind != spec.DecodeRead {
+		t.Fatalf("the violation is the read: last step is %v", last.Kind)
+	}
+}
+
+// A partner that the counterexample does not need does not count: no-checksum
+// fails alone (a corrupted WRITE), and no-token-check adds nothing to that.
+func TestCheckNeedingDemandsEverySwitch(t *testing.T) {
+	cfg := spec.DefaultConfig()
+	cfg.MaxFaults = 1
+	cfg.Bugs = bugs(t, "no-checksum,no-token-check")
+	plain, err := Check(cfg, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if plain.OK {
+		t.Fatal("with no-checksum on, a plain check must find the corruption")
+	}
+	needing, err := CheckNeeding(cfg, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !needing.OK {
+		var b bytes.Buffer
+		WriteText(&b, needing.Trace)
+		t.Fatalf("no counterexample should need both switches, got %s:\n%s", needing.Property, b.String())
+	}
+}
+
+func TestMatrixOfSingleSwitches(t *testing.T) {
+	cfg := spec.DefaultConfig()
+	cfg.MaxFaults = 1
+	x, err := DefenseMatrix(cfg, 1, Options{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	alone := map[string]string{
+		"eager-release": spec.NoForeignWrite, "timeout-free": spec.NoForeignWrite, "no-checksum": spec.Isolation,
+		"leak-on-cancel": spec.NoLeak, "no-peer-cancel": spec.Termination, "double-free": spec.Conservation,
+	}
+	if !x.Base.OK || len(x.Rows) != 12 || x.OK() {
+		t.Fatalf("base ok=%v rows=%d ok=%v: want a passing base, 12 rows, and some switches unexposed alone", x.Base.OK, len(x.Rows), x.OK())
+	}
+	for _, row := range x.Rows {
+		prop, exposed := alone[row.Bug]
+		if exposed != (len(row.ExposedBy) == 1) {
+			t.Errorf("%s: exposed_by %v", row.Bug, row.ExposedBy)
+			continue
+		}
+		if exposed && (!slices.Equal(row.ExposedBy[0], []string{row.Bug}) || !slices.Contains(row.Violated, prop)) {
+			t.Errorf("%s: exposed_by %v violated %v, want itself and %s", row.Bug, row.ExposedBy, row.Violated, prop)
+		}
+	}
+}
+
+func TestSimulationFindsBugsAndReplaysFromSeed(t *testing.T) {
+	cfg := spec.DefaultConfig()
+	cfg.Bugs = bugs(t, "eager-release")
+	a, err := Simulate(cfg, SimOptions{Seed: 7, Walks: 20000, Depth: 40})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.OK {
+		t.Fatal("20000 walks should find eager-release")
+	}
+	b, _ := Simulate(cfg, SimOptions{Seed: 7, Walks: 20000, Depth: 40})
+	if a.Simulation.Walk != b.Simulation.Walk || !slices.Equal(a.Trace, b.Trace) {
+		t.Fatal("the same seed must give the same walk and trace")
+	}
+	cfg.Bugs = 0
+	ok, err := Simulate(cfg, SimOptions{Seed: 7, Walks: 500, Depth: 40})
+	if err != nil || !ok.OK {
+		t.Fatalf("the correct protocol: %+v %v", ok, err)
+	}
+}
+
+func TestMermaidTrace(t *testing.T) {
+	cfg := spec.DefaultConfig()
+	cfg.Bugs = bugs(t, "admit-finished,no-token-check,no-tag-check")
+	r, err := Check(cfg, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b bytes.Buffer
+	WriteMermaid(&b, "incident", r.Trace)
+	out := b.String()
+	if !strings.HasPrefix(out, "sequenceDiagram\n") || !strings.Contains(out, "Prefill->>Decode") {
+		t.Fatalf("not a sequence diagram:\n%s", out)
+	}
+	for _, st := range r.Trace {
+		if !strings.Contains(out, ": "+strconv.Itoa(st.Step)+". ") {
+			t.Errorf("step %d missing", st.Step)
+		}
+	}
+	if strings.Contains(out, ";") {
+		t.Error("a semicolon would end a Mermaid statement early")
+	}
+}
