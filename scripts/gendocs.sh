@@ -10,7 +10,7 @@ go build -o "$bin" ./cmd/kvhandoff
 
 # output CMD...: run kvhandoff, keep its stdout whatever the exit status, drop timing lines.
 output() {
-  { "$bin" "$@" --quiet || true; } | grep -v -E '^(violation of .* in [0-9]+ steps \(|[0-9]+ explorations in )' | trim
+  { "$bin" "$@" --quiet || true; } | grep -v -E '^(%% )?(violation of .* in [0-9]+ steps \(|[0-9]+ explorations in )' | trim
 }
 
 # trim drops trailing blank lines.

@@ -230,24 +230,30 @@ func (f *checkFlags) printReport(r *explore.Report, stdout, stderr io.Writer) in
 			doc = g.Doc
 		}
 	}
-	fmt.Fprintf(stdout, "VIOLATION of %s (%s) with bugs: %s\n  %s: %s\n", r.Property, r.Kind, r.Bugs, r.Property, doc)
+	// In Mermaid format everything but the diagram is a Mermaid comment, so the
+	// whole output can be fed to a renderer.
+	prefix := ""
+	if f.traceFormat == "mermaid" {
+		prefix = "%% "
+	}
+	fmt.Fprintf(stdout, "%sVIOLATION of %s (%s) with bugs: %s\n%s  %s: %s\n", prefix, r.Property, r.Kind, r.Bugs, prefix, r.Property, doc)
 	switch r.Kind {
 	case checker.Liveness:
-		fmt.Fprintf(stdout, "  after the last step below, no sequence of protocol steps (without further faults) reaches the goal\n")
+		fmt.Fprintf(stdout, "%s  after the last step below, no sequence of protocol steps (without further faults) reaches the goal\n", prefix)
 	case checker.Deadlock:
-		fmt.Fprintf(stdout, "  after the last step below, nothing can happen and some request has not ended\n")
+		fmt.Fprintf(stdout, "%s  after the last step below, nothing can happen and some request has not ended\n", prefix)
 	}
 	kind := "shortest counterexample"
 	if r.Simulation != nil {
 		kind = fmt.Sprintf("counterexample from walk %d of seed %d (not shortest)", r.Simulation.Walk, r.Simulation.Seed)
 	}
-	fmt.Fprintf(stdout, "%s, %d steps:\n", kind, len(r.Trace))
+	fmt.Fprintf(stdout, "%s%s, %d steps:\n", prefix, kind, len(r.Trace))
 	if f.traceFormat == "mermaid" {
 		explore.WriteMermaid(stdout, fmt.Sprintf("%s violated with %s", r.Property, r.Bugs), r.Trace)
 	} else {
 		explore.WriteText(stdout, r.Trace)
 	}
-	fmt.Fprintf(stdout, "violation of %s in %d steps (%s)\n", r.Property, len(r.Trace), what)
+	fmt.Fprintf(stdout, "%sviolation of %s in %d steps (%s)\n", prefix, r.Property, len(r.Trace), what)
 	return code
 }
 
