@@ -1,0 +1,23 @@
+// Package protocol is kvhandoff's implementation of the handoff protocol
+// (docs/protocol.md), the code an engine links. It imports only the standard
+// library and its checksum package.
+//
+// Today it holds the two encodings that cross the wire, both decoded
+// defensively (any input yields a value or an error that wraps one of this
+// package's error values: never a panic, and no allocation beyond the limits):
+//
+//   - The control messages between a prefill node and a decode node: Bootstrap,
+//     Grant, Done, Abort and AbortAck. Each travels as a frame of version
+//     (1 byte), type (1 byte), body length (4 bytes, big-endian, at most MaxBody)
+//     and body. [AppendMessage] refuses a message that breaks a limit, so every
+//     frame it writes decodes. [DecodeMessage] tells an incomplete frame
+//     (ErrShortFrame: read more) from a broken stream (every other error).
+//   - The tag record written after each page's payload ([Tag], [TagSize] bytes),
+//     and [VerifyPage], the check every page passes before anything reads it:
+//     an intact record, for this request, page index and epoch, with this many
+//     tokens, over a payload with this checksum.
+//
+// The sans-I/O sender and receiver state machines, the page pool with epochs and
+// quarantine, and the implementation switches come next (issue 3). They are
+// checked against the executable spec in package spec.
+package protocol

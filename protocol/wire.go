@@ -1,0 +1,323 @@
+package protocol
+
+import (
+	"encoding/binary"
+	"fmt"
+)
+
+// Version is the wire format version this package speaks.
+const Version = 1
+
+// Limits on every length the wire carries. A frame that exceeds one is an error,
+// and nothing larger than these is ever allocated while decoding.
+const (
+	HeaderSize    = 6             // version, type, body length (uint32)
+	MaxBody       = 4 << 20       // bytes in one frame's body
+	MaxGrantPages = 1 << 17       // pages in one grant: 131072
+	MaxTokens     = 1<<31 - 1     // tokens in one request
+	grantPageSize = 4 + 8 + 8 + 4 // page, epoch, address, key
+)
+
+// MsgType is a message's type on the wire.
+type MsgType uint8
+
+// The messages between a prefill node (sender) and a decode node (receiver).
+const (
+	TypeBootstrap MsgType = 1 + iota // sender → receiver: a request the sender admitted
+	TypeGrant                        // receiver → sender: the pages reserved for it
+	TypeDone                         // sender → receiver: every WRITE is posted (sent behind them)
+	TypeAbort                        // either way: stop working on a request
+	TypeAbortAck                     // sender → receiver: stopped, and every posted WRITE has completed
+)
+
+func (t MsgType) String() string {
+	switch t {
+	case TypeBootstrap:
+		return "Bootstrap"
+	case TypeGrant:
+		return "Grant"
+	case TypeDone:
+		return "Done"
+	case TypeAbort:
+		return "Abort"
+	case TypeAbortAck:
+		return "AbortAck"
+	}
+	return fmt.Sprintf("MsgType(%d)", uint8(t))
+}
+
+// RequestID names a request across both nodes. It is never reused.
+type RequestID uint64
+
+// Message is one of Bootstrap, Grant, Done, Abort, AbortAck.
+type Message interface {
+	Type() MsgType
+	appendBody(dst []byte) []byte
+	decodeBody(b []byte) error
+}
+
+// Bootstrap announces a request the sender's own intake accepted.
+type Bootstrap struct {
+	Request RequestID
+	Tokens  uint32
+}
+
+// PageGrant is one granted page: its ownership tag (page, epoch) and where to
+// write it (remote address and key of its memory region).
+type PageGrant struct {
+	Page  uint32
+	Epoch uint64
+	Addr  uint64
+	Key   uint32
+}
+
+// Grant gives the sender the pages the receiver reserved, in request order.
+type Grant struct {
+	Request RequestID
+	Tokens  uint32
+	Slot    uint32
+	Pages   []PageGrant
+}
+
+// Done says every WRITE of the request has been posted, with the token and page
+// counts the sender computed. Sent on the queue pair behind the WRITEs.
+type Done struct {
+	Request RequestID
+	Tokens  uint32
+	Pages   uint32
+}
+
+// AbortReason says why a leg gave up.
+type AbortReason uint8
+
+// The reasons an Abort carries.
+const (
+	AbortCancelled AbortReason = 1 + iota
+	AbortRejected
+	AbortNoCapacity
+	AbortTimedOut
+	AbortVerifyFailed
+	AbortPeerFailed
+	maxAbortReason = AbortPeerFailed
+)
+
+// Abort asks the peer to stop working on a request.
+type Abort struct {
+	Request RequestID
+	Reason  AbortReason
+}
+
+// AbortAck says the sender stopped and every WRITE it posted has completed: the
+// receiver's fence.
+type AbortAck struct {
+	Request RequestID
+}
+
+// Type implements Message.
+func (*Bootstrap) Type() MsgType { return TypeBootstrap }
+
+// Type implements Message.
+func (*Grant) Type() MsgType { return TypeGrant }
+
+// Type implements Message.
+func (*Done) Type() MsgType { return TypeDone }
+
+// Type implements Message.
+func (*Abort) Type() MsgType { return TypeAbort }
+
+// Type implements Message.
+func (*AbortAck) Type() MsgType { return TypeAbortAck }
+
+// AppendMessage appends m's frame to dst. It refuses a message that breaks a
+// limit, so every frame it writes decodes.
+func AppendMessage(dst []byte, m Message) ([]byte, error) {
+	if err := validate(m); err != nil {
+		return dst, err
+	}
+	start := len(dst)
+	dst = append(dst, Version, byte(m.Type()), 0, 0, 0, 0)
+	dst = m.appendBody(dst)
+	binary.BigEndian.PutUint32(dst[start+2:], uint32(len(dst)-start-HeaderSize))
+	return dst, nil
+}
+
+// DecodeMessage decodes the frame at the start of b and returns it with the
+// number of bytes it took. If b holds only part of a frame it returns
+// ErrShortFrame (read more and call again); every other error means the stream
+// is broken and must be closed. It never panics and allocates at most the
+// frame's body bounds allow.
+func DecodeMessage(b []byte) (Message, int, error) {
+	if len(b) < HeaderSize {
+		return nil, 0, ErrShortFrame
+	}
+	if b[0] != Version {
+		return nil, 0, fmt.Errorf("%w: %d, this side speaks %d", ErrVersion, b[0], Version)
+	}
+	n := binary.BigEndian.Uint32(b[2:])
+	if n > MaxBody {
+		return nil, 0, fmt.Errorf("%w: body of %d bytes, limit %d", ErrTooLong, n, MaxBody)
+	}
+	var m Message
+	switch MsgType(b[1]) {
+	case TypeBootstrap:
+		m = new(Bootstrap)
+	case TypeGrant:
+		m = new(Grant)
+	case TypeDone:
+		m = new(Done)
+	case TypeAbort:
+		m = new(Abort)
+	case TypeAbortAck:
+		m = new(AbortAck)
+	default:
+		return nil, 0, fmt.Errorf("%w: %d", ErrUnknownType, b[1])
+	}
+	if uint64(len(b)) < HeaderSize+uint64(n) {
+		return nil, 0, ErrShortFrame
+	}
+	if err := m.decodeBody(b[HeaderSize : HeaderSize+int(n)]); err != nil {
+		return nil, 0, fmt.Errorf("%s: %w", m.Type(), err)
+	}
+	if err := validate(m); err != nil {
+		return nil, 0, err
+	}
+	return m, HeaderSize + int(n), nil
+}
+
+// validate checks the limits that the encoding itself does not bound.
+func validate(m Message) error {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w: %s: %s", ErrMalformed, m.Type(), fmt.Sprintf(format, a...))
+	}
+	switch m := m.(type) {
+	case *Bootstrap:
+		if m.Tokens == 0 || m.Tokens > MaxTokens {
+			return bad("tokens %d outside 1..%d", m.Tokens, MaxTokens)
+		}
+	case *Grant:
+		if m.Tokens == 0 || m.Tokens > MaxTokens {
+			return bad("tokens %d outside 1..%d", m.Tokens, MaxTokens)
+		}
+		if len(m.Pages) == 0 || len(m.Pages) > MaxGrantPages {
+			return bad("%d pages outside 1..%d", len(m.Pages), MaxGrantPages)
+		}
+	case *Done:
+		if m.Tokens == 0 || m.Tokens > MaxTokens || m.Pages == 0 || m.Pages > MaxGrantPages {
+			return bad("tokens %d or pages %d out of range", m.Tokens, m.Pages)
+		}
+	case *Abort:
+		if m.Reason == 0 || m.Reason > maxAbortReason {
+			return bad("unknown reason %d", m.Reason)
+		}
+	case *AbortAck:
+	case nil:
+		return fmt.Errorf("%w: nil message", ErrMalformed)
+	}
+	return nil
+}
+
+// body is a cursor over a frame's body that records the first shortfall.
+type body struct {
+	b   []byte
+	err error
+}
+
+func (r *body) take(n int) []byte {
+	if r.err != nil || len(r.b) < n {
+		r.err = fmt.Errorf("%w: body ends early", ErrMalformed)
+		return zeros[:n] // read as zeros, ignored because err is set
+	}
+	p := r.b[:n]
+	r.b = r.b[n:]
+	return p
+}
+
+var zeros [8]byte
+
+func (r *body) u8() uint8   { return r.take(1)[0] }
+func (r *body) u32() uint32 { return binary.BigEndian.Uint32(r.take(4)) }
+func (r *body) u64() uint64 { return binary.BigEndian.Uint64(r.take(8)) }
+
+// end fails if bytes are left over: one encoding per message.
+func (r *body) end() error {
+	if r.err == nil && len(r.b) != 0 {
+		r.err = fmt.Errorf("%w: %d trailing bytes", ErrMalformed, len(r.b))
+	}
+	return r.err
+}
+
+func (m *Bootstrap) appendBody(dst []byte) []byte {
+	dst = binary.BigEndian.AppendUint64(dst, uint64(m.Request))
+	return binary.BigEndian.AppendUint32(dst, m.Tokens)
+}
+
+func (m *Bootstrap) decodeBody(b []byte) error {
+	r := body{b: b}
+	m.Request, m.Tokens = RequestID(r.u64()), r.u32()
+	return r.end()
+}
+
+func (m *Grant) appendBody(dst []byte) []byte {
+	dst = binary.BigEndian.AppendUint64(dst, uint64(m.Request))
+	dst = binary.BigEndian.AppendUint32(dst, m.Tokens)
+	dst = binary.BigEndian.AppendUint32(dst, m.Slot)
+	dst = binary.BigEndian.AppendUint32(dst, uint32(len(m.Pages)))
+	for _, p := range m.Pages {
+		dst = binary.BigEndian.AppendUint32(dst, p.Page)
+		dst = binary.BigEndian.AppendUint64(dst, p.Epoch)
+		dst = binary.BigEndian.AppendUint64(dst, p.Addr)
+		dst = binary.BigEndian.AppendUint32(dst, p.Key)
+	}
+	return dst
+}
+
+func (m *Grant) decodeBody(b []byte) error {
+	r := body{b: b}
+	m.Request, m.Tokens, m.Slot = RequestID(r.u64()), r.u32(), r.u32()
+	count := r.u32()
+	if r.err != nil {
+		return r.err
+	}
+	// The count must fit in what is left before anything is allocated for it.
+	if count > MaxGrantPages || uint64(count)*grantPageSize != uint64(len(r.b)) {
+		return fmt.Errorf("%w: %d pages in %d bytes", ErrMalformed, count, len(r.b))
+	}
+	m.Pages = make([]PageGrant, count)
+	for i := range m.Pages {
+		m.Pages[i] = PageGrant{Page: r.u32(), Epoch: r.u64(), Addr: r.u64(), Key: r.u32()}
+	}
+	return r.end()
+}
+
+func (m *Done) appendBody(dst []byte) []byte {
+	dst = binary.BigEndian.AppendUint64(dst, uint64(m.Request))
+	dst = binary.BigEndian.AppendUint32(dst, m.Tokens)
+	return binary.BigEndian.AppendUint32(dst, m.Pages)
+}
+
+func (m *Done) decodeBody(b []byte) error {
+	r := body{b: b}
+	m.Request, m.Tokens, m.Pages = RequestID(r.u64()), r.u32(), r.u32()
+	return r.end()
+}
+
+func (m *Abort) appendBody(dst []byte) []byte {
+	dst = binary.BigEndian.AppendUint64(dst, uint64(m.Request))
+	return append(dst, byte(m.Reason))
+}
+
+func (m *Abort) decodeBody(b []byte) error {
+	r := body{b: b}
+	m.Request, m.Reason = RequestID(r.u64()), AbortReason(r.u8())
+	return r.end()
+}
+
+func (m *AbortAck) appendBody(dst []byte) []byte {
+	return binary.BigEndian.AppendUint64(dst, uint64(m.Request))
+}
+
+func (m *AbortAck) decodeBody(b []byte) error {
+	r := body{b: b}
+	m.Request = RequestID(r.u64())
+	return r.end()
+}
