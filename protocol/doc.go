@@ -17,7 +17,13 @@
 //     an intact record, for this request, page index and epoch, with this many
 //     tokens, over a payload with this checksum.
 //
-// The sans-I/O sender and receiver state machines, the page pool with epochs and
-// quarantine, and the implementation switches come next (issue 3). They are
-// checked against the executable spec in package spec.
+// And the decode node's page pool ([Pool]): every page is free, owned by one
+// request at one epoch, or quarantined until that request's writer is fenced.
+// Allocation advances epochs; release and quarantine name the tenancy they mean
+// (page and epoch) and touch nothing else, so a duplicate or late fence can never
+// free the next owner's page; [Pool.Check] is the read-time epoch check.
+//
+// The sans-I/O sender and receiver state machines and the implementation
+// switches come next (issue 3). They are checked against the executable spec in
+// package spec.
 package protocol

@@ -1,0 +1,143 @@
+package protocol
+
+import (
+	"errors"
+	"fmt"
+)
+
+// PageRef is an ownership tag: a decode page and the epoch it was allocated at.
+// The pair names one tenancy of the page; a later allocation of the same page
+// has a higher epoch.
+type PageRef struct {
+	Page  uint32
+	Epoch uint64
+}
+
+// Errors of the page pool.
+var (
+	// ErrNoCapacity: not enough free pages for a reservation.
+	ErrNoCapacity = errors.New("protocol: not enough free pages")
+	// ErrFenced: the page is no longer the caller's (freed or reallocated since
+	// it was granted): reading it would read someone else's KV.
+	ErrFenced = errors.New("protocol: page no longer owned at this epoch")
+)
+
+type pageState uint8
+
+const (
+	pageFree pageState = iota
+	pageOwned
+	pageQuarantined
+)
+
+type page struct {
+	state pageState
+	epoch uint64
+	owner RequestID
+}
+
+// Pool is a decode node's page pool (design.md §3). Every page is free, owned by
+// one request at one epoch, or quarantined for one request until that request's
+// writer is fenced. Allocation advances each page's epoch, so a PageRef names
+// one tenancy; every operation on a page names the tenancy it means and touches
+// nothing else. It is not safe for concurrent use.
+type Pool struct {
+	pages []page
+	free  []uint32 // LIFO: the most recently freed page is reused first
+}
+
+// NewPool returns a pool of n free pages, numbered 0..n-1, all at epoch 0.
+func NewPool(n int) *Pool {
+	p := &Pool{pages: make([]page, n), free: make([]uint32, n)}
+	for i := range p.free {
+		p.free[i] = uint32(n - 1 - i) // page 0 is handed out first
+	}
+	return p
+}
+
+// Len is the number of pages in the pool.
+func (p *Pool) Len() int { return len(p.pages) }
+
+// Free is the number of free pages.
+func (p *Pool) Free() int { return len(p.free) }
+
+// Allocate gives owner n pages, advancing each one's epoch. It allocates all n
+// or none: with fewer free it returns ErrNoCapacity and changes nothing.
+func (p *Pool) Allocate(owner RequestID, n int) ([]PageRef, error) {
+	if n <= 0 || n > len(p.free) {
+		return nil, fmt.Errorf("%w: %d wanted, %d free of %d", ErrNoCapacity, n, len(p.free), len(p.pages))
+	}
+	refs := make([]PageRef, n)
+	for i := range refs {
+		id := p.free[len(p.free)-1]
+		p.free = p.free[:len(p.free)-1]
+		pg := &p.pages[id]
+		pg.epoch++
+		pg.state, pg.owner = pageOwned, owner
+		refs[i] = PageRef{Page: id, Epoch: pg.epoch}
+	}
+	return refs, nil
+}
+
+// holds reports whether owner still holds ref's page at ref's epoch.
+func (p *Pool) holds(owner RequestID, ref PageRef) bool {
+	if int(ref.Page) >= len(p.pages) {
+		return false
+	}
+	pg := &p.pages[ref.Page]
+	return pg.state != pageFree && pg.owner == owner && pg.epoch == ref.Epoch
+}
+
+// Quarantine keeps owner's pages out of circulation until Release: the
+// request ended while its writer may still write. Pages owner no longer holds
+// at those epochs are left alone. It returns how many pages it quarantined.
+func (p *Pool) Quarantine(owner RequestID, refs []PageRef) int {
+	n := 0
+	for _, ref := range refs {
+		if p.holds(owner, ref) && p.pages[ref.Page].state == pageOwned {
+			p.pages[ref.Page].state = pageQuarantined
+			n++
+		}
+	}
+	return n
+}
+
+// Release returns owner's pages to the pool. It frees only pages owner still
+// holds at the granted epochs, so it is idempotent: a second release, or a
+// release that comes after a page was freed and reallocated, frees nothing. It
+// returns how many pages it freed.
+func (p *Pool) Release(owner RequestID, refs []PageRef) int {
+	n := 0
+	for _, ref := range refs {
+		if p.holds(owner, ref) {
+			p.pages[ref.Page].state = pageFree
+			p.free = append(p.free, ref.Page)
+			n++
+		}
+	}
+	return n
+}
+
+// Check is the read-time check (design.md §3 step 7): owner may read ref's page
+// only while it still owns it at the epoch it was granted. Quarantined pages
+// are not readable either.
+func (p *Pool) Check(owner RequestID, ref PageRef) error {
+	if !p.holds(owner, ref) || p.pages[ref.Page].state != pageOwned {
+		return fmt.Errorf("%w: page %d at epoch %d, request %d", ErrFenced, ref.Page, ref.Epoch, owner)
+	}
+	return nil
+}
+
+// Epoch is a page's current epoch.
+func (p *Pool) Epoch(page uint32) uint64 { return p.pages[page].epoch }
+
+// Quarantined is the number of quarantined pages.
+func (p *Pool) Quarantined() int {
+	n := 0
+	for i := range p.pages {
+		if p.pages[i].state == pageQuarantined {
+			n++
+		}
+	}
+	return n
+}

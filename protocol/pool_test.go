@@ -1,0 +1,159 @@
+package protocol
+
+import (
+	"errors"
+	"math/rand/v2"
+	"testing"
+)
+
+func TestAllocationAdvancesEveryEpoch(t *testing.T) {
+	p := NewPool(2)
+	a, _ := p.Allocate(1, 2)
+	p.Release(1, a)
+	b, _ := p.Allocate(2, 2)
+	for i := range b {
+		if b[i].Epoch <= 1 {
+			t.Fatalf("a reallocated page must have a new epoch: %+v then %+v", a, b)
+		}
+	}
+}
+
+func TestAllocationIsAllOrNothing(t *testing.T) {
+	p := NewPool(3)
+	if _, err := p.Allocate(1, 4); !errors.Is(err, ErrNoCapacity) || p.Free() != 3 {
+		t.Fatalf("err %v, free %d: a failed reservation must take nothing", err, p.Free())
+	}
+	if _, err := p.Allocate(1, 0); !errors.Is(err, ErrNoCapacity) {
+		t.Fatalf("a reservation of 0 pages is an error: %v", err)
+	}
+}
+
+func TestReleaseIsIdempotent(t *testing.T) {
+	p := NewPool(2)
+	refs, _ := p.Allocate(1, 2)
+	if n := p.Release(1, refs); n != 2 {
+		t.Fatalf("freed %d", n)
+	}
+	if n := p.Release(1, refs); n != 0 || p.Free() != 2 {
+		t.Fatalf("a second release freed %d pages, free %d", n, p.Free())
+	}
+}
+
+// The double-free defense: a late release (a duplicate fence) names the old
+// epoch, so it cannot free the page's next owner's tenancy.
+func TestLateReleaseNeverFreesTheNextOwnersPage(t *testing.T) {
+	p := NewPool(1)
+	old, _ := p.Allocate(1, 1)
+	p.Release(1, old)
+	cur, _ := p.Allocate(2, 1)
+	if n := p.Release(1, old); n != 0 {
+		t.Fatal("a late release freed another request's page")
+	}
+	if err := p.Check(2, cur[0]); err != nil {
+		t.Fatalf("the new owner lost its page: %v", err)
+	}
+}
+
+func TestQuarantinedPagesAreNotReusedUntilReleased(t *testing.T) {
+	p := NewPool(2)
+	refs, _ := p.Allocate(1, 2)
+	if n := p.Quarantine(1, refs); n != 2 || p.Quarantined() != 2 {
+		t.Fatalf("quarantined %d", n)
+	}
+	if _, err := p.Allocate(2, 1); !errors.Is(err, ErrNoCapacity) {
+		t.Fatal("a quarantined page must not be handed out")
+	}
+	if err := p.Check(1, refs[0]); !errors.Is(err, ErrFenced) {
+		t.Fatal("a quarantined page must not be read")
+	}
+	p.Release(1, refs) // the fence arrived
+	if p.Free() != 2 || p.Quarantined() != 0 {
+		t.Fatal("release must free quarantined pages")
+	}
+}
+
+func TestReadCheckFailsOnceThePageChangedHands(t *testing.T) {
+	p := NewPool(1)
+	old, _ := p.Allocate(1, 1)
+	if err := p.Check(1, old[0]); err != nil {
+		t.Fatal(err)
+	}
+	p.Release(1, old)
+	if err := p.Check(1, old[0]); !errors.Is(err, ErrFenced) {
+		t.Fatal("a freed page must fail the read check")
+	}
+	p.Allocate(2, 1)
+	if err := p.Check(1, old[0]); !errors.Is(err, ErrFenced) {
+		t.Fatal("a reallocated page must fail the old owner's read check")
+	}
+	if err := p.Check(1, PageRef{Page: 99}); !errors.Is(err, ErrFenced) {
+		t.Fatal("a page outside the pool is not the caller's")
+	}
+}
+
+func TestQuarantineIgnoresPagesNoLongerHeld(t *testing.T) {
+	p := NewPool(1)
+	old, _ := p.Allocate(1, 1)
+	p.Release(1, old)
+	cur, _ := p.Allocate(2, 1)
+	if n := p.Quarantine(1, old); n != 0 || p.Check(2, cur[0]) != nil {
+		t.Fatal("quarantining an old tenancy touched the new owner's page")
+	}
+}
+
+// Conservation under random use: every page is free exactly once in the free
+// list, or held by exactly one live tenancy; nothing is lost or duplicated.
+func TestConservationUnderRandomOperations(t *testing.T) {
+	for seed := uint64(0); seed < 50; seed++ {
+		rng := rand.New(rand.NewPCG(seed, 0))
+		p := NewPool(8)
+		held := map[RequestID][]PageRef{}
+		var retired [][2]any // (owner, refs) already released: replays must do nothing
+		next := RequestID(1)
+		for step := 0; step < 500; step++ {
+			switch rng.IntN(4) {
+			case 0:
+				if refs, err := p.Allocate(next, 1+rng.IntN(3)); err == nil {
+					held[next] = refs
+				}
+				next++
+			case 1, 2:
+				for id, refs := range held {
+					if rng.IntN(2) == 0 {
+						p.Quarantine(id, refs)
+					}
+					p.Release(id, refs)
+					retired = append(retired, [2]any{id, refs})
+					delete(held, id)
+					break
+				}
+			case 3:
+				if len(retired) > 0 {
+					r := retired[rng.IntN(len(retired))]
+					if n := p.Release(r[0].(RequestID), r[1].([]PageRef)); n != 0 {
+						t.Fatalf("seed %d: a replayed release freed %d pages", seed, n)
+					}
+				}
+			}
+			owned := 0
+			for id, refs := range held {
+				for _, ref := range refs {
+					if err := p.Check(id, ref); err != nil {
+						t.Fatalf("seed %d step %d: %v", seed, step, err)
+					}
+					owned++
+				}
+			}
+			seen := map[uint32]bool{}
+			for _, f := range p.free {
+				if seen[f] || p.pages[f].state != pageFree {
+					t.Fatalf("seed %d step %d: page %d free twice or not free", seed, step, f)
+				}
+				seen[f] = true
+			}
+			if owned+p.Free() != p.Len() {
+				t.Fatalf("seed %d step %d: %d owned + %d free != %d", seed, step, owned, p.Free(), p.Len())
+			}
+		}
+	}
+}
