@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -38,6 +39,8 @@ type checkFlags struct {
 	traceFormat               string
 	matrixSize, workers       int
 	maxStates                 int
+	prompts                   string
+	prefillPages              int
 }
 
 func runCheck(args []string, stdout, stderr io.Writer) int {
@@ -51,6 +54,8 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&f.requests, "requests", 3, "requests: all but the last fit, the last is over-long (1..4)")
 	fs.IntVar(&f.pages, "pages", 4, "decode pool pages; the prefill pool gets half (1..8)")
 	fs.IntVar(&f.pageSize, "page-size", 2, "tokens per page")
+	fs.StringVar(&f.prompts, "prompts", "", "prompt lengths in tokens, comma-separated (overrides --requests), e.g. 4,4,9")
+	fs.IntVar(&f.prefillPages, "prefill-pages", 0, "prefill pool pages (0: half of --pages); its intake rejects longer prompts")
 	fs.StringVar(&f.faults, "faults", "all", `fault budgets: "all", "none" or name[=N],... of cancel, crash, timeout, cut, late, corrupt`)
 	fs.IntVar(&f.maxFaults, "max-faults", 0, "faults in one execution, all kinds together (0: only the budgets bound them; with --matrix the default is 2)")
 	fs.StringVar(&f.bugs, "bug", "", "switches of the bug catalogue to turn on, comma-separated")
@@ -143,6 +148,20 @@ func (f *checkFlags) config() (spec.Config, error) {
 		return spec.Config{}, fmt.Errorf("--max-faults must be 0 or more")
 	}
 	cfg := spec.NewConfig(f.requests, f.pages, f.pageSize)
+	if f.prefillPages > 0 {
+		cfg.PrefillPages = f.prefillPages
+	}
+	if f.prompts != "" {
+		cfg.Prompts = nil
+		for _, p := range strings.Split(f.prompts, ",") {
+			t, err := strconv.Atoi(strings.TrimSpace(p))
+			if err != nil {
+				return cfg, fmt.Errorf("--prompts: %q is not a token count", p)
+			}
+			cfg.Prompts = append(cfg.Prompts, t)
+		}
+		cfg.DecodeSlots = min(spec.MaxSlots, max(1, len(cfg.Prompts)-1))
+	}
 	var err error
 	if cfg.Faults, err = spec.ParseFaults(f.faults); err != nil {
 		return cfg, err

@@ -109,6 +109,8 @@ func TestCheckRejectsBadInputWithExitTwo(t *testing.T) {
 		{"check", "--pages", "0"},
 		{"check", "--trace-format", "svg"},
 		{"check", "--max-faults", "-1"},
+		{"check", "--prompts", "4,x"},
+		{"check", "--prompts", "4,0"},
 		{"check", "extra"},
 		{"check", "--no-such-flag"},
 		{"frobnicate"},

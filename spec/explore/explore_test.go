@@ -54,23 +54,46 @@ func TestEverySwitchIsExposed(t *testing.T) {
 		{"double-free", []string{spec.Conservation}},
 	}
 	covered := spec.Switches(0)
-	for _, c := range cases {
-		t.Run(c.bugs, func(t *testing.T) {
-			cfg := spec.DefaultConfig()
-			cfg.MaxFaults = 2
-			cfg.Bugs = bugs(t, c.bugs)
-			covered |= cfg.Bugs
-			r, err := CheckNeeding(cfg, Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if r.OK || !slices.Contains(c.want, r.Property) {
-				t.Fatalf("ok=%v property=%q, want a violation of one of %v", r.OK, r.Property, c.want)
-			}
-		})
+	for name, base := range map[string]spec.Config{"default": spec.DefaultConfig(), "multi-page": multiPage()} {
+		for _, c := range cases {
+			t.Run(name+"/"+c.bugs, func(t *testing.T) {
+				cfg := base
+				cfg.MaxFaults = 2
+				cfg.Bugs = bugs(t, c.bugs)
+				covered |= cfg.Bugs
+				r, err := CheckNeeding(cfg, Options{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if r.OK || !slices.Contains(c.want, r.Property) {
+					t.Fatalf("ok=%v property=%q, want a violation of one of %v", r.OK, r.Property, c.want)
+				}
+			})
+		}
 	}
 	if len(covered.Names()) != len(spec.AllSwitches()) {
 		t.Fatalf("switches not covered: have %v", covered)
+	}
+}
+
+// multiPage has two-page requests, so transfers can be cut, aborted or
+// verified with some pages written and others not.
+func multiPage() spec.Config {
+	cfg := spec.NewConfig(3, 6, 2)
+	cfg.PrefillPages = 4
+	cfg.Prompts = []int{4, 4, 9}
+	return cfg
+}
+
+func TestCorrectProtocolPassesWithMultiPageRequests(t *testing.T) {
+	cfg := multiPage()
+	cfg.MaxFaults = 2
+	r, err := Check(cfg, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r.OK {
+		t.Fatalf("violates %s", r.Property)
 	}
 }
 
