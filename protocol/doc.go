@@ -2,28 +2,65 @@
 // (docs/protocol.md), the code an engine links. It imports only the standard
 // library and its checksum package.
 //
-// Today it holds the two encodings that cross the wire, both decoded
-// defensively (any input yields a value or an error that wraps one of this
-// package's error values: never a panic, and no allocation beyond the limits):
+// # The two state machines
 //
-//   - The control messages between a prefill node and a decode node: Bootstrap,
-//     Grant, Done, Abort and AbortAck. Each travels as a frame of version
-//     (1 byte), type (1 byte), body length (4 bytes, big-endian, at most MaxBody)
-//     and body. [AppendMessage] refuses a message that breaks a limit, so every
-//     frame it writes decodes. [DecodeMessage] tells an incomplete frame
-//     (ErrShortFrame: read more) from a broken stream (every other error).
-//   - The tag record written after each page's payload ([Tag], [TagSize] bytes),
-//     and [VerifyPage], the check every page passes before anything reads it:
-//     an intact record, for this request, page index and epoch, with this many
-//     tokens, over a payload with this checksum.
+// [Sender] is the prefill node's side and [Receiver] the decode node's, each
+// for every request of its node. Both are sans-I/O, in the style of etcd's
+// raft: methods take events (messages from the peer, WRITE completions, cancels,
+// ticks with the current time), and the machine accumulates effects that
+// Effects hands over: messages and WRITEs to post ([Op], in order per queue
+// pair), queue pairs to cut, requests verified for reading, and each request's
+// [Outcome], exactly once. There are no goroutines, locks, sockets or clocks
+// inside. The engine owns the I/O and the time.
 //
-// And the decode node's page pool ([Pool]): every page is free, owned by one
-// request at one epoch, or quarantined until that request's writer is fenced.
-// Allocation advances epochs; release and quarantine name the tenancy they mean
-// (page and epoch) and touch nothing else, so a duplicate or late fence can never
-// free the next owner's page; [Pool.Check] is the read-time epoch check.
+// An engine's loop on the prefill node:
 //
-// The sans-I/O sender and receiver state machines and the implementation
-// switches come next (issue 3). They are checked against the executable spec in
-// package spec.
+//	pages, err := sender.Submit(id, decodePeer, tokens) // intake; err wraps ErrRejected
+//	compute the KV into pages, then sender.Computed(id)
+//	for each event: sender.Step(peer, msg) | sender.Completed(writeID, err) | sender.Cancel(id)
+//	    e := sender.Effects()
+//	    post e.Ops in order (a Write: payload, then tag record; a Msg: SEND)
+//	    report e.Outcomes
+//
+// and on the decode node:
+//
+//	for each event: receiver.Step(peer, msg, now) | receiver.Tick(now) | receiver.Cancel(id)
+//	    e := receiver.Effects()
+//	    SEND e.Sends; cut e.Cuts, then receiver.QueuePairFenced(peer)
+//	    for each id in e.Verified: refs, err := receiver.Acquire(id); decode; receiver.Finish(id)
+//	    report e.Outcomes
+//
+// The package example performs one complete handoff this way. Outcome errors
+// wrap ErrRejected (with ErrTooLong), ErrNoCapacity, ErrTokenMismatch,
+// ErrTagMismatch, ErrTagMalformed, ErrChecksumMismatch, ErrCancelled,
+// ErrTimedOut, ErrPeerFailed or ErrFenced, so callers match them with
+// errors.Is. Calls that break the protocol (a Done for an unknown request, a
+// second Done, a message from the wrong peer) return an error and change
+// nothing; late and duplicate fences are expected and ignored.
+//
+// The rules it keeps (docs/protocol.md): a rejected request is never
+// bootstrapped; a grant is admitted only if it matches the sender's own view;
+// the source pages stay held until every WRITE that reads them has completed;
+// Done follows the WRITEs on the same queue pair and is verified against the
+// reservation, every tag record and every checksum; pages whose writer may
+// still write stay quarantined until its fence (Done, AbortAck, or a cut); every
+// read checks the page's epoch; a request's outcome is final.
+//
+// # Encodings
+//
+// The control messages travel as frames of version (1 byte), type (1 byte),
+// body length (4 bytes, big-endian, at most MaxBody) and body. [AppendMessage]
+// refuses a message that breaks a limit, so every frame it writes decodes.
+// [DecodeMessage] tells an incomplete frame (ErrShortFrame: read more) from a
+// broken stream (every other error). The tag record ([Tag], [TagSize] bytes) is
+// written after each page's payload, and [VerifyPage] is the check every page
+// passes before anything reads it. Both decoders take any input without
+// panicking or allocating past the limits.
+//
+// [Pool] is the page pool both nodes use. Every page is free, owned by one
+// request at one epoch, or quarantined. Release and quarantine name the tenancy
+// they mean, so a duplicate or late fence can never free the next owner's page.
+//
+// Still to come (issue 3): the implementation switches of the bug catalogue,
+// the check against the executable spec (package model), and kvhandoff sim.
 package protocol

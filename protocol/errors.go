@@ -11,8 +11,8 @@ var (
 	ErrVersion = errors.New("protocol: unsupported wire version")
 	// ErrUnknownType: the frame's type is not a message of this version.
 	ErrUnknownType = errors.New("protocol: unknown message type")
-	// ErrTooLong: the frame's body exceeds MaxBody.
-	ErrTooLong = errors.New("protocol: frame too long")
+	// ErrFrameTooLong: the frame's body exceeds MaxBody.
+	ErrFrameTooLong = errors.New("protocol: frame too long")
 	// ErrMalformed: the body does not hold a valid message of its type.
 	ErrMalformed = errors.New("protocol: malformed message")
 )
@@ -29,4 +29,35 @@ var (
 	ErrChecksumMismatch = errors.New("protocol: checksum mismatch")
 	// ErrTokenMismatch: a token or page count differs from the reservation.
 	ErrTokenMismatch = errors.New("protocol: token count mismatch")
+)
+
+// Outcomes: why a request ended without success. Every outcome a Sender or
+// Receiver reports is nil (success) or wraps one of these (and, for a
+// verification failure, one of the verification errors above).
+var (
+	// ErrRejected: intake refused the request; it never held pages.
+	ErrRejected = errors.New("protocol: rejected")
+	// ErrTooLong: the prompt exceeds this node's limit (always with ErrRejected).
+	ErrTooLong = errors.New("protocol: prompt too long")
+	// ErrCancelled: the client or router cancelled the request.
+	ErrCancelled = errors.New("protocol: cancelled")
+	// ErrTimedOut: the receiver waited too long for the transfer.
+	ErrTimedOut = errors.New("protocol: timed out")
+	// ErrPeerFailed: the other leg failed, gave up, or its queue pair broke.
+	ErrPeerFailed = errors.New("protocol: peer failed")
+)
+
+// Misuse and protocol violations: returned by the call that caused them, with
+// no change of state.
+var (
+	// ErrUnknownRequest: a message or call names a request this node never had.
+	ErrUnknownRequest = errors.New("protocol: unknown request")
+	// ErrDuplicate: a request submitted twice, or a second Grant or Done.
+	ErrDuplicate = errors.New("protocol: duplicate request or message")
+	// ErrWrongPeer: a message about a request came from a peer it is not on.
+	ErrWrongPeer = errors.New("protocol: message from a peer the request is not on")
+	// ErrUnexpectedMessage: a message that never travels in this direction.
+	ErrUnexpectedMessage = errors.New("protocol: message not expected in this direction")
+	// ErrNotReady: Acquire or Finish on a request that is not verified or not being read.
+	ErrNotReady = errors.New("protocol: request not verified for reading")
 )

@@ -75,7 +75,6 @@ type PageGrant struct {
 type Grant struct {
 	Request RequestID
 	Tokens  uint32
-	Slot    uint32
 	Pages   []PageGrant
 }
 
@@ -155,7 +154,7 @@ func DecodeMessage(b []byte) (Message, int, error) {
 	}
 	n := binary.BigEndian.Uint32(b[2:])
 	if n > MaxBody {
-		return nil, 0, fmt.Errorf("%w: body of %d bytes, limit %d", ErrTooLong, n, MaxBody)
+		return nil, 0, fmt.Errorf("%w: body of %d bytes, limit %d", ErrFrameTooLong, n, MaxBody)
 	}
 	var m Message
 	switch MsgType(b[1]) {
@@ -260,7 +259,6 @@ func (m *Bootstrap) decodeBody(b []byte) error {
 func (m *Grant) appendBody(dst []byte) []byte {
 	dst = binary.BigEndian.AppendUint64(dst, uint64(m.Request))
 	dst = binary.BigEndian.AppendUint32(dst, m.Tokens)
-	dst = binary.BigEndian.AppendUint32(dst, m.Slot)
 	dst = binary.BigEndian.AppendUint32(dst, uint32(len(m.Pages)))
 	for _, p := range m.Pages {
 		dst = binary.BigEndian.AppendUint32(dst, p.Page)
@@ -273,7 +271,7 @@ func (m *Grant) appendBody(dst []byte) []byte {
 
 func (m *Grant) decodeBody(b []byte) error {
 	r := body{b: b}
-	m.Request, m.Tokens, m.Slot = RequestID(r.u64()), r.u32(), r.u32()
+	m.Request, m.Tokens = RequestID(r.u64()), r.u32()
 	count := r.u32()
 	if r.err != nil {
 		return r.err

@@ -12,7 +12,7 @@ import (
 func sampleMessages() []Message {
 	return []Message{
 		&Bootstrap{Request: 7, Tokens: 1_048_576},
-		&Grant{Request: 7, Tokens: 5, Slot: 3, Pages: []PageGrant{{Page: 9, Epoch: 4, Addr: 0x7f00_0000_1000, Key: 0xabc}, {Page: 2, Epoch: 11, Addr: 0x7f00_0000_2000, Key: 0xabc}}},
+		&Grant{Request: 7, Tokens: 5, Pages: []PageGrant{{Page: 9, Epoch: 4, Addr: 0x7f00_0000_1000, Key: 0xabc}, {Page: 2, Epoch: 11, Addr: 0x7f00_0000_2000, Key: 0xabc}}},
 		&Done{Request: 7, Tokens: 5, Pages: 2},
 		&Abort{Request: 7, Reason: AbortTimedOut},
 		&AbortAck{Request: 7},
@@ -68,7 +68,7 @@ func TestDecoderRejectsBrokenFramesWithTypedErrors(t *testing.T) {
 	}{
 		"version":        {mutate(func(b []byte) []byte { b[0] = 2; return b }), ErrVersion},
 		"unknown type":   {mutate(func(b []byte) []byte { b[1] = 99; return b }), ErrUnknownType},
-		"too long":       {mutate(func(b []byte) []byte { binary.BigEndian.PutUint32(b[2:], MaxBody+1); return b }), ErrTooLong},
+		"too long":       {mutate(func(b []byte) []byte { binary.BigEndian.PutUint32(b[2:], MaxBody+1); return b }), ErrFrameTooLong},
 		"trailing bytes": {mutate(func(b []byte) []byte { binary.BigEndian.PutUint32(b[2:], 17); return append(b, 0) }), ErrMalformed},
 		"short body":     {mutate(func(b []byte) []byte { binary.BigEndian.PutUint32(b[2:], 15); return b[:len(b)-1] }), ErrMalformed},
 		"zero tokens":    {mutate(func(b []byte) []byte { binary.BigEndian.PutUint32(b[14:], 0); return b }), ErrMalformed},
@@ -82,9 +82,9 @@ func TestDecoderRejectsBrokenFramesWithTypedErrors(t *testing.T) {
 }
 
 func TestGrantPageCountMustMatchItsBytesBeforeAllocating(t *testing.T) {
-	frame, _ := AppendMessage(nil, &Grant{Request: 1, Tokens: 2, Slot: 0, Pages: []PageGrant{{Page: 1}}})
+	frame, _ := AppendMessage(nil, &Grant{Request: 1, Tokens: 2, Pages: []PageGrant{{Page: 1}}})
 	// Claim 100000 pages in a body that holds one: refused, nothing allocated for them.
-	binary.BigEndian.PutUint32(frame[HeaderSize+16:], 100000)
+	binary.BigEndian.PutUint32(frame[HeaderSize+12:], 100000)
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
 	const runs = 100
@@ -128,7 +128,7 @@ func FuzzDecodeMessage(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, n, err := DecodeMessage(b)
 		if err != nil {
-			for _, known := range []error{ErrShortFrame, ErrVersion, ErrUnknownType, ErrTooLong, ErrMalformed} {
+			for _, known := range []error{ErrShortFrame, ErrVersion, ErrUnknownType, ErrFrameTooLong, ErrMalformed} {
 				if errors.Is(err, known) {
 					return
 				}

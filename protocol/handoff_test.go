@@ -1,0 +1,410 @@
+package protocol
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+	"time"
+)
+
+const (
+	pageBytes  = 256
+	pageTokens = 4
+	prefill    = PeerID(1)
+)
+
+// memory is a node's pages: payloads and tag slots.
+type memory struct{ payload, tags [][]byte }
+
+func newMemory(n int) *memory {
+	m := &memory{}
+	for i := 0; i < n; i++ {
+		m.payload = append(m.payload, bytes.Repeat([]byte{0xEE}, pageBytes)) // an earlier tenant's KV
+		m.tags = append(m.tags, make([]byte, TagSize))
+	}
+	return m
+}
+
+func (m *memory) TagRecord(p uint32) []byte { return m.tags[p] }
+func (m *memory) Payload(p uint32) []byte   { return m.payload[p] }
+func (m *memory) Page(p uint32) []byte      { return m.payload[p] }
+
+// link is one prefill node and one decode node joined by an in-memory queue
+// pair. WRITEs and SENDs from the sender queue up in order; the test decides
+// when they land, so every race can be staged.
+type link struct {
+	t        *testing.T
+	s        *Sender
+	r        *Receiver
+	src, dst *memory
+	wire     []Op // posted, not yet placed or delivered (RC order)
+	back     []Send
+	sOut     map[RequestID]error
+	rOut     map[RequestID]error
+	verified []RequestID
+	now      time.Time
+}
+
+func newLink(t *testing.T, decodePages int) *link {
+	t.Helper()
+	l := &link{t: t, src: newMemory(8), dst: newMemory(decodePages), sOut: map[RequestID]error{}, rOut: map[RequestID]error{}, now: time.Unix(1000, 0)}
+	var err error
+	if l.s, err = NewSender(SenderConfig{Pages: 8, PageTokens: pageTokens, MaxInFlight: 2, Memory: l.src}); err != nil {
+		t.Fatal(err)
+	}
+	if l.r, err = NewReceiver(ReceiverConfig{Pages: decodePages, PageTokens: pageTokens, Timeout: time.Second, Memory: l.dst,
+		Region: func(p uint32) (uint64, uint32) { return 0x1000 * uint64(p), 7 }}); err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// collect moves both nodes' effects onto the wire and records outcomes.
+func (l *link) collect() {
+	se := l.s.Effects()
+	l.wire = append(l.wire, se.Ops...)
+	for _, o := range se.Outcomes {
+		if _, dup := l.sOut[o.Request]; dup {
+			l.t.Fatalf("sender reported request %d twice", o.Request)
+		}
+		l.sOut[o.Request] = o.Err
+	}
+	re := l.r.Effects()
+	l.back = append(l.back, re.Sends...)
+	l.verified = append(l.verified, re.Verified...)
+	for _, o := range re.Outcomes {
+		if _, dup := l.rOut[o.Request]; dup {
+			l.t.Fatalf("receiver reported request %d twice", o.Request)
+		}
+		l.rOut[o.Request] = o.Err
+	}
+	for _, p := range re.Cuts {
+		l.wire, l.back = nil, nil // the queue pair is in error: everything in flight is flushed
+		l.r.QueuePairFenced(p)
+		l.s.Flushed(p)
+		l.collect()
+	}
+}
+
+// submit starts a request whose KV is a recognisable pattern per page.
+func (l *link) submit(id RequestID, tokens int) {
+	l.t.Helper()
+	pages, err := l.s.Submit(id, prefill, tokens)
+	if err != nil {
+		l.t.Fatalf("submit %d: %v", id, err)
+	}
+	for i, p := range pages {
+		copy(l.src.payload[p], pattern(id, i))
+	}
+	if err := l.s.Computed(id); err != nil {
+		l.t.Fatal(err)
+	}
+	l.collect()
+}
+
+func pattern(id RequestID, i int) []byte {
+	return bytes.Repeat([]byte{byte(id), byte(i), 0x5A, 0xA5}, pageBytes/4)
+}
+
+// deliverOne places or delivers the head of the prefill→decode direction.
+func (l *link) deliverOne() Op {
+	l.t.Helper()
+	op := l.wire[0]
+	l.wire = l.wire[1:]
+	if w := op.Write; w != nil {
+		// NoForeignWrite (docs/spec.md): a WRITE never lands in a page that
+		// another request owns or has in quarantine.
+		if pg := l.r.Pool().pages[w.Remote.Page]; pg.state != pageFree && pg.owner != w.Request {
+			l.t.Fatalf("WRITE of request %d landed in page %d, which request %d holds", w.Request, w.Remote.Page, pg.owner)
+		}
+		copy(l.dst.payload[w.Remote.Page], l.src.payload[w.Source]) // the NIC reads the source now
+		copy(l.dst.tags[w.Remote.Page], w.Tag)
+		if err := l.s.Completed(w.ID, nil); err != nil {
+			l.t.Fatal(err)
+		}
+	} else if err := l.r.Step(op.Peer, op.Msg, l.now); err != nil {
+		l.t.Fatalf("receiver: %s: %v", op.Msg.Type(), err)
+	}
+	l.collect()
+	return op
+}
+
+// backOne delivers the head of the decode→prefill direction.
+func (l *link) backOne() {
+	l.t.Helper()
+	m := l.back[0]
+	l.back = l.back[1:]
+	if err := l.s.Step(prefill, m.Msg); err != nil {
+		l.t.Fatalf("sender: %s: %v", m.Msg.Type(), err)
+	}
+	l.collect()
+}
+
+// run delivers everything in both directions and reads every verified request.
+func (l *link) run() {
+	for len(l.wire)+len(l.back)+len(l.verified) > 0 {
+		switch {
+		case len(l.back) > 0:
+			l.backOne()
+		case len(l.wire) > 0:
+			l.deliverOne()
+		default:
+			id := l.verified[0]
+			l.verified = l.verified[1:]
+			l.read(id)
+		}
+	}
+}
+
+// read is the decoder: acquire, check the bytes are the request's own, finish.
+func (l *link) read(id RequestID) {
+	l.t.Helper()
+	refs, err := l.r.Acquire(id)
+	if err != nil {
+		return
+	}
+	for i, ref := range refs {
+		if !bytes.Equal(l.dst.payload[ref.Page], pattern(id, i)) {
+			l.t.Fatalf("request %d page %d: decode would read foreign KV", id, i)
+		}
+	}
+	if err := l.r.Finish(id); err != nil {
+		l.t.Fatal(err)
+	}
+	l.collect()
+}
+
+func (l *link) assertAllFree() {
+	l.t.Helper()
+	if l.r.Pool().Free() != l.r.Pool().Len() || l.s.Pool().Free() != l.s.Pool().Len() {
+		l.t.Fatalf("leak: decode %d/%d free, prefill %d/%d free", l.r.Pool().Free(), l.r.Pool().Len(), l.s.Pool().Free(), l.s.Pool().Len())
+	}
+}
+
+func TestHandoffDeliversVerifiedBytes(t *testing.T) {
+	l := newLink(t, 8)
+	l.submit(1, 10) // 3 pages, the last one partial
+	l.submit(2, 4)
+	l.submit(3, 7)
+	l.run()
+	for id := RequestID(1); id <= 3; id++ {
+		if err, ok := l.rOut[id]; !ok || err != nil {
+			t.Fatalf("request %d: receiver outcome %v (reported %v)", id, err, ok)
+		}
+		if err := l.sOut[id]; err != nil {
+			t.Fatalf("request %d: sender outcome %v", id, err)
+		}
+	}
+	l.assertAllFree()
+}
+
+func TestRejectedAtIntakeIsNeverBootstrapped(t *testing.T) {
+	l := newLink(t, 8)
+	_, err := l.s.Submit(1, prefill, 8*pageTokens+1)
+	if !errors.Is(err, ErrRejected) || !errors.Is(err, ErrTooLong) {
+		t.Fatalf("got %v", err)
+	}
+	l.collect()
+	if len(l.wire) != 0 || l.s.Pool().Free() != 8 {
+		t.Fatal("a rejected request must send nothing and hold nothing")
+	}
+}
+
+func TestReceiverRejectsWhatItsPoolCannotHoldAndStopsTheSender(t *testing.T) {
+	l := newLink(t, 2)
+	l.submit(1, 3*pageTokens) // fits the prefill pool, not decode's
+	l.run()
+	if err := l.rOut[1]; !errors.Is(err, ErrRejected) || !errors.Is(err, ErrTooLong) {
+		t.Fatalf("receiver: %v", err)
+	}
+	if err := l.sOut[1]; !errors.Is(err, ErrPeerFailed) {
+		t.Fatalf("sender must be stopped by the receiver's Abort: %v", err)
+	}
+	l.assertAllFree()
+}
+
+// Abort during WRITE: the receiver keeps the pages quarantined until the
+// sender's AbortAck, which comes only after every posted WRITE completed.
+func TestCancelDuringWritesQuarantinesUntilAbortAck(t *testing.T) {
+	l := newLink(t, 4)
+	l.submit(1, 8)
+	l.deliverOne() // Bootstrap
+	l.backOne()    // Grant: two WRITEs and Done are now on the wire
+	l.r.Cancel(1)
+	l.s.Cancel(1)
+	l.collect()
+	if got := l.r.Pool().Quarantined(); got != 2 {
+		t.Fatalf("%d pages quarantined, want 2", got)
+	}
+	l.deliverOne() // a WRITE lands: in the request's own quarantined page, harmlessly
+	if l.r.Pool().Quarantined() != 2 {
+		t.Fatal("pages must stay quarantined while a WRITE is in flight")
+	}
+	l.run() // the second WRITE, Done (a fence), then AbortAck (a second fence: no effect)
+	if !errors.Is(l.rOut[1], ErrCancelled) || !errors.Is(l.sOut[1], ErrCancelled) {
+		t.Fatalf("outcomes: receiver %v, sender %v", l.rOut[1], l.sOut[1])
+	}
+	l.assertAllFree()
+}
+
+// Timeout then late placement: the next request's Bootstrap is ahead of the
+// timed-out request's WRITE on the queue pair, so the next request is reserved
+// before that WRITE lands. The WRITE must land in its own quarantined page.
+func TestTimeoutThenLatePlacementLandsOnlyInQuarantine(t *testing.T) {
+	l := newLink(t, 2)
+	l.submit(1, 4)
+	l.deliverOne() // Bootstrap 1
+	l.submit(2, 4) // Bootstrap 2 is now ahead of anything request 1 will post
+	l.backOne()    // Grant 1: WRITE 1 and Done 1 queue behind Bootstrap 2
+	l.r.Tick(l.now.Add(2 * time.Second))
+	l.collect()
+	if !errors.Is(l.rOut[1], ErrTimedOut) {
+		t.Fatalf("got %v", l.rOut[1])
+	}
+	l.deliverOne() // Bootstrap 2: reserved while WRITE 1 is still in flight
+	l.run()        // WRITE 1 lands (checked by the link), Done 1 fences 1, request 2 completes
+	if err, ok := l.rOut[2]; !ok || err != nil {
+		t.Fatalf("request 2: %v (reported %v)", err, ok)
+	}
+	l.assertAllFree()
+}
+
+func TestLateDoneAfterAbortIsOnlyAFence(t *testing.T) {
+	l := newLink(t, 2)
+	l.submit(1, 4)
+	l.deliverOne() // Bootstrap
+	l.backOne()    // Grant
+	l.r.Cancel(1)
+	l.collect()
+	l.deliverOne() // WRITE
+	l.deliverOne() // Done: request 1 is cancelled, so Done only fences it
+	if len(l.verified) != 0 || l.r.Pool().Free() != 2 {
+		t.Fatal("a Done after an abort must release, never verify")
+	}
+	l.run()
+	l.assertAllFree()
+}
+
+func TestDuplicateDoneIsRefused(t *testing.T) {
+	l := newLink(t, 2)
+	l.submit(1, 4)
+	l.deliverOne()
+	l.backOne()
+	l.deliverOne() // WRITE
+	done := l.deliverOne()
+	if err := l.r.Step(prefill, done.Msg, l.now); !errors.Is(err, ErrDuplicate) {
+		t.Fatalf("second Done: %v", err)
+	}
+}
+
+func TestGrantForUnknownRequestIsAnsweredWithAbortAck(t *testing.T) {
+	l := newLink(t, 2)
+	err := l.s.Step(prefill, &Grant{Request: 99, Tokens: 4, Pages: []PageGrant{{Page: 0, Epoch: 1}}})
+	l.collect()
+	if !errors.Is(err, ErrUnknownRequest) || len(l.wire) != 1 || l.wire[0].Msg.Type() != TypeAbortAck {
+		t.Fatalf("err %v, wire %v", err, l.wire)
+	}
+}
+
+func TestDoneBeforeGrantIsRefused(t *testing.T) {
+	l := newLink(t, 2)
+	if err := l.r.Step(prefill, &Done{Request: 5, Tokens: 4, Pages: 1}, l.now); !errors.Is(err, ErrUnknownRequest) {
+		t.Fatalf("got %v", err)
+	}
+}
+
+// A page whose tag record carries an older epoch was written for an earlier
+// tenancy: verification refuses it.
+func TestStaleEpochFailsVerification(t *testing.T) {
+	l := newLink(t, 1)
+	l.submit(1, 4)
+	l.deliverOne() // Bootstrap
+	l.backOne()    // Grant
+	w := l.wire[0].Write
+	stale := Tag{Request: 1, Epoch: w.Remote.Epoch - 1, Index: 0, Tokens: 4, Sum: 0}
+	w.Tag = stale.Append(nil)
+	l.run()
+	if !errors.Is(l.rOut[1], ErrTagMismatch) {
+		t.Fatalf("got %v", l.rOut[1])
+	}
+	l.assertAllFree()
+}
+
+func TestTokenMismatchFailsVerification(t *testing.T) {
+	l := newLink(t, 2)
+	l.submit(1, 4)
+	l.deliverOne()
+	l.backOne()
+	l.deliverOne() // WRITE
+	l.wire[0].Msg.(*Done).Tokens = 1
+	l.run()
+	if !errors.Is(l.rOut[1], ErrTokenMismatch) {
+		t.Fatalf("got %v", l.rOut[1])
+	}
+}
+
+func TestCorruptPayloadFailsByChecksum(t *testing.T) {
+	l := newLink(t, 2)
+	l.submit(1, 4)
+	l.deliverOne()
+	l.backOne()
+	l.deliverOne() // WRITE placed
+	l.dst.payload[0][17] ^= 0xFF
+	l.run()
+	if !errors.Is(l.rOut[1], ErrChecksumMismatch) {
+		t.Fatalf("got %v", l.rOut[1])
+	}
+}
+
+// The source pages stay held until every WRITE that reads them completed (the
+// defense against prefill-early-free).
+func TestSourcePagesHeldUntilWritesComplete(t *testing.T) {
+	l := newLink(t, 2)
+	l.submit(1, 4)
+	l.deliverOne()
+	l.backOne() // WRITE and Done posted, not yet placed
+	if l.s.Pool().Free() != 7 {
+		t.Fatal("a posted, incomplete WRITE must keep its source page")
+	}
+	l.run()
+	l.assertAllFree()
+}
+
+// A dead peer: the receiver asks for the cut, and only the cut frees the pages.
+func TestPeerFailureIsFencedByACut(t *testing.T) {
+	l := newLink(t, 2)
+	l.submit(1, 4)
+	l.deliverOne()
+	l.backOne() // a WRITE is in flight
+	l.r.PeerFailed(prefill)
+	l.collect() // the link applies the cut, then reports it
+	if !errors.Is(l.rOut[1], ErrPeerFailed) || !errors.Is(l.sOut[1], ErrPeerFailed) {
+		t.Fatalf("outcomes %v %v", l.rOut[1], l.sOut[1])
+	}
+	if len(l.wire) != 0 {
+		t.Fatal("nothing may land after the cut")
+	}
+	l.assertAllFree()
+}
+
+func TestCancelBeforeBootstrapLeavesATombstone(t *testing.T) {
+	l := newLink(t, 2)
+	l.r.Cancel(1)
+	l.s.Cancel(1)
+	l.submit(1, 4)
+	l.run()
+	if l.r.Pool().Free() != 2 || !errors.Is(l.sOut[1], ErrPeerFailed) {
+		t.Fatalf("a Bootstrap after the cancel must be refused: sender %v", l.sOut[1])
+	}
+	l.assertAllFree()
+}
+
+func TestWrongDirectionMessagesAreRefused(t *testing.T) {
+	l := newLink(t, 2)
+	if err := l.r.Step(prefill, &Grant{Request: 1, Tokens: 1, Pages: []PageGrant{{}}}, l.now); !errors.Is(err, ErrUnexpectedMessage) {
+		t.Fatalf("receiver took a Grant: %v", err)
+	}
+	if err := l.s.Step(prefill, &Done{Request: 1, Tokens: 1, Pages: 1}); !errors.Is(err, ErrUnexpectedMessage) {
+		t.Fatalf("sender took a Done: %v", err)
+	}
+}

@@ -1,0 +1,386 @@
+package protocol
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+)
+
+// PeerID names the node at the other end of a queue pair.
+type PeerID uint32
+
+// Send is a message to post on the queue pair to Peer.
+type Send struct {
+	Peer PeerID
+	Msg  Message
+}
+
+// Outcome is a request's final result on one node: Err is nil for success, or
+// wraps one of the outcome errors. Each request gets exactly one Outcome.
+type Outcome struct {
+	Request RequestID
+	Err     error
+}
+
+// PageMemory gives the receiver read access to its own pages, so that it can
+// verify them. Reading local memory is not I/O: the receiver stays sans-I/O.
+type PageMemory interface {
+	// TagRecord is the page's tag record slot (at least TagSize bytes).
+	TagRecord(page uint32) []byte
+	// Payload is the page's KV bytes.
+	Payload(page uint32) []byte
+}
+
+// ReceiverConfig configures a Receiver.
+type ReceiverConfig struct {
+	Pages      int           // pages in the pool
+	PageTokens int           // tokens of KV per page
+	Slots      int           // requests held at once; 0 means Pages
+	MaxTokens  int           // intake limit in tokens; 0 means Pages*PageTokens
+	Timeout    time.Duration // a reserved request fails after this long without Done; 0 means never
+	Memory     PageMemory    // the pages, for verification
+	// Region says where the sender writes a page: the remote address and key of
+	// its memory region.
+	Region func(page uint32) (addr uint64, key uint32)
+}
+
+// ReceiverEffects are what the caller must do after feeding events in.
+type ReceiverEffects struct {
+	// Sends go to senders, in order per peer.
+	Sends []Send
+	// Cuts are queue pairs the caller must move to the error state (so that
+	// nothing more can land), then report with QueuePairFenced.
+	Cuts []PeerID
+	// Verified requests may be read: Acquire, read, Finish.
+	Verified []RequestID
+	// Outcomes are final results, each request once.
+	Outcomes []Outcome
+}
+
+type recvPhase uint8
+
+const (
+	recvTombstone  recvPhase = iota + 1 // cancelled before its Bootstrap came
+	recvReserved                        // pages granted, waiting for Done
+	recvReady                           // verified, waiting to be read
+	recvReading                         // acquired by the decoder
+	recvQuarantine                      // ended while its writer may still write: waiting for the fence
+	recvFinished                        // read and released
+	recvClosed                          // ended with an error, pages released
+	recvRejected                        // refused at intake
+)
+
+type recvRequest struct {
+	phase    recvPhase
+	peer     PeerID
+	tokens   uint32
+	refs     []PageRef
+	deadline time.Time
+	reported bool
+}
+
+// Receiver is the decode node's side of the handoff, for every request from
+// every sender: intake, reservation, verification, the read-time checks, and
+// every abort path with its fence (docs/protocol.md). It is a sans-I/O state
+// machine: methods take events (with the current time where it matters) and
+// accumulate effects, which Effects hands over. It is not safe for concurrent use.
+type Receiver struct {
+	cfg     ReceiverConfig
+	pool    *Pool
+	reqs    map[RequestID]*recvRequest
+	held    int // requests holding a slot
+	effects ReceiverEffects
+}
+
+// NewReceiver validates cfg and returns a receiver with every page free.
+func NewReceiver(cfg ReceiverConfig) (*Receiver, error) {
+	if cfg.Pages < 1 || cfg.PageTokens < 1 || cfg.Memory == nil || cfg.Region == nil {
+		return nil, errors.New("protocol: receiver needs Pages, PageTokens, Memory and Region")
+	}
+	if cfg.Slots == 0 {
+		cfg.Slots = cfg.Pages
+	}
+	if cfg.MaxTokens == 0 {
+		cfg.MaxTokens = cfg.Pages * cfg.PageTokens
+	}
+	return &Receiver{cfg: cfg, pool: NewPool(cfg.Pages), reqs: map[RequestID]*recvRequest{}}, nil
+}
+
+// Effects returns the effects accumulated since the last call and clears them.
+func (r *Receiver) Effects() ReceiverEffects {
+	e := r.effects
+	r.effects = ReceiverEffects{}
+	return e
+}
+
+// Pool is the receiver's page pool, for inspection (tests, metrics).
+func (r *Receiver) Pool() *Pool { return r.pool }
+
+func (r *Receiver) send(peer PeerID, m Message) {
+	r.effects.Sends = append(r.effects.Sends, Send{Peer: peer, Msg: m})
+}
+
+// finish reports a request's outcome once; later outcomes are ignored.
+func (r *Receiver) finish(id RequestID, q *recvRequest, err error) {
+	if !q.reported {
+		q.reported = true
+		r.effects.Outcomes = append(r.effects.Outcomes, Outcome{Request: id, Err: err})
+	}
+}
+
+// release returns q's pages (only those it still holds at its epochs) and its slot.
+func (r *Receiver) release(q *recvRequest, id RequestID) {
+	r.pool.Release(id, q.refs)
+	r.dropSlot(q)
+}
+
+func (r *Receiver) dropSlot(q *recvRequest) {
+	if q.phase == recvReserved || q.phase == recvReady || q.phase == recvReading {
+		r.held--
+	}
+}
+
+// Step handles a message from a sender. A message that breaks the protocol
+// returns an error and changes nothing; late and duplicate fences are
+// expected and return nil.
+func (r *Receiver) Step(peer PeerID, m Message, now time.Time) error {
+	switch m := m.(type) {
+	case *Bootstrap:
+		return r.bootstrap(peer, m, now)
+	case *Done:
+		return r.done(peer, m)
+	case *AbortAck:
+		q, err := r.lookup(peer, m.Request)
+		if err != nil {
+			return err
+		}
+		r.fence(m.Request, q, fmt.Errorf("%w: the sender gave up", ErrPeerFailed))
+		return nil
+	case nil:
+		return fmt.Errorf("%w: nil", ErrUnexpectedMessage)
+	}
+	return fmt.Errorf("%w: %s to a receiver", ErrUnexpectedMessage, m.Type())
+}
+
+func (r *Receiver) lookup(peer PeerID, id RequestID) (*recvRequest, error) {
+	q := r.reqs[id]
+	switch {
+	case q == nil:
+		return nil, fmt.Errorf("%w: %d", ErrUnknownRequest, id)
+	case q.phase == recvTombstone:
+		return q, nil
+	case q.peer != peer:
+		return nil, fmt.Errorf("%w: request %d is on peer %d, not %d", ErrWrongPeer, id, q.peer, peer)
+	}
+	return q, nil
+}
+
+// bootstrap is decode's intake and reservation (steps 1-2).
+func (r *Receiver) bootstrap(peer PeerID, m *Bootstrap, now time.Time) error {
+	id := m.Request
+	if q := r.reqs[id]; q != nil {
+		if q.phase == recvTombstone {
+			r.send(peer, &Abort{Request: id, Reason: AbortCancelled})
+			return nil
+		}
+		return fmt.Errorf("%w: Bootstrap for request %d", ErrDuplicate, id)
+	}
+	q := &recvRequest{peer: peer, tokens: m.Tokens}
+	r.reqs[id] = q
+	if int64(m.Tokens) > int64(r.cfg.MaxTokens) {
+		q.phase = recvRejected
+		r.finish(id, q, fmt.Errorf("%w: %w: %d tokens, this node takes %d", ErrRejected, ErrTooLong, m.Tokens, r.cfg.MaxTokens))
+		r.send(peer, &Abort{Request: id, Reason: AbortRejected})
+		return nil
+	}
+	n := r.pagesFor(m.Tokens)
+	var refs []PageRef
+	err := fmt.Errorf("%w: every slot is taken", ErrNoCapacity)
+	if r.held < r.cfg.Slots {
+		refs, err = r.pool.Allocate(id, n)
+	}
+	if err != nil {
+		q.phase = recvClosed
+		r.finish(id, q, err)
+		r.send(peer, &Abort{Request: id, Reason: AbortNoCapacity})
+		return nil
+	}
+	q.phase, q.refs = recvReserved, refs
+	r.held++
+	if r.cfg.Timeout > 0 {
+		q.deadline = now.Add(r.cfg.Timeout)
+	}
+	g := &Grant{Request: id, Tokens: m.Tokens, Pages: make([]PageGrant, n)}
+	for i, ref := range refs {
+		addr, key := r.cfg.Region(ref.Page)
+		g.Pages[i] = PageGrant{Page: ref.Page, Epoch: ref.Epoch, Addr: addr, Key: key}
+	}
+	r.send(peer, g)
+	return nil
+}
+
+func (r *Receiver) pagesFor(tokens uint32) int {
+	return int((int64(tokens) + int64(r.cfg.PageTokens) - 1) / int64(r.cfg.PageTokens))
+}
+
+// tokensIn is the number of tokens page i of a request of the given length holds.
+func (r *Receiver) tokensIn(tokens uint32, i int) uint32 {
+	full := uint32(r.cfg.PageTokens)
+	if rest := tokens - uint32(i)*full; rest < full {
+		return rest
+	}
+	return full
+}
+
+// done handles Done (step 6). Reliable-connected ordering puts it behind every
+// WRITE of the request, so it is also the sender's fence.
+func (r *Receiver) done(peer PeerID, m *Done) error {
+	id := m.Request
+	q, err := r.lookup(peer, id)
+	if err != nil {
+		return err
+	}
+	switch q.phase {
+	case recvReserved:
+		if err := r.verify(id, q, m); err != nil {
+			r.release(q, id) // Done fenced the writer
+			q.phase = recvClosed
+			r.finish(id, q, err)
+			r.send(peer, &Abort{Request: id, Reason: AbortVerifyFailed})
+			return nil
+		}
+		q.phase = recvReady
+		r.effects.Verified = append(r.effects.Verified, id)
+		return nil
+	case recvReady, recvReading:
+		return fmt.Errorf("%w: second Done for request %d", ErrDuplicate, id)
+	}
+	r.fence(id, q, nil)
+	return nil
+}
+
+// verify checks a Done against the reservation: counts, then every page's tag
+// record and checksum.
+func (r *Receiver) verify(id RequestID, q *recvRequest, m *Done) error {
+	if m.Tokens != q.tokens || int(m.Pages) != len(q.refs) {
+		return fmt.Errorf("%w: Done says %d tokens in %d pages, the reservation is %d tokens in %d pages",
+			ErrTokenMismatch, m.Tokens, m.Pages, q.tokens, len(q.refs))
+	}
+	for i, ref := range q.refs {
+		want := Expect{Request: id, Index: uint32(i), Epoch: ref.Epoch, Tokens: r.tokensIn(q.tokens, i)}
+		if err := VerifyPage(r.cfg.Memory.TagRecord(ref.Page), r.cfg.Memory.Payload(ref.Page), want); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// fence handles a sign that q's writer can write no more (AbortAck, a late Done,
+// a cut). A request still waiting for Done fails with why (if why is set); a
+// quarantined one is released; a terminal one ignores it: fences are idempotent.
+func (r *Receiver) fence(id RequestID, q *recvRequest, why error) {
+	switch q.phase {
+	case recvReserved:
+		if why == nil {
+			return
+		}
+		r.release(q, id)
+		q.phase = recvClosed
+		r.finish(id, q, why)
+	case recvQuarantine:
+		r.pool.Release(id, q.refs)
+		q.phase = recvClosed
+	}
+}
+
+// Cancel ends a request at the client's or router's request. Pages that a
+// writer may still write stay quarantined until its fence.
+func (r *Receiver) Cancel(id RequestID) {
+	q := r.reqs[id]
+	if q == nil {
+		r.reqs[id] = &recvRequest{phase: recvTombstone, reported: true}
+		return
+	}
+	r.abort(id, q, fmt.Errorf("%w", ErrCancelled))
+}
+
+// abort ends q before it was read.
+func (r *Receiver) abort(id RequestID, q *recvRequest, why error) {
+	switch q.phase {
+	case recvReserved:
+		r.dropSlot(q)
+		q.phase = recvQuarantine
+		r.pool.Quarantine(id, q.refs)
+		r.finish(id, q, why)
+	case recvReady:
+		r.release(q, id) // Done came: the writer is fenced
+		q.phase = recvClosed
+		r.finish(id, q, why)
+	case recvReading:
+		r.finish(id, q, why) // the pages go back when the decoder calls Finish
+	}
+}
+
+// Tick fails every reserved request whose deadline has passed and tells its sender.
+func (r *Receiver) Tick(now time.Time) {
+	for _, id := range slices.Sorted(maps.Keys(r.reqs)) { // in request order: effects are deterministic
+		q := r.reqs[id]
+		if q.phase == recvReserved && !q.deadline.IsZero() && !now.Before(q.deadline) {
+			r.abort(id, q, fmt.Errorf("%w: no Done within %v", ErrTimedOut, r.cfg.Timeout))
+			r.send(q.peer, &Abort{Request: id, Reason: AbortTimedOut})
+		}
+	}
+}
+
+// PeerFailed says a sender is gone (its node crashed or stopped answering).
+// Nothing it posted may land once its queue pair is in the error state, so the
+// receiver asks for that cut; QueuePairFenced then releases the pages.
+func (r *Receiver) PeerFailed(peer PeerID) {
+	r.effects.Cuts = append(r.effects.Cuts, peer)
+}
+
+// QueuePairFenced says the queue pair to peer is in the error state (cut by the
+// caller, or broken and flushed): nothing more of it can land. Every request on
+// it that was waiting for Done fails; quarantined pages are released.
+func (r *Receiver) QueuePairFenced(peer PeerID) {
+	for _, id := range slices.Sorted(maps.Keys(r.reqs)) {
+		if q := r.reqs[id]; q.peer == peer && q.phase != recvTombstone {
+			r.fence(id, q, fmt.Errorf("%w: queue pair to peer %d fenced", ErrPeerFailed, peer))
+		}
+	}
+}
+
+// Acquire hands a verified request's pages to the decoder, checking that each
+// is still the request's at the epoch it was granted (the read-time check). The
+// pages stay the request's until Finish.
+func (r *Receiver) Acquire(id RequestID) ([]PageRef, error) {
+	q := r.reqs[id]
+	if q == nil || q.phase != recvReady {
+		return nil, fmt.Errorf("%w: request %d", ErrNotReady, id)
+	}
+	for _, ref := range q.refs {
+		if err := r.pool.Check(id, ref); err != nil {
+			r.release(q, id)
+			q.phase = recvClosed
+			r.finish(id, q, err)
+			return nil, err
+		}
+	}
+	q.phase = recvReading
+	return append([]PageRef(nil), q.refs...), nil
+}
+
+// Finish ends a read: the pages go back to the pool and the request succeeds
+// (unless it was cancelled while being read).
+func (r *Receiver) Finish(id RequestID) error {
+	q := r.reqs[id]
+	if q == nil || q.phase != recvReading {
+		return fmt.Errorf("%w: request %d is not being read", ErrNotReady, id)
+	}
+	r.release(q, id)
+	q.phase = recvFinished
+	r.finish(id, q, nil)
+	return nil
+}

@@ -1,0 +1,332 @@
+package protocol
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+
+	"github.com/kvhandoff/kvhandoff/protocol/checksum"
+)
+
+// SourceMemory gives the sender read access to its source pages, to checksum
+// them into tag records.
+type SourceMemory interface {
+	Page(page uint32) []byte
+}
+
+// SenderConfig configures a Sender.
+type SenderConfig struct {
+	Pages       int          // source pages: the prefill node's own KV pool
+	PageTokens  int          // tokens of KV per page
+	MaxTokens   int          // intake limit in tokens; 0 means Pages*PageTokens
+	MaxInFlight int          // WRITEs posted and not completed, per request; 0 means 8
+	Memory      SourceMemory // the source pages, for checksums
+}
+
+// Write is an RDMA WRITE to post: the source page's payload to the granted
+// remote page, then the tag record to the page's tag slot, in that order on
+// the queue pair. Report its completion with Completed(ID, err).
+type Write struct {
+	ID      uint64
+	Request RequestID
+	Index   uint32    // page index within the request
+	Source  uint32    // local source page
+	Remote  PageGrant // the granted page: tag, address, key
+	Tag     []byte    // the tag record, TagSize bytes
+}
+
+// Op is one operation on the queue pair to Peer: a Write or a Send (exactly one
+// is set). Ops must be posted in order: a Done goes behind its WRITEs.
+type Op struct {
+	Peer  PeerID
+	Write *Write
+	Msg   Message
+}
+
+// SenderEffects are what the caller must do after feeding events in.
+type SenderEffects struct {
+	Ops      []Op
+	Outcomes []Outcome
+}
+
+type sendPhase uint8
+
+const (
+	sendAwaitGrant sendPhase = iota + 1 // Bootstrap sent
+	sendWriting                         // grant admitted; posting WRITEs once the KV is computed
+	sendDoneSent                        // Done posted, WRITEs completing
+	sendAborting                        // stopped; waiting for posted WRITEs before AbortAck
+	sendFinished
+	sendAborted
+	sendFailed
+)
+
+type sendRequest struct {
+	phase     sendPhase
+	peer      PeerID
+	tokens    uint32
+	src       []PageRef // source pages, in request order
+	computed  bool
+	grant     []PageGrant
+	posted    int
+	completed int
+	failed    error // a WRITE failed: the queue pair is broken
+	reported  bool
+}
+
+// Sender is the prefill node's side of the handoff, for every request: intake,
+// admission of grants, WRITEs with tag records under a bounded window, Done,
+// and the abort paths. Source pages are held until every WRITE that reads them
+// has completed. Sans-I/O like Receiver; not safe for concurrent use.
+type Sender struct {
+	cfg     SenderConfig
+	pool    *Pool
+	reqs    map[RequestID]*sendRequest
+	writes  map[uint64]writeKey
+	nextID  uint64
+	effects SenderEffects
+}
+
+type writeKey struct {
+	req   RequestID
+	index uint32
+}
+
+// NewSender validates cfg and returns a sender with every source page free.
+func NewSender(cfg SenderConfig) (*Sender, error) {
+	if cfg.Pages < 1 || cfg.PageTokens < 1 || cfg.Memory == nil {
+		return nil, errors.New("protocol: sender needs Pages, PageTokens and Memory")
+	}
+	if cfg.MaxTokens == 0 {
+		cfg.MaxTokens = cfg.Pages * cfg.PageTokens
+	}
+	if cfg.MaxInFlight == 0 {
+		cfg.MaxInFlight = 8
+	}
+	return &Sender{cfg: cfg, pool: NewPool(cfg.Pages), reqs: map[RequestID]*sendRequest{}, writes: map[uint64]writeKey{}}, nil
+}
+
+// Effects returns the effects accumulated since the last call and clears them.
+func (s *Sender) Effects() SenderEffects {
+	e := s.effects
+	s.effects = SenderEffects{}
+	return e
+}
+
+// Pool is the sender's source page pool, for inspection.
+func (s *Sender) Pool() *Pool { return s.pool }
+
+func (s *Sender) finish(id RequestID, q *sendRequest, err error) {
+	if !q.reported {
+		q.reported = true
+		s.effects.Outcomes = append(s.effects.Outcomes, Outcome{Request: id, Err: err})
+	}
+}
+
+func (s *Sender) send(peer PeerID, m Message) {
+	s.effects.Ops = append(s.effects.Ops, Op{Peer: peer, Msg: m})
+}
+
+// Submit is the prefill node's intake (step 1): a prompt over its limit is
+// rejected for good, never bootstrapped. Otherwise it takes source pages for the
+// KV, which it returns in request order for the engine to compute into (then
+// call Computed), and announces the request to the receiver at peer.
+func (s *Sender) Submit(id RequestID, peer PeerID, tokens int) ([]uint32, error) {
+	if s.reqs[id] != nil {
+		return nil, fmt.Errorf("%w: request %d", ErrDuplicate, id)
+	}
+	if tokens < 1 || tokens > s.cfg.MaxTokens || tokens > MaxTokens {
+		return nil, fmt.Errorf("%w: %w: %d tokens, this node takes 1..%d", ErrRejected, ErrTooLong, tokens, s.cfg.MaxTokens)
+	}
+	n := (tokens + s.cfg.PageTokens - 1) / s.cfg.PageTokens
+	src, err := s.pool.Allocate(id, n)
+	if err != nil {
+		return nil, err
+	}
+	s.reqs[id] = &sendRequest{phase: sendAwaitGrant, peer: peer, tokens: uint32(tokens), src: src}
+	s.send(peer, &Bootstrap{Request: id, Tokens: uint32(tokens)})
+	pages := make([]uint32, n)
+	for i, ref := range src {
+		pages[i] = ref.Page
+	}
+	return pages, nil
+}
+
+// Computed says the request's KV is in its source pages; WRITEs start once the
+// grant is admitted too.
+func (s *Sender) Computed(id RequestID) error {
+	q := s.reqs[id]
+	if q == nil {
+		return fmt.Errorf("%w: %d", ErrUnknownRequest, id)
+	}
+	q.computed = true
+	s.post(id, q)
+	return nil
+}
+
+// Step handles a message from the receiver at peer.
+func (s *Sender) Step(peer PeerID, m Message) error {
+	switch m := m.(type) {
+	case *Grant:
+		return s.admit(peer, m)
+	case *Abort:
+		q := s.reqs[m.Request]
+		if q == nil {
+			return fmt.Errorf("%w: %d", ErrUnknownRequest, m.Request)
+		}
+		if q.peer != peer {
+			return fmt.Errorf("%w: request %d", ErrWrongPeer, m.Request)
+		}
+		s.abort(m.Request, q, fmt.Errorf("%w: the receiver aborted (reason %d)", ErrPeerFailed, m.Reason))
+		return nil
+	case nil:
+		return fmt.Errorf("%w: nil", ErrUnexpectedMessage)
+	}
+	return fmt.Errorf("%w: %s to a sender", ErrUnexpectedMessage, m.Type())
+}
+
+// admit checks a grant against the sender's own view of the request (step 3).
+func (s *Sender) admit(peer PeerID, g *Grant) error {
+	id := g.Request
+	q := s.reqs[id]
+	if q == nil {
+		// Nothing of ours will ever write these pages: say so, or the
+		// receiver keeps them until a timeout.
+		s.send(peer, &AbortAck{Request: id})
+		return fmt.Errorf("%w: Grant for request %d", ErrUnknownRequest, id)
+	}
+	if q.peer != peer {
+		return fmt.Errorf("%w: Grant for request %d", ErrWrongPeer, id)
+	}
+	switch q.phase {
+	case sendAwaitGrant:
+	case sendAborted, sendFailed:
+		s.send(peer, &AbortAck{Request: id}) // nothing was posted
+		return nil
+	default:
+		return fmt.Errorf("%w: second Grant for request %d", ErrDuplicate, id)
+	}
+	if g.Tokens != q.tokens || len(g.Pages) != len(q.src) {
+		s.pool.Release(id, q.src)
+		q.phase = sendFailed
+		s.finish(id, q, fmt.Errorf("%w: Grant for %d tokens in %d pages, the request is %d tokens in %d pages",
+			ErrTokenMismatch, g.Tokens, len(g.Pages), q.tokens, len(q.src)))
+		s.send(peer, &AbortAck{Request: id})
+		return nil
+	}
+	q.grant = slices.Clone(g.Pages)
+	q.phase = sendWriting
+	s.post(id, q)
+	return nil
+}
+
+// post posts WRITEs up to the in-flight bound, then Done after the last one.
+func (s *Sender) post(id RequestID, q *sendRequest) {
+	if q.phase != sendWriting || !q.computed {
+		return
+	}
+	for q.posted < len(q.src) && q.posted-q.completed < s.cfg.MaxInFlight {
+		i := q.posted
+		src := q.src[i].Page
+		payload := s.cfg.Memory.Page(src)
+		tokens := min(uint32(s.cfg.PageTokens), q.tokens-uint32(i*s.cfg.PageTokens))
+		tag := Tag{Request: id, Epoch: q.grant[i].Epoch, Index: uint32(i), Tokens: tokens, Sum: checksum.Sum(payload)}
+		s.nextID++
+		w := &Write{ID: s.nextID, Request: id, Index: uint32(i), Source: src, Remote: q.grant[i], Tag: tag.Append(nil)}
+		s.writes[w.ID] = writeKey{id, uint32(i)}
+		s.effects.Ops = append(s.effects.Ops, Op{Peer: q.peer, Write: w})
+		q.posted++
+	}
+	if q.posted == len(q.src) {
+		s.send(q.peer, &Done{Request: id, Tokens: q.tokens, Pages: uint32(len(q.src))})
+		q.phase = sendDoneSent
+		s.settle(id, q)
+	}
+}
+
+// Completed reports a WRITE's completion; err is non-nil for a failed or
+// flushed WRITE, which means the queue pair is broken.
+func (s *Sender) Completed(writeID uint64, err error) error {
+	k, ok := s.writes[writeID]
+	if !ok {
+		return fmt.Errorf("%w: completion for unknown WRITE %d", ErrUnknownRequest, writeID)
+	}
+	delete(s.writes, writeID)
+	q := s.reqs[k.req]
+	q.completed++
+	if err != nil && q.failed == nil {
+		q.failed = fmt.Errorf("%w: WRITE of page %d: %w", ErrPeerFailed, k.index, err)
+	}
+	s.post(k.req, q)
+	s.settle(k.req, q)
+	return nil
+}
+
+// settle ends a leg once every WRITE it posted has completed: only then may its
+// source pages be reused.
+func (s *Sender) settle(id RequestID, q *sendRequest) {
+	if q.completed != q.posted {
+		return
+	}
+	switch {
+	case q.failed != nil && (q.phase == sendWriting || q.phase == sendDoneSent || q.phase == sendAborting):
+		s.pool.Release(id, q.src)
+		q.phase = sendFailed
+		s.finish(id, q, q.failed)
+	case q.phase == sendDoneSent:
+		s.pool.Release(id, q.src)
+		q.phase = sendFinished
+		s.finish(id, q, nil)
+	case q.phase == sendAborting:
+		s.pool.Release(id, q.src)
+		q.phase = sendAborted
+		s.send(q.peer, &AbortAck{Request: id})
+	}
+}
+
+// Cancel stops a request at the client's or router's request.
+func (s *Sender) Cancel(id RequestID) {
+	if q := s.reqs[id]; q != nil {
+		s.abort(id, q, fmt.Errorf("%w", ErrCancelled))
+	}
+}
+
+func (s *Sender) abort(id RequestID, q *sendRequest, why error) {
+	switch q.phase {
+	case sendAwaitGrant:
+		// No grant, no WRITE: a grant that comes later is answered AbortAck.
+		s.pool.Release(id, q.src)
+		q.phase = sendAborted
+		s.finish(id, q, why)
+	case sendWriting, sendDoneSent:
+		q.phase = sendAborting
+		s.finish(id, q, why)
+		s.settle(id, q)
+	case sendFinished:
+		s.send(q.peer, &AbortAck{Request: id}) // idempotent: Done is already on its way
+	}
+}
+
+// Flushed says the queue pair to peer broke and every WRITE on it has completed
+// (with flush errors, reported through Completed or not at all): every request
+// on it fails, and its source pages are free again.
+func (s *Sender) Flushed(peer PeerID) {
+	for _, id := range slices.Sorted(maps.Keys(s.reqs)) {
+		q := s.reqs[id]
+		if q.peer != peer {
+			continue
+		}
+		switch q.phase {
+		case sendAwaitGrant, sendWriting, sendDoneSent, sendAborting:
+			for wid, k := range s.writes {
+				if k.req == id {
+					delete(s.writes, wid)
+				}
+			}
+			s.pool.Release(id, q.src)
+			q.phase = sendFailed
+			s.finish(id, q, fmt.Errorf("%w: queue pair to peer %d flushed", ErrPeerFailed, peer))
+		}
+	}
+}
