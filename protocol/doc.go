@@ -1,6 +1,6 @@
 // Package protocol is kvhandoff's implementation of the handoff protocol
 // (docs/protocol.md), the code an engine links. It imports only the standard
-// library and its checksum package.
+// library, its checksum package, and internal/research (the switches below).
 //
 // # The two state machines
 //
@@ -61,6 +61,19 @@
 // request at one epoch, or quarantined. Release and quarantine name the tenancy
 // they mean, so a duplicate or late fence can never free the next owner's page.
 //
-// Still to come (issue 3): the implementation switches of the bug catalogue,
-// the check against the executable spec (package model), and kvhandoff sim.
+// # Switches
+//
+// Eleven of the twelve bugs of the catalogue (all but done-unmatched: the wire
+// carries no slot) can be turned on through SenderConfig.Research and
+// ReceiverConfig.Research, for research and to prove that the checkers can fail.
+// Their type lives in the module's internal/research package and has an
+// unexported field, so only code inside the kvhandoff module can build a value
+// with a bug on. An engine that links this package cannot import that package
+// or construct such a value, not even by an untyped constant from a config file,
+// and gets every defense on. TestEachSwitchBreaksAProperty stages each switch
+// the way the spec's defense matrix exposes it and shows the property it breaks.
+//
+// Still to come (issue 3): the check against the executable spec with a
+// refinement mapping (package model), the seeded simulation (kvhandoff sim),
+// datadriven scenario files and the handoff benchmarks.
 package protocol

@@ -3,8 +3,12 @@ package protocol
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
+
+	"github.com/kvhandoff/kvhandoff/internal/research"
+	"github.com/kvhandoff/kvhandoff/protocol/checksum"
 )
 
 const (
@@ -16,11 +20,16 @@ const (
 // memory is a node's pages: payloads and tag slots.
 type memory struct{ payload, tags [][]byte }
 
+// tenant is the request that used the decode pages before: every page starts
+// with its KV and a valid tag record for it (pages are never zeroed).
+const tenant = RequestID(999)
+
 func newMemory(n int) *memory {
 	m := &memory{}
 	for i := 0; i < n; i++ {
-		m.payload = append(m.payload, bytes.Repeat([]byte{0xEE}, pageBytes)) // an earlier tenant's KV
-		m.tags = append(m.tags, make([]byte, TagSize))
+		kv := bytes.Repeat([]byte{0xEE, byte(i)}, pageBytes/2)
+		m.payload = append(m.payload, kv)
+		m.tags = append(m.tags, Tag{Request: tenant, Index: uint32(i), Tokens: pageTokens, Sum: checksum.Sum(kv)}.Append(nil))
 	}
 	return m
 }
@@ -43,17 +52,24 @@ type link struct {
 	rOut     map[RequestID]error
 	verified []RequestID
 	now      time.Time
+	// violations of the spec's properties seen by the link (docs/spec.md).
+	violations []string
 }
 
-func newLink(t *testing.T, decodePages int) *link {
+func (l *link) violate(format string, a ...any) {
+	l.violations = append(l.violations, fmt.Sprintf(format, a...))
+}
+
+func newLink(t *testing.T, decodePages int, bugs ...research.Switch) *link {
 	t.Helper()
 	l := &link{t: t, src: newMemory(8), dst: newMemory(decodePages), sOut: map[RequestID]error{}, rOut: map[RequestID]error{}, now: time.Unix(1000, 0)}
 	var err error
-	if l.s, err = NewSender(SenderConfig{Pages: 8, PageTokens: pageTokens, MaxInFlight: 2, Memory: l.src}); err != nil {
+	if l.s, err = NewSender(SenderConfig{Pages: 8, PageTokens: pageTokens, MaxInFlight: 2, Memory: l.src, Research: research.On(bugs...)}); err != nil {
 		t.Fatal(err)
 	}
 	if l.r, err = NewReceiver(ReceiverConfig{Pages: decodePages, PageTokens: pageTokens, Timeout: time.Second, Memory: l.dst,
-		Region: func(p uint32) (uint64, uint32) { return 0x1000 * uint64(p), 7 }}); err != nil {
+		Region:   func(p uint32) (uint64, uint32) { return 0x1000 * uint64(p), 7 },
+		Research: research.On(bugs...)}); err != nil {
 		t.Fatal(err)
 	}
 	return l
@@ -89,9 +105,17 @@ func (l *link) collect() {
 // submit starts a request whose KV is a recognisable pattern per page.
 func (l *link) submit(id RequestID, tokens int) {
 	l.t.Helper()
+	if err := l.trySubmit(id, tokens); err != nil {
+		l.t.Fatalf("submit %d: %v", id, err)
+	}
+}
+
+// trySubmit is submit for a request that intake may reject.
+func (l *link) trySubmit(id RequestID, tokens int) error {
+	l.t.Helper()
 	pages, err := l.s.Submit(id, prefill, tokens)
 	if err != nil {
-		l.t.Fatalf("submit %d: %v", id, err)
+		return err
 	}
 	for i, p := range pages {
 		copy(l.src.payload[p], pattern(id, i))
@@ -100,6 +124,7 @@ func (l *link) submit(id RequestID, tokens int) {
 		l.t.Fatal(err)
 	}
 	l.collect()
+	return nil
 }
 
 func pattern(id RequestID, i int) []byte {
@@ -115,7 +140,7 @@ func (l *link) deliverOne() Op {
 		// NoForeignWrite (docs/spec.md): a WRITE never lands in a page that
 		// another request owns or has in quarantine.
 		if pg := l.r.Pool().pages[w.Remote.Page]; pg.state != pageFree && pg.owner != w.Request {
-			l.t.Fatalf("WRITE of request %d landed in page %d, which request %d holds", w.Request, w.Remote.Page, pg.owner)
+			l.violate("NoForeignWrite: WRITE of request %d landed in page %d, which request %d holds", w.Request, w.Remote.Page, pg.owner)
 		}
 		copy(l.dst.payload[w.Remote.Page], l.src.payload[w.Source]) // the NIC reads the source now
 		copy(l.dst.tags[w.Remote.Page], w.Tag)
@@ -165,7 +190,7 @@ func (l *link) read(id RequestID) {
 	}
 	for i, ref := range refs {
 		if !bytes.Equal(l.dst.payload[ref.Page], pattern(id, i)) {
-			l.t.Fatalf("request %d page %d: decode would read foreign KV", id, i)
+			l.violate("Isolation: request %d page %d holds KV it did not write", id, i)
 		}
 	}
 	if err := l.r.Finish(id); err != nil {
@@ -176,6 +201,9 @@ func (l *link) read(id RequestID) {
 
 func (l *link) assertAllFree() {
 	l.t.Helper()
+	if len(l.violations) > 0 {
+		l.t.Fatalf("violations: %v", l.violations)
+	}
 	if l.r.Pool().Free() != l.r.Pool().Len() || l.s.Pool().Free() != l.s.Pool().Len() {
 		l.t.Fatalf("leak: decode %d/%d free, prefill %d/%d free", l.r.Pool().Free(), l.r.Pool().Len(), l.s.Pool().Free(), l.s.Pool().Len())
 	}

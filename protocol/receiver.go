@@ -6,6 +6,9 @@ import (
 	"maps"
 	"slices"
 	"time"
+
+	"github.com/kvhandoff/kvhandoff/internal/research"
+	"github.com/kvhandoff/kvhandoff/protocol/checksum"
 )
 
 // PeerID names the node at the other end of a queue pair.
@@ -44,6 +47,9 @@ type ReceiverConfig struct {
 	// Region says where the sender writes a page: the remote address and key of
 	// its memory region.
 	Region func(page uint32) (addr uint64, key uint32)
+	// Research turns bugs of the catalogue on. Only code inside this module can
+	// set it (see internal/research); everywhere else it is the zero value.
+	Research research.Switches
 }
 
 // ReceiverEffects are what the caller must do after feeding events in.
@@ -105,7 +111,18 @@ func NewReceiver(cfg ReceiverConfig) (*Receiver, error) {
 	if cfg.MaxTokens == 0 {
 		cfg.MaxTokens = cfg.Pages * cfg.PageTokens
 	}
-	return &Receiver{cfg: cfg, pool: NewPool(cfg.Pages), reqs: map[RequestID]*recvRequest{}}, nil
+	pool := NewPool(cfg.Pages)
+	pool.doubleFree = cfg.Research.Has(research.DoubleFree)
+	return &Receiver{cfg: cfg, pool: pool, reqs: map[RequestID]*recvRequest{}}, nil
+}
+
+func (r *Receiver) bug(sw research.Switch) bool { return r.cfg.Research.Has(sw) }
+
+// tellSender sends a failure decided here to the sender (peer cancel).
+func (r *Receiver) tellSender(peer PeerID, id RequestID, why AbortReason) {
+	if !r.bug(research.NoPeerCancel) {
+		r.send(peer, &Abort{Request: id, Reason: why})
+	}
 }
 
 // Effects returns the effects accumulated since the last call and clears them.
@@ -192,7 +209,7 @@ func (r *Receiver) bootstrap(peer PeerID, m *Bootstrap, now time.Time) error {
 	if int64(m.Tokens) > int64(r.cfg.MaxTokens) {
 		q.phase = recvRejected
 		r.finish(id, q, fmt.Errorf("%w: %w: %d tokens, this node takes %d", ErrRejected, ErrTooLong, m.Tokens, r.cfg.MaxTokens))
-		r.send(peer, &Abort{Request: id, Reason: AbortRejected})
+		r.tellSender(peer, id, AbortRejected)
 		return nil
 	}
 	n := r.pagesFor(m.Tokens)
@@ -204,7 +221,7 @@ func (r *Receiver) bootstrap(peer PeerID, m *Bootstrap, now time.Time) error {
 	if err != nil {
 		q.phase = recvClosed
 		r.finish(id, q, err)
-		r.send(peer, &Abort{Request: id, Reason: AbortNoCapacity})
+		r.tellSender(peer, id, AbortNoCapacity)
 		return nil
 	}
 	q.phase, q.refs = recvReserved, refs
@@ -248,7 +265,7 @@ func (r *Receiver) done(peer PeerID, m *Done) error {
 			r.release(q, id) // Done fenced the writer
 			q.phase = recvClosed
 			r.finish(id, q, err)
-			r.send(peer, &Abort{Request: id, Reason: AbortVerifyFailed})
+			r.tellSender(peer, id, AbortVerifyFailed)
 			return nil
 		}
 		q.phase = recvReady
@@ -264,14 +281,30 @@ func (r *Receiver) done(peer PeerID, m *Done) error {
 // verify checks a Done against the reservation: counts, then every page's tag
 // record and checksum.
 func (r *Receiver) verify(id RequestID, q *recvRequest, m *Done) error {
-	if m.Tokens != q.tokens || int(m.Pages) != len(q.refs) {
+	if !r.bug(research.NoTokenCheck) && (m.Tokens != q.tokens || int(m.Pages) != len(q.refs)) {
 		return fmt.Errorf("%w: Done says %d tokens in %d pages, the reservation is %d tokens in %d pages",
 			ErrTokenMismatch, m.Tokens, m.Pages, q.tokens, len(q.refs))
 	}
 	for i, ref := range q.refs {
 		want := Expect{Request: id, Index: uint32(i), Epoch: ref.Epoch, Tokens: r.tokensIn(q.tokens, i)}
-		if err := VerifyPage(r.cfg.Memory.TagRecord(ref.Page), r.cfg.Memory.Payload(ref.Page), want); err != nil {
-			return err
+		record, payload := r.cfg.Memory.TagRecord(ref.Page), r.cfg.Memory.Payload(ref.Page)
+		if !r.bug(research.NoTagCheck) && !r.bug(research.NoChecksum) {
+			if err := VerifyPage(record, payload, want); err != nil {
+				return err
+			}
+			continue
+		}
+		t, err := ParseTag(record)
+		if !r.bug(research.NoTagCheck) {
+			if err == nil {
+				err = CheckTag(t, want)
+			}
+			if err != nil {
+				return err
+			}
+		}
+		if !r.bug(research.NoChecksum) && (err != nil || checksum.Sum(payload) != t.Sum) {
+			return fmt.Errorf("%w: page %d of request %d", ErrChecksumMismatch, i, id)
 		}
 	}
 	return nil
@@ -292,6 +325,10 @@ func (r *Receiver) fence(id RequestID, q *recvRequest, why error) {
 	case recvQuarantine:
 		r.pool.Release(id, q.refs)
 		q.phase = recvClosed
+	case recvClosed, recvFinished:
+		if r.bug(research.DoubleFree) {
+			r.pool.Release(id, q.refs) // a second release of pages that may be someone else's now
+		}
 	}
 }
 
@@ -303,21 +340,37 @@ func (r *Receiver) Cancel(id RequestID) {
 		r.reqs[id] = &recvRequest{phase: recvTombstone, reported: true}
 		return
 	}
-	r.abort(id, q, fmt.Errorf("%w", ErrCancelled))
+	r.abort(id, q, fmt.Errorf("%w", ErrCancelled), true, r.bug(research.EagerRelease))
 }
 
-// abort ends q before it was read.
-func (r *Receiver) abort(id RequestID, q *recvRequest, why error) {
+// abort ends q before it was read. Pages a writer may still write stay
+// quarantined until its fence, unless early is set (the eager-release and
+// timeout-free bugs).
+func (r *Receiver) abort(id RequestID, q *recvRequest, why error, cancelled, early bool) {
+	leak := cancelled && r.bug(research.LeakOnCancel)
 	switch q.phase {
 	case recvReserved:
 		r.dropSlot(q)
-		q.phase = recvQuarantine
-		r.pool.Quarantine(id, q.refs)
 		r.finish(id, q, why)
+		switch {
+		case leak: // the pages are forgotten, never returned
+			q.phase = recvClosed
+		case early:
+			r.pool.Release(id, q.refs)
+			q.phase = recvClosed
+		default:
+			q.phase = recvQuarantine
+			r.pool.Quarantine(id, q.refs)
+		}
 	case recvReady:
+		r.finish(id, q, why)
+		if leak {
+			r.dropSlot(q)
+			q.phase = recvClosed
+			return
+		}
 		r.release(q, id) // Done came: the writer is fenced
 		q.phase = recvClosed
-		r.finish(id, q, why)
 	case recvReading:
 		r.finish(id, q, why) // the pages go back when the decoder calls Finish
 	}
@@ -328,8 +381,8 @@ func (r *Receiver) Tick(now time.Time) {
 	for _, id := range slices.Sorted(maps.Keys(r.reqs)) { // in request order: effects are deterministic
 		q := r.reqs[id]
 		if q.phase == recvReserved && !q.deadline.IsZero() && !now.Before(q.deadline) {
-			r.abort(id, q, fmt.Errorf("%w: no Done within %v", ErrTimedOut, r.cfg.Timeout))
-			r.send(q.peer, &Abort{Request: id, Reason: AbortTimedOut})
+			r.abort(id, q, fmt.Errorf("%w: no Done within %v", ErrTimedOut, r.cfg.Timeout), false, r.bug(research.TimeoutFree))
+			r.tellSender(q.peer, id, AbortTimedOut)
 		}
 	}
 }
@@ -338,7 +391,9 @@ func (r *Receiver) Tick(now time.Time) {
 // Nothing it posted may land once its queue pair is in the error state, so the
 // receiver asks for that cut; QueuePairFenced then releases the pages.
 func (r *Receiver) PeerFailed(peer PeerID) {
-	r.effects.Cuts = append(r.effects.Cuts, peer)
+	if !r.bug(research.NoPeerCancel) {
+		r.effects.Cuts = append(r.effects.Cuts, peer)
+	}
 }
 
 // QueuePairFenced says the queue pair to peer is in the error state (cut by the
@@ -361,6 +416,9 @@ func (r *Receiver) Acquire(id RequestID) ([]PageRef, error) {
 		return nil, fmt.Errorf("%w: request %d", ErrNotReady, id)
 	}
 	for _, ref := range q.refs {
+		if r.bug(research.NoTagCheck) {
+			break
+		}
 		if err := r.pool.Check(id, ref); err != nil {
 			r.release(q, id)
 			q.phase = recvClosed

@@ -6,6 +6,7 @@ import (
 	"maps"
 	"slices"
 
+	"github.com/kvhandoff/kvhandoff/internal/research"
 	"github.com/kvhandoff/kvhandoff/protocol/checksum"
 )
 
@@ -22,6 +23,9 @@ type SenderConfig struct {
 	MaxTokens   int          // intake limit in tokens; 0 means Pages*PageTokens
 	MaxInFlight int          // WRITEs posted and not completed, per request; 0 means 8
 	Memory      SourceMemory // the source pages, for checksums
+	// Research turns bugs of the catalogue on. Only code inside this module can
+	// set it (see internal/research); everywhere else it is the zero value.
+	Research research.Switches
 }
 
 // Write is an RDMA WRITE to post: the source page's payload to the granted
@@ -73,6 +77,8 @@ type sendRequest struct {
 	completed int
 	failed    error // a WRITE failed: the queue pair is broken
 	reported  bool
+	// placeholder: admit-finished kept a rejected prompt as one token of KV.
+	placeholder bool
 }
 
 // Sender is the prefill node's side of the handoff, for every request: intake,
@@ -136,15 +142,24 @@ func (s *Sender) Submit(id RequestID, peer PeerID, tokens int) ([]uint32, error)
 	if s.reqs[id] != nil {
 		return nil, fmt.Errorf("%w: request %d", ErrDuplicate, id)
 	}
+	placeholder := false
 	if tokens < 1 || tokens > s.cfg.MaxTokens || tokens > MaxTokens {
-		return nil, fmt.Errorf("%w: %w: %d tokens, this node takes 1..%d", ErrRejected, ErrTooLong, tokens, s.cfg.MaxTokens)
+		if !s.cfg.Research.Has(research.AdmitFinished) || tokens < 1 || tokens > MaxTokens {
+			return nil, fmt.Errorf("%w: %w: %d tokens, this node takes 1..%d", ErrRejected, ErrTooLong, tokens, s.cfg.MaxTokens)
+		}
+		// The incident: marked rejected, swapped for a one-token placeholder,
+		// and admitted anyway because admission asks "finished?".
+		placeholder = true
 	}
 	n := (tokens + s.cfg.PageTokens - 1) / s.cfg.PageTokens
+	if placeholder {
+		n = 1
+	}
 	src, err := s.pool.Allocate(id, n)
 	if err != nil {
 		return nil, err
 	}
-	s.reqs[id] = &sendRequest{phase: sendAwaitGrant, peer: peer, tokens: uint32(tokens), src: src}
+	s.reqs[id] = &sendRequest{phase: sendAwaitGrant, peer: peer, tokens: uint32(tokens), src: src, placeholder: placeholder}
 	s.send(peer, &Bootstrap{Request: id, Tokens: uint32(tokens)})
 	pages := make([]uint32, n)
 	for i, ref := range src {
@@ -207,7 +222,7 @@ func (s *Sender) admit(peer PeerID, g *Grant) error {
 	default:
 		return fmt.Errorf("%w: second Grant for request %d", ErrDuplicate, id)
 	}
-	if g.Tokens != q.tokens || len(g.Pages) != len(q.src) {
+	if g.Tokens != q.tokens || len(g.Pages) != s.pagesFor(q.tokens) {
 		s.pool.Release(id, q.src)
 		q.phase = sendFailed
 		s.finish(id, q, fmt.Errorf("%w: Grant for %d tokens in %d pages, the request is %d tokens in %d pages",
@@ -221,6 +236,10 @@ func (s *Sender) admit(peer PeerID, g *Grant) error {
 	return nil
 }
 
+func (s *Sender) pagesFor(tokens uint32) int {
+	return int((int64(tokens) + int64(s.cfg.PageTokens) - 1) / int64(s.cfg.PageTokens))
+}
+
 // post posts WRITEs up to the in-flight bound, then Done after the last one.
 func (s *Sender) post(id RequestID, q *sendRequest) {
 	if q.phase != sendWriting || !q.computed {
@@ -231,6 +250,9 @@ func (s *Sender) post(id RequestID, q *sendRequest) {
 		src := q.src[i].Page
 		payload := s.cfg.Memory.Page(src)
 		tokens := min(uint32(s.cfg.PageTokens), q.tokens-uint32(i*s.cfg.PageTokens))
+		if q.placeholder {
+			tokens = 1
+		}
 		tag := Tag{Request: id, Epoch: q.grant[i].Epoch, Index: uint32(i), Tokens: tokens, Sum: checksum.Sum(payload)}
 		s.nextID++
 		w := &Write{ID: s.nextID, Request: id, Index: uint32(i), Source: src, Remote: q.grant[i], Tag: tag.Append(nil)}
@@ -239,10 +261,22 @@ func (s *Sender) post(id RequestID, q *sendRequest) {
 		q.posted++
 	}
 	if q.posted == len(q.src) {
-		s.send(q.peer, &Done{Request: id, Tokens: q.tokens, Pages: uint32(len(q.src))})
-		q.phase = sendDoneSent
-		s.settle(id, q)
+		s.sendDone(id, q)
 	}
+}
+
+// sendDone posts Done behind the request's WRITEs (step 5).
+func (s *Sender) sendDone(id RequestID, q *sendRequest) {
+	tokens := q.tokens
+	if q.placeholder {
+		tokens = 1
+	}
+	s.send(q.peer, &Done{Request: id, Tokens: tokens, Pages: uint32(len(q.src))})
+	q.phase = sendDoneSent
+	if s.cfg.Research.Has(research.PrefillEarlyFree) {
+		s.pool.Release(id, q.src) // before the WRITEs that read them complete
+	}
+	s.settle(id, q)
 }
 
 // Completed reports a WRITE's completion; err is non-nil for a failed or
@@ -300,8 +334,12 @@ func (s *Sender) abort(id RequestID, q *sendRequest, why error) {
 		q.phase = sendAborted
 		s.finish(id, q, why)
 	case sendWriting, sendDoneSent:
-		q.phase = sendAborting
 		s.finish(id, q, why)
+		if q.phase == sendWriting && s.cfg.Research.Has(research.AbortStillSends) {
+			s.sendDone(id, q) // stops writing, but claims the transfer is complete
+			return
+		}
+		q.phase = sendAborting
 		s.settle(id, q)
 	case sendFinished:
 		s.send(q.peer, &AbortAck{Request: id}) // idempotent: Done is already on its way

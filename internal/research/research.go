@@ -1,0 +1,116 @@
+// Package research turns on bugs of the catalogue (design.md §5) in the protocol
+// implementation, for research and to prove that the checkers can fail.
+//
+// It is internal to the kvhandoff module on purpose. A Switches value with
+// anything on can only be built by code inside this module (the simulator, the
+// model-based tests, the command line), because code outside can neither import
+// this package nor construct a non-zero Switches (its field is unexported). An
+// engine that links package protocol gets the zero value, every defense on, and
+// cannot change that by accident, or by an untyped constant in a config file.
+package research
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Switch is one bug of the catalogue that the implementation can reproduce.
+type Switch uint16
+
+// The implementation's switches, named as in the spec. done-unmatched has no
+// counterpart: the wire carries no slot, and Done is matched by request id.
+const (
+	AdmitFinished Switch = 1 << iota
+	AbortStillSends
+	NoTokenCheck
+	EagerRelease
+	TimeoutFree
+	PrefillEarlyFree
+	NoTagCheck
+	NoChecksum
+	LeakOnCancel
+	NoPeerCancel
+	DoubleFree
+	numSwitches = iota
+)
+
+var names = [numSwitches]string{"admit-finished", "abort-still-sends", "no-token-check", "eager-release",
+	"timeout-free", "prefill-early-free", "no-tag-check", "no-checksum", "leak-on-cancel", "no-peer-cancel", "double-free"}
+
+func (s Switch) String() string {
+	for i, n := range names {
+		if s == 1<<i {
+			return n
+		}
+	}
+	return fmt.Sprintf("Switch(%#x)", uint16(s))
+}
+
+// Switches is a set of switches. The zero value, every defense on, is the only
+// one code outside this module can have.
+type Switches struct{ on uint16 }
+
+// On returns the set of the given switches.
+func On(sw ...Switch) Switches {
+	var s Switches
+	for _, x := range sw {
+		s.on |= uint16(x)
+	}
+	return s
+}
+
+// Has reports whether sw is on.
+func (s Switches) Has(sw Switch) bool { return s.on&uint16(sw) != 0 }
+
+// Any reports whether any switch is on.
+func (s Switches) Any() bool { return s.on != 0 }
+
+func (s Switches) String() string {
+	var out []string
+	for i, n := range names {
+		if s.on&(1<<i) != 0 {
+			out = append(out, n)
+		}
+	}
+	if len(out) == 0 {
+		return "none"
+	}
+	return strings.Join(out, ",")
+}
+
+// All lists every switch.
+func All() []Switch {
+	out := make([]Switch, numSwitches)
+	for i := range out {
+		out[i] = 1 << i
+	}
+	return out
+}
+
+// Parse reads a comma-separated list of switch names. It reports which names
+// are catalogue switches that the implementation does not have (done-unmatched)
+// separately from names that are not switches at all.
+func Parse(list string) (Switches, error) {
+	var s Switches
+	if list == "" || list == "none" {
+		return s, nil
+	}
+	for _, name := range strings.Split(list, ",") {
+		name = strings.TrimSpace(name)
+		found := false
+		for i, n := range names {
+			if n == name {
+				s.on |= 1 << i
+				found = true
+			}
+		}
+		switch {
+		case found:
+		case name == "done-unmatched":
+			return s, fmt.Errorf("switch done-unmatched has no implementation counterpart: the wire carries no slot and Done is matched by request id")
+		default:
+			return s, fmt.Errorf("unknown switch %q (known: %s)", name, strings.Join(names[:], ", "))
+		}
+	}
+	return s, nil
+}
