@@ -144,3 +144,26 @@ func (p *Pool) Quarantined() int {
 	}
 	return n
 }
+
+// Holds reports whether owner holds ref's page at ref's epoch (owned or
+// quarantined), for audits: Conservation says every live request holds every
+// page it was granted.
+func (p *Pool) Holds(owner RequestID, ref PageRef) bool { return p.holds(owner, ref) }
+
+// Audit checks the pool's own bookkeeping: every page in the free list is free
+// and listed once, and every free page is listed.
+func (p *Pool) Audit() error {
+	listed := make([]bool, len(p.pages))
+	for _, id := range p.free {
+		if listed[id] || p.pages[id].state != pageFree {
+			return fmt.Errorf("protocol: pool: page %d listed free twice or while held", id)
+		}
+		listed[id] = true
+	}
+	for id := range p.pages {
+		if p.pages[id].state == pageFree && !listed[id] {
+			return fmt.Errorf("protocol: pool: free page %d is not in the free list", id)
+		}
+	}
+	return nil
+}

@@ -1,10 +1,10 @@
-// Command kvhandoff is kvhandoff's command line. Today it has one job, check:
-// the model checker over the executable spec of the handoff protocol.
+// Command kvhandoff is kvhandoff's command line.
 //
-//	kvhandoff check [flags]          exhaustive check of the default configuration
+//	kvhandoff check [flags]          exhaustive check of the spec at the default bounds
 //	kvhandoff check --bug NAME,...   the same with bugs of the catalogue switched on
 //	kvhandoff check --matrix         the defense matrix
 //	kvhandoff check --simulate       seeded random walks instead of exhaustion
+//	kvhandoff sim [flags]            seeded simulation of the implementation
 package main
 
 import (
@@ -21,7 +21,9 @@ const usage = `usage: kvhandoff <command> [flags]
 
 commands:
   check   model-check the executable spec of the handoff protocol
-          (kvhandoff check -h for its flags)
+  sim     simulate the protocol implementation over seeded workloads and faults
+
+kvhandoff <command> -h lists a command's flags.
 `
 
 // run is main without the process: it returns the exit code.
@@ -33,6 +35,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	switch args[0] {
 	case "check":
 		return runCheck(args[1:], stdout, stderr)
+	case "sim":
+		return runSim(args[1:], stdout, stderr)
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0

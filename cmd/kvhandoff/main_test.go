@@ -146,3 +146,53 @@ func TestMatrixJSON(t *testing.T) {
 		t.Fatalf("got %+v", m.Matrix)
 	}
 }
+
+func TestSimJSON(t *testing.T) {
+	code, out, _ := runCLI(t, "sim", "--seeds", "50", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d\n%s", code, out)
+	}
+	var r map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	for k := range r {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	want := []string{"first_violation", "outcomes", "pages_leaked", "requests", "seconds", "seeds", "violations"}
+	if !slices.Equal(keys, want) {
+		t.Fatalf("keys %v, want %v", keys, want)
+	}
+}
+
+func TestSimViolationPrintsSeedTraceAndReplay(t *testing.T) {
+	code, out, _ := runCLI(t, "sim", "--seeds", "200", "--bug", "eager-release")
+	if code != 1 || !strings.Contains(out, "VIOLATION of") || !strings.Contains(out, "event trace:") {
+		t.Fatalf("exit %d\n%s", code, out)
+	}
+	i := strings.Index(out, "replay: kvhandoff ")
+	if i < 0 {
+		t.Fatal("no replay command")
+	}
+	replay := strings.Fields(strings.SplitN(out[i+len("replay: kvhandoff "):], "\n", 2)[0])
+	code2, out2, _ := runCLI(t, replay...)
+	first := func(s string) string { return strings.SplitN(s, "\n", 2)[0] }
+	if code2 != 1 || first(out2) != first(out) {
+		t.Fatalf("replay %v gave %q, want %q", replay, first(out2), first(out))
+	}
+}
+
+func TestSimRejectsBadInput(t *testing.T) {
+	for _, args := range [][]string{
+		{"sim", "--bug", "done-unmatched"},
+		{"sim", "--bug", "nonsense"},
+		{"sim", "--seeds", "0"},
+		{"sim", "extra"},
+	} {
+		if code, out, errOut := runCLI(t, args...); code != 2 || out != "" || errOut == "" {
+			t.Errorf("%v: exit %d", args, code)
+		}
+	}
+}

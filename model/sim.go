@@ -1,0 +1,596 @@
+package model
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/kvhandoff/kvhandoff/internal/research"
+	"github.com/kvhandoff/kvhandoff/protocol"
+	"github.com/kvhandoff/kvhandoff/protocol/checksum"
+)
+
+// SimConfig is one simulated deployment: prefill nodes and one decode node
+// joined by in-memory queue pairs, a stream of requests, and faults.
+type SimConfig struct {
+	Seed         uint64
+	Requests     int     // requests in the run; 0 means 24
+	Senders      int     // prefill nodes; 0 means 2
+	DecodePages  int     // 0 means 24
+	PrefillPages int     // per prefill node; 0 means 12 (its intake limit: PrefillPages*PageTokens)
+	PageTokens   int     // 0 means 4
+	PageBytes    int     // 0 means 64
+	FaultRate    float64 // chance that a step is a fault; 0 means 0.03
+	Bugs         research.Switches
+}
+
+func (c *SimConfig) defaults() {
+	def := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	def(&c.Requests, 24)
+	def(&c.Senders, 2)
+	def(&c.DecodePages, 24)
+	def(&c.PrefillPages, 12)
+	def(&c.PageTokens, 4)
+	def(&c.PageBytes, 64)
+	if c.FaultRate == 0 {
+		c.FaultRate = 0.03
+	}
+}
+
+// Client-visible outcomes, as the router counts them.
+const (
+	OutcomeOK        = "ok"
+	OutcomeRejected  = "rejected"
+	OutcomeCancelled = "cancelled"
+	OutcomeFailed    = "failed"
+)
+
+// Violation is the first property a run broke.
+type Violation struct {
+	Property string
+	Detail   string
+	Step     int
+}
+
+// SimResult is one seed's run.
+type SimResult struct {
+	Seed        uint64
+	Requests    int
+	Outcomes    map[string]int // client-visible outcomes
+	Violation   *Violation
+	PagesLeaked int      // decode and prefill pages not free at the end
+	Trace       []string // every step, for replaying a failure by eye
+}
+
+// mem is a node's KV memory.
+type mem struct{ payload, tags [][]byte }
+
+func newMem(pages, size int, tenant bool) *mem {
+	m := &mem{}
+	for i := 0; i < pages; i++ {
+		kv := make([]byte, size)
+		var tag []byte
+		if tenant { // an earlier tenant's KV with its valid tag record: pages are never zeroed
+			for j := range kv {
+				kv[j] = byte(0xE0 ^ i ^ j)
+			}
+			tag = protocol.Tag{Request: 1 << 40, Index: uint32(i), Tokens: 1, Sum: checksum.Sum(kv)}.Append(nil)
+		} else {
+			tag = make([]byte, protocol.TagSize)
+		}
+		m.payload, m.tags = append(m.payload, kv), append(m.tags, tag)
+	}
+	return m
+}
+
+func (m *mem) Page(p uint32) []byte      { return m.payload[p] }
+func (m *mem) Payload(p uint32) []byte   { return m.payload[p] }
+func (m *mem) TagRecord(p uint32) []byte { return m.tags[p] }
+
+// pattern is request id's KV for page i: recognisable, so a read of anything
+// else is caught.
+func pattern(id protocol.RequestID, i, size int) []byte {
+	b := make([]byte, size)
+	for j := range b {
+		b[j] = byte(uint64(id)*131 + uint64(i)*17 + uint64(j))
+	}
+	return b
+}
+
+type simReq struct {
+	id         protocol.RequestID
+	sender     int
+	tokens     int
+	submitted  bool
+	src        []uint32
+	computed   bool
+	granted    []protocol.PageRef
+	sOut, rOut bool // each node reported
+	client     string
+	read       bool // decode read it and checked its bytes
+}
+
+// routerMsg is a cancel on its way from the router to one leg.
+type routerMsg struct {
+	id       protocol.RequestID
+	toSender bool
+}
+
+type world struct {
+	cfg      SimConfig
+	rng      *rand.Rand
+	now      time.Time
+	step     int
+	senders  []*protocol.Sender
+	src      []*mem
+	crashed  []bool
+	detected []bool
+	recv     *protocol.Receiver
+	dst      *mem
+	fwd      [][]protocol.Op   // per sender: posted on its queue pair, not yet placed or delivered
+	back     [][]protocol.Send // per sender: decode's messages to it
+	corrupt  map[uint64]bool   // WRITEs to corrupt in transit
+	router   []routerMsg
+	reqs     []*simReq
+	next     int // next request to submit
+	drainAt  int // the step from which no more faults happen
+	verified []protocol.RequestID
+	reading  []protocol.RequestID
+	res      *SimResult
+}
+
+// Simulate runs one seed: a random workload, interleaving and faults, with the
+// spec's properties checked after every step, then a fault-free drain that
+// checks termination and that every page comes back. The same seed replays
+// the same run.
+func Simulate(cfg SimConfig) *SimResult {
+	cfg.defaults()
+	w := &world{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, 0x6b76)), now: time.Unix(1_000_000, 0),
+		corrupt: map[uint64]bool{},
+		res:     &SimResult{Seed: cfg.Seed, Requests: cfg.Requests, Outcomes: map[string]int{}}}
+	for k := 0; k < cfg.Senders; k++ {
+		m := newMem(cfg.PrefillPages, cfg.PageBytes, false)
+		s, err := protocol.NewSender(protocol.SenderConfig{Pages: cfg.PrefillPages, PageTokens: cfg.PageTokens, MaxInFlight: 2, Memory: m, Research: cfg.Bugs})
+		if err != nil {
+			panic(err) // the defaults are valid; a bad config is a programming error here
+		}
+		w.senders, w.src = append(w.senders, s), append(w.src, m)
+	}
+	w.crashed, w.detected = make([]bool, cfg.Senders), make([]bool, cfg.Senders)
+	w.fwd, w.back = make([][]protocol.Op, cfg.Senders), make([][]protocol.Send, cfg.Senders)
+	w.dst = newMem(cfg.DecodePages, cfg.PageBytes, true)
+	var err error
+	w.recv, err = protocol.NewReceiver(protocol.ReceiverConfig{Pages: cfg.DecodePages, PageTokens: cfg.PageTokens,
+		Slots: cfg.DecodePages, Timeout: 10 * time.Second, Memory: w.dst,
+		Region: func(p uint32) (uint64, uint32) { return uint64(p) << 20, 0x1000 }, Research: cfg.Bugs})
+	if err != nil {
+		panic(err)
+	}
+	limit := cfg.PrefillPages * cfg.PageTokens
+	for i := 0; i < cfg.Requests; i++ {
+		// Mostly short prompts, some long, and about one in ten over the
+		// prefill pool (the incident's over-long ones), which decode could hold.
+		var t int
+		switch x := w.rng.IntN(20); {
+		case x < 15:
+			t = 1 + w.rng.IntN(3*cfg.PageTokens)
+		case x < 18:
+			t = 1 + w.rng.IntN(limit)
+		default:
+			t = limit + 1 + w.rng.IntN(min(limit, cfg.DecodePages*cfg.PageTokens-limit))
+		}
+		w.reqs = append(w.reqs, &simReq{id: protocol.RequestID(i + 1), tokens: t})
+	}
+	w.run()
+	return w.res
+}
+
+// event is one enabled step.
+type event struct {
+	name string
+	do   func()
+}
+
+func (w *world) run() {
+	const maxSteps = 20000
+	for w.step = 0; w.step < maxSteps && w.res.Violation == nil; w.step++ {
+		draining := w.next == len(w.reqs) && w.step >= w.drainAt
+		protocolEvents, faults := w.events(draining)
+		var e event
+		switch {
+		case len(faults) > 0 && (len(protocolEvents) == 0 || w.rng.Float64() < w.cfg.FaultRate):
+			e = faults[w.rng.IntN(len(faults))]
+		case len(protocolEvents) > 0:
+			e = protocolEvents[w.rng.IntN(len(protocolEvents))]
+		default:
+			w.finish()
+			return
+		}
+		w.res.Trace = append(w.res.Trace, fmt.Sprintf("%4d %s", w.step, e.name))
+		e.do()
+		w.collect()
+		w.audit()
+	}
+	if w.res.Violation == nil {
+		w.violate("Termination", "still running after %d steps", maxSteps)
+	}
+}
+
+func (w *world) violate(prop, format string, a ...any) {
+	if w.res.Violation == nil {
+		w.res.Violation = &Violation{Property: prop, Detail: fmt.Sprintf(format, a...), Step: w.step}
+	}
+}
+
+// events lists what can happen now: protocol events, and faults unless draining.
+func (w *world) events(draining bool) (proto, faults []event) {
+	add := func(list *[]event, name string, do func()) { *list = append(*list, event{name, do}) }
+	if w.next < len(w.reqs) {
+		q := w.reqs[w.next]
+		add(&proto, fmt.Sprintf("submit r%d (%d tokens)", q.id, q.tokens), func() { w.submit(q) })
+	}
+	for _, q := range w.reqs {
+		// An engine computes only while the request is live on its node: once
+		// the sender reported an outcome, its source pages may be someone else's.
+		if q.submitted && !q.computed && q.src != nil && !q.sOut && !w.crashed[q.sender] {
+			add(&proto, fmt.Sprintf("prefill %d computes r%d", q.sender, q.id), func() { w.compute(q) })
+		}
+	}
+	for k := range w.senders {
+		if len(w.fwd[k]) > 0 {
+			op := w.fwd[k][0]
+			name := fmt.Sprintf("queue pair %d delivers %s", k, describe(op))
+			add(&proto, name, func() { w.deliver(k) })
+			if op.Write != nil && !draining {
+				add(&faults, "FAULT corrupt "+describe(op), func() { w.corrupt[op.Write.ID] = true })
+			}
+		}
+		if len(w.back[k]) > 0 && !w.crashed[k] {
+			m := w.back[k][0].Msg
+			add(&proto, fmt.Sprintf("prefill %d receives %s r%d", k, m.Type(), requestOf(m)), func() { w.deliverBack(k) })
+		}
+		if w.crashed[k] && !w.detected[k] {
+			add(&proto, fmt.Sprintf("router detects prefill %d is gone", k), func() { w.detect(k) })
+		}
+		if !draining && !w.crashed[k] && (len(w.fwd[k]) > 0 || len(w.back[k]) > 0) {
+			add(&faults, fmt.Sprintf("FAULT cut queue pair %d", k), func() { w.cut(k) })
+		}
+		if !draining && !w.crashed[k] && k > 0 { // prefill 0 stays up, so the workload can finish
+			add(&faults, fmt.Sprintf("FAULT prefill %d crashes", k), func() { w.crash(k) })
+		}
+	}
+	if len(w.router) > 0 {
+		m := w.router[0]
+		leg := "decode"
+		if m.toSender {
+			leg = "prefill"
+		}
+		add(&proto, fmt.Sprintf("%s receives the router's cancel of r%d", leg, m.id), func() { w.deliverRouter() })
+	}
+	if len(w.verified) > 0 {
+		add(&proto, fmt.Sprintf("decode acquires r%d", w.verified[0]), func() { w.acquire() })
+	}
+	if len(w.reading) > 0 {
+		add(&proto, fmt.Sprintf("decode finishes r%d", w.reading[0]), func() { w.finishRead() })
+	}
+	if !draining {
+		for _, q := range w.reqs {
+			if q.submitted && q.client == "" {
+				add(&faults, fmt.Sprintf("FAULT client cancels r%d", q.id), func() { w.cancel(q) })
+			}
+		}
+		add(&faults, "FAULT time jumps past every timeout", func() {
+			w.now = w.now.Add(time.Minute)
+			w.recv.Tick(w.now)
+		})
+	}
+	return proto, faults
+}
+
+func describe(op protocol.Op) string {
+	if w := op.Write; w != nil {
+		return fmt.Sprintf("WRITE r%d[%d] -> page %d@%d", w.Request, w.Index, w.Remote.Page, w.Remote.Epoch)
+	}
+	return fmt.Sprintf("%s r%d", op.Msg.Type(), requestOf(op.Msg))
+}
+
+func requestOf(m protocol.Message) protocol.RequestID {
+	switch m := m.(type) {
+	case *protocol.Bootstrap:
+		return m.Request
+	case *protocol.Grant:
+		return m.Request
+	case *protocol.Done:
+		return m.Request
+	case *protocol.Abort:
+		return m.Request
+	case *protocol.AbortAck:
+		return m.Request
+	}
+	return 0
+}
+
+func (w *world) req(id protocol.RequestID) *simReq { return w.reqs[id-1] }
+
+// decide records the client's outcome: the first one stands.
+func (w *world) decide(q *simReq, outcome string) {
+	if q.client == "" {
+		q.client = outcome
+	}
+}
+
+func (w *world) submit(q *simReq) {
+	w.next++
+	q.submitted = true
+	var live []int
+	for k := range w.senders {
+		if !w.crashed[k] {
+			live = append(live, k)
+		}
+	}
+	q.sender = live[w.rng.IntN(len(live))]
+	if w.next == len(w.reqs) {
+		w.drainAt = w.step + w.rng.IntN(100) // faults stop at a random point after the last request
+	}
+	src, err := w.senders[q.sender].Submit(q.id, protocol.PeerID(q.sender), q.tokens)
+	switch {
+	case err == nil:
+		q.src = src
+	case errors.Is(err, protocol.ErrRejected):
+		q.sOut = true
+		w.decide(q, OutcomeRejected)
+		if q.tokens <= w.cfg.PrefillPages*w.cfg.PageTokens {
+			w.violate("HonestOutcome", "r%d of %d tokens rejected although it fits: %v", q.id, q.tokens, err)
+		}
+	default: // the prefill pool is busy: an explicit failure
+		q.sOut = true
+		w.decide(q, OutcomeFailed)
+	}
+}
+
+func (w *world) compute(q *simReq) {
+	for i, p := range q.src {
+		copy(w.src[q.sender].payload[p], pattern(q.id, i, w.cfg.PageBytes))
+	}
+	q.computed = true
+	if err := w.senders[q.sender].Computed(q.id); err != nil {
+		w.violate("NoProtocolError", "Computed(r%d): %v", q.id, err)
+	}
+}
+
+// deliver places the WRITE, or delivers the SEND, at the head of queue pair k.
+func (w *world) deliver(k int) {
+	op := w.fwd[k][0]
+	w.fwd[k] = w.fwd[k][1:]
+	if wr := op.Write; wr != nil {
+		// NoForeignWrite: never into a page another request holds.
+		for _, q := range w.reqs {
+			if q.id != wr.Request && w.recv.Pool().Holds(q.id, protocol.PageRef{Page: wr.Remote.Page, Epoch: w.recv.Pool().Epoch(wr.Remote.Page)}) {
+				w.violate("NoForeignWrite", "WRITE of r%d landed in page %d, which r%d holds", wr.Request, wr.Remote.Page, q.id)
+			}
+		}
+		payload := w.dst.payload[wr.Remote.Page]
+		copy(payload, w.src[k].payload[wr.Source]) // the NIC reads the source page now
+		if w.corrupt[wr.ID] {
+			payload[len(payload)/2] ^= 0x40
+		}
+		copy(w.dst.tags[wr.Remote.Page], wr.Tag)
+		if !w.crashed[k] {
+			if err := w.senders[k].Completed(wr.ID, nil); err != nil {
+				w.violate("NoProtocolError", "Completed: %v", err)
+			}
+		}
+		return
+	}
+	if err := w.recv.Step(protocol.PeerID(k), op.Msg, w.now); err != nil {
+		w.violate("NoProtocolError", "decode refused %s from prefill %d: %v", describe(op), k, err)
+	}
+}
+
+func (w *world) deliverBack(k int) {
+	m := w.back[k][0].Msg
+	w.back[k] = w.back[k][1:]
+	if err := w.senders[k].Step(protocol.PeerID(k), m); err != nil {
+		w.violate("NoProtocolError", "prefill %d refused %s r%d: %v", k, m.Type(), requestOf(m), err)
+	}
+}
+
+func (w *world) deliverRouter() {
+	m := w.router[0]
+	w.router = w.router[1:]
+	q := w.req(m.id)
+	if m.toSender {
+		if !w.crashed[q.sender] {
+			w.senders[q.sender].Cancel(m.id)
+		}
+		return
+	}
+	w.recv.Cancel(m.id)
+}
+
+func (w *world) cancel(q *simReq) {
+	w.decide(q, OutcomeCancelled)
+	// Two messages from the router, which may arrive in either order.
+	if w.rng.IntN(2) == 0 {
+		w.router = append(w.router, routerMsg{q.id, true}, routerMsg{q.id, false})
+	} else {
+		w.router = append(w.router, routerMsg{q.id, false}, routerMsg{q.id, true})
+	}
+}
+
+func (w *world) acquire() {
+	id := w.verified[0]
+	w.verified = w.verified[1:]
+	q := w.req(id)
+	refs, err := w.recv.Acquire(id)
+	if err != nil {
+		return // an explicit error: the outcome comes through Effects
+	}
+	for i, ref := range refs {
+		if !bytes.Equal(w.dst.payload[ref.Page], pattern(id, i, w.cfg.PageBytes)) {
+			w.violate("Isolation", "decode read page %d for r%d[%d], and it holds KV r%d did not write", ref.Page, id, i, id)
+			return
+		}
+	}
+	if len(refs) != (q.tokens+w.cfg.PageTokens-1)/w.cfg.PageTokens {
+		w.violate("HonestOutcome", "r%d has %d tokens but decode read %d pages", id, q.tokens, len(refs))
+	}
+	q.read = true
+	w.reading = append(w.reading, id)
+}
+
+func (w *world) finishRead() {
+	id := w.reading[0]
+	w.reading = w.reading[1:]
+	if err := w.recv.Finish(id); err != nil {
+		w.violate("NoProtocolError", "Finish(r%d): %v", id, err)
+	}
+}
+
+// cut breaks queue pair k: both directions flush, both ends learn.
+func (w *world) cut(k int) {
+	w.fwd[k], w.back[k] = nil, nil
+	w.recv.QueuePairFenced(protocol.PeerID(k))
+	if !w.crashed[k] {
+		w.senders[k].Flushed(protocol.PeerID(k))
+	}
+}
+
+func (w *world) crash(k int) {
+	w.crashed[k] = true
+	w.back[k] = nil // what the dead node's WRITEs and SENDs put on the wire can still land
+	for _, q := range w.reqs {
+		if q.submitted && q.sender == k && !q.sOut {
+			q.sOut = true // the node is gone: it will never report
+		}
+	}
+}
+
+// detect: the router notices the dead node, fails what it dispatched there, and
+// tells decode, which asks for the cut.
+func (w *world) detect(k int) {
+	w.detected[k] = true
+	for _, q := range w.reqs {
+		if q.submitted && q.sender == k {
+			w.decide(q, OutcomeFailed)
+		}
+	}
+	w.recv.PeerFailed(protocol.PeerID(k))
+}
+
+// collect carries both nodes' effects onto the wires and records outcomes.
+func (w *world) collect() {
+	for k, s := range w.senders {
+		e := s.Effects()
+		if w.crashed[k] {
+			continue
+		}
+		w.fwd[k] = append(w.fwd[k], e.Ops...)
+		for _, o := range e.Outcomes {
+			q := w.req(o.Request)
+			if q.sOut {
+				w.violate("OneOutcome", "prefill %d reported r%d twice", k, o.Request)
+			}
+			q.sOut = true
+			if o.Err != nil {
+				w.decide(q, clientOutcome(o.Err))
+			}
+		}
+	}
+	e := w.recv.Effects()
+	for _, s := range e.Sends {
+		if g, ok := s.Msg.(*protocol.Grant); ok {
+			q := w.req(g.Request)
+			for _, p := range g.Pages {
+				q.granted = append(q.granted, protocol.PageRef{Page: p.Page, Epoch: p.Epoch})
+			}
+		}
+		if k := int(s.Peer); !w.crashed[k] {
+			w.back[k] = append(w.back[k], s)
+		}
+	}
+	w.verified = append(w.verified, e.Verified...)
+	for _, o := range e.Outcomes {
+		q := w.req(o.Request)
+		if q.rOut {
+			w.violate("OneOutcome", "decode reported r%d twice", o.Request)
+		}
+		q.rOut = true
+		switch {
+		case o.Err != nil:
+			w.decide(q, clientOutcome(o.Err))
+		case !q.read:
+			w.violate("HonestOutcome", "decode reported r%d ok without a checked read", o.Request)
+		default:
+			w.decide(q, OutcomeOK)
+		}
+	}
+	for _, k := range e.Cuts {
+		w.cut(int(k))
+		w.collect()
+	}
+}
+
+func clientOutcome(err error) string {
+	switch {
+	case errors.Is(err, protocol.ErrRejected):
+		return OutcomeRejected
+	case errors.Is(err, protocol.ErrCancelled):
+		return OutcomeCancelled
+	}
+	return OutcomeFailed
+}
+
+// audit checks Conservation after every step: both pools' own bookkeeping,
+// and every request that decode still works on holds every page it was granted.
+func (w *world) audit() {
+	if err := w.recv.Pool().Audit(); err != nil {
+		w.violate("Conservation", "decode %v", err)
+	}
+	for k, s := range w.senders {
+		if err := s.Pool().Audit(); err != nil && !w.crashed[k] {
+			w.violate("Conservation", "prefill %d %v", k, err)
+		}
+	}
+	for _, q := range w.reqs {
+		if q.granted == nil || q.rOut {
+			continue
+		}
+		for _, ref := range q.granted {
+			if !w.recv.Pool().Holds(q.id, ref) {
+				w.violate("Conservation", "r%d is live on decode but page %d@%d is no longer its", q.id, ref.Page, ref.Epoch)
+			}
+		}
+	}
+}
+
+// finish runs when nothing is left to happen: Termination and NoLeak.
+func (w *world) finish() {
+	for _, q := range w.reqs {
+		switch {
+		case q.client == "":
+			w.violate("Termination", "r%d has no outcome", q.id)
+		case q.granted != nil && !q.rOut:
+			w.violate("Termination", "r%d never ended on decode", q.id)
+		case q.src != nil && !q.sOut && !w.crashed[q.sender]:
+			w.violate("Termination", "r%d never ended on prefill %d", q.id, q.sender)
+		}
+		w.res.Outcomes[q.client]++
+	}
+	leaked := w.recv.Pool().Len() - w.recv.Pool().Free()
+	for k, s := range w.senders {
+		if !w.crashed[k] {
+			leaked += s.Pool().Len() - s.Pool().Free()
+		}
+	}
+	w.res.PagesLeaked = leaked
+	if leaked > 0 {
+		w.violate("NoLeak", "%d pages still held at quiescence", leaked)
+	}
+}

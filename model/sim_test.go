@@ -1,0 +1,79 @@
+package model
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/kvhandoff/kvhandoff/internal/research"
+)
+
+// seeds scales a run down under -short (CI's -race pass).
+func seeds(n int) int {
+	if testing.Short() {
+		return n / 5
+	}
+	return n
+}
+
+func TestCorrectImplementationKeepsEveryPropertyOverManySeeds(t *testing.T) {
+	s := RunSeeds(SimConfig{}, 1, seeds(500))
+	if s.Violations != 0 {
+		v := s.FirstViolation
+		t.Fatalf("seed %d: %s: %s\n%v", v.Seed, v.Violation.Property, v.Violation.Detail, v.Trace)
+	}
+	if s.PagesLeaked != 0 {
+		t.Fatalf("%d pages leaked", s.PagesLeaked)
+	}
+	// The workload exercises every kind of outcome, or it proves little.
+	for _, o := range []string{OutcomeOK, OutcomeRejected, OutcomeCancelled, OutcomeFailed} {
+		if s.Outcomes[o] == 0 {
+			t.Fatalf("no %s outcome in %d seeds: %v", o, seeds(500), s.Outcomes)
+		}
+	}
+}
+
+// Every implementation switch, alone or with the partners the spec's defense
+// matrix gives, is found by the simulation, as a violation of the property the
+// catalogue predicts.
+func TestSimulationFindsEverySwitch(t *testing.T) {
+	cases := []struct {
+		bugs []research.Switch
+		want []string
+	}{
+		{[]research.Switch{research.AdmitFinished, research.NoTokenCheck, research.NoTagCheck}, []string{"Isolation"}},
+		{[]research.Switch{research.AbortStillSends, research.NoTagCheck}, []string{"Isolation"}},
+		{[]research.Switch{research.EagerRelease}, []string{"NoForeignWrite", "Isolation"}},
+		{[]research.Switch{research.TimeoutFree}, []string{"NoForeignWrite", "Isolation"}},
+		{[]research.Switch{research.PrefillEarlyFree, research.NoChecksum}, []string{"Isolation"}},
+		{[]research.Switch{research.NoChecksum}, []string{"Isolation"}},
+		{[]research.Switch{research.LeakOnCancel}, []string{"NoLeak"}},
+		{[]research.Switch{research.NoPeerCancel}, []string{"Termination", "NoLeak"}},
+		{[]research.Switch{research.DoubleFree}, []string{"Conservation", "NoForeignWrite", "Isolation"}},
+	}
+	covered := map[research.Switch]bool{}
+	for _, c := range cases {
+		sw := research.On(c.bugs...)
+		for _, b := range c.bugs {
+			covered[b] = true
+		}
+		t.Run(sw.String(), func(t *testing.T) {
+			s := RunSeeds(SimConfig{Bugs: sw}, 1, seeds(2000))
+			if s.FirstViolation == nil {
+				t.Fatalf("%d seeds found nothing", seeds(2000))
+			}
+			if p := s.FirstViolation.Violation.Property; !slices.Contains(c.want, p) {
+				t.Fatalf("first violation is %s (%s), want one of %v", p, s.FirstViolation.Violation.Detail, c.want)
+			}
+			// The failing seed replays exactly.
+			again := Simulate(SimConfig{Seed: s.FirstViolation.Seed, Bugs: sw})
+			if again.Violation == nil || *again.Violation != *s.FirstViolation.Violation || !slices.Equal(again.Trace, s.FirstViolation.Trace) {
+				t.Fatalf("seed %d did not replay", s.FirstViolation.Seed)
+			}
+		})
+	}
+	for _, sw := range research.All() {
+		if !covered[sw] {
+			t.Errorf("no case for %v", sw)
+		}
+	}
+}
