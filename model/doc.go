@@ -14,6 +14,12 @@
 // Once faults stop, the run drains, and it checks Termination and NoLeak. The
 // same seed replays the same run, step for step.
 //
-// Still to come (issue 3): the refinement-mapped harness that runs the
-// implementation and the spec side by side under rapid.
+// The same world also runs as a rapid state machine (rapid_test.go). Rapid
+// draws the prompts, every choice and every fault, shrinks a failure to a short
+// event sequence, and saves it in a failfile that replays it. FuzzImplementation
+// is the same property as a go test -fuzz target.
+//
+// Still to come (issue 3): a refinement mapping that runs the implementation and
+// the spec side by side and compares their states after every step. Today the
+// implementation is held to the spec's properties, not yet to its transitions.
 package model

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"time"
 
 	"github.com/kvhandoff/kvhandoff/internal/research"
@@ -124,7 +125,7 @@ type routerMsg struct {
 
 type world struct {
 	cfg      SimConfig
-	rng      *rand.Rand
+	pick     func(n int) int // every choice the world makes: seeded, or drawn by rapid
 	now      time.Time
 	step     int
 	senders  []*protocol.Sender
@@ -151,9 +152,31 @@ type world struct {
 // the same run.
 func Simulate(cfg SimConfig) *SimResult {
 	cfg.defaults()
-	w := &world{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, 0x6b76)), now: time.Unix(1_000_000, 0),
+	rng := rand.New(rand.NewPCG(cfg.Seed, 0x6b76))
+	limit := cfg.PrefillPages * cfg.PageTokens
+	tokens := make([]int, cfg.Requests)
+	for i := range tokens {
+		// Mostly short prompts, some long, and about one in ten over the
+		// prefill pool (the incident's over-long ones), which decode could hold.
+		switch x := rng.IntN(20); {
+		case x < 15:
+			tokens[i] = 1 + rng.IntN(3*cfg.PageTokens)
+		case x < 18:
+			tokens[i] = 1 + rng.IntN(limit)
+		default:
+			tokens[i] = limit + 1 + rng.IntN(min(limit, cfg.DecodePages*cfg.PageTokens-limit))
+		}
+	}
+	w := newWorld(cfg, tokens, rng.IntN)
+	w.run(rng)
+	return w.res
+}
+
+// newWorld builds the deployment with one request per entry of tokens.
+func newWorld(cfg SimConfig, tokens []int, pick func(int) int) *world {
+	w := &world{cfg: cfg, pick: pick, now: time.Unix(1_000_000, 0),
 		corrupt: map[uint64]bool{},
-		res:     &SimResult{Seed: cfg.Seed, Requests: cfg.Requests, Outcomes: map[string]int{}}}
+		res:     &SimResult{Seed: cfg.Seed, Requests: len(tokens), Outcomes: map[string]int{}}}
 	for k := 0; k < cfg.Senders; k++ {
 		m := newMem(cfg.PrefillPages, cfg.PageBytes, false)
 		s, err := protocol.NewSender(protocol.SenderConfig{Pages: cfg.PrefillPages, PageTokens: cfg.PageTokens, MaxInFlight: 2, Memory: m, Research: cfg.Bugs})
@@ -172,54 +195,46 @@ func Simulate(cfg SimConfig) *SimResult {
 	if err != nil {
 		panic(err)
 	}
-	limit := cfg.PrefillPages * cfg.PageTokens
-	for i := 0; i < cfg.Requests; i++ {
-		// Mostly short prompts, some long, and about one in ten over the
-		// prefill pool (the incident's over-long ones), which decode could hold.
-		var t int
-		switch x := w.rng.IntN(20); {
-		case x < 15:
-			t = 1 + w.rng.IntN(3*cfg.PageTokens)
-		case x < 18:
-			t = 1 + w.rng.IntN(limit)
-		default:
-			t = limit + 1 + w.rng.IntN(min(limit, cfg.DecodePages*cfg.PageTokens-limit))
-		}
+	for i, t := range tokens {
 		w.reqs = append(w.reqs, &simReq{id: protocol.RequestID(i + 1), tokens: t})
 	}
-	w.run()
-	return w.res
+	return w
 }
 
-// event is one enabled step.
+// event is one enabled step; kind groups events for the rapid state machine.
 type event struct {
-	name string
-	do   func()
+	kind, name string
+	do         func()
 }
 
-func (w *world) run() {
+func (w *world) run(rng *rand.Rand) {
 	const maxSteps = 20000
 	for w.step = 0; w.step < maxSteps && w.res.Violation == nil; w.step++ {
 		draining := w.next == len(w.reqs) && w.step >= w.drainAt
 		protocolEvents, faults := w.events(draining)
 		var e event
 		switch {
-		case len(faults) > 0 && (len(protocolEvents) == 0 || w.rng.Float64() < w.cfg.FaultRate):
-			e = faults[w.rng.IntN(len(faults))]
+		case len(faults) > 0 && (len(protocolEvents) == 0 || rng.Float64() < w.cfg.FaultRate):
+			e = faults[rng.IntN(len(faults))]
 		case len(protocolEvents) > 0:
-			e = protocolEvents[w.rng.IntN(len(protocolEvents))]
+			e = protocolEvents[rng.IntN(len(protocolEvents))]
 		default:
 			w.finish()
 			return
 		}
-		w.res.Trace = append(w.res.Trace, fmt.Sprintf("%4d %s", w.step, e.name))
-		e.do()
-		w.collect()
-		w.audit()
+		w.apply(e)
 	}
 	if w.res.Violation == nil {
 		w.violate("Termination", "still running after %d steps", maxSteps)
 	}
+}
+
+// apply runs one event and checks the safety properties after it.
+func (w *world) apply(e event) {
+	w.res.Trace = append(w.res.Trace, fmt.Sprintf("%4d %s", w.step, e.name))
+	e.do()
+	w.collect()
+	w.audit()
 }
 
 func (w *world) violate(prop, format string, a ...any) {
@@ -230,7 +245,9 @@ func (w *world) violate(prop, format string, a ...any) {
 
 // events lists what can happen now: protocol events, and faults unless draining.
 func (w *world) events(draining bool) (proto, faults []event) {
-	add := func(list *[]event, name string, do func()) { *list = append(*list, event{name, do}) }
+	add := func(list *[]event, name string, do func()) {
+		*list = append(*list, event{kind: strings.TrimSuffix(strings.Fields(name)[0], ":"), name: name, do: do})
+	}
 	if w.next < len(w.reqs) {
 		q := w.reqs[w.next]
 		add(&proto, fmt.Sprintf("submit r%d (%d tokens)", q.id, q.tokens), func() { w.submit(q) })
@@ -239,30 +256,30 @@ func (w *world) events(draining bool) (proto, faults []event) {
 		// An engine computes only while the request is live on its node: once
 		// the sender reported an outcome, its source pages may be someone else's.
 		if q.submitted && !q.computed && q.src != nil && !q.sOut && !w.crashed[q.sender] {
-			add(&proto, fmt.Sprintf("prefill %d computes r%d", q.sender, q.id), func() { w.compute(q) })
+			add(&proto, fmt.Sprintf("compute: prefill %d computes r%d", q.sender, q.id), func() { w.compute(q) })
 		}
 	}
 	for k := range w.senders {
 		if len(w.fwd[k]) > 0 {
 			op := w.fwd[k][0]
-			name := fmt.Sprintf("queue pair %d delivers %s", k, describe(op))
+			name := fmt.Sprintf("deliver: queue pair %d delivers %s", k, describe(op))
 			add(&proto, name, func() { w.deliver(k) })
 			if op.Write != nil && !draining {
-				add(&faults, "FAULT corrupt "+describe(op), func() { w.corrupt[op.Write.ID] = true })
+				add(&faults, "corrupt: FAULT "+describe(op)+" is corrupted in transit", func() { w.corrupt[op.Write.ID] = true })
 			}
 		}
 		if len(w.back[k]) > 0 && !w.crashed[k] {
 			m := w.back[k][0].Msg
-			add(&proto, fmt.Sprintf("prefill %d receives %s r%d", k, m.Type(), requestOf(m)), func() { w.deliverBack(k) })
+			add(&proto, fmt.Sprintf("back: prefill %d receives %s r%d", k, m.Type(), requestOf(m)), func() { w.deliverBack(k) })
 		}
 		if w.crashed[k] && !w.detected[k] {
-			add(&proto, fmt.Sprintf("router detects prefill %d is gone", k), func() { w.detect(k) })
+			add(&proto, fmt.Sprintf("detect: the router finds prefill %d gone", k), func() { w.detect(k) })
 		}
 		if !draining && !w.crashed[k] && (len(w.fwd[k]) > 0 || len(w.back[k]) > 0) {
-			add(&faults, fmt.Sprintf("FAULT cut queue pair %d", k), func() { w.cut(k) })
+			add(&faults, fmt.Sprintf("cut: FAULT queue pair %d breaks", k), func() { w.cut(k) })
 		}
 		if !draining && !w.crashed[k] && k > 0 { // prefill 0 stays up, so the workload can finish
-			add(&faults, fmt.Sprintf("FAULT prefill %d crashes", k), func() { w.crash(k) })
+			add(&faults, fmt.Sprintf("crash: FAULT prefill %d crashes", k), func() { w.crash(k) })
 		}
 	}
 	if len(w.router) > 0 {
@@ -271,21 +288,21 @@ func (w *world) events(draining bool) (proto, faults []event) {
 		if m.toSender {
 			leg = "prefill"
 		}
-		add(&proto, fmt.Sprintf("%s receives the router's cancel of r%d", leg, m.id), func() { w.deliverRouter() })
+		add(&proto, fmt.Sprintf("router: %s receives the router's cancel of r%d", leg, m.id), func() { w.deliverRouter() })
 	}
 	if len(w.verified) > 0 {
-		add(&proto, fmt.Sprintf("decode acquires r%d", w.verified[0]), func() { w.acquire() })
+		add(&proto, fmt.Sprintf("acquire: decode acquires r%d", w.verified[0]), func() { w.acquire() })
 	}
 	if len(w.reading) > 0 {
-		add(&proto, fmt.Sprintf("decode finishes r%d", w.reading[0]), func() { w.finishRead() })
+		add(&proto, fmt.Sprintf("finish: decode finishes r%d", w.reading[0]), func() { w.finishRead() })
 	}
 	if !draining {
 		for _, q := range w.reqs {
 			if q.submitted && q.client == "" {
-				add(&faults, fmt.Sprintf("FAULT client cancels r%d", q.id), func() { w.cancel(q) })
+				add(&faults, fmt.Sprintf("cancel: FAULT client cancels r%d", q.id), func() { w.cancel(q) })
 			}
 		}
-		add(&faults, "FAULT time jumps past every timeout", func() {
+		add(&faults, "timeout: FAULT time jumps past every timeout", func() {
 			w.now = w.now.Add(time.Minute)
 			w.recv.Tick(w.now)
 		})
@@ -334,9 +351,9 @@ func (w *world) submit(q *simReq) {
 			live = append(live, k)
 		}
 	}
-	q.sender = live[w.rng.IntN(len(live))]
+	q.sender = live[w.pick(len(live))]
 	if w.next == len(w.reqs) {
-		w.drainAt = w.step + w.rng.IntN(100) // faults stop at a random point after the last request
+		w.drainAt = w.step + w.pick(100) // faults stop at a random point after the last request
 	}
 	src, err := w.senders[q.sender].Submit(q.id, protocol.PeerID(q.sender), q.tokens)
 	switch {
@@ -417,7 +434,7 @@ func (w *world) deliverRouter() {
 func (w *world) cancel(q *simReq) {
 	w.decide(q, OutcomeCancelled)
 	// Two messages from the router, which may arrive in either order.
-	if w.rng.IntN(2) == 0 {
+	if w.pick(2) == 0 {
 		w.router = append(w.router, routerMsg{q.id, true}, routerMsg{q.id, false})
 	} else {
 		w.router = append(w.router, routerMsg{q.id, false}, routerMsg{q.id, true})
