@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -54,10 +55,26 @@ type link struct {
 	now      time.Time
 	// violations of the spec's properties seen by the link (docs/spec.md).
 	violations []string
+	// log is what happened, for the scenario files; lenient logs protocol
+	// errors instead of failing (a scenario may stage them on purpose).
+	log     []string
+	lenient bool
+}
+
+func (l *link) logf(format string, a ...any) { l.log = append(l.log, fmt.Sprintf(format, a...)) }
+
+// refuse reports an error a node returned: fatal, unless a scenario staged it.
+func (l *link) refuse(who string, err error) {
+	l.t.Helper()
+	if !l.lenient {
+		l.t.Fatalf("%s: %v", who, err)
+	}
+	l.logf("%s refuses: %v", who, err)
 }
 
 func (l *link) violate(format string, a ...any) {
 	l.violations = append(l.violations, fmt.Sprintf(format, a...))
+	l.logf("VIOLATION %s", fmt.Sprintf(format, a...))
 }
 
 func newLink(t *testing.T, decodePages int, bugs ...research.Switch) *link {
@@ -79,7 +96,11 @@ func newLink(t *testing.T, decodePages int, bugs ...research.Switch) *link {
 func (l *link) collect() {
 	se := l.s.Effects()
 	l.wire = append(l.wire, se.Ops...)
+	for _, op := range se.Ops {
+		l.logf("prefill posts %s", opString(op))
+	}
 	for _, o := range se.Outcomes {
+		l.logf("prefill outcome r%d: %v", o.Request, o.Err)
 		if _, dup := l.sOut[o.Request]; dup {
 			l.t.Fatalf("sender reported request %d twice", o.Request)
 		}
@@ -88,7 +109,17 @@ func (l *link) collect() {
 	re := l.r.Effects()
 	l.back = append(l.back, re.Sends...)
 	l.verified = append(l.verified, re.Verified...)
+	for _, snd := range re.Sends {
+		l.logf("decode sends %s", opString(Op{Msg: snd.Msg}))
+	}
+	for _, id := range re.Verified {
+		l.logf("decode verified r%d", id)
+	}
+	for _, p := range re.Cuts {
+		l.logf("decode cuts the queue pair to %d", p)
+	}
 	for _, o := range re.Outcomes {
+		l.logf("decode outcome r%d: %v", o.Request, o.Err)
 		if _, dup := l.rOut[o.Request]; dup {
 			l.t.Fatalf("receiver reported request %d twice", o.Request)
 		}
@@ -127,6 +158,30 @@ func (l *link) trySubmit(id RequestID, tokens int) error {
 	return nil
 }
 
+// opString describes an operation on the queue pair for logs and scenarios.
+func opString(op Op) string {
+	if w := op.Write; w != nil {
+		return fmt.Sprintf("WRITE r%d[%d] -> page %d@%d", w.Request, w.Index, w.Remote.Page, w.Remote.Epoch)
+	}
+	switch m := op.Msg.(type) {
+	case *Bootstrap:
+		return fmt.Sprintf("Bootstrap r%d %d tokens", m.Request, m.Tokens)
+	case *Grant:
+		var pages []string
+		for _, p := range m.Pages {
+			pages = append(pages, fmt.Sprintf("%d@%d", p.Page, p.Epoch))
+		}
+		return fmt.Sprintf("Grant r%d %d tokens [%s]", m.Request, m.Tokens, strings.Join(pages, " "))
+	case *Done:
+		return fmt.Sprintf("Done r%d %d tokens %d pages", m.Request, m.Tokens, m.Pages)
+	case *Abort:
+		return fmt.Sprintf("Abort r%d reason %d", m.Request, m.Reason)
+	case *AbortAck:
+		return fmt.Sprintf("AbortAck r%d", m.Request)
+	}
+	return fmt.Sprint(op.Msg)
+}
+
 func pattern(id RequestID, i int) []byte {
 	return bytes.Repeat([]byte{byte(id), byte(i), 0x5A, 0xA5}, pageBytes/4)
 }
@@ -144,11 +199,15 @@ func (l *link) deliverOne() Op {
 		}
 		copy(l.dst.payload[w.Remote.Page], l.src.payload[w.Source]) // the NIC reads the source now
 		copy(l.dst.tags[w.Remote.Page], w.Tag)
+		l.logf("placed %s", opString(op))
 		if err := l.s.Completed(w.ID, nil); err != nil {
-			l.t.Fatal(err)
+			l.refuse("prefill", err)
 		}
-	} else if err := l.r.Step(op.Peer, op.Msg, l.now); err != nil {
-		l.t.Fatalf("receiver: %s: %v", op.Msg.Type(), err)
+	} else {
+		l.logf("decode receives %s", opString(op))
+		if err := l.r.Step(op.Peer, op.Msg, l.now); err != nil {
+			l.refuse("decode", err)
+		}
 	}
 	l.collect()
 	return op
@@ -159,8 +218,9 @@ func (l *link) backOne() {
 	l.t.Helper()
 	m := l.back[0]
 	l.back = l.back[1:]
+	l.logf("prefill receives %s", opString(Op{Msg: m.Msg}))
 	if err := l.s.Step(prefill, m.Msg); err != nil {
-		l.t.Fatalf("sender: %s: %v", m.Msg.Type(), err)
+		l.refuse("prefill", err)
 	}
 	l.collect()
 }
@@ -186,8 +246,10 @@ func (l *link) read(id RequestID) {
 	l.t.Helper()
 	refs, err := l.r.Acquire(id)
 	if err != nil {
+		l.logf("decode cannot read r%d: %v", id, err)
 		return
 	}
+	l.logf("decode reads r%d: %d pages", id, len(refs))
 	for i, ref := range refs {
 		if !bytes.Equal(l.dst.payload[ref.Page], pattern(id, i)) {
 			l.violate("Isolation: request %d page %d holds KV it did not write", id, i)
