@@ -1,9 +1,9 @@
 package model
 
 import (
-	"runtime"
-	"sync"
 	"time"
+
+	"github.com/kvhandoff/kvhandoff/internal/parallel"
 )
 
 // Summary aggregates runs over consecutive seeds.
@@ -23,28 +23,11 @@ type Summary struct {
 func RunSeeds(cfg SimConfig, first uint64, n int) *Summary {
 	start := time.Now()
 	results := make([]*SimResult, n)
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	next := 0
-	for range runtime.GOMAXPROCS(0) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				mu.Lock()
-				i := next
-				next++
-				mu.Unlock()
-				if i >= n {
-					return
-				}
-				c := cfg
-				c.Seed = first + uint64(i)
-				results[i] = Simulate(c)
-			}
-		}()
-	}
-	wg.Wait()
+	parallel.For(n, func(i int) {
+		c := cfg
+		c.Seed = first + uint64(i)
+		results[i] = Simulate(c)
+	})
 	s := &Summary{First: int(first), Seeds: n, Outcomes: map[string]int{OutcomeOK: 0, OutcomeRejected: 0, OutcomeCancelled: 0, OutcomeFailed: 0}}
 	for _, r := range results {
 		s.Requests += r.Requests

@@ -1,10 +1,11 @@
 package explore
 
 import (
-	"runtime"
 	"slices"
 	"sort"
 	"sync"
+
+	"github.com/kvhandoff/kvhandoff/internal/parallel"
 
 	"github.com/kvhandoff/kvhandoff/spec"
 	"github.com/kvhandoff/kvhandoff/spec/checker"
@@ -176,33 +177,17 @@ func forCombos(all []spec.Switch, k int, f func([]spec.Switch)) {
 func runAll(cfg spec.Config, sets []spec.Switches, opt Options, progress func(spec.Switches, *Report)) ([]*Report, error) {
 	out := make([]*Report, len(sets))
 	errs := make([]error, len(sets))
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	next := 0
-	for w := 0; w < runtime.GOMAXPROCS(0); w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				mu.Lock()
-				i := next
-				next++
-				mu.Unlock()
-				if i >= len(sets) {
-					return
-				}
-				c := cfg
-				c.Bugs = sets[i]
-				out[i], errs[i] = CheckNeeding(c, Options{MaxStates: opt.MaxStates})
-				if progress != nil && errs[i] == nil {
-					mu.Lock()
-					progress(sets[i], out[i])
-					mu.Unlock()
-				}
-			}
-		}()
-	}
-	wg.Wait()
+	var mu sync.Mutex // progress reports one at a time
+	parallel.For(len(sets), func(i int) {
+		c := cfg
+		c.Bugs = sets[i]
+		out[i], errs[i] = CheckNeeding(c, Options{MaxStates: opt.MaxStates})
+		if progress != nil && errs[i] == nil {
+			mu.Lock()
+			progress(sets[i], out[i])
+			mu.Unlock()
+		}
+	})
 	for _, err := range errs {
 		if err != nil {
 			return nil, err
