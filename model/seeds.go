@@ -11,6 +11,7 @@ type Summary struct {
 	First, Seeds int
 	Requests     int
 	Outcomes     map[string]int
+	FailedBy     map[string]int // failed requests by the error that decided them
 	Violations   int
 	// FirstViolation is the failing run with the smallest seed, trace included.
 	FirstViolation *SimResult
@@ -28,11 +29,15 @@ func RunSeeds(cfg SimConfig, first uint64, n int) *Summary {
 		c.Seed = first + uint64(i)
 		results[i] = Simulate(c)
 	})
-	s := &Summary{First: int(first), Seeds: n, Outcomes: map[string]int{OutcomeOK: 0, OutcomeRejected: 0, OutcomeCancelled: 0, OutcomeFailed: 0}}
+	s := &Summary{First: int(first), Seeds: n, Outcomes: map[string]int{OutcomeOK: 0, OutcomeRejected: 0, OutcomeCancelled: 0, OutcomeFailed: 0},
+		FailedBy: map[string]int{}}
 	for _, r := range results {
 		s.Requests += r.Requests
 		for k, v := range r.Outcomes {
 			s.Outcomes[k] += v
+		}
+		for k, v := range r.FailedBy {
+			s.FailedBy[k] += v
 		}
 		s.PagesLeaked += r.PagesLeaked
 		if r.Violation != nil {

@@ -64,6 +64,7 @@ type SimResult struct {
 	Seed        uint64
 	Requests    int
 	Outcomes    map[string]int // client-visible outcomes
+	FailedBy    map[string]int // failed requests by the error that decided them
 	Violation   *Violation
 	PagesLeaked int      // decode and prefill pages not free at the end
 	Trace       []string // every step, for replaying a failure by eye
@@ -176,7 +177,7 @@ func Simulate(cfg SimConfig) *SimResult {
 func newWorld(cfg SimConfig, tokens []int, pick func(int) int) *world {
 	w := &world{cfg: cfg, pick: pick, now: time.Unix(1_000_000, 0),
 		corrupt: map[uint64]bool{},
-		res:     &SimResult{Seed: cfg.Seed, Requests: len(tokens), Outcomes: map[string]int{}}}
+		res:     &SimResult{Seed: cfg.Seed, Requests: len(tokens), Outcomes: map[string]int{}, FailedBy: map[string]int{}}}
 	for k := 0; k < cfg.Senders; k++ {
 		m := newMem(cfg.PrefillPages, cfg.PageBytes, false)
 		s, err := protocol.NewSender(protocol.SenderConfig{Pages: cfg.PrefillPages, PageTokens: cfg.PageTokens, MaxInFlight: 2, Memory: m, Research: cfg.Bugs})
@@ -337,9 +338,32 @@ func (w *world) req(id protocol.RequestID) *simReq { return w.reqs[id-1] }
 
 // decide records the client's outcome: the first one stands.
 func (w *world) decide(q *simReq, outcome string) {
-	if q.client == "" {
-		q.client = outcome
+	w.decideBy(q, outcome, nil)
+}
+
+// decideBy is decide with the error that decided it, counted for failures.
+func (w *world) decideBy(q *simReq, outcome string, err error) {
+	if q.client != "" {
+		return
 	}
+	q.client = outcome
+	if outcome == OutcomeFailed {
+		w.res.FailedBy[failReason(err)]++
+	}
+}
+
+// failReason names the protocol error behind a failure.
+func failReason(err error) string {
+	for _, e := range []error{protocol.ErrNoCapacity, protocol.ErrTimedOut, protocol.ErrPeerFailed, protocol.ErrTokenMismatch,
+		protocol.ErrTagMismatch, protocol.ErrTagMalformed, protocol.ErrChecksumMismatch, protocol.ErrFenced} {
+		if errors.Is(err, e) {
+			return strings.TrimPrefix(e.Error(), "protocol: ")
+		}
+	}
+	if err == nil {
+		return "prefill node lost"
+	}
+	return "other"
 }
 
 func (w *world) submit(q *simReq) {
@@ -367,7 +391,7 @@ func (w *world) submit(q *simReq) {
 		}
 	default: // the prefill pool is busy: an explicit failure
 		q.sOut = true
-		w.decide(q, OutcomeFailed)
+		w.decideBy(q, OutcomeFailed, err)
 	}
 }
 
@@ -516,7 +540,7 @@ func (w *world) collect() {
 			}
 			q.sOut = true
 			if o.Err != nil {
-				w.decide(q, clientOutcome(o.Err))
+				w.decideBy(q, clientOutcome(o.Err), o.Err)
 			}
 		}
 	}
@@ -541,7 +565,7 @@ func (w *world) collect() {
 		q.rOut = true
 		switch {
 		case o.Err != nil:
-			w.decide(q, clientOutcome(o.Err))
+			w.decideBy(q, clientOutcome(o.Err), o.Err)
 		case !q.read:
 			w.violate("HonestOutcome", "decode reported r%d ok without a checked read", o.Request)
 		default:

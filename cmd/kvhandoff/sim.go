@@ -6,6 +6,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strings"
 
 	"github.com/kvhandoff/kvhandoff/internal/research"
@@ -98,8 +100,15 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 		}
 		fmt.Fprintf(stdout, "replay: %s\n", replay)
 	}
+	var why []string
+	for _, k := range slices.Sorted(maps.Keys(s.FailedBy)) {
+		why = append(why, fmt.Sprintf("%s %d", k, s.FailedBy[k]))
+	}
 	fmt.Fprintf(stdout, "%d seeds, %d requests (ok %d, rejected %d, cancelled %d, failed %d), %d violations, %d pages leaked, %.2fs\n",
 		s.Seeds, s.Requests, s.Outcomes[model.OutcomeOK], s.Outcomes[model.OutcomeRejected], s.Outcomes[model.OutcomeCancelled],
 		s.Outcomes[model.OutcomeFailed], s.Violations, s.PagesLeaked, s.Elapsed.Seconds())
+	if len(why) > 0 {
+		fmt.Fprintf(stdout, "failed by: %s\n", strings.Join(why, ", "))
+	}
 	return code
 }
