@@ -271,7 +271,7 @@ func (w *world) events(draining bool) (proto, faults []event) {
 		}
 		if len(w.back[k]) > 0 && !w.crashed[k] {
 			m := w.back[k][0].Msg
-			add(&proto, fmt.Sprintf("back: prefill %d receives %s r%d", k, m.Type(), requestOf(m)), func() { w.deliverBack(k) })
+			add(&proto, fmt.Sprintf("back: prefill %d receives %s r%d", k, m.Type(), protocol.RequestOf(m)), func() { w.deliverBack(k) })
 		}
 		if w.crashed[k] && !w.detected[k] {
 			add(&proto, fmt.Sprintf("detect: the router finds prefill %d gone", k), func() { w.detect(k) })
@@ -315,23 +315,7 @@ func describe(op protocol.Op) string {
 	if w := op.Write; w != nil {
 		return fmt.Sprintf("WRITE r%d[%d] -> page %d@%d", w.Request, w.Index, w.Remote.Page, w.Remote.Epoch)
 	}
-	return fmt.Sprintf("%s r%d", op.Msg.Type(), requestOf(op.Msg))
-}
-
-func requestOf(m protocol.Message) protocol.RequestID {
-	switch m := m.(type) {
-	case *protocol.Bootstrap:
-		return m.Request
-	case *protocol.Grant:
-		return m.Request
-	case *protocol.Done:
-		return m.Request
-	case *protocol.Abort:
-		return m.Request
-	case *protocol.AbortAck:
-		return m.Request
-	}
-	return 0
+	return fmt.Sprintf("%s r%d", op.Msg.Type(), protocol.RequestOf(op.Msg))
 }
 
 func (w *world) req(id protocol.RequestID) *simReq { return w.reqs[id-1] }
@@ -438,7 +422,7 @@ func (w *world) deliverBack(k int) {
 	m := w.back[k][0].Msg
 	w.back[k] = w.back[k][1:]
 	if err := w.senders[k].Step(protocol.PeerID(k), m); err != nil {
-		w.violate("NoProtocolError", "prefill %d refused %s r%d: %v", k, m.Type(), requestOf(m), err)
+		w.violate("NoProtocolError", "prefill %d refused %s r%d: %v", k, m.Type(), protocol.RequestOf(m), err)
 	}
 }
 

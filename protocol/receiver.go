@@ -442,3 +442,26 @@ func (r *Receiver) Finish(id RequestID) error {
 	r.finish(id, q, nil)
 	return nil
 }
+
+// Request states as Status reports them.
+const (
+	StatusNone       = "none"
+	StatusTombstone  = "tombstone"
+	StatusReserved   = "reserved"
+	StatusReady      = "ready"
+	StatusReading    = "reading"
+	StatusQuarantine = "quarantine"
+	StatusFinished   = "finished"
+	StatusClosed     = "closed"
+	StatusRejected   = "rejected"
+)
+
+// Status is request id's state on this node.
+func (r *Receiver) Status(id RequestID) string {
+	q := r.reqs[id]
+	if q == nil {
+		return StatusNone
+	}
+	return [...]string{StatusNone, StatusTombstone, StatusReserved, StatusReady, StatusReading,
+		StatusQuarantine, StatusFinished, StatusClosed, StatusRejected}[q.phase]
+}

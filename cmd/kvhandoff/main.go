@@ -5,6 +5,7 @@
 //	kvhandoff check --matrix         the defense matrix
 //	kvhandoff check --simulate       seeded random walks instead of exhaustion
 //	kvhandoff sim [flags]            seeded simulation of the implementation
+//	kvhandoff lincheck [flags]       linearizability of the concurrent receiver API
 package main
 
 import (
@@ -20,8 +21,9 @@ func main() {
 const usage = `usage: kvhandoff <command> [flags]
 
 commands:
-  check   model-check the executable spec of the handoff protocol
-  sim     simulate the protocol implementation over seeded workloads and faults
+  check     model-check the executable spec of the handoff protocol
+  sim       simulate the protocol implementation over seeded workloads and faults
+  lincheck  check the concurrent receiver API for linearizability
 
 kvhandoff <command> -h lists a command's flags.
 `
@@ -37,6 +39,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return runCheck(args[1:], stdout, stderr)
 	case "sim":
 		return runSim(args[1:], stdout, stderr)
+	case "lincheck":
+		return runLincheck(args[1:], stdout, stderr)
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0

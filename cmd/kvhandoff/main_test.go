@@ -196,3 +196,18 @@ func TestSimRejectsBadInput(t *testing.T) {
 		}
 	}
 }
+
+func TestLincheckJSON(t *testing.T) {
+	code, out, _ := runCLI(t, "lincheck", "--clients", "4", "--ops", "2000", "--json")
+	var r struct {
+		Ops, Partitions int
+		Result          string
+		Visualization   string
+	}
+	if err := json.Unmarshal([]byte(out), &r); err != nil || code != 0 || r.Result != "ok" || r.Ops < 2000 || r.Visualization != "" {
+		t.Fatalf("exit %d, %+v, %v\n%s", code, r, err, out)
+	}
+	if code, _, errOut := runCLI(t, "lincheck", "--bug", "eager-release-ish"); code != 2 || errOut == "" {
+		t.Fatalf("a bad switch: exit %d", code)
+	}
+}

@@ -34,6 +34,17 @@ const (
 	numSwitches = iota
 )
 
+// Concurrency bugs of the shared (concurrency-safe) layer, not of the protocol:
+// they exist to prove that the linearizability checker can fail.
+const (
+	// StaleStatus: Status answers from a cache that a Cancel does not update,
+	// so a status read can observe a state older than a completed cancel.
+	StaleStatus Switch = 1 << (numSwitches + iota)
+	// SplitAcquire: Acquire checks readiness, drops the lock, then takes the
+	// pages, so a Cancel can slip in between and Acquire still reports success.
+	SplitAcquire
+)
+
 var names = [numSwitches]string{"admit-finished", "abort-still-sends", "no-token-check", "eager-release",
 	"timeout-free", "prefill-early-free", "no-tag-check", "no-checksum", "leak-on-cancel", "no-peer-cancel", "double-free"}
 
@@ -43,8 +54,17 @@ func (s Switch) String() string {
 			return n
 		}
 	}
+	switch s {
+	case StaleStatus:
+		return "stale-status"
+	case SplitAcquire:
+		return "split-acquire"
+	}
 	return fmt.Sprintf("Switch(%#x)", uint16(s))
 }
+
+// Concurrency lists the shared layer's switches.
+func Concurrency() []Switch { return []Switch{StaleStatus, SplitAcquire} }
 
 // Switches is a set of switches. The zero value, every defense on, is the only
 // one code outside this module can have.
@@ -67,9 +87,9 @@ func (s Switches) Any() bool { return s.on != 0 }
 
 func (s Switches) String() string {
 	var out []string
-	for i, n := range names {
-		if s.on&(1<<i) != 0 {
-			out = append(out, n)
+	for _, sw := range append(All(), Concurrency()...) {
+		if s.Has(sw) {
+			out = append(out, sw.String())
 		}
 	}
 	if len(out) == 0 {
@@ -98,9 +118,9 @@ func Parse(list string) (Switches, error) {
 	for _, name := range strings.Split(list, ",") {
 		name = strings.TrimSpace(name)
 		found := false
-		for i, n := range names {
-			if n == name {
-				s.on |= 1 << i
+		for _, sw := range append(All(), Concurrency()...) {
+			if sw.String() == name {
+				s.on |= uint16(sw)
 				found = true
 			}
 		}
@@ -109,7 +129,7 @@ func Parse(list string) (Switches, error) {
 		case name == "done-unmatched":
 			return s, fmt.Errorf("switch done-unmatched has no implementation counterpart: the wire carries no slot and Done is matched by request id")
 		default:
-			return s, fmt.Errorf("unknown switch %q (known: %s)", name, strings.Join(names[:], ", "))
+			return s, fmt.Errorf("unknown switch %q (known: %s, stale-status, split-acquire)", name, strings.Join(names[:], ", "))
 		}
 	}
 	return s, nil

@@ -1,0 +1,87 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+
+	"github.com/kvhandoff/kvhandoff/internal/research"
+	"github.com/kvhandoff/kvhandoff/linearizability"
+)
+
+const lincheckUsage = `usage: kvhandoff lincheck [flags]
+
+Records a history of the concurrent receiver API (protocol.SharedReceiver) from a
+real run of many goroutines, and checks it for linearizability with porcupine
+(docs/linearizability.md). Exit status 0 iff the history is linearizable; 1 if it
+is illegal (the path of an HTML visualization is printed) or the check timed out;
+2 on bad usage.
+
+flags:
+`
+
+func runLincheck(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("lincheck", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, lincheckUsage)
+		fs.PrintDefaults()
+	}
+	clients := fs.Int("clients", 16, "goroutines: one transport poller, the rest decode workers")
+	ops := fs.Int("ops", 100000, "operations to record")
+	faults := fs.Bool("faults", false, "queue-pair cuts and fire-and-forget cancels (outcome unknown)")
+	bug := fs.String("bug", "", "a concurrency switch to turn on: stale-status or split-acquire")
+	seed := fs.Uint64("seed", 1, "the workload's choices (the interleaving is the scheduler's)")
+	dir := fs.String("dir", "", "where to write the visualization (default: the temporary directory)")
+	jsonOut := fs.Bool("json", false, "print exactly one JSON object on stdout")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "kvhandoff lincheck: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	if *clients < 2 || *ops < 1 {
+		fmt.Fprintln(stderr, "kvhandoff lincheck: --clients must be at least 2 and --ops at least 1")
+		return 2
+	}
+	sw, err := research.Parse(*bug)
+	if err != nil {
+		fmt.Fprintf(stderr, "kvhandoff lincheck: %v\n", err)
+		return 2
+	}
+	r, err := linearizability.Run(linearizability.Config{Clients: *clients, Ops: *ops, Faults: *faults, Bugs: sw, Seed: *seed, Dir: *dir})
+	if err != nil {
+		fmt.Fprintf(stderr, "kvhandoff lincheck: %v\n", err)
+		return 2
+	}
+	code := 0
+	if r.Result != "ok" {
+		code = 1
+	}
+	if *jsonOut {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(struct {
+			Ops           int     `json:"ops"`
+			Partitions    int     `json:"partitions"`
+			Result        string  `json:"result"`
+			Seconds       float64 `json:"seconds"`
+			Visualization string  `json:"visualization"`
+		}{r.Ops, r.Partitions, r.Result, r.Seconds, r.Visualization}); err != nil {
+			fmt.Fprintf(stderr, "kvhandoff lincheck: %v\n", err)
+			return 2
+		}
+		return code
+	}
+	fmt.Fprintf(stdout, "%s: %d operations in %d partitions, %.2fs\n", r.Result, r.Ops, r.Partitions, r.Seconds)
+	if r.Visualization != "" {
+		fmt.Fprintf(stdout, "visualization: %s\n", r.Visualization)
+	}
+	return code
+}

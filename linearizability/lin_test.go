@@ -1,0 +1,77 @@
+package linearizability
+
+import (
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/kvhandoff/kvhandoff/internal/research"
+	"github.com/kvhandoff/kvhandoff/protocol"
+)
+
+func TestSharedReceiverIsLinearizable(t *testing.T) {
+	for _, faults := range []bool{false, true} {
+		r, err := Run(Config{Clients: 8, Ops: 20000, Faults: faults, Seed: 3, Dir: t.TempDir()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Result != "ok" || r.Partitions < 2 {
+			t.Fatalf("faults=%v: %+v", faults, *r)
+		}
+	}
+}
+
+// Each concurrency switch makes histories illegal, and the visualization names
+// the operations involved.
+func TestEachConcurrencySwitchIsCaught(t *testing.T) {
+	for _, sw := range research.Concurrency() {
+		t.Run(sw.String(), func(t *testing.T) {
+			var r *Result
+			// The interleaving is the scheduler's: a few tries make the race likely.
+			for try := uint64(0); try < 20 && (r == nil || r.Result != "illegal"); try++ {
+				var err error
+				if r, err = Run(Config{Clients: 16, Ops: 50000, Bugs: research.On(sw), Seed: try, Dir: t.TempDir()}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if r.Result != "illegal" {
+				t.Fatalf("20 runs found %v linearizable", sw)
+			}
+			html, err := os.ReadFile(r.Visualization)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, want := range []string{"<html", "Bootstrap(r"} {
+				if !strings.Contains(string(html), want) {
+					t.Errorf("the visualization lacks %q", want)
+				}
+			}
+		})
+	}
+}
+
+// The model's step is the receiver's: a few sequential facts it must agree on.
+func TestStepMatchesTheReceiversRules(t *testing.T) {
+	cases := []struct {
+		from string
+		in   Input
+		out  Output
+		want []string
+	}{
+		{protocol.StatusNone, Input{OpCancel, 1}, Output{OK: true}, []string{protocol.StatusTombstone}},
+		{protocol.StatusReserved, Input{OpCancel, 1}, Output{OK: true}, []string{protocol.StatusQuarantine}},
+		{protocol.StatusQuarantine, Input{OpDone, 1}, Output{OK: true}, []string{protocol.StatusClosed}},
+		{protocol.StatusReady, Input{OpAcquire, 1}, Output{OK: true}, []string{protocol.StatusReading}},
+		{protocol.StatusClosed, Input{OpAcquire, 1}, Output{OK: true}, nil},
+		{protocol.StatusReading, Input{OpCancel, 1}, Output{OK: true}, []string{protocol.StatusReading}},
+		{protocol.StatusReserved, Input{OpCancel, 1}, Output{OK: true, Unknown: true}, []string{protocol.StatusQuarantine, protocol.StatusReserved}},
+		{protocol.StatusReady, Input{OpStatus, 1}, Output{OK: true, Status: protocol.StatusReserved}, nil},
+		{protocol.StatusReserved, Input{OpCut, 1}, Output{OK: true}, []string{protocol.StatusClosed}},
+	}
+	for _, c := range cases {
+		got := step(c.from, c.in, c.out)
+		if strings.Join(got, ",") != strings.Join(c.want, ",") {
+			t.Errorf("%s then %v -> %+v: got %v, want %v", c.from, c.in.Kind, c.out, got, c.want)
+		}
+	}
+}

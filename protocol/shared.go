@@ -1,0 +1,136 @@
+package protocol
+
+import (
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/kvhandoff/kvhandoff/internal/research"
+)
+
+// SharedReceiver is a Receiver that decode workers, a timer and the transport's
+// completion poller may call concurrently. Every method holds one lock for its
+// whole effect, so each call takes effect at one instant between its call and
+// its return (it is linearizable; package linearizability checks this on
+// histories from real concurrent runs).
+type SharedReceiver struct {
+	mu  sync.Mutex
+	r   *Receiver
+	bug research.Switches
+	// cache backs the stale-status switch: statuses as of the last call that
+	// refreshed them.
+	cache map[RequestID]string
+}
+
+// NewSharedReceiver returns a concurrency-safe receiver.
+func NewSharedReceiver(cfg ReceiverConfig) (*SharedReceiver, error) {
+	r, err := NewReceiver(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &SharedReceiver{r: r, bug: cfg.Research, cache: map[RequestID]string{}}, nil
+}
+
+func (s *SharedReceiver) refresh(id RequestID) {
+	if s.bug.Has(research.StaleStatus) {
+		s.cache[id] = s.r.Status(id)
+	}
+}
+
+// Step handles a message from a sender (see Receiver.Step).
+func (s *SharedReceiver) Step(peer PeerID, m Message, now time.Time) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	err := s.r.Step(peer, m, now)
+	s.refresh(RequestOf(m))
+	return err
+}
+
+// Cancel ends a request (see Receiver.Cancel).
+func (s *SharedReceiver) Cancel(id RequestID) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.r.Cancel(id) // the stale-status bug: the cache is not refreshed here
+	if !s.bug.Has(research.StaleStatus) {
+		s.refresh(id)
+	}
+}
+
+// Status is the request's state (see Receiver.Status).
+func (s *SharedReceiver) Status(id RequestID) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if st, ok := s.cache[id]; ok && s.bug.Has(research.StaleStatus) {
+		return st
+	}
+	return s.r.Status(id)
+}
+
+// Acquire hands a verified request's pages to a decode worker (see Receiver.Acquire).
+func (s *SharedReceiver) Acquire(id RequestID) ([]PageRef, error) {
+	s.mu.Lock()
+	if s.bug.Has(research.SplitAcquire) && s.r.Status(id) == StatusReady {
+		// The bug: decide, drop the lock, then act on the decision.
+		refs := append([]PageRef(nil), s.r.reqs[id].refs...)
+		s.mu.Unlock()
+		runtime.Gosched()
+		s.mu.Lock()
+		s.r.Acquire(id) // may fail now; the caller is told it worked
+		s.refresh(id)
+		s.mu.Unlock()
+		return refs, nil
+	}
+	defer s.mu.Unlock()
+	refs, err := s.r.Acquire(id)
+	s.refresh(id)
+	return refs, err
+}
+
+// Finish ends a read (see Receiver.Finish).
+func (s *SharedReceiver) Finish(id RequestID) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	err := s.r.Finish(id)
+	s.refresh(id)
+	return err
+}
+
+// Tick fails reserved requests past their deadline (see Receiver.Tick).
+func (s *SharedReceiver) Tick(now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.r.Tick(now)
+	clear(s.cache)
+}
+
+// QueuePairFenced fences every request on peer (see Receiver.QueuePairFenced).
+func (s *SharedReceiver) QueuePairFenced(peer PeerID) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.r.QueuePairFenced(peer)
+	clear(s.cache)
+}
+
+// Effects hands over the accumulated effects (see Receiver.Effects).
+func (s *SharedReceiver) Effects() ReceiverEffects {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.r.Effects()
+}
+
+// RequestOf is the request a message is about.
+func RequestOf(m Message) RequestID {
+	switch m := m.(type) {
+	case *Bootstrap:
+		return m.Request
+	case *Done:
+		return m.Request
+	case *AbortAck:
+		return m.Request
+	case *Grant:
+		return m.Request
+	case *Abort:
+		return m.Request
+	}
+	return 0
+}
