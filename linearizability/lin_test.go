@@ -1,10 +1,12 @@
 package linearizability
 
 import (
+	"math"
 	"os"
 	"strings"
 	"testing"
 
+	"github.com/anishathalye/porcupine"
 	"github.com/kvhandoff/kvhandoff/internal/research"
 	"github.com/kvhandoff/kvhandoff/protocol"
 )
@@ -73,5 +75,50 @@ func TestStepMatchesTheReceiversRules(t *testing.T) {
 		if strings.Join(got, ",") != strings.Join(c.want, ",") {
 			t.Errorf("%s then %v -> %+v: got %v, want %v", c.from, c.in.Kind, c.out, got, c.want)
 		}
+	}
+}
+
+func TestSharedSenderIsLinearizable(t *testing.T) {
+	for _, faults := range []bool{false, true} {
+		r, err := RunSender(Config{Clients: 8, Ops: 20000, Faults: faults, Seed: 5, Dir: t.TempDir()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Result != "ok" || r.Partitions < 2 {
+			t.Fatalf("faults=%v: %+v", faults, *r)
+		}
+	}
+}
+
+// The sender model rejects what the sender cannot do, and accepts overlaps it can.
+func TestSenderModelJudgesHandBuiltHistories(t *testing.T) {
+	op := func(client int, kind OpKind, call, ret int64, out Output) porcupine.Operation {
+		return porcupine.Operation{ClientId: client, Input: Input{kind, 1}, Call: call, Output: out, Return: ret}
+	}
+	model := SenderModel.ToModel()
+	impossible := []porcupine.Operation{
+		op(0, OpSubmit, 0, 1, Output{OK: true}),
+		op(1, OpSenderStatus, 2, 3, Output{OK: true, Status: protocol.SendStatusNone}), // after a completed Submit
+	}
+	if porcupine.CheckOperations(model, impossible) {
+		t.Fatal("a status older than a completed Submit must be illegal")
+	}
+	overlapping := []porcupine.Operation{
+		op(0, OpSubmit, 0, 10, Output{OK: true}),
+		op(1, OpSenderStatus, 2, 3, Output{OK: true, Status: protocol.SendStatusNone}), // during the Submit
+		op(2, OpGrant, 4, 5, Output{OK: false}),                                        // also during it
+		op(1, OpSenderStatus, 11, 12, Output{OK: true, Status: protocol.SendStatusAwaitGrant}),
+	}
+	if !porcupine.CheckOperations(model, overlapping) {
+		t.Fatal("operations that overlap the Submit may see the state before it")
+	}
+	unknownCancel := []porcupine.Operation{
+		op(0, OpSubmit, 0, 1, Output{OK: true}),
+		op(1, OpSenderCancel, 2, math.MaxInt64, Output{OK: true, Unknown: true}),
+		op(0, OpSenderStatus, 3, 4, Output{OK: true, Status: protocol.SendStatusAwaitGrant}), // not applied yet
+		op(0, OpSenderStatus, 5, 6, Output{OK: true, Status: protocol.SendStatusAborted}),    // applied now
+	}
+	if !porcupine.CheckOperations(model, unknownCancel) {
+		t.Fatal("a cancel whose outcome is unknown may take effect at any point after its call")
 	}
 }

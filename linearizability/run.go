@@ -181,7 +181,12 @@ func Run(cfg Config) (*Result, error) {
 	// Let fire-and-forget cancels land before the run is torn down.
 	time.Sleep(10 * time.Millisecond)
 
-	model := Model.ToModel()
+	return check(Model.ToModel(), rec, cfg, start)
+}
+
+// check runs porcupine on a recorded history and, if it is illegal, writes the
+// visualization of the first illegal partition.
+func check(model porcupine.Model, rec *recorder, cfg Config, start time.Time) (*Result, error) {
 	res := &Result{Ops: len(rec.ops), Partitions: len(model.Partition(rec.ops))}
 	verdict, info := porcupine.CheckOperationsVerbose(model, rec.ops, cfg.Timeout)
 	switch verdict {

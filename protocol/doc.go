@@ -30,10 +30,10 @@
 //	    for each id in e.Verified: refs, err := receiver.Acquire(id); decode; receiver.Finish(id)
 //	    report e.Outcomes
 //
-// Neither is safe for concurrent use. [SharedReceiver] is the decode side for
-// engines whose workers, timer and completion poller call it concurrently: one
-// lock per call, so every call is linearizable (package linearizability checks
-// this with porcupine on real concurrent runs).
+// Neither is safe for concurrent use. [SharedReceiver] and [SharedSender] are
+// the two sides for engines whose workers, router and completion poller call
+// them concurrently: one lock per call, so every call is linearizable (package
+// linearizability checks this with porcupine on real concurrent runs).
 //
 // The package example performs one complete handoff this way. Outcome errors
 // wrap ErrRejected (with ErrTooLong), ErrNoCapacity, ErrTokenMismatch,

@@ -368,3 +368,26 @@ func (s *Sender) Flushed(peer PeerID) {
 		}
 	}
 }
+
+// Sender request states as Status reports them.
+const (
+	SendStatusNone       = "none"
+	SendStatusAwaitGrant = "awaiting-grant"
+	SendStatusWriting    = "writing"
+	SendStatusDoneSent   = "done-sent"
+	SendStatusAborting   = "aborting"
+	SendStatusFinished   = "finished"
+	SendStatusAborted    = "aborted"
+	SendStatusFailed     = "failed"
+)
+
+// Status is request id's state on this node ("none" for a request it never
+// admitted, including one its intake rejected).
+func (s *Sender) Status(id RequestID) string {
+	q := s.reqs[id]
+	if q == nil {
+		return SendStatusNone
+	}
+	return [...]string{SendStatusNone, SendStatusAwaitGrant, SendStatusWriting, SendStatusDoneSent,
+		SendStatusAborting, SendStatusFinished, SendStatusAborted, SendStatusFailed}[q.phase]
+}

@@ -134,3 +134,76 @@ func RequestOf(m Message) RequestID {
 	}
 	return 0
 }
+
+// SharedSender is a Sender that prefill workers, the router and the transport's
+// completion poller may call concurrently: one lock per call, so every call is
+// linearizable.
+type SharedSender struct {
+	mu sync.Mutex
+	s  *Sender
+}
+
+// NewSharedSender returns a concurrency-safe sender.
+func NewSharedSender(cfg SenderConfig) (*SharedSender, error) {
+	s, err := NewSender(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &SharedSender{s: s}, nil
+}
+
+// Submit is the sender's intake (see Sender.Submit).
+func (s *SharedSender) Submit(id RequestID, peer PeerID, tokens int) ([]uint32, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.s.Submit(id, peer, tokens)
+}
+
+// Computed says the KV is ready (see Sender.Computed).
+func (s *SharedSender) Computed(id RequestID) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.s.Computed(id)
+}
+
+// Step handles a message from a receiver (see Sender.Step).
+func (s *SharedSender) Step(peer PeerID, m Message) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.s.Step(peer, m)
+}
+
+// Completed reports a WRITE completion (see Sender.Completed).
+func (s *SharedSender) Completed(writeID uint64, err error) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.s.Completed(writeID, err)
+}
+
+// Cancel stops a request (see Sender.Cancel).
+func (s *SharedSender) Cancel(id RequestID) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.s.Cancel(id)
+}
+
+// Flushed fails every request on a broken queue pair (see Sender.Flushed).
+func (s *SharedSender) Flushed(peer PeerID) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.s.Flushed(peer)
+}
+
+// Status is the request's state (see Sender.Status).
+func (s *SharedSender) Status(id RequestID) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.s.Status(id)
+}
+
+// Effects hands over the accumulated effects (see Sender.Effects).
+func (s *SharedSender) Effects() SenderEffects {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.s.Effects()
+}

@@ -13,9 +13,9 @@ import (
 
 const lincheckUsage = `usage: kvhandoff lincheck [flags]
 
-Records a history of the concurrent receiver API (protocol.SharedReceiver) from a
-real run of many goroutines, and checks it for linearizability with porcupine
-(docs/linearizability.md). Exit status 0 iff the history is linearizable; 1 if it
+Records histories of the concurrent APIs (protocol.SharedReceiver, then
+protocol.SharedSender) from real runs of many goroutines, with --ops operations
+each, and checks them for linearizability with porcupine (docs/linearizability.md). Exit status 0 iff the history is linearizable; 1 if it
 is illegal (the path of an HTML visualization is printed) or the check timed out;
 2 on bad usage.
 
@@ -55,10 +55,20 @@ func runLincheck(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "kvhandoff lincheck: %v\n", err)
 		return 2
 	}
-	r, err := linearizability.Run(linearizability.Config{Clients: *clients, Ops: *ops, Faults: *faults, Bugs: sw, Seed: *seed, Dir: *dir})
+	cfg := linearizability.Config{Clients: *clients, Ops: *ops, Faults: *faults, Bugs: sw, Seed: *seed, Dir: *dir}
+	r, err := linearizability.Run(cfg) // the receiver: its switches apply here
 	if err != nil {
 		fmt.Fprintf(stderr, "kvhandoff lincheck: %v\n", err)
 		return 2
+	}
+	if r.Result == "ok" {
+		s, err := linearizability.RunSender(cfg)
+		if err != nil {
+			fmt.Fprintf(stderr, "kvhandoff lincheck: %v\n", err)
+			return 2
+		}
+		r = &linearizability.Result{Ops: r.Ops + s.Ops, Partitions: r.Partitions + s.Partitions, Result: s.Result,
+			Seconds: r.Seconds + s.Seconds, Visualization: s.Visualization}
 	}
 	code := 0
 	if r.Result != "ok" {

@@ -1,0 +1,253 @@
+package linearizability
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+	"github.com/kvhandoff/kvhandoff/protocol"
+)
+
+// Sender operations: Submit, Computed, Status and Cancel from prefill workers
+// and the router; Grant and Complete (a WRITE completion) from the transport's
+// poller; Flush (a queue pair broke) as a fault. Requests are one page.
+const (
+	OpSubmit OpKind = 100 + iota
+	OpComputed
+	OpGrant
+	OpComplete
+	OpFlush
+	OpSenderStatus
+	OpSenderCancel
+)
+
+// senderState is one request on the sender.
+type senderState struct {
+	Phase    string
+	Computed bool
+}
+
+// senderStep is the sender's sequential semantics for a one-page request.
+func senderStep(s senderState, in Input, out Output) []senderState {
+	next, ok := s, true
+	switch in.Kind {
+	case OpSubmit:
+		if s.Phase == protocol.SendStatusNone {
+			next.Phase = protocol.SendStatusAwaitGrant
+		} else {
+			ok = false
+		}
+	case OpComputed:
+		if s.Phase == protocol.SendStatusNone {
+			ok = false
+		} else {
+			next.Computed = true
+			if s.Phase == protocol.SendStatusWriting {
+				next.Phase = protocol.SendStatusDoneSent // the WRITE and Done are posted
+			}
+		}
+	case OpGrant:
+		switch s.Phase {
+		case protocol.SendStatusAwaitGrant:
+			next.Phase = protocol.SendStatusWriting
+			if s.Computed {
+				next.Phase = protocol.SendStatusDoneSent
+			}
+		case protocol.SendStatusAborted, protocol.SendStatusFailed:
+			// answered with AbortAck
+		default:
+			ok = false // unknown request, or a second grant
+		}
+	case OpComplete:
+		switch s.Phase {
+		case protocol.SendStatusDoneSent:
+			next.Phase = protocol.SendStatusFinished
+		case protocol.SendStatusAborting:
+			next.Phase = protocol.SendStatusAborted
+		case protocol.SendStatusFailed:
+			ok = false // the flush forgot the WRITE
+		default:
+			return nil
+		}
+	case OpSenderCancel:
+		switch s.Phase {
+		case protocol.SendStatusAwaitGrant, protocol.SendStatusWriting: // nothing posted
+			next.Phase = protocol.SendStatusAborted
+		case protocol.SendStatusDoneSent:
+			next.Phase = protocol.SendStatusAborting
+		}
+		if out.Unknown {
+			if next == s {
+				return []senderState{s}
+			}
+			return []senderState{next, s}
+		}
+		return []senderState{next}
+	case OpSenderStatus:
+		if out.Status != s.Phase {
+			return nil
+		}
+		return []senderState{s}
+	case OpFlush:
+		switch s.Phase {
+		case protocol.SendStatusAwaitGrant, protocol.SendStatusWriting, protocol.SendStatusDoneSent, protocol.SendStatusAborting:
+			next.Phase = protocol.SendStatusFailed
+		}
+		return []senderState{next}
+	}
+	if out.OK != ok {
+		return nil
+	}
+	return []senderState{next}
+}
+
+// SenderModel is the porcupine model of the concurrent sender, partitioned by request.
+var SenderModel = porcupine.NondeterministicModel{
+	Init: func() []interface{} { return []interface{}{senderState{Phase: protocol.SendStatusNone}} },
+	Step: func(state, input, output interface{}) []interface{} {
+		var out []interface{}
+		for _, s := range senderStep(state.(senderState), input.(Input), output.(Output)) {
+			out = append(out, s)
+		}
+		return out
+	},
+	Partition: Model.Partition,
+	DescribeOperation: func(input, output interface{}) string {
+		in, out := input.(Input), output.(Output)
+		name := map[OpKind]string{OpSubmit: "Submit", OpComputed: "Computed", OpGrant: "Grant", OpComplete: "Complete",
+			OpFlush: "Flush", OpSenderStatus: "Status", OpSenderCancel: "Cancel"}[in.Kind]
+		switch {
+		case out.Unknown:
+			return fmt.Sprintf("%s(r%d) -> ? (not awaited)", name, in.Request)
+		case in.Kind == OpSenderStatus:
+			return fmt.Sprintf("Status(r%d) -> %s", in.Request, out.Status)
+		case out.OK:
+			return fmt.Sprintf("%s(r%d) -> ok", name, in.Request)
+		}
+		return fmt.Sprintf("%s(r%d) -> error", name, in.Request)
+	},
+	DescribeState: func(state interface{}) string {
+		s := state.(senderState)
+		return fmt.Sprintf("%s, computed=%v", s.Phase, s.Computed)
+	},
+}
+
+type sourceMemory struct{}
+
+func (sourceMemory) Page(uint32) []byte { return nil }
+
+// RunSender records a history from a real concurrent run of
+// protocol.SharedSender and checks it, like Run does for the receiver.
+func RunSender(cfg Config) (*Result, error) {
+	if cfg.Clients < 2 || cfg.Ops < 1 {
+		return nil, fmt.Errorf("linearizability: need at least 2 clients and 1 operation")
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = 60 * time.Second
+	}
+	start := time.Now()
+	requests := max(4, cfg.Ops/12)
+	snd, err := protocol.NewSharedSender(protocol.SenderConfig{Pages: requests, PageTokens: 4, Memory: sourceMemory{}})
+	if err != nil {
+		return nil, err
+	}
+	rec := &recorder{start: time.Now()}
+	var frontier sync.Map
+	frontier.Store(0, protocol.RequestID(1))
+	budget := make(chan struct{}, cfg.Ops)
+	for range cfg.Ops {
+		budget <- struct{}{}
+	}
+	close(budget)
+	var wg sync.WaitGroup
+
+	// The transport's poller: a grant for every request (known to the sender
+	// or not), and the completion of every WRITE it posted.
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		rng := rand.New(rand.NewPCG(cfg.Seed, 0))
+		pending := map[uint64]protocol.RequestID{}
+		for id := protocol.RequestID(1); int(id) <= requests; id++ {
+			frontier.Store(0, id)
+			peer := protocol.PeerID(int(id) % peers)
+			if _, ok := <-budget; !ok {
+				return
+			}
+			call := rec.now()
+			err := snd.Step(peer, &protocol.Grant{Request: id, Tokens: 4, Pages: []protocol.PageGrant{{Page: uint32(id), Epoch: 1}}})
+			rec.add(0, Input{OpGrant, id}, call, Output{OK: err == nil}, rec.now())
+			for _, op := range snd.Effects().Ops {
+				if w := op.Write; w != nil {
+					pending[w.ID] = w.Request
+				}
+			}
+			if cfg.Faults && rng.IntN(25) == 0 {
+				cut := protocol.PeerID(rng.IntN(peers))
+				call := rec.now()
+				snd.Flushed(cut)
+				ret := rec.now()
+				for other := protocol.RequestID(1); int(other) <= requests; other++ {
+					if protocol.PeerID(int(other)%peers) == cut {
+						rec.add(0, Input{OpFlush, other}, call, Output{OK: true}, ret)
+					}
+				}
+				rec.notes = append(rec.notes, porcupine.Annotation{Tag: "faults", Start: call, End: ret,
+					Description: fmt.Sprintf("queue pair %d flushed", cut), BackgroundColor: "#ffd6d6"})
+			}
+			ids := make([]uint64, 0, len(pending))
+			for wid := range pending {
+				ids = append(ids, wid)
+			}
+			sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+			for _, wid := range ids {
+				if _, ok := <-budget; !ok {
+					return
+				}
+				call := rec.now()
+				err := snd.Completed(wid, nil)
+				rec.add(0, Input{OpComplete, pending[wid]}, call, Output{OK: err == nil}, rec.now())
+				delete(pending, wid)
+			}
+		}
+	}()
+
+	// Prefill workers and the router, on requests near the transport's frontier.
+	for c := 1; c < cfg.Clients; c++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(cfg.Seed, uint64(c)))
+			for range budget {
+				f, _ := frontier.Load(0)
+				id := protocol.RequestID(max(1, int(f.(protocol.RequestID))+2-rng.IntN(5)))
+				peer := protocol.PeerID(int(id) % peers)
+				call := rec.now()
+				switch x := rng.IntN(10); {
+				case x < 3:
+					_, err := snd.Submit(id, peer, 4)
+					rec.add(c, Input{OpSubmit, id}, call, Output{OK: err == nil}, rec.now())
+				case x < 5:
+					err := snd.Computed(id)
+					rec.add(c, Input{OpComputed, id}, call, Output{OK: err == nil}, rec.now())
+				case x < 8:
+					st := snd.Status(id)
+					rec.add(c, Input{OpSenderStatus, id}, call, Output{OK: true, Status: st}, rec.now())
+				case cfg.Faults && x == 9:
+					go snd.Cancel(id)
+					rec.add(c, Input{OpSenderCancel, id}, call, Output{OK: true, Unknown: true}, math.MaxInt64)
+				default:
+					snd.Cancel(id)
+					rec.add(c, Input{OpSenderCancel, id}, call, Output{OK: true}, rec.now())
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	time.Sleep(10 * time.Millisecond)
+	return check(SenderModel.ToModel(), rec, cfg, start)
+}
