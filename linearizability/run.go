@@ -52,6 +52,42 @@ func (r *recorder) add(client int, in Input, call int64, out Output, ret int64) 
 	r.mu.Unlock()
 }
 
+// defaults checks cfg and fills in its defaults.
+func (cfg *Config) defaults() error {
+	if cfg.Clients < 2 || cfg.Ops < 1 {
+		return fmt.Errorf("linearizability: need at least 2 clients and 1 operation")
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = 60 * time.Second
+	}
+	return nil
+}
+
+// newBudget is a channel holding one token per operation to record; the
+// recording goroutines stop when it runs dry.
+func newBudget(n int) chan struct{} {
+	b := make(chan struct{}, n)
+	for range n {
+		b <- struct{}{}
+	}
+	close(b)
+	return b
+}
+
+// fault records a fault that hits every request on a queue pair: one operation
+// in each request's partition, with the fault's own times, and an annotation
+// for the visualization.
+func (r *recorder) fault(kind OpKind, peer protocol.PeerID, requests int, call, ret int64, what string) {
+	for id := protocol.RequestID(1); int(id) <= requests; id++ {
+		if protocol.PeerID(int(id)%peers) == peer {
+			r.add(0, Input{kind, id}, call, Output{OK: true}, ret)
+		}
+	}
+	r.mu.Lock()
+	r.notes = append(r.notes, porcupine.Annotation{Tag: "faults", Start: call, End: ret, Description: what, BackgroundColor: "#ffd6d6"})
+	r.mu.Unlock()
+}
+
 // pageMemory is the decode node's pages. Only the transport goroutine writes
 // them, and it does so before the Done that makes the receiver read them.
 type pageMemory struct{ payload, tags [][]byte }
@@ -64,11 +100,8 @@ const peers = 2 // requests alternate between two prefill nodes' queue pairs
 // Run records a history from a real concurrent run of protocol.SharedReceiver
 // and checks it.
 func Run(cfg Config) (*Result, error) {
-	if cfg.Clients < 2 || cfg.Ops < 1 {
-		return nil, fmt.Errorf("linearizability: need at least 2 clients and 1 operation")
-	}
-	if cfg.Timeout == 0 {
-		cfg.Timeout = 60 * time.Second
+	if err := cfg.defaults(); err != nil {
+		return nil, err
 	}
 	start := time.Now()
 	requests := max(4, cfg.Ops/12)
@@ -86,11 +119,7 @@ func Run(cfg Config) (*Result, error) {
 	var frontier sync.Map // highest request the transport has started, for the workers
 	frontier.Store(0, protocol.RequestID(1))
 	var wg sync.WaitGroup
-	budget := make(chan struct{}, cfg.Ops)
-	for range cfg.Ops {
-		budget <- struct{}{}
-	}
-	close(budget)
+	budget := newBudget(cfg.Ops)
 	done := make(chan struct{})
 
 	// The transport's poller: Bootstrap, the sender's WRITEs (payload and tag
@@ -122,15 +151,7 @@ func Run(cfg Config) (*Result, error) {
 				call := rec.now()
 				recv.QueuePairFenced(cut)
 				ret := rec.now()
-				for other := protocol.RequestID(1); int(other) <= requests; other++ {
-					if protocol.PeerID(int(other)%peers) == cut {
-						rec.add(0, Input{OpCut, other}, call, Output{OK: true}, ret)
-					}
-				}
-				rec.mu.Lock()
-				rec.notes = append(rec.notes, porcupine.Annotation{Tag: "faults", Start: call, End: ret,
-					Description: fmt.Sprintf("cut queue pair %d", cut), BackgroundColor: "#ffd6d6"})
-				rec.mu.Unlock()
+				rec.fault(OpCut, cut, requests, call, ret, fmt.Sprintf("cut queue pair %d", cut))
 			}
 			if _, ok := <-budget; !ok {
 				return

@@ -143,11 +143,8 @@ func (sourceMemory) Page(uint32) []byte { return nil }
 // RunSender records a history from a real concurrent run of
 // protocol.SharedSender and checks it, like Run does for the receiver.
 func RunSender(cfg Config) (*Result, error) {
-	if cfg.Clients < 2 || cfg.Ops < 1 {
-		return nil, fmt.Errorf("linearizability: need at least 2 clients and 1 operation")
-	}
-	if cfg.Timeout == 0 {
-		cfg.Timeout = 60 * time.Second
+	if err := cfg.defaults(); err != nil {
+		return nil, err
 	}
 	start := time.Now()
 	requests := max(4, cfg.Ops/12)
@@ -158,11 +155,7 @@ func RunSender(cfg Config) (*Result, error) {
 	rec := &recorder{start: time.Now()}
 	var frontier sync.Map
 	frontier.Store(0, protocol.RequestID(1))
-	budget := make(chan struct{}, cfg.Ops)
-	for range cfg.Ops {
-		budget <- struct{}{}
-	}
-	close(budget)
+	budget := newBudget(cfg.Ops)
 	var wg sync.WaitGroup
 
 	// The transport's poller: a grant for every request (known to the sender
@@ -191,13 +184,7 @@ func RunSender(cfg Config) (*Result, error) {
 				call := rec.now()
 				snd.Flushed(cut)
 				ret := rec.now()
-				for other := protocol.RequestID(1); int(other) <= requests; other++ {
-					if protocol.PeerID(int(other)%peers) == cut {
-						rec.add(0, Input{OpFlush, other}, call, Output{OK: true}, ret)
-					}
-				}
-				rec.notes = append(rec.notes, porcupine.Annotation{Tag: "faults", Start: call, End: ret,
-					Description: fmt.Sprintf("queue pair %d flushed", cut), BackgroundColor: "#ffd6d6"})
+				rec.fault(OpFlush, cut, requests, call, ret, fmt.Sprintf("queue pair %d flushed", cut))
 			}
 			ids := make([]uint64, 0, len(pending))
 			for wid := range pending {
