@@ -498,3 +498,23 @@ func TestWrongDirectionMessagesAreRefused(t *testing.T) {
 		t.Fatalf("sender took a Done: %v", err)
 	}
 }
+
+// Malformed messages handed over in process meet the wire's limits too: an
+// error, and nothing changes.
+func TestMalformedMessagesAreRefusedWithoutEffect(t *testing.T) {
+	l := newLink(t, 2)
+	for _, m := range []Message{nil, &Bootstrap{Request: 1, Tokens: 0}, &Done{Request: 1, Tokens: 4, Pages: 0}, &Abort{Request: 1}} {
+		if err := l.r.Step(prefill, m, l.now); !errors.Is(err, ErrMalformed) {
+			t.Errorf("receiver took %#v: %v", m, err)
+		}
+	}
+	for _, m := range []Message{nil, &Grant{Request: 1, Tokens: 4}, &Abort{Request: 1, Reason: 99}} {
+		if err := l.s.Step(prefill, m); !errors.Is(err, ErrMalformed) {
+			t.Errorf("sender took %#v: %v", m, err)
+		}
+	}
+	l.collect()
+	if len(l.wire)+len(l.back) != 0 || l.r.Status(1) != StatusNone || l.r.Pool().Free() != 2 {
+		t.Fatal("a refused message must change nothing")
+	}
+}

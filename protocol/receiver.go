@@ -163,6 +163,10 @@ func (r *Receiver) dropSlot(q *recvRequest) {
 // returns an error and changes nothing; late and duplicate fences are
 // expected and return nil.
 func (r *Receiver) Step(peer PeerID, m Message, now time.Time) error {
+	// The limits the wire decoder enforces hold for in-process messages too.
+	if err := validate(m); err != nil {
+		return err
+	}
 	switch m := m.(type) {
 	case *Bootstrap:
 		return r.bootstrap(peer, m, now)
@@ -175,8 +179,6 @@ func (r *Receiver) Step(peer PeerID, m Message, now time.Time) error {
 		}
 		r.fence(m.Request, q, fmt.Errorf("%w: the sender gave up", ErrPeerFailed))
 		return nil
-	case nil:
-		return fmt.Errorf("%w: nil", ErrUnexpectedMessage)
 	}
 	return fmt.Errorf("%w: %s to a receiver", ErrUnexpectedMessage, m.Type())
 }

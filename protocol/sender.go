@@ -182,6 +182,9 @@ func (s *Sender) Computed(id RequestID) error {
 
 // Step handles a message from the receiver at peer.
 func (s *Sender) Step(peer PeerID, m Message) error {
+	if err := validate(m); err != nil {
+		return err
+	}
 	switch m := m.(type) {
 	case *Grant:
 		return s.admit(peer, m)
@@ -195,8 +198,6 @@ func (s *Sender) Step(peer PeerID, m Message) error {
 		}
 		s.abort(m.Request, q, fmt.Errorf("%w: the receiver aborted (reason %d)", ErrPeerFailed, m.Reason))
 		return nil
-	case nil:
-		return fmt.Errorf("%w: nil", ErrUnexpectedMessage)
 	}
 	return fmt.Errorf("%w: %s to a sender", ErrUnexpectedMessage, m.Type())
 }
