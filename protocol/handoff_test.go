@@ -518,3 +518,30 @@ func TestMalformedMessagesAreRefusedWithoutEffect(t *testing.T) {
 		t.Fatal("a refused message must change nothing")
 	}
 }
+
+// A failed WRITE means the queue pair is broken: the sender posts nothing more
+// on it, and fails the request once its posted WRITEs have completed.
+func TestFailedWriteStopsPostingAndFailsTheRequest(t *testing.T) {
+	l := newLink(t, 4)
+	l.submit(1, 16) // 4 pages; 2 WRITEs in flight at a time
+	l.deliverOne()  // Bootstrap
+	l.backOne()     // Grant: WRITEs 0 and 1 posted
+	if len(l.wire) != 2 {
+		t.Fatalf("%d ops posted, want 2", len(l.wire))
+	}
+	first := l.wire[0].Write
+	if err := l.s.Completed(first.ID, errors.New("remote access error")); err != nil {
+		t.Fatal(err)
+	}
+	l.collect()
+	if len(l.wire) != 2 {
+		t.Fatal("nothing more may be posted after a failed WRITE")
+	}
+	if err := l.s.Completed(l.wire[1].Write.ID, errors.New("flushed")); err != nil {
+		t.Fatal(err)
+	}
+	l.collect()
+	if !errors.Is(l.sOut[1], ErrPeerFailed) || l.s.Pool().Free() != 8 {
+		t.Fatalf("outcome %v, %d source pages free", l.sOut[1], l.s.Pool().Free())
+	}
+}

@@ -243,7 +243,7 @@ func (s *Sender) pagesFor(tokens uint32) int {
 
 // post posts WRITEs up to the in-flight bound, then Done after the last one.
 func (s *Sender) post(id RequestID, q *sendRequest) {
-	if q.phase != sendWriting || !q.computed {
+	if q.phase != sendWriting || !q.computed || q.failed != nil { // nothing more on a broken queue pair
 		return
 	}
 	for q.posted < len(q.src) && q.posted-q.completed < s.cfg.MaxInFlight {
