@@ -1,0 +1,400 @@
+// Package inproc is a pure-Go RDMA provider inside one process, with the
+// semantics of reliable-connected queue pairs (see package rdma): in-order
+// execution per queue pair, WRITE placed before a later SEND is delivered, a
+// completion only after placement, key and bounds violations that break the
+// queue pair, and ToError as a fence after which nothing lands.
+//
+// A WRITE is one copy, from the local registered region into the remote one,
+// the copy a NIC would do. Work requests run on a goroutine per queue pair, under
+// one fabric-wide execution lock that ToError also takes: when ToError returns,
+// no placement is in progress and none can start. The lock serializes
+// placements across queue pairs, which costs parallelism, not correctness.
+//
+// Fault hooks for tests and simulations: Pause and Resume (placements and
+// completions held back: a late WRITE), CorruptNext (the next WRITE's payload
+// is damaged in transit), and ToError on either side (a cut).
+//
+// Receive-not-ready is not retried: a SEND or WRITE WITH IMMEDIATE that finds
+// no posted RECV completes with ReceiverNotReady and breaks the queue pair, as
+// on hardware with rnr_retry = 0.
+package inproc
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/kvhandoff/kvhandoff/rdma"
+)
+
+// Fabric is a set of devices whose queue pairs can connect to each other.
+type Fabric struct {
+	name     string
+	mu       sync.Mutex // guards the tables
+	exec     sync.Mutex // held while a work request executes, and by ToError
+	qps      map[uint32]*QP
+	mrs      map[uint32]*mr // by rkey
+	nextQPN  uint32
+	nextKey  uint32
+	nextAddr uint64
+}
+
+// NewFabric returns an empty fabric.
+func NewFabric(name string) *Fabric {
+	return &Fabric{name: name, qps: map[uint32]*QP{}, mrs: map[uint32]*mr{}, nextQPN: 1, nextKey: 0x100, nextAddr: 1 << 32}
+}
+
+// Device returns a device on the fabric.
+func (f *Fabric) Device(name string) rdma.Device { return &device{f: f, name: name} }
+
+type device struct {
+	f    *Fabric
+	name string
+}
+
+func (d *device) Name() string { return d.name }
+
+func (d *device) AllocPD() (rdma.ProtectionDomain, error) { return &pd{f: d.f}, nil }
+
+func (d *device) CreateCQ(depth int) (rdma.CompletionQueue, error) {
+	if depth < 1 {
+		return nil, fmt.Errorf("%w: CQ depth %d", rdma.ErrBadRequest, depth)
+	}
+	return &cq{depth: depth, notify: make(chan struct{}, 1)}, nil
+}
+
+type pd struct{ f *Fabric }
+
+type mr struct {
+	pd     *pd
+	buf    []byte
+	addr   uint64
+	key    uint32
+	access rdma.Access
+}
+
+func (m *mr) Addr() uint64  { return m.addr }
+func (m *mr) Len() int      { return len(m.buf) }
+func (m *mr) LKey() uint32  { return m.key }
+func (m *mr) RKey() uint32  { return m.key }
+func (m *mr) Bytes() []byte { return m.buf }
+
+func (p *pd) Register(buf []byte, access rdma.Access) (rdma.MemoryRegion, error) {
+	if len(buf) == 0 {
+		return nil, fmt.Errorf("%w: empty region", rdma.ErrBadRequest)
+	}
+	f := p.f
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	m := &mr{pd: p, buf: buf, addr: f.nextAddr, key: f.nextKey, access: access}
+	f.nextKey++
+	f.nextAddr += uint64(len(buf)+4095) &^ 4095
+	f.mrs[m.key] = m
+	return m, nil
+}
+
+func (p *pd) CreateQP(sendCQ, recvCQ rdma.CompletionQueue, depth int) (rdma.QueuePair, error) {
+	s, ok1 := sendCQ.(*cq)
+	r, ok2 := recvCQ.(*cq)
+	if !ok1 || !ok2 || depth < 1 {
+		return nil, fmt.Errorf("%w: CQs of another provider, or depth %d", rdma.ErrBadRequest, depth)
+	}
+	f := p.f
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	q := &QP{f: f, pd: p, qpn: f.nextQPN, sendCQ: s, recvCQ: r, depth: depth, wake: make(chan struct{}, 1)}
+	f.nextQPN++
+	f.qps[q.qpn] = q
+	return q, nil
+}
+
+// cq is a completion queue.
+type cq struct {
+	mu     sync.Mutex
+	items  []rdma.Completion
+	depth  int
+	notify chan struct{}
+}
+
+func (c *cq) push(x rdma.Completion) {
+	c.mu.Lock()
+	c.items = append(c.items, x) // overrun is not modelled: the queue grows
+	c.mu.Unlock()
+	select {
+	case c.notify <- struct{}{}:
+	default:
+	}
+}
+
+func (c *cq) Poll(max int) []rdma.Completion {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := min(max, len(c.items))
+	out := append([]rdma.Completion(nil), c.items[:n]...)
+	c.items = c.items[n:]
+	return out
+}
+
+func (c *cq) Wait(max int, timeout time.Duration) []rdma.Completion {
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for {
+		if out := c.Poll(max); len(out) > 0 {
+			return out
+		}
+		select {
+		case <-c.notify:
+		case <-deadline.C:
+			return c.Poll(max)
+		}
+	}
+}
+
+// QP is a reliable-connected queue pair of the in-process provider.
+type QP struct {
+	f      *Fabric
+	pd     *pd
+	qpn    uint32
+	sendCQ *cq
+	recvCQ *cq
+	depth  int
+
+	mu      sync.Mutex
+	state   rdma.QPState
+	remote  *QP
+	sq      []rdma.WorkRequest
+	rq      []rdma.WorkRequest
+	paused  bool
+	corrupt bool
+	wake    chan struct{}
+}
+
+// Info implements rdma.QueuePair.
+func (q *QP) Info() rdma.ConnInfo { return rdma.ConnInfo{Fabric: q.f.name, QPN: q.qpn} }
+
+// State implements rdma.QueuePair.
+func (q *QP) State() rdma.QPState {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.state
+}
+
+// Connect implements rdma.QueuePair.
+func (q *QP) Connect(remote rdma.ConnInfo) error {
+	q.f.mu.Lock()
+	r := q.f.qps[remote.QPN]
+	q.f.mu.Unlock()
+	if remote.Fabric != q.f.name || r == nil {
+		return fmt.Errorf("%w: %+v", rdma.ErrUnknownPeer, remote)
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.state != rdma.StateReset {
+		return fmt.Errorf("%w: connect from state %d", rdma.ErrBadRequest, q.state)
+	}
+	q.remote, q.state = r, rdma.StateRTS
+	go q.run()
+	return nil
+}
+
+// PostSend implements rdma.QueuePair.
+func (q *QP) PostSend(wr rdma.WorkRequest) error {
+	if wr.Op != rdma.OpWrite && wr.Op != rdma.OpWriteImm && wr.Op != rdma.OpSend {
+		return fmt.Errorf("%w: %v on the send queue", rdma.ErrBadRequest, wr.Op)
+	}
+	if err := checkLocal(q.pd, wr.Local); err != nil {
+		return err
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	switch {
+	case q.state == rdma.StateError:
+		return rdma.ErrQPError
+	case q.state != rdma.StateRTS:
+		return rdma.ErrNotConnected
+	case len(q.sq) >= q.depth:
+		return rdma.ErrQueueFull
+	}
+	q.sq = append(q.sq, wr)
+	q.kick()
+	return nil
+}
+
+// PostRecv implements rdma.QueuePair.
+func (q *QP) PostRecv(wr rdma.WorkRequest) error {
+	if err := checkLocal(q.pd, wr.Local); err != nil {
+		return err
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	switch {
+	case q.state == rdma.StateError:
+		return rdma.ErrQPError
+	case len(q.rq) >= q.depth:
+		return rdma.ErrQueueFull
+	}
+	q.rq = append(q.rq, wr)
+	return nil
+}
+
+func checkLocal(p *pd, s rdma.SGE) error {
+	m, ok := s.MR.(*mr)
+	if !ok || m.pd != p || s.Offset < 0 || s.Length < 0 || s.Offset+s.Length > len(m.buf) {
+		return fmt.Errorf("%w: local buffer outside its region or not of this protection domain", rdma.ErrBadRequest)
+	}
+	return nil
+}
+
+// ToError implements rdma.QueuePair: every outstanding work request completes
+// with FlushError, and nothing posted on q lands after ToError returns.
+func (q *QP) ToError() error {
+	q.f.exec.Lock() // no placement in progress, none can start
+	defer q.f.exec.Unlock()
+	q.toError()
+	return nil
+}
+
+// toError flushes q; the caller holds f.exec.
+func (q *QP) toError() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.state == rdma.StateError {
+		return
+	}
+	q.state = rdma.StateError
+	for _, wr := range q.sq {
+		q.sendCQ.push(rdma.Completion{WRID: wr.ID, Op: wr.Op, Status: rdma.FlushError})
+	}
+	for _, wr := range q.rq {
+		q.recvCQ.push(rdma.Completion{WRID: wr.ID, Op: rdma.OpRecv, Status: rdma.FlushError})
+	}
+	q.sq, q.rq = nil, nil
+	q.kick()
+}
+
+// Pause holds back q's placements and completions (a late WRITE) until Resume.
+func (q *QP) Pause() {
+	q.mu.Lock()
+	q.paused = true
+	q.mu.Unlock()
+}
+
+// Resume lets q's work requests run again.
+func (q *QP) Resume() {
+	q.mu.Lock()
+	q.paused = false
+	q.kick()
+	q.mu.Unlock()
+}
+
+// CorruptNext damages the payload of the next WRITE q places.
+func (q *QP) CorruptNext() {
+	q.mu.Lock()
+	q.corrupt = true
+	q.mu.Unlock()
+}
+
+// kick wakes the worker; the caller holds q.mu.
+func (q *QP) kick() {
+	select {
+	case q.wake <- struct{}{}:
+	default:
+	}
+}
+
+// run executes q's send queue in order until q is in the error state.
+func (q *QP) run() {
+	for range q.wake {
+		for q.step() {
+		}
+		q.mu.Lock()
+		done := q.state == rdma.StateError
+		q.mu.Unlock()
+		if done {
+			return
+		}
+	}
+}
+
+// step executes the head of the send queue, if it may; it reports whether it did.
+func (q *QP) step() bool {
+	f := q.f
+	f.exec.Lock()
+	defer f.exec.Unlock()
+	q.mu.Lock()
+	if q.state != rdma.StateRTS || q.paused || len(q.sq) == 0 {
+		q.mu.Unlock()
+		return false
+	}
+	wr := q.sq[0]
+	q.sq = q.sq[1:]
+	corrupt := q.corrupt && wr.Op != rdma.OpSend
+	if corrupt {
+		q.corrupt = false
+	}
+	r := q.remote
+	q.mu.Unlock()
+
+	src := wr.Local.MR.Bytes()[wr.Local.Offset : wr.Local.Offset+wr.Local.Length]
+	fail := func(st rdma.Status, remoteToo bool) bool {
+		q.sendCQ.push(rdma.Completion{WRID: wr.ID, Op: wr.Op, Status: st})
+		q.toError()
+		if remoteToo {
+			r.toError()
+		}
+		return true
+	}
+	if r.State() != rdma.StateRTS {
+		return fail(rdma.FlushError, false) // the responder is gone: the request cannot complete
+	}
+	switch wr.Op {
+	case rdma.OpWrite, rdma.OpWriteImm:
+		f.mu.Lock()
+		m := f.mrs[wr.RKey]
+		f.mu.Unlock()
+		if m == nil || m.pd != r.pd || m.access&rdma.RemoteWrite == 0 ||
+			wr.RemoteAddr < m.addr || wr.RemoteAddr+uint64(len(src)) > m.addr+uint64(len(m.buf)) {
+			return fail(rdma.RemoteAccessError, true) // a NAK: both ends go to error, as on hardware
+		}
+		var recv rdma.WorkRequest
+		if wr.Op == rdma.OpWriteImm {
+			var ok bool
+			if recv, ok = r.takeRecv(); !ok {
+				return fail(rdma.ReceiverNotReady, true)
+			}
+		}
+		dst := m.buf[wr.RemoteAddr-m.addr:]
+		copy(dst, src)
+		if corrupt && len(src) > 0 {
+			dst[len(src)/2] ^= 0x5A
+		}
+		if wr.Op == rdma.OpWriteImm {
+			r.recvCQ.push(rdma.Completion{WRID: recv.ID, Op: rdma.OpRecvImm, Imm: wr.Imm, HasImm: true})
+		}
+	case rdma.OpSend:
+		recv, ok := r.takeRecv()
+		if !ok {
+			return fail(rdma.ReceiverNotReady, true)
+		}
+		if recv.Local.Length < len(src) {
+			r.recvCQ.push(rdma.Completion{WRID: recv.ID, Op: rdma.OpRecv, Status: rdma.LocalLengthError})
+			return fail(rdma.RemoteAccessError, true)
+		}
+		copy(recv.Local.MR.Bytes()[recv.Local.Offset:], src)
+		r.recvCQ.push(rdma.Completion{WRID: recv.ID, Op: rdma.OpRecv, Bytes: len(src), Imm: wr.Imm, HasImm: wr.HasImm})
+	}
+	q.sendCQ.push(rdma.Completion{WRID: wr.ID, Op: wr.Op})
+	return true
+}
+
+// takeRecv consumes the head of q's receive queue.
+func (q *QP) takeRecv() (rdma.WorkRequest, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.state != rdma.StateRTS || len(q.rq) == 0 {
+		return rdma.WorkRequest{}, false
+	}
+	wr := q.rq[0]
+	q.rq = q.rq[1:]
+	return wr, true
+}

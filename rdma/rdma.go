@@ -1,0 +1,182 @@
+// Package rdma is the transport kvhandoff's protocol needs, named as RDMA
+// people expect: a device, protection domains, memory regions with local and
+// remote keys, reliable-connected queue pairs connected by an out-of-band
+// exchange of their connection info, and completion queues. Work requests are
+// WRITE, WRITE WITH IMMEDIATE, SEND and RECV; completions carry a status that
+// includes flush errors; moving a queue pair to the error state is the fence.
+//
+// Providers implement these interfaces: package rdma/inproc (pure Go, one
+// process) today; a socket provider and a libibverbs provider (build tag
+// verbs) are still to come. Package rdma/rdmatest is the conformance suite
+// every provider must pass.
+//
+// The semantics a provider guarantees, on one queue pair, are those of an RC
+// queue pair on hardware:
+//   - work requests are executed in the order posted; a WRITE is placed before
+//     a later SEND on the same queue pair is delivered;
+//   - a successful completion means the operation has been placed (a WRITE's
+//     bytes are in the remote memory region);
+//   - a WRITE with a wrong remote key, outside the region or into a region
+//     without remote write access fails with RemoteAccessError, and breaks the
+//     queue pair, as on hardware: every later work request is flushed;
+//   - ToError flushes every outstanding work request (send and receive) with
+//     FlushError completions, and nothing posted on the queue pair lands after
+//     it returns.
+package rdma
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Access says what a memory region allows.
+type Access uint8
+
+// Access flags.
+const (
+	LocalWrite Access = 1 << iota
+	RemoteWrite
+	RemoteRead
+)
+
+// MemoryRegion is registered memory: the provider never moves it.
+type MemoryRegion interface {
+	Addr() uint64 // the address remote peers name in WRITEs
+	Len() int
+	LKey() uint32
+	RKey() uint32
+	Bytes() []byte // the registered memory itself
+}
+
+// Opcode is a work request's or completion's operation.
+type Opcode uint8
+
+// The operations.
+const (
+	OpWrite Opcode = iota + 1
+	OpWriteImm
+	OpSend
+	OpRecv
+	OpRecvImm // a receive completion consumed by a WRITE WITH IMMEDIATE
+)
+
+func (o Opcode) String() string {
+	switch o {
+	case OpWrite:
+		return "WRITE"
+	case OpWriteImm:
+		return "WRITE_WITH_IMM"
+	case OpSend:
+		return "SEND"
+	case OpRecv:
+		return "RECV"
+	case OpRecvImm:
+		return "RECV_RDMA_WITH_IMM"
+	}
+	return fmt.Sprintf("Opcode(%d)", o)
+}
+
+// Status is a completion's status.
+type Status uint8
+
+// The statuses; anything but Success means the queue pair is in the error state.
+const (
+	Success Status = iota
+	RemoteAccessError
+	LocalLengthError
+	FlushError
+	ReceiverNotReady
+)
+
+func (s Status) String() string {
+	return [...]string{"success", "remote access error", "local length error", "flushed", "receiver not ready"}[s]
+}
+
+// SGE is one local buffer of a work request: part of a registered region.
+type SGE struct {
+	MR     MemoryRegion
+	Offset int
+	Length int
+}
+
+// WorkRequest is posted on a queue pair. Remote fields apply to WRITEs.
+type WorkRequest struct {
+	ID         uint64
+	Op         Opcode
+	Local      SGE
+	RemoteAddr uint64
+	RKey       uint32
+	Imm        uint32 // OpWriteImm, OpSend (when HasImm)
+	HasImm     bool
+}
+
+// Completion reports a finished work request.
+type Completion struct {
+	WRID   uint64
+	Op     Opcode
+	Status Status
+	Bytes  int    // received bytes (RECV)
+	Imm    uint32 // immediate data, if HasImm
+	HasImm bool
+}
+
+// CompletionQueue collects completions.
+type CompletionQueue interface {
+	// Poll returns up to max completions without waiting.
+	Poll(max int) []Completion
+	// Wait returns at least one completion, or none after timeout.
+	Wait(max int, timeout time.Duration) []Completion
+}
+
+// QPState is a queue pair's state.
+type QPState uint8
+
+// The states a queue pair goes through.
+const (
+	StateReset QPState = iota
+	StateRTS           // connected: ready to send
+	StateError
+)
+
+// ConnInfo is what two peers exchange out of band to connect queue pairs.
+type ConnInfo struct {
+	Fabric string // the provider's name for where the queue pair lives
+	QPN    uint32
+}
+
+// QueuePair is a reliable-connected queue pair.
+type QueuePair interface {
+	Info() ConnInfo
+	// Connect takes the queue pair through INIT, RTR and RTS to the peer.
+	Connect(remote ConnInfo) error
+	// PostSend posts a WRITE, WRITE WITH IMMEDIATE or SEND.
+	PostSend(wr WorkRequest) error
+	// PostRecv posts a buffer for an incoming SEND or WRITE WITH IMMEDIATE.
+	PostRecv(wr WorkRequest) error
+	// ToError moves the queue pair to the error state: the fence.
+	ToError() error
+	State() QPState
+}
+
+// ProtectionDomain owns memory regions and queue pairs.
+type ProtectionDomain interface {
+	Register(buf []byte, access Access) (MemoryRegion, error)
+	CreateQP(sendCQ, recvCQ CompletionQueue, depth int) (QueuePair, error)
+}
+
+// Device is an RDMA device.
+type Device interface {
+	Name() string
+	AllocPD() (ProtectionDomain, error)
+	CreateCQ(depth int) (CompletionQueue, error)
+}
+
+// Errors of posting and connecting; errors of execution arrive as completions.
+var (
+	ErrNotConnected = errors.New("rdma: queue pair is not ready to send")
+	ErrQPError      = errors.New("rdma: queue pair is in the error state")
+	ErrQueueFull    = errors.New("rdma: work queue full")
+	ErrBadRequest   = errors.New("rdma: bad work request")
+	ErrUnknownPeer  = errors.New("rdma: no such queue pair")
+)
