@@ -1,0 +1,382 @@
+// Package transfer runs the handoff protocol over an RDMA provider: a
+// protocol.Sender on the prefill node and a protocol.Receiver on the decode
+// node, joined by one reliable-connected queue pair.
+//
+// The decode node's pages are one registered region. Page p's payload sits at
+// p*(PageBytes+TagSize) and its tag record right after it, so a grant names a
+// page by the address and key of that slot. Each page the sender writes is two
+// WRITEs on the queue pair, the payload and then its tag record, and Done is a
+// SEND behind them: reliable-connected ordering guarantees that when Done
+// arrives every WRITE before it has been placed. Control messages are SENDs of
+// protocol frames into receive buffers each side keeps posted. A cut is the
+// queue pair's error state, followed by QueuePairFenced and Flushed.
+//
+// Link is single-threaded: Pump polls both completion queues and carries
+// effects until nothing more happens. The provider's own goroutines place the
+// WRITEs; Pump waits for their completions.
+package transfer
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/kvhandoff/kvhandoff/protocol"
+	"github.com/kvhandoff/kvhandoff/rdma"
+)
+
+// Config sizes a Link.
+type Config struct {
+	DecodePages  int
+	PrefillPages int
+	PageTokens   int
+	PageBytes    int
+	Timeout      time.Duration // decode's timeout for a reserved request
+}
+
+const (
+	msgSlot   = 512 // bytes per control-message buffer (frames are far smaller)
+	recvSlots = 64  // receive buffers each side keeps posted
+	sendSlots = 256 // send buffers in rotation on each side
+)
+
+// Link is one prefill node and one decode node over one queue pair.
+type Link struct {
+	cfg               Config
+	Sender            *protocol.Sender
+	Receiver          *protocol.Receiver
+	qpP, qpD          rdma.QueuePair // prefill's and decode's ends
+	cqP, cqD          rdma.CompletionQueue
+	src, kv           rdma.MemoryRegion // prefill source pages; decode pages with tag slots
+	tagOut            rdma.MemoryRegion // staging for outgoing tag records
+	inP, inD          rdma.MemoryRegion // receive buffers
+	outP, outD        rdma.MemoryRegion // send buffers
+	nextTag, nextOutP int
+	nextOutD          int
+	wrs               map[uint64]wrKind // outstanding work requests on the prefill side
+	sendsD            int               // decode's SENDs not yet completed
+	nextWR            uint64
+	Outcomes          map[protocol.RequestID][2]error // [prefill, decode] outcome
+	reported          map[protocol.RequestID][2]bool
+	Verified          []protocol.RequestID
+	now               time.Time
+	fenced            bool
+}
+
+type wrKind struct {
+	write   uint64 // the protocol's WRITE id; 0 for a SEND
+	payload bool   // the payload half of a page's two WRITEs
+}
+
+// Slot is where decode page p lives in the decode region.
+func (l *Link) slot(p uint32) int { return int(p) * (l.cfg.PageBytes + protocol.TagSize) }
+
+// decodeMemory lets the receiver read its pages and tag records.
+type decodeMemory struct{ l *Link }
+
+func (m decodeMemory) Payload(p uint32) []byte {
+	o := m.l.slot(p)
+	return m.l.kv.Bytes()[o : o+m.l.cfg.PageBytes]
+}
+
+func (m decodeMemory) TagRecord(p uint32) []byte {
+	o := m.l.slot(p) + m.l.cfg.PageBytes
+	return m.l.kv.Bytes()[o : o+protocol.TagSize]
+}
+
+type sourceMemory struct{ l *Link }
+
+func (m sourceMemory) Page(p uint32) []byte {
+	return m.l.src.Bytes()[int(p)*m.l.cfg.PageBytes : int(p+1)*m.l.cfg.PageBytes]
+}
+
+// SourcePage is prefill source page p, for the engine to compute KV into.
+func (l *Link) SourcePage(p uint32) []byte { return sourceMemory{l}.Page(p) }
+
+// DecodePage is decode page p's payload, for the engine to read.
+func (l *Link) DecodePage(p uint32) []byte { return decodeMemory{l}.Payload(p) }
+
+// New builds a link on two devices of a provider and connects its queue pair.
+func New(cfg Config, prefill, decode rdma.Device) (*Link, error) {
+	l := &Link{cfg: cfg, wrs: map[uint64]wrKind{}, Outcomes: map[protocol.RequestID][2]error{},
+		reported: map[protocol.RequestID][2]bool{}, now: time.Unix(0, 0)}
+	pdP, err := prefill.AllocPD()
+	if err != nil {
+		return nil, err
+	}
+	pdD, err := decode.AllocPD()
+	if err != nil {
+		return nil, err
+	}
+	reg := func(pd rdma.ProtectionDomain, size int, a rdma.Access) rdma.MemoryRegion {
+		if err != nil {
+			return nil
+		}
+		var m rdma.MemoryRegion
+		m, err = pd.Register(make([]byte, size), a)
+		return m
+	}
+	l.src = reg(pdP, cfg.PrefillPages*cfg.PageBytes, rdma.LocalWrite)
+	l.tagOut = reg(pdP, sendSlots*protocol.TagSize, rdma.LocalWrite)
+	l.inP = reg(pdP, recvSlots*msgSlot, rdma.LocalWrite)
+	l.outP = reg(pdP, sendSlots*msgSlot, rdma.LocalWrite)
+	l.kv = reg(pdD, cfg.DecodePages*(cfg.PageBytes+protocol.TagSize), rdma.LocalWrite|rdma.RemoteWrite)
+	l.inD = reg(pdD, recvSlots*msgSlot, rdma.LocalWrite)
+	l.outD = reg(pdD, sendSlots*msgSlot, rdma.LocalWrite)
+	if err != nil {
+		return nil, err
+	}
+	if l.cqP, err = prefill.CreateCQ(4096); err != nil {
+		return nil, err
+	}
+	if l.cqD, err = decode.CreateCQ(4096); err != nil {
+		return nil, err
+	}
+	if l.qpP, err = pdP.CreateQP(l.cqP, l.cqP, 1024); err != nil {
+		return nil, err
+	}
+	if l.qpD, err = pdD.CreateQP(l.cqD, l.cqD, 1024); err != nil {
+		return nil, err
+	}
+	if err = l.qpP.Connect(l.qpD.Info()); err != nil {
+		return nil, err
+	}
+	if err = l.qpD.Connect(l.qpP.Info()); err != nil {
+		return nil, err
+	}
+	for i := 0; i < recvSlots; i++ {
+		l.qpP.PostRecv(rdma.WorkRequest{ID: recvID(i), Op: rdma.OpRecv, Local: rdma.SGE{MR: l.inP, Offset: i * msgSlot, Length: msgSlot}})
+		l.qpD.PostRecv(rdma.WorkRequest{ID: recvID(i), Op: rdma.OpRecv, Local: rdma.SGE{MR: l.inD, Offset: i * msgSlot, Length: msgSlot}})
+	}
+	if l.Sender, err = protocol.NewSender(protocol.SenderConfig{Pages: cfg.PrefillPages, PageTokens: cfg.PageTokens, Memory: sourceMemory{l}}); err != nil {
+		return nil, err
+	}
+	kvAddr, kvKey := l.kv.Addr(), l.kv.RKey()
+	if l.Receiver, err = protocol.NewReceiver(protocol.ReceiverConfig{Pages: cfg.DecodePages, PageTokens: cfg.PageTokens,
+		Timeout: cfg.Timeout, Memory: decodeMemory{l},
+		Region: func(p uint32) (uint64, uint32) { return kvAddr + uint64(l.slot(p)), kvKey }}); err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// recvID marks receive work requests apart from sends.
+func recvID(i int) uint64 { return 1<<63 | uint64(i) }
+
+// The single peer on each side of the one queue pair.
+const (
+	prefillPeer = protocol.PeerID(1)
+	decodePeer  = protocol.PeerID(2)
+)
+
+// Submit starts a request: intake, then the KV the engine computes (compute
+// fills each source page), then the handoff.
+func (l *Link) Submit(id protocol.RequestID, tokens int, compute func(i int, page []byte)) error {
+	pages, err := l.Sender.Submit(id, decodePeer, tokens)
+	if err != nil {
+		return err
+	}
+	for i, p := range pages {
+		compute(i, l.SourcePage(p))
+	}
+	return l.Sender.Computed(id)
+}
+
+// send encodes a control message into the next send buffer and posts it.
+func (l *Link) send(qp rdma.QueuePair, out rdma.MemoryRegion, next *int, m protocol.Message, id uint64) error {
+	off := (*next % sendSlots) * msgSlot
+	*next++
+	frame, err := protocol.AppendMessage(out.Bytes()[off:off:off+msgSlot], m)
+	if err != nil {
+		return err
+	}
+	if len(frame) > msgSlot {
+		return fmt.Errorf("transfer: %s frame of %d bytes exceeds a message buffer", m.Type(), len(frame))
+	}
+	return qp.PostSend(rdma.WorkRequest{ID: id, Op: rdma.OpSend, Local: rdma.SGE{MR: out, Offset: off, Length: len(frame)}})
+}
+
+// carry posts the effects of both state machines.
+func (l *Link) carry() error {
+	se := l.Sender.Effects()
+	for _, op := range se.Ops {
+		if w := op.Write; w != nil {
+			l.nextWR++
+			pay := l.nextWR
+			l.wrs[pay] = wrKind{write: w.ID, payload: true}
+			err := l.qpP.PostSend(rdma.WorkRequest{ID: pay, Op: rdma.OpWrite,
+				Local:      rdma.SGE{MR: l.src, Offset: int(w.Source) * l.cfg.PageBytes, Length: l.cfg.PageBytes},
+				RemoteAddr: w.Remote.Addr, RKey: w.Remote.Key})
+			if err := l.refused(pay, err); err != nil {
+				return err
+			}
+			off := (l.nextTag % sendSlots) * protocol.TagSize
+			l.nextTag++
+			copy(l.tagOut.Bytes()[off:], w.Tag)
+			l.nextWR++
+			l.wrs[l.nextWR] = wrKind{write: w.ID}
+			err = l.qpP.PostSend(rdma.WorkRequest{ID: l.nextWR, Op: rdma.OpWrite,
+				Local:      rdma.SGE{MR: l.tagOut, Offset: off, Length: protocol.TagSize},
+				RemoteAddr: w.Remote.Addr + uint64(l.cfg.PageBytes), RKey: w.Remote.Key})
+			if err := l.refused(l.nextWR, err); err != nil {
+				return err
+			}
+			continue
+		}
+		l.nextWR++
+		l.wrs[l.nextWR] = wrKind{}
+		if err := l.refused(l.nextWR, l.send(l.qpP, l.outP, &l.nextOutP, op.Msg, l.nextWR)); err != nil {
+			return err
+		}
+	}
+	l.record(se.Outcomes, 0)
+	re := l.Receiver.Effects()
+	for _, s := range re.Sends {
+		switch err := l.send(l.qpD, l.outD, &l.nextOutD, s.Msg, 0); {
+		case err == nil:
+			l.sendsD++
+		case !errors.Is(err, rdma.ErrQPError): // after a cut, posts are refused: nothing to send
+			return err
+		}
+	}
+	l.Verified = append(l.Verified, re.Verified...)
+	l.record(re.Outcomes, 1)
+	for range re.Cuts {
+		l.Cut()
+	}
+	return nil
+}
+
+// refused handles a post's error: a queue pair in the error state (after a
+// cut) refuses posts, and the work request is then not in flight.
+func (l *Link) refused(id uint64, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, rdma.ErrQPError):
+		delete(l.wrs, id)
+		return nil
+	}
+	return err
+}
+
+func (l *Link) record(outs []protocol.Outcome, side int) {
+	for _, o := range outs {
+		v, r := l.Outcomes[o.Request], l.reported[o.Request]
+		v[side], r[side] = o.Err, true
+		l.Outcomes[o.Request], l.reported[o.Request] = v, r
+	}
+}
+
+// Reported says whether both nodes reported request id's outcome.
+func (l *Link) Reported(id protocol.RequestID) bool {
+	r := l.reported[id]
+	return r[0] && r[1]
+}
+
+// Cut moves both ends of the queue pair to the error state (the fence) and
+// tells both state machines; Pump then drains the flush completions.
+func (l *Link) Cut() {
+	l.qpP.ToError()
+	l.qpD.ToError()
+	l.fenced = true
+	l.Receiver.QueuePairFenced(prefillPeer)
+	l.Sender.Flushed(decodePeer)
+}
+
+// Pump carries effects and handles completions until nothing is in flight or
+// the wait for a completion times out; it returns how many completions it handled.
+func (l *Link) Pump(timeout time.Duration) (int, error) {
+	handled := 0
+	for {
+		if err := l.carry(); err != nil {
+			return handled, err
+		}
+		cs := l.cqP.Poll(64)
+		ds := l.cqD.Poll(64)
+		if len(cs)+len(ds) == 0 {
+			if len(l.wrs) == 0 && l.sendsD == 0 {
+				return handled, nil
+			}
+			cs = l.cqP.Wait(64, timeout)
+			ds = l.cqD.Poll(64)
+			if len(cs)+len(ds) == 0 {
+				ds = l.cqD.Wait(64, timeout)
+			}
+			if len(cs)+len(ds) == 0 {
+				return handled, nil
+			}
+		}
+		handled += len(cs) + len(ds)
+		for _, c := range cs {
+			if err := l.prefillCompletion(c); err != nil {
+				return handled, err
+			}
+		}
+		for _, c := range ds {
+			if err := l.decodeCompletion(c); err != nil {
+				return handled, err
+			}
+		}
+	}
+}
+
+func statusErr(c rdma.Completion) error {
+	if c.Status == rdma.Success {
+		return nil
+	}
+	return fmt.Errorf("rdma: %v completion: %v", c.Op, c.Status)
+}
+
+func (l *Link) prefillCompletion(c rdma.Completion) error {
+	if c.WRID&(1<<63) != 0 { // a message from decode
+		if c.Status != rdma.Success {
+			return nil // flushed receive buffer
+		}
+		i := int(c.WRID &^ (1 << 63))
+		m, _, err := protocol.DecodeMessage(l.inP.Bytes()[i*msgSlot : i*msgSlot+c.Bytes])
+		if err != nil {
+			return err
+		}
+		l.qpP.PostRecv(rdma.WorkRequest{ID: c.WRID, Op: rdma.OpRecv, Local: rdma.SGE{MR: l.inP, Offset: i * msgSlot, Length: msgSlot}})
+		if err := l.Sender.Step(decodePeer, m); err != nil && !errors.Is(err, protocol.ErrUnknownRequest) {
+			return err
+		}
+		return nil
+	}
+	k, ok := l.wrs[c.WRID]
+	if !ok {
+		return fmt.Errorf("transfer: completion for unknown work request %d", c.WRID)
+	}
+	delete(l.wrs, c.WRID)
+	if k.write == 0 {
+		return nil // a SEND
+	}
+	if k.payload && c.Status == rdma.Success {
+		return nil // the tag record's completion reports the page
+	}
+	if err := l.Sender.Completed(k.write, statusErr(c)); err != nil && !errors.Is(err, protocol.ErrUnknownRequest) {
+		return err
+	}
+	return nil
+}
+
+func (l *Link) decodeCompletion(c rdma.Completion) error {
+	if c.WRID&(1<<63) == 0 {
+		l.sendsD-- // one of decode's own SENDs
+		return nil
+	}
+	if c.Status != rdma.Success {
+		return nil // a flushed receive buffer
+	}
+	i := int(c.WRID &^ (1 << 63))
+	m, _, err := protocol.DecodeMessage(l.inD.Bytes()[i*msgSlot : i*msgSlot+c.Bytes])
+	if err != nil {
+		return err
+	}
+	l.qpD.PostRecv(rdma.WorkRequest{ID: c.WRID, Op: rdma.OpRecv, Local: rdma.SGE{MR: l.inD, Offset: i * msgSlot, Length: msgSlot}})
+	if err := l.Receiver.Step(prefillPeer, m, l.now); err != nil && !errors.Is(err, protocol.ErrUnknownRequest) {
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,145 @@
+package transfer
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/kvhandoff/kvhandoff/protocol"
+	"github.com/kvhandoff/kvhandoff/rdma/inproc"
+)
+
+const pageBytes = 4096
+
+func newLink(t *testing.T) (*Link, *inproc.QP) {
+	t.Helper()
+	f := inproc.NewFabric(t.Name())
+	l, err := New(Config{DecodePages: 64, PrefillPages: 32, PageTokens: 16, PageBytes: pageBytes, Timeout: time.Hour},
+		f.Device("prefill"), f.Device("decode"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l, l.qpP.(*inproc.QP)
+}
+
+func kv(id protocol.RequestID, i int) []byte {
+	return bytes.Repeat([]byte{byte(id), byte(i), 0xA5, 0x5A}, pageBytes/4)
+}
+
+func compute(id protocol.RequestID) func(int, []byte) {
+	return func(i int, page []byte) { copy(page, kv(id, i)) }
+}
+
+// pump runs the link until it settles, and reads every verified request the
+// way the engine would: acquire, compare the bytes with what was computed, finish.
+func pump(t *testing.T, l *Link) {
+	t.Helper()
+	for {
+		n, err := l.Pump(10 * time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		read := len(l.Verified)
+		for _, id := range l.Verified {
+			refs, err := l.Receiver.Acquire(id)
+			if err != nil {
+				continue
+			}
+			for i, ref := range refs {
+				if !bytes.Equal(l.DecodePage(ref.Page), kv(id, i)) {
+					t.Fatalf("request %d page %d: decode would read foreign KV", id, i)
+				}
+			}
+			l.Receiver.Finish(id)
+		}
+		l.Verified = nil
+		if n == 0 && read == 0 {
+			return
+		}
+	}
+}
+
+func TestManyRequestsMoveVerifiedBytesEndToEnd(t *testing.T) {
+	l, _ := newLink(t)
+	for id := protocol.RequestID(1); id <= 20; id++ {
+		if err := l.Submit(id, int(id)*5, compute(id)); err != nil { // 1 to 7 pages
+			t.Fatal(err)
+		}
+		pump(t, l)
+	}
+	for id := protocol.RequestID(1); id <= 20; id++ {
+		if o := l.Outcomes[id]; !l.Reported(id) || o[0] != nil || o[1] != nil {
+			t.Fatalf("request %d: outcomes %v", id, o)
+		}
+	}
+	if l.Receiver.Pool().Free() != 64 || l.Sender.Pool().Free() != 32 {
+		t.Fatal("pages leaked")
+	}
+}
+
+// A request cancelled while its WRITEs are held in the network keeps its pages
+// quarantined until the sender's AbortAck, which follows those WRITEs.
+func TestCancelledMidTransferIsFenced(t *testing.T) {
+	l, qp := newLink(t)
+	pages, err := l.Sender.Submit(1, decodePeer, 64) // 4 pages; the KV is not computed yet
+	if err != nil {
+		t.Fatal(err)
+	}
+	pump(t, l) // Bootstrap, Grant: the sender waits for the KV
+	qp.Pause() // WRITEs posted from now on wait in the network
+	for i, p := range pages {
+		compute(1)(i, l.SourcePage(p))
+	}
+	l.Sender.Computed(1)
+	l.Pump(50 * time.Millisecond)
+	l.Receiver.Cancel(1)
+	l.Sender.Cancel(1)
+	l.Pump(50 * time.Millisecond)
+	if l.Receiver.Pool().Quarantined() != 4 {
+		t.Fatalf("%d pages quarantined while WRITEs are in flight, want 4", l.Receiver.Pool().Quarantined())
+	}
+	qp.Resume()
+	pump(t, l)
+	o := l.Outcomes[1]
+	if !errors.Is(o[0], protocol.ErrCancelled) || !errors.Is(o[1], protocol.ErrCancelled) {
+		t.Fatalf("outcomes %v", o)
+	}
+	if l.Receiver.Pool().Free() != 64 || l.Sender.Pool().Free() != 32 {
+		t.Fatal("the fence must release every page")
+	}
+}
+
+func TestCorruptedPayloadFailsByChecksum(t *testing.T) {
+	l, qp := newLink(t)
+	qp.CorruptNext()
+	if err := l.Submit(1, 16, compute(1)); err != nil {
+		t.Fatal(err)
+	}
+	pump(t, l)
+	if o := l.Outcomes[1]; !errors.Is(o[1], protocol.ErrChecksumMismatch) {
+		t.Fatalf("outcomes %v", o)
+	}
+	if l.Receiver.Pool().Free() != 64 {
+		t.Fatal("a failed request must release its pages")
+	}
+}
+
+func TestCutFencesAndFailsBothLegs(t *testing.T) {
+	l, qp := newLink(t)
+	if err := l.Submit(1, 16, compute(1)); err != nil {
+		t.Fatal(err)
+	}
+	qp.Pause()
+	l.Pump(50 * time.Millisecond)
+	l.Cut()
+	qp.Resume()
+	pump(t, l)
+	o := l.Outcomes[1]
+	if !errors.Is(o[0], protocol.ErrPeerFailed) {
+		t.Fatalf("outcomes %v", o)
+	}
+	if l.Receiver.Pool().Free() != 64 || l.Sender.Pool().Free() != 32 {
+		t.Fatal("pages leaked after the cut")
+	}
+}
