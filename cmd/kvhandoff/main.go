@@ -5,7 +5,8 @@
 //	kvhandoff check --matrix         the defense matrix
 //	kvhandoff check --simulate       seeded random walks instead of exhaustion
 //	kvhandoff sim [flags]            seeded simulation of the implementation
-//	kvhandoff lincheck [flags]       linearizability of the concurrent receiver API
+//	kvhandoff lincheck [flags]       linearizability of the concurrent APIs
+//	kvhandoff bench transfer         the transport's throughput against a memory copy
 package main
 
 import (
@@ -23,7 +24,8 @@ const usage = `usage: kvhandoff <command> [flags]
 commands:
   check     model-check the executable spec of the handoff protocol
   sim       simulate the protocol implementation over seeded workloads and faults
-  lincheck  check the concurrent receiver API for linearizability
+  lincheck  check the concurrent APIs for linearizability
+  bench     bench transfer: the transport's throughput against a memory copy
 
 kvhandoff <command> -h lists a command's flags.
 `
@@ -41,6 +43,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return runSim(args[1:], stdout, stderr)
 	case "lincheck":
 		return runLincheck(args[1:], stdout, stderr)
+	case "bench":
+		return runBench(args[1:], stdout, stderr)
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0

@@ -211,3 +211,20 @@ func TestLincheckJSON(t *testing.T) {
 		t.Fatalf("a bad switch: exit %d", code)
 	}
 }
+
+func TestBenchTransferJSON(t *testing.T) {
+	code, out, _ := runCLI(t, "bench", "transfer", "--json", "--bytes", "1048576", "--reps", "1")
+	var r struct {
+		Rows []struct {
+			Provider, Baseline        string
+			PageBytes                 int     `json:"page_bytes"`
+			Gbps, BaselineGbps, Ratio float64 `json:"-"`
+		} `json:"rows"`
+	}
+	if err := json.Unmarshal([]byte(out), &r); err != nil || code != 0 || len(r.Rows) != 6 || r.Rows[0].PageBytes != 4096 || r.Rows[5].PageBytes != 4<<20 {
+		t.Fatalf("exit %d, %+v, %v\n%s", code, r, err, out)
+	}
+	if code, _, _ := runCLI(t, "bench"); code != 2 {
+		t.Fatalf("bench without a target: exit %d", code)
+	}
+}
