@@ -8,11 +8,11 @@ import (
 
 // Summary aggregates runs over consecutive seeds.
 type Summary struct {
-	First, Seeds int
-	Requests     int
-	Outcomes     map[string]int
-	FailedBy     map[string]int // failed requests by the error that decided them
-	Violations   int
+	Seeds      int
+	Requests   int
+	Outcomes   map[string]int
+	FailedBy   map[string]int // failed requests by the error that decided them
+	Violations int
 	// FirstViolation is the failing run with the smallest seed, trace included.
 	FirstViolation *SimResult
 	PagesLeaked    int
@@ -29,7 +29,7 @@ func RunSeeds(cfg SimConfig, first uint64, n int) *Summary {
 		c.Seed = first + uint64(i)
 		results[i] = Simulate(c)
 	})
-	s := &Summary{First: int(first), Seeds: n, Outcomes: map[string]int{OutcomeOK: 0, OutcomeRejected: 0, OutcomeCancelled: 0, OutcomeFailed: 0},
+	s := &Summary{Seeds: n, Outcomes: map[string]int{OutcomeOK: 0, OutcomeRejected: 0, OutcomeCancelled: 0, OutcomeFailed: 0},
 		FailedBy: map[string]int{}}
 	for _, r := range results {
 		s.Requests += r.Requests

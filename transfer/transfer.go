@@ -60,7 +60,6 @@ type Link struct {
 	reported          map[protocol.RequestID][2]bool
 	Verified          []protocol.RequestID
 	now               time.Time
-	fenced            bool
 }
 
 type wrKind struct {
@@ -279,7 +278,6 @@ func (l *Link) Reported(id protocol.RequestID) bool {
 func (l *Link) Cut() {
 	l.qpP.ToError()
 	l.qpD.ToError()
-	l.fenced = true
 	l.Receiver.QueuePairFenced(prefillPeer)
 	l.Sender.Flushed(decodePeer)
 }

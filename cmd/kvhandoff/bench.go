@@ -2,8 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"text/tabwriter"
@@ -26,23 +24,15 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stderr, benchUsage)
 		return 2
 	}
-	fs := flag.NewFlagSet("bench transfer", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, benchUsage)
-		fs.PrintDefaults()
-	}
+	fs := newFlags("bench transfer", benchUsage, stderr)
 	total := fs.Int("bytes", 64<<20, "bytes moved per round and page size")
 	reps := fs.Int("reps", 3, "rounds; the best one counts")
 	jsonOut := fs.Bool("json", false, "print exactly one JSON object on stdout")
-	if err := fs.Parse(args[1:]); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	if code := parseFlags(fs, args[1:], stderr); code >= 0 {
+		return code
 	}
-	if *total < 4<<10 || *reps < 1 || fs.NArg() > 0 {
-		fmt.Fprintln(stderr, "kvhandoff bench transfer: --bytes must be at least 4096 and --reps at least 1, no arguments")
+	if *total < 4<<10 || *reps < 1 {
+		fmt.Fprintln(stderr, "kvhandoff bench transfer: --bytes must be at least 4096 and --reps at least 1")
 		return 2
 	}
 	type row struct {

@@ -2,8 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 
@@ -23,12 +21,7 @@ flags:
 `
 
 func runLincheck(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("lincheck", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, lincheckUsage)
-		fs.PrintDefaults()
-	}
+	fs := newFlags("lincheck", lincheckUsage, stderr)
 	clients := fs.Int("clients", 16, "goroutines: one transport poller, the rest decode workers")
 	ops := fs.Int("ops", 100000, "operations to record")
 	faults := fs.Bool("faults", false, "queue-pair cuts and fire-and-forget cancels (outcome unknown)")
@@ -36,15 +29,8 @@ func runLincheck(args []string, stdout, stderr io.Writer) int {
 	seed := fs.Uint64("seed", 1, "the workload's choices (the interleaving is the scheduler's)")
 	dir := fs.String("dir", "", "where to write the visualization (default: the temporary directory)")
 	jsonOut := fs.Bool("json", false, "print exactly one JSON object on stdout")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "kvhandoff lincheck: unexpected argument %q\n", fs.Arg(0))
-		return 2
+	if code := parseFlags(fs, args, stderr); code >= 0 {
+		return code
 	}
 	if *clients < 2 || *ops < 1 {
 		fmt.Fprintln(stderr, "kvhandoff lincheck: --clients must be at least 2 and --ops at least 1")

@@ -10,6 +10,8 @@
 package main
 
 import (
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -51,4 +53,31 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stderr, "kvhandoff: unknown command %q\n%s", args[0], usage)
 	return 2
+}
+
+// newFlags is a command's flag set; errors and usage go to stderr.
+func newFlags(name, usage string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, usage)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parseFlags parses a command's arguments. It returns -1 to go on, or the exit
+// status to stop with: 0 after -h, 2 for a bad flag or a stray argument.
+func parseFlags(fs *flag.FlagSet, args []string, stderr io.Writer) int {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "kvhandoff %s: unexpected argument %q\n", fs.Name(), fs.Arg(0))
+		return 2
+	}
+	return -1
 }

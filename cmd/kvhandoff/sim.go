@@ -2,8 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"maps"
@@ -28,26 +26,14 @@ flags:
 `
 
 func runSim(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("sim", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, simUsage)
-		fs.PrintDefaults()
-	}
+	fs := newFlags("sim", simUsage, stderr)
 	seeds := fs.Int("seeds", 1000, "number of seeds to run")
 	seed := fs.Uint64("seed", 1, "first seed")
 	bugs := fs.String("bug", "", "implementation switches to turn on, comma-separated")
 	requests := fs.Int("requests", 24, "requests per seed")
 	jsonOut := fs.Bool("json", false, "print exactly one JSON object on stdout")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "kvhandoff sim: unexpected argument %q\n", fs.Arg(0))
-		return 2
+	if code := parseFlags(fs, args, stderr); code >= 0 {
+		return code
 	}
 	if *seeds < 1 || *requests < 1 || *requests > 10000 {
 		fmt.Fprintln(stderr, "kvhandoff sim: --seeds must be at least 1 and --requests 1..10000")

@@ -202,26 +202,15 @@ func (q *QP) PostSend(wr rdma.WorkRequest) error {
 	if wr.Op != rdma.OpWrite && wr.Op != rdma.OpWriteImm && wr.Op != rdma.OpSend {
 		return fmt.Errorf("%w: %v on the send queue", rdma.ErrBadRequest, wr.Op)
 	}
-	if err := checkLocal(q.pd, wr.Local); err != nil {
-		return err
-	}
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	switch {
-	case q.state == rdma.StateError:
-		return rdma.ErrQPError
-	case q.state != rdma.StateRTS:
-		return rdma.ErrNotConnected
-	case len(q.sq) >= q.depth:
-		return rdma.ErrQueueFull
-	}
-	q.sq = append(q.sq, wr)
-	q.kick()
-	return nil
+	return q.post(&q.sq, wr, true)
 }
 
-// PostRecv implements rdma.QueuePair.
-func (q *QP) PostRecv(wr rdma.WorkRequest) error {
+// PostRecv implements rdma.QueuePair. Receives may be posted before the queue
+// pair is connected, as on hardware.
+func (q *QP) PostRecv(wr rdma.WorkRequest) error { return q.post(&q.rq, wr, false) }
+
+// post appends wr to one of q's work queues, after the checks both share.
+func (q *QP) post(queue *[]rdma.WorkRequest, wr rdma.WorkRequest, needRTS bool) error {
 	if err := checkLocal(q.pd, wr.Local); err != nil {
 		return err
 	}
@@ -230,10 +219,15 @@ func (q *QP) PostRecv(wr rdma.WorkRequest) error {
 	switch {
 	case q.state == rdma.StateError:
 		return rdma.ErrQPError
-	case len(q.rq) >= q.depth:
+	case needRTS && q.state != rdma.StateRTS:
+		return rdma.ErrNotConnected
+	case len(*queue) >= q.depth:
 		return rdma.ErrQueueFull
 	}
-	q.rq = append(q.rq, wr)
+	*queue = append(*queue, wr)
+	if needRTS {
+		q.kick() // sends run on q's worker; receives are taken by the peer's
+	}
 	return nil
 }
 
