@@ -139,7 +139,9 @@ type Options struct {
 	// SkipLiveness disables the liveness check (and its memory for edges).
 	SkipLiveness bool
 	// MaxRejects bounds how many counterexamples per property CheckAccepting's
-	// accept function may refuse (default 2000 for safety, 64 for liveness);
+	// accept function may refuse (default 100000: with a partner switch that
+	// fails alone, refused candidates number in the thousands, and stopping
+	// early would leave a combination undecided);
 	// past that the property counts as holding and Result.Truncated is set.
 	MaxRejects int
 }
@@ -245,21 +247,16 @@ func CheckAccepting[S any, A comparable](m Model[S, A], props Properties[S], opt
 		return g
 	}
 	rejects := map[string]int{}
-	maxRejects := func(kind Kind) int {
-		switch {
-		case opt.MaxRejects > 0:
-			return opt.MaxRejects
-		case kind == Liveness:
-			return 64
-		}
-		return 2000
+	maxRejects := opt.MaxRejects
+	if maxRejects <= 0 {
+		maxRejects = 100000
 	}
 	// report records a violation; it returns accepted=false when Accept refused it.
 	report := func(prop string, kind Kind, idx int32) (bool, error) {
 		if found[prop] {
 			return true, nil
 		}
-		if rejects[prop] >= maxRejects(kind) {
+		if rejects[prop] >= maxRejects {
 			return false, nil
 		}
 		trace, err := rebuild(m, inits, parents, actions, fps, idx)
@@ -268,7 +265,7 @@ func CheckAccepting[S any, A comparable](m Model[S, A], props Properties[S], opt
 		}
 		if accept != nil && !accept(Violation[S, A]{Property: prop, Kind: kind, Trace: trace}) {
 			rejects[prop]++
-			if rejects[prop] >= maxRejects(kind) {
+			if rejects[prop] >= maxRejects {
 				res.Truncated = true
 			}
 			return false, nil
@@ -467,7 +464,7 @@ func CheckAccepting[S any, A comparable](m Model[S, A], props Properties[S], opt
 	if liveness && !stopAfter {
 		res.Stats.Acyclic = acyclic(len(parents), edges)
 		for gi, g := range goals {
-			for _, idx := range unreachableGoal(len(parents), edges, goalBits, uint64(1)<<gi, badState, maxRejects(Liveness)) {
+			for _, idx := range unreachableGoal(len(parents), edges, goalBits, uint64(1)<<gi, badState, maxRejects) {
 				ok, err := report(g.Name, Liveness, idx)
 				if err != nil {
 					return nil, err

@@ -26,6 +26,9 @@ type Matrix struct {
 	Rows    []MatrixRow
 	MaxSize int
 	Runs    int // explorations performed
+	// Truncated lists combinations whose counterexample search gave up (the
+	// necessity filter refused too many candidates): their "holds" is not conclusive.
+	Truncated []spec.Switches
 	// Combos holds the report of every combination that exposed something,
 	// keyed by its switches.
 	Combos map[spec.Switches]*Report
@@ -90,6 +93,9 @@ func DefenseMatrix(cfg spec.Config, maxSize int, opt Options, progress func(set 
 		for i, set := range sets {
 			if !results[i].OK {
 				x.Combos[set] = results[i]
+			}
+			if results[i].Truncated {
+				x.Truncated = append(x.Truncated, set)
 			}
 		}
 		for _, s := range all {
@@ -204,6 +210,21 @@ func CheckNeeding(cfg spec.Config, opt Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	accept, err := needing(cfg)
+	if err != nil {
+		return nil, err
+	}
+	res, err := checker.CheckAccepting(m, Properties(m), checkerOptions(Options{Workers: 1, MaxStates: opt.MaxStates}), accept)
+	if err != nil {
+		return nil, err
+	}
+	return report(m, res), nil
+}
+
+// needing returns the counterexample filter for cfg: it accepts a violation only
+// if, with any one switch of cfg.Bugs turned off, the same actions no longer
+// violate the same property.
+func needing(cfg spec.Config) (func(checker.Violation[spec.State, spec.Action]) bool, error) {
 	var without []*spec.Model
 	for _, s := range spec.AllSwitches() {
 		if cfg.Bugs.Has(s) {
@@ -216,19 +237,14 @@ func CheckNeeding(cfg spec.Config, opt Options) (*Report, error) {
 			without = append(without, mw)
 		}
 	}
-	accept := func(v checker.Violation[spec.State, spec.Action]) bool {
+	return func(v checker.Violation[spec.State, spec.Action]) bool {
 		for _, mw := range without {
 			if stillViolates(mw, v) {
 				return false
 			}
 		}
 		return true
-	}
-	res, err := checker.CheckAccepting(m, Properties(m), checkerOptions(Options{Workers: 1, MaxStates: opt.MaxStates}), accept)
-	if err != nil {
-		return nil, err
-	}
-	return report(m, res), nil
+	}, nil
 }
 
 // stillViolates replays v's actions on mw and reports whether they are all
