@@ -6,7 +6,9 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/anishathalye/porcupine"
@@ -63,22 +65,14 @@ func (cfg *Config) defaults() error {
 	return nil
 }
 
-// newBudget is a channel holding one token per operation to record; the
-// recording goroutines stop when it runs dry.
-func newBudget(n int) chan struct{} {
-	b := make(chan struct{}, n)
-	for range n {
-		b <- struct{}{}
-	}
-	close(b)
-	return b
-}
-
 // fault records a fault that hits every request on a queue pair: one operation
-// in each request's partition, with the fault's own times, and an annotation
-// for the visualization.
-func (r *recorder) fault(kind OpKind, peer protocol.PeerID, requests int, call, ret int64, what string) {
-	for id := protocol.RequestID(1); int(id) <= requests; id++ {
+// in each touched request's partition, with the fault's own times, and an
+// annotation for the visualization. Requests above upTo (the highest any client
+// can have reached; the frontier does not move during the fault) are still in
+// state none, where a fault changes nothing and every later operation comes
+// after it, so leaving them out changes no verdict.
+func (r *recorder) fault(kind OpKind, peer protocol.PeerID, upTo protocol.RequestID, call, ret int64, what string) {
+	for id := protocol.RequestID(1); id <= upTo; id++ {
 		if protocol.PeerID(int(id)%peers) == peer {
 			r.add(0, Input{kind, id}, call, Output{OK: true}, ret)
 		}
@@ -86,6 +80,60 @@ func (r *recorder) fault(kind OpKind, peer protocol.PeerID, requests int, call, 
 	r.mu.Lock()
 	r.notes = append(r.notes, porcupine.Annotation{Tag: "faults", Start: call, End: ret, Description: what, BackgroundColor: "#ffd6d6"})
 	r.mu.Unlock()
+}
+
+// workers starts client goroutines 1..cfg.Clients-1, each with its own seeded
+// generator, which share n operations (act makes one). Each worker spreads its
+// operations over the transport's run: its k-th waits until the transport's
+// frontier has reached the matching share of the requests (or the transport is
+// done), so that calls race with every request's Bootstrap and Done rather than
+// piling up on the first ones.
+func workers(cfg Config, n, requests int, frontier *atomic.Uint64, transportDone *atomic.Bool, wg *sync.WaitGroup, act func(c int, rng *rand.Rand)) {
+	clients := cfg.Clients - 1
+	for c := 1; c <= clients; c++ {
+		ops := n / clients
+		if c <= n%clients {
+			ops++
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(cfg.Seed, uint64(c)))
+			for k := range ops {
+				for target := uint64(1 + k*requests/ops); frontier.Load() < target && !transportDone.Load(); {
+					runtime.Gosched()
+				}
+				act(c, rng)
+			}
+		}()
+	}
+}
+
+// transportShare is how many operations the transport records for a run of n:
+// about two per request (Bootstrap and Done, or Grant and a completion).
+func transportShare(n int) (requests, ops int) {
+	requests = max(4, n/12)
+	return requests, min(n-1, 2*requests)
+}
+
+// near picks a request around the transport's frontier (from ahead of it down
+// over spread requests, never below 1), so that workers race with the transport.
+func near(frontier *atomic.Uint64, rng *rand.Rand, ahead, spread int) protocol.RequestID {
+	return protocol.RequestID(max(1, int(frontier.Load())+ahead-rng.IntN(spread)))
+}
+
+// cancel calls do(id) and records it as an operation of kind. With async it is
+// fire-and-forget: the caller does not wait, so the outcome is unknown and the
+// operation returns at infinity (it may take effect any time after its call).
+func (r *recorder) cancel(c int, kind OpKind, id protocol.RequestID, async bool, do func(protocol.RequestID)) {
+	call := r.now()
+	if async {
+		go do(id)
+		r.add(c, Input{kind, id}, call, Output{OK: true, Unknown: true}, math.MaxInt64)
+		return
+	}
+	do(id)
+	r.add(c, Input{kind, id}, call, Output{OK: true}, r.now())
 }
 
 // pageMemory is the decode node's pages. Only the transport goroutine writes
@@ -104,7 +152,7 @@ func Run(cfg Config) (*Result, error) {
 		return nil, err
 	}
 	start := time.Now()
-	requests := max(4, cfg.Ops/12)
+	requests, transportOps := transportShare(cfg.Ops)
 	mem := &pageMemory{}
 	for range requests {
 		mem.payload = append(mem.payload, make([]byte, 32))
@@ -116,26 +164,22 @@ func Run(cfg Config) (*Result, error) {
 		return nil, err
 	}
 	rec := &recorder{start: time.Now()}
-	var frontier sync.Map // highest request the transport has started, for the workers
-	frontier.Store(0, protocol.RequestID(1))
+	var frontier atomic.Uint64 // the highest request the transport has started
+	frontier.Store(1)
 	var wg sync.WaitGroup
-	budget := newBudget(cfg.Ops)
-	done := make(chan struct{})
+	var transportDone atomic.Bool
 
 	// The transport's poller: Bootstrap, the sender's WRITEs (payload and tag
 	// record), Done; and, with faults, queue-pair cuts.
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		defer close(done)
+		defer transportDone.Store(true)
 		rng := rand.New(rand.NewPCG(cfg.Seed, 0))
 		now := time.Unix(0, 0)
 		for id := protocol.RequestID(1); int(id) <= requests; id++ {
-			frontier.Store(0, id)
+			frontier.Store(uint64(id))
 			peer := protocol.PeerID(int(id) % peers)
-			if _, ok := <-budget; !ok {
-				return
-			}
 			call := rec.now()
 			err := recv.Step(peer, &protocol.Bootstrap{Request: id, Tokens: 4}, now)
 			rec.add(0, Input{OpBootstrap, id}, call, Output{OK: err == nil}, rec.now())
@@ -151,10 +195,7 @@ func Run(cfg Config) (*Result, error) {
 				call := rec.now()
 				recv.QueuePairFenced(cut)
 				ret := rec.now()
-				rec.fault(OpCut, cut, requests, call, ret, fmt.Sprintf("cut queue pair %d", cut))
-			}
-			if _, ok := <-budget; !ok {
-				return
+				rec.fault(OpCut, cut, id, call, ret, fmt.Sprintf("cut queue pair %d", cut)) // workers reach up to the frontier
 			}
 			call = rec.now()
 			err = recv.Step(peer, &protocol.Done{Request: id, Tokens: 4, Pages: 1}, now)
@@ -165,40 +206,24 @@ func Run(cfg Config) (*Result, error) {
 
 	// Decode workers: status, acquire, finish, and the router's cancels, on
 	// requests near the transport's frontier so that they race with it.
-	for c := 1; c < cfg.Clients; c++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rng := rand.New(rand.NewPCG(cfg.Seed, uint64(c)))
-			for range budget {
-				f, _ := frontier.Load(0)
-				top := int(f.(protocol.RequestID))
-				id := protocol.RequestID(max(1, top-rng.IntN(4)))
-				call := rec.now()
-				switch x := rng.IntN(10); {
-				case x < 3:
-					st := recv.Status(id)
-					rec.add(c, Input{OpStatus, id}, call, Output{OK: true, Status: st}, rec.now())
-				case x < 6:
-					_, err := recv.Acquire(id)
-					rec.add(c, Input{OpAcquire, id}, call, Output{OK: err == nil}, rec.now())
-				case x < 8:
-					err := recv.Finish(id)
-					rec.add(c, Input{OpFinish, id}, call, Output{OK: err == nil}, rec.now())
-				case cfg.Faults && x == 9:
-					// Fire-and-forget: the caller does not wait, so the outcome is
-					// unknown; it may take effect any time after the call.
-					go recv.Cancel(id)
-					rec.add(c, Input{OpCancel, id}, call, Output{OK: true, Unknown: true}, math.MaxInt64)
-				default:
-					recv.Cancel(id)
-					rec.add(c, Input{OpCancel, id}, call, Output{OK: true}, rec.now())
-				}
-			}
-		}()
-	}
+	workers(cfg, cfg.Ops-transportOps, requests, &frontier, &transportDone, &wg, func(c int, rng *rand.Rand) {
+		id := near(&frontier, rng, 0, 4)
+		call := rec.now()
+		switch x := rng.IntN(10); {
+		case x < 3:
+			st := recv.Status(id)
+			rec.add(c, Input{OpStatus, id}, call, Output{OK: true, Status: st}, rec.now())
+		case x < 6:
+			_, err := recv.Acquire(id)
+			rec.add(c, Input{OpAcquire, id}, call, Output{OK: err == nil}, rec.now())
+		case x < 8:
+			err := recv.Finish(id)
+			rec.add(c, Input{OpFinish, id}, call, Output{OK: err == nil}, rec.now())
+		default:
+			rec.cancel(c, OpCancel, id, cfg.Faults && x == 9, recv.Cancel)
+		}
+	})
 	wg.Wait()
-	<-done
 	// Let fire-and-forget cancels land before the run is torn down.
 	time.Sleep(10 * time.Millisecond)
 

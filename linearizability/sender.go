@@ -2,10 +2,10 @@ package linearizability
 
 import (
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/anishathalye/porcupine"
@@ -147,15 +147,15 @@ func RunSender(cfg Config) (*Result, error) {
 		return nil, err
 	}
 	start := time.Now()
-	requests := max(4, cfg.Ops/12)
+	requests, transportOps := transportShare(cfg.Ops)
 	snd, err := protocol.NewSharedSender(protocol.SenderConfig{Pages: requests, PageTokens: 4, Memory: sourceMemory{}})
 	if err != nil {
 		return nil, err
 	}
 	rec := &recorder{start: time.Now()}
-	var frontier sync.Map
-	frontier.Store(0, protocol.RequestID(1))
-	budget := newBudget(cfg.Ops)
+	var frontier atomic.Uint64 // the highest request the transport has started
+	frontier.Store(1)
+	var transportDone atomic.Bool
 	var wg sync.WaitGroup
 
 	// The transport's poller: a grant for every request (known to the sender
@@ -163,14 +163,12 @@ func RunSender(cfg Config) (*Result, error) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
+		defer transportDone.Store(true)
 		rng := rand.New(rand.NewPCG(cfg.Seed, 0))
 		pending := map[uint64]protocol.RequestID{}
 		for id := protocol.RequestID(1); int(id) <= requests; id++ {
-			frontier.Store(0, id)
+			frontier.Store(uint64(id))
 			peer := protocol.PeerID(int(id) % peers)
-			if _, ok := <-budget; !ok {
-				return
-			}
 			call := rec.now()
 			err := snd.Step(peer, &protocol.Grant{Request: id, Tokens: 4, Pages: []protocol.PageGrant{{Page: uint32(id), Epoch: 1}}})
 			rec.add(0, Input{OpGrant, id}, call, Output{OK: err == nil}, rec.now())
@@ -184,7 +182,7 @@ func RunSender(cfg Config) (*Result, error) {
 				call := rec.now()
 				snd.Flushed(cut)
 				ret := rec.now()
-				rec.fault(OpFlush, cut, requests, call, ret, fmt.Sprintf("queue pair %d flushed", cut))
+				rec.fault(OpFlush, cut, id+2, call, ret, fmt.Sprintf("queue pair %d flushed", cut)) // workers reach 2 past the frontier
 			}
 			ids := make([]uint64, 0, len(pending))
 			for wid := range pending {
@@ -192,9 +190,6 @@ func RunSender(cfg Config) (*Result, error) {
 			}
 			sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
 			for _, wid := range ids {
-				if _, ok := <-budget; !ok {
-					return
-				}
 				call := rec.now()
 				err := snd.Completed(wid, nil)
 				rec.add(0, Input{OpComplete, pending[wid]}, call, Output{OK: err == nil}, rec.now())
@@ -204,36 +199,24 @@ func RunSender(cfg Config) (*Result, error) {
 	}()
 
 	// Prefill workers and the router, on requests near the transport's frontier.
-	for c := 1; c < cfg.Clients; c++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rng := rand.New(rand.NewPCG(cfg.Seed, uint64(c)))
-			for range budget {
-				f, _ := frontier.Load(0)
-				id := protocol.RequestID(max(1, int(f.(protocol.RequestID))+2-rng.IntN(5)))
-				peer := protocol.PeerID(int(id) % peers)
-				call := rec.now()
-				switch x := rng.IntN(10); {
-				case x < 3:
-					_, err := snd.Submit(id, peer, 4)
-					rec.add(c, Input{OpSubmit, id}, call, Output{OK: err == nil}, rec.now())
-				case x < 5:
-					err := snd.Computed(id)
-					rec.add(c, Input{OpComputed, id}, call, Output{OK: err == nil}, rec.now())
-				case x < 8:
-					st := snd.Status(id)
-					rec.add(c, Input{OpSenderStatus, id}, call, Output{OK: true, Status: st}, rec.now())
-				case cfg.Faults && x == 9:
-					go snd.Cancel(id)
-					rec.add(c, Input{OpSenderCancel, id}, call, Output{OK: true, Unknown: true}, math.MaxInt64)
-				default:
-					snd.Cancel(id)
-					rec.add(c, Input{OpSenderCancel, id}, call, Output{OK: true}, rec.now())
-				}
-			}
-		}()
-	}
+	workers(cfg, cfg.Ops-transportOps, requests, &frontier, &transportDone, &wg, func(c int, rng *rand.Rand) {
+		id := near(&frontier, rng, 2, 5) // up to 2 past the frontier: Flush copies reach as far
+		peer := protocol.PeerID(int(id) % peers)
+		call := rec.now()
+		switch x := rng.IntN(10); {
+		case x < 3:
+			_, err := snd.Submit(id, peer, 4)
+			rec.add(c, Input{OpSubmit, id}, call, Output{OK: err == nil}, rec.now())
+		case x < 5:
+			err := snd.Computed(id)
+			rec.add(c, Input{OpComputed, id}, call, Output{OK: err == nil}, rec.now())
+		case x < 8:
+			st := snd.Status(id)
+			rec.add(c, Input{OpSenderStatus, id}, call, Output{OK: true, Status: st}, rec.now())
+		default:
+			rec.cancel(c, OpSenderCancel, id, cfg.Faults && x == 9, snd.Cancel)
+		}
+	})
 	wg.Wait()
 	time.Sleep(10 * time.Millisecond)
 	return check(SenderModel.ToModel(), rec, cfg, start)
