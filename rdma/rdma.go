@@ -6,9 +6,10 @@
 // includes flush errors; moving a queue pair to the error state is the fence.
 //
 // Providers implement these interfaces: package rdma/inproc (pure Go, one
-// process) today; a socket provider and a libibverbs provider (build tag
-// verbs) are still to come. Package rdma/rdmatest is the conformance suite
-// every provider must pass.
+// process), package rdma/socket (pure Go, between processes over a stream
+// socket) and package rdma/verbs (libibverbs through cgo, build tag verbs).
+// Package rdma/rdmatest is the conformance suite every provider passes, and
+// the same handoff tests run over each (package transfer).
 //
 // The semantics a provider guarantees, on one queue pair, are those of an RC
 // queue pair on hardware:
@@ -20,8 +21,16 @@
 //     without remote write access fails with RemoteAccessError, and breaks the
 //     queue pair, as on hardware: every later work request is flushed;
 //   - ToError flushes every outstanding work request (send and receive) with
-//     FlushError completions, and nothing posted on the queue pair lands after
-//     it returns.
+//     FlushError completions. On the responder, the queue pair whose memory is
+//     written, nothing lands after ToError returns: that is the fence a
+//     receiver relies on before it reuses a page. On the requester, work
+//     requests already on the wire may still be placed, as on hardware, so a
+//     fence is always taken on the responder's queue pair.
+//
+// Memory a peer writes must never move. ProtectionDomain.Alloc returns memory
+// the provider owns (for verbs, mmap'd memory outside the Go heap);
+// ProtectionDomain.Register takes memory the caller owns, which for verbs must
+// also lie outside the Go heap.
 package rdma
 
 import (
@@ -87,11 +96,17 @@ const (
 	LocalLengthError
 	FlushError
 	ReceiverNotReady
+	TransportError // retries exhausted, or another error of the connection
 )
 
 func (s Status) String() string {
-	return [...]string{"success", "remote access error", "local length error", "flushed", "receiver not ready"}[s]
+	if int(s) < len(statusNames) {
+		return statusNames[s]
+	}
+	return fmt.Sprintf("Status(%d)", s)
 }
+
+var statusNames = [...]string{"success", "remote access error", "local length error", "flushed", "receiver not ready", "transport error"}
 
 // SGE is one local buffer of a work request: part of a registered region.
 type SGE struct {
@@ -141,8 +156,11 @@ const (
 
 // ConnInfo is what two peers exchange out of band to connect queue pairs.
 type ConnInfo struct {
-	Fabric string // the provider's name for where the queue pair lives
-	QPN    uint32
+	Fabric string   // where the queue pair lives: a fabric name, a socket address, a device name
+	QPN    uint32   // queue pair number
+	GID    [16]byte // verbs: the port's GID (RoCE v2: ::ffff:a.b.c.d)
+	LID    uint16   // verbs: the port's LID (InfiniBand; 0 on RoCE)
+	PSN    uint32   // verbs: the first packet sequence number the queue pair sends
 }
 
 // QueuePair is a reliable-connected queue pair.
@@ -161,6 +179,11 @@ type QueuePair interface {
 
 // ProtectionDomain owns memory regions and queue pairs.
 type ProtectionDomain interface {
+	// Alloc registers size bytes of zeroed memory that the provider owns and
+	// never moves, for as long as the device is open.
+	Alloc(size int, access Access) (MemoryRegion, error)
+	// Register registers memory the caller owns. It must never move: for the
+	// verbs provider, memory outside the Go heap (mmap'd, C or device memory).
 	Register(buf []byte, access Access) (MemoryRegion, error)
 	CreateQP(sendCQ, recvCQ CompletionQueue, depth int) (QueuePair, error)
 }
@@ -170,6 +193,22 @@ type Device interface {
 	Name() string
 	AllocPD() (ProtectionDomain, error)
 	CreateCQ(depth int) (CompletionQueue, error)
+	// Close moves every queue pair made on the device to the error state and
+	// releases what the device holds. Memory from Alloc is invalid after it.
+	Close() error
+}
+
+// Faults are the fault hooks every provider's queue pairs offer, for tests
+// and simulations. Together with ToError (a cut) they are the transport's
+// faults of the protocol's model.
+type Faults interface {
+	// Pause holds back the queue pair's work requests: nothing is placed and
+	// nothing completes (a late WRITE) until Resume.
+	Pause()
+	// Resume lets the held work requests run, in order.
+	Resume()
+	// CorruptNext damages the payload of the next WRITE in transit.
+	CorruptNext()
 }
 
 // Errors of posting and connecting; errors of execution arrive as completions.

@@ -112,7 +112,7 @@ func New(cfg Config, prefill, decode rdma.Device) (*Link, error) {
 			return nil
 		}
 		var m rdma.MemoryRegion
-		m, err = pd.Register(make([]byte, size), a)
+		m, err = pd.Alloc(size, a)
 		return m
 	}
 	l.src = reg(pdP, cfg.PrefillPages*cfg.PageBytes, rdma.LocalWrite)
@@ -296,12 +296,7 @@ func (l *Link) Pump(timeout time.Duration) (int, error) {
 			if len(l.wrs) == 0 && l.sendsD == 0 {
 				return handled, nil
 			}
-			cs = l.cqP.Wait(64, timeout)
-			ds = l.cqD.Poll(64)
-			if len(cs)+len(ds) == 0 {
-				ds = l.cqD.Wait(64, timeout)
-			}
-			if len(cs)+len(ds) == 0 {
+			if cs, ds = l.waitEither(timeout); len(cs)+len(ds) == 0 {
 				return handled, nil
 			}
 		}
@@ -315,6 +310,24 @@ func (l *Link) Pump(timeout time.Duration) (int, error) {
 			if err := l.decodeCompletion(c); err != nil {
 				return handled, err
 			}
+		}
+	}
+}
+
+// waitEither waits up to timeout for a completion on either side's queue, in
+// slices of at most a millisecond on each, so neither side waits behind the other.
+func (l *Link) waitEither(timeout time.Duration) (cs, ds []rdma.Completion) {
+	deadline := time.Now().Add(timeout)
+	for slice := 50 * time.Microsecond; ; slice = min(2*slice, time.Millisecond) {
+		cs = l.cqP.Wait(64, slice)
+		ds = l.cqD.Poll(64)
+		if len(cs)+len(ds) > 0 {
+			return cs, ds
+		}
+		ds = l.cqD.Wait(64, slice)
+		cs = l.cqP.Poll(64)
+		if len(cs)+len(ds) > 0 || time.Now().After(deadline) {
+			return cs, ds
 		}
 	}
 }

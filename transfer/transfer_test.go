@@ -3,24 +3,52 @@ package transfer
 import (
 	"bytes"
 	"errors"
+	"maps"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/kvhandoff/kvhandoff/protocol"
+	"github.com/kvhandoff/kvhandoff/rdma"
 	"github.com/kvhandoff/kvhandoff/rdma/inproc"
+	"github.com/kvhandoff/kvhandoff/rdma/socket"
 )
 
 const pageBytes = 4096
 
-func newLink(t *testing.T) (*Link, *inproc.QP) {
-	t.Helper()
-	f := inproc.NewFabric(t.Name())
-	l, err := New(Config{DecodePages: 64, PrefillPages: 32, PageTokens: 16, PageBytes: pageBytes, Timeout: time.Hour},
-		f.Device("prefill"), f.Device("decode"))
-	if err != nil {
-		t.Fatal(err)
+// providers are the transports every handoff test runs over: each makes a
+// prefill device and a decode device. verbs_test.go adds verbs under its tag.
+var providers = map[string]func(t *testing.T) (prefill, decode rdma.Device){
+	"inproc": func(t *testing.T) (rdma.Device, rdma.Device) {
+		f := inproc.NewFabric(t.Name())
+		return f.Device("prefill"), f.Device("decode")
+	},
+	"socket": func(t *testing.T) (rdma.Device, rdma.Device) {
+		listen := func() rdma.Device {
+			d, err := socket.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { d.Close() })
+			return d
+		}
+		return listen(), listen()
+	},
+}
+
+// overEachProvider runs test once per provider.
+func overEachProvider(t *testing.T, test func(t *testing.T, l *Link, faults rdma.Faults)) {
+	for _, name := range slices.Sorted(maps.Keys(providers)) {
+		t.Run(name, func(t *testing.T) {
+			prefill, decode := providers[name](t)
+			l, err := New(Config{DecodePages: 64, PrefillPages: 32, PageTokens: 16, PageBytes: pageBytes, Timeout: time.Hour},
+				prefill, decode)
+			if err != nil {
+				t.Fatal(err)
+			}
+			test(t, l, l.qpP.(rdma.Faults))
+		})
 	}
-	return l, l.qpP.(*inproc.QP)
 }
 
 func kv(id protocol.RequestID, i int) []byte {
@@ -60,8 +88,9 @@ func pump(t *testing.T, l *Link) {
 	}
 }
 
-func TestManyRequestsMoveVerifiedBytesEndToEnd(t *testing.T) {
-	l, _ := newLink(t)
+func TestManyRequestsMoveVerifiedBytesEndToEnd(t *testing.T) { overEachProvider(t, manyRequests) }
+
+func manyRequests(t *testing.T, l *Link, _ rdma.Faults) {
 	for id := protocol.RequestID(1); id <= 20; id++ {
 		if err := l.Submit(id, int(id)*5, compute(id)); err != nil { // 1 to 7 pages
 			t.Fatal(err)
@@ -80,8 +109,9 @@ func TestManyRequestsMoveVerifiedBytesEndToEnd(t *testing.T) {
 
 // A request cancelled while its WRITEs are held in the network keeps its pages
 // quarantined until the sender's AbortAck, which follows those WRITEs.
-func TestCancelledMidTransferIsFenced(t *testing.T) {
-	l, qp := newLink(t)
+func TestCancelledMidTransferIsFenced(t *testing.T) { overEachProvider(t, cancelledMidTransfer) }
+
+func cancelledMidTransfer(t *testing.T, l *Link, qp rdma.Faults) {
 	pages, err := l.Sender.Submit(1, decodePeer, 64) // 4 pages; the KV is not computed yet
 	if err != nil {
 		t.Fatal(err)
@@ -110,8 +140,9 @@ func TestCancelledMidTransferIsFenced(t *testing.T) {
 	}
 }
 
-func TestCorruptedPayloadFailsByChecksum(t *testing.T) {
-	l, qp := newLink(t)
+func TestCorruptedPayloadFailsByChecksum(t *testing.T) { overEachProvider(t, corruptedPayload) }
+
+func corruptedPayload(t *testing.T, l *Link, qp rdma.Faults) {
 	qp.CorruptNext()
 	if err := l.Submit(1, 16, compute(1)); err != nil {
 		t.Fatal(err)
@@ -125,8 +156,9 @@ func TestCorruptedPayloadFailsByChecksum(t *testing.T) {
 	}
 }
 
-func TestCutFencesAndFailsBothLegs(t *testing.T) {
-	l, qp := newLink(t)
+func TestCutFencesAndFailsBothLegs(t *testing.T) { overEachProvider(t, cutFences) }
+
+func cutFences(t *testing.T, l *Link, qp rdma.Faults) {
 	if err := l.Submit(1, 16, compute(1)); err != nil {
 		t.Fatal(err)
 	}

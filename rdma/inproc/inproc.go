@@ -22,9 +22,9 @@ package inproc
 import (
 	"fmt"
 	"sync"
-	"time"
 
 	"github.com/kvhandoff/kvhandoff/rdma"
+	"github.com/kvhandoff/kvhandoff/rdma/internal/softcq"
 )
 
 // Fabric is a set of devices whose queue pairs can connect to each other.
@@ -54,16 +54,35 @@ type device struct {
 
 func (d *device) Name() string { return d.name }
 
-func (d *device) AllocPD() (rdma.ProtectionDomain, error) { return &pd{f: d.f}, nil }
+func (d *device) AllocPD() (rdma.ProtectionDomain, error) { return &pd{f: d.f, dev: d}, nil }
 
 func (d *device) CreateCQ(depth int) (rdma.CompletionQueue, error) {
 	if depth < 1 {
 		return nil, fmt.Errorf("%w: CQ depth %d", rdma.ErrBadRequest, depth)
 	}
-	return &cq{depth: depth, notify: make(chan struct{}, 1)}, nil
+	return softcq.New(), nil
 }
 
-type pd struct{ f *Fabric }
+// Close moves the device's queue pairs to the error state.
+func (d *device) Close() error {
+	d.f.mu.Lock()
+	var mine []*QP
+	for _, q := range d.f.qps {
+		if q.pd.dev == d {
+			mine = append(mine, q)
+		}
+	}
+	d.f.mu.Unlock()
+	for _, q := range mine {
+		q.ToError()
+	}
+	return nil
+}
+
+type pd struct {
+	f   *Fabric
+	dev *device
+}
 
 type mr struct {
 	pd     *pd
@@ -78,6 +97,15 @@ func (m *mr) Len() int      { return len(m.buf) }
 func (m *mr) LKey() uint32  { return m.key }
 func (m *mr) RKey() uint32  { return m.key }
 func (m *mr) Bytes() []byte { return m.buf }
+
+// Alloc implements rdma.ProtectionDomain: Go memory never moves under this
+// provider, so it is simply registered.
+func (p *pd) Alloc(size int, access rdma.Access) (rdma.MemoryRegion, error) {
+	if size <= 0 {
+		return nil, fmt.Errorf("%w: region of %d bytes", rdma.ErrBadRequest, size)
+	}
+	return p.Register(make([]byte, size), access)
+}
 
 func (p *pd) Register(buf []byte, access rdma.Access) (rdma.MemoryRegion, error) {
 	if len(buf) == 0 {
@@ -94,8 +122,8 @@ func (p *pd) Register(buf []byte, access rdma.Access) (rdma.MemoryRegion, error)
 }
 
 func (p *pd) CreateQP(sendCQ, recvCQ rdma.CompletionQueue, depth int) (rdma.QueuePair, error) {
-	s, ok1 := sendCQ.(*cq)
-	r, ok2 := recvCQ.(*cq)
+	s, ok1 := sendCQ.(*softcq.Queue)
+	r, ok2 := recvCQ.(*softcq.Queue)
 	if !ok1 || !ok2 || depth < 1 {
 		return nil, fmt.Errorf("%w: CQs of another provider, or depth %d", rdma.ErrBadRequest, depth)
 	}
@@ -108,55 +136,13 @@ func (p *pd) CreateQP(sendCQ, recvCQ rdma.CompletionQueue, depth int) (rdma.Queu
 	return q, nil
 }
 
-// cq is a completion queue.
-type cq struct {
-	mu     sync.Mutex
-	items  []rdma.Completion
-	depth  int
-	notify chan struct{}
-}
-
-func (c *cq) push(x rdma.Completion) {
-	c.mu.Lock()
-	c.items = append(c.items, x) // overrun is not modelled: the queue grows
-	c.mu.Unlock()
-	select {
-	case c.notify <- struct{}{}:
-	default:
-	}
-}
-
-func (c *cq) Poll(max int) []rdma.Completion {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	n := min(max, len(c.items))
-	out := append([]rdma.Completion(nil), c.items[:n]...)
-	c.items = c.items[n:]
-	return out
-}
-
-func (c *cq) Wait(max int, timeout time.Duration) []rdma.Completion {
-	deadline := time.NewTimer(timeout)
-	defer deadline.Stop()
-	for {
-		if out := c.Poll(max); len(out) > 0 {
-			return out
-		}
-		select {
-		case <-c.notify:
-		case <-deadline.C:
-			return c.Poll(max)
-		}
-	}
-}
-
 // QP is a reliable-connected queue pair of the in-process provider.
 type QP struct {
 	f      *Fabric
 	pd     *pd
 	qpn    uint32
-	sendCQ *cq
-	recvCQ *cq
+	sendCQ *softcq.Queue
+	recvCQ *softcq.Queue
 	depth  int
 
 	mu      sync.Mutex
@@ -244,23 +230,28 @@ func checkLocal(p *pd, s rdma.SGE) error {
 func (q *QP) ToError() error {
 	q.f.exec.Lock() // no placement in progress, none can start
 	defer q.f.exec.Unlock()
-	q.toError()
+	q.toError(nil)
 	return nil
 }
 
-// toError flushes q; the caller holds f.exec.
-func (q *QP) toError() {
+// toError flushes q; the caller holds f.exec. A failed work request's own
+// completion, head, comes before the flushes, and q is in the error state
+// before any of them is seen.
+func (q *QP) toError(head *rdma.Completion) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.state == rdma.StateError {
 		return
 	}
 	q.state = rdma.StateError
+	if head != nil {
+		q.sendCQ.Push(*head)
+	}
 	for _, wr := range q.sq {
-		q.sendCQ.push(rdma.Completion{WRID: wr.ID, Op: wr.Op, Status: rdma.FlushError})
+		q.sendCQ.Push(rdma.Completion{WRID: wr.ID, Op: wr.Op, Status: rdma.FlushError})
 	}
 	for _, wr := range q.rq {
-		q.recvCQ.push(rdma.Completion{WRID: wr.ID, Op: rdma.OpRecv, Status: rdma.FlushError})
+		q.recvCQ.Push(rdma.Completion{WRID: wr.ID, Op: rdma.OpRecv, Status: rdma.FlushError})
 	}
 	q.sq, q.rq = nil, nil
 	q.kick()
@@ -331,10 +322,9 @@ func (q *QP) step() bool {
 
 	src := wr.Local.MR.Bytes()[wr.Local.Offset : wr.Local.Offset+wr.Local.Length]
 	fail := func(st rdma.Status, remoteToo bool) bool {
-		q.sendCQ.push(rdma.Completion{WRID: wr.ID, Op: wr.Op, Status: st})
-		q.toError()
+		q.toError(&rdma.Completion{WRID: wr.ID, Op: wr.Op, Status: st})
 		if remoteToo {
-			r.toError()
+			r.toError(nil)
 		}
 		return true
 	}
@@ -363,7 +353,7 @@ func (q *QP) step() bool {
 			dst[len(src)/2] ^= 0x5A
 		}
 		if wr.Op == rdma.OpWriteImm {
-			r.recvCQ.push(rdma.Completion{WRID: recv.ID, Op: rdma.OpRecvImm, Imm: wr.Imm, HasImm: true})
+			r.recvCQ.Push(rdma.Completion{WRID: recv.ID, Op: rdma.OpRecvImm, Imm: wr.Imm, HasImm: true})
 		}
 	case rdma.OpSend:
 		recv, ok := r.takeRecv()
@@ -371,13 +361,13 @@ func (q *QP) step() bool {
 			return fail(rdma.ReceiverNotReady, true)
 		}
 		if recv.Local.Length < len(src) {
-			r.recvCQ.push(rdma.Completion{WRID: recv.ID, Op: rdma.OpRecv, Status: rdma.LocalLengthError})
+			r.recvCQ.Push(rdma.Completion{WRID: recv.ID, Op: rdma.OpRecv, Status: rdma.LocalLengthError})
 			return fail(rdma.RemoteAccessError, true)
 		}
 		copy(recv.Local.MR.Bytes()[recv.Local.Offset:], src)
-		r.recvCQ.push(rdma.Completion{WRID: recv.ID, Op: rdma.OpRecv, Bytes: len(src), Imm: wr.Imm, HasImm: wr.HasImm})
+		r.recvCQ.Push(rdma.Completion{WRID: recv.ID, Op: rdma.OpRecv, Bytes: len(src), Imm: wr.Imm, HasImm: wr.HasImm})
 	}
-	q.sendCQ.push(rdma.Completion{WRID: wr.ID, Op: wr.Op})
+	q.sendCQ.Push(rdma.Completion{WRID: wr.ID, Op: wr.Op})
 	return true
 }
 

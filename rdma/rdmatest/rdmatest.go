@@ -5,6 +5,7 @@ package rdmatest
 
 import (
 	"bytes"
+	"errors"
 	"testing"
 	"time"
 
@@ -36,11 +37,15 @@ func Run(t *testing.T, p Provider) {
 	t.Run("RegionWithoutRemoteWriteRefusesWrites", func(t *testing.T) { violation(t, p, "access") })
 	t.Run("ToErrorFlushesAndNothingLandsAfter", func(t *testing.T) { fence(t, p) })
 	t.Run("ManyQueuePairsAtOnce", func(t *testing.T) { many(t, p) })
+	t.Run("HeldWriteFencedAtTheResponderNeverLands", func(t *testing.T) { heldThenFenced(t, p, true) })
+	t.Run("HeldWriteFlushedAtTheRequesterNeverLands", func(t *testing.T) { heldThenFenced(t, p, false) })
+	t.Run("CorruptNextDamagesExactlyOnePayload", func(t *testing.T) { corruptNext(t, p) })
+	t.Run("BadRequestsAreRefusedAtPost", func(t *testing.T) { badRequests(t, p) })
 }
 
 func register(t *testing.T, pd rdma.ProtectionDomain, size int, access rdma.Access) rdma.MemoryRegion {
 	t.Helper()
-	m, err := pd.Register(make([]byte, size), access)
+	m, err := pd.Alloc(size, access)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,5 +233,108 @@ func many(t *testing.T, p Provider) {
 		if !bytes.Equal(j.src.Bytes(), j.dst.Bytes()) {
 			t.Fatalf("queue pair %d: bytes differ", i)
 		}
+	}
+}
+
+func faults(t *testing.T, qp rdma.QueuePair) rdma.Faults {
+	t.Helper()
+	f, ok := qp.(rdma.Faults)
+	if !ok {
+		t.Fatalf("%T has no fault hooks (rdma.Faults)", qp)
+	}
+	return f
+}
+
+// heldThenFenced: WRITEs held back in the network (Pause) and then fenced,
+// at the responder (the receiver's fence) or by the requester's own error
+// state, never land: what a receiver relies on before it reuses a page.
+func heldThenFenced(t *testing.T, p Provider, atResponder bool) {
+	x := p(t)
+	src := register(t, x.PDA, 4096, rdma.LocalWrite)
+	dst := register(t, x.PDB, 4096, rdma.LocalWrite|rdma.RemoteWrite)
+	fill(src, 7)
+	a := faults(t, x.A)
+	a.Pause()
+	for i := 0; i < 4; i++ {
+		if err := x.A.PostSend(rdma.WorkRequest{ID: uint64(i), Op: rdma.OpWrite, Local: rdma.SGE{MR: src, Offset: i * 1024, Length: 1024},
+			RemoteAddr: dst.Addr() + uint64(i*1024), RKey: dst.RKey()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := x.ASend.Poll(4); len(got) != 0 {
+		t.Fatalf("held WRITEs completed: %+v", got)
+	}
+	fence := x.A
+	if atResponder {
+		fence = x.B
+	}
+	if err := fence.ToError(); err != nil {
+		t.Fatal(err)
+	}
+	a.Resume()
+	for _, c := range collect(t, x.ASend, 4) {
+		if c.Status == rdma.Success {
+			t.Fatalf("a fenced WRITE completed successfully: %+v", c)
+		}
+	}
+	if !bytes.Equal(dst.Bytes(), make([]byte, 4096)) {
+		t.Fatal("a fenced WRITE landed")
+	}
+	if x.A.State() != rdma.StateError {
+		t.Fatal("the requester must end in the error state")
+	}
+}
+
+// collect waits for n completions of any status.
+func collect(t *testing.T, cq rdma.CompletionQueue, n int) []rdma.Completion {
+	t.Helper()
+	var got []rdma.Completion
+	deadline := time.Now().Add(wait)
+	for len(got) < n && time.Now().Before(deadline) {
+		got = append(got, cq.Wait(n-len(got), time.Until(deadline))...)
+	}
+	if len(got) != n {
+		t.Fatalf("%d of %d completions arrived", len(got), n)
+	}
+	return got
+}
+
+func corruptNext(t *testing.T, p Provider) {
+	x := p(t)
+	src := register(t, x.PDA, 64, rdma.LocalWrite)
+	dst := register(t, x.PDB, 128, rdma.LocalWrite|rdma.RemoteWrite)
+	fill(src, 1)
+	faults(t, x.A).CorruptNext()
+	for i := 0; i < 2; i++ {
+		if err := x.A.PostSend(rdma.WorkRequest{ID: uint64(i), Op: rdma.OpWrite, Local: rdma.SGE{MR: src, Length: 64},
+			RemoteAddr: dst.Addr() + uint64(64*i), RKey: dst.RKey()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	expect(t, x.ASend, 2, rdma.Success)
+	if bytes.Equal(dst.Bytes()[:64], src.Bytes()) || !bytes.Equal(dst.Bytes()[64:], src.Bytes()) {
+		t.Fatal("CorruptNext must damage exactly the next WRITE")
+	}
+	if src.Bytes()[32] != 1+byte(32*7) {
+		t.Fatal("CorruptNext damaged the source, not the payload in transit")
+	}
+}
+
+func badRequests(t *testing.T, p Provider) {
+	x := p(t)
+	mine := register(t, x.PDA, 8, rdma.LocalWrite)
+	theirs := register(t, x.PDB, 8, rdma.LocalWrite)
+	for name, wr := range map[string]rdma.WorkRequest{
+		"recv on the send queue":    {Op: rdma.OpRecv, Local: rdma.SGE{MR: mine, Length: 8}},
+		"beyond the local region":   {Op: rdma.OpWrite, Local: rdma.SGE{MR: mine, Offset: 4, Length: 8}},
+		"another protection domain": {Op: rdma.OpWrite, Local: rdma.SGE{MR: theirs, Length: 8}},
+		"negative length":           {Op: rdma.OpSend, Local: rdma.SGE{MR: mine, Length: -1}},
+	} {
+		if err := x.A.PostSend(wr); !errors.Is(err, rdma.ErrBadRequest) {
+			t.Errorf("%s: %v, want ErrBadRequest", name, err)
+		}
+	}
+	if c := x.ASend.Poll(8); len(c) != 0 {
+		t.Fatalf("refused requests completed: %+v", c)
 	}
 }
