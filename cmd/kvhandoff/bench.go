@@ -66,7 +66,6 @@ var benchProviders = map[string]benchProvider{
 	},
 }
 
-
 func runBench(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 || args[0] != "transfer" {
 		fmt.Fprint(stderr, benchUsage)

@@ -43,7 +43,7 @@ package socket
 import (
 	"bufio"
 	"encoding/binary"
-		"fmt"
+	"fmt"
 	"io"
 	"net"
 	"strings"
