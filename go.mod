@@ -3,13 +3,13 @@ module github.com/kvhandoff/kvhandoff
 go 1.26
 
 require (
+	github.com/Mellanox/rdmamap v1.1.0
+	github.com/anishathalye/porcupine v1.3.1
 	github.com/zeebo/xxh3 v1.1.0
 	pgregory.net/rapid v1.3.0
 )
 
 require (
-	github.com/Mellanox/rdmamap v1.1.0 // indirect
-	github.com/anishathalye/porcupine v1.3.1 // indirect
 	github.com/klauspost/cpuid/v2 v2.2.10 // indirect
 	github.com/vishvananda/netlink v1.1.0 // indirect
 	github.com/vishvananda/netns v0.0.0-20191106174202-0a2b9b5464df // indirect

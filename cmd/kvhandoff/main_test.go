@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -216,15 +217,28 @@ func TestBenchTransferJSON(t *testing.T) {
 	code, out, _ := runCLI(t, "bench", "transfer", "--json", "--bytes", "1048576", "--reps", "1")
 	var r struct {
 		Rows []struct {
-			Provider, Baseline        string
-			PageBytes                 int     `json:"page_bytes"`
-			Gbps, BaselineGbps, Ratio float64 `json:"-"`
+			Provider     string  `json:"provider"`
+			Baseline     string  `json:"baseline"`
+			PageBytes    int     `json:"page_bytes"`
+			Gbps         float64 `json:"gbps"`
+			BaselineGbps float64 `json:"baseline_gbps"`
+			Ratio        float64 `json:"ratio"`
 		} `json:"rows"`
 	}
-	if err := json.Unmarshal([]byte(out), &r); err != nil || code != 0 || len(r.Rows) != 6 || r.Rows[0].PageBytes != 4096 || r.Rows[5].PageBytes != 4<<20 {
+	if err := json.Unmarshal([]byte(out), &r); err != nil || code != 0 || len(r.Rows) != 12 {
 		t.Fatalf("exit %d, %+v, %v\n%s", code, r, err, out)
+	}
+	for i, row := range r.Rows {
+		provider := []string{"inproc", "socket"}[i/6]
+		if row.Provider != provider || row.PageBytes != 4096<<(2*(i%6)) || row.Baseline != "memcpy" ||
+			row.Gbps <= 0 || row.BaselineGbps <= 0 || math.Abs(row.Ratio-row.Gbps/row.BaselineGbps) > 1e-9*row.Ratio {
+			t.Fatalf("row %d: %+v", i, row)
+		}
 	}
 	if code, _, _ := runCLI(t, "bench"); code != 2 {
 		t.Fatalf("bench without a target: exit %d", code)
+	}
+	if code, _, errOut := runCLI(t, "bench", "transfer", "--provider", "verbs"); code != 2 || !strings.Contains(errOut, "-tags verbs") {
+		t.Fatalf("verbs in a plain build: exit %d, %q", code, errOut)
 	}
 }

@@ -1,0 +1,119 @@
+//go:build verbs
+
+package verbs
+
+import (
+	"os"
+	"testing"
+
+	"github.com/kvhandoff/kvhandoff/rdma"
+	"github.com/kvhandoff/kvhandoff/rdma/rdmatest"
+)
+
+var _ rdma.Faults = (*QP)(nil)
+
+// open opens the first RDMA device, twice over the test: two contexts, as two
+// nodes would have. Without a device the test skips, unless KVH_VERBS_REQUIRED
+// is set (the Soft-RoCE VM sets it), where a missing device is a failure.
+func open(t *testing.T) *Device {
+	t.Helper()
+	d, err := Open(os.Getenv("KVH_VERBS_DEVICE"))
+	if err != nil {
+		if os.Getenv("KVH_VERBS_REQUIRED") != "" {
+			t.Fatal(err)
+		}
+		t.Skip(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+func pair(t *testing.T) *rdmatest.Pair {
+	mk := func(d *Device) (rdma.ProtectionDomain, rdma.CompletionQueue, rdma.CompletionQueue, rdma.QueuePair) {
+		pd, err := d.AllocPD()
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := d.CreateCQ(256)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := d.CreateCQ(256)
+		if err != nil {
+			t.Fatal(err)
+		}
+		qp, err := pd.CreateQP(s, r, 128)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pd, s, r, qp
+	}
+	x := &rdmatest.Pair{}
+	x.PDA, x.ASend, x.ARecv, x.A = mk(open(t))
+	x.PDB, x.BSend, x.BRecv, x.B = mk(open(t))
+	if err := x.A.Connect(x.B.Info()); err != nil {
+		t.Fatal(err)
+	}
+	if err := x.B.Connect(x.A.Info()); err != nil {
+		t.Fatal(err)
+	}
+	return x
+}
+
+func TestConformance(t *testing.T) { rdmatest.Run(t, pair) }
+
+func TestDeviceListingPortAndCounters(t *testing.T) {
+	d := open(t)
+	found := false
+	for _, name := range Devices() {
+		found = found || name == d.Name()
+	}
+	if !found {
+		t.Fatalf("rdmamap lists %v, not the open device %s", Devices(), d.Name())
+	}
+	if st, active, err := d.PortState(); err != nil || !active {
+		t.Fatalf("port state %q, %v", st, err)
+	}
+	gid := d.gid
+	if gid[10] != 0xff || gid[11] != 0xff {
+		t.Fatalf("GID %x at index %d is not IPv4-mapped (RoCE v2)", gid, d.GIDIndex())
+	}
+	before, err := d.Counters()
+	if err != nil || len(before) == 0 {
+		t.Fatalf("counters %v, %v", before, err)
+	}
+	x := pair(t)
+	src, _ := x.PDA.Alloc(1<<16, rdma.LocalWrite)
+	dst, _ := x.PDB.Alloc(1<<16, rdma.LocalWrite|rdma.RemoteWrite)
+	if err := x.A.PostSend(rdma.WorkRequest{ID: 1, Op: rdma.OpWrite, Local: rdma.SGE{MR: src, Length: 1 << 16}, RemoteAddr: dst.Addr(), RKey: dst.RKey()}); err != nil {
+		t.Fatal(err)
+	}
+	if c := x.ASend.Wait(1, 10e9); len(c) != 1 || c[0].Status != rdma.Success {
+		t.Fatalf("WRITE: %+v", c)
+	}
+	after, _ := d.Counters()
+	moved := false
+	for name, v := range after {
+		moved = moved || v > before[name]
+	}
+	if !moved {
+		t.Fatalf("no counter moved after a 64 KiB WRITE: %v", after)
+	}
+	t.Logf("device %s, GID index %d, %d counters", d.Name(), d.GIDIndex(), len(after))
+}
+
+func TestParseIBWriteBWFindsTheAverageOfItsSizeRow(t *testing.T) {
+	out := []byte(`
+---------------------------------------------------------------------------------------
+ #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]
+ 65536      200              0.45               0.40 		   0.000763
+---------------------------------------------------------------------------------------
+`)
+	got, err := parseIBWriteBW(out, 65536)
+	if err != nil || got != 0.40e9/8 {
+		t.Fatalf("got %v, %v; want 5e7 bytes/s", got, err)
+	}
+	if _, err := parseIBWriteBW(out, 4096); err == nil {
+		t.Fatal("a missing row must be an error, not a zero baseline")
+	}
+}
