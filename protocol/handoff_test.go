@@ -359,6 +359,34 @@ func TestTimeoutThenLatePlacementLandsOnlyInQuarantine(t *testing.T) {
 	l.assertAllFree()
 }
 
+// Expire times out one reserved request, whatever its deadline, and leaves
+// the others alone; a request not waiting for Done cannot time out.
+func TestExpireTimesOutOnlyThatRequest(t *testing.T) {
+	l := newLink(t, 4)
+	l.submit(1, 4)
+	l.submit(2, 4)
+	l.deliverOne() // Bootstrap 1
+	l.deliverOne() // Bootstrap 2: both reserved
+	if err := l.r.Expire(2); err != nil {
+		t.Fatal(err)
+	}
+	l.collect()
+	if !errors.Is(l.rOut[2], ErrTimedOut) || l.r.Status(1) != StatusReserved || l.r.Status(2) != StatusQuarantine {
+		t.Fatalf("r1 %s, r2 %s %v", l.r.Status(1), l.r.Status(2), l.rOut[2])
+	}
+	if err := l.r.Expire(2); !errors.Is(err, ErrNotReady) {
+		t.Fatalf("expire twice: %v", err)
+	}
+	if err := l.r.Expire(9); !errors.Is(err, ErrUnknownRequest) {
+		t.Fatalf("expire an unknown request: %v", err)
+	}
+	l.run() // r1 completes; r2's sender learns and its AbortAck fences the quarantine
+	if err, ok := l.rOut[1]; !ok || err != nil {
+		t.Fatalf("request 1: %v (reported %v)", err, ok)
+	}
+	l.assertAllFree()
+}
+
 func TestLateDoneAfterAbortIsOnlyAFence(t *testing.T) {
 	l := newLink(t, 2)
 	l.submit(1, 4)

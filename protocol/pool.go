@@ -131,6 +131,13 @@ func (p *Pool) Check(owner RequestID, ref PageRef) error {
 	return nil
 }
 
+// Owner says who holds page: the owning request and whether the page is
+// quarantined, or free. For audits and tests; the protocol itself asks Holds.
+func (p *Pool) Owner(page uint32) (owner RequestID, quarantined, free bool) {
+	pg := &p.pages[page]
+	return pg.owner, pg.state == pageQuarantined, pg.state == pageFree
+}
+
 // Epoch is a page's current epoch.
 func (p *Pool) Epoch(page uint32) uint64 { return p.pages[page].epoch }
 

@@ -357,9 +357,9 @@ func (r *Receiver) abort(id RequestID, q *recvRequest, why error, cancelled, ear
 		switch {
 		case leak: // the pages are forgotten, never returned
 			q.phase = recvClosed
-		case early:
+		case early: // the bug: the pages go back now, though the record still waits for the fence
 			r.pool.Release(id, q.refs)
-			q.phase = recvClosed
+			q.phase = recvQuarantine
 		default:
 			q.phase = recvQuarantine
 			r.pool.Quarantine(id, q.refs)
@@ -383,10 +383,31 @@ func (r *Receiver) Tick(now time.Time) {
 	for _, id := range slices.Sorted(maps.Keys(r.reqs)) { // in request order: effects are deterministic
 		q := r.reqs[id]
 		if q.phase == recvReserved && !q.deadline.IsZero() && !now.Before(q.deadline) {
-			r.abort(id, q, fmt.Errorf("%w: no Done within %v", ErrTimedOut, r.cfg.Timeout), false, r.bug(research.TimeoutFree))
-			r.tellSender(q.peer, id, AbortTimedOut)
+			r.expire(id, q)
 		}
 	}
+}
+
+// Expire times request id out now, whatever its deadline: for an engine whose
+// own policy (a per-request budget, a router's deadline) decides when a
+// reservation has waited too long. Only a reserved request, still waiting for
+// Done, can time out; for any other it returns ErrNotReady or
+// ErrUnknownRequest and changes nothing.
+func (r *Receiver) Expire(id RequestID) error {
+	q := r.reqs[id]
+	switch {
+	case q == nil:
+		return fmt.Errorf("%w: %d", ErrUnknownRequest, id)
+	case q.phase != recvReserved:
+		return fmt.Errorf("%w: request %d is not waiting for Done", ErrNotReady, id)
+	}
+	r.expire(id, q)
+	return nil
+}
+
+func (r *Receiver) expire(id RequestID, q *recvRequest) {
+	r.abort(id, q, fmt.Errorf("%w: no Done within %v", ErrTimedOut, r.cfg.Timeout), false, r.bug(research.TimeoutFree))
+	r.tellSender(q.peer, id, AbortTimedOut)
 }
 
 // PeerFailed says a sender is gone (its node crashed or stopped answering).
