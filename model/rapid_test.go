@@ -125,6 +125,20 @@ func (r *recorder) FailNow()                       { r.failed = true }
 func (r *recorder) Fail()                          { r.failed = true }
 func (r *recorder) Failed() bool                   { return r.failed }
 
+// matrixCombinations are the implementation switches in the combinations the
+// spec's defense matrix exposes them in (docs/spec.md).
+var matrixCombinations = [][]research.Switch{
+	{research.AdmitFinished, research.NoTokenCheck, research.NoTagCheck},
+	{research.AbortStillSends, research.NoTagCheck},
+	{research.EagerRelease},
+	{research.TimeoutFree},
+	{research.PrefillEarlyFree, research.NoChecksum},
+	{research.NoChecksum},
+	{research.LeakOnCancel},
+	{research.NoPeerCancel},
+	{research.DoubleFree},
+}
+
 // Every implementation switch, in its matrix combination, is caught by the
 // rapid state machine (and shrunk to a short counterexample).
 func TestRapidFindsEverySwitch(t *testing.T) {
@@ -138,17 +152,7 @@ func TestRapidFindsEverySwitch(t *testing.T) {
 	setFlag(t, "rapid.nofailfile", "true")
 	setFlag(t, "rapid.seed", "20261201")
 	atLeast(t, 4000)
-	for _, combo := range [][]research.Switch{
-		{research.AdmitFinished, research.NoTokenCheck, research.NoTagCheck},
-		{research.AbortStillSends, research.NoTagCheck},
-		{research.EagerRelease},
-		{research.TimeoutFree},
-		{research.PrefillEarlyFree, research.NoChecksum},
-		{research.NoChecksum},
-		{research.LeakOnCancel},
-		{research.NoPeerCancel},
-		{research.DoubleFree},
-	} {
+	for _, combo := range matrixCombinations {
 		sw := research.On(combo...)
 		t.Run(sw.String(), func(t *testing.T) {
 			rec := &recorder{T: t}

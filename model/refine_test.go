@@ -247,17 +247,7 @@ func TestRefinementCatchesEverySwitch(t *testing.T) {
 	if testing.Short() {
 		t.Skip("thousands of walks per switch are slow under -race; the full run covers it")
 	}
-	for _, combo := range [][]research.Switch{
-		{research.AdmitFinished, research.NoTokenCheck, research.NoTagCheck},
-		{research.AbortStillSends, research.NoTagCheck},
-		{research.EagerRelease},
-		{research.TimeoutFree},
-		{research.PrefillEarlyFree, research.NoChecksum},
-		{research.NoChecksum},
-		{research.LeakOnCancel},
-		{research.NoPeerCancel},
-		{research.DoubleFree},
-	} {
+	for _, combo := range matrixCombinations {
 		impl := research.On(combo...)
 		specBugs, err := spec.ParseSwitches(impl.String())
 		if err != nil {

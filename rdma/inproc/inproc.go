@@ -24,24 +24,22 @@ import (
 	"sync"
 
 	"github.com/kvhandoff/kvhandoff/rdma"
-	"github.com/kvhandoff/kvhandoff/rdma/internal/softcq"
+	"github.com/kvhandoff/kvhandoff/rdma/internal/soft"
 )
 
 // Fabric is a set of devices whose queue pairs can connect to each other.
 type Fabric struct {
-	name     string
-	mu       sync.Mutex // guards the tables
-	exec     sync.Mutex // held while a work request executes, and by ToError
-	qps      map[uint32]*QP
-	mrs      map[uint32]*mr // by rkey
-	nextQPN  uint32
-	nextKey  uint32
-	nextAddr uint64
+	name    string
+	mu      sync.Mutex // guards the tables
+	exec    sync.Mutex // held while a work request executes, and by ToError
+	qps     map[uint32]*QP
+	regions soft.Regions
+	nextQPN uint32
 }
 
 // NewFabric returns an empty fabric.
 func NewFabric(name string) *Fabric {
-	return &Fabric{name: name, qps: map[uint32]*QP{}, mrs: map[uint32]*mr{}, nextQPN: 1, nextKey: 0x100, nextAddr: 1 << 32}
+	return &Fabric{name: name, qps: map[uint32]*QP{}, nextQPN: 1}
 }
 
 // Device returns a device on the fabric.
@@ -60,7 +58,7 @@ func (d *device) CreateCQ(depth int) (rdma.CompletionQueue, error) {
 	if depth < 1 {
 		return nil, fmt.Errorf("%w: CQ depth %d", rdma.ErrBadRequest, depth)
 	}
-	return softcq.New(), nil
+	return soft.New(), nil
 }
 
 // Close moves the device's queue pairs to the error state.
@@ -84,46 +82,19 @@ type pd struct {
 	dev *device
 }
 
-type mr struct {
-	pd     *pd
-	buf    []byte
-	addr   uint64
-	key    uint32
-	access rdma.Access
-}
-
-func (m *mr) Addr() uint64  { return m.addr }
-func (m *mr) Len() int      { return len(m.buf) }
-func (m *mr) LKey() uint32  { return m.key }
-func (m *mr) RKey() uint32  { return m.key }
-func (m *mr) Bytes() []byte { return m.buf }
-
-// Alloc implements rdma.ProtectionDomain: Go memory never moves under this
-// provider, so it is simply registered.
+// Alloc implements rdma.ProtectionDomain.
 func (p *pd) Alloc(size int, access rdma.Access) (rdma.MemoryRegion, error) {
-	if size <= 0 {
-		return nil, fmt.Errorf("%w: region of %d bytes", rdma.ErrBadRequest, size)
-	}
-	return p.Register(make([]byte, size), access)
+	return p.f.regions.Alloc(p, size, access)
 }
 
+// Register implements rdma.ProtectionDomain.
 func (p *pd) Register(buf []byte, access rdma.Access) (rdma.MemoryRegion, error) {
-	if len(buf) == 0 {
-		return nil, fmt.Errorf("%w: empty region", rdma.ErrBadRequest)
-	}
-	f := p.f
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	m := &mr{pd: p, buf: buf, addr: f.nextAddr, key: f.nextKey, access: access}
-	f.nextKey++
-	f.nextAddr += uint64(len(buf)+4095) &^ 4095
-	f.mrs[m.key] = m
-	return m, nil
+	return p.f.regions.Register(p, buf, access)
 }
 
 func (p *pd) CreateQP(sendCQ, recvCQ rdma.CompletionQueue, depth int) (rdma.QueuePair, error) {
-	s, ok1 := sendCQ.(*softcq.Queue)
-	r, ok2 := recvCQ.(*softcq.Queue)
+	s, ok1 := sendCQ.(*soft.Queue)
+	r, ok2 := recvCQ.(*soft.Queue)
 	if !ok1 || !ok2 || depth < 1 {
 		return nil, fmt.Errorf("%w: CQs of another provider, or depth %d", rdma.ErrBadRequest, depth)
 	}
@@ -141,8 +112,8 @@ type QP struct {
 	f      *Fabric
 	pd     *pd
 	qpn    uint32
-	sendCQ *softcq.Queue
-	recvCQ *softcq.Queue
+	sendCQ *soft.Queue
+	recvCQ *soft.Queue
 	depth  int
 
 	mu      sync.Mutex
@@ -197,7 +168,7 @@ func (q *QP) PostRecv(wr rdma.WorkRequest) error { return q.post(&q.rq, wr, fals
 
 // post appends wr to one of q's work queues, after the checks both share.
 func (q *QP) post(queue *[]rdma.WorkRequest, wr rdma.WorkRequest, needRTS bool) error {
-	if err := checkLocal(q.pd, wr.Local); err != nil {
+	if _, err := soft.Local(q.pd, wr.Local); err != nil {
 		return err
 	}
 	q.mu.Lock()
@@ -213,14 +184,6 @@ func (q *QP) post(queue *[]rdma.WorkRequest, wr rdma.WorkRequest, needRTS bool) 
 	*queue = append(*queue, wr)
 	if needRTS {
 		q.kick() // sends run on q's worker; receives are taken by the peer's
-	}
-	return nil
-}
-
-func checkLocal(p *pd, s rdma.SGE) error {
-	m, ok := s.MR.(*mr)
-	if !ok || m.pd != p || s.Offset < 0 || s.Length < 0 || s.Offset+s.Length > len(m.buf) {
-		return fmt.Errorf("%w: local buffer outside its region or not of this protection domain", rdma.ErrBadRequest)
 	}
 	return nil
 }
@@ -333,11 +296,8 @@ func (q *QP) step() bool {
 	}
 	switch wr.Op {
 	case rdma.OpWrite, rdma.OpWriteImm:
-		f.mu.Lock()
-		m := f.mrs[wr.RKey]
-		f.mu.Unlock()
-		if m == nil || m.pd != r.pd || m.access&rdma.RemoteWrite == 0 ||
-			wr.RemoteAddr < m.addr || wr.RemoteAddr+uint64(len(src)) > m.addr+uint64(len(m.buf)) {
+		dst := f.regions.Target(r.pd, wr.RKey, wr.RemoteAddr, len(src))
+		if dst == nil {
 			return fail(rdma.RemoteAccessError, true) // a NAK: both ends go to error, as on hardware
 		}
 		var recv rdma.WorkRequest
@@ -347,7 +307,6 @@ func (q *QP) step() bool {
 				return fail(rdma.ReceiverNotReady, true)
 			}
 		}
-		dst := m.buf[wr.RemoteAddr-m.addr:]
 		copy(dst, src)
 		if corrupt && len(src) > 0 {
 			dst[len(src)/2] ^= 0x5A

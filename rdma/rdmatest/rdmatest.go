@@ -21,6 +21,42 @@ type Pair struct {
 	BSend, BRecv rdma.CompletionQueue
 }
 
+// NewPair connects a queue pair on device a to one on device b, each with
+// its own protection domain and completion queues (depth 256, 128 work
+// requests per queue).
+func NewPair(t *testing.T, a, b rdma.Device) *Pair {
+	t.Helper()
+	mk := func(d rdma.Device) (rdma.ProtectionDomain, rdma.CompletionQueue, rdma.CompletionQueue, rdma.QueuePair) {
+		pd, err := d.AllocPD()
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := d.CreateCQ(256)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := d.CreateCQ(256)
+		if err != nil {
+			t.Fatal(err)
+		}
+		qp, err := pd.CreateQP(s, r, 128)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pd, s, r, qp
+	}
+	x := &Pair{}
+	x.PDA, x.ASend, x.ARecv, x.A = mk(a)
+	x.PDB, x.BSend, x.BRecv, x.B = mk(b)
+	if err := x.A.Connect(x.B.Info()); err != nil {
+		t.Fatal(err)
+	}
+	if err := x.B.Connect(x.A.Info()); err != nil {
+		t.Fatal(err)
+	}
+	return x
+}
+
 // Provider makes a fresh connected pair for one test. Calling it several times
 // in one test must give independent pairs (the many-queue-pairs test does).
 type Provider func(t *testing.T) *Pair
@@ -55,14 +91,7 @@ func register(t *testing.T, pd rdma.ProtectionDomain, size int, access rdma.Acce
 // expect waits for n completions on cq and checks each has status st.
 func expect(t *testing.T, cq rdma.CompletionQueue, n int, st rdma.Status) []rdma.Completion {
 	t.Helper()
-	var got []rdma.Completion
-	deadline := time.Now().Add(wait)
-	for len(got) < n && time.Now().Before(deadline) {
-		got = append(got, cq.Wait(n-len(got), time.Until(deadline))...)
-	}
-	if len(got) != n {
-		t.Fatalf("%d of %d completions arrived", len(got), n)
-	}
+	got := collect(t, cq, n)
 	for _, c := range got {
 		if c.Status != st {
 			t.Fatalf("completion %+v, want status %v", c, st)

@@ -51,7 +51,7 @@ import (
 	"time"
 
 	"github.com/kvhandoff/kvhandoff/rdma"
-	"github.com/kvhandoff/kvhandoff/rdma/internal/softcq"
+	"github.com/kvhandoff/kvhandoff/rdma/internal/soft"
 )
 
 // MaxMessage is the largest payload of one work request (1 GiB): a peer that
@@ -71,13 +71,11 @@ type Device struct {
 	network string
 	ln      net.Listener
 
-	mu       sync.Mutex
-	qps      map[uint32]*QP
-	mrs      map[uint32]*mr // by rkey
-	nextQPN  uint32
-	nextKey  uint32
-	nextAddr uint64
-	closed   bool
+	mu      sync.Mutex
+	qps     map[uint32]*QP
+	regions soft.Regions
+	nextQPN uint32
+	closed  bool
 }
 
 // Listen opens a device listening on network ("tcp", "unix") and address,
@@ -88,7 +86,7 @@ func Listen(network, address string) (*Device, error) {
 		return nil, err
 	}
 	d := &Device{network: network, ln: ln, name: network + ":" + ln.Addr().String(),
-		qps: map[uint32]*QP{}, mrs: map[uint32]*mr{}, nextQPN: 1, nextKey: 0x100, nextAddr: 1 << 32}
+		qps: map[uint32]*QP{}, nextQPN: 1}
 	go d.accept()
 	return d, nil
 }
@@ -104,7 +102,7 @@ func (d *Device) CreateCQ(depth int) (rdma.CompletionQueue, error) {
 	if depth < 1 {
 		return nil, fmt.Errorf("%w: CQ depth %d", rdma.ErrBadRequest, depth)
 	}
-	return softcq.New(), nil
+	return soft.New(), nil
 }
 
 // Close implements rdma.Device: it stops listening and moves every queue
@@ -126,48 +124,21 @@ func (d *Device) Close() error {
 
 type pd struct{ d *Device }
 
-type mr struct {
-	pd     *pd
-	buf    []byte
-	addr   uint64
-	key    uint32
-	access rdma.Access
-}
-
-func (m *mr) Addr() uint64  { return m.addr }
-func (m *mr) Len() int      { return len(m.buf) }
-func (m *mr) LKey() uint32  { return m.key }
-func (m *mr) RKey() uint32  { return m.key }
-func (m *mr) Bytes() []byte { return m.buf }
-
 // Alloc implements rdma.ProtectionDomain.
 func (p *pd) Alloc(size int, access rdma.Access) (rdma.MemoryRegion, error) {
-	if size <= 0 {
-		return nil, fmt.Errorf("%w: region of %d bytes", rdma.ErrBadRequest, size)
-	}
-	return p.Register(make([]byte, size), access)
+	return p.d.regions.Alloc(p, size, access)
 }
 
 // Register implements rdma.ProtectionDomain. Addresses are the device's own
 // numbering, page aligned, never reused while the device is open.
 func (p *pd) Register(buf []byte, access rdma.Access) (rdma.MemoryRegion, error) {
-	if len(buf) == 0 {
-		return nil, fmt.Errorf("%w: empty region", rdma.ErrBadRequest)
-	}
-	d := p.d
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	m := &mr{pd: p, buf: buf, addr: d.nextAddr, key: d.nextKey, access: access}
-	d.nextKey++
-	d.nextAddr += uint64(len(buf)+4095) &^ 4095
-	d.mrs[m.key] = m
-	return m, nil
+	return p.d.regions.Register(p, buf, access)
 }
 
 // CreateQP implements rdma.ProtectionDomain.
 func (p *pd) CreateQP(sendCQ, recvCQ rdma.CompletionQueue, depth int) (rdma.QueuePair, error) {
-	s, ok1 := sendCQ.(*softcq.Queue)
-	r, ok2 := recvCQ.(*softcq.Queue)
+	s, ok1 := sendCQ.(*soft.Queue)
+	r, ok2 := recvCQ.(*soft.Queue)
 	if !ok1 || !ok2 || depth < 1 {
 		return nil, fmt.Errorf("%w: CQs of another provider, or depth %d", rdma.ErrBadRequest, depth)
 	}
@@ -189,8 +160,8 @@ type QP struct {
 	d      *Device
 	pd     *pd
 	qpn    uint32
-	sendCQ *softcq.Queue
-	recvCQ *softcq.Queue
+	sendCQ *soft.Queue
+	recvCQ *soft.Queue
 	depth  int
 
 	// place is held by the responder while it places a payload or consumes a
@@ -287,9 +258,8 @@ func (q *QP) PostRecv(wr rdma.WorkRequest) error {
 }
 
 func (q *QP) post(queue *[]rdma.WorkRequest, wr rdma.WorkRequest, send bool) error {
-	m, ok := wr.Local.MR.(*mr)
-	if !ok || m.pd != q.pd || wr.Local.Offset < 0 || wr.Local.Length < 0 || wr.Local.Offset+wr.Local.Length > len(m.buf) {
-		return fmt.Errorf("%w: local buffer outside its region or not of this protection domain", rdma.ErrBadRequest)
+	if _, err := soft.Local(q.pd, wr.Local); err != nil {
+		return err
 	}
 	if wr.Local.Length > MaxMessage {
 		return fmt.Errorf("%w: %d bytes exceed the largest message", rdma.ErrBadRequest, wr.Local.Length)
@@ -577,14 +547,9 @@ func (q *QP) execute(op rdma.Opcode, hasImm bool, rkey uint32, addr uint64, imm 
 	}
 	var dst []byte
 	if op == rdma.OpWrite || op == rdma.OpWriteImm {
-		q.d.mu.Lock()
-		m := q.d.mrs[rkey]
-		q.d.mu.Unlock()
-		if m == nil || m.pd != q.pd || m.access&rdma.RemoteWrite == 0 ||
-			addr < m.addr || addr+uint64(len(payload)) > m.addr+uint64(len(m.buf)) {
+		if dst = q.d.regions.Target(q.pd, rkey, addr, len(payload)); dst == nil {
 			return rdma.RemoteAccessError
 		}
-		dst = m.buf[addr-m.addr:]
 	}
 	var recv rdma.WorkRequest
 	if op == rdma.OpWriteImm || op == rdma.OpSend {

@@ -26,26 +26,7 @@ func pair(t *testing.T, network string) *rdmatest.Pair {
 		t.Cleanup(func() { d.Close() })
 		return d
 	}
-	mk := func(d *Device) (rdma.ProtectionDomain, rdma.CompletionQueue, rdma.CompletionQueue, rdma.QueuePair) {
-		pd, _ := d.AllocPD()
-		s, _ := d.CreateCQ(64)
-		r, _ := d.CreateCQ(64)
-		qp, err := pd.CreateQP(s, r, 64)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return pd, s, r, qp
-	}
-	x := &rdmatest.Pair{}
-	x.PDA, x.ASend, x.ARecv, x.A = mk(listen("a"))
-	x.PDB, x.BSend, x.BRecv, x.B = mk(listen("b"))
-	if err := x.A.Connect(x.B.Info()); err != nil {
-		t.Fatal(err)
-	}
-	if err := x.B.Connect(x.A.Info()); err != nil {
-		t.Fatal(err)
-	}
-	return x
+	return rdmatest.NewPair(t, listen("a"), listen("b"))
 }
 
 func TestConformanceTCP(t *testing.T) {

@@ -151,7 +151,7 @@ import (
 	"github.com/Mellanox/rdmamap"
 
 	"github.com/kvhandoff/kvhandoff/rdma"
-	"github.com/kvhandoff/kvhandoff/rdma/internal/softcq"
+	"github.com/kvhandoff/kvhandoff/rdma/internal/soft"
 )
 
 // Devices lists the RDMA devices of this host (from sysfs, through rdmamap).
@@ -313,7 +313,7 @@ func (d *Device) CreateCQ(depth int) (rdma.CompletionQueue, error) {
 		C.ibv_destroy_comp_channel(ch)
 		return nil, errnoErr("ibv_create_cq", -1)
 	}
-	x := &cq{d: d, cq: c, ch: ch, soft: softcq.New()}
+	x := &cq{d: d, cq: c, ch: ch, soft: soft.New()}
 	d.cqs = append(d.cqs, x)
 	return x, nil
 }
@@ -458,7 +458,7 @@ type cq struct {
 	mu   sync.Mutex // ibv_poll_cq on one CQ from one goroutine at a time
 	cq   *C.struct_ibv_cq
 	ch   *C.struct_ibv_comp_channel
-	soft *softcq.Queue
+	soft *soft.Queue
 	wcs  [64]C.struct_kvh_wc
 }
 

@@ -28,37 +28,7 @@ func open(t *testing.T) *Device {
 	return d
 }
 
-func pair(t *testing.T) *rdmatest.Pair {
-	mk := func(d *Device) (rdma.ProtectionDomain, rdma.CompletionQueue, rdma.CompletionQueue, rdma.QueuePair) {
-		pd, err := d.AllocPD()
-		if err != nil {
-			t.Fatal(err)
-		}
-		s, err := d.CreateCQ(256)
-		if err != nil {
-			t.Fatal(err)
-		}
-		r, err := d.CreateCQ(256)
-		if err != nil {
-			t.Fatal(err)
-		}
-		qp, err := pd.CreateQP(s, r, 128)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return pd, s, r, qp
-	}
-	x := &rdmatest.Pair{}
-	x.PDA, x.ASend, x.ARecv, x.A = mk(open(t))
-	x.PDB, x.BSend, x.BRecv, x.B = mk(open(t))
-	if err := x.A.Connect(x.B.Info()); err != nil {
-		t.Fatal(err)
-	}
-	if err := x.B.Connect(x.A.Info()); err != nil {
-		t.Fatal(err)
-	}
-	return x
-}
+func pair(t *testing.T) *rdmatest.Pair { return rdmatest.NewPair(t, open(t), open(t)) }
 
 func TestConformance(t *testing.T) { rdmatest.Run(t, pair) }
 

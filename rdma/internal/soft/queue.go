@@ -1,8 +1,9 @@
-// Package softcq is a completion queue kept in Go memory, for the providers
-// that complete work requests in software: package inproc and package socket
-// entirely, package verbs for the work requests it holds back or flushes
-// itself.
-package softcq
+// Package soft holds what the providers that work in software share: a
+// completion queue kept in Go memory (packages inproc and socket complete
+// everything through it, package verbs the work requests it holds back or
+// flushes itself), and registered regions of Go memory with their keys and
+// addresses (packages inproc and socket).
+package soft
 
 import (
 	"sync"
