@@ -573,3 +573,95 @@ func TestFailedWriteStopsPostingAndFailsTheRequest(t *testing.T) {
 		t.Fatalf("outcome %v, %d source pages free", l.sOut[1], l.s.Pool().Free())
 	}
 }
+
+// With a Horizon, Tick forgets a request that ended at least that long ago;
+// a late message for it is then one for an unknown request and changes
+// nothing, except that the sender answers a Grant with AbortAck.
+func TestEndedRecordsAreForgottenAfterTheHorizon(t *testing.T) {
+	l := newLink(t, 4)
+	l.r.cfg.Horizon, l.s.cfg.Horizon = time.Minute, time.Minute
+	l.submit(1, 4)
+	l.run()
+	if l.r.Status(1) != StatusFinished || l.s.Status(1) != SendStatusFinished {
+		t.Fatalf("r1: %s / %s", l.r.Status(1), l.s.Status(1))
+	}
+	l.r.Tick(l.now) // the first Tick that sees it ended: its age starts here
+	l.s.Tick(l.now)
+	l.r.Tick(l.now.Add(time.Minute - time.Nanosecond))
+	l.s.Tick(l.now.Add(time.Minute - time.Nanosecond))
+	if l.r.Records() != 1 || l.s.Records() != 1 {
+		t.Fatal("a record was forgotten before its horizon")
+	}
+	l.r.Tick(l.now.Add(time.Minute))
+	l.s.Tick(l.now.Add(time.Minute))
+	if l.r.Records() != 0 || l.s.Records() != 0 || l.r.Status(1) != StatusNone {
+		t.Fatalf("after the horizon: %d decode records, %d prefill records", l.r.Records(), l.s.Records())
+	}
+	if err := l.r.Step(prefill, &Done{Request: 1, Tokens: 4, Pages: 1}, l.now); !errors.Is(err, ErrUnknownRequest) {
+		t.Fatalf("a late Done for a forgotten request: %v", err)
+	}
+	if e := l.r.Effects(); len(e.Sends)+len(e.Outcomes)+len(e.Verified)+len(e.Cuts) != 0 {
+		t.Fatalf("a late Done for a forgotten request had effects: %+v", e)
+	}
+	if err := l.s.Step(prefill, &Grant{Request: 1, Tokens: 4, Pages: []PageGrant{{Page: 0, Epoch: 1}}}); !errors.Is(err, ErrUnknownRequest) {
+		t.Fatalf("a late Grant for a forgotten request: %v", err)
+	}
+	if e := l.s.Effects(); len(e.Ops) != 1 || e.Ops[0].Msg.Type() != TypeAbortAck || len(e.Outcomes) != 0 {
+		t.Fatalf("a late Grant must be answered with AbortAck only: %+v", e)
+	}
+	l.assertAllFree()
+}
+
+// A record still at work is never forgotten: reserved, quarantined while its
+// writer may write, or a sender with WRITEs outstanding. And with no Horizon,
+// nothing is.
+func TestRecordsAtWorkAreNeverForgotten(t *testing.T) {
+	l := newLink(t, 4)
+	l.r.cfg.Horizon, l.s.cfg.Horizon = time.Nanosecond, time.Nanosecond
+	l.submit(1, 4)
+	l.deliverOne() // Bootstrap
+	l.backOne()    // Grant: WRITE and Done are on the wire, not yet placed
+	l.r.Cancel(1)  // quarantined until the writer is fenced
+	l.s.Cancel(1)  // aborting until its WRITE completes
+	l.collect()
+	for i := 1; i <= 3; i++ {
+		l.r.Tick(l.now.Add(time.Duration(i) * time.Hour))
+		l.s.Tick(l.now.Add(time.Duration(i) * time.Hour))
+	}
+	if l.r.Status(1) != StatusQuarantine || l.s.Status(1) != SendStatusAborting {
+		t.Fatalf("records at work were forgotten: %q / %q", l.r.Status(1), l.s.Status(1))
+	}
+	l.run() // the WRITE completes, AbortAck fences the quarantine
+	l.r.Tick(l.now.Add(4 * time.Hour))
+	l.s.Tick(l.now.Add(4 * time.Hour))
+	l.r.Tick(l.now.Add(5 * time.Hour))
+	l.s.Tick(l.now.Add(5 * time.Hour))
+	if l.r.Records() != 0 || l.s.Records() != 0 {
+		t.Fatalf("ended records kept: %d / %d", l.r.Records(), l.s.Records())
+	}
+	l.assertAllFree()
+
+	// A cut while a WRITE is posted: the flush ends the sender's request;
+	// once forgotten, the WRITE's own late completion is refused, harmlessly.
+	l.submit(2, 4)
+	l.deliverOne() // Bootstrap
+	l.backOne()    // Grant: the WRITE is posted
+	write := l.wire[0].Write
+	l.wire = nil
+	l.s.Flushed(prefill)
+	l.s.Tick(l.now.Add(6 * time.Hour))
+	l.s.Tick(l.now.Add(7 * time.Hour))
+	if err := l.s.Completed(write.ID, errors.New("flushed")); !errors.Is(err, ErrUnknownRequest) || l.s.Records() != 0 {
+		t.Fatalf("a late completion after the horizon: %v, %d records", err, l.s.Records())
+	}
+
+	keep := newLink(t, 4) // no Horizon: kept forever
+	keep.submit(1, 4)
+	keep.run()
+	keep.r.Tick(keep.now.Add(24 * time.Hour))
+	keep.r.Tick(keep.now.Add(48 * time.Hour))
+	keep.s.Tick(keep.now.Add(48 * time.Hour))
+	if keep.r.Records() != 1 || keep.s.Records() != 1 {
+		t.Fatal("with no Horizon a record was forgotten")
+	}
+}

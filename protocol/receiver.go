@@ -43,7 +43,16 @@ type ReceiverConfig struct {
 	Slots      int           // requests held at once; 0 means Pages
 	MaxTokens  int           // intake limit in tokens; 0 means Pages*PageTokens
 	Timeout    time.Duration // a reserved request fails after this long without Done; 0 means never
-	Memory     PageMemory    // the pages, for verification
+	// Horizon is how long a request's record is kept after the request ended
+	// (finished, closed, rejected, or a tombstone), so that a late message
+	// finds it ended; Tick forgets older ones. 0 keeps every record forever.
+	// A message for a forgotten request is one for an unknown request: a late
+	// Done or AbortAck is refused with ErrUnknownRequest and changes nothing,
+	// but a Bootstrap is a new request. So Horizon must exceed the longest a
+	// message can be late: the queue pair's retry time, and the race between
+	// the router's cancel and the prefill node's Bootstrap.
+	Horizon time.Duration
+	Memory  PageMemory // the pages, for verification
 	// Region says where the sender writes a page: the remote address and key of
 	// its memory region.
 	Region func(page uint32) (addr uint64, key uint32)
@@ -80,6 +89,7 @@ const (
 
 type recvRequest struct {
 	phase    recvPhase
+	ended    time.Time // the first Tick that saw the request ended; zero before
 	peer     PeerID
 	tokens   uint32
 	refs     []PageRef
@@ -378,15 +388,31 @@ func (r *Receiver) abort(id RequestID, q *recvRequest, why error, cancelled, ear
 	}
 }
 
-// Tick fails every reserved request whose deadline has passed and tells its sender.
+// Tick fails every reserved request whose deadline has passed and tells its
+// sender. With a Horizon, it also forgets requests that ended at least that
+// long before: a record's age counts from the first Tick that saw it ended.
 func (r *Receiver) Tick(now time.Time) {
 	for _, id := range slices.Sorted(maps.Keys(r.reqs)) { // in request order: effects are deterministic
 		q := r.reqs[id]
 		if q.phase == recvReserved && !q.deadline.IsZero() && !now.Before(q.deadline) {
 			r.expire(id, q)
 		}
+		if r.cfg.Horizon <= 0 {
+			continue
+		}
+		switch q.phase {
+		case recvTombstone, recvFinished, recvClosed, recvRejected:
+			if q.ended.IsZero() {
+				q.ended = now
+			} else if now.Sub(q.ended) >= r.cfg.Horizon {
+				delete(r.reqs, id)
+			}
+		}
 	}
 }
+
+// Records is the number of request records the receiver keeps, live and ended.
+func (r *Receiver) Records() int { return len(r.reqs) }
 
 // Expire times request id out now, whatever its deadline: for an engine whose
 // own policy (a per-request budget, a router's deadline) decides when a

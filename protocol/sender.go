@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"time"
 
 	"github.com/kvhandoff/kvhandoff/internal/research"
 	"github.com/kvhandoff/kvhandoff/protocol/checksum"
@@ -18,11 +19,16 @@ type SourceMemory interface {
 
 // SenderConfig configures a Sender.
 type SenderConfig struct {
-	Pages       int          // source pages: the prefill node's own KV pool
-	PageTokens  int          // tokens of KV per page
-	MaxTokens   int          // intake limit in tokens; 0 means Pages*PageTokens
-	MaxInFlight int          // WRITEs posted and not completed, per request; 0 means 8
-	Memory      SourceMemory // the source pages, for checksums
+	Pages       int // source pages: the prefill node's own KV pool
+	PageTokens  int // tokens of KV per page
+	MaxTokens   int // intake limit in tokens; 0 means Pages*PageTokens
+	MaxInFlight int // WRITEs posted and not completed, per request; 0 means 8
+	// Horizon is how long a request's record is kept after it ended
+	// (finished, aborted or failed, with every WRITE completed); Tick forgets
+	// older ones. 0 keeps every record forever. A Grant for a forgotten
+	// request is answered with AbortAck, as for any unknown one.
+	Horizon time.Duration
+	Memory  SourceMemory // the source pages, for checksums
 	// Research turns bugs of the catalogue on. Only code inside this module can
 	// set it (see internal/research); everywhere else it is the zero value.
 	Research research.Switches
@@ -68,6 +74,7 @@ const (
 
 type sendRequest struct {
 	phase     sendPhase
+	ended     time.Time // the first Tick that saw the request ended; zero before
 	peer      PeerID
 	tokens    uint32
 	src       []PageRef // source pages, in request order
@@ -320,6 +327,28 @@ func (s *Sender) settle(id RequestID, q *sendRequest) {
 	}
 }
 
+// Tick forgets, with a Horizon, requests that ended at least that long before
+// now: a record's age counts from the first Tick that saw it ended with every
+// WRITE completed. The sender has no timers of its own; Tick is only this.
+func (s *Sender) Tick(now time.Time) {
+	if s.cfg.Horizon <= 0 {
+		return
+	}
+	for id, q := range s.reqs {
+		if q.phase < sendFinished || q.completed != q.posted {
+			continue
+		}
+		if q.ended.IsZero() {
+			q.ended = now
+		} else if now.Sub(q.ended) >= s.cfg.Horizon {
+			delete(s.reqs, id)
+		}
+	}
+}
+
+// Records is the number of request records the sender keeps, live and ended.
+func (s *Sender) Records() int { return len(s.reqs) }
+
 // Cancel stops a request at the client's or router's request.
 func (s *Sender) Cancel(id RequestID) {
 	if q := s.reqs[id]; q != nil {
@@ -363,6 +392,7 @@ func (s *Sender) Flushed(peer PeerID) {
 					delete(s.writes, wid)
 				}
 			}
+			q.completed = q.posted // the flush completes every posted WRITE
 			s.pool.Release(id, q.src)
 			q.phase = sendFailed
 			s.finish(id, q, fmt.Errorf("%w: queue pair to peer %d flushed", ErrPeerFailed, peer))
