@@ -11,6 +11,12 @@
 // protocol frames into receive buffers each side keeps posted. A cut is the
 // queue pair's error state, followed by QueuePairFenced and Flushed.
 //
+// Backpressure: what the state machines emit goes into a backlog per side and
+// is posted, in order, while the send queue has room (Config.QueueDepth) and a
+// buffer is free. Every buffer a work request reads (a tag record, a control
+// message) stays its own until the request completes, because a NIC reads it
+// when it executes the request, not when it is posted.
+//
 // Link is single-threaded: Pump polls both completion queues and carries
 // effects until nothing more happens. The provider's own goroutines place the
 // WRITEs; Pump waits for their completions.
@@ -32,39 +38,46 @@ type Config struct {
 	PageTokens   int
 	PageBytes    int
 	Timeout      time.Duration // decode's timeout for a reserved request
+	QueueDepth   int           // work requests in flight on each side's send queue; 0 means 1024
 }
 
 const (
 	msgSlot   = 512 // bytes per control-message buffer (frames are far smaller)
 	recvSlots = 64  // receive buffers each side keeps posted
-	sendSlots = 256 // send buffers in rotation on each side
+	sendSlots = 256 // send buffers on each side, and tag-record buffers on prefill's
 )
 
 // Link is one prefill node and one decode node over one queue pair.
 type Link struct {
-	cfg               Config
-	Sender            *protocol.Sender
-	Receiver          *protocol.Receiver
-	qpP, qpD          rdma.QueuePair // prefill's and decode's ends
-	cqP, cqD          rdma.CompletionQueue
-	src, kv           rdma.MemoryRegion // prefill source pages; decode pages with tag slots
-	tagOut            rdma.MemoryRegion // staging for outgoing tag records
-	inP, inD          rdma.MemoryRegion // receive buffers
-	outP, outD        rdma.MemoryRegion // send buffers
-	nextTag, nextOutP int
-	nextOutD          int
-	wrs               map[uint64]wrKind // outstanding work requests on the prefill side
-	sendsD            int               // decode's SENDs not yet completed
-	nextWR            uint64
-	Outcomes          map[protocol.RequestID][2]error // [prefill, decode] outcome
-	reported          map[protocol.RequestID][2]bool
-	Verified          []protocol.RequestID
-	now               time.Time
+	cfg        Config
+	Sender     *protocol.Sender
+	Receiver   *protocol.Receiver
+	qpP, qpD   rdma.QueuePair // prefill's and decode's ends
+	cqP, cqD   rdma.CompletionQueue
+	src, kv    rdma.MemoryRegion // prefill source pages; decode pages with tag slots
+	tagOut     rdma.MemoryRegion // staging for outgoing tag records
+	inP, inD   rdma.MemoryRegion // receive buffers
+	outP, outD rdma.MemoryRegion // send buffers
+	// Buffers a work request reads stay its own until it completes: a NIC
+	// reads them when it executes the request, not when it is posted.
+	tagFree, outFreeP, outFreeD []int
+	// What the state machines emitted and the queue pair cannot take yet (its
+	// send queue full, or no buffer free), in order: posting stays in order.
+	backlogP []protocol.Op
+	backlogD []protocol.Send
+	wrs      map[uint64]wrKind // outstanding work requests on the prefill side
+	wrsD     map[uint64]int    // decode's outstanding SENDs: their buffers
+	nextWR   uint64
+	Outcomes map[protocol.RequestID][2]error // [prefill, decode] outcome
+	reported map[protocol.RequestID][2]bool
+	Verified []protocol.RequestID
+	now      time.Time
 }
 
 type wrKind struct {
 	write   uint64 // the protocol's WRITE id; 0 for a SEND
 	payload bool   // the payload half of a page's two WRITEs
+	buffer  int    // the tag-record or message buffer it reads; -1 for a payload
 }
 
 // Slot is where decode page p lives in the decode region.
@@ -97,8 +110,17 @@ func (l *Link) DecodePage(p uint32) []byte { return decodeMemory{l}.Payload(p) }
 
 // New builds a link on two devices of a provider and connects its queue pair.
 func New(cfg Config, prefill, decode rdma.Device) (*Link, error) {
-	l := &Link{cfg: cfg, wrs: map[uint64]wrKind{}, Outcomes: map[protocol.RequestID][2]error{},
+	if cfg.QueueDepth == 0 {
+		cfg.QueueDepth = 1024
+	}
+	if cfg.QueueDepth < 3 {
+		return nil, fmt.Errorf("transfer: QueueDepth %d: a page needs two WRITEs and Done a SEND", cfg.QueueDepth)
+	}
+	l := &Link{cfg: cfg, wrs: map[uint64]wrKind{}, wrsD: map[uint64]int{}, Outcomes: map[protocol.RequestID][2]error{},
 		reported: map[protocol.RequestID][2]bool{}, now: time.Unix(0, 0)}
+	for i := sendSlots - 1; i >= 0; i-- {
+		l.tagFree, l.outFreeP, l.outFreeD = append(l.tagFree, i), append(l.outFreeP, i), append(l.outFreeD, i)
+	}
 	pdP, err := prefill.AllocPD()
 	if err != nil {
 		return nil, err
@@ -125,16 +147,17 @@ func New(cfg Config, prefill, decode rdma.Device) (*Link, error) {
 	if err != nil {
 		return nil, err
 	}
-	if l.cqP, err = prefill.CreateCQ(4096); err != nil {
+	// One queue per side for sends and receives: room for every one of both.
+	if l.cqP, err = prefill.CreateCQ(cfg.QueueDepth + recvSlots); err != nil {
 		return nil, err
 	}
-	if l.cqD, err = decode.CreateCQ(4096); err != nil {
+	if l.cqD, err = decode.CreateCQ(cfg.QueueDepth + recvSlots); err != nil {
 		return nil, err
 	}
-	if l.qpP, err = pdP.CreateQP(l.cqP, l.cqP, 1024); err != nil {
+	if l.qpP, err = pdP.CreateQP(l.cqP, l.cqP, cfg.QueueDepth); err != nil {
 		return nil, err
 	}
-	if l.qpD, err = pdD.CreateQP(l.cqD, l.cqD, 1024); err != nil {
+	if l.qpD, err = pdD.CreateQP(l.cqD, l.cqD, cfg.QueueDepth); err != nil {
 		return nil, err
 	}
 	if err = l.qpP.Connect(l.qpD.Info()); err != nil {
@@ -181,82 +204,128 @@ func (l *Link) Submit(id protocol.RequestID, tokens int, compute func(i int, pag
 	return l.Sender.Computed(id)
 }
 
-// send encodes a control message into the next send buffer and posts it.
-func (l *Link) send(qp rdma.QueuePair, out rdma.MemoryRegion, next *int, m protocol.Message, id uint64) error {
-	off := (*next % sendSlots) * msgSlot
-	*next++
+// encode writes a control message into send buffer slot of out.
+func encode(out rdma.MemoryRegion, slot int, m protocol.Message) (rdma.SGE, error) {
+	off := slot * msgSlot
 	frame, err := protocol.AppendMessage(out.Bytes()[off:off:off+msgSlot], m)
 	if err != nil {
-		return err
+		return rdma.SGE{}, err
 	}
 	if len(frame) > msgSlot {
-		return fmt.Errorf("transfer: %s frame of %d bytes exceeds a message buffer", m.Type(), len(frame))
+		return rdma.SGE{}, fmt.Errorf("transfer: %s frame of %d bytes exceeds a message buffer", m.Type(), len(frame))
 	}
-	return qp.PostSend(rdma.WorkRequest{ID: id, Op: rdma.OpSend, Local: rdma.SGE{MR: out, Offset: off, Length: len(frame)}})
+	return rdma.SGE{MR: out, Offset: off, Length: len(frame)}, nil
 }
 
-// carry posts the effects of both state machines.
+// carry moves both state machines' effects into the backlogs and posts what
+// the queue pairs can take, in order.
 func (l *Link) carry() error {
 	se := l.Sender.Effects()
-	for _, op := range se.Ops {
-		if w := op.Write; w != nil {
-			l.nextWR++
-			pay := l.nextWR
-			l.wrs[pay] = wrKind{write: w.ID, payload: true}
-			err := l.qpP.PostSend(rdma.WorkRequest{ID: pay, Op: rdma.OpWrite,
-				Local:      rdma.SGE{MR: l.src, Offset: int(w.Source) * l.cfg.PageBytes, Length: l.cfg.PageBytes},
-				RemoteAddr: w.Remote.Addr, RKey: w.Remote.Key})
-			if err := l.refused(pay, err); err != nil {
-				return err
-			}
-			off := (l.nextTag % sendSlots) * protocol.TagSize
-			l.nextTag++
-			copy(l.tagOut.Bytes()[off:], w.Tag)
-			l.nextWR++
-			l.wrs[l.nextWR] = wrKind{write: w.ID}
-			err = l.qpP.PostSend(rdma.WorkRequest{ID: l.nextWR, Op: rdma.OpWrite,
-				Local:      rdma.SGE{MR: l.tagOut, Offset: off, Length: protocol.TagSize},
-				RemoteAddr: w.Remote.Addr + uint64(l.cfg.PageBytes), RKey: w.Remote.Key})
-			if err := l.refused(l.nextWR, err); err != nil {
-				return err
-			}
-			continue
-		}
-		l.nextWR++
-		l.wrs[l.nextWR] = wrKind{}
-		if err := l.refused(l.nextWR, l.send(l.qpP, l.outP, &l.nextOutP, op.Msg, l.nextWR)); err != nil {
-			return err
-		}
-	}
+	l.backlogP = append(l.backlogP, se.Ops...)
 	l.record(se.Outcomes, 0)
 	re := l.Receiver.Effects()
-	for _, s := range re.Sends {
-		switch err := l.send(l.qpD, l.outD, &l.nextOutD, s.Msg, 0); {
-		case err == nil:
-			l.sendsD++
-		case !errors.Is(err, rdma.ErrQPError): // after a cut, posts are refused: nothing to send
-			return err
-		}
-	}
+	l.backlogD = append(l.backlogD, re.Sends...)
 	l.Verified = append(l.Verified, re.Verified...)
 	l.record(re.Outcomes, 1)
+	if err := l.postPrefill(); err != nil {
+		return err
+	}
+	if err := l.postDecode(); err != nil {
+		return err
+	}
 	for range re.Cuts {
 		l.Cut()
 	}
 	return nil
 }
 
-// refused handles a post's error: a queue pair in the error state (after a
-// cut) refuses posts, and the work request is then not in flight.
-func (l *Link) refused(id uint64, err error) error {
-	switch {
-	case err == nil:
-		return nil
-	case errors.Is(err, rdma.ErrQPError):
-		delete(l.wrs, id)
-		return nil
+// postPrefill posts the head of prefill's backlog while the send queue has
+// room and a buffer is free. After a cut the queue pair refuses posts: what is
+// left is dropped, and Sender.Flushed has already ended its requests.
+func (l *Link) postPrefill() error {
+	for len(l.backlogP) > 0 {
+		op := l.backlogP[0]
+		need := 1
+		if op.Write != nil {
+			need = 2
+		}
+		if len(l.wrs)+need > l.cfg.QueueDepth || len(l.tagFree) == 0 || len(l.outFreeP) == 0 {
+			return nil // completions will make room
+		}
+		var err error
+		if w := op.Write; w != nil {
+			tag := l.tagFree[len(l.tagFree)-1]
+			copy(l.tagOut.Bytes()[tag*protocol.TagSize:], w.Tag)
+			err = l.postP(rdma.WorkRequest{Op: rdma.OpWrite,
+				Local:      rdma.SGE{MR: l.src, Offset: int(w.Source) * l.cfg.PageBytes, Length: l.cfg.PageBytes},
+				RemoteAddr: w.Remote.Addr, RKey: w.Remote.Key}, wrKind{write: w.ID, payload: true, buffer: -1})
+			if err == nil {
+				l.tagFree = l.tagFree[:len(l.tagFree)-1]
+				err = l.postP(rdma.WorkRequest{Op: rdma.OpWrite,
+					Local:      rdma.SGE{MR: l.tagOut, Offset: tag * protocol.TagSize, Length: protocol.TagSize},
+					RemoteAddr: w.Remote.Addr + uint64(l.cfg.PageBytes), RKey: w.Remote.Key}, wrKind{write: w.ID, buffer: tag})
+			}
+		} else {
+			slot := l.outFreeP[len(l.outFreeP)-1]
+			var sge rdma.SGE
+			if sge, err = encode(l.outP, slot, op.Msg); err != nil {
+				return err
+			}
+			if err = l.postP(rdma.WorkRequest{Op: rdma.OpSend, Local: sge}, wrKind{buffer: slot}); err == nil {
+				l.outFreeP = l.outFreeP[:len(l.outFreeP)-1]
+			}
+		}
+		switch {
+		case err == nil:
+			l.backlogP = l.backlogP[1:]
+		case errors.Is(err, rdma.ErrQPError):
+			l.backlogP = nil
+		case errors.Is(err, rdma.ErrQueueFull):
+			return nil
+		default:
+			return err
+		}
 	}
-	return err
+	return nil
+}
+
+// postP posts one prefill work request and remembers it.
+func (l *Link) postP(wr rdma.WorkRequest, k wrKind) error {
+	l.nextWR++
+	wr.ID = l.nextWR
+	if err := l.qpP.PostSend(wr); err != nil {
+		return err
+	}
+	l.wrs[wr.ID] = k
+	return nil
+}
+
+// postDecode posts the head of decode's backlog, as postPrefill does.
+func (l *Link) postDecode() error {
+	for len(l.backlogD) > 0 {
+		if len(l.wrsD) >= l.cfg.QueueDepth || len(l.outFreeD) == 0 {
+			return nil
+		}
+		slot := l.outFreeD[len(l.outFreeD)-1]
+		sge, err := encode(l.outD, slot, l.backlogD[0].Msg)
+		if err != nil {
+			return err
+		}
+		l.nextWR++
+		switch err := l.qpD.PostSend(rdma.WorkRequest{ID: l.nextWR, Op: rdma.OpSend, Local: sge}); {
+		case err == nil:
+			l.outFreeD = l.outFreeD[:len(l.outFreeD)-1]
+			l.wrsD[l.nextWR] = slot
+			l.backlogD = l.backlogD[1:]
+		case errors.Is(err, rdma.ErrQPError): // after a cut, posts are refused: nothing to send
+			l.backlogD = nil
+		case errors.Is(err, rdma.ErrQueueFull):
+			return nil
+		default:
+			return err
+		}
+	}
+	return nil
 }
 
 func (l *Link) record(outs []protocol.Outcome, side int) {
@@ -278,6 +347,7 @@ func (l *Link) Reported(id protocol.RequestID) bool {
 func (l *Link) Cut() {
 	l.qpP.ToError()
 	l.qpD.ToError()
+	l.backlogP, l.backlogD = nil, nil
 	l.Receiver.QueuePairFenced(prefillPeer)
 	l.Sender.Flushed(decodePeer)
 }
@@ -293,7 +363,7 @@ func (l *Link) Pump(timeout time.Duration) (int, error) {
 		cs := l.cqP.Poll(64)
 		ds := l.cqD.Poll(64)
 		if len(cs)+len(ds) == 0 {
-			if len(l.wrs) == 0 && l.sendsD == 0 {
+			if len(l.wrs) == 0 && len(l.wrsD) == 0 {
 				return handled, nil
 			}
 			if cs, ds = l.waitEither(timeout); len(cs)+len(ds) == 0 {
@@ -360,8 +430,12 @@ func (l *Link) prefillCompletion(c rdma.Completion) error {
 		return fmt.Errorf("transfer: completion for unknown work request %d", c.WRID)
 	}
 	delete(l.wrs, c.WRID)
-	if k.write == 0 {
+	switch {
+	case k.write == 0:
+		l.outFreeP = append(l.outFreeP, k.buffer)
 		return nil // a SEND
+	case !k.payload:
+		l.tagFree = append(l.tagFree, k.buffer)
 	}
 	if k.payload && c.Status == rdma.Success {
 		return nil // the tag record's completion reports the page
@@ -373,8 +447,9 @@ func (l *Link) prefillCompletion(c rdma.Completion) error {
 }
 
 func (l *Link) decodeCompletion(c rdma.Completion) error {
-	if c.WRID&(1<<63) == 0 {
-		l.sendsD-- // one of decode's own SENDs
+	if c.WRID&(1<<63) == 0 { // one of decode's own SENDs: its buffer is free again
+		l.outFreeD = append(l.outFreeD, l.wrsD[c.WRID])
+		delete(l.wrsD, c.WRID)
 		return nil
 	}
 	if c.Status != rdma.Success {

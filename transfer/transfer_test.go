@@ -38,11 +38,14 @@ var providers = map[string]func(t *testing.T) (prefill, decode rdma.Device){
 
 // overEachProvider runs test once per provider.
 func overEachProvider(t *testing.T, test func(t *testing.T, l *Link, faults rdma.Faults)) {
+	overEachProviderWith(t, Config{DecodePages: 64, PrefillPages: 32, PageTokens: 16, PageBytes: pageBytes, Timeout: time.Hour}, test)
+}
+
+func overEachProviderWith(t *testing.T, cfg Config, test func(t *testing.T, l *Link, faults rdma.Faults)) {
 	for _, name := range slices.Sorted(maps.Keys(providers)) {
 		t.Run(name, func(t *testing.T) {
 			prefill, decode := providers[name](t)
-			l, err := New(Config{DecodePages: 64, PrefillPages: 32, PageTokens: 16, PageBytes: pageBytes, Timeout: time.Hour},
-				prefill, decode)
+			l, err := New(cfg, prefill, decode)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -173,5 +176,31 @@ func cutFences(t *testing.T, l *Link, qp rdma.Faults) {
 	}
 	if l.Receiver.Pool().Free() != 64 || l.Sender.Pool().Free() != 32 {
 		t.Fatal("pages leaked after the cut")
+	}
+}
+
+// More work than the send queue holds: what the state machines emit waits in
+// the link's backlog, in order, and every buffer a work request reads stays
+// its own until it completes, so every request still arrives intact.
+func TestBackpressureKeepsOrderAndBuffers(t *testing.T) {
+	cfg := Config{DecodePages: 64, PrefillPages: 32, PageTokens: 16, PageBytes: pageBytes, Timeout: time.Hour, QueueDepth: 3}
+	overEachProviderWith(t, cfg, func(t *testing.T, l *Link, _ rdma.Faults) {
+		for id := protocol.RequestID(1); id <= 30; id++ { // 30 requests at once, one page each
+			if err := l.Submit(id, 16, compute(id)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		pump(t, l)
+		for id := protocol.RequestID(1); id <= 30; id++ {
+			if o := l.Outcomes[id]; !l.Reported(id) || o[0] != nil || o[1] != nil {
+				t.Fatalf("request %d: outcomes %v", id, o)
+			}
+		}
+		if l.Receiver.Pool().Free() != 64 || l.Sender.Pool().Free() != 32 {
+			t.Fatal("pages leaked")
+		}
+	})
+	if _, err := New(Config{DecodePages: 1, PrefillPages: 1, PageTokens: 1, PageBytes: 64, QueueDepth: 2}, nil, nil); err == nil {
+		t.Fatal("a send queue too small for one page and Done must be refused")
 	}
 }
