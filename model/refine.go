@@ -91,6 +91,11 @@ type clientView struct {
 // ErrRefinement says the implementation and the spec parted ways.
 var ErrRefinement = errors.New("refinement mapping differs")
 
+// ErrOutOfBounds says the run left the spec's bounds: a queue of the spec
+// reached spec.MaxQueue, where the spec drops the message and flags
+// WithinBounds. It is a limit of the model, not a difference: the run ends.
+var ErrOutOfBounds = errors.New("the spec's queue bound was reached")
+
 const refPeer = protocol.PeerID(0)
 
 // id maps a spec request to the implementation's request ID.
@@ -280,6 +285,9 @@ func (h *Refinement) step(a spec.Action, impl func(popped *int) error) error {
 		}
 	}
 	h.s = chosen
+	if h.s.Overflow {
+		return fmt.Errorf("%w after %v (spec.MaxQueue %d)", ErrOutOfBounds, a, spec.MaxQueue)
+	}
 	// Whatever the spec put on the queue pair in this step, the harness hands
 	// from the Sender's backlog to the wire, in the same order.
 	var sent []spec.Msg

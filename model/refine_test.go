@@ -20,6 +20,8 @@ import (
 type refinementRun struct {
 	h     *Refinement
 	steps int
+	// out says the run left the spec's bounds (ErrOutOfBounds): it ends there.
+	out bool
 }
 
 func newRefinementRun(cfg spec.Config, bugs research.Switches, variant func(r int) uint16) (*refinementRun, error) {
@@ -37,8 +39,14 @@ func (x *refinementRun) fail(err error) error {
 
 // take applies one action, then checks every invariant.
 func (x *refinementRun) take(a spec.Action) error {
+	if x.out {
+		return nil
+	}
 	x.steps++
-	if err := x.h.Step(a); err != nil {
+	if err := x.h.Step(a); errors.Is(err, ErrOutOfBounds) {
+		x.out = true
+		return nil
+	} else if err != nil {
 		return x.fail(err)
 	}
 	for _, inv := range spec.Invariants {
@@ -52,7 +60,7 @@ func (x *refinementRun) take(a spec.Action) error {
 // drain takes protocol actions (the first enabled each time) until none is
 // left, then checks the goals.
 func (x *refinementRun) drain() error {
-	for i := 0; i < 1000; i++ {
+	for i := 0; i < 1000 && !x.out; i++ {
 		var next *spec.Action
 		for _, a := range x.h.Enabled() {
 			if !a.IsFault() {
@@ -66,6 +74,10 @@ func (x *refinementRun) drain() error {
 		if err := x.take(*next); err != nil {
 			return err
 		}
+	}
+	if x.out {
+		outOfBounds++
+		return nil
 	}
 	for _, g := range spec.Goals {
 		if !g.Reached(x.h.Model(), x.h.State()) {
@@ -126,6 +138,9 @@ func walk(cfg spec.Config, bugs research.Switches, seed uint64) error {
 	return nil
 }
 
+// outOfBounds counts runs that left the spec's bounds and ended early.
+var outOfBounds int
+
 // walkCoverage counts what the walks did, so a test can show they reach
 // every action and outcome.
 var walkCoverage = map[string]int{}
@@ -150,6 +165,7 @@ func TestImplementationRefinesTheSpecOnSeededWalks(t *testing.T) {
 		seeds = 300
 	}
 	clear(walkCoverage)
+	outOfBounds = 0
 	for i, cfg := range configs() {
 		for seed := uint64(0); seed < seeds; seed++ {
 			if err := walk(cfg, research.Switches{}, seed); err != nil {
@@ -157,7 +173,10 @@ func TestImplementationRefinesTheSpecOnSeededWalks(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("coverage: %v", walkCoverage)
+	t.Logf("coverage: %v; %d walks left the spec's bounds", walkCoverage, outOfBounds)
+	if outOfBounds*100 > int(seeds)*len(configs()) {
+		t.Errorf("%d walks left the spec's bounds: more than 1%%", outOfBounds)
+	}
 	for _, what := range []string{"Submit", "PrefillRecv", "PrefillRecvQP", "DecodeRecv", "DecodeRecvQP", "PostWrite", "DecodeRead",
 		"DetectCrash", "Cancel", "Crash", "Timeout", "Cut", "late or corrupt WRITE",
 		"outcome ok", "outcome rejected", "outcome cancelled", "outcome failed"} {
@@ -225,10 +244,11 @@ var refinementStats runStats
 
 func TestRapidImplementationRefinesTheSpec(t *testing.T) {
 	atLeast(t, 300)
-	refinementStats = runStats{}
+	refinementStats, outOfBounds = runStats{}, 0
 	rapid.Check(t, func(t *rapid.T) { checkRefinement(t, research.Switches{}) })
 	st := refinementStats
-	t.Logf("%d runs, %.1f spec steps each (PostWrite not counted), %d with a request served", st.runs, float64(st.repeated)/float64(st.runs), st.total)
+	t.Logf("%d runs, %.1f spec steps each (PostWrite not counted), %d with a request served, %d left the spec's bounds",
+		st.runs, float64(st.repeated)/float64(st.runs), st.total, outOfBounds)
 	if st.repeated < 10*st.runs || 3*st.total < st.runs {
 		t.Fatalf("%d steps in %d runs, %d with a request served: the state machine barely ran", st.repeated, st.runs, st.total)
 	}
