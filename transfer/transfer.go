@@ -63,15 +63,16 @@ type Link struct {
 	tagFree, outFreeP, outFreeD []int
 	// What the state machines emitted and the queue pair cannot take yet (its
 	// send queue full, or no buffer free), in order: posting stays in order.
-	backlogP []protocol.Op
-	backlogD []protocol.Send
-	wrs      map[uint64]wrKind // outstanding work requests on the prefill side
-	wrsD     map[uint64]int    // decode's outstanding SENDs: their buffers
-	nextWR   uint64
-	Outcomes map[protocol.RequestID][2]error // [prefill, decode] outcome
-	reported map[protocol.RequestID][2]bool
-	Verified []protocol.RequestID
-	now      time.Time
+	backlogP      []protocol.Op
+	backlogD      []protocol.Send
+	payloadPosted bool              // the head of backlogP is a WRITE whose payload half is posted
+	wrs           map[uint64]wrKind // outstanding work requests on the prefill side
+	wrsD          map[uint64]int    // decode's outstanding SENDs: their buffers
+	nextWR        uint64
+	Outcomes      map[protocol.RequestID][2]error // [prefill, decode] outcome
+	reported      map[protocol.RequestID][2]bool
+	Verified      []protocol.RequestID
+	now           time.Time
 }
 
 type wrKind struct {
@@ -254,16 +255,22 @@ func (l *Link) postPrefill() error {
 		}
 		var err error
 		if w := op.Write; w != nil {
-			tag := l.tagFree[len(l.tagFree)-1]
-			copy(l.tagOut.Bytes()[tag*protocol.TagSize:], w.Tag)
-			err = l.postP(rdma.WorkRequest{Op: rdma.OpWrite,
-				Local:      rdma.SGE{MR: l.src, Offset: int(w.Source) * l.cfg.PageBytes, Length: l.cfg.PageBytes},
-				RemoteAddr: w.Remote.Addr, RKey: w.Remote.Key}, wrKind{write: w.ID, payload: true, buffer: -1})
+			if !l.payloadPosted { // the payload half may be posted already, if the tag's post was refused
+				err = l.postP(rdma.WorkRequest{Op: rdma.OpWrite,
+					Local:      rdma.SGE{MR: l.src, Offset: int(w.Source) * l.cfg.PageBytes, Length: l.cfg.PageBytes},
+					RemoteAddr: w.Remote.Addr, RKey: w.Remote.Key}, wrKind{write: w.ID, payload: true, buffer: -1})
+				l.payloadPosted = err == nil
+			}
 			if err == nil {
-				l.tagFree = l.tagFree[:len(l.tagFree)-1]
+				tag := l.tagFree[len(l.tagFree)-1]
+				copy(l.tagOut.Bytes()[tag*protocol.TagSize:], w.Tag)
 				err = l.postP(rdma.WorkRequest{Op: rdma.OpWrite,
 					Local:      rdma.SGE{MR: l.tagOut, Offset: tag * protocol.TagSize, Length: protocol.TagSize},
 					RemoteAddr: w.Remote.Addr + uint64(l.cfg.PageBytes), RKey: w.Remote.Key}, wrKind{write: w.ID, buffer: tag})
+				if err == nil {
+					l.tagFree = l.tagFree[:len(l.tagFree)-1]
+					l.payloadPosted = false
+				}
 			}
 		} else {
 			slot := l.outFreeP[len(l.outFreeP)-1]
@@ -279,7 +286,7 @@ func (l *Link) postPrefill() error {
 		case err == nil:
 			l.backlogP = l.backlogP[1:]
 		case errors.Is(err, rdma.ErrQPError):
-			l.backlogP = nil
+			l.backlogP, l.payloadPosted = nil, false
 		case errors.Is(err, rdma.ErrQueueFull):
 			return nil
 		default:
@@ -347,7 +354,7 @@ func (l *Link) Reported(id protocol.RequestID) bool {
 func (l *Link) Cut() {
 	l.qpP.ToError()
 	l.qpD.ToError()
-	l.backlogP, l.backlogD = nil, nil
+	l.backlogP, l.backlogD, l.payloadPosted = nil, nil, false
 	l.Receiver.QueuePairFenced(prefillPeer)
 	l.Sender.Flushed(decodePeer)
 }
