@@ -101,40 +101,25 @@ func (p *pd) CreateQP(sendCQ, recvCQ rdma.CompletionQueue, depth int) (rdma.Queu
 	f := p.f
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	q := &QP{f: f, pd: p, qpn: f.nextQPN, sendCQ: s, recvCQ: r, depth: depth, wake: make(chan struct{}, 1)}
+	q := &QP{f: f, pd: p, qpn: f.nextQPN}
+	q.Init(p, s, r, depth, 0)
 	f.nextQPN++
 	f.qps[q.qpn] = q
 	return q, nil
 }
 
-// QP is a reliable-connected queue pair of the in-process provider.
+// QP is a reliable-connected queue pair of the in-process provider. Its
+// work queues, posting and fault hooks are soft.WorkQueues'.
 type QP struct {
-	f      *Fabric
-	pd     *pd
-	qpn    uint32
-	sendCQ *soft.Queue
-	recvCQ *soft.Queue
-	depth  int
-
-	mu      sync.Mutex
-	state   rdma.QPState
-	remote  *QP
-	sq      []rdma.WorkRequest
-	rq      []rdma.WorkRequest
-	paused  bool
-	corrupt bool
-	wake    chan struct{}
+	soft.WorkQueues // remote is guarded by its Mu too
+	f               *Fabric
+	pd              *pd
+	qpn             uint32
+	remote          *QP
 }
 
 // Info implements rdma.QueuePair.
 func (q *QP) Info() rdma.ConnInfo { return rdma.ConnInfo{Fabric: q.f.name, QPN: q.qpn} }
-
-// State implements rdma.QueuePair.
-func (q *QP) State() rdma.QPState {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return q.state
-}
 
 // Connect implements rdma.QueuePair.
 func (q *QP) Connect(remote rdma.ConnInfo) error {
@@ -144,47 +129,13 @@ func (q *QP) Connect(remote rdma.ConnInfo) error {
 	if remote.Fabric != q.f.name || r == nil {
 		return fmt.Errorf("%w: %+v", rdma.ErrUnknownPeer, remote)
 	}
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.state != rdma.StateReset {
-		return fmt.Errorf("%w: connect from state %d", rdma.ErrBadRequest, q.state)
+	q.Mu.Lock()
+	defer q.Mu.Unlock()
+	if q.QPState != rdma.StateReset {
+		return fmt.Errorf("%w: connect from state %d", rdma.ErrBadRequest, q.QPState)
 	}
-	q.remote, q.state = r, rdma.StateRTS
+	q.remote, q.QPState = r, rdma.StateRTS
 	go q.run()
-	return nil
-}
-
-// PostSend implements rdma.QueuePair.
-func (q *QP) PostSend(wr rdma.WorkRequest) error {
-	if wr.Op != rdma.OpWrite && wr.Op != rdma.OpWriteImm && wr.Op != rdma.OpSend {
-		return fmt.Errorf("%w: %v on the send queue", rdma.ErrBadRequest, wr.Op)
-	}
-	return q.post(&q.sq, wr, true)
-}
-
-// PostRecv implements rdma.QueuePair. Receives may be posted before the queue
-// pair is connected, as on hardware.
-func (q *QP) PostRecv(wr rdma.WorkRequest) error { return q.post(&q.rq, wr, false) }
-
-// post appends wr to one of q's work queues, after the checks both share.
-func (q *QP) post(queue *[]rdma.WorkRequest, wr rdma.WorkRequest, needRTS bool) error {
-	if _, err := soft.Local(q.pd, wr.Local); err != nil {
-		return err
-	}
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	switch {
-	case q.state == rdma.StateError:
-		return rdma.ErrQPError
-	case needRTS && q.state != rdma.StateRTS:
-		return rdma.ErrNotConnected
-	case len(*queue) >= q.depth:
-		return rdma.ErrQueueFull
-	}
-	*queue = append(*queue, wr)
-	if needRTS {
-		q.kick() // sends run on q's worker; receives are taken by the peer's
-	}
 	return nil
 }
 
@@ -198,67 +149,19 @@ func (q *QP) ToError() error {
 }
 
 // toError flushes q; the caller holds f.exec. A failed work request's own
-// completion, head, comes before the flushes, and q is in the error state
-// before any of them is seen.
+// completion, head, comes before the flushes.
 func (q *QP) toError(head *rdma.Completion) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.state == rdma.StateError {
-		return
-	}
-	q.state = rdma.StateError
-	if head != nil {
-		q.sendCQ.Push(*head)
-	}
-	for _, wr := range q.sq {
-		q.sendCQ.Push(rdma.Completion{WRID: wr.ID, Op: wr.Op, Status: rdma.FlushError})
-	}
-	for _, wr := range q.rq {
-		q.recvCQ.Push(rdma.Completion{WRID: wr.ID, Op: rdma.OpRecv, Status: rdma.FlushError})
-	}
-	q.sq, q.rq = nil, nil
-	q.kick()
-}
-
-// Pause holds back q's placements and completions (a late WRITE) until Resume.
-func (q *QP) Pause() {
-	q.mu.Lock()
-	q.paused = true
-	q.mu.Unlock()
-}
-
-// Resume lets q's work requests run again.
-func (q *QP) Resume() {
-	q.mu.Lock()
-	q.paused = false
-	q.kick()
-	q.mu.Unlock()
-}
-
-// CorruptNext damages the payload of the next WRITE q places.
-func (q *QP) CorruptNext() {
-	q.mu.Lock()
-	q.corrupt = true
-	q.mu.Unlock()
-}
-
-// kick wakes the worker; the caller holds q.mu.
-func (q *QP) kick() {
-	select {
-	case q.wake <- struct{}{}:
-	default:
-	}
+	q.Mu.Lock()
+	defer q.Mu.Unlock()
+	q.FailLocked(head)
 }
 
 // run executes q's send queue in order until q is in the error state.
 func (q *QP) run() {
-	for range q.wake {
+	for range q.Wake {
 		for q.step() {
 		}
-		q.mu.Lock()
-		done := q.state == rdma.StateError
-		q.mu.Unlock()
-		if done {
+		if q.State() == rdma.StateError {
 			return
 		}
 	}
@@ -269,19 +172,16 @@ func (q *QP) step() bool {
 	f := q.f
 	f.exec.Lock()
 	defer f.exec.Unlock()
-	q.mu.Lock()
-	if q.state != rdma.StateRTS || q.paused || len(q.sq) == 0 {
-		q.mu.Unlock()
+	q.Mu.Lock()
+	if q.QPState != rdma.StateRTS || q.Paused || len(q.SQ) == 0 {
+		q.Mu.Unlock()
 		return false
 	}
-	wr := q.sq[0]
-	q.sq = q.sq[1:]
-	corrupt := q.corrupt && wr.Op != rdma.OpSend
-	if corrupt {
-		q.corrupt = false
-	}
+	wr := q.SQ[0]
+	q.SQ = q.SQ[1:]
+	corrupt := q.TakeCorruptLocked(wr.Op)
 	r := q.remote
-	q.mu.Unlock()
+	q.Mu.Unlock()
 
 	src := wr.Local.MR.Bytes()[wr.Local.Offset : wr.Local.Offset+wr.Local.Length]
 	fail := func(st rdma.Status, remoteToo bool) bool {
@@ -312,7 +212,7 @@ func (q *QP) step() bool {
 			dst[len(src)/2] ^= 0x5A
 		}
 		if wr.Op == rdma.OpWriteImm {
-			r.recvCQ.Push(rdma.Completion{WRID: recv.ID, Op: rdma.OpRecvImm, Imm: wr.Imm, HasImm: true})
+			r.RecvCQ().Push(rdma.Completion{WRID: recv.ID, Op: rdma.OpRecvImm, Imm: wr.Imm, HasImm: true})
 		}
 	case rdma.OpSend:
 		recv, ok := r.takeRecv()
@@ -320,24 +220,19 @@ func (q *QP) step() bool {
 			return fail(rdma.ReceiverNotReady, true)
 		}
 		if recv.Local.Length < len(src) {
-			r.recvCQ.Push(rdma.Completion{WRID: recv.ID, Op: rdma.OpRecv, Status: rdma.LocalLengthError})
+			r.RecvCQ().Push(rdma.Completion{WRID: recv.ID, Op: rdma.OpRecv, Status: rdma.LocalLengthError})
 			return fail(rdma.RemoteAccessError, true)
 		}
 		copy(recv.Local.MR.Bytes()[recv.Local.Offset:], src)
-		r.recvCQ.Push(rdma.Completion{WRID: recv.ID, Op: rdma.OpRecv, Bytes: len(src), Imm: wr.Imm, HasImm: wr.HasImm})
+		r.RecvCQ().Push(rdma.Completion{WRID: recv.ID, Op: rdma.OpRecv, Bytes: len(src), Imm: wr.Imm, HasImm: wr.HasImm})
 	}
-	q.sendCQ.Push(rdma.Completion{WRID: wr.ID, Op: wr.Op})
+	q.SendCQ().Push(rdma.Completion{WRID: wr.ID, Op: wr.Op})
 	return true
 }
 
 // takeRecv consumes the head of q's receive queue.
 func (q *QP) takeRecv() (rdma.WorkRequest, bool) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.state != rdma.StateRTS || len(q.rq) == 0 {
-		return rdma.WorkRequest{}, false
-	}
-	wr := q.rq[0]
-	q.rq = q.rq[1:]
-	return wr, true
+	q.Mu.Lock()
+	defer q.Mu.Unlock()
+	return q.TakeRecvLocked()
 }

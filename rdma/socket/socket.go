@@ -148,48 +148,33 @@ func (p *pd) CreateQP(sendCQ, recvCQ rdma.CompletionQueue, depth int) (rdma.Queu
 	if d.closed {
 		return nil, fmt.Errorf("%w: device closed", rdma.ErrBadRequest)
 	}
-	q := &QP{d: d, pd: p, qpn: d.nextQPN, sendCQ: s, recvCQ: r, depth: depth,
-		wake: make(chan struct{}, 1), ready: make(chan struct{})}
+	q := &QP{d: d, pd: p, qpn: d.nextQPN, ready: make(chan struct{})}
+	q.Init(p, s, r, depth, MaxMessage)
 	d.nextQPN++
 	d.qps[q.qpn] = q
 	return q, nil
 }
 
-// QP is a reliable-connected queue pair of the socket provider.
+// QP is a reliable-connected queue pair of the socket provider. Its work
+// queues, posting and fault hooks are soft.WorkQueues'; its InFlight are the
+// requests transmitted and not yet answered.
 type QP struct {
-	d      *Device
-	pd     *pd
-	qpn    uint32
-	sendCQ *soft.Queue
-	recvCQ *soft.Queue
-	depth  int
+	soft.WorkQueues // out and in are guarded by its Mu too
+	d               *Device
+	pd              *pd
+	qpn             uint32
 
 	// place is held by the responder while it places a payload or consumes a
 	// receive, and by ToError: the fence.
 	place sync.Mutex
 
-	mu       sync.Mutex
-	state    rdma.QPState
-	out      net.Conn           // our requests, the peer's answers
-	in       net.Conn           // the peer's requests, our answers
-	sq       []rdma.WorkRequest // posted, not yet transmitted
-	inflight []rdma.WorkRequest // transmitted, not yet answered
-	rq       []rdma.WorkRequest
-	paused   bool
-	corrupt  bool
-	wake     chan struct{}
-	ready    chan struct{} // closed when q leaves the reset state
+	out   net.Conn      // our requests, the peer's answers
+	in    net.Conn      // the peer's requests, our answers
+	ready chan struct{} // closed when q leaves the reset state
 }
 
 // Info implements rdma.QueuePair.
 func (q *QP) Info() rdma.ConnInfo { return rdma.ConnInfo{Fabric: q.d.name, QPN: q.qpn} }
-
-// State implements rdma.QueuePair.
-func (q *QP) State() rdma.QPState {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return q.state
-}
 
 // Connect implements rdma.QueuePair: it dials the peer's device.
 func (q *QP) Connect(remote rdma.ConnInfo) error {
@@ -197,10 +182,7 @@ func (q *QP) Connect(remote rdma.ConnInfo) error {
 	if !ok {
 		return fmt.Errorf("%w: fabric %q is not network:address", rdma.ErrUnknownPeer, remote.Fabric)
 	}
-	q.mu.Lock()
-	st := q.state
-	q.mu.Unlock()
-	if st != rdma.StateReset {
+	if st := q.State(); st != rdma.StateReset {
 		return fmt.Errorf("%w: connect from state %d", rdma.ErrBadRequest, st)
 	}
 	conn, err := net.DialTimeout(network, address, 10*time.Second)
@@ -226,90 +208,18 @@ func (q *QP) Connect(remote rdma.ConnInfo) error {
 	if tc, ok := conn.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
 	}
-	q.mu.Lock()
-	if q.state != rdma.StateReset {
-		q.mu.Unlock()
+	q.Mu.Lock()
+	if q.QPState != rdma.StateReset {
+		q.Mu.Unlock()
 		conn.Close()
 		return fmt.Errorf("%w: state changed while connecting", rdma.ErrQPError)
 	}
-	q.out, q.state = conn, rdma.StateRTS
+	q.out, q.QPState = conn, rdma.StateRTS
 	close(q.ready)
-	q.mu.Unlock()
+	q.Mu.Unlock()
 	go q.transmit(conn)
 	go q.answers(conn)
 	return nil
-}
-
-// PostSend implements rdma.QueuePair.
-func (q *QP) PostSend(wr rdma.WorkRequest) error {
-	if wr.Op != rdma.OpWrite && wr.Op != rdma.OpWriteImm && wr.Op != rdma.OpSend {
-		return fmt.Errorf("%w: %v on the send queue", rdma.ErrBadRequest, wr.Op)
-	}
-	return q.post(&q.sq, wr, true)
-}
-
-// PostRecv implements rdma.QueuePair. Receives may be posted before the queue
-// pair is connected, as on hardware.
-func (q *QP) PostRecv(wr rdma.WorkRequest) error {
-	if wr.Op != rdma.OpRecv {
-		return fmt.Errorf("%w: %v on the receive queue", rdma.ErrBadRequest, wr.Op)
-	}
-	return q.post(&q.rq, wr, false)
-}
-
-func (q *QP) post(queue *[]rdma.WorkRequest, wr rdma.WorkRequest, send bool) error {
-	if _, err := soft.Local(q.pd, wr.Local); err != nil {
-		return err
-	}
-	if wr.Local.Length > MaxMessage {
-		return fmt.Errorf("%w: %d bytes exceed the largest message", rdma.ErrBadRequest, wr.Local.Length)
-	}
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	switch {
-	case q.state == rdma.StateError:
-		return rdma.ErrQPError
-	case send && q.state != rdma.StateRTS:
-		return rdma.ErrNotConnected
-	case send && len(q.sq)+len(q.inflight) >= q.depth, !send && len(q.rq) >= q.depth:
-		return rdma.ErrQueueFull
-	}
-	*queue = append(*queue, wr)
-	if send {
-		q.kick()
-	}
-	return nil
-}
-
-// kick wakes the transmitter; the caller holds q.mu.
-func (q *QP) kick() {
-	select {
-	case q.wake <- struct{}{}:
-	default:
-	}
-}
-
-// Pause implements rdma.Faults: nothing more is transmitted until Resume.
-func (q *QP) Pause() {
-	q.mu.Lock()
-	q.paused = true
-	q.mu.Unlock()
-}
-
-// Resume implements rdma.Faults.
-func (q *QP) Resume() {
-	q.mu.Lock()
-	q.paused = false
-	q.kick()
-	q.mu.Unlock()
-}
-
-// CorruptNext implements rdma.Faults: the next WRITE's payload is damaged on
-// the wire; the source is untouched.
-func (q *QP) CorruptNext() {
-	q.mu.Lock()
-	q.corrupt = true
-	q.mu.Unlock()
 }
 
 // ToError implements rdma.QueuePair. Every outstanding work request, send and
@@ -326,66 +236,46 @@ func (q *QP) ToError() error {
 func (q *QP) fail(head *rdma.Status) {
 	q.place.Lock()
 	defer q.place.Unlock()
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.state == rdma.StateError {
-		return
-	}
-	if q.state == rdma.StateReset {
+	q.Mu.Lock()
+	defer q.Mu.Unlock()
+	if q.QPState == rdma.StateReset {
 		close(q.ready)
 	}
-	q.state = rdma.StateError
-	if head != nil && len(q.inflight) > 0 {
-		wr := q.inflight[0]
-		q.inflight = q.inflight[1:]
-		q.sendCQ.Push(rdma.Completion{WRID: wr.ID, Op: wr.Op, Status: *head})
+	var first *rdma.Completion
+	if head != nil && len(q.InFlight) > 0 {
+		wr := q.InFlight[0]
+		q.InFlight = q.InFlight[1:]
+		first = &rdma.Completion{WRID: wr.ID, Op: wr.Op, Status: *head}
 	}
-	q.flushLocked()
+	if !q.FailLocked(first) {
+		return
+	}
 	for _, c := range []net.Conn{q.out, q.in} {
 		if c != nil {
 			c.Close()
 		}
 	}
-	q.kick()
-}
-
-// flushLocked completes every outstanding work request with FlushError; the
-// caller holds q.mu.
-func (q *QP) flushLocked() {
-	for _, wr := range q.inflight {
-		q.sendCQ.Push(rdma.Completion{WRID: wr.ID, Op: wr.Op, Status: rdma.FlushError})
-	}
-	for _, wr := range q.sq {
-		q.sendCQ.Push(rdma.Completion{WRID: wr.ID, Op: wr.Op, Status: rdma.FlushError})
-	}
-	for _, wr := range q.rq {
-		q.recvCQ.Push(rdma.Completion{WRID: wr.ID, Op: rdma.OpRecv, Status: rdma.FlushError})
-	}
-	q.inflight, q.sq, q.rq = nil, nil, nil
 }
 
 // transmit sends q's work requests in order until q is in the error state.
 func (q *QP) transmit(conn net.Conn) {
 	var hdr [headerLen]byte
-	for range q.wake {
+	for range q.Wake {
 		for {
-			q.mu.Lock()
-			if q.state != rdma.StateRTS || q.paused || len(q.sq) == 0 {
-				done := q.state == rdma.StateError
-				q.mu.Unlock()
+			q.Mu.Lock()
+			if q.QPState != rdma.StateRTS || q.Paused || len(q.SQ) == 0 {
+				done := q.QPState == rdma.StateError
+				q.Mu.Unlock()
 				if done {
 					return
 				}
 				break
 			}
-			wr := q.sq[0]
-			q.sq = q.sq[1:]
-			q.inflight = append(q.inflight, wr)
-			corrupt := q.corrupt && wr.Op != rdma.OpSend
-			if corrupt {
-				q.corrupt = false
-			}
-			q.mu.Unlock()
+			wr := q.SQ[0]
+			q.SQ = q.SQ[1:]
+			q.InFlight = append(q.InFlight, wr)
+			corrupt := q.TakeCorruptLocked(wr.Op)
+			q.Mu.Unlock()
 
 			payload := wr.Local.MR.Bytes()[wr.Local.Offset : wr.Local.Offset+wr.Local.Length]
 			if corrupt && len(payload) > 0 {
@@ -423,16 +313,16 @@ func (q *QP) answers(conn net.Conn) {
 			q.fail(&status)
 			return
 		}
-		q.mu.Lock()
-		if len(q.inflight) == 0 {
-			q.mu.Unlock()
+		q.Mu.Lock()
+		if len(q.InFlight) == 0 {
+			q.Mu.Unlock()
 			q.broken() // an answer to nothing: the peer is broken
 			return
 		}
-		wr := q.inflight[0]
-		q.inflight = q.inflight[1:]
-		q.sendCQ.Push(rdma.Completion{WRID: wr.ID, Op: wr.Op})
-		q.mu.Unlock()
+		wr := q.InFlight[0]
+		q.InFlight = q.InFlight[1:]
+		q.SendCQ().Push(rdma.Completion{WRID: wr.ID, Op: wr.Op})
+		q.Mu.Unlock()
 	}
 }
 
@@ -469,12 +359,12 @@ func (d *Device) serve(conn net.Conn) {
 	d.mu.Unlock()
 	refuse := q == nil
 	if !refuse {
-		q.mu.Lock()
-		refuse = q.in != nil || q.state == rdma.StateError
+		q.Mu.Lock()
+		refuse = q.in != nil || q.QPState == rdma.StateError
 		if !refuse {
 			q.in = conn
 		}
-		q.mu.Unlock()
+		q.Mu.Unlock()
 	}
 	if refuse {
 		conn.Write([]byte{1})
@@ -540,9 +430,9 @@ func (q *QP) respond(conn net.Conn) {
 func (q *QP) execute(op rdma.Opcode, hasImm bool, rkey uint32, addr uint64, imm uint32, payload []byte) rdma.Status {
 	q.place.Lock()
 	defer q.place.Unlock()
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.state != rdma.StateRTS {
+	q.Mu.Lock()
+	defer q.Mu.Unlock()
+	if q.QPState != rdma.StateRTS {
 		return rdma.FlushError // fenced: nothing lands
 	}
 	var dst []byte
@@ -553,25 +443,24 @@ func (q *QP) execute(op rdma.Opcode, hasImm bool, rkey uint32, addr uint64, imm 
 	}
 	var recv rdma.WorkRequest
 	if op == rdma.OpWriteImm || op == rdma.OpSend {
-		if len(q.rq) == 0 {
+		var ok bool
+		if recv, ok = q.TakeRecvLocked(); !ok {
 			return rdma.ReceiverNotReady
 		}
-		recv = q.rq[0]
-		q.rq = q.rq[1:]
 	}
 	switch op {
 	case rdma.OpWrite:
 		copy(dst, payload)
 	case rdma.OpWriteImm:
 		copy(dst, payload)
-		q.recvCQ.Push(rdma.Completion{WRID: recv.ID, Op: rdma.OpRecvImm, Imm: imm, HasImm: true})
+		q.RecvCQ().Push(rdma.Completion{WRID: recv.ID, Op: rdma.OpRecvImm, Imm: imm, HasImm: true})
 	case rdma.OpSend:
 		if recv.Local.Length < len(payload) {
-			q.recvCQ.Push(rdma.Completion{WRID: recv.ID, Op: rdma.OpRecv, Status: rdma.LocalLengthError})
+			q.RecvCQ().Push(rdma.Completion{WRID: recv.ID, Op: rdma.OpRecv, Status: rdma.LocalLengthError})
 			return rdma.RemoteAccessError
 		}
 		copy(recv.Local.MR.Bytes()[recv.Local.Offset:], payload)
-		q.recvCQ.Push(rdma.Completion{WRID: recv.ID, Op: rdma.OpRecv, Bytes: len(payload), Imm: imm, HasImm: hasImm})
+		q.RecvCQ().Push(rdma.Completion{WRID: recv.ID, Op: rdma.OpRecv, Bytes: len(payload), Imm: imm, HasImm: hasImm})
 	}
 	return rdma.Success
 }
