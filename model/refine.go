@@ -125,7 +125,7 @@ func NewRefinementWith(cfg spec.Config, bugs research.Switches) (*Refinement, er
 	h.dst = newMem(cfg.DecodePages, size, false)
 	tenant := spec.Label{Req: spec.Tenant}
 	for p := 0; p < cfg.DecodePages; p++ { // an earlier tenant's KV and tag record: pages are never zeroed
-		copy(h.dst.payload[p], h.bytesOf(tenant))
+		h.fill(h.dst.payload[p], tenant)
 		copy(h.dst.tags[p], protocol.Tag{Request: tenantID, Tokens: 1, Sum: checksum.Sum(h.dst.payload[p])}.Append(nil))
 	}
 	if h.snd, err = protocol.NewSender(protocol.SenderConfig{Pages: cfg.PrefillPages, PageTokens: cfg.PageSize,
@@ -142,6 +142,14 @@ func NewRefinementWith(cfg spec.Config, bugs research.Switches) (*Refinement, er
 
 const tenantID = protocol.RequestID(1 << 40)
 
+// fill writes the payload label l names into dst, and remembers its
+// checksum, so that a tag record's sum reads back as the label it covers.
+func (h *Refinement) fill(dst []byte, l spec.Label) {
+	b := h.bytesOf(l)
+	h.sums[checksum.Sum(b)] = l
+	copy(dst, b)
+}
+
 // bytesOf is the payload a label names: the first bytes say whose KV it is.
 func (h *Refinement) bytesOf(l spec.Label) []byte {
 	b := make([]byte, h.size)
@@ -152,7 +160,6 @@ func (h *Refinement) bytesOf(l spec.Label) []byte {
 	if l.Corrupt {
 		b[len(b)/2] ^= 0x40
 	}
-	h.sums[checksum.Sum(b)] = l
 	return b
 }
 
@@ -213,8 +220,9 @@ func (h *Refinement) Step(a spec.Action) error {
 	}
 	// The Sender posts as soon as it may: a WRITE the spec could post now and
 	// the Sender has not emitted is a sender that lags behind the spec.
+	posts := h.postsEnabled()
 	for r := range h.cfg.Prompts {
-		if h.enabled(spec.Action{Kind: spec.PostWrite, Req: int8(r)}) {
+		if posts[spec.Action{Kind: spec.PostWrite, Req: int8(r)}] {
 			return fmt.Errorf("%w after %v: the spec posts r%d's next WRITE now; the sender has not", ErrRefinement, a, r)
 		}
 	}
@@ -229,13 +237,14 @@ func (h *Refinement) postBacklog(a spec.Action) error {
 			return fmt.Errorf("%w after %v: the sender sent %s, which the spec did not", ErrRefinement, a, h.describe(op))
 		}
 		r := int(op.Write.Request) - 1
+		enabled := h.postsEnabled()
 		post := spec.Action{Kind: spec.PostWrite, Req: int8(r)}
 		if h.Faults != nil {
-			if v := h.Faults(r); h.enabled(spec.Action{Kind: spec.PostWrite, Req: int8(r), Arg: v}) {
+			if v := h.Faults(r); enabled[spec.Action{Kind: spec.PostWrite, Req: int8(r), Arg: v}] {
 				post.Arg = v
 			}
 		}
-		if !h.enabled(post) {
+		if !enabled[post] {
 			return fmt.Errorf("%w after %v: the sender posted %s, which the spec does not allow now", ErrRefinement, a, h.describe(op))
 		}
 		if err := h.step(post, func(popped *int) error { return h.apply(post, popped) }); err != nil {
@@ -245,10 +254,16 @@ func (h *Refinement) postBacklog(a spec.Action) error {
 	return nil
 }
 
-func (h *Refinement) enabled(a spec.Action) bool {
-	ok := false
-	h.m.Successors(&h.s, func(b spec.Action, _ spec.State) { ok = ok || a == b })
-	return ok
+// postsEnabled is the set of PostWrite actions (every variant) the spec
+// enables now.
+func (h *Refinement) postsEnabled() map[spec.Action]bool {
+	out := map[spec.Action]bool{}
+	h.m.Successors(&h.s, func(b spec.Action, _ spec.State) {
+		if b.Kind == spec.PostWrite {
+			out[b] = true
+		}
+	})
+	return out
 }
 
 // step is one spec step beside its implementation part: the successor taken
@@ -404,7 +419,7 @@ func (h *Refinement) intake(r int) {
 	}
 	h.srcPages[r] = pages
 	for i, p := range pages {
-		copy(h.src.payload[p], h.bytesOf(spec.Label{Req: int8(r), Index: int8(i)}))
+		h.fill(h.src.payload[p], spec.Label{Req: int8(r), Index: int8(i)})
 	}
 	h.snd.Computed(id(r))
 }
