@@ -5,6 +5,7 @@
 # against perftest's ib_write_bw. Exits 0 only if the guest prints the PASS marker.
 #
 #   rdma/verbs/vmtest/run.sh            # installs host packages if missing (root, apt)
+#   rdma/verbs/vmtest/run.sh --install  # only that: libibverbs-dev for go vet -tags verbs, QEMU, ...
 #
 # Env: KVH_VM_CACHE   where the extracted kernel is kept between runs
 #                     (default ~/.cache/kvhandoff-vm; keyed by the kernel package)
@@ -16,11 +17,6 @@ set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../../.." && pwd)
 CACHE=${KVH_VM_CACHE:-$HOME/.cache/kvhandoff-vm}
-OUT=${KVH_VM_OUT:-$(mktemp -d)}
-TIMEOUT=${KVH_VM_TIMEOUT:-600}
-mkdir -p "$CACHE" "$OUT"
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
 
 # 1. Host packages (Debian): QEMU, busybox, module tools, rdma-core's userspace, perftest.
 need=(qemu-system-x86 busybox-static cpio kmod iproute2 libibverbs-dev ibverbs-providers perftest gcc libc6-dev)
@@ -32,6 +28,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+[ "${1:-}" = --install ] && exit 0
+OUT=${KVH_VM_OUT:-$(mktemp -d)}
+TIMEOUT=${KVH_VM_TIMEOUT:-600}
+mkdir -p "$CACHE" "$OUT"
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
 
 # 2. Kernel: the ABI package linux-image-amd64 points at today, resolved by name,
 #    downloaded and extracted once per package name.
