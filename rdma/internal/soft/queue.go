@@ -1,8 +1,9 @@
 // Package soft holds what the providers that work in software share: a
 // completion queue kept in Go memory (packages inproc and socket complete
 // everything through it, package verbs the work requests it holds back or
-// flushes itself), and registered regions of Go memory with their keys and
-// addresses (packages inproc and socket).
+// flushes itself); registered regions of Go memory with their keys and
+// addresses; and a queue pair's work queues, posting checks, flush and fault
+// hooks (packages inproc and socket).
 package soft
 
 import (
