@@ -15,7 +15,9 @@
 // is posted, in order, while the send queue has room (Config.QueueDepth) and a
 // buffer is free. Every buffer a work request reads (a tag record, a control
 // message) stays its own until the request completes, because a NIC reads it
-// when it executes the request, not when it is posted.
+// when it executes the request, not when it is posted. And a SEND goes out
+// only when the peer has a receive buffer posted for it (a credit), since one
+// that finds none breaks the queue pair.
 //
 // Link is single-threaded: Pump polls both completion queues and carries
 // effects until nothing more happens. The provider's own goroutines place the
@@ -65,14 +67,20 @@ type Link struct {
 	// send queue full, or no buffer free), in order: posting stays in order.
 	backlogP      []protocol.Op
 	backlogD      []protocol.Send
-	payloadPosted bool              // the head of backlogP is a WRITE whose payload half is posted
-	wrs           map[uint64]wrKind // outstanding work requests on the prefill side
-	wrsD          map[uint64]int    // decode's outstanding SENDs: their buffers
-	nextWR        uint64
-	Outcomes      map[protocol.RequestID][2]error // [prefill, decode] outcome
-	reported      map[protocol.RequestID][2]bool
-	Verified      []protocol.RequestID
-	now           time.Time
+	payloadPosted bool // the head of backlogP is a WRITE whose payload half is posted
+	// Credits: receive buffers posted on each side that no SEND in flight
+	// toward it will take. A SEND goes out only against a credit, so it never
+	// finds its peer without a buffer (which breaks the queue pair); the
+	// credit comes back when the peer has handled the message and reposted
+	// the buffer. The link sees both ends, so it counts them directly.
+	creditsP, creditsD int
+	wrs                map[uint64]wrKind // outstanding work requests on the prefill side
+	wrsD               map[uint64]int    // decode's outstanding SENDs: their buffers
+	nextWR             uint64
+	Outcomes           map[protocol.RequestID][2]error // [prefill, decode] outcome
+	reported           map[protocol.RequestID][2]bool
+	Verified           []protocol.RequestID
+	now                time.Time
 }
 
 type wrKind struct {
@@ -155,10 +163,12 @@ func New(cfg Config, prefill, decode rdma.Device) (*Link, error) {
 	if l.cqD, err = decode.CreateCQ(cfg.QueueDepth + recvSlots); err != nil {
 		return nil, err
 	}
-	if l.qpP, err = pdP.CreateQP(l.cqP, l.cqP, cfg.QueueDepth); err != nil {
+	// The depth bounds both work queues: the receive queue holds recvSlots,
+	// the link keeps its own sends within QueueDepth.
+	if l.qpP, err = pdP.CreateQP(l.cqP, l.cqP, max(cfg.QueueDepth, recvSlots)); err != nil {
 		return nil, err
 	}
-	if l.qpD, err = pdD.CreateQP(l.cqD, l.cqD, cfg.QueueDepth); err != nil {
+	if l.qpD, err = pdD.CreateQP(l.cqD, l.cqD, max(cfg.QueueDepth, recvSlots)); err != nil {
 		return nil, err
 	}
 	if err = l.qpP.Connect(l.qpD.Info()); err != nil {
@@ -168,9 +178,14 @@ func New(cfg Config, prefill, decode rdma.Device) (*Link, error) {
 		return nil, err
 	}
 	for i := 0; i < recvSlots; i++ {
-		l.qpP.PostRecv(rdma.WorkRequest{ID: recvID(i), Op: rdma.OpRecv, Local: rdma.SGE{MR: l.inP, Offset: i * msgSlot, Length: msgSlot}})
-		l.qpD.PostRecv(rdma.WorkRequest{ID: recvID(i), Op: rdma.OpRecv, Local: rdma.SGE{MR: l.inD, Offset: i * msgSlot, Length: msgSlot}})
+		if err := l.qpP.PostRecv(rdma.WorkRequest{ID: recvID(i), Op: rdma.OpRecv, Local: rdma.SGE{MR: l.inP, Offset: i * msgSlot, Length: msgSlot}}); err != nil {
+			return nil, err
+		}
+		if err := l.qpD.PostRecv(rdma.WorkRequest{ID: recvID(i), Op: rdma.OpRecv, Local: rdma.SGE{MR: l.inD, Offset: i * msgSlot, Length: msgSlot}}); err != nil {
+			return nil, err
+		}
 	}
+	l.creditsP, l.creditsD = recvSlots, recvSlots
 	if l.Sender, err = protocol.NewSender(protocol.SenderConfig{Pages: cfg.PrefillPages, PageTokens: cfg.PageTokens, Memory: sourceMemory{l}}); err != nil {
 		return nil, err
 	}
@@ -250,7 +265,8 @@ func (l *Link) postPrefill() error {
 		if op.Write != nil {
 			need = 2
 		}
-		if len(l.wrs)+need > l.cfg.QueueDepth || len(l.tagFree) == 0 || len(l.outFreeP) == 0 {
+		if len(l.wrs)+need > l.cfg.QueueDepth || len(l.tagFree) == 0 || len(l.outFreeP) == 0 ||
+			op.Write == nil && l.creditsD == 0 {
 			return nil // completions will make room
 		}
 		var err error
@@ -280,6 +296,7 @@ func (l *Link) postPrefill() error {
 			}
 			if err = l.postP(rdma.WorkRequest{Op: rdma.OpSend, Local: sge}, wrKind{buffer: slot}); err == nil {
 				l.outFreeP = l.outFreeP[:len(l.outFreeP)-1]
+				l.creditsD--
 			}
 		}
 		switch {
@@ -310,7 +327,7 @@ func (l *Link) postP(wr rdma.WorkRequest, k wrKind) error {
 // postDecode posts the head of decode's backlog, as postPrefill does.
 func (l *Link) postDecode() error {
 	for len(l.backlogD) > 0 {
-		if len(l.wrsD) >= l.cfg.QueueDepth || len(l.outFreeD) == 0 {
+		if len(l.wrsD) >= l.cfg.QueueDepth || len(l.outFreeD) == 0 || l.creditsP == 0 {
 			return nil
 		}
 		slot := l.outFreeD[len(l.outFreeD)-1]
@@ -322,6 +339,7 @@ func (l *Link) postDecode() error {
 		switch err := l.qpD.PostSend(rdma.WorkRequest{ID: l.nextWR, Op: rdma.OpSend, Local: sge}); {
 		case err == nil:
 			l.outFreeD = l.outFreeD[:len(l.outFreeD)-1]
+			l.creditsP--
 			l.wrsD[l.nextWR] = slot
 			l.backlogD = l.backlogD[1:]
 		case errors.Is(err, rdma.ErrQPError): // after a cut, posts are refused: nothing to send
@@ -426,7 +444,9 @@ func (l *Link) prefillCompletion(c rdma.Completion) error {
 		if err != nil {
 			return err
 		}
-		l.qpP.PostRecv(rdma.WorkRequest{ID: c.WRID, Op: rdma.OpRecv, Local: rdma.SGE{MR: l.inP, Offset: i * msgSlot, Length: msgSlot}})
+		if l.qpP.PostRecv(rdma.WorkRequest{ID: c.WRID, Op: rdma.OpRecv, Local: rdma.SGE{MR: l.inP, Offset: i * msgSlot, Length: msgSlot}}) == nil {
+			l.creditsP++
+		}
 		if err := l.Sender.Step(decodePeer, m); err != nil && !errors.Is(err, protocol.ErrUnknownRequest) {
 			return err
 		}
@@ -467,7 +487,9 @@ func (l *Link) decodeCompletion(c rdma.Completion) error {
 	if err != nil {
 		return err
 	}
-	l.qpD.PostRecv(rdma.WorkRequest{ID: c.WRID, Op: rdma.OpRecv, Local: rdma.SGE{MR: l.inD, Offset: i * msgSlot, Length: msgSlot}})
+	if l.qpD.PostRecv(rdma.WorkRequest{ID: c.WRID, Op: rdma.OpRecv, Local: rdma.SGE{MR: l.inD, Offset: i * msgSlot, Length: msgSlot}}) == nil {
+		l.creditsD++
+	}
 	if err := l.Receiver.Step(prefillPeer, m, l.now); err != nil && !errors.Is(err, protocol.ErrUnknownRequest) {
 		return err
 	}

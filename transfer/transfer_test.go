@@ -204,3 +204,24 @@ func TestBackpressureKeepsOrderAndBuffers(t *testing.T) {
 		t.Fatal("a send queue too small for one page and Done must be refused")
 	}
 }
+
+// More control messages at once than the peer has receive buffers: a SEND
+// waits for a credit (a buffer the peer reposted) instead of finding none,
+// which would break the queue pair.
+func TestMoreMessagesThanReceiveBuffersWaitForCredits(t *testing.T) {
+	cfg := Config{DecodePages: 128, PrefillPages: 128, PageTokens: 16, PageBytes: pageBytes, Timeout: time.Hour}
+	overEachProviderWith(t, cfg, func(t *testing.T, l *Link, _ rdma.Faults) {
+		const n = 2*recvSlots - 8                        // more than the receive buffers, fewer than the pages
+		for id := protocol.RequestID(1); id <= n; id++ { // a Bootstrap each, all at once
+			if err := l.Submit(id, 16, compute(id)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		pump(t, l)
+		for id := protocol.RequestID(1); id <= n; id++ {
+			if o := l.Outcomes[id]; !l.Reported(id) || o[0] != nil || o[1] != nil {
+				t.Fatalf("request %d: outcomes %v", id, o)
+			}
+		}
+	})
+}
