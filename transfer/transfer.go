@@ -8,7 +8,10 @@
 // WRITEs on the queue pair, the payload and then its tag record, and Done is a
 // SEND behind them: reliable-connected ordering guarantees that when Done
 // arrives every WRITE before it has been placed. Control messages are SENDs of
-// protocol frames into receive buffers each side keeps posted. A cut is the
+// protocol frames into receive buffers each side keeps posted, each buffer
+// sized for the largest frame the link can send (MaxFrame of the largest
+// request, whose Grant names every page); both intakes refuse bigger requests,
+// so no frame is ever too large to send. A cut is the
 // queue pair's error state, followed by QueuePairFenced and Flushed.
 //
 // Backpressure: what the state machines emit goes into a backlog per side and
@@ -41,13 +44,39 @@ type Config struct {
 	PageBytes    int
 	Timeout      time.Duration // decode's timeout for a reserved request
 	QueueDepth   int           // work requests in flight on each side's send queue; 0 means 1024
+	// MaxRequestPages is the largest request in pages: message buffers are
+	// sized for its Grant, and both nodes' intake refuses anything bigger.
+	// 0 means the smaller pool, capped at protocol.MaxGrantPages.
+	MaxRequestPages int
 }
 
 const (
-	msgSlot   = 512 // bytes per control-message buffer (frames are far smaller)
 	recvSlots = 64  // receive buffers each side keeps posted
-	sendSlots = 256 // send buffers on each side, and tag-record buffers on prefill's
+	sendSlots = 256 // tag-record buffers on prefill's side
 )
+
+// MaxFrame is the largest control-message frame for requests of at most
+// pages pages: the Grant naming every page is the largest message there is,
+// and the other messages are fixed-size. Derived by encoding each message at
+// its largest, so it follows the wire format rather than a copy of it.
+func MaxFrame(pages int) int {
+	pages = max(1, min(pages, protocol.MaxGrantPages))
+	largest := 0
+	for _, m := range []protocol.Message{
+		&protocol.Bootstrap{Request: 1, Tokens: protocol.MaxTokens},
+		&protocol.Grant{Request: 1, Tokens: protocol.MaxTokens, Pages: make([]protocol.PageGrant, pages)},
+		&protocol.Done{Request: 1, Tokens: protocol.MaxTokens, Pages: uint32(pages)},
+		&protocol.Abort{Request: 1, Reason: protocol.AbortCancelled},
+		&protocol.AbortAck{Request: 1},
+	} {
+		frame, err := protocol.AppendMessage(nil, m)
+		if err != nil {
+			panic(err) // every message above is within the wire's limits
+		}
+		largest = max(largest, len(frame))
+	}
+	return largest
+}
 
 // Link is one prefill node and one decode node over one queue pair.
 type Link struct {
@@ -81,6 +110,7 @@ type Link struct {
 	reported           map[protocol.RequestID][2]bool
 	Verified           []protocol.RequestID
 	now                time.Time
+	msgSlot            int // bytes per message buffer: MaxFrame(cfg.MaxRequestPages)
 }
 
 type wrKind struct {
@@ -122,14 +152,26 @@ func New(cfg Config, prefill, decode rdma.Device) (*Link, error) {
 	if cfg.QueueDepth == 0 {
 		cfg.QueueDepth = 1024
 	}
+	if cfg.MaxRequestPages == 0 {
+		cfg.MaxRequestPages = min(cfg.PrefillPages, cfg.DecodePages, protocol.MaxGrantPages)
+	}
+	if cfg.MaxRequestPages < 1 || cfg.MaxRequestPages > protocol.MaxGrantPages {
+		return nil, fmt.Errorf("transfer: MaxRequestPages %d outside 1..%d", cfg.MaxRequestPages, protocol.MaxGrantPages)
+	}
 	if cfg.QueueDepth < 3 {
 		return nil, fmt.Errorf("transfer: QueueDepth %d: a page needs two WRITEs and Done a SEND", cfg.QueueDepth)
 	}
 	l := &Link{cfg: cfg, wrs: map[uint64]wrKind{}, wrsD: map[uint64]int{}, Outcomes: map[protocol.RequestID][2]error{},
-		reported: map[protocol.RequestID][2]bool{}, now: time.Unix(0, 0)}
+		reported: map[protocol.RequestID][2]bool{}, now: time.Unix(0, 0), msgSlot: MaxFrame(cfg.MaxRequestPages)}
 	for i := sendSlots - 1; i >= 0; i-- {
-		l.tagFree, l.outFreeP, l.outFreeD = append(l.tagFree, i), append(l.outFreeP, i), append(l.outFreeD, i)
+		l.tagFree = append(l.tagFree, i)
 	}
+	// A SEND goes out only against a credit, so no more than recvSlots are
+	// ever in flight: that many send buffers suffice.
+	for i := recvSlots - 1; i >= 0; i-- {
+		l.outFreeP, l.outFreeD = append(l.outFreeP, i), append(l.outFreeD, i)
+	}
+	msgSlot := l.msgSlot
 	pdP, err := prefill.AllocPD()
 	if err != nil {
 		return nil, err
@@ -149,10 +191,10 @@ func New(cfg Config, prefill, decode rdma.Device) (*Link, error) {
 	l.src = reg(pdP, cfg.PrefillPages*cfg.PageBytes, rdma.LocalWrite)
 	l.tagOut = reg(pdP, sendSlots*protocol.TagSize, rdma.LocalWrite)
 	l.inP = reg(pdP, recvSlots*msgSlot, rdma.LocalWrite)
-	l.outP = reg(pdP, sendSlots*msgSlot, rdma.LocalWrite)
+	l.outP = reg(pdP, recvSlots*msgSlot, rdma.LocalWrite)
 	l.kv = reg(pdD, cfg.DecodePages*(cfg.PageBytes+protocol.TagSize), rdma.LocalWrite|rdma.RemoteWrite)
 	l.inD = reg(pdD, recvSlots*msgSlot, rdma.LocalWrite)
-	l.outD = reg(pdD, sendSlots*msgSlot, rdma.LocalWrite)
+	l.outD = reg(pdD, recvSlots*msgSlot, rdma.LocalWrite)
 	if err != nil {
 		return nil, err
 	}
@@ -186,12 +228,15 @@ func New(cfg Config, prefill, decode rdma.Device) (*Link, error) {
 		}
 	}
 	l.creditsP, l.creditsD = recvSlots, recvSlots
-	if l.Sender, err = protocol.NewSender(protocol.SenderConfig{Pages: cfg.PrefillPages, PageTokens: cfg.PageTokens, Memory: sourceMemory{l}}); err != nil {
+	// Both intakes refuse what a message buffer cannot carry the Grant of.
+	maxTokens := min(cfg.MaxRequestPages*cfg.PageTokens, protocol.MaxTokens)
+	if l.Sender, err = protocol.NewSender(protocol.SenderConfig{Pages: cfg.PrefillPages, PageTokens: cfg.PageTokens,
+		MaxTokens: min(maxTokens, cfg.PrefillPages*cfg.PageTokens), Memory: sourceMemory{l}}); err != nil {
 		return nil, err
 	}
 	kvAddr, kvKey := l.kv.Addr(), l.kv.RKey()
 	if l.Receiver, err = protocol.NewReceiver(protocol.ReceiverConfig{Pages: cfg.DecodePages, PageTokens: cfg.PageTokens,
-		Timeout: cfg.Timeout, Memory: decodeMemory{l},
+		MaxTokens: min(maxTokens, cfg.DecodePages*cfg.PageTokens), Timeout: cfg.Timeout, Memory: decodeMemory{l},
 		Region: func(p uint32) (uint64, uint32) { return kvAddr + uint64(l.slot(p)), kvKey }}); err != nil {
 		return nil, err
 	}
@@ -221,7 +266,8 @@ func (l *Link) Submit(id protocol.RequestID, tokens int, compute func(i int, pag
 }
 
 // encode writes a control message into send buffer slot of out.
-func encode(out rdma.MemoryRegion, slot int, m protocol.Message) (rdma.SGE, error) {
+func (l *Link) encode(out rdma.MemoryRegion, slot int, m protocol.Message) (rdma.SGE, error) {
+	msgSlot := l.msgSlot
 	off := slot * msgSlot
 	frame, err := protocol.AppendMessage(out.Bytes()[off:off:off+msgSlot], m)
 	if err != nil {
@@ -291,7 +337,7 @@ func (l *Link) postPrefill() error {
 		} else {
 			slot := l.outFreeP[len(l.outFreeP)-1]
 			var sge rdma.SGE
-			if sge, err = encode(l.outP, slot, op.Msg); err != nil {
+			if sge, err = l.encode(l.outP, slot, op.Msg); err != nil {
 				return err
 			}
 			if err = l.postP(rdma.WorkRequest{Op: rdma.OpSend, Local: sge}, wrKind{buffer: slot}); err == nil {
@@ -331,7 +377,7 @@ func (l *Link) postDecode() error {
 			return nil
 		}
 		slot := l.outFreeD[len(l.outFreeD)-1]
-		sge, err := encode(l.outD, slot, l.backlogD[0].Msg)
+		sge, err := l.encode(l.outD, slot, l.backlogD[0].Msg)
 		if err != nil {
 			return err
 		}
@@ -439,7 +485,7 @@ func (l *Link) prefillCompletion(c rdma.Completion) error {
 		if c.Status != rdma.Success {
 			return nil // flushed receive buffer
 		}
-		i := int(c.WRID &^ (1 << 63))
+		i, msgSlot := int(c.WRID&^(1<<63)), l.msgSlot
 		m, _, err := protocol.DecodeMessage(l.inP.Bytes()[i*msgSlot : i*msgSlot+c.Bytes])
 		if err != nil {
 			return err
@@ -482,7 +528,7 @@ func (l *Link) decodeCompletion(c rdma.Completion) error {
 	if c.Status != rdma.Success {
 		return nil // a flushed receive buffer
 	}
-	i := int(c.WRID &^ (1 << 63))
+	i, msgSlot := int(c.WRID&^(1<<63)), l.msgSlot
 	m, _, err := protocol.DecodeMessage(l.inD.Bytes()[i*msgSlot : i*msgSlot+c.Bytes])
 	if err != nil {
 		return err

@@ -38,7 +38,7 @@ var providers = map[string]func(t *testing.T) (prefill, decode rdma.Device){
 
 // overEachProvider runs test once per provider.
 func overEachProvider(t *testing.T, test func(t *testing.T, l *Link, faults rdma.Faults)) {
-	overEachProviderWith(t, Config{DecodePages: 64, PrefillPages: 32, PageTokens: 16, PageBytes: pageBytes, Timeout: time.Hour}, test)
+	overEachProviderWith(t, Config{DecodePages: 64, PrefillPages: 32, PageTokens: pageTokens, PageBytes: pageBytes, Timeout: time.Hour}, test)
 }
 
 func overEachProviderWith(t *testing.T, cfg Config, test func(t *testing.T, l *Link, faults rdma.Faults)) {
@@ -54,12 +54,17 @@ func overEachProviderWith(t *testing.T, cfg Config, test func(t *testing.T, l *L
 	}
 }
 
+const pageTokens = 16
+
+// kv is the KV request id's page i must hold: every page of every request differs.
 func kv(id protocol.RequestID, i int) []byte {
-	return bytes.Repeat([]byte{byte(id), byte(i), 0xA5, 0x5A}, pageBytes/4)
+	page := make([]byte, pageBytes)
+	GenerateKV(id, i, pageTokens, page)
+	return page
 }
 
 func compute(id protocol.RequestID) func(int, []byte) {
-	return func(i int, page []byte) { copy(page, kv(id, i)) }
+	return func(i int, page []byte) { GenerateKV(id, i, pageTokens, page) }
 }
 
 // pump runs the link until it settles, and reads every verified request the
@@ -183,7 +188,7 @@ func cutFences(t *testing.T, l *Link, qp rdma.Faults) {
 // the link's backlog, in order, and every buffer a work request reads stays
 // its own until it completes, so every request still arrives intact.
 func TestBackpressureKeepsOrderAndBuffers(t *testing.T) {
-	cfg := Config{DecodePages: 64, PrefillPages: 32, PageTokens: 16, PageBytes: pageBytes, Timeout: time.Hour, QueueDepth: 3}
+	cfg := Config{DecodePages: 64, PrefillPages: 32, PageTokens: pageTokens, PageBytes: pageBytes, Timeout: time.Hour, QueueDepth: 3}
 	overEachProviderWith(t, cfg, func(t *testing.T, l *Link, _ rdma.Faults) {
 		for id := protocol.RequestID(1); id <= 30; id++ { // 30 requests at once, one page each
 			if err := l.Submit(id, 16, compute(id)); err != nil {
@@ -209,7 +214,7 @@ func TestBackpressureKeepsOrderAndBuffers(t *testing.T) {
 // waits for a credit (a buffer the peer reposted) instead of finding none,
 // which would break the queue pair.
 func TestMoreMessagesThanReceiveBuffersWaitForCredits(t *testing.T) {
-	cfg := Config{DecodePages: 128, PrefillPages: 128, PageTokens: 16, PageBytes: pageBytes, Timeout: time.Hour}
+	cfg := Config{DecodePages: 128, PrefillPages: 128, PageTokens: pageTokens, PageBytes: pageBytes, Timeout: time.Hour}
 	overEachProviderWith(t, cfg, func(t *testing.T, l *Link, _ rdma.Faults) {
 		const n = 2*recvSlots - 8                        // more than the receive buffers, fewer than the pages
 		for id := protocol.RequestID(1); id <= n; id++ { // a Bootstrap each, all at once
@@ -224,4 +229,70 @@ func TestMoreMessagesThanReceiveBuffersWaitForCredits(t *testing.T) {
 			}
 		}
 	})
+}
+
+// A request of hundreds of pages gets a Grant far larger than a small fixed
+// message buffer (a 512-byte buffer held 20 pages' grant, and the 21st page
+// wedged the link for good: the Grant stayed at the head of the backlog and
+// every later request waited behind it). Message buffers are sized for the
+// largest request's Grant, so a 300-page request and the one after it both
+// arrive, byte for byte.
+func TestRequestOfHundredsOfPagesAndTheNextOneComplete(t *testing.T) {
+	cfg := Config{DecodePages: 320, PrefillPages: 320, PageTokens: pageTokens, PageBytes: pageBytes, Timeout: time.Hour}
+	overEachProviderWith(t, cfg, func(t *testing.T, l *Link, _ rdma.Faults) {
+		if err := l.Submit(1, 300*pageTokens, compute(1)); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Submit(2, 5*pageTokens-3, compute(2)); err != nil {
+			t.Fatal(err)
+		}
+		pump(t, l) // reads every verified request and compares it with what was computed
+		for id := protocol.RequestID(1); id <= 2; id++ {
+			if o := l.Outcomes[id]; !l.Reported(id) || o[0] != nil || o[1] != nil {
+				t.Fatalf("request %d: outcomes %v", id, o)
+			}
+		}
+		if l.Receiver.Pool().Free() != 320 || l.Sender.Pool().Free() != 320 {
+			t.Fatal("pages leaked")
+		}
+	})
+}
+
+// A request larger than the message buffers can carry the Grant of is refused
+// at intake with an explicit error, and the link goes on.
+func TestRequestBeyondTheLargestGrantIsRefusedAtIntake(t *testing.T) {
+	cfg := Config{DecodePages: 64, PrefillPages: 64, PageTokens: pageTokens, PageBytes: pageBytes, Timeout: time.Hour, MaxRequestPages: 40}
+	overEachProviderWith(t, cfg, func(t *testing.T, l *Link, _ rdma.Faults) {
+		err := l.Submit(1, 40*pageTokens+1, compute(1))
+		if !errors.Is(err, protocol.ErrRejected) || !errors.Is(err, protocol.ErrTooLong) {
+			t.Fatalf("a 41-page request: %v, want ErrRejected and ErrTooLong", err)
+		}
+		if err := l.Submit(2, 40*pageTokens, compute(2)); err != nil {
+			t.Fatal(err)
+		}
+		pump(t, l)
+		if o := l.Outcomes[2]; !l.Reported(2) || o[0] != nil || o[1] != nil {
+			t.Fatalf("request 2: outcomes %v", o)
+		}
+	})
+	if _, err := New(Config{DecodePages: 1, PrefillPages: 1, PageTokens: 1, PageBytes: 64, MaxRequestPages: protocol.MaxGrantPages + 1}, nil, nil); err == nil {
+		t.Fatal("a largest request beyond the wire's MaxGrantPages must be refused")
+	}
+}
+
+// MaxFrame follows the wire: a Grant of n pages encodes to exactly MaxFrame(n)
+// bytes, and no other message is larger.
+func TestMaxFrameIsTheLargestGrant(t *testing.T) {
+	for _, n := range []int{1, 20, 21, 300, protocol.MaxGrantPages} {
+		frame, err := protocol.AppendMessage(nil, &protocol.Grant{Request: 9, Tokens: 1, Pages: make([]protocol.PageGrant, n)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if MaxFrame(n) != len(frame) {
+			t.Fatalf("MaxFrame(%d) = %d, a Grant of %d pages is %d bytes", n, MaxFrame(n), n, len(frame))
+		}
+	}
+	if MaxFrame(protocol.MaxGrantPages+5) != MaxFrame(protocol.MaxGrantPages) {
+		t.Fatal("no frame exceeds the wire's page limit")
+	}
 }
