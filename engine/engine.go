@@ -1,0 +1,150 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/kvhandoff/kvhandoff/engine/backend"
+	"github.com/kvhandoff/kvhandoff/engine/kv"
+	"github.com/kvhandoff/kvhandoff/engine/model"
+	"github.com/kvhandoff/kvhandoff/internal/research"
+)
+
+// Options configure an Engine.
+type Options struct {
+	// Research turns bugs of the catalogue on; the engine knows
+	// no-tag-check. Only code inside this module can set it.
+	Research research.Switches
+}
+
+// Errors of a request.
+var (
+	// ErrBadRequest: an empty prompt, a token outside the vocabulary, a
+	// context longer than the model's, or a table too short for it.
+	ErrBadRequest = errors.New("engine: bad request")
+)
+
+// Engine runs requests of one model on one backend over one KV cache.
+type Engine struct {
+	model   *model.Model
+	backend backend.Backend
+	cache   *kv.Cache
+	opts    Options
+	logits  []float32
+	pages   []uint32
+	epochs  []uint64
+}
+
+// GeometryOf is the KV page geometry of a model with pageTokens positions per page.
+func GeometryOf(c model.Config, pageTokens int) kv.Geometry {
+	return kv.Geometry{Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim(), PageTokens: pageTokens}
+}
+
+// New loads m into b and attaches the cache, whose geometry must be m's.
+func New(m *model.Model, b backend.Backend, cache *kv.Cache, opts Options) (*Engine, error) {
+	if err := m.Validate(); err != nil {
+		return nil, err
+	}
+	g := cache.Geometry()
+	if want := GeometryOf(m.Config, g.PageTokens); g != want {
+		return nil, fmt.Errorf("%w: cache geometry %+v, model needs %+v", kv.ErrGeometry, g, want)
+	}
+	if err := b.Load(m); err != nil {
+		return nil, err
+	}
+	if err := b.AttachPool(cache); err != nil {
+		return nil, err
+	}
+	return &Engine{model: m, backend: b, cache: cache, opts: opts, logits: make([]float32, m.Vocab)}, nil
+}
+
+// Model is the engine's model.
+func (e *Engine) Model() *model.Model { return e.model }
+
+// Cache is the engine's KV cache.
+func (e *Engine) Cache() *kv.Cache { return e.cache }
+
+// Backend is the engine's backend.
+func (e *Engine) Backend() backend.Backend { return e.backend }
+
+// check validates a step's tokens, positions and table before a backend sees them.
+func (e *Engine) check(table kv.Table, tokens []int, pos int) error {
+	end := pos + len(tokens)
+	switch {
+	case len(tokens) == 0:
+		return fmt.Errorf("%w: no tokens", ErrBadRequest)
+	case end > e.model.SeqLen:
+		return fmt.Errorf("%w: %d positions exceed the model's context of %d", ErrBadRequest, end, e.model.SeqLen)
+	case e.cache.Geometry().PagesFor(end) > len(table):
+		return fmt.Errorf("%w: %d positions need %d pages, the table has %d", ErrBadRequest, end, e.cache.Geometry().PagesFor(end), len(table))
+	}
+	for i, t := range tokens {
+		if t < 0 || t >= e.model.Vocab {
+			return fmt.Errorf("%w: token %d at position %d is outside the vocabulary of %d", ErrBadRequest, t, pos+i, e.model.Vocab)
+		}
+	}
+	return e.cache.ValidTable(table)
+}
+
+// Step runs tokens at positions pos.. over table and returns the last
+// token's logits (valid until the next step).
+func (e *Engine) Step(table kv.Table, tokens []int, pos int) ([]float32, error) {
+	if err := e.check(table, tokens, pos); err != nil {
+		return nil, err
+	}
+	used := table[:e.cache.Geometry().PagesFor(pos+len(tokens))]
+	e.pages, e.epochs = e.pages[:0], e.cache.Epochs(e.epochs[:0], used)
+	for _, ref := range used {
+		e.pages = append(e.pages, ref.Page)
+	}
+	if err := e.backend.SetEpochs(e.pages, e.epochs); err != nil {
+		return nil, err
+	}
+	s := backend.Step{Tokens: tokens, Pos: pos, Table: used, Unchecked: e.opts.Research.Has(research.NoTagCheck), Logits: e.logits}
+	if err := e.backend.Forward(&s); err != nil {
+		return nil, err
+	}
+	return e.logits, nil
+}
+
+// Prefill writes the prompt's KV into the table's pages and returns the
+// last position's logits.
+func (e *Engine) Prefill(table kv.Table, prompt []int) ([]float32, error) {
+	return e.Step(table, prompt, 0)
+}
+
+// Decode generates up to n tokens after prompt, whose KV (all positions but
+// possibly the last) is already in the table's pages: it steps the last
+// prompt token, then each token it samples. It stops early at stop (if stop
+// >= 0) or at the model's context. On an error it returns the tokens
+// generated so far with it.
+func (e *Engine) Decode(table kv.Table, prompt []int, n int, s *model.Sampler, stop int) ([]int, error) {
+	if len(prompt) == 0 {
+		return nil, fmt.Errorf("%w: no tokens", ErrBadRequest)
+	}
+	var out []int
+	tok, pos := prompt[len(prompt)-1], len(prompt)-1
+	for len(out) < n && pos < e.model.SeqLen {
+		logits, err := e.Step(table, []int{tok}, pos)
+		if err != nil {
+			return out, err
+		}
+		tok = s.Sample(logits)
+		out = append(out, tok)
+		if tok == stop {
+			break
+		}
+		pos++
+	}
+	return out, nil
+}
+
+// Generate prefills the prompt and decodes up to n tokens after it, on one node.
+func (e *Engine) Generate(table kv.Table, prompt []int, n int, s *model.Sampler, stop int) ([]int, error) {
+	if len(prompt) > 1 {
+		if _, err := e.Step(table, prompt[:len(prompt)-1], 0); err != nil {
+			return nil, err
+		}
+	}
+	return e.Decode(table, prompt, n, s, stop)
+}

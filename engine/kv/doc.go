@@ -1,0 +1,40 @@
+// Package kv is the engine's paged KV cache: the page geometry, the pool of
+// pages as one region, page tables, and the read-time ownership check.
+//
+// # Geometry
+//
+// A page holds the keys and values of PageTokens consecutive positions for
+// every layer, as float32 in host byte order (little-endian on every machine
+// we run on). Within a page the layout is layer-major, keys before values,
+// then token, then the kv heads' dimensions:
+//
+//	page = [layer 0: K[token][kvDim], V[token][kvDim]] [layer 1: K, V] ...
+//
+// so that one head's keys of one page and layer are PageTokens rows at a fixed
+// stride, and the whole page is one contiguous run of PageBytes bytes.
+//
+// # The pool region
+//
+// Pages live in one region with a stride of PageBytes+protocol.TagSize: page
+// p's payload at p*stride, its tag record right after it. That is the layout
+// package transfer gives a decode node's registered region, so one page is
+// one contiguous RDMA WRITE followed by the WRITE of its tag record, and the
+// bytes the engine computes are the bytes the transport moves (Over wraps a
+// region someone else allocated, such as a registered memory region; New
+// allocates one). Cache implements protocol.PageMemory (the receiver verifies
+// pages in place) and protocol.SourceMemory (the sender checksums them).
+//
+// # Ownership and epochs
+//
+// Ownership is protocol.Pool's, the one implementation of pages, epochs and
+// quarantine: Cache holds the pool it is given (a Receiver's own pool on a
+// decode node, or a fresh one) and never keeps a second copy of the truth. A
+// request reads its pages through a Table of protocol.PageRef, the tags it was
+// granted. Every page read checks the page's current epoch against the tag
+// (design.md §3 step 7); a mismatch is a *TagError naming the page, which
+// matches protocol.ErrTagMismatch with errors.Is. The research switch
+// no-tag-check turns the check off, so that a demo can show what it prevents.
+//
+// Cache is not safe for concurrent use with the pool's owner: the caller
+// serializes a step with the pool's allocations (the engine does).
+package kv
