@@ -22,7 +22,8 @@ Model-checks the executable spec of the handoff protocol (docs/spec.md). Exit
 status 0 iff every property holds (with --matrix: iff the correct protocol passes
 and every switch is exposed by some combination of at most --matrix-size switches);
 1 on a violation; 2 on bad usage; 3 when the bounds are too large to exhaust
-within --max-states.
+within --max-states. With --json, stdout holds exactly one JSON object on every
+exit: "result" is ok, violation, incomplete (exit 3) or error (exit 2).
 
 flags:
 `
@@ -67,6 +68,9 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&f.workers, "workers", 0, "exploration goroutines (0: one per core)")
 	fs.BoolVar(&f.quiet, "quiet", false, "no progress on stderr")
 	if code := parseFlags(fs, args, stderr); code >= 0 {
+		if code != 0 && f.jsonOut {
+			printJSON(stdout, stderr, jsonReport{Result: "error", Error: "bad usage (see stderr)", Bugs: []string{}, Trace: []jsonStep{}})
+		}
 		return code
 	}
 	if f.matrix {
@@ -77,13 +81,11 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	if f.traceFormat != "text" && f.traceFormat != "mermaid" {
-		fmt.Fprintf(stderr, "kvhandoff check: --trace-format must be text or mermaid, not %q\n", f.traceFormat)
-		return 2
+		return f.usageError(fmt.Errorf("--trace-format must be text or mermaid, not %q", f.traceFormat), stdout, stderr)
 	}
 	cfg, err := f.config()
 	if err != nil {
-		fmt.Fprintf(stderr, "kvhandoff check: %v\n", err)
-		return 2
+		return f.usageError(err, stdout, stderr)
 	}
 	if !f.quiet && !f.jsonOut {
 		fmt.Fprintf(stderr, "kvhandoff check: %s\n", describeConfig(cfg))
@@ -94,8 +96,7 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 	case f.simulate:
 		r, err := explore.Simulate(cfg, explore.SimOptions{Seed: f.seed, Walks: f.walks, Depth: f.depth})
 		if err != nil {
-			fmt.Fprintf(stderr, "kvhandoff check: %v\n", err)
-			return 2
+			return f.usageError(err, stdout, stderr)
 		}
 		return f.printReport(r, stdout, stderr)
 	}
@@ -113,19 +114,38 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 		r, err = explore.Check(cfg, opt)
 	}
 	if err != nil {
-		return explorationFailed(err, stderr)
+		return f.explorationFailed(err, cfg, stdout, stderr)
 	}
 	return f.printReport(r, stdout, stderr)
 }
 
-// explorationFailed reports an exploration that could not finish.
-func explorationFailed(err error, stderr io.Writer) int {
+// usageError reports bad usage: exit 2, and with --json an error object.
+func (f *checkFlags) usageError(err error, stdout, stderr io.Writer) int {
 	fmt.Fprintf(stderr, "kvhandoff check: %v\n", err)
-	if errors.Is(err, checker.ErrTooManyStates) {
-		fmt.Fprintln(stderr, "  the bounds are too large to exhaust: lower --max-faults (e.g. 2) or --requests, raise --max-states if memory allows, or use --simulate")
-		return 3
+	if f.jsonOut {
+		printJSON(stdout, stderr, jsonReport{Result: "error", Error: err.Error(), Bugs: []string{}, Trace: []jsonStep{}})
 	}
 	return 2
+}
+
+// explorationFailed reports an exploration that could not finish: exit 3 at a
+// limit (with how far it got), 2 otherwise; with --json as one object.
+func (f *checkFlags) explorationFailed(err error, cfg spec.Config, stdout, stderr io.Writer) int {
+	fmt.Fprintf(stderr, "kvhandoff check: %v\n", err)
+	code, result := 2, "error"
+	if errors.Is(err, checker.ErrTooManyStates) {
+		fmt.Fprintln(stderr, "  the bounds are too large to exhaust: lower --max-faults (e.g. 2) or --requests, raise --max-states if memory allows, or use --simulate")
+		code, result = 3, "incomplete"
+	}
+	if f.jsonOut {
+		out := jsonReport{Result: result, Error: err.Error(), Bugs: cfg.Bugs.Names(), Trace: []jsonStep{}}
+		var limit *checker.LimitError
+		if errors.As(err, &limit) {
+			out.setStats(limit.Stats)
+		}
+		printJSON(stdout, stderr, out)
+	}
+	return code
 }
 
 func (f *checkFlags) config() (spec.Config, error) {
@@ -181,14 +201,38 @@ type jsonStep struct {
 }
 
 type jsonReport struct {
-	Result      string     `json:"result"`
-	Property    string     `json:"property"`
-	Bugs        []string   `json:"bugs"`
-	States      int        `json:"states"`
-	Transitions int        `json:"transitions"`
-	Depth       int        `json:"depth"`
-	Seconds     float64    `json:"seconds"`
-	Trace       []jsonStep `json:"trace"`
+	Result      string   `json:"result"` // ok, violation, incomplete (exit 3), error (exit 2)
+	Error       string   `json:"error,omitempty"`
+	Property    string   `json:"property"`
+	Bugs        []string `json:"bugs"`
+	States      int      `json:"states"`
+	Transitions int      `json:"transitions"`
+	Depth       int      `json:"depth"`
+	Seconds     float64  `json:"seconds"`
+	// Acyclic: whether the protocol transitions have no cycle (liveness then
+	// needs no fairness); null when not computed (a simulation, a violation
+	// that stopped the exploration, or an incomplete one).
+	Acyclic *bool      `json:"acyclic"`
+	Trace   []jsonStep `json:"trace"`
+}
+
+func (out *jsonReport) setStats(s checker.Stats) {
+	out.States, out.Transitions, out.Depth, out.Seconds = s.States, s.Transitions, s.Depth, s.Elapsed.Seconds()
+	if s.Acyclic.Known() {
+		yes := s.Acyclic == checker.Yes
+		out.Acyclic = &yes
+	}
+}
+
+// printJSON writes v as the one JSON object on stdout.
+func printJSON(stdout, stderr io.Writer, v any) bool {
+	enc := json.NewEncoder(stdout)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		fmt.Fprintf(stderr, "kvhandoff check: %v\n", err)
+		return false
+	}
+	return true
 }
 
 func (f *checkFlags) printReport(r *explore.Report, stdout, stderr io.Writer) int {
@@ -197,18 +241,15 @@ func (f *checkFlags) printReport(r *explore.Report, stdout, stderr io.Writer) in
 		code = 1
 	}
 	if f.jsonOut {
-		out := jsonReport{Result: "ok", Property: r.Property, Bugs: r.Bugs.Names(), States: r.Stats.States,
-			Transitions: r.Stats.Transitions, Depth: r.Stats.Depth, Seconds: r.Stats.Elapsed.Seconds(), Trace: []jsonStep{}}
+		out := jsonReport{Result: "ok", Property: r.Property, Bugs: r.Bugs.Names(), Trace: []jsonStep{}}
+		out.setStats(r.Stats)
 		if !r.OK {
 			out.Result = "violation"
 		}
 		for _, st := range r.Trace {
 			out.Trace = append(out.Trace, jsonStep{st.Step, st.Action, st.Detail})
 		}
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(out); err != nil {
-			fmt.Fprintf(stderr, "kvhandoff check: %v\n", err)
+		if !printJSON(stdout, stderr, out) {
 			return 2
 		}
 		return code
@@ -219,11 +260,7 @@ func (f *checkFlags) printReport(r *explore.Report, stdout, stderr io.Writer) in
 		what = fmt.Sprintf("%d walks from seed %d, %d steps, longest %d, %.2fs", sim.Walks, sim.Seed, sim.Steps, r.Stats.Depth, r.Stats.Elapsed.Seconds())
 	}
 	if r.OK {
-		extra := ""
-		if r.Simulation == nil && r.Stats.Acyclic {
-			extra = "; protocol transitions acyclic, so liveness needs no fairness"
-		}
-		fmt.Fprintf(stdout, "ok: every property holds within the bounds (%s%s)\n", what, extra)
+		fmt.Fprintf(stdout, "ok: every property holds within the bounds (%s%s)\n", what, acyclicity(r))
 		return 0
 	}
 	doc := ""
@@ -260,7 +297,7 @@ func (f *checkFlags) printReport(r *explore.Report, stdout, stderr io.Writer) in
 	} else {
 		explore.WriteText(stdout, r.Trace)
 	}
-	fmt.Fprintf(stdout, "%sviolation of %s in %d steps (%s)\n", prefix, r.Property, len(r.Trace), what)
+	fmt.Fprintf(stdout, "%sviolation of %s in %d steps (%s%s)\n", prefix, r.Property, len(r.Trace), what, acyclicity(r))
 	return code
 }
 
@@ -278,7 +315,7 @@ func (f *checkFlags) runMatrix(cfg spec.Config, stdout, stderr io.Writer) int {
 	}
 	x, err := explore.DefenseMatrix(cfg, f.matrixSize, explore.Options{MaxStates: f.maxStates}, progress)
 	if err != nil {
-		return explorationFailed(err, stderr)
+		return f.explorationFailed(err, cfg, stdout, stderr)
 	}
 	code := 0
 	if !x.OK() {
@@ -319,4 +356,18 @@ func (f *checkFlags) runMatrix(cfg spec.Config, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stdout, "\n%d explorations in %.1fs\n", x.Runs, time.Since(start).Seconds())
 	return code
+}
+
+// acyclicity is the summary's note on the protocol transition graph.
+func acyclicity(r *explore.Report) string {
+	if r.Simulation != nil {
+		return ""
+	}
+	switch r.Stats.Acyclic {
+	case checker.Yes:
+		return "; protocol transitions acyclic, so liveness needs no fairness"
+	case checker.No:
+		return "; protocol transitions have cycles, so liveness assumes strong fairness of protocol transitions once faults stop"
+	}
+	return "; acyclicity not computed"
 }

@@ -95,10 +95,34 @@ type Stats struct {
 	Transitions int           // transitions explored, including those to known states
 	Depth       int           // deepest BFS level
 	Elapsed     time.Duration // wall time
-	// Acyclic reports whether the graph of protocol (non-fault) transitions has no
-	// cycle; only computed when the model has goals and exploration completed.
-	Acyclic bool
+	// Acyclic says whether the graph of protocol (non-fault) transitions has no
+	// cycle. It is computed only when the model has goals, liveness is checked and
+	// exploration ran to the end; otherwise it is Unknown.
+	Acyclic Verdict
 }
+
+// Verdict is a yes/no answer that may not have been computed.
+type Verdict int8
+
+// The verdicts; the zero value is Unknown.
+const (
+	Unknown Verdict = iota
+	Yes
+	No
+)
+
+func (v Verdict) String() string {
+	switch v {
+	case Yes:
+		return "yes"
+	case No:
+		return "no"
+	}
+	return "unknown"
+}
+
+// Known reports whether the verdict was computed.
+func (v Verdict) Known() bool { return v == Yes || v == No }
 
 // StatesPerSecond is the exploration rate.
 func (s Stats) StatesPerSecond() float64 {
@@ -152,6 +176,20 @@ var ErrNondeterministic = errors.New("checker: trace replay diverged; the model 
 
 // ErrTooManyStates is returned when exploration exceeds Options.MaxStates.
 var ErrTooManyStates = errors.New("checker: state limit exceeded")
+
+// LimitError is the error Check returns when it stops at a limit before the
+// exploration is complete: errors.Is(err, ErrTooManyStates) (or the error of
+// the limit hit) holds, and Stats says how far it got.
+type LimitError struct {
+	Err   error // the limit: ErrTooManyStates
+	Stats Stats // the exploration so far
+}
+
+func (e *LimitError) Error() string {
+	return fmt.Sprintf("%v: %d states at depth %d", e.Err, e.Stats.States, e.Stats.Depth)
+}
+
+func (e *LimitError) Unwrap() error { return e.Err }
 
 type fingerprint [2]uint64
 
@@ -449,7 +487,7 @@ func CheckAccepting[S any, A comparable](m Model[S, A], props Properties[S], opt
 		res.Stats.Depth = depth
 		if opt.MaxStates > 0 && len(parents) > opt.MaxStates {
 			res.Stats.Elapsed = time.Since(start)
-			return res, fmt.Errorf("%w: %d states at depth %d", ErrTooManyStates, len(parents), depth)
+			return res, &LimitError{Err: ErrTooManyStates, Stats: res.Stats}
 		}
 		if opt.Progress != nil && time.Since(lastTick) >= time.Second {
 			lastTick = time.Now()
@@ -462,7 +500,10 @@ func CheckAccepting[S any, A comparable](m Model[S, A], props Properties[S], opt
 	res.Stats.Depth = depth
 
 	if liveness && !stopAfter {
-		res.Stats.Acyclic = acyclic(len(parents), edges)
+		res.Stats.Acyclic = No
+		if acyclic(len(parents), edges) {
+			res.Stats.Acyclic = Yes
+		}
 		for gi, g := range goals {
 			for _, idx := range unreachableGoal(len(parents), edges, goalBits, uint64(1)<<gi, badState, maxRejects) {
 				ok, err := report(g.Name, Liveness, idx)

@@ -226,7 +226,7 @@ func TestLivenessCycleThatCanStillFinishHolds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !res.OK() || res.Stats.Acyclic {
+	if !res.OK() || res.Stats.Acyclic != checker.No {
 		t.Fatalf("ok=%v acyclic=%v: want ok over a cyclic graph", res.OK(), res.Stats.Acyclic)
 	}
 }
@@ -421,5 +421,24 @@ func TestSimulateFindsDeadlockAndLiveness(t *testing.T) {
 	l := checker.Simulate[retryState, string](retry{}, doneGoal, checker.SimOptions{Seed: 1, Walks: 100, Depth: 3})
 	if l.Violation == nil || l.Violation.Kind != checker.Liveness {
 		t.Fatalf("want a liveness violation, got %+v", l.Violation)
+	}
+}
+
+func TestAcyclicIsUnknownUnlessComputed(t *testing.T) {
+	// No goals: the protocol graph is not analysed.
+	res, err := checker.Check[int, string](counter{n: 3}, checker.Properties[int]{}, checker.Options{})
+	if err != nil || res.Stats.Acyclic != checker.Unknown {
+		t.Fatalf("without goals: acyclic=%v err=%v, want unknown", res.Stats.Acyclic, err)
+	}
+	reached := checker.Properties[int]{Goals: []checker.Goal[int]{{Name: "AtEnd", Reached: func(s *int) bool { return *s == 3 }}}}
+	res, err = checker.Check[int, string](counter{n: 3}, reached, checker.Options{})
+	if err != nil || res.Stats.Acyclic != checker.Yes {
+		t.Fatalf("counting up: acyclic=%v err=%v, want yes", res.Stats.Acyclic, err)
+	}
+	// A violation that stops exploration leaves the graph incomplete.
+	reached.Invariants = []checker.Invariant[int]{atMost(1)}
+	res, err = checker.Check[int, string](counter{n: 3}, reached, checker.Options{})
+	if err != nil || res.OK() || res.Stats.Acyclic != checker.Unknown {
+		t.Fatalf("stopped at a violation: acyclic=%v err=%v, want unknown", res.Stats.Acyclic, err)
 	}
 }

@@ -17,6 +17,8 @@ type SimOptions struct {
 	// protocol actions are enabled; 0 means 0.1. Choosing uniformly among all
 	// actions would make faults (enabled almost everywhere) end most walks early.
 	FaultRate float64
+	// DeadlockName is the property a deadlock is reported as; default DeadlockProperty.
+	DeadlockName string
 }
 
 // SimResult is the outcome of Simulate.
@@ -33,7 +35,9 @@ type SimResult[S any, A comparable] struct {
 // actions, faults included, for a random number of steps up to Depth, checking
 // every invariant and deadlock on the way; then it drains: it takes only
 // protocol actions until none is enabled (or Depth+Drain steps pass in all) and
-// checks that the final state reaches every goal. A walk
+// checks that the final state reaches every goal. A state with no enabled action
+// at all (faults included) that the model does not call finished is a deadlock,
+// in either phase. A walk
 // that ends where no protocol action is enabled and a goal is not reached is a
 // liveness violation; a walk that is still running after Drain steps is not
 // judged. Unlike Check, traces are not shortest.
@@ -51,6 +55,10 @@ func Simulate[S any, A comparable](m Model[S, A], props Properties[S], opt SimOp
 		s S
 	}
 	var succs, faults []succ
+	deadlockName := opt.DeadlockName
+	if deadlockName == "" {
+		deadlockName = DeadlockProperty
+	}
 	rate := opt.FaultRate
 	if rate <= 0 {
 		rate = 0.1
@@ -83,8 +91,10 @@ func Simulate[S any, A comparable](m Model[S, A], props Properties[S], opt SimOp
 		for step := 0; step < opt.Depth+drain; step++ {
 			draining := step >= faultsUntil
 			succs, faults = succs[:0], faults[:0]
+			enabledFaults := 0 // counted while draining too: a deadlock is judged on every action
 			m.Successors(&cur, func(a A, n S) {
 				if m.IsFault(a) {
+					enabledFaults++
 					if !draining {
 						faults = append(faults, succ{a, n})
 					}
@@ -92,8 +102,8 @@ func Simulate[S any, A comparable](m Model[S, A], props Properties[S], opt SimOp
 				}
 				succs = append(succs, succ{a, n})
 			})
-			if len(succs)+len(faults) == 0 && !draining && !m.Finished(&cur) {
-				return fail(DeadlockProperty, Deadlock)
+			if len(succs)+enabledFaults == 0 && !m.Finished(&cur) {
+				return fail(deadlockName, Deadlock)
 			}
 			if len(succs) == 0 && (draining || len(faults) == 0) {
 				stuck = true

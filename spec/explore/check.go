@@ -116,7 +116,7 @@ func Simulate(cfg spec.Config, opt SimOptions) (*Report, error) {
 		return nil, fmt.Errorf("simulate: walks and depth must be at least 1")
 	}
 	start := time.Now()
-	res := checker.Simulate(m, Properties(m), checker.SimOptions{Seed: opt.Seed, Walks: opt.Walks, Depth: opt.Depth})
+	res := checker.Simulate(m, Properties(m), checker.SimOptions{Seed: opt.Seed, Walks: opt.Walks, Depth: opt.Depth, DeadlockName: spec.Termination})
 	r := &Report{Bugs: cfg.Bugs, OK: res.Violation == nil,
 		Stats:      checker.Stats{States: res.Steps, Transitions: res.Steps, Depth: res.MaxDepth, Elapsed: time.Since(start)},
 		Simulation: &SimStats{Seed: opt.Seed, Walks: res.Walks, Steps: res.Steps, Walk: res.Walk}}

@@ -1,0 +1,66 @@
+package main
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+)
+
+// decodeOne decodes stdout as exactly one JSON object.
+func decodeOne(t *testing.T, out string) map[string]any {
+	t.Helper()
+	dec := json.NewDecoder(strings.NewReader(out))
+	var obj map[string]any
+	if err := dec.Decode(&obj); err != nil {
+		t.Fatalf("not JSON: %v\n%s", err, out)
+	}
+	if dec.More() {
+		t.Fatalf("more than one JSON value on stdout:\n%s", out)
+	}
+	return obj
+}
+
+func TestCheckJSONOnEveryExit(t *testing.T) {
+	for _, c := range []struct {
+		args   []string
+		code   int
+		result string
+	}{
+		{[]string{"--requests", "2", "--faults", "cancel"}, 0, "ok"},
+		{[]string{"--bug", "eager-release"}, 1, "violation"},
+		{[]string{"--max-states", "1000"}, 3, "incomplete"},
+		{[]string{"--bug", "no-such-bug"}, 2, "error"},
+		{[]string{"--pages", "0"}, 2, "error"},
+		{[]string{"--no-such-flag"}, 2, "error"},
+	} {
+		args := append([]string{"check", "--json", "--quiet"}, c.args...)
+		code, out, _ := runCLI(t, args...)
+		obj := decodeOne(t, out)
+		if code != c.code || obj["result"] != c.result {
+			t.Errorf("%v: exit %d, result %v; want %d, %s", c.args, code, obj["result"], c.code, c.result)
+		}
+		if c.code == 3 && (obj["states"].(float64) < 1000 || obj["error"] == "") {
+			t.Errorf("%v: an incomplete run reports how far it got: %v", c.args, obj)
+		}
+	}
+}
+
+func TestCheckReportsAcyclicity(t *testing.T) {
+	_, out, _ := runCLI(t, "check", "--json", "--quiet", "--requests", "2", "--faults", "cancel")
+	if obj := decodeOne(t, out); obj["acyclic"] != true {
+		t.Fatalf("acyclic = %v, want true for the correct protocol", obj["acyclic"])
+	}
+	// A violation stops the exploration before the graph is complete: unknown.
+	_, out, _ = runCLI(t, "check", "--json", "--quiet", "--bug", "eager-release")
+	if obj := decodeOne(t, out); obj["acyclic"] != nil {
+		t.Fatalf("acyclic = %v, want null when not computed", obj["acyclic"])
+	}
+	_, out, _ = runCLI(t, "check", "--quiet", "--requests", "2", "--faults", "cancel")
+	if !strings.Contains(out, "protocol transitions acyclic") {
+		t.Fatalf("summary does not state acyclicity:\n%s", out)
+	}
+	_, out, _ = runCLI(t, "check", "--quiet", "--bug", "eager-release")
+	if !strings.Contains(out, "acyclicity not computed") {
+		t.Fatalf("summary of a violation does not say acyclicity is unknown:\n%s", out)
+	}
+}

@@ -1,0 +1,43 @@
+package checker_test
+
+import (
+	"testing"
+
+	"github.com/kvhandoff/kvhandoff/spec"
+	"github.com/kvhandoff/kvhandoff/spec/checker"
+)
+
+// specProperties binds the spec's predicates, as spec/explore does (explore
+// imports the checker, so the benchmark cannot import explore's helper).
+func specProperties(m *spec.Model) checker.Properties[spec.State] {
+	var p checker.Properties[spec.State]
+	for _, inv := range spec.Invariants {
+		p.Invariants = append(p.Invariants, checker.Invariant[spec.State]{Name: inv.Name, Holds: func(s *spec.State) bool { return inv.Holds(m, s) }})
+	}
+	for _, g := range spec.Goals {
+		p.Goals = append(p.Goals, checker.Goal[spec.State]{Name: g.Name, Reached: func(s *spec.State) bool { return g.Reached(m, s) }})
+	}
+	return p
+}
+
+// BenchmarkCheckDefaultBounds explores the spec at kvhandoff check's default
+// bounds and reports states/s and heap bytes per visited state.
+func BenchmarkCheckDefaultBounds(b *testing.B) {
+	m, err := spec.New(spec.NewConfig(3, 4, 2))
+	if err != nil {
+		b.Fatal(err)
+	}
+	props := specProperties(m)
+	var states int
+	for b.Loop() {
+		res, err := checker.Check(m, props, checker.Options{DeadlockName: spec.Termination})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if !res.OK() {
+			b.Fatalf("the correct protocol fails %s", res.Violations[0].Property)
+		}
+		states += res.Stats.States
+	}
+	b.ReportMetric(float64(states)/b.Elapsed().Seconds(), "states/s")
+}
