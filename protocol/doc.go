@@ -30,7 +30,16 @@
 //	    for each id in e.Verified: refs, err := receiver.Acquire(id); decode; receiver.Finish(id)
 //	    report e.Outcomes
 //
-// Neither is safe for concurrent use. [SharedReceiver] and [SharedSender] are
+// and on the router, which takes clients' requests and the nodes' reports:
+//
+//	router.AddNode(info) as nodes register; router.NodeLost(id) when a lease expires
+//	d, err := router.Submit(id, tokens, now)        // intake; err wraps ErrRejected or ErrNoNode
+//	for each event: router.LegEnded(node, id, outcome.Err) | router.Cancel(id) | router.Tick(now)
+//	    e := router.Effects()
+//	    send e.Dispatches to prefill nodes, e.Cancels to either, e.PeerLost to decode nodes
+//	    answer clients with e.Outcomes (one per accepted request)
+//
+// None of the three is safe for concurrent use. [SharedReceiver] and [SharedSender] are
 // the two sides for engines whose workers, router and completion poller call
 // them concurrently: one lock per call, so every call is linearizable (package
 // linearizability checks this with porcupine on real concurrent runs).
