@@ -40,7 +40,9 @@ func TestPagesSitAtTransfersStrideWithTheirTagRecordAfter(t *testing.T) {
 	}
 }
 
-func offset(base, p *byte) int { return int(uintptr(unsafe.Pointer(p)) - uintptr(unsafe.Pointer(base))) }
+func offset(base, p *byte) int {
+	return int(uintptr(unsafe.Pointer(p)) - uintptr(unsafe.Pointer(base)))
+}
 
 // A page freed and allocated again is at a new epoch: the old tag fails the
 // read-time check with an error naming the page, matching ErrTagMismatch.
