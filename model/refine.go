@@ -67,7 +67,9 @@ type Refinement struct {
 	srcPages   [spec.MaxRequests][]uint32
 	granted    [spec.MaxRequests][]protocol.PageRef
 	readLabels [spec.MaxRequests][]string
-	sums       map[uint64]spec.Label
+	// refused: decode's intake refused the request, which leaves no record there.
+	refused [spec.MaxRequests]bool
+	sums    map[uint64]spec.Label
 
 	// Faults picks the fault variant (spec.Late, spec.Corrupt bits) of each
 	// WRITE the Sender posts, for request r; nil posts every WRITE cleanly.
@@ -537,6 +539,9 @@ func (h *Refinement) collect() {
 			}
 		}
 		for _, o := range re.Outcomes {
+			if errors.Is(o.Err, protocol.ErrRejected) || errors.Is(o.Err, protocol.ErrNoCapacity) {
+				h.refused[int(o.Request)-1] = true
+			}
 			h.outcome(o)
 		}
 		if len(re.Cuts) == 0 {
@@ -646,11 +651,11 @@ func (h *Refinement) View() string {
 			sp = "failed"
 		}
 		rp := h.recv.Status(id(r))
-		if rp == protocol.StatusNone {
-			rp = "-"
+		if rp == protocol.StatusNone || h.refused[r] && rp == protocol.StatusTombstone {
+			rp = "-" // never bootstrapped, or refused at intake (a later cancel leaves a tombstone)
 		}
 		fmt.Fprintf(&b, "r%d: %v %v | sender %s | receiver %s | grant", r, c.o, c.r, sp, rp)
-		if rp != "-" && rp != protocol.StatusTombstone && rp != protocol.StatusRejected {
+		if rp != "-" && rp != protocol.StatusTombstone {
 			for _, ref := range h.granted[r] {
 				fmt.Fprintf(&b, " %d@%d", ref.Page, ref.Epoch)
 			}
@@ -716,8 +721,12 @@ func SpecView(cfg spec.Config, s *spec.State) string {
 		if why == spec.Flushed {
 			why = spec.PeerFailed // the implementation has one error for a fenced queue pair: ErrPeerFailed
 		}
-		fmt.Fprintf(&b, "r%d: %v %v | sender %s | receiver %v | grant", r, q.Outcome, why, sp, q.R.Phase)
-		if q.R.Phase != spec.RNone && q.R.Phase != spec.RTombstone && q.R.Phase != spec.RRejected {
+		rp := q.R.Phase.String()
+		if q.R.Phase == spec.RNone || q.R.Phase == spec.RRejected || q.R.Phase == spec.RClosed && q.R.Reason == spec.NoCapacity && q.R.N == 0 {
+			rp = "-" // decode's intake refused it (over its limit, or no room): it keeps no record
+		}
+		fmt.Fprintf(&b, "r%d: %v %v | sender %s | receiver %s | grant", r, q.Outcome, why, sp, rp)
+		if rp != "-" && q.R.Phase != spec.RTombstone {
 			for i := 0; i < int(q.R.N); i++ {
 				fmt.Fprintf(&b, " %d@%d", q.R.Pages[i].Page, q.R.Pages[i].Epoch)
 			}

@@ -39,6 +39,12 @@ var (
 	ErrRejected = errors.New("protocol: rejected")
 	// ErrTooLong: the prompt exceeds this node's limit (always with ErrRejected).
 	ErrTooLong = errors.New("protocol: prompt too long")
+	// ErrTooManyPages: the request needs more pages than one Grant carries
+	// (MaxGrantPages), whatever the pool holds (always with ErrRejected).
+	ErrTooManyPages = errors.New("protocol: request needs more pages than a grant carries")
+	// ErrBadGrant: the receiver's Grant names one page twice (by number, or by
+	// remote address and key), so two WRITEs would land on one page.
+	ErrBadGrant = errors.New("protocol: grant names a page twice")
 	// ErrCancelled: the client or router cancelled the request.
 	ErrCancelled = errors.New("protocol: cancelled")
 	// ErrTimedOut: the receiver waited too long for the transfer.

@@ -1,6 +1,7 @@
 package protocol
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"maps"
@@ -84,7 +85,6 @@ const (
 	recvQuarantine                      // ended while its writer may still write: waiting for the fence
 	recvFinished                        // read and released
 	recvClosed                          // ended with an error, pages released
-	recvRejected                        // refused at intake
 )
 
 type recvRequest struct {
@@ -108,6 +108,11 @@ type Receiver struct {
 	reqs    map[RequestID]*recvRequest
 	held    int // requests holding a slot
 	effects ReceiverEffects
+	// deadlines holds a timer per reserved request with a Timeout; horizon one
+	// per ended record whose age has started; ending the records that ended
+	// since the last Tick.
+	deadlines, horizon timers[recvRequest]
+	ending             []timer[recvRequest]
 }
 
 // NewReceiver validates cfg and returns a receiver with every page free.
@@ -216,30 +221,34 @@ func (r *Receiver) bootstrap(peer PeerID, m *Bootstrap, now time.Time) error {
 		}
 		return fmt.Errorf("%w: Bootstrap for request %d", ErrDuplicate, id)
 	}
-	q := &recvRequest{peer: peer, tokens: m.Tokens}
-	r.reqs[id] = q
-	if int64(m.Tokens) > int64(r.cfg.MaxTokens) {
-		q.phase = recvRejected
-		r.finish(id, q, fmt.Errorf("%w: %w: %d tokens, this node takes %d", ErrRejected, ErrTooLong, m.Tokens, r.cfg.MaxTokens))
-		r.tellSender(peer, id, AbortRejected)
-		return nil
-	}
-	n := r.pagesFor(m.Tokens)
+	// Intake comes before any record: a refused Bootstrap leaves nothing
+	// behind, so no peer can grow this node's state by asking.
+	n := PagesFor(m.Tokens, r.cfg.PageTokens)
 	var refs []PageRef
-	err := fmt.Errorf("%w: every slot is taken", ErrNoCapacity)
-	if r.held < r.cfg.Slots {
+	var err error
+	why := AbortRejected
+	switch {
+	case int64(m.Tokens) > int64(r.cfg.MaxTokens):
+		err = fmt.Errorf("%w: %w: %d tokens, this node takes %d", ErrRejected, ErrTooLong, m.Tokens, r.cfg.MaxTokens)
+	case n > MaxGrantPages:
+		err = fmt.Errorf("%w: %w: %d tokens need %d pages, a grant carries %d", ErrRejected, ErrTooManyPages, m.Tokens, n, MaxGrantPages)
+	case r.held >= r.cfg.Slots:
+		why, err = AbortNoCapacity, fmt.Errorf("%w: every slot is taken", ErrNoCapacity)
+	default:
+		why = AbortNoCapacity
 		refs, err = r.pool.Allocate(id, n)
 	}
 	if err != nil {
-		q.phase = recvClosed
-		r.finish(id, q, err)
-		r.tellSender(peer, id, AbortNoCapacity)
+		r.effects.Outcomes = append(r.effects.Outcomes, Outcome{Request: id, Err: err})
+		r.tellSender(peer, id, why)
 		return nil
 	}
-	q.phase, q.refs = recvReserved, refs
+	q := &recvRequest{phase: recvReserved, peer: peer, tokens: m.Tokens, refs: refs}
+	r.reqs[id] = q
 	r.held++
 	if r.cfg.Timeout > 0 {
 		q.deadline = now.Add(r.cfg.Timeout)
+		r.deadlines.push(timer[recvRequest]{at: q.deadline, id: id, rec: q})
 	}
 	g := &Grant{Request: id, Tokens: m.Tokens, Pages: make([]PageGrant, n)}
 	for i, ref := range refs {
@@ -248,19 +257,6 @@ func (r *Receiver) bootstrap(peer PeerID, m *Bootstrap, now time.Time) error {
 	}
 	r.send(peer, g)
 	return nil
-}
-
-func (r *Receiver) pagesFor(tokens uint32) int {
-	return int((int64(tokens) + int64(r.cfg.PageTokens) - 1) / int64(r.cfg.PageTokens))
-}
-
-// tokensIn is the number of tokens page i of a request of the given length holds.
-func (r *Receiver) tokensIn(tokens uint32, i int) uint32 {
-	full := uint32(r.cfg.PageTokens)
-	if rest := tokens - uint32(i)*full; rest < full {
-		return rest
-	}
-	return full
 }
 
 // done handles Done (step 6). Reliable-connected ordering puts it behind every
@@ -275,7 +271,7 @@ func (r *Receiver) done(peer PeerID, m *Done) error {
 	case recvReserved:
 		if err := r.verify(id, q, m); err != nil {
 			r.release(q, id) // Done fenced the writer
-			q.phase = recvClosed
+			r.end(id, q, recvClosed)
 			r.finish(id, q, err)
 			r.tellSender(peer, id, AbortVerifyFailed)
 			return nil
@@ -298,7 +294,7 @@ func (r *Receiver) verify(id RequestID, q *recvRequest, m *Done) error {
 			ErrTokenMismatch, m.Tokens, m.Pages, q.tokens, len(q.refs))
 	}
 	for i, ref := range q.refs {
-		want := Expect{Request: id, Index: uint32(i), Epoch: ref.Epoch, Tokens: r.tokensIn(q.tokens, i)}
+		want := Expect{Request: id, Index: uint32(i), Epoch: ref.Epoch, Tokens: TokensInPage(q.tokens, r.cfg.PageTokens, i)}
 		record, payload := r.cfg.Memory.TagRecord(ref.Page), r.cfg.Memory.Payload(ref.Page)
 		if !r.bug(research.NoTagCheck) && !r.bug(research.NoChecksum) {
 			if err := VerifyPage(record, payload, want); err != nil {
@@ -332,11 +328,11 @@ func (r *Receiver) fence(id RequestID, q *recvRequest, why error) {
 			return
 		}
 		r.release(q, id)
-		q.phase = recvClosed
+		r.end(id, q, recvClosed)
 		r.finish(id, q, why)
 	case recvQuarantine:
 		r.pool.Release(id, q.refs)
-		q.phase = recvClosed
+		r.end(id, q, recvClosed)
 	case recvClosed, recvFinished:
 		if r.bug(research.DoubleFree) {
 			r.pool.Release(id, q.refs) // a second release of pages that may be someone else's now
@@ -349,7 +345,9 @@ func (r *Receiver) fence(id RequestID, q *recvRequest, why error) {
 func (r *Receiver) Cancel(id RequestID) {
 	q := r.reqs[id]
 	if q == nil {
-		r.reqs[id] = &recvRequest{phase: recvTombstone, reported: true}
+		q = &recvRequest{reported: true}
+		r.reqs[id] = q
+		r.end(id, q, recvTombstone)
 		return
 	}
 	r.abort(id, q, fmt.Errorf("%w", ErrCancelled), true, r.bug(research.EagerRelease))
@@ -366,7 +364,7 @@ func (r *Receiver) abort(id RequestID, q *recvRequest, why error, cancelled, ear
 		r.finish(id, q, why)
 		switch {
 		case leak: // the pages are forgotten, never returned
-			q.phase = recvClosed
+			r.end(id, q, recvClosed)
 		case early: // the bug: the pages go back now, though the record still waits for the fence
 			r.pool.Release(id, q.refs)
 			q.phase = recvQuarantine
@@ -378,11 +376,11 @@ func (r *Receiver) abort(id RequestID, q *recvRequest, why error, cancelled, ear
 		r.finish(id, q, why)
 		if leak {
 			r.dropSlot(q)
-			q.phase = recvClosed
+			r.end(id, q, recvClosed)
 			return
 		}
 		r.release(q, id) // Done came: the writer is fenced
-		q.phase = recvClosed
+		r.end(id, q, recvClosed)
 	case recvReading:
 		r.finish(id, q, why) // the pages go back when the decoder calls Finish
 	}
@@ -391,23 +389,51 @@ func (r *Receiver) abort(id RequestID, q *recvRequest, why error, cancelled, ear
 // Tick fails every reserved request whose deadline has passed and tells its
 // sender. With a Horizon, it also forgets requests that ended at least that
 // long before: a record's age counts from the first Tick that saw it ended.
+// Its cost grows with what is due, not with the records kept.
 func (r *Receiver) Tick(now time.Time) {
-	for _, id := range slices.Sorted(maps.Keys(r.reqs)) { // in request order: effects are deterministic
-		q := r.reqs[id]
-		if q.phase == recvReserved && !q.deadline.IsZero() && !now.Before(q.deadline) {
-			r.expire(id, q)
+	var due []timer[recvRequest]
+	for {
+		t, ok := r.deadlines.popDue(now)
+		if !ok {
+			break
 		}
-		if r.cfg.Horizon <= 0 {
-			continue
+		if q := r.reqs[t.id]; q == t.rec && q.phase == recvReserved && q.deadline.Equal(t.at) {
+			due = append(due, t)
 		}
-		switch q.phase {
-		case recvTombstone, recvFinished, recvClosed, recvRejected:
-			if q.ended.IsZero() {
-				q.ended = now
-			} else if now.Sub(q.ended) >= r.cfg.Horizon {
-				delete(r.reqs, id)
-			}
+	}
+	// In request order, as one pass over the records would: effects are deterministic.
+	slices.SortFunc(due, func(a, b timer[recvRequest]) int { return cmp.Compare(a.id, b.id) })
+	for _, t := range due {
+		r.expire(t.id, t.rec)
+	}
+	if r.cfg.Horizon <= 0 {
+		return
+	}
+	for {
+		t, ok := r.horizon.popDue(now)
+		if !ok {
+			break
 		}
+		if r.reqs[t.id] == t.rec {
+			delete(r.reqs, t.id)
+		}
+	}
+	for _, t := range r.ending { // ended since the last Tick: their age starts now
+		if r.reqs[t.id] == t.rec && t.rec.ended.IsZero() {
+			t.rec.ended = now
+			r.horizon.push(timer[recvRequest]{at: now.Add(r.cfg.Horizon), id: t.id, rec: t.rec})
+		}
+	}
+	clear(r.ending)
+	r.ending = r.ending[:0]
+}
+
+// end moves q to a terminal phase and, with a Horizon, queues it for the next
+// Tick to start its age.
+func (r *Receiver) end(id RequestID, q *recvRequest, phase recvPhase) {
+	q.phase = phase
+	if r.cfg.Horizon > 0 {
+		r.ending = append(r.ending, timer[recvRequest]{id: id, rec: q})
 	}
 }
 
@@ -470,7 +496,7 @@ func (r *Receiver) Acquire(id RequestID) ([]PageRef, error) {
 		}
 		if err := r.pool.Check(id, ref); err != nil {
 			r.release(q, id)
-			q.phase = recvClosed
+			r.end(id, q, recvClosed)
 			r.finish(id, q, err)
 			return nil, err
 		}
@@ -487,7 +513,7 @@ func (r *Receiver) Finish(id RequestID) error {
 		return fmt.Errorf("%w: request %d is not being read", ErrNotReady, id)
 	}
 	r.release(q, id)
-	q.phase = recvFinished
+	r.end(id, q, recvFinished)
 	r.finish(id, q, nil)
 	return nil
 }
@@ -502,7 +528,6 @@ const (
 	StatusQuarantine = "quarantine"
 	StatusFinished   = "finished"
 	StatusClosed     = "closed"
-	StatusRejected   = "rejected"
 )
 
 // Status is request id's state on this node.
@@ -512,5 +537,5 @@ func (r *Receiver) Status(id RequestID) string {
 		return StatusNone
 	}
 	return [...]string{StatusNone, StatusTombstone, StatusReserved, StatusReady, StatusReading,
-		StatusQuarantine, StatusFinished, StatusClosed, StatusRejected}[q.phase]
+		StatusQuarantine, StatusFinished, StatusClosed}[q.phase]
 }

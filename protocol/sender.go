@@ -99,6 +99,10 @@ type Sender struct {
 	writes  map[uint64]writeKey
 	nextID  uint64
 	effects SenderEffects
+	// horizon holds a timer per ended record whose age has started; ending
+	// the records that ended since the last Tick.
+	horizon timers[sendRequest]
+	ending  []timer[sendRequest]
 }
 
 type writeKey struct {
@@ -158,7 +162,10 @@ func (s *Sender) Submit(id RequestID, peer PeerID, tokens int) ([]uint32, error)
 		// and admitted anyway because admission asks "finished?".
 		placeholder = true
 	}
-	n := (tokens + s.cfg.PageTokens - 1) / s.cfg.PageTokens
+	n := PagesFor(uint32(tokens), s.cfg.PageTokens)
+	if n > MaxGrantPages {
+		return nil, fmt.Errorf("%w: %w: %d tokens need %d pages, a grant carries %d", ErrRejected, ErrTooManyPages, tokens, n, MaxGrantPages)
+	}
 	if placeholder {
 		n = 1
 	}
@@ -230,11 +237,19 @@ func (s *Sender) admit(peer PeerID, g *Grant) error {
 	default:
 		return fmt.Errorf("%w: second Grant for request %d", ErrDuplicate, id)
 	}
-	if g.Tokens != q.tokens || len(g.Pages) != s.pagesFor(q.tokens) {
+	var refuse error
+	if g.Tokens != q.tokens || len(g.Pages) != PagesFor(q.tokens, s.cfg.PageTokens) {
+		refuse = fmt.Errorf("%w: Grant for %d tokens in %d pages, the request is %d tokens in %d pages",
+			ErrTokenMismatch, g.Tokens, len(g.Pages), q.tokens, len(q.src))
+	} else if i, j, ok := repeatedPage(g.Pages); ok {
+		refuse = fmt.Errorf("%w: Grant for request %d names page %d (address %#x, key %#x) at indices %d and %d",
+			ErrBadGrant, id, g.Pages[j].Page, g.Pages[j].Addr, g.Pages[j].Key, i, j)
+	}
+	if refuse != nil {
+		// Nothing was posted: AbortAck is the receiver's fence, and its leg fails too.
 		s.pool.Release(id, q.src)
-		q.phase = sendFailed
-		s.finish(id, q, fmt.Errorf("%w: Grant for %d tokens in %d pages, the request is %d tokens in %d pages",
-			ErrTokenMismatch, g.Tokens, len(g.Pages), q.tokens, len(q.src)))
+		s.end(id, q, sendFailed)
+		s.finish(id, q, refuse)
 		s.send(peer, &AbortAck{Request: id})
 		return nil
 	}
@@ -244,8 +259,36 @@ func (s *Sender) admit(peer PeerID, g *Grant) error {
 	return nil
 }
 
-func (s *Sender) pagesFor(tokens uint32) int {
-	return int((int64(tokens) + int64(s.cfg.PageTokens) - 1) / int64(s.cfg.PageTokens))
+// repeatedPage finds two grants of one page, by page number or by remote
+// address and key: their WRITEs would land on one page, and one page's KV
+// would be read as two.
+func repeatedPage(pages []PageGrant) (i, j int, found bool) {
+	if len(pages) <= 16 { // the common small grant: no allocation
+		for j := range pages {
+			for i := range j {
+				if pages[i].Page == pages[j].Page || pages[i].Addr == pages[j].Addr && pages[i].Key == pages[j].Key {
+					return i, j, true
+				}
+			}
+		}
+		return 0, 0, false
+	}
+	type place struct {
+		addr uint64
+		key  uint32
+	}
+	byPage := make(map[uint32]int, len(pages))
+	byPlace := make(map[place]int, len(pages))
+	for j, p := range pages {
+		if i, ok := byPage[p.Page]; ok {
+			return i, j, true
+		}
+		if i, ok := byPlace[place{p.Addr, p.Key}]; ok {
+			return i, j, true
+		}
+		byPage[p.Page], byPlace[place{p.Addr, p.Key}] = j, j
+	}
+	return 0, 0, false
 }
 
 // post posts WRITEs up to the in-flight bound, then Done after the last one.
@@ -257,7 +300,7 @@ func (s *Sender) post(id RequestID, q *sendRequest) {
 		i := q.posted
 		src := q.src[i].Page
 		payload := s.cfg.Memory.Page(src)
-		tokens := min(uint32(s.cfg.PageTokens), q.tokens-uint32(i*s.cfg.PageTokens))
+		tokens := TokensInPage(q.tokens, s.cfg.PageTokens, i)
 		if q.placeholder {
 			tokens = 1
 		}
@@ -314,35 +357,57 @@ func (s *Sender) settle(id RequestID, q *sendRequest) {
 	switch {
 	case q.failed != nil && (q.phase == sendWriting || q.phase == sendDoneSent || q.phase == sendAborting):
 		s.pool.Release(id, q.src)
-		q.phase = sendFailed
+		s.end(id, q, sendFailed)
 		s.finish(id, q, q.failed)
 	case q.phase == sendDoneSent:
 		s.pool.Release(id, q.src)
-		q.phase = sendFinished
+		s.end(id, q, sendFinished)
 		s.finish(id, q, nil)
 	case q.phase == sendAborting:
 		s.pool.Release(id, q.src)
-		q.phase = sendAborted
+		s.end(id, q, sendAborted)
 		s.send(q.peer, &AbortAck{Request: id})
 	}
 }
 
 // Tick forgets, with a Horizon, requests that ended at least that long before
 // now: a record's age counts from the first Tick that saw it ended with every
-// WRITE completed. The sender has no timers of its own; Tick is only this.
+// WRITE completed. The sender has no timers of its own; Tick is only this, and
+// it costs what is due, not a visit of every record.
 func (s *Sender) Tick(now time.Time) {
 	if s.cfg.Horizon <= 0 {
 		return
 	}
-	for id, q := range s.reqs {
-		if q.phase < sendFinished || q.completed != q.posted {
-			continue
+	for {
+		t, ok := s.horizon.popDue(now)
+		if !ok {
+			break
 		}
-		if q.ended.IsZero() {
+		if s.reqs[t.id] == t.rec {
+			delete(s.reqs, t.id)
+		}
+	}
+	waiting := s.ending[:0]
+	for _, t := range s.ending {
+		switch q := t.rec; {
+		case s.reqs[t.id] != q || !q.ended.IsZero():
+		case q.completed != q.posted: // not settled yet: look again next Tick
+			waiting = append(waiting, t)
+		default:
 			q.ended = now
-		} else if now.Sub(q.ended) >= s.cfg.Horizon {
-			delete(s.reqs, id)
+			s.horizon.push(timer[sendRequest]{at: now.Add(s.cfg.Horizon), id: t.id, rec: q})
 		}
+	}
+	clear(s.ending[len(waiting):])
+	s.ending = waiting
+}
+
+// end moves q to a terminal phase and, with a Horizon, queues it for the next
+// Tick to start its age.
+func (s *Sender) end(id RequestID, q *sendRequest, phase sendPhase) {
+	q.phase = phase
+	if s.cfg.Horizon > 0 {
+		s.ending = append(s.ending, timer[sendRequest]{id: id, rec: q})
 	}
 }
 
@@ -361,7 +426,7 @@ func (s *Sender) abort(id RequestID, q *sendRequest, why error) {
 	case sendAwaitGrant:
 		// No grant, no WRITE: a grant that comes later is answered AbortAck.
 		s.pool.Release(id, q.src)
-		q.phase = sendAborted
+		s.end(id, q, sendAborted)
 		s.finish(id, q, why)
 	case sendWriting, sendDoneSent:
 		s.finish(id, q, why)
@@ -394,7 +459,7 @@ func (s *Sender) Flushed(peer PeerID) {
 			}
 			q.completed = q.posted // the flush completes every posted WRITE
 			s.pool.Release(id, q.src)
-			q.phase = sendFailed
+			s.end(id, q, sendFailed)
 			s.finish(id, q, fmt.Errorf("%w: queue pair to peer %d flushed", ErrPeerFailed, peer))
 		}
 	}

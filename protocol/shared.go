@@ -120,6 +120,9 @@ func (s *SharedReceiver) Effects() ReceiverEffects {
 
 // RequestOf is the request a message is about.
 func RequestOf(m Message) RequestID {
+	if isNil(m) {
+		return 0
+	}
 	switch m := m.(type) {
 	case *Bootstrap:
 		return m.Request

@@ -18,6 +18,30 @@ const (
 	grantPageSize = 4 + 8 + 8 + 4 // page, epoch, address, key
 )
 
+// PagesFor is the number of pages a request of the given tokens fills at
+// pageTokens tokens per page. Both ends of the wire compute a request's pages
+// with it: a Grant and a Done are checked against it.
+func PagesFor(tokens uint32, pageTokens int) int {
+	if pageTokens < 1 {
+		return 0
+	}
+	return int((uint64(tokens) + uint64(pageTokens) - 1) / uint64(pageTokens))
+}
+
+// TokensInPage is the number of tokens page index of such a request holds:
+// pageTokens for every page but the last, which holds the rest. It is the
+// Tokens field of the page's tag record.
+func TokensInPage(tokens uint32, pageTokens int, index int) uint32 {
+	if pageTokens < 1 || index < 0 {
+		return 0
+	}
+	before := uint64(index) * uint64(pageTokens)
+	if before >= uint64(tokens) {
+		return 0
+	}
+	return uint32(min(uint64(pageTokens), uint64(tokens)-before))
+}
+
 // MsgType is a message's type on the wire.
 type MsgType uint8
 
@@ -188,6 +212,9 @@ func validate(m Message) error {
 	bad := func(format string, a ...any) error {
 		return fmt.Errorf("%w: %s: %s", ErrMalformed, m.Type(), fmt.Sprintf(format, a...))
 	}
+	if isNil(m) {
+		return fmt.Errorf("%w: nil message", ErrMalformed)
+	}
 	switch m := m.(type) {
 	case *Bootstrap:
 		if m.Tokens == 0 || m.Tokens > MaxTokens {
@@ -208,11 +235,25 @@ func validate(m Message) error {
 		if m.Reason == 0 || m.Reason > maxAbortReason {
 			return bad("unknown reason %d", m.Reason)
 		}
-	case *AbortAck:
-	case nil:
-		return fmt.Errorf("%w: nil message", ErrMalformed)
 	}
 	return nil
+}
+
+// isNil reports whether m is nil or a nil pointer of one of the message types.
+func isNil(m Message) bool {
+	switch m := m.(type) {
+	case *Bootstrap:
+		return m == nil
+	case *Grant:
+		return m == nil
+	case *Done:
+		return m == nil
+	case *Abort:
+		return m == nil
+	case *AbortAck:
+		return m == nil
+	}
+	return m == nil
 }
 
 // body is a cursor over a frame's body that records the first shortfall.
