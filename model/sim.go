@@ -54,9 +54,9 @@ const (
 
 // Violation is the first property a run broke.
 type Violation struct {
-	Property string
-	Detail   string
-	Step     int
+	Property string `json:"property"`
+	Detail   string `json:"detail"`
+	Step     int    `json:"step"`
 }
 
 // SimResult is one seed's run.

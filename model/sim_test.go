@@ -16,7 +16,7 @@ func seeds(n int) int {
 }
 
 func TestCorrectImplementationKeepsEveryPropertyOverManySeeds(t *testing.T) {
-	s := RunSeeds(SimConfig{}, 1, seeds(500))
+	s := RunSeeds(SimConfig{}, 1, seeds(500), nil)
 	if s.Violations != 0 {
 		v := s.FirstViolation
 		t.Fatalf("seed %d: %s: %s\n%v", v.Seed, v.Violation.Property, v.Violation.Detail, v.Trace)
@@ -57,7 +57,7 @@ func TestSimulationFindsEverySwitch(t *testing.T) {
 			covered[b] = true
 		}
 		t.Run(sw.String(), func(t *testing.T) {
-			s := RunSeeds(SimConfig{Bugs: sw}, 1, seeds(2000))
+			s := RunSeeds(SimConfig{Bugs: sw}, 1, seeds(2000), nil)
 			if s.FirstViolation == nil {
 				t.Fatalf("%d seeds found nothing", seeds(2000))
 			}

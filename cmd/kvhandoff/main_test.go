@@ -162,7 +162,7 @@ func TestSimJSON(t *testing.T) {
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
-	want := []string{"first_violation", "outcomes", "pages_leaked", "requests", "seconds", "seeds", "violations"}
+	want := []string{"failures", "first_violation", "outcomes", "pages_leaked", "requests", "seconds", "seeds", "violations"}
 	if !slices.Equal(keys, want) {
 		t.Fatalf("keys %v, want %v", keys, want)
 	}

@@ -19,8 +19,13 @@ seed is a workload of concurrent requests (some over-long) on two prefill nodes
 and a decode node over in-memory queue pairs, with cancels, crashes, timeouts,
 cuts, late placements and corruption, checking the spec's properties after every
 step. Runs seeds --seed .. --seed+--seeds-1. Exit status 0 iff no run violated a
-property; 1 on a violation (the seed and its event trace are printed; rerun with
---seed S --seeds 1 to replay it exactly); 2 on bad usage.
+property; 1 on a violation (the smallest failing seed and its event trace are
+printed; rerun with --seed S --seeds 1 to replay it exactly); 2 on bad usage.
+
+Results are folded in as each seed completes: only the smallest failing seed
+keeps its trace and at most 100 failing seeds are listed, so memory does not
+grow with --seeds. --each prints every seed's result as it completes (in
+completion order; with --json, one JSON object per line before the summary).
 
 flags:
 `
@@ -31,7 +36,8 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 	seed := fs.Uint64("seed", 1, "first seed")
 	bugs := fs.String("bug", "", "implementation switches to turn on, comma-separated")
 	requests := fs.Int("requests", 24, "requests per seed")
-	jsonOut := fs.Bool("json", false, "print exactly one JSON object on stdout")
+	jsonOut := fs.Bool("json", false, "print exactly one JSON object on stdout (with --each, one per seed first)")
+	each := fs.Bool("each", false, "print every seed's result as it completes")
 	if code := parseFlags(fs, args, stderr); code >= 0 {
 		return code
 	}
@@ -44,7 +50,36 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "kvhandoff sim: %v\n", err)
 		return 2
 	}
-	s := model.RunSeeds(model.SimConfig{Requests: *requests, Bugs: sw}, *seed, *seeds)
+	var onResult func(*model.SimResult)
+	var streamErr error
+	if *each {
+		enc := json.NewEncoder(stdout)
+		onResult = func(r *model.SimResult) {
+			if *jsonOut {
+				type line struct {
+					Seed      uint64           `json:"seed"`
+					Requests  int              `json:"requests"`
+					Outcomes  map[string]int   `json:"outcomes"`
+					Violation *model.Violation `json:"violation"`
+				}
+				if err := enc.Encode(line{r.Seed, r.Requests, r.Outcomes, r.Violation}); err != nil && streamErr == nil {
+					streamErr = err
+				}
+				return
+			}
+			if v := r.Violation; v != nil {
+				fmt.Fprintf(stdout, "seed %d: VIOLATION of %s at step %d: %s\n", r.Seed, v.Property, v.Step, v.Detail)
+				return
+			}
+			fmt.Fprintf(stdout, "seed %d: ok (ok %d, rejected %d, cancelled %d, failed %d)\n", r.Seed, r.Outcomes[model.OutcomeOK],
+				r.Outcomes[model.OutcomeRejected], r.Outcomes[model.OutcomeCancelled], r.Outcomes[model.OutcomeFailed])
+		}
+	}
+	s := model.RunSeeds(model.SimConfig{Requests: *requests, Bugs: sw}, *seed, *seeds, onResult)
+	if streamErr != nil {
+		fmt.Fprintf(stderr, "kvhandoff sim: %v\n", streamErr)
+		return 2
+	}
 	code := 0
 	if s.Violations > 0 {
 		code = 1
@@ -54,15 +89,25 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 			Seed     uint64 `json:"seed"`
 			Property string `json:"property"`
 		}
+		type failure struct {
+			Seed     uint64 `json:"seed"`
+			Property string `json:"property"`
+			Step     int    `json:"step"`
+		}
+		failures := []failure{}
+		for _, f := range s.Failures {
+			failures = append(failures, failure{f.Seed, f.Violation.Property, f.Violation.Step})
+		}
 		out := struct {
 			Seeds          int            `json:"seeds"`
 			Requests       int            `json:"requests"`
 			Outcomes       map[string]int `json:"outcomes"`
 			Violations     int            `json:"violations"`
 			FirstViolation *first         `json:"first_violation"`
+			Failures       []failure      `json:"failures"` // the smallest failing seeds, at most 100
 			PagesLeaked    int            `json:"pages_leaked"`
 			Seconds        float64        `json:"seconds"`
-		}{s.Seeds, s.Requests, s.Outcomes, s.Violations, nil, s.PagesLeaked, s.Elapsed.Seconds()}
+		}{s.Seeds, s.Requests, s.Outcomes, s.Violations, nil, failures, s.PagesLeaked, s.Elapsed.Seconds()}
 		if v := s.FirstViolation; v != nil {
 			out.FirstViolation = &first{v.Seed, v.Violation.Property}
 		}
@@ -85,6 +130,17 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 			replay += fmt.Sprintf(" --requests %d", *requests)
 		}
 		fmt.Fprintf(stdout, "replay: %s\n", replay)
+		if len(s.Failures) > 1 {
+			var seeds []string
+			for _, f := range s.Failures {
+				seeds = append(seeds, fmt.Sprint(f.Seed))
+			}
+			more := ""
+			if s.Violations > len(s.Failures) {
+				more = fmt.Sprintf(" (and %d more)", s.Violations-len(s.Failures))
+			}
+			fmt.Fprintf(stdout, "failing seeds: %s%s\n", strings.Join(seeds, " "), more)
+		}
 	}
 	var why []string
 	for _, k := range slices.Sorted(maps.Keys(s.FailedBy)) {
