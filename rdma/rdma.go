@@ -155,12 +155,22 @@ const (
 )
 
 // ConnInfo is what two peers exchange out of band to connect queue pairs.
+// It must travel over an authenticated channel (docs/security.md): the
+// software providers draw QPN and PSN from crypto/rand, and a queue pair
+// accepts as its peer only the queue pair whose QPN, PSN and Node the caller
+// passed to Connect.
 type ConnInfo struct {
 	Fabric string   // where the queue pair lives: a fabric name, a socket address, a device name
 	QPN    uint32   // queue pair number
 	GID    [16]byte // verbs: the port's GID (RoCE v2: ::ffff:a.b.c.d)
 	LID    uint16   // verbs: the port's LID (InfiniBand; 0 on RoCE)
-	PSN    uint32   // verbs: the first packet sequence number the queue pair sends
+	PSN    uint32   // the first packet sequence number the queue pair sends (24 bits)
+	// Node is the identity the queue pair's device authenticates as: the
+	// name in its certificate (socket), the device's name (inproc); empty
+	// for verbs, which has none. A caller that learned a ConnInfo from peer X
+	// sets Node to the name its registry knows X by before it connects, so
+	// that a peer naming someone else is refused.
+	Node string
 }
 
 // QueuePair is a reliable-connected queue pair.

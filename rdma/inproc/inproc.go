@@ -34,12 +34,11 @@ type Fabric struct {
 	exec    sync.Mutex // held while a work request executes, and by ToError
 	qps     map[uint32]*QP
 	regions soft.Regions
-	nextQPN uint32
 }
 
 // NewFabric returns an empty fabric.
 func NewFabric(name string) *Fabric {
-	return &Fabric{name: name, qps: map[uint32]*QP{}, nextQPN: 1}
+	return &Fabric{name: name, qps: map[uint32]*QP{}}
 }
 
 // Device returns a device on the fabric.
@@ -101,9 +100,12 @@ func (p *pd) CreateQP(sendCQ, recvCQ rdma.CompletionQueue, depth int) (rdma.Queu
 	f := p.f
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	q := &QP{f: f, pd: p, qpn: f.nextQPN}
+	qpn := soft.Random32()
+	for qpn == 0 || f.qps[qpn] != nil {
+		qpn = soft.Random32()
+	}
+	q := &QP{f: f, pd: p, qpn: qpn, psn: soft.Random32() & 0xFFFFFF}
 	q.Init(p, s, r, depth, 0)
-	f.nextQPN++
 	f.qps[q.qpn] = q
 	return q, nil
 }
@@ -115,19 +117,34 @@ type QP struct {
 	f               *Fabric
 	pd              *pd
 	qpn             uint32
+	psn             uint32
 	remote          *QP
 }
 
 // Info implements rdma.QueuePair.
-func (q *QP) Info() rdma.ConnInfo { return rdma.ConnInfo{Fabric: q.f.name, QPN: q.qpn} }
+func (q *QP) Info() rdma.ConnInfo {
+	return rdma.ConnInfo{Fabric: q.f.name, QPN: q.qpn, PSN: q.psn, Node: q.pd.dev.name}
+}
 
-// Connect implements rdma.QueuePair.
+// Connect implements rdma.QueuePair. The peer must be named exactly: its
+// QPN, its PSN and its device's name (when remote.Node is set); and a peer
+// already connected to another queue pair is refused. Only the peer q is
+// connected to reaches q as a responder (see step).
 func (q *QP) Connect(remote rdma.ConnInfo) error {
 	q.f.mu.Lock()
 	r := q.f.qps[remote.QPN]
 	q.f.mu.Unlock()
-	if remote.Fabric != q.f.name || r == nil {
-		return fmt.Errorf("%w: %+v", rdma.ErrUnknownPeer, remote)
+	if remote.Fabric != q.f.name || r == nil || r.psn != remote.PSN&0xFFFFFF || (remote.Node != "" && remote.Node != r.pd.dev.name) {
+		return fmt.Errorf("%w: no queue pair %d with that PSN and identity on %s", rdma.ErrUnknownPeer, remote.QPN, remote.Fabric)
+	}
+	if r == q {
+		return fmt.Errorf("%w: a queue pair cannot be its own peer", rdma.ErrBadRequest)
+	}
+	r.Mu.Lock()
+	taken := r.remote != nil && r.remote != q
+	r.Mu.Unlock()
+	if taken {
+		return fmt.Errorf("%w: queue pair %d is connected to another peer", rdma.ErrUnknownPeer, remote.QPN)
 	}
 	q.Mu.Lock()
 	defer q.Mu.Unlock()
@@ -191,8 +208,16 @@ func (q *QP) step() bool {
 		}
 		return true
 	}
-	if r.State() != rdma.StateRTS {
+	r.Mu.Lock()
+	rstate, rpeer := r.QPState, r.remote
+	r.Mu.Unlock()
+	if rstate != rdma.StateRTS {
 		return fail(rdma.FlushError, false) // the responder is gone: the request cannot complete
+	}
+	if rpeer != q {
+		// The responder is connected to another queue pair: it drops what q
+		// sends, and q's retries run out.
+		return fail(rdma.TransportError, false)
 	}
 	switch wr.Op {
 	case rdma.OpWrite, rdma.OpWriteImm:

@@ -19,3 +19,16 @@ func TestConformance(t *testing.T) {
 }
 
 var _ rdma.Faults = (*QP)(nil)
+
+func TestHostilePeers(t *testing.T) {
+	rdmatest.RunHostile(t, rdmatest.Hostile{
+		Devices: func(t *testing.T) (rdma.Device, rdma.Device) {
+			f := NewFabric(t.Name())
+			a, b := f.Device("requester"), f.Device("responder")
+			t.Cleanup(func() { a.Close(); b.Close() })
+			return a, b
+		},
+		KeysAreSecret: true,
+		Identities:    true,
+	})
+}

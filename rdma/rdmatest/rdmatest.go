@@ -367,3 +367,15 @@ func badRequests(t *testing.T, p Provider) {
 		t.Fatalf("refused requests completed: %+v", c)
 	}
 }
+
+// eventually polls cond until it holds or the guard against hangs runs out.
+func eventually(cond func() bool) bool {
+	deadline := time.Now().Add(wait)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return true
+}

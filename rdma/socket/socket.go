@@ -74,7 +74,6 @@ type Device struct {
 	mu      sync.Mutex
 	qps     map[uint32]*QP
 	regions soft.Regions
-	nextQPN uint32
 	closed  bool
 }
 
@@ -86,7 +85,7 @@ func Listen(network, address string) (*Device, error) {
 		return nil, err
 	}
 	d := &Device{network: network, ln: ln, name: network + ":" + ln.Addr().String(),
-		qps: map[uint32]*QP{}, nextQPN: 1}
+		qps: map[uint32]*QP{}}
 	go d.accept()
 	return d, nil
 }
@@ -148,9 +147,12 @@ func (p *pd) CreateQP(sendCQ, recvCQ rdma.CompletionQueue, depth int) (rdma.Queu
 	if d.closed {
 		return nil, fmt.Errorf("%w: device closed", rdma.ErrBadRequest)
 	}
-	q := &QP{d: d, pd: p, qpn: d.nextQPN, ready: make(chan struct{})}
+	qpn := soft.Random32()
+	for qpn == 0 || d.qps[qpn] != nil {
+		qpn = soft.Random32()
+	}
+	q := &QP{d: d, pd: p, qpn: qpn, ready: make(chan struct{})}
 	q.Init(p, s, r, depth, MaxMessage)
-	d.nextQPN++
 	d.qps[q.qpn] = q
 	return q, nil
 }

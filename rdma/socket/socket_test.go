@@ -10,9 +10,9 @@ import (
 
 var _ rdma.Faults = (*QP)(nil)
 
-// pair connects two queue pairs on two devices, each listening on its own
-// socket, so every request crosses a real stream socket.
-func pair(t *testing.T, network string) *rdmatest.Pair {
+// devices opens two devices, each listening on its own socket, so every
+// request crosses a real stream socket.
+func devices(t *testing.T, network string) (*Device, *Device) {
 	t.Helper()
 	listen := func(name string) *Device {
 		addr := "127.0.0.1:0"
@@ -26,7 +26,13 @@ func pair(t *testing.T, network string) *rdmatest.Pair {
 		t.Cleanup(func() { d.Close() })
 		return d
 	}
-	return rdmatest.NewPair(t, listen("a"), listen("b"))
+	return listen("a"), listen("b")
+}
+
+func pair(t *testing.T, network string) *rdmatest.Pair {
+	t.Helper()
+	a, b := devices(t, network)
+	return rdmatest.NewPair(t, a, b)
 }
 
 func TestConformanceTCP(t *testing.T) {
@@ -36,3 +42,17 @@ func TestConformanceTCP(t *testing.T) {
 func TestConformanceUnix(t *testing.T) {
 	rdmatest.Run(t, func(t *testing.T) *rdmatest.Pair { return pair(t, "unix") })
 }
+
+func hostile(network string) rdmatest.Hostile {
+	return rdmatest.Hostile{
+		Devices: func(t *testing.T) (rdma.Device, rdma.Device) {
+			a, b := devices(t, network)
+			return a, b
+		},
+		KeysAreSecret: true,
+		Identities:    true,
+	}
+}
+
+func TestHostilePeersTCP(t *testing.T)  { rdmatest.RunHostile(t, hostile("tcp")) }
+func TestHostilePeersUnix(t *testing.T) { rdmatest.RunHostile(t, hostile("unix")) }

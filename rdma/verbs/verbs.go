@@ -142,7 +142,6 @@ import "C"
 
 import (
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"syscall"
 	"time"
@@ -440,7 +439,7 @@ func (p *pd) CreateQP(sendCQ, recvCQ rdma.CompletionQueue, depth int) (rdma.Queu
 	if qp == nil {
 		return nil, errnoErr("ibv_create_qp", -1)
 	}
-	q := &QP{d: p.d, pd: p, qp: qp, sendCQ: s, recvCQ: r, depth: depth, psn: rand.Uint32() & 0xFFFFFF}
+	q := &QP{d: p.d, pd: p, qp: qp, sendCQ: s, recvCQ: r, depth: depth, psn: soft.Random32() & 0xFFFFFF}
 	if rc := C.kvh_to_init(qp, p.d.port); rc != 0 {
 		C.ibv_destroy_qp(qp)
 		return nil, errnoErr("modify QP to INIT", rc)
@@ -617,7 +616,8 @@ func (q *QP) State() rdma.QPState {
 
 func (q *QP) checkLocal(s rdma.SGE) (*mr, error) {
 	m, ok := s.MR.(*mr)
-	if !ok || m.pd != q.pd || s.Offset < 0 || s.Length < 0 || s.Offset+s.Length > len(m.buf) || s.Length > 1<<31-1 {
+	// Offset+Length can overflow int: compare the length with what is left.
+	if !ok || m == nil || m.pd != q.pd || s.Offset < 0 || s.Length < 0 || s.Offset > len(m.buf) || s.Length > len(m.buf)-s.Offset || s.Length > 1<<31-1 {
 		return nil, fmt.Errorf("%w: local buffer outside its region or not of this protection domain", rdma.ErrBadRequest)
 	}
 	return m, nil

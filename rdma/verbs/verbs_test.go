@@ -87,3 +87,11 @@ func TestParseIBWriteBWFindsTheAverageOfItsSizeRow(t *testing.T) {
 		t.Fatal("a missing row must be an error, not a zero baseline")
 	}
 }
+
+// The parts of the hostile-peer suite a NIC answers for: wrapped and
+// out-of-range addresses and lengths, unknown keys, overflowing local
+// buffers. A NIC's keys are not secrets and it has no identities
+// (docs/security.md), so those parts do not apply.
+func TestHostilePeers(t *testing.T) {
+	rdmatest.RunHostile(t, rdmatest.Hostile{Devices: func(t *testing.T) (rdma.Device, rdma.Device) { return open(t), open(t) }})
+}

@@ -1,6 +1,8 @@
 package soft
 
 import (
+	"crypto/rand"
+	"encoding/binary"
 	"fmt"
 	"sync"
 
@@ -32,14 +34,25 @@ func (m *Region) RKey() uint32 { return m.key }
 // Bytes implements rdma.MemoryRegion.
 func (m *Region) Bytes() []byte { return m.Buf }
 
-// Regions numbers the regions of one fabric or device: each gets a key and a
-// page-aligned address range of its own, never reused.
+// Regions keys the regions of one fabric or device. Each gets a remote key
+// drawn from crypto/rand, unique on the device and never reused, and a
+// page-aligned base address drawn the same way: a peer cannot guess a key, and
+// a key a predecessor device issued opens nothing on its successor. Addresses
+// of two regions may overlap: a WRITE is placed by key first, then checked
+// against that one region's range.
 type Regions struct {
-	mu       sync.Mutex
-	byKey    map[uint32]*Region
-	nextKey  uint32
-	nextAddr uint64
+	mu    sync.Mutex
+	byKey map[uint32]*Region
+	used  map[uint32]bool // every key ever issued
 }
+
+// lowestAddr and addrSpan bound the base addresses: above 4 GiB (no small
+// integer is a valid address) and far enough below 2^64 that base+len never
+// wraps.
+const (
+	lowestAddr = 1 << 32
+	addrSpan   = 1 << 62
+)
 
 // Register registers buf for owner.
 func (r *Regions) Register(owner any, buf []byte, access rdma.Access) (*Region, error) {
@@ -49,11 +62,15 @@ func (r *Regions) Register(owner any, buf []byte, access rdma.Access) (*Region, 
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.byKey == nil {
-		r.byKey, r.nextKey, r.nextAddr = map[uint32]*Region{}, 0x100, 1<<32
+		r.byKey, r.used = map[uint32]*Region{}, map[uint32]bool{}
 	}
-	m := &Region{Owner: owner, Buf: buf, Access: access, addr: r.nextAddr, key: r.nextKey}
-	r.nextKey++
-	r.nextAddr += uint64(len(buf)+4095) &^ 4095
+	key := Random32()
+	for key == 0 || r.used[key] {
+		key = Random32()
+	}
+	addr := (lowestAddr + Random64()%addrSpan) &^ 4095
+	m := &Region{Owner: owner, Buf: buf, Access: access, addr: addr, key: key}
+	r.used[key] = true
 	r.byKey[m.key] = m
 	return m, nil
 }
@@ -74,18 +91,38 @@ func (r *Regions) Target(owner any, rkey uint32, addr uint64, n int) []byte {
 	r.mu.Lock()
 	m := r.byKey[rkey]
 	r.mu.Unlock()
-	if m == nil || m.Owner != owner || m.Access&rdma.RemoteWrite == 0 ||
-		addr < m.addr || addr+uint64(n) > m.addr+uint64(len(m.Buf)) {
+	if m == nil || m.Owner != owner || m.Access&rdma.RemoteWrite == 0 || n < 0 || addr < m.addr {
 		return nil
 	}
-	return m.Buf[addr-m.addr : addr-m.addr+uint64(n)]
+	// Offsets, never addr+n: a peer chooses addr, and addr+n can wrap past 2^64.
+	off, size := addr-m.addr, uint64(len(m.Buf))
+	if off > size || uint64(n) > size-off {
+		return nil
+	}
+	return m.Buf[off : off+uint64(n)]
 }
 
 // Local checks a work request's local buffer: a region of owner's, in bounds.
 func Local(owner any, s rdma.SGE) ([]byte, error) {
 	m, ok := s.MR.(*Region)
-	if !ok || m.Owner != owner || s.Offset < 0 || s.Length < 0 || s.Offset+s.Length > len(m.Buf) {
+	// Offset+Length can overflow int: compare the length with what is left.
+	if !ok || m == nil || m.Owner != owner || s.Offset < 0 || s.Length < 0 || s.Offset > len(m.Buf) || s.Length > len(m.Buf)-s.Offset {
 		return nil, fmt.Errorf("%w: local buffer outside its region or not of this protection domain", rdma.ErrBadRequest)
 	}
 	return m.Buf[s.Offset : s.Offset+s.Length], nil
+}
+
+// Random32 is 32 bits from crypto/rand: keys, queue pair numbers and PSNs a
+// peer must not guess.
+func Random32() uint32 {
+	var b [4]byte
+	rand.Read(b[:]) // never fails (crypto/rand's contract since Go 1.24)
+	return binary.BigEndian.Uint32(b[:])
+}
+
+// Random64 is 64 bits from crypto/rand.
+func Random64() uint64 {
+	var b [8]byte
+	rand.Read(b[:])
+	return binary.BigEndian.Uint64(b[:])
 }
