@@ -3,6 +3,8 @@ package model
 import (
 	"errors"
 	"fmt"
+	"math"
+	"math/rand/v2"
 )
 
 // Config is a model's architecture.
@@ -154,4 +156,30 @@ func Alloc(c Config) (*Model, error) {
 		m.Classifier = make([]float32, c.Vocab*c.Dim)
 	}
 	return m, nil
+}
+
+// Randomize fills m's weights with seeded values of a trained model's scale:
+// matrices uniform in ±1/sqrt(in), norms near 1.
+func Randomize(m *Model, seed uint64) {
+	rng := rand.New(rand.NewPCG(seed, 0x6b766861))
+	fill := func(a []float32, scale float64, center float64) {
+		for i := range a {
+			a[i] = float32(center + scale*(2*rng.Float64()-1))
+		}
+	}
+	d, h := float64(m.Dim), float64(m.HiddenDim)
+	fill(m.TokenEmbedding, 1, 0)
+	fill(m.RMSAttention, 0.2, 1)
+	fill(m.WQ, 1/math.Sqrt(d), 0)
+	fill(m.WK, 1/math.Sqrt(d), 0)
+	fill(m.WV, 1/math.Sqrt(d), 0)
+	fill(m.WO, 1/math.Sqrt(d), 0)
+	fill(m.RMSFFN, 0.2, 1)
+	fill(m.W1, 1/math.Sqrt(d), 0)
+	fill(m.W2, 1/math.Sqrt(h), 0)
+	fill(m.W3, 1/math.Sqrt(d), 0)
+	fill(m.RMSFinal, 0.2, 1)
+	if !m.SharedClassifier {
+		fill(m.Classifier, 1/math.Sqrt(d), 0)
+	}
 }

@@ -1,0 +1,337 @@
+package cpu
+
+import (
+	"fmt"
+	"math"
+	"runtime"
+	"sync"
+
+	"github.com/kvhandoff/kvhandoff/engine/backend"
+	"github.com/kvhandoff/kvhandoff/engine/kv"
+	"github.com/kvhandoff/kvhandoff/engine/model"
+)
+
+// Backend is the CPU backend. The zero value is not usable; call New.
+type Backend struct {
+	m       *model.Model
+	cache   *kv.Cache
+	epochs  []uint64 // the mirror of the pool's current epochs, by page
+	workers int
+	cos     []float32 // rotary tables: (seqLen, rotary/2)
+	sin     []float32
+
+	// Scratch, grown to the longest step seen.
+	x, xb, xb2, q, k, v, hb, hb2 []float32
+	att                          []float32 // (tokens*heads, seqLen)
+	pages                        [][]float32
+	fail                         []int
+}
+
+var _ backend.Backend = (*Backend)(nil)
+
+// New returns a CPU backend that uses every core.
+func New() *Backend { return &Backend{workers: runtime.GOMAXPROCS(0)} }
+
+// Name is "cpu".
+func (b *Backend) Name() string { return "cpu" }
+
+// Load keeps m's arrays (no copy) and precomputes the rotary tables.
+func (b *Backend) Load(m *model.Model) error {
+	if err := m.Validate(); err != nil {
+		return err
+	}
+	b.m = m
+	half := m.Rotary() / 2
+	b.cos, b.sin = make([]float32, m.SeqLen*half), make([]float32, m.SeqLen*half)
+	for pos := 0; pos < m.SeqLen; pos++ {
+		for i := 0; i < half; i++ {
+			a := float64(pos) * model.RotaryFrequency(i, m.Rotary())
+			b.cos[pos*half+i], b.sin[pos*half+i] = float32(math.Cos(a)), float32(math.Sin(a))
+		}
+	}
+	return nil
+}
+
+// AttachPool uses the cache's region as the pool.
+func (b *Backend) AttachPool(c *kv.Cache) error {
+	if b.m == nil {
+		return fmt.Errorf("cpu: AttachPool before Load")
+	}
+	g := c.Geometry()
+	if g.Layers != b.m.Layers || g.KVHeads != b.m.KVHeads || g.HeadDim != b.m.HeadDim() {
+		return fmt.Errorf("%w: pool %+v for a model of %d layers, %d kv heads of %d", kv.ErrGeometry, g, b.m.Layers, b.m.KVHeads, b.m.HeadDim())
+	}
+	b.cache, b.epochs = c, make([]uint64, c.Pages())
+	return nil
+}
+
+// SetEpochs updates the epoch mirror.
+func (b *Backend) SetEpochs(pages []uint32, epochs []uint64) error {
+	if len(pages) != len(epochs) {
+		return fmt.Errorf("cpu: %d pages, %d epochs", len(pages), len(epochs))
+	}
+	for i, p := range pages {
+		if int(p) >= len(b.epochs) {
+			return fmt.Errorf("%w: page %d of a pool of %d", kv.ErrGeometry, p, len(b.epochs))
+		}
+		b.epochs[p] = epochs[i]
+	}
+	return nil
+}
+
+// UploadPages does nothing: the host region is the pool.
+func (b *Backend) UploadPages([]uint32) error { return nil }
+
+// DownloadPages does nothing: the host region is the pool.
+func (b *Backend) DownloadPages([]uint32) error { return nil }
+
+// Close releases nothing.
+func (b *Backend) Close() error { return nil }
+
+func grow(s []float32, n int) []float32 {
+	if cap(s) < n {
+		return make([]float32, n)
+	}
+	return s[:n]
+}
+
+// parallel calls f over [0, n) split into chunks, on every core when the
+// work (n times cost) is worth it.
+func (b *Backend) parallel(n, cost int, f func(lo, hi int)) {
+	if b.workers <= 1 || n*cost < 1<<15 || n < 2 {
+		f(0, n)
+		return
+	}
+	chunks := min(n, 4*b.workers)
+	var wg sync.WaitGroup
+	for c := 0; c < chunks; c++ {
+		lo, hi := c*n/chunks, (c+1)*n/chunks
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f(lo, hi)
+		}()
+	}
+	wg.Wait()
+}
+
+// matmul: out[t*d+i] = Σ_j w[i*n+j]·x[t*n+j] for T tokens; each weight row
+// is read once for every token.
+func (b *Backend) matmul(out, x, w []float32, T, n, d int) {
+	b.parallel(d, n*T, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			row := w[i*n : (i+1)*n]
+			for t := 0; t < T; t++ {
+				out[t*d+i] = dot(row, x[t*n:(t+1)*n])
+			}
+		}
+	})
+}
+
+func dot(a, b []float32) float32 {
+	b = b[:len(a)]
+	var s0, s1, s2, s3 float32
+	i := 0
+	for ; i+4 <= len(a); i += 4 {
+		s0 += a[i] * b[i]
+		s1 += a[i+1] * b[i+1]
+		s2 += a[i+2] * b[i+2]
+		s3 += a[i+3] * b[i+3]
+	}
+	for ; i < len(a); i++ {
+		s0 += a[i] * b[i]
+	}
+	return (s0 + s1) + (s2 + s3)
+}
+
+func rmsnorm(out, x, w []float32) {
+	var ss float32
+	for _, v := range x {
+		ss += v * v
+	}
+	ss = ss/float32(len(x)) + model.NormEps
+	inv := float32(1 / math.Sqrt(float64(ss)))
+	for i := range x {
+		out[i] = w[i] * (inv * x[i])
+	}
+}
+
+// rotate applies rotary positions to the leading rotary dims of every head
+// of vec (heads*hd wide) at position pos.
+func (b *Backend) rotate(vec []float32, heads, pos int) {
+	hd, half := b.m.HeadDim(), b.m.Rotary()/2
+	cs, sn := b.cos[pos*half:(pos+1)*half], b.sin[pos*half:(pos+1)*half]
+	for h := 0; h < heads; h++ {
+		v := vec[h*hd : h*hd+2*half]
+		for i := 0; i < half; i++ {
+			v0, v1 := v[2*i], v[2*i+1]
+			v[2*i], v[2*i+1] = v0*cs[i]-v1*sn[i], v0*sn[i]+v1*cs[i]
+		}
+	}
+}
+
+// Forward runs one step.
+func (b *Backend) Forward(s *backend.Step) error {
+	m, g := b.m, b.cache.Geometry()
+	T, end := len(s.Tokens), s.Pos+len(s.Tokens)
+	if T == 0 || s.Pos < 0 || end > m.SeqLen || g.PagesFor(end) > len(s.Table) || len(s.Logits) != m.Vocab {
+		return fmt.Errorf("cpu: step of %d tokens at %d over %d pages (context %d, logits %d)", T, s.Pos, len(s.Table), m.SeqLen, len(s.Logits))
+	}
+	table := s.Table[:g.PagesFor(end)]
+	check := !s.Unchecked
+	// The pages the step writes are checked before anything is written.
+	if check {
+		for i := s.Pos / g.PageTokens; i < len(table); i++ {
+			if err := b.check(table, i); err != nil {
+				return err
+			}
+		}
+	}
+	b.pages = b.pages[:0]
+	for _, ref := range table {
+		if int(ref.Page) >= len(b.epochs) {
+			return fmt.Errorf("%w: page %d of a pool of %d", kv.ErrGeometry, ref.Page, len(b.epochs))
+		}
+		b.pages = append(b.pages, b.cache.Floats(ref.Page))
+	}
+	dim, kvDim, hidden := m.Dim, m.KVDim(), m.HiddenDim
+	b.x, b.xb, b.xb2, b.q = grow(b.x, T*dim), grow(b.xb, T*dim), grow(b.xb2, T*dim), grow(b.q, T*dim)
+	b.k, b.v = grow(b.k, T*kvDim), grow(b.v, T*kvDim)
+	b.hb, b.hb2 = grow(b.hb, T*hidden), grow(b.hb2, T*hidden)
+	b.att = grow(b.att, T*m.Heads*m.SeqLen)
+	for t, tok := range s.Tokens {
+		if tok < 0 || tok >= m.Vocab {
+			return fmt.Errorf("cpu: token %d outside the vocabulary of %d", tok, m.Vocab)
+		}
+		copy(b.x[t*dim:(t+1)*dim], m.TokenEmbedding[tok*dim:(tok+1)*dim])
+	}
+	for l := 0; l < m.Layers; l++ {
+		for t := 0; t < T; t++ {
+			rmsnorm(b.xb[t*dim:(t+1)*dim], b.x[t*dim:(t+1)*dim], m.RMSAttention[l*dim:(l+1)*dim])
+		}
+		b.matmul(b.q, b.xb, m.WQ[l*dim*dim:(l+1)*dim*dim], T, dim, dim)
+		b.matmul(b.k, b.xb, m.WK[l*kvDim*dim:(l+1)*kvDim*dim], T, dim, kvDim)
+		b.matmul(b.v, b.xb, m.WV[l*kvDim*dim:(l+1)*kvDim*dim], T, dim, kvDim)
+		for t := 0; t < T; t++ {
+			pos := s.Pos + t
+			b.rotate(b.q[t*dim:(t+1)*dim], m.Heads, pos)
+			b.rotate(b.k[t*kvDim:(t+1)*kvDim], m.KVHeads, pos)
+			page, j := b.pages[pos/g.PageTokens], pos%g.PageTokens
+			copy(page[g.KeyOffset(l, j):g.KeyOffset(l, j)+kvDim], b.k[t*kvDim:(t+1)*kvDim])
+			copy(page[g.ValueOffset(l, j):g.ValueOffset(l, j)+kvDim], b.v[t*kvDim:(t+1)*kvDim])
+		}
+		if err := b.attention(l, s.Pos, T, table, check); err != nil {
+			return err
+		}
+		b.matmul(b.xb2, b.xb, m.WO[l*dim*dim:(l+1)*dim*dim], T, dim, dim)
+		for i := range b.x {
+			b.x[i] += b.xb2[i]
+		}
+		for t := 0; t < T; t++ {
+			rmsnorm(b.xb[t*dim:(t+1)*dim], b.x[t*dim:(t+1)*dim], m.RMSFFN[l*dim:(l+1)*dim])
+		}
+		b.matmul(b.hb, b.xb, m.W1[l*hidden*dim:(l+1)*hidden*dim], T, dim, hidden)
+		b.matmul(b.hb2, b.xb, m.W3[l*hidden*dim:(l+1)*hidden*dim], T, dim, hidden)
+		for i, g := range b.hb {
+			b.hb[i] = g / (1 + float32(math.Exp(float64(-g)))) * b.hb2[i]
+		}
+		b.matmul(b.xb, b.hb, m.W2[l*dim*hidden:(l+1)*dim*hidden], T, hidden, dim)
+		for i := range b.x {
+			b.x[i] += b.xb[i]
+		}
+	}
+	last := b.x[(T-1)*dim : T*dim]
+	rmsnorm(last, last, m.RMSFinal)
+	b.matmul(s.Logits, last, m.Classifier, 1, dim, m.Vocab)
+	return nil
+}
+
+// check is the read-time check of table entry i against the mirror.
+func (b *Backend) check(table kv.Table, i int) error {
+	if ref := table[i]; b.epochs[ref.Page] != ref.Epoch {
+		return &kv.TagError{Index: i, Page: ref.Page, Held: ref.Epoch, Current: b.epochs[ref.Page]}
+	}
+	return nil
+}
+
+// attention computes every (token, head) pair's attention over the pages,
+// writing the heads' outputs into xb. Each page's tag is checked where its
+// keys and values are read.
+func (b *Backend) attention(l, pos0, T int, table kv.Table, check bool) error {
+	m, g := b.m, b.cache.Geometry()
+	hd, kvDim, dim, pt := m.HeadDim(), m.KVDim(), m.Dim, g.PageTokens
+	group := m.Heads / m.KVHeads
+	scale := float32(1 / math.Sqrt(float64(hd)))
+	kOff, vOff := g.KeyOffset(l, 0), g.ValueOffset(l, 0)
+	// Per (token, head) pair: 1 + the table index that failed, or 0.
+	if cap(b.fail) < T*m.Heads {
+		b.fail = make([]int, T*m.Heads)
+	}
+	fail := b.fail[:T*m.Heads]
+	clear(fail)
+	b.parallel(T*m.Heads, (pos0+T)*hd*2, func(lo, hi int) {
+		for pair := lo; pair < hi; pair++ {
+			t, h := pair/m.Heads, pair%m.Heads
+			pos := pos0 + t
+			q := b.q[t*dim+h*hd : t*dim+(h+1)*hd]
+			att := b.att[pair*m.SeqLen : pair*m.SeqLen+pos+1]
+			kvh := (h / group) * hd
+			hi := float32(math.Inf(-1))
+			for p := 0; p <= pos; p += pt {
+				i := p / pt
+				if check && b.epochs[table[i].Page] != table[i].Epoch {
+					fail[pair] = i + 1
+					break
+				}
+				page := b.pages[i]
+				for j := 0; j < pt && p+j <= pos; j++ {
+					o := kOff + j*kvDim + kvh
+					sc := dot(q, page[o:o+hd]) * scale
+					att[p+j] = sc
+					hi = max(hi, sc)
+				}
+			}
+			if fail[pair] != 0 {
+				continue
+			}
+			var sum float32
+			for i, a := range att {
+				e := float32(math.Exp(float64(a - hi)))
+				att[i] = e
+				sum += e
+			}
+			out := b.xb[t*dim+h*hd : t*dim+(h+1)*hd]
+			clear(out)
+			inv := 1 / sum
+			for p := 0; p <= pos; p += pt {
+				i := p / pt
+				if check && b.epochs[table[i].Page] != table[i].Epoch {
+					fail[pair] = i + 1
+					break
+				}
+				page := b.pages[i]
+				for j := 0; j < pt && p+j <= pos; j++ {
+					o := vOff + j*kvDim + kvh
+					axpy(out, page[o:o+hd], att[p+j]*inv)
+				}
+			}
+		}
+	})
+	first := -1
+	for _, f := range fail {
+		if f != 0 && (first < 0 || f-1 < first) {
+			first = f - 1
+		}
+	}
+	if first >= 0 {
+		return b.check(table, first)
+	}
+	return nil
+}
+
+func axpy(out, v []float32, a float32) {
+	v = v[:len(out)]
+	for i := range out {
+		out[i] += a * v[i]
+	}
+}

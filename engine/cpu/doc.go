@@ -1,0 +1,15 @@
+// Package cpu is the engine's CPU backend: the llama forward pass in pure Go
+// (no cgo), parallel over output rows in the matrix products and over
+// (token, head) pairs in attention, on every core.
+//
+// Its KV pool is the cache's host region itself, so the pages it writes are
+// the bytes the transport moves, with no copy (UploadPages and DownloadPages
+// do nothing). Prefill processes the prompt's tokens as one batch, each weight
+// row read once for all of them; decode is the same code with one token.
+//
+// The read-time tag check: Forward compares the mirrored current epoch of
+// every page it is about to write before it writes anything, and, inside
+// attention, of every page it reads keys or values from, at the read. A
+// mismatch fails the step with a *kv.TagError naming the page. The check
+// costs one comparison per page read per head and layer.
+package cpu

@@ -1,0 +1,255 @@
+package model
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"strconv"
+)
+
+// Tokenizer turns text into tokens and tokens back into bytes.
+type Tokenizer interface {
+	// Encode tokenizes text, with the beginning-of-sequence token first if
+	// bos and the end-of-sequence token last if eos (where the vocabulary
+	// has them).
+	Encode(text string, bos, eos bool) []int
+	// Piece is token's bytes, following prev (-1 at the start).
+	Piece(prev, token int) []byte
+	// Vocab is the vocabulary's size.
+	Vocab() int
+	// EOS is the end-of-sequence token, or -1.
+	EOS() int
+}
+
+// Bytes is the built-in model's vocabulary: token b is byte b.
+type Bytes struct{}
+
+// Encode returns text's bytes; a byte vocabulary has no BOS or EOS.
+func (Bytes) Encode(text string, bos, eos bool) []int {
+	out := make([]int, len(text))
+	for i := 0; i < len(text); i++ {
+		out[i] = int(text[i])
+	}
+	return out
+}
+
+// Piece is the byte itself.
+func (Bytes) Piece(prev, token int) []byte {
+	if token < 0 || token > 255 {
+		return nil
+	}
+	return []byte{byte(token)}
+}
+
+// Vocab is 256.
+func (Bytes) Vocab() int { return 256 }
+
+// EOS is -1: a byte vocabulary has none.
+func (Bytes) EOS() int { return -1 }
+
+// Decode is the text of tokens under t.
+func Decode(t Tokenizer, tokens []int, prev int) string {
+	var out []byte
+	for _, tok := range tokens {
+		out = append(out, t.Piece(prev, tok)...)
+		prev = tok
+	}
+	return string(out)
+}
+
+// ErrTokenizer: a tokenizer file that is not llama2.c's layout.
+var ErrTokenizer = errors.New("model: malformed tokenizer")
+
+// The special tokens of llama2.c's (sentencepiece's) vocabulary.
+const (
+	BOS = 1
+	EOS = 2
+	// byteBase is where the byte-fallback tokens <0x00>..<0xFF> start.
+	byteBase = 3
+)
+
+// BPE is llama2.c's tokenizer.bin: a vocabulary of byte strings with merge
+// scores, encoded as llama2.c's encode does (dummy prefix, UTF-8 code points
+// with byte fallback, then greedy merges of the best-scoring pair).
+type BPE struct {
+	MaxTokenLength int
+	Pieces         [][]byte
+	Scores         []float32
+	index          map[string]int
+}
+
+// ReadTokenizer reads a tokenizer.bin of vocab tokens from r (size bytes).
+func ReadTokenizer(r io.Reader, size int64, vocab int) (*BPE, error) {
+	if vocab <= 0 || int64(vocab)*8+4 > size {
+		return nil, fmt.Errorf("%w: %d tokens cannot fit in %d bytes", ErrTokenizer, vocab, size)
+	}
+	br := bufio.NewReader(r)
+	var maxLen int32
+	if err := binary.Read(br, binary.LittleEndian, &maxLen); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrTokenizer, err)
+	}
+	if maxLen <= 0 || int64(maxLen) > size {
+		return nil, fmt.Errorf("%w: max_token_length %d", ErrTokenizer, maxLen)
+	}
+	t := &BPE{MaxTokenLength: int(maxLen), Pieces: make([][]byte, vocab), Scores: make([]float32, vocab)}
+	left := size - 4
+	for i := 0; i < vocab; i++ {
+		var rec struct {
+			Score float32
+			Len   int32
+		}
+		if err := binary.Read(br, binary.LittleEndian, &rec); err != nil {
+			return nil, fmt.Errorf("%w: token %d: %v", ErrTokenizer, i, err)
+		}
+		left -= 8
+		if rec.Len < 0 || int64(rec.Len) > left || rec.Len > maxLen {
+			return nil, fmt.Errorf("%w: token %d has length %d (max %d)", ErrTokenizer, i, rec.Len, maxLen)
+		}
+		t.Pieces[i] = make([]byte, rec.Len)
+		if _, err := io.ReadFull(br, t.Pieces[i]); err != nil {
+			return nil, fmt.Errorf("%w: token %d: %v", ErrTokenizer, i, err)
+		}
+		left -= int64(rec.Len)
+		t.Scores[i] = rec.Score
+	}
+	if left != 0 {
+		return nil, fmt.Errorf("%w: %d bytes after %d tokens", ErrTokenizer, left, vocab)
+	}
+	t.buildIndex()
+	return t, nil
+}
+
+// LoadTokenizer reads the tokenizer.bin at path.
+func LoadTokenizer(path string, vocab int) (*BPE, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	t, err := ReadTokenizer(f, st.Size(), vocab)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return t, nil
+}
+
+// WriteTokenizer writes t in llama2.c's layout.
+func WriteTokenizer(w io.Writer, t *BPE) error {
+	bw := bufio.NewWriter(w)
+	maxLen := 0
+	for _, p := range t.Pieces {
+		maxLen = max(maxLen, len(p))
+	}
+	if t.MaxTokenLength > maxLen {
+		maxLen = t.MaxTokenLength
+	}
+	if err := binary.Write(bw, binary.LittleEndian, int32(maxLen)); err != nil {
+		return err
+	}
+	for i, p := range t.Pieces {
+		var hdr [8]byte
+		binary.LittleEndian.PutUint32(hdr[:], math.Float32bits(t.Scores[i]))
+		binary.LittleEndian.PutUint32(hdr[4:], uint32(len(p)))
+		bw.Write(hdr[:])
+		bw.Write(p)
+	}
+	return bw.Flush()
+}
+
+// buildIndex maps each piece to its lowest token id.
+func (t *BPE) buildIndex() {
+	t.index = make(map[string]int, len(t.Pieces))
+	for i := len(t.Pieces) - 1; i >= 0; i-- {
+		t.index[string(t.Pieces[i])] = i
+	}
+}
+
+// Vocab is the vocabulary's size.
+func (t *BPE) Vocab() int { return len(t.Pieces) }
+
+// EOS is token 2.
+func (t *BPE) EOS() int { return EOS }
+
+func (t *BPE) lookup(s string) int {
+	if t.index == nil {
+		t.buildIndex()
+	}
+	if id, ok := t.index[s]; ok {
+		return id
+	}
+	return -1
+}
+
+// Encode is llama2.c's encode.
+func (t *BPE) Encode(text string, bos, eos bool) []int {
+	var toks []int
+	if bos {
+		toks = append(toks, BOS)
+	}
+	if text != "" {
+		if id := t.lookup(" "); id >= 0 {
+			toks = append(toks, id)
+		}
+	}
+	for i := 0; i < len(text); {
+		// One code point: a lead byte and up to three continuation bytes.
+		j := i + 1
+		for j < len(text) && text[j]&0xC0 == 0x80 && j-i < 4 {
+			j++
+		}
+		if id := t.lookup(text[i:j]); id >= 0 {
+			toks = append(toks, id)
+		} else {
+			for k := i; k < j; k++ {
+				if id := int(text[k]) + byteBase; id < len(t.Pieces) {
+					toks = append(toks, id)
+				}
+			}
+		}
+		i = j
+	}
+	for {
+		best, bestID, bestAt := float32(-1e10), -1, -1
+		for i := 0; i+1 < len(toks); i++ {
+			id := t.lookup(string(t.Pieces[toks[i]]) + string(t.Pieces[toks[i+1]]))
+			if id >= 0 && t.Scores[id] > best {
+				best, bestID, bestAt = t.Scores[id], id, i
+			}
+		}
+		if bestAt < 0 {
+			break
+		}
+		toks[bestAt] = bestID
+		toks = append(toks[:bestAt+1], toks[bestAt+2:]...)
+	}
+	if eos {
+		toks = append(toks, EOS)
+	}
+	return toks
+}
+
+// Piece is llama2.c's decode: after BOS a leading space is dropped, and a
+// byte token <0xXX> is that byte.
+func (t *BPE) Piece(prev, token int) []byte {
+	if token < 0 || token >= len(t.Pieces) {
+		return nil
+	}
+	p := t.Pieces[token]
+	if prev == BOS && len(p) > 0 && p[0] == ' ' {
+		p = p[1:]
+	}
+	if len(p) == 6 && string(p[:3]) == "<0x" && p[5] == '>' {
+		if b, err := strconv.ParseUint(string(p[3:5]), 16, 8); err == nil {
+			return []byte{byte(b)}
+		}
+	}
+	return p
+}
