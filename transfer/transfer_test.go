@@ -1,232 +1,156 @@
 package transfer
 
 import (
-	"bytes"
 	"errors"
-	"maps"
-	"slices"
 	"testing"
 	"time"
 
 	"github.com/kvhandoff/kvhandoff/protocol"
-	"github.com/kvhandoff/kvhandoff/rdma"
-	"github.com/kvhandoff/kvhandoff/rdma/inproc"
-	"github.com/kvhandoff/kvhandoff/rdma/socket"
 )
 
-const pageBytes = 4096
-
-// providers are the transports every handoff test runs over: each makes a
-// prefill device and a decode device. verbs_test.go adds verbs under its tag.
-var providers = map[string]func(t *testing.T) (prefill, decode rdma.Device){
-	"inproc": func(t *testing.T) (rdma.Device, rdma.Device) {
-		f := inproc.NewFabric(t.Name())
-		return f.Device("prefill"), f.Device("decode")
-	},
-	"socket": func(t *testing.T) (rdma.Device, rdma.Device) {
-		listen := func() rdma.Device {
-			d, err := socket.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
+func TestManyRequestsMoveVerifiedBytesEndToEnd(t *testing.T) {
+	overEachProvider(t, defaultLink(), func(t *testing.T, l *link) {
+		for id := protocol.RequestID(1); id <= 20; id++ {
+			if err := l.submit(id, int(id)*5); err != nil { // 1 to 7 pages
 				t.Fatal(err)
 			}
-			t.Cleanup(func() { d.Close() })
-			return d
+			l.pump()
 		}
-		return listen(), listen()
-	},
-}
-
-// overEachProvider runs test once per provider.
-func overEachProvider(t *testing.T, test func(t *testing.T, l *Link, faults rdma.Faults)) {
-	overEachProviderWith(t, Config{DecodePages: 64, PrefillPages: 32, PageTokens: pageTokens, PageBytes: pageBytes, Timeout: time.Hour}, test)
-}
-
-func overEachProviderWith(t *testing.T, cfg Config, test func(t *testing.T, l *Link, faults rdma.Faults)) {
-	for _, name := range slices.Sorted(maps.Keys(providers)) {
-		t.Run(name, func(t *testing.T) {
-			prefill, decode := providers[name](t)
-			l, err := New(cfg, prefill, decode)
-			if err != nil {
-				t.Fatal(err)
+		for id := protocol.RequestID(1); id <= 20; id++ {
+			if !l.succeeded(id) {
+				t.Fatalf("request %d: outcomes %v", id, l.outcomes[id])
 			}
-			test(t, l, l.qpP.(rdma.Faults))
-		})
-	}
-}
-
-const pageTokens = 16
-
-// kv is the KV request id's page i must hold: every page of every request differs.
-func kv(id protocol.RequestID, i int) []byte {
-	page := make([]byte, pageBytes)
-	GenerateKV(id, i, pageTokens, page)
-	return page
-}
-
-func compute(id protocol.RequestID) func(int, []byte) {
-	return func(i int, page []byte) { GenerateKV(id, i, pageTokens, page) }
-}
-
-// pump runs the link until it settles, and reads every verified request the
-// way the engine would: acquire, compare the bytes with what was computed, finish.
-func pump(t *testing.T, l *Link) {
-	t.Helper()
-	for {
-		n, err := l.Pump(10 * time.Second)
-		if err != nil {
-			t.Fatal(err)
 		}
-		read := len(l.Verified)
-		for _, id := range l.Verified {
-			refs, err := l.Receiver.Acquire(id)
-			if err != nil {
-				continue
-			}
-			for i, ref := range refs {
-				if !bytes.Equal(l.DecodePage(ref.Page), kv(id, i)) {
-					t.Fatalf("request %d page %d: decode would read foreign KV", id, i)
-				}
-			}
-			l.Receiver.Finish(id)
-		}
-		l.Verified = nil
-		if n == 0 && read == 0 {
-			return
-		}
-	}
-}
-
-func TestManyRequestsMoveVerifiedBytesEndToEnd(t *testing.T) { overEachProvider(t, manyRequests) }
-
-func manyRequests(t *testing.T, l *Link, _ rdma.Faults) {
-	for id := protocol.RequestID(1); id <= 20; id++ {
-		if err := l.Submit(id, int(id)*5, compute(id)); err != nil { // 1 to 7 pages
-			t.Fatal(err)
-		}
-		pump(t, l)
-	}
-	for id := protocol.RequestID(1); id <= 20; id++ {
-		if o := l.Outcomes[id]; !l.Reported(id) || o[0] != nil || o[1] != nil {
-			t.Fatalf("request %d: outcomes %v", id, o)
-		}
-	}
-	if l.Receiver.Pool().Free() != 64 || l.Sender.Pool().Free() != 32 {
-		t.Fatal("pages leaked")
-	}
+		l.noLeak(t, 64, 32)
+	})
 }
 
 // A request cancelled while its WRITEs are held in the network keeps its pages
 // quarantined until the sender's AbortAck, which follows those WRITEs.
-func TestCancelledMidTransferIsFenced(t *testing.T) { overEachProvider(t, cancelledMidTransfer) }
-
-func cancelledMidTransfer(t *testing.T, l *Link, qp rdma.Faults) {
-	pages, err := l.Sender.Submit(1, decodePeer, 64) // 4 pages; the KV is not computed yet
-	if err != nil {
-		t.Fatal(err)
-	}
-	pump(t, l) // Bootstrap, Grant: the sender waits for the KV
-	qp.Pause() // WRITEs posted from now on wait in the network
-	for i, p := range pages {
-		compute(1)(i, l.SourcePage(p))
-	}
-	l.Sender.Computed(1)
-	l.Pump(50 * time.Millisecond)
-	l.Receiver.Cancel(1)
-	l.Sender.Cancel(1)
-	l.Pump(50 * time.Millisecond)
-	if l.Receiver.Pool().Quarantined() != 4 {
-		t.Fatalf("%d pages quarantined while WRITEs are in flight, want 4", l.Receiver.Pool().Quarantined())
-	}
-	qp.Resume()
-	pump(t, l)
-	o := l.Outcomes[1]
-	if !errors.Is(o[0], protocol.ErrCancelled) || !errors.Is(o[1], protocol.ErrCancelled) {
-		t.Fatalf("outcomes %v", o)
-	}
-	if l.Receiver.Pool().Free() != 64 || l.Sender.Pool().Free() != 32 {
-		t.Fatal("the fence must release every page")
-	}
+func TestCancelledMidTransferIsFenced(t *testing.T) {
+	overEachProvider(t, defaultLink(), func(t *testing.T, l *link) {
+		if err := l.submit(1, 64); err != nil { // 4 pages
+			t.Fatal(err)
+		}
+		l.P.Poll(l.now) // Bootstrap posted
+		for l.D.Status(1) != protocol.StatusReserved {
+			l.step(time.Millisecond)
+			if l.P.Status(1) != protocol.SendStatusAwaitGrant {
+				t.Fatalf("the prefill side moved on before the test held its WRITEs: %s", l.P.Status(1))
+			}
+		}
+		qp := l.faults()
+		qp.Pause() // the Grant is on its way; the WRITEs it starts wait in the network
+		for l.P.Status(1) == protocol.SendStatusAwaitGrant {
+			l.step(time.Millisecond)
+		}
+		l.D.Cancel(1)
+		l.P.Cancel(1)
+		l.settleFor(50 * time.Millisecond)
+		if q := l.D.receiver.Pool().Quarantined(); q != 4 {
+			t.Fatalf("%d pages quarantined while WRITEs are in flight, want 4", q)
+		}
+		qp.Resume()
+		l.pump()
+		if o := l.outcomes[1]; !errors.Is(o[0], protocol.ErrCancelled) || !errors.Is(o[1], protocol.ErrCancelled) {
+			t.Fatalf("outcomes %v", o)
+		}
+		l.noLeak(t, 64, 32)
+	})
 }
 
-func TestCorruptedPayloadFailsByChecksum(t *testing.T) { overEachProvider(t, corruptedPayload) }
-
-func corruptedPayload(t *testing.T, l *Link, qp rdma.Faults) {
-	qp.CorruptNext()
-	if err := l.Submit(1, 16, compute(1)); err != nil {
-		t.Fatal(err)
-	}
-	pump(t, l)
-	if o := l.Outcomes[1]; !errors.Is(o[1], protocol.ErrChecksumMismatch) {
-		t.Fatalf("outcomes %v", o)
-	}
-	if l.Receiver.Pool().Free() != 64 {
-		t.Fatal("a failed request must release its pages")
-	}
+func TestCorruptedPayloadFailsByChecksum(t *testing.T) {
+	overEachProvider(t, defaultLink(), func(t *testing.T, l *link) {
+		l.faults().CorruptNext()
+		if err := l.submit(1, 16); err != nil {
+			t.Fatal(err)
+		}
+		l.pump()
+		if o := l.outcomes[1]; !errors.Is(o[1], protocol.ErrChecksumMismatch) {
+			t.Fatalf("outcomes %v", o)
+		}
+		l.noLeak(t, 64, 32)
+	})
 }
 
-func TestCutFencesAndFailsBothLegs(t *testing.T) { overEachProvider(t, cutFences) }
-
-func cutFences(t *testing.T, l *Link, qp rdma.Faults) {
-	if err := l.Submit(1, 16, compute(1)); err != nil {
-		t.Fatal(err)
-	}
-	qp.Pause()
-	l.Pump(50 * time.Millisecond)
-	l.Cut()
-	qp.Resume()
-	pump(t, l)
-	o := l.Outcomes[1]
-	if !errors.Is(o[0], protocol.ErrPeerFailed) {
-		t.Fatalf("outcomes %v", o)
-	}
-	if l.Receiver.Pool().Free() != 64 || l.Sender.Pool().Free() != 32 {
-		t.Fatal("pages leaked after the cut")
-	}
+// A cut on both ends, with WRITEs held in the network: both legs fail, and
+// every page comes back once the flushes drain.
+func TestCutFencesAndFailsBothLegs(t *testing.T) {
+	overEachProvider(t, defaultLink(), func(t *testing.T, l *link) {
+		if err := l.submit(1, 16); err != nil {
+			t.Fatal(err)
+		}
+		for l.D.Status(1) != protocol.StatusReserved {
+			l.step(time.Millisecond)
+		}
+		qp := l.faults()
+		qp.Pause() // the WRITEs the Grant starts wait in the network
+		l.settleFor(20 * time.Millisecond)
+		if err := l.D.Cut("prefill"); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.P.Cut("decode"); err != nil {
+			t.Fatal(err)
+		}
+		qp.Resume()
+		l.pump()
+		if o := l.outcomes[1]; !errors.Is(o[0], protocol.ErrPeerFailed) || !errors.Is(o[1], protocol.ErrPeerFailed) {
+			t.Fatalf("outcomes %v", o)
+		}
+		l.noLeak(t, 64, 32)
+		if err := l.submit(2, 16); !errors.Is(err, ErrNoPeer) {
+			t.Fatalf("a request after the cut: %v, want ErrNoPeer", err)
+		}
+	})
 }
 
 // More work than the send queue holds: what the state machines emit waits in
-// the link's backlog, in order, and every buffer a work request reads stays
-// its own until it completes, so every request still arrives intact.
+// the backlog, in order, and every buffer a work request reads stays its own
+// until it completes, so every request still arrives intact.
 func TestBackpressureKeepsOrderAndBuffers(t *testing.T) {
-	cfg := Config{DecodePages: 64, PrefillPages: 32, PageTokens: pageTokens, PageBytes: pageBytes, Timeout: time.Hour, QueueDepth: 3}
-	overEachProviderWith(t, cfg, func(t *testing.T, l *Link, _ rdma.Faults) {
+	cfg := defaultLink()
+	cfg.QueueDepth = 3
+	overEachProvider(t, cfg, func(t *testing.T, l *link) {
 		for id := protocol.RequestID(1); id <= 30; id++ { // 30 requests at once, one page each
-			if err := l.Submit(id, 16, compute(id)); err != nil {
+			if err := l.submit(id, 16); err != nil {
 				t.Fatal(err)
 			}
 		}
-		pump(t, l)
+		l.pump()
 		for id := protocol.RequestID(1); id <= 30; id++ {
-			if o := l.Outcomes[id]; !l.Reported(id) || o[0] != nil || o[1] != nil {
-				t.Fatalf("request %d: outcomes %v", id, o)
+			if !l.succeeded(id) {
+				t.Fatalf("request %d: outcomes %v", id, l.outcomes[id])
 			}
 		}
-		if l.Receiver.Pool().Free() != 64 || l.Sender.Pool().Free() != 32 {
-			t.Fatal("pages leaked")
-		}
+		l.noLeak(t, 64, 32)
 	})
-	if _, err := New(Config{DecodePages: 1, PrefillPages: 1, PageTokens: 1, PageBytes: 64, QueueDepth: 2}, nil, nil); err == nil {
+	dev, _ := providers["inproc"](t)
+	if _, err := NewPrefill(dev, PrefillConfig{Pages: 1, PageTokens: 1, PageBytes: 64, QueueDepth: 2}); err == nil {
 		t.Fatal("a send queue too small for one page and Done must be refused")
 	}
 }
 
-// More control messages at once than the peer has receive buffers: a SEND
-// waits for a credit (a buffer the peer reposted) instead of finding none,
-// which would break the queue pair.
-func TestMoreMessagesThanReceiveBuffersWaitForCredits(t *testing.T) {
-	cfg := Config{DecodePages: 128, PrefillPages: 128, PageTokens: pageTokens, PageBytes: pageBytes, Timeout: time.Hour}
-	overEachProviderWith(t, cfg, func(t *testing.T, l *Link, _ rdma.Faults) {
-		const n = 2*recvSlots - 8                        // more than the receive buffers, fewer than the pages
-		for id := protocol.RequestID(1); id <= n; id++ { // a Bootstrap each, all at once
-			if err := l.Submit(id, 16, compute(id)); err != nil {
+// More control messages at once than the peer has receive buffers, several
+// times over: a SEND goes out only against a credit the peer advertised, so
+// none finds the peer without a buffer (which breaks the queue pair).
+func TestBurstBeyondTheReceiveQueueWaitsForCredits(t *testing.T) {
+	cfg := linkConfig{DecodePages: 512, PrefillPages: 512, Timeout: time.Hour}
+	overEachProvider(t, cfg, func(t *testing.T, l *link) {
+		const n = 4 * RecvSlots                          // Bootstraps, then Grants, then Dones: each a burst
+		for id := protocol.RequestID(1); id <= n; id++ { // all at once, before either side polls
+			if err := l.submit(id, 16); err != nil {
 				t.Fatal(err)
 			}
 		}
-		pump(t, l)
+		l.pump()
 		for id := protocol.RequestID(1); id <= n; id++ {
-			if o := l.Outcomes[id]; !l.Reported(id) || o[0] != nil || o[1] != nil {
-				t.Fatalf("request %d: outcomes %v", id, o)
+			if !l.succeeded(id) {
+				t.Fatalf("request %d: outcomes %v", id, l.outcomes[id])
 			}
+		}
+		l.noLeak(t, 512, 512)
+		if len(l.P.Peers()) != 1 || len(l.D.Peers()) != 1 {
+			t.Fatal("the burst broke the queue pair")
 		}
 	})
 }
@@ -238,45 +162,44 @@ func TestMoreMessagesThanReceiveBuffersWaitForCredits(t *testing.T) {
 // largest request's Grant, so a 300-page request and the one after it both
 // arrive, byte for byte.
 func TestRequestOfHundredsOfPagesAndTheNextOneComplete(t *testing.T) {
-	cfg := Config{DecodePages: 320, PrefillPages: 320, PageTokens: pageTokens, PageBytes: pageBytes, Timeout: time.Hour}
-	overEachProviderWith(t, cfg, func(t *testing.T, l *Link, _ rdma.Faults) {
-		if err := l.Submit(1, 300*pageTokens, compute(1)); err != nil {
+	cfg := linkConfig{DecodePages: 320, PrefillPages: 320, Timeout: time.Hour}
+	overEachProvider(t, cfg, func(t *testing.T, l *link) {
+		if err := l.submit(1, 300*pageTokens); err != nil {
 			t.Fatal(err)
 		}
-		if err := l.Submit(2, 5*pageTokens-3, compute(2)); err != nil {
+		if err := l.submit(2, 5*pageTokens-3); err != nil {
 			t.Fatal(err)
 		}
-		pump(t, l) // reads every verified request and compares it with what was computed
+		l.pump() // reads every verified request and compares it with what was computed
 		for id := protocol.RequestID(1); id <= 2; id++ {
-			if o := l.Outcomes[id]; !l.Reported(id) || o[0] != nil || o[1] != nil {
-				t.Fatalf("request %d: outcomes %v", id, o)
+			if !l.succeeded(id) {
+				t.Fatalf("request %d: outcomes %v", id, l.outcomes[id])
 			}
 		}
-		if l.Receiver.Pool().Free() != 320 || l.Sender.Pool().Free() != 320 {
-			t.Fatal("pages leaked")
-		}
+		l.noLeak(t, 320, 320)
 	})
 }
 
 // A request larger than the message buffers can carry the Grant of is refused
 // at intake with an explicit error, and the link goes on.
 func TestRequestBeyondTheLargestGrantIsRefusedAtIntake(t *testing.T) {
-	cfg := Config{DecodePages: 64, PrefillPages: 64, PageTokens: pageTokens, PageBytes: pageBytes, Timeout: time.Hour, MaxRequestPages: 40}
-	overEachProviderWith(t, cfg, func(t *testing.T, l *Link, _ rdma.Faults) {
-		err := l.Submit(1, 40*pageTokens+1, compute(1))
+	cfg := linkConfig{DecodePages: 64, PrefillPages: 64, MaxRequestPages: 40, Timeout: time.Hour}
+	overEachProvider(t, cfg, func(t *testing.T, l *link) {
+		err := l.submit(1, 40*pageTokens+1)
 		if !errors.Is(err, protocol.ErrRejected) || !errors.Is(err, protocol.ErrTooLong) {
 			t.Fatalf("a 41-page request: %v, want ErrRejected and ErrTooLong", err)
 		}
-		if err := l.Submit(2, 40*pageTokens, compute(2)); err != nil {
+		if err := l.submit(2, 40*pageTokens); err != nil {
 			t.Fatal(err)
 		}
-		pump(t, l)
-		if o := l.Outcomes[2]; !l.Reported(2) || o[0] != nil || o[1] != nil {
-			t.Fatalf("request 2: outcomes %v", o)
+		l.pump()
+		if !l.succeeded(2) {
+			t.Fatalf("request 2: outcomes %v", l.outcomes[2])
 		}
 	})
-	if _, err := New(Config{DecodePages: 1, PrefillPages: 1, PageTokens: 1, PageBytes: 64, MaxRequestPages: protocol.MaxGrantPages + 1}, nil, nil); err == nil {
-		t.Fatal("a largest request beyond the wire's MaxGrantPages must be refused")
+	dev, _ := providers["inproc"](t)
+	if _, err := NewPrefill(dev, PrefillConfig{Pages: 1, PageTokens: 1, PageBytes: 64, MaxRequestPages: 2}); err == nil {
+		t.Fatal("a largest request beyond the pool must be refused")
 	}
 }
 

@@ -1,0 +1,184 @@
+package transfer
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/kvhandoff/kvhandoff/protocol"
+	"github.com/kvhandoff/kvhandoff/rdma"
+)
+
+// DecodeConfig sizes a Decode endpoint.
+type DecodeConfig struct {
+	Pages      int // pages in the pool
+	PageTokens int
+	PageBytes  int
+	// MaxRequestPages is the largest request in pages: send buffers hold its
+	// Grant, and intake refuses anything bigger. 0 means Pages, capped at
+	// protocol.MaxGrantPages. A prefill peer whose receive buffers hold
+	// smaller Grants gets its own smaller limit, told at setup.
+	MaxRequestPages int
+	Slots           int           // requests held at once; 0 means Pages
+	Timeout         time.Duration // a reserved request fails after this long without Done; 0 means never
+	Horizon         time.Duration // see protocol.ReceiverConfig.Horizon
+	QueueDepth      int           // send-queue work requests in flight per queue pair; 0 means 1024
+	MaxPeers        int           // queue pairs at once, draining ones included; 0 means 16
+}
+
+// Decode is a decode node's transfer endpoint: a protocol.Receiver, its page
+// region with a tag slot after each page (the only memory peers may write),
+// and one RC queue pair per prefill peer. Safe for concurrent use.
+type Decode struct {
+	endpoint
+	cfg      DecodeConfig
+	receiver *protocol.Receiver
+	kv       rdma.MemoryRegion
+	peerOf   map[protocol.RequestID]string // requests without an outcome yet: their peer
+}
+
+// NewDecode makes a decode endpoint on dev.
+func NewDecode(dev rdma.Device, cfg DecodeConfig) (*Decode, error) {
+	if cfg.Pages < 1 || cfg.PageTokens < 1 || cfg.PageBytes < 1 {
+		return nil, errors.New("transfer: decode needs Pages, PageTokens and PageBytes")
+	}
+	if cfg.MaxRequestPages == 0 {
+		cfg.MaxRequestPages = min(cfg.Pages, protocol.MaxGrantPages)
+	}
+	if cfg.MaxRequestPages < 1 || cfg.MaxRequestPages > min(cfg.Pages, protocol.MaxGrantPages) {
+		return nil, fmt.Errorf("transfer: MaxRequestPages %d outside 1..%d", cfg.MaxRequestPages, min(cfg.Pages, protocol.MaxGrantPages))
+	}
+	d := &Decode{cfg: cfg, peerOf: map[protocol.RequestID]string{}}
+	if err := d.init(d, dev, cfg.QueueDepth, cfg.MaxPeers, MaxFrame(1), MaxFrame(cfg.MaxRequestPages), false); err != nil {
+		return nil, err
+	}
+	var err error
+	if d.kv, err = d.pd.Alloc(cfg.Pages*d.slotBytes(), rdma.LocalWrite|rdma.RemoteWrite); err != nil {
+		return nil, err
+	}
+	addr, key := d.kv.Addr(), d.kv.RKey()
+	d.receiver, err = protocol.NewReceiver(protocol.ReceiverConfig{Pages: cfg.Pages, PageTokens: cfg.PageTokens,
+		Slots: cfg.Slots, MaxTokens: min(cfg.MaxRequestPages*cfg.PageTokens, protocol.MaxTokens),
+		Timeout: cfg.Timeout, Horizon: cfg.Horizon, Memory: pagesOf{d},
+		Region: func(p uint32) (uint64, uint32) { return addr + uint64(int(p)*d.slotBytes()), key }})
+	return d, err
+}
+
+func (d *Decode) slotBytes() int { return d.cfg.PageBytes + protocol.TagSize }
+
+type pagesOf struct{ d *Decode }
+
+func (m pagesOf) Payload(p uint32) []byte { return m.d.payload(p) }
+func (m pagesOf) TagRecord(p uint32) []byte {
+	o := int(p)*m.d.slotBytes() + m.d.cfg.PageBytes
+	return m.d.kv.Bytes()[o : o+protocol.TagSize]
+}
+
+func (d *Decode) payload(p uint32) []byte {
+	o := int(p) * d.slotBytes()
+	return d.kv.Bytes()[o : o+d.cfg.PageBytes]
+}
+
+// Acquire hands a verified request's pages to the decoder, in request order,
+// after the read-time check of each page's epoch. They stay the request's,
+// and nothing can write them, until Finish.
+func (d *Decode) Acquire(id protocol.RequestID) ([][]byte, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	refs, err := d.receiver.Acquire(id)
+	defer d.carryAndFlush()
+	if err != nil {
+		return nil, err
+	}
+	pages := make([][]byte, len(refs))
+	for i, r := range refs {
+		pages[i] = d.payload(r.Page)
+	}
+	return pages, nil
+}
+
+// Finish ends a read: the pages go back to the pool and the request succeeds
+// (unless it was cancelled while being read).
+func (d *Decode) Finish(id protocol.RequestID) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	defer d.carryAndFlush()
+	return d.receiver.Finish(id)
+}
+
+// Cancel stops request id (the client or the router gave up); its pages stay
+// quarantined until its writer is fenced.
+func (d *Decode) Cancel(id protocol.RequestID) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.receiver.Cancel(id)
+	d.carryAndFlush()
+}
+
+// Status is request id's state on this node (protocol.Status...).
+func (d *Decode) Status(id protocol.RequestID) string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.receiver.Status(id)
+}
+
+// Stats returns the endpoint's counters.
+func (d *Decode) Stats() Stats {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return Stats{PagesFree: d.receiver.Pool().Free(), Records: d.receiver.Records(), Peers: len(d.names)}
+}
+
+func (d *Decode) carryAndFlush() {
+	d.carry()
+	d.flushAll()
+}
+
+func (d *Decode) message(c *conn, m protocol.Message) error {
+	if b, ok := m.(*protocol.Bootstrap); ok {
+		// A Grant must fit the peer's receive buffers: a bigger request is
+		// refused here, before the receiver keeps a record or a page for it.
+		if pages := (int64(b.Tokens) + int64(d.cfg.PageTokens) - 1) / int64(d.cfg.PageTokens); pages > int64(c.maxPages) {
+			c.backlog = append(c.backlog, protocol.Op{Peer: c.peer, Msg: &protocol.Abort{Request: b.Request, Reason: protocol.AbortRejected}})
+			return fmt.Errorf("%w: %w: request %d of %d pages, peer %q takes %d", protocol.ErrRejected, protocol.ErrTooLong, b.Request, pages, c.name, c.maxPages)
+		}
+		if d.receiver.Status(b.Request) == protocol.StatusNone {
+			d.peerOf[b.Request] = c.name
+		}
+	}
+	return d.receiver.Step(c.peer, m, d.now)
+}
+
+func (d *Decode) completed(*conn, wrKind, rdma.Status) error { return nil }
+
+// fenced: the queue pair is in the error state, so nothing more of it can
+// land; its requests fail and quarantined pages come back.
+func (d *Decode) fenced(c *conn) { d.receiver.QueuePairFenced(c.peer) }
+
+func (d *Decode) carry() {
+	for {
+		re := d.receiver.Effects()
+		if len(re.Sends)+len(re.Cuts)+len(re.Verified)+len(re.Outcomes) == 0 {
+			return
+		}
+		for _, s := range re.Sends {
+			if c := d.conns[s.Peer]; c != nil && !c.broken {
+				c.backlog = append(c.backlog, protocol.Op{Peer: s.Peer, Msg: s.Msg})
+			}
+		}
+		for _, id := range re.Verified {
+			d.emit(Event{Kind: Verified, Request: id, Peer: d.peerOf[id]})
+		}
+		for _, o := range re.Outcomes {
+			d.emit(Event{Kind: Outcome, Request: o.Request, Peer: d.peerOf[o.Request], Err: o.Err})
+			delete(d.peerOf, o.Request)
+		}
+		for _, peer := range re.Cuts {
+			if c := d.conns[peer]; c != nil {
+				d.cut(c, fmt.Errorf("%w: the receiver cut it", protocol.ErrPeerFailed))
+			}
+		}
+	}
+}
+
+func (d *Decode) tick(now time.Time) { d.receiver.Tick(now) }

@@ -1,0 +1,39 @@
+package transfer
+
+import (
+	"errors"
+	"fmt"
+)
+
+// ConnectLocal connects a queue pair between two endpoints of one process
+// without an out-of-band exchange: each side learns the other's connection
+// info and limits directly, as Dial and Serve would tell them. For tests and
+// benchmarks; nodes in their own processes use Dial and Serve. prefillName
+// and decodeName are the names each side will know the other by.
+func ConnectLocal(p *Prefill, prefillName string, d *Decode, decodeName string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if p.cfg.PageTokens != d.cfg.PageTokens || p.cfg.PageBytes != d.cfg.PageBytes {
+		return fmt.Errorf("%w: pages of %d tokens, %d bytes on prefill, %d tokens, %d bytes on decode",
+			ErrSetup, p.cfg.PageTokens, p.cfg.PageBytes, d.cfg.PageTokens, d.cfg.PageBytes)
+	}
+	cp, err := p.newConn(decodeName, p.cfg.MaxRequestPages)
+	if err != nil {
+		return err
+	}
+	cd, err := d.newConn(prefillName, min(d.cfg.MaxRequestPages, p.cfg.MaxRequestPages))
+	if err != nil {
+		p.cut(cp, err)
+		return err
+	}
+	if err := errors.Join(cd.qp.Connect(cp.qp.Info()), cp.qp.Connect(cd.qp.Info())); err != nil {
+		p.cut(cp, err)
+		d.cut(cd, err)
+		return err
+	}
+	d.goLive(cd)
+	p.goLive(cp)
+	return nil
+}

@@ -1,0 +1,191 @@
+package transfer
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/kvhandoff/kvhandoff/protocol"
+	"github.com/kvhandoff/kvhandoff/rdma"
+)
+
+// KVSource computes a request's KV into the prefill node's source pages. The
+// engine's KV cache implements it; GeneratedKV stands in until then.
+type KVSource interface {
+	// FillKV writes request id's KV (tokens tokens) into pages, its source
+	// pages in request order, each PageBytes long. It runs under the
+	// endpoint's lock: the pages are the request's only while it runs.
+	FillKV(id protocol.RequestID, tokens int, pages [][]byte) error
+}
+
+// GeneratedKV is a KVSource of deterministic bytes (GenerateKV).
+type GeneratedKV struct{ PageTokens int }
+
+// FillKV implements KVSource.
+func (g GeneratedKV) FillKV(id protocol.RequestID, _ int, pages [][]byte) error {
+	for i, p := range pages {
+		GenerateKV(id, i, g.PageTokens, p)
+	}
+	return nil
+}
+
+// PrefillConfig sizes a Prefill endpoint.
+type PrefillConfig struct {
+	Pages      int // source pages: the node's KV pool
+	PageTokens int
+	PageBytes  int
+	// MaxRequestPages is the largest request in pages: receive buffers hold
+	// its Grant, and intake refuses anything bigger. 0 means Pages, capped
+	// at protocol.MaxGrantPages.
+	MaxRequestPages int
+	QueueDepth      int           // send-queue work requests in flight per queue pair; 0 means 1024
+	MaxPeers        int           // queue pairs at once, draining ones included; 0 means 16
+	Horizon         time.Duration // see protocol.SenderConfig.Horizon
+	KV              KVSource      // nil means GeneratedKV
+}
+
+// Prefill is a prefill node's transfer endpoint: a protocol.Sender, the
+// source region its KV is computed into, and one RC queue pair per decode
+// peer. It never sees a decode node's memory or state: grants name where to
+// write, and everything else arrives as messages. Safe for concurrent use.
+type Prefill struct {
+	endpoint
+	cfg    PrefillConfig
+	sender *protocol.Sender
+	src    rdma.MemoryRegion
+	peerOf map[protocol.RequestID]string // requests without an outcome yet: their peer
+}
+
+// NewPrefill makes a prefill endpoint on dev.
+func NewPrefill(dev rdma.Device, cfg PrefillConfig) (*Prefill, error) {
+	if cfg.Pages < 1 || cfg.PageTokens < 1 || cfg.PageBytes < 1 {
+		return nil, errors.New("transfer: prefill needs Pages, PageTokens and PageBytes")
+	}
+	if cfg.MaxRequestPages == 0 {
+		cfg.MaxRequestPages = min(cfg.Pages, protocol.MaxGrantPages)
+	}
+	if cfg.MaxRequestPages < 1 || cfg.MaxRequestPages > min(cfg.Pages, protocol.MaxGrantPages) {
+		return nil, fmt.Errorf("transfer: MaxRequestPages %d outside 1..%d", cfg.MaxRequestPages, min(cfg.Pages, protocol.MaxGrantPages))
+	}
+	if cfg.KV == nil {
+		cfg.KV = GeneratedKV{PageTokens: cfg.PageTokens}
+	}
+	p := &Prefill{cfg: cfg, peerOf: map[protocol.RequestID]string{}}
+	if err := p.init(p, dev, cfg.QueueDepth, cfg.MaxPeers, MaxFrame(cfg.MaxRequestPages), MaxFrame(1), true); err != nil {
+		return nil, err
+	}
+	var err error
+	if p.src, err = p.pd.Alloc(cfg.Pages*cfg.PageBytes, rdma.LocalWrite); err != nil {
+		return nil, err
+	}
+	p.sender, err = protocol.NewSender(protocol.SenderConfig{Pages: cfg.Pages, PageTokens: cfg.PageTokens,
+		MaxTokens: min(cfg.MaxRequestPages*cfg.PageTokens, protocol.MaxTokens), Horizon: cfg.Horizon, Memory: sourceOf{p}})
+	return p, err
+}
+
+type sourceOf struct{ p *Prefill }
+
+func (m sourceOf) Page(page uint32) []byte { return m.p.page(page) }
+
+func (p *Prefill) page(page uint32) []byte {
+	o := int(page) * p.cfg.PageBytes
+	return p.src.Bytes()[o : o+p.cfg.PageBytes]
+}
+
+// Submit starts request id toward decode peer: intake (a request over the
+// limit is refused with protocol.ErrRejected), the KV computed into its
+// source pages, then the handoff. Its outcome arrives as an Event.
+func (p *Prefill) Submit(id protocol.RequestID, peer string, tokens int) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	c := p.names[peer]
+	if c == nil || !c.live {
+		return fmt.Errorf("%w: %q", ErrNoPeer, peer)
+	}
+	pages, err := p.sender.Submit(id, c.peer, tokens)
+	if err != nil {
+		return err
+	}
+	p.peerOf[id] = peer
+	views := make([][]byte, len(pages))
+	for i, pg := range pages {
+		views[i] = p.page(pg)
+	}
+	if err := p.cfg.KV.FillKV(id, tokens, views); err != nil {
+		p.sender.Cancel(id)
+		p.carry()
+		p.flushAll()
+		return fmt.Errorf("transfer: computing request %d's KV: %w", id, err)
+	}
+	p.sender.Computed(id)
+	p.carry()
+	p.flushAll()
+	return nil
+}
+
+// Cancel stops request id (the client or the router gave up).
+func (p *Prefill) Cancel(id protocol.RequestID) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.sender.Cancel(id)
+	p.carry()
+	p.flushAll()
+}
+
+// Status is request id's state on this node (protocol.SendStatus...).
+func (p *Prefill) Status(id protocol.RequestID) string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.sender.Status(id)
+}
+
+// Stats are an endpoint's counters.
+type Stats struct {
+	PagesFree int // pool pages free
+	Records   int // request records kept, live and ended
+	Peers     int // live queue pairs
+}
+
+// Stats returns the endpoint's counters.
+func (p *Prefill) Stats() Stats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return Stats{PagesFree: p.sender.Pool().Free(), Records: p.sender.Records(), Peers: len(p.names)}
+}
+
+func (p *Prefill) message(c *conn, m protocol.Message) error {
+	return p.sender.Step(c.peer, m)
+}
+
+func (p *Prefill) completed(c *conn, k wrKind, status rdma.Status) error {
+	if k.write == 0 || k.payload && status == rdma.Success {
+		return nil // a SEND; or a payload, whose tag record's completion reports the page
+	}
+	var err error
+	if status != rdma.Success {
+		err = fmt.Errorf("rdma: WRITE completion: %v", status)
+	}
+	if err := p.sender.Completed(k.write, err); err != nil && !errors.Is(err, protocol.ErrUnknownRequest) {
+		return err
+	}
+	return nil
+}
+
+// fenced: every WRITE on the queue pair has completed (the flush drained),
+// so its requests fail and their source pages are free.
+func (p *Prefill) fenced(c *conn) { p.sender.Flushed(c.peer) }
+
+func (p *Prefill) carry() {
+	se := p.sender.Effects()
+	for _, op := range se.Ops {
+		if c := p.conns[op.Peer]; c != nil && !c.broken {
+			c.backlog = append(c.backlog, op)
+		}
+	}
+	for _, o := range se.Outcomes {
+		p.emit(Event{Kind: Outcome, Request: o.Request, Peer: p.peerOf[o.Request], Err: o.Err})
+		delete(p.peerOf, o.Request)
+	}
+}
+
+func (p *Prefill) tick(now time.Time) { p.sender.Tick(now) }
