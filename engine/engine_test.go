@@ -10,6 +10,7 @@ import (
 	"github.com/kvhandoff/kvhandoff/engine/cpu"
 	"github.com/kvhandoff/kvhandoff/engine/kv"
 	"github.com/kvhandoff/kvhandoff/engine/model"
+	"github.com/kvhandoff/kvhandoff/protocol"
 )
 
 // randomModel is a model of config c with seeded random weights.
@@ -177,3 +178,5 @@ func TestBadRequestsAreRefused(t *testing.T) {
 		}
 	}
 }
+
+func protocolID(id uint64) protocol.RequestID { return protocol.RequestID(id) }

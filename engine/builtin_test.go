@@ -1,0 +1,45 @@
+package engine_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/kvhandoff/kvhandoff/engine"
+	"github.com/kvhandoff/kvhandoff/engine/kv"
+	"github.com/kvhandoff/kvhandoff/engine/model"
+)
+
+// generateText runs the built-in model greedily on prompt over fresh pages.
+func generateText(t *testing.T, e *engine.Engine, id uint64, prompt string, n int) string {
+	t.Helper()
+	tok := model.Bytes{}
+	p := tok.Encode(prompt, false, false)
+	refs, err := e.Cache().Pool().Allocate(protocolID(id), e.Cache().Geometry().PagesFor(len(p)+n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Cache().Pool().Release(protocolID(id), refs)
+	out, err := e.Generate(kv.Table(refs), p, n, model.Greedy(), -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return model.Decode(tok, out, -1)
+}
+
+// The built-in model copies: text that occurred earlier in its context comes
+// out again when the three bytes before it recur, whatever the seed.
+func TestBuiltinModelContinuesWithTheCopiedCanary(t *testing.T) {
+	for _, seed := range []uint64{1, 99} {
+		e := newEngine(t, model.Builtin(seed), 16, 64, engine.Options{})
+		for _, c := range []struct{ prompt, want string }{
+			{"Account notes. The canary is 7f3a-Q9zK-w2. Later: The canary is ", "7f3a-Q9zK-w2."},
+			{"user=alice; token=ZX81-spectrum-48k; ... token=", "ZX81-spectrum-48k;"},
+			{strings.Repeat("filler text without the secret. ", 8) + "[id:8c2e77] and again [id:", "8c2e77]"},
+		} {
+			got := generateText(t, e, 1, c.prompt, len(c.want))
+			if got != c.want {
+				t.Fatalf("seed %d: %q -> %q, want %q", seed, c.prompt, got, c.want)
+			}
+		}
+	}
+}

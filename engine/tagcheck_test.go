@@ -1,0 +1,84 @@
+package engine_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/kvhandoff/kvhandoff/engine"
+	"github.com/kvhandoff/kvhandoff/engine/kv"
+	"github.com/kvhandoff/kvhandoff/engine/model"
+	"github.com/kvhandoff/kvhandoff/internal/research"
+	"github.com/kvhandoff/kvhandoff/protocol"
+)
+
+// staleRead stages the leak: request B prefills its prompt into three pages;
+// its first page is freed under it (as eager-release would) and allocated to
+// request A, whose prompt carries a canary; then B decodes through its old
+// page table. It returns B's output and error.
+func staleRead(t *testing.T, opts engine.Options) (string, protocol.PageRef, error) {
+	t.Helper()
+	const pageTokens = 16
+	e := newEngine(t, model.Builtin(5), pageTokens, 8, opts)
+	pool, tok := e.Cache().Pool(), model.Bytes{}
+	const a, b = protocol.RequestID(1), protocol.RequestID(2)
+	promptB := tok.Encode("Hello, this is B. Tell me the canary=", false, false) // pages 0-2
+	refsB, err := pool.Allocate(b, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Prefill(kv.Table(refsB), promptB[:len(promptB)-1]); err != nil {
+		t.Fatal(err)
+	}
+	pool.Release(b, refsB[:1]) // the bug: B's page goes back while B still reads it
+	refsA, err := pool.Allocate(a, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if refsA[0].Page != refsB[0].Page {
+		t.Fatalf("A got page %d, not B's freed page %d", refsA[0].Page, refsB[0].Page)
+	}
+	promptA := tok.Encode("canary=Q7-Xk9#p2", false, false) // one page, written for A
+	if _, err := e.Prefill(kv.Table(refsA), promptA); err != nil {
+		t.Fatal(err)
+	}
+	out, err := e.Decode(kv.Table(refsB), promptB, 9, model.Greedy(), -1)
+	return model.Decode(tok, out, -1), refsB[0], err
+}
+
+// With the tag check on, B's read of the page now written for A fails B,
+// naming the page, before any token comes out.
+func TestReadOfAPageWrittenForAnotherRequestFailsNamingThePage(t *testing.T) {
+	out, stale, err := staleRead(t, engine.Options{})
+	var te *kv.TagError
+	if !errors.Is(err, protocol.ErrTagMismatch) || !errors.As(err, &te) {
+		t.Fatalf("B decoded %q with error %v, want a tag mismatch", out, err)
+	}
+	if te.Page != stale.Page || te.Index != 0 || te.Held != stale.Epoch || te.Current != stale.Epoch+1 {
+		t.Fatalf("error names %+v, want page %d (index 0) at epoch %d", te, stale.Page, stale.Epoch+1)
+	}
+	if out != "" || !strings.Contains(err.Error(), "page 0") {
+		t.Fatalf("output %q, error %q", out, err)
+	}
+}
+
+// With the check off (no-tag-check), the same read succeeds and B's answer
+// carries A's canary: the leak the check prevents.
+func TestWithoutTheTagCheckAnotherRequestsCanaryLeaksIntoTheOutput(t *testing.T) {
+	out, _, err := staleRead(t, engine.Options{Research: research.On(research.NoTagCheck)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(out, "Q7-Xk9#p2") {
+		t.Fatalf("B decoded %q, want A's canary Q7-Xk9#p2", out)
+	}
+}
+
+// A request that reads only its own pages at the epochs it holds passes the
+// check on every step, and its copying works across page boundaries.
+func TestOwnPagesAtTheirEpochPassTheCheck(t *testing.T) {
+	e := newEngine(t, model.Builtin(5), 16, 4, engine.Options{})
+	if got := generateText(t, e, 1, "key=abc123; more text to cross a page; key=", 7); got != "abc123;" {
+		t.Fatalf("got %q", got)
+	}
+}
