@@ -29,8 +29,14 @@
 //		}
 //	}
 //
-// Inside one process, ConnectLocal sets up a queue pair between two
-// endpoints. Run owns the endpoint's completion queue: it
+// Queue pairs are set up out of band: a prefill node Dials a decode node's
+// Serve over a small control connection (TCP, mutual TLS 1.3; plaintext only
+// with SetupConfig.Insecure), they exchange hellos (name, page geometry,
+// largest request, the queue pair's rdma.ConnInfo), bring both ends to RTS,
+// and keep the connection open: when it closes, the queue pair is cut. A
+// decode node allocates nothing for a peer before it has authenticated and
+// sent a matching hello. Inside one process, ConnectLocal does the same
+// without a connection. Run owns the endpoint's completion queue: it
 // busy-polls after each completion, then waits in slices of a millisecond so
 // that the clock advances (Tick: decode's timeouts, both horizons). Tests
 // drive an endpoint with Poll(now) instead, never both at once. Every method

@@ -1,0 +1,467 @@
+package transfer
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/big"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvhandoff/kvhandoff/protocol"
+	"github.com/kvhandoff/kvhandoff/rdma"
+	"github.com/kvhandoff/kvhandoff/rdma/inproc"
+)
+
+// testCA is a throwaway CA in memory: it issues node certificates naming a
+// node, for both client and server use.
+type testCA struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+	pool *x509.CertPool
+}
+
+func newTestCA(t *testing.T) *testCA {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "kvhandoff test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true,
+		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, _ := x509.ParseCertificate(der)
+	pool := x509.NewCertPool()
+	pool.AddCert(cert)
+	return &testCA{cert: cert, key: key, pool: pool}
+}
+
+// config is node name's mutual TLS configuration under this CA.
+func (ca *testCA) config(t *testing.T, name string) *tls.Config {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serial, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
+	tmpl := &x509.Certificate{SerialNumber: serial, Subject: pkix.Name{CommonName: name}, DNSNames: []string{name},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}, RootCAs: ca.pool, ClientCAs: ca.pool}
+}
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// node is an endpoint run by its own Run loop, as a process would, with a
+// goroutine that handles its events: decode reads and checks every verified
+// request, then finishes it.
+type node struct {
+	t        *testing.T
+	mu       sync.Mutex
+	outcomes map[protocol.RequestID]error
+	peerOf   map[protocol.RequestID]string
+	foreign  []string
+}
+
+func runNode(t *testing.T, ctx context.Context, e interface {
+	Run(context.Context) error
+	Notify() <-chan struct{}
+	Events() []Event
+}, d *Decode) *node {
+	n := &node{t: t, outcomes: map[protocol.RequestID]error{}, peerOf: map[protocol.RequestID]string{}}
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); e.Run(ctx) }()
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-e.Notify():
+			}
+			for _, ev := range e.Events() {
+				n.handle(ev, d)
+			}
+		}
+	}()
+	t.Cleanup(wg.Wait)
+	return n
+}
+
+func (n *node) handle(ev Event, d *Decode) {
+	switch ev.Kind {
+	case Verified:
+		pages, err := d.Acquire(ev.Request)
+		if err != nil {
+			return
+		}
+		for i, page := range pages {
+			if !bytes.Equal(page, kv(ev.Request, i)) {
+				n.mu.Lock()
+				n.foreign = append(n.foreign, fmt.Sprintf("request %d page %d", ev.Request, i))
+				n.mu.Unlock()
+			}
+		}
+		d.Finish(ev.Request)
+	case Outcome:
+		n.mu.Lock()
+		n.outcomes[ev.Request], n.peerOf[ev.Request] = ev.Err, ev.Peer
+		n.mu.Unlock()
+	}
+}
+
+// wait waits until every request in ids has an outcome, and returns them.
+func (n *node) wait(ids ...protocol.RequestID) map[protocol.RequestID]error {
+	n.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		n.mu.Lock()
+		done := 0
+		for _, id := range ids {
+			if _, ok := n.outcomes[id]; ok {
+				done++
+			}
+		}
+		out := map[protocol.RequestID]error{}
+		for _, id := range ids {
+			out[id] = n.outcomes[id]
+		}
+		foreign := n.foreign
+		n.mu.Unlock()
+		if len(foreign) > 0 {
+			n.t.Fatalf("decode would read foreign KV: %v", foreign)
+		}
+		if done == len(ids) {
+			return out
+		}
+		if time.Now().After(deadline) {
+			n.t.Fatalf("%d of %d requests have no outcome after 20 s", len(ids)-done, len(ids))
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// eventually waits for cond, which must hold within 20 s.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not after 20 s", what)
+		}
+	}
+}
+
+func listen(t *testing.T) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return ln
+}
+
+// devices are a provider's devices for named nodes: inproc devices carry the
+// node's name (a queue pair accepts a peer only under it), socket devices
+// listen on loopback.
+func devices(t *testing.T, provider string, names ...string) []rdma.Device {
+	var out []rdma.Device
+	f := inproc.NewFabric(t.Name())
+	for _, n := range names {
+		switch provider {
+		case "inproc":
+			out = append(out, f.Device(n))
+		case "socket":
+			out = append(out, listenSocket(t))
+		default:
+			prefill, _ := providers[provider](t)
+			out = append(out, prefill)
+		}
+	}
+	return out
+}
+
+func newPrefill(t *testing.T, dev rdma.Device) *Prefill {
+	t.Helper()
+	p, err := NewPrefill(dev, PrefillConfig{Pages: 128, PageTokens: pageTokens, PageBytes: pageBytes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return p
+}
+
+func newDecode(t *testing.T, dev rdma.Device) *Decode {
+	t.Helper()
+	d, err := NewDecode(dev, DecodeConfig{Pages: 256, PageTokens: pageTokens, PageBytes: pageBytes, Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(d.Close)
+	return d
+}
+
+func providerNames() []string {
+	var names []string
+	for name := range providers {
+		names = append(names, name)
+	}
+	return names
+}
+
+// Two nodes set up their queue pair over a mutually authenticated control
+// connection, then move verified KV through it, driven by their own run loops.
+func TestSetupOverTLSConnectsAndMovesVerifiedBytes(t *testing.T) {
+	for _, provider := range providerNames() {
+		t.Run(provider, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			ca := newTestCA(t)
+			devs := devices(t, provider, "prefill-1", "decode-1")
+			p, d := newPrefill(t, devs[0]), newDecode(t, devs[1])
+			ln := listen(t)
+			go d.Serve(ctx, ln, SetupConfig{Name: "decode-1", TLS: ca.config(t, "decode-1"), Log: quiet})
+			pn, dn := runNode(t, ctx, p, nil), runNode(t, ctx, d, d)
+			if err := p.Dial(ctx, "decode-1", ln.Addr().String(), SetupConfig{Name: "prefill-1", TLS: ca.config(t, "prefill-1"), Log: quiet}); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, "decode sees the queue pair live", func() bool { return len(d.Peers()) == 1 })
+			var ids []protocol.RequestID
+			for id := protocol.RequestID(1); id <= 30; id++ {
+				if err := p.Submit(id, "decode-1", int(id%4+1)*pageTokens-int(id%3)); err != nil { // 1 to 4 pages
+					t.Fatal(err)
+				}
+				ids = append(ids, id)
+			}
+			for id, err := range pn.wait(ids...) {
+				if err != nil {
+					t.Fatalf("prefill: request %d: %v", id, err)
+				}
+			}
+			for id, err := range dn.wait(ids...) {
+				if err != nil || dn.peerOf[id] != "prefill-1" {
+					t.Fatalf("decode: request %d from %q: %v", id, dn.peerOf[id], err)
+				}
+			}
+			eventually(t, "every page free", func() bool { return d.Stats().PagesFree == 256 && p.Stats().PagesFree == 128 })
+		})
+	}
+}
+
+// Plaintext needs saying so.
+func TestSetupRefusesPlaintextUnlessInsecure(t *testing.T) {
+	devs := devices(t, "inproc", "p", "d")
+	p, d := newPrefill(t, devs[0]), newDecode(t, devs[1])
+	if err := p.Dial(context.Background(), "d", "127.0.0.1:1", SetupConfig{Name: "p"}); !errors.Is(err, ErrSetup) || !strings.Contains(err.Error(), "Insecure") {
+		t.Fatalf("Dial without TLS: %v", err)
+	}
+	if err := d.Serve(context.Background(), listen(t), SetupConfig{Name: "d"}); !errors.Is(err, ErrSetup) {
+		t.Fatalf("Serve without TLS: %v", err)
+	}
+}
+
+// A decode node that accepts and never answers, or answers garbage: Dial
+// fails with ErrSetup within its timeout and keeps no queue pair.
+func TestSetupWithAPeerThatIsSilentOrTalksGarbageTimesOut(t *testing.T) {
+	for name, answer := range map[string][]byte{
+		"silent":     nil,
+		"garbage":    []byte("\x00\x10HTTP/1.1 200 OK\r\n\r\n"),
+		"huge hello": {0xFF, 0xFF},
+		"wrong role": append([]byte{0, 0}, (&hello{role: 'P', name: "d", pageTokens: pageTokens, pageBytes: pageBytes, maxRequestPages: 1, recvSlots: RecvSlots}).encode()...),
+	} {
+		t.Run(name, func(t *testing.T) {
+			if len(answer) > 4 && answer[0] == 0 && answer[1] == 0 { // fill in the hello's length
+				answer[1] = byte(len(answer) - 2)
+			}
+			ln := listen(t)
+			go func() {
+				for {
+					c, err := ln.Accept()
+					if err != nil {
+						return
+					}
+					c.Write(answer)
+					defer c.Close() // hold it open and say nothing more
+				}
+			}()
+			devs := devices(t, "inproc", "p")
+			p := newPrefill(t, devs[0])
+			start := time.Now()
+			err := p.Dial(context.Background(), "d", ln.Addr().String(), SetupConfig{Name: "p", Insecure: true, Timeout: 200 * time.Millisecond, Log: quiet})
+			if !errors.Is(err, ErrSetup) {
+				t.Fatalf("Dial: %v, want ErrSetup", err)
+			}
+			if time.Since(start) > 5*time.Second {
+				t.Fatalf("Dial took %v with a timeout of 200 ms", time.Since(start))
+			}
+			t.Log(err)
+			p.Poll(time.Now())
+			if s := p.Stats(); s.Peers != 0 || len(p.conns) != 0 {
+				t.Fatalf("a failed setup left %d live and %d draining queue pairs", s.Peers, len(p.conns))
+			}
+		})
+	}
+}
+
+// A stranger (no certificate, a certificate from another CA, or a valid one
+// that names another node than its hello does) and a client that stalls or
+// talks garbage never get a queue pair; a real prefill node connects after
+// them all.
+func TestSetupAllocatesNothingForStrangers(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ca, other := newTestCA(t), newTestCA(t)
+	devs := devices(t, "inproc", "prefill-1", "decode-1", "prefill-1") // the stranger's device claims the name too
+	d := newDecode(t, devs[1])
+	ln := listen(t)
+	go d.Serve(ctx, ln, SetupConfig{Name: "decode-1", TLS: ca.config(t, "decode-1"), Timeout: 200 * time.Millisecond, Log: quiet})
+	dial := func(name string, tc *tls.Config) error {
+		m := newPrefill(t, devs[2])
+		return m.Dial(ctx, "decode-1", ln.Addr().String(), SetupConfig{Name: name, TLS: tc, Insecure: tc == nil, Timeout: 500 * time.Millisecond, Log: quiet})
+	}
+	noCert := &tls.Config{RootCAs: ca.pool}
+	foreignCA := other.config(t, "prefill-1")
+	foreignCA.RootCAs = ca.pool
+	for what, err := range map[string]error{
+		"no certificate":            dial("prefill-1", noCert),
+		"another CA's certificate":  dial("prefill-1", foreignCA),
+		"a certificate for mallory": dial("prefill-1", ca.config(t, "mallory")),
+		"plaintext":                 dial("prefill-1", nil),
+	} {
+		if err == nil {
+			t.Fatalf("%s: connected", what)
+		}
+	}
+	for _, junk := range [][]byte{nil, []byte("GET / HTTP/1.1\r\n\r\n")} { // stall; garbage
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Write(junk)
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.Copy(io.Discard, c); err != nil { // decode drops it: EOF, well before the deadline
+			t.Fatalf("a client sending %q was not dropped: %v", junk, err)
+		}
+		c.Close()
+	}
+	d.Poll(time.Now())
+	if s := d.Stats(); s.Peers != 0 || len(d.conns) != 0 {
+		t.Fatalf("strangers got %d live and %d other queue pairs", s.Peers, len(d.conns))
+	}
+	p := newPrefill(t, devs[0])
+	runNode(t, ctx, d, d)
+	pn := runNode(t, ctx, p, nil)
+	if err := p.Dial(ctx, "decode-1", ln.Addr().String(), SetupConfig{Name: "prefill-1", TLS: ca.config(t, "prefill-1"), Log: quiet}); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Submit(1, "decode-1", 100); err != nil {
+		t.Fatal(err)
+	}
+	if err := pn.wait(1)[1]; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// After a cut (the control connection closes) every request on the old queue
+// pair fails on both nodes; a reconnect makes a new queue pair with fresh
+// credits, under a new peer id, on which the old requests cannot complete,
+// and new requests flow.
+func TestReconnectAfterACutStartsAFreshQueuePair(t *testing.T) {
+	for _, provider := range providerNames() {
+		t.Run(provider, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			ca := newTestCA(t)
+			devs := devices(t, provider, "prefill-1", "decode-1")
+			p, d := newPrefill(t, devs[0]), newDecode(t, devs[1])
+			ln := listen(t)
+			go d.Serve(ctx, ln, SetupConfig{Name: "decode-1", TLS: ca.config(t, "decode-1"), Log: quiet})
+			pn, dn := runNode(t, ctx, p, nil), runNode(t, ctx, d, d)
+			pcfg := SetupConfig{Name: "prefill-1", TLS: ca.config(t, "prefill-1"), Log: quiet}
+			if err := p.Dial(ctx, "decode-1", ln.Addr().String(), pcfg); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, "decode sees the queue pair live", func() bool { return len(d.Peers()) == 1 })
+			p.mu.Lock()
+			old := p.names["decode-1"]
+			oldPeer := old.peer
+			p.mu.Unlock()
+			d.mu.Lock()
+			var dold *conn
+			for _, c := range d.conns {
+				dold = c
+			}
+			d.mu.Unlock()
+			dold.qp.(rdma.Faults).Pause() // decode will reserve request 1, its Grant held in the network
+			if err := p.Submit(1, "decode-1", 64); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, "decode reserves request 1", func() bool { return d.Status(1) == protocol.StatusReserved })
+			p.mu.Lock()
+			old.ctl.Close() // the control connection drops: both nodes cut
+			p.mu.Unlock()
+			if err := pn.wait(1)[1]; !errors.Is(err, protocol.ErrPeerFailed) {
+				t.Fatalf("prefill: request 1 on the cut queue pair: %v", err)
+			}
+			dold.qp.(rdma.Faults).Resume() // the held Grant, on a queue pair in the error state, is flushed
+			if err := dn.wait(1)[1]; !errors.Is(err, protocol.ErrPeerFailed) {
+				t.Fatalf("decode: request 1 on the cut queue pair: %v", err)
+			}
+			eventually(t, "decode forgets the cut queue pair", func() bool { return len(d.Peers()) == 0 })
+			if err := p.Dial(ctx, "decode-1", ln.Addr().String(), pcfg); err != nil {
+				t.Fatal(err)
+			}
+			p.mu.Lock()
+			fresh := p.names["decode-1"]
+			credits, peer := fresh.credits, fresh.peer
+			p.mu.Unlock()
+			if credits != RecvSlots || peer == oldPeer {
+				t.Fatalf("new queue pair: %d credits (want %d), peer %d (old %d)", credits, RecvSlots, peer, oldPeer)
+			}
+			// A message of request 1 cannot complete it on the new queue pair:
+			// decode refuses a Done from another peer than the request's.
+			d.mu.Lock()
+			var dfresh *conn
+			for _, c := range d.conns {
+				dfresh = c
+			}
+			before := d.refused
+			err := d.message(dfresh, &protocol.Done{Request: 1, Tokens: 64, Pages: 4})
+			d.mu.Unlock()
+			if !errors.Is(err, protocol.ErrWrongPeer) || d.refused != before || d.Status(1) != protocol.StatusClosed {
+				t.Fatalf("a Done for the cut queue pair's request on the new one: %v, status %s", err, d.Status(1))
+			}
+			if err := p.Submit(2, "decode-1", 64); err != nil {
+				t.Fatal(err)
+			}
+			if err := pn.wait(2)[2]; err != nil {
+				t.Fatal(err)
+			}
+			if err := dn.wait(2)[2]; err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, "every page free", func() bool { return d.Stats().PagesFree == 256 && p.Stats().PagesFree == 128 })
+		})
+	}
+}
