@@ -270,7 +270,9 @@ func (p *Prefill) Dial(ctx context.Context, peer, addr string, cfg SetupConfig) 
 	if cfg.TLS == nil {
 		cfg.Log.Warn("transfer: plaintext control connection (insecure)", "peer", peer, "addr", addr)
 	}
-	fail := func(step string, err error) error { return fmt.Errorf("%w: %s %q at %s: %s: %w", ErrSetup, "decode node", peer, addr, step, err) }
+	fail := func(step string, err error) error {
+		return fmt.Errorf("%w: %s %q at %s: %s: %w", ErrSetup, "decode node", peer, addr, step, err)
+	}
 	dctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	raw, err := (&net.Dialer{}).DialContext(dctx, "tcp", addr)
 	cancel()
