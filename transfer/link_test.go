@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"maps"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/kvhandoff/kvhandoff/internal/pki"
 	"github.com/kvhandoff/kvhandoff/protocol"
 	"github.com/kvhandoff/kvhandoff/rdma"
 	"github.com/kvhandoff/kvhandoff/rdma/inproc"
@@ -26,12 +28,24 @@ var providers = map[string]func(t *testing.T) (prefill, decode rdma.Device){
 		return f.Device("prefill"), f.Device("decode")
 	},
 	"socket": func(t *testing.T) (rdma.Device, rdma.Device) {
-		return listenSocket(t), listenSocket(t)
+		return listenSocket(t, "prefill"), listenSocket(t, "decode")
 	},
 }
 
-func listenSocket(t *testing.T) rdma.Device {
-	d, err := socket.Listen("tcp", "127.0.0.1:0")
+// socketCA is the authority of the socket devices' certificates.
+var socketCA = sync.OnceValues(func() (*pki.CA, error) { return pki.NewCA("transfer-test") })
+
+// listenSocket opens a socket device authenticating as node name.
+func listenSocket(t *testing.T, name string) rdma.Device {
+	ca, err := socketCA()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc, err := ca.Config(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := socket.Listen("tcp", "127.0.0.1:0", socket.Config{TLS: tc})
 	if err != nil {
 		t.Fatal(err)
 	}

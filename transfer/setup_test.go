@@ -193,7 +193,7 @@ func devices(t *testing.T, provider string, names ...string) []rdma.Device {
 		case "inproc":
 			out = append(out, f.Device(n))
 		case "socket":
-			out = append(out, listenSocket(t))
+			out = append(out, listenSocket(t, n))
 		default:
 			prefill, _ := providers[provider](t)
 			out = append(out, prefill)

@@ -25,6 +25,9 @@ type Hostile struct {
 	// Identities: ConnInfo.Node names the peer's device and Connect refuses a
 	// peer that is not the one named (false for verbs, which has no identity).
 	Identities bool
+	// Wire, if the provider has a wire the suite can reach as a stranger
+	// would (package socket), runs the wire-level attacks too.
+	Wire Wire
 }
 
 // RunHostile runs the hostile-peer suite: work requests and peers crafted to
@@ -37,6 +40,13 @@ func RunHostile(t *testing.T, h Hostile) {
 	t.Run("OverflowingLocalBufferIsRefusedAtPost", func(t *testing.T) { localOverflow(t, h) })
 	if h.KeysAreSecret {
 		t.Run("KeyOfAPredecessorDeviceOpensNothing", func(t *testing.T) { staleKey(t, h) })
+	}
+	if h.Identities {
+		t.Run("ForgedConnInfoIsRefused", func(t *testing.T) { forgedConnInfo(t, h) })
+		t.Run("StrangerConnectingFirstTakesNothingOver", func(t *testing.T) { connectsFirst(t, h) })
+	}
+	if h.Wire != nil {
+		runWire(t, h)
 	}
 }
 
@@ -203,3 +213,95 @@ func staleKey(t *testing.T, h Hostile) {
 	}
 }
 
+func newQP(t *testing.T, d rdma.Device) (rdma.ProtectionDomain, rdma.CompletionQueue, rdma.QueuePair) {
+	t.Helper()
+	pd, err := d.AllocPD()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cq, err := d.CreateCQ(64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	qp, err := pd.CreateQP(cq, cq, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pd, cq, qp
+}
+
+// forgedConnInfo: Connect naming a queue pair with the wrong PSN, the wrong
+// QPN or the wrong identity is refused, and so is a queue pair already
+// connected to someone else; the genuine ConnInfo connects afterwards.
+func forgedConnInfo(t *testing.T, h Hostile) {
+	a, b := h.Devices(t)
+	good := newBystander(t, a, b)
+	for name, forge := range map[string]func(rdma.ConnInfo) rdma.ConnInfo{
+		"wrong PSN":      func(c rdma.ConnInfo) rdma.ConnInfo { c.PSN ^= 0x000100; return c },
+		"wrong QPN":      func(c rdma.ConnInfo) rdma.ConnInfo { c.QPN ^= 1; return c },
+		"wrong identity": func(c rdma.ConnInfo) rdma.ConnInfo { c.Node += "-impostor"; return c },
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, _, victim := newQP(t, b)
+			_, _, stranger := newQP(t, a)
+			if err := stranger.Connect(forge(victim.Info())); !errors.Is(err, rdma.ErrUnknownPeer) {
+				t.Fatalf("Connect with a forged %s: %v, want ErrUnknownPeer", name, err)
+			}
+			_, _, genuine := newQP(t, a)
+			if err := genuine.Connect(victim.Info()); err != nil {
+				t.Fatalf("the genuine ConnInfo after a forgery: %v", err)
+			}
+			good.served(t)
+		})
+	}
+	t.Run("taken", func(t *testing.T) {
+		if err := newQPConnect(t, a, good.x.B.Info()); err == nil {
+			t.Fatal("a queue pair already connected to its peer accepted another")
+		}
+		good.served(t)
+	})
+}
+
+func newQPConnect(t *testing.T, d rdma.Device, to rdma.ConnInfo) error {
+	_, _, qp := newQP(t, d)
+	return qp.Connect(to)
+}
+
+// connectsFirst is the reproduction: a stranger who learned the
+// victim's ConnInfo connects to it before the genuine peer does. Once the
+// victim connects to the genuine peer, the stranger's WRITE lands nothing
+// and the genuine peer's WRITEs land.
+func connectsFirst(t *testing.T, h Hostile) {
+	a, b := h.Devices(t)
+	pdV, _, victim := newQP(t, b)
+	pdS, cqS, stranger := newQP(t, a)
+	pdG, cqG, genuine := newQP(t, a)
+	dst := register(t, pdV, 4096, rdma.LocalWrite|rdma.RemoteWrite)
+	evil := register(t, pdS, 64, rdma.LocalWrite)
+	copy(evil.Bytes(), "ATTACKER-KV")
+	strangerIn := stranger.Connect(victim.Info()) == nil // it may be let in to wait
+	if err := victim.Connect(genuine.Info()); err != nil {
+		t.Fatal(err)
+	}
+	if err := genuine.Connect(victim.Info()); err != nil {
+		t.Fatalf("the genuine peer, after a stranger connected first: %v", err)
+	}
+	if strangerIn {
+		if err := stranger.PostSend(rdma.WorkRequest{ID: 1, Op: rdma.OpWrite, Local: rdma.SGE{MR: evil, Length: 64},
+			RemoteAddr: dst.Addr(), RKey: dst.RKey()}); err == nil {
+			if c := collect(t, cqS, 1)[0]; c.Status == rdma.Success {
+				t.Fatal("the stranger's WRITE completed")
+			}
+		}
+	}
+	src := register(t, pdG, 64, rdma.LocalWrite)
+	copy(src.Bytes(), "GENUINE-KV")
+	if err := genuine.PostSend(rdma.WorkRequest{ID: 2, Op: rdma.OpWrite, Local: rdma.SGE{MR: src, Length: 64},
+		RemoteAddr: dst.Addr(), RKey: dst.RKey()}); err != nil {
+		t.Fatal(err)
+	}
+	expect(t, cqG, 1, rdma.Success)
+	if !bytes.Equal(dst.Bytes()[:64], src.Bytes()) {
+		t.Fatalf("the victim's region holds %q", dst.Bytes()[:16])
+	}
+}

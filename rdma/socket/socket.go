@@ -17,14 +17,43 @@
 // WRITE with a wrong key, outside the region or into a region without remote
 // write access is refused by the peer and breaks both ends, as on hardware.
 //
-// The fence: the responder places each payload under its queue pair's
-// placement lock, after checking that the queue pair is still ready, and
-// ToError takes that lock. When ToError returns on the responder, nothing
-// lands any more. ToError on the requester flushes what it has not yet
-// transmitted and everything awaiting acknowledgement; bytes already on the
-// wire may still be placed, as on hardware (see package rdma). A payload is
-// read off the socket whole before it is placed, so a stalled peer cannot
-// hold up a fence.
+// Who may connect (docs/security.md). Every connection is TLS 1.3 with both
+// sides presenting a certificate of the deployment's authority (Config.TLS,
+// from package internal/pki) before a byte reaches a queue pair: the dialler
+// accepts the responder only under the name ConnInfo.Node gives, and the
+// responder accepts the dialler only as the peer its queue pair was
+// connected to: the QPN, PSN and Node passed to its Connect. The hello names
+// the target's QPN and PSN, which only the out-of-band exchange tells (both
+// from crypto/rand), so a stranger cannot even address a queue pair. A
+// connection that arrives before its queue pair's Connect waits (at most
+// maxWaiting per queue pair) and is attached or dropped once Connect names
+// the peer: a stranger dialling first takes nothing over. Plaintext only with
+// Config.Insecure, which logs a warning.
+//
+// Nothing is allocated on a peer's word. A payload is streamed from the
+// connection's fixed read buffer into its target (the region, after the key
+// and bounds check, or the posted receive), one buffer at a time, each under
+// the queue pair's placement lock; a 1 GiB header costs the responder
+// nothing. Connections that have not finished their handshake and hello are
+// at most Config.MaxPending (the oldest is dropped for a new one) and get
+// Config.HandshakeTimeout; once a frame has begun it must arrive whole within
+// Config.FrameTimeout plus what MinRate allows for its payload, and the
+// answers must be taken as promptly (a stalled or trickling peer breaks its
+// queue pair).
+// Between frames a queue pair may be idle for as long as it likes (TCP
+// keepalive finds a vanished peer). A connection that breaks, half a frame in
+// or between frames, moves its queue pair to the error state, so the
+// receiver learns of it and fences; the accept loop backs off and goes on
+// after errors such as EMFILE.
+//
+// The fence: the responder places each piece of a payload under its queue
+// pair's placement lock, after checking that the queue pair is still ready,
+// and ToError takes that lock. When ToError returns on the responder, nothing
+// lands any more (a WRITE cut in the middle may have placed its first part,
+// as on hardware; it never completes). ToError on the requester flushes what
+// it has not yet transmitted and everything awaiting acknowledgement; bytes
+// already on the wire may still be placed, as on hardware (see package rdma).
+// A stalled peer cannot hold up a fence: the lock is never held across a read.
 //
 // The fault hooks are those of rdma.Faults: Pause holds transmission (a late
 // WRITE), CorruptNext damages the next WRITE's payload on the wire, ToError is
@@ -32,66 +61,164 @@
 // that finds no posted RECV fails with ReceiverNotReady, as with
 // rnr_retry = 0.
 //
-// Wire format, per request (big-endian): op u8, flags u8 (bit 0: immediate
-// present), reserved u16, rkey u32, remote address u64, immediate u32, length
-// u32, then length payload bytes; per answer: one status byte. A connection
-// opens with a hello: "KVHR", version u8, the target queue pair number u32,
-// the dialling queue pair number u32; the device answers one byte, 0 when the
-// queue pair exists.
+// Wire format, inside TLS, per request (big-endian): op u8, flags u8 (bit 0:
+// immediate present), reserved u16, rkey u32, remote address u64, immediate
+// u32, length u32, then length payload bytes; per answer: one status byte. A
+// connection opens with a hello: "KVHR", version u8, the target queue pair's
+// number u32 and PSN u32, the dialling queue pair's number u32 and PSN u32;
+// the device answers one byte, 0 when it accepts (a waiting connection may
+// still be dropped when the target's Connect names another peer).
 package socket
 
 import (
 	"bufio"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/kvhandoff/kvhandoff/internal/pki"
 	"github.com/kvhandoff/kvhandoff/rdma"
 	"github.com/kvhandoff/kvhandoff/rdma/internal/soft"
 )
 
 // MaxMessage is the largest payload of one work request (1 GiB): a peer that
-// announces more is broken, not trusted with an allocation.
+// announces more is broken.
 const MaxMessage = 1 << 30
 
 const (
-	version   = 1
-	headerLen = 24
-	helloLen  = 13
+	version    = 2
+	headerLen  = 24
+	helloLen   = 21
+	readBuffer = 64 << 10 // per connection: the only buffer a payload passes through
+	maxWaiting = 4        // connections per queue pair waiting for its Connect
 )
+
+// MinRate is the slowest a frame's payload may arrive, in bytes per second
+// (see Config.FrameTimeout).
+const MinRate = 1 << 20
+
+// Config says how a device authenticates and what it lets peers hold.
+type Config struct {
+	// TLS is the device's certificate (Certificates[0]; its first DNS name
+	// is the device's identity, ConnInfo.Node) and the authorities it trusts
+	// for peers (RootCAs; ClientCAs if set, for diallers). pki.Config and
+	// pki.Load make one. Connections are TLS 1.3, mutually authenticated.
+	TLS *tls.Config
+	// Insecure runs the device in plaintext with no authentication, for
+	// measuring the bare transport; it must be asked for, and Listen logs a
+	// warning. Without TLS and without Insecure, Listen refuses.
+	Insecure bool
+	// Logger receives the device's warnings (default slog.Default()).
+	Logger *slog.Logger
+	// HandshakeTimeout bounds the TLS handshake and the hello (default 10 s).
+	HandshakeTimeout time.Duration
+	// FrameTimeout bounds a frame once its first byte has arrived: a frame
+	// of n payload bytes must be in within FrameTimeout + n/MinRate
+	// seconds (default 10 s).
+	FrameTimeout time.Duration
+	// MaxPending bounds the connections not yet past their hello (default 128).
+	MaxPending int
+}
+
+func (c *Config) defaults() {
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.HandshakeTimeout <= 0 {
+		c.HandshakeTimeout = 10 * time.Second
+	}
+	if c.FrameTimeout <= 0 {
+		c.FrameTimeout = 10 * time.Second
+	}
+	if c.MaxPending <= 0 {
+		c.MaxPending = 128
+	}
+}
+
+// ErrNoTLS is Listen's answer to a Config with neither TLS nor Insecure.
+var ErrNoTLS = errors.New("socket: no TLS configuration (Config.TLS), and plaintext not asked for (Config.Insecure)")
 
 // Device is an RDMA device of this provider: a listening socket and the
 // memory regions and queue pairs made on it.
 type Device struct {
-	name    string
-	network string
-	ln      net.Listener
+	name   string
+	node   string // the identity in its certificate
+	ln     net.Listener
+	cfg    Config
+	server *tls.Config // nil when insecure
+	client *tls.Config
+	done   chan struct{}
 
-	mu      sync.Mutex
-	qps     map[uint32]*QP
-	regions soft.Regions
-	closed  bool
+	mu       sync.Mutex
+	qps      map[uint32]*QP
+	regions  soft.Regions
+	closed   bool
+	pending  map[net.Conn]uint64 // connections before their hello, by arrival
+	arrivals uint64
 }
 
 // Listen opens a device listening on network ("tcp", "unix") and address,
-// for example Listen("tcp", "127.0.0.1:0").
-func Listen(network, address string) (*Device, error) {
+// for example Listen("tcp", "127.0.0.1:0", cfg).
+func Listen(network, address string, cfg Config) (*Device, error) {
+	if cfg.TLS == nil && !cfg.Insecure {
+		return nil, ErrNoTLS
+	}
 	ln, err := net.Listen(network, address)
 	if err != nil {
 		return nil, err
 	}
-	d := &Device{network: network, ln: ln, name: network + ":" + ln.Addr().String(),
-		qps: map[uint32]*QP{}}
+	d, err := Serve(ln, cfg)
+	if err != nil {
+		ln.Close()
+	}
+	return d, err
+}
+
+// Serve makes a device that accepts on ln, which it owns from now on.
+func Serve(ln net.Listener, cfg Config) (*Device, error) {
+	cfg.defaults()
+	d := &Device{ln: ln, cfg: cfg, name: ln.Addr().Network() + ":" + ln.Addr().String(),
+		qps: map[uint32]*QP{}, pending: map[net.Conn]uint64{}, done: make(chan struct{})}
+	switch {
+	case cfg.TLS != nil:
+		node, err := pki.Name(cfg.TLS)
+		if err != nil {
+			return nil, err
+		}
+		if cfg.TLS.RootCAs == nil {
+			return nil, errors.New("socket: Config.TLS trusts no authority (RootCAs)")
+		}
+		d.node = node
+		d.server = cfg.TLS.Clone()
+		d.server.MinVersion = tls.VersionTLS13
+		d.server.ClientAuth = tls.RequireAndVerifyClientCert
+		if d.server.ClientCAs == nil {
+			d.server.ClientCAs = cfg.TLS.RootCAs
+		}
+		d.client = cfg.TLS.Clone()
+		d.client.MinVersion = tls.VersionTLS13
+	case cfg.Insecure:
+		cfg.Logger.Warn("socket: plaintext device: no authentication, any peer that reaches it can address its queue pairs", "device", d.name)
+	default:
+		return nil, ErrNoTLS
+	}
 	go d.accept()
 	return d, nil
 }
 
 // Name implements rdma.Device: the network and address peers dial.
 func (d *Device) Name() string { return d.name }
+
+// Node is the identity the device authenticates as (empty when insecure).
+func (d *Device) Node() string { return d.node }
 
 // AllocPD implements rdma.Device.
 func (d *Device) AllocPD() (rdma.ProtectionDomain, error) { return &pd{d: d}, nil }
@@ -104,14 +231,22 @@ func (d *Device) CreateCQ(depth int) (rdma.CompletionQueue, error) {
 	return soft.New(), nil
 }
 
-// Close implements rdma.Device: it stops listening and moves every queue
-// pair to the error state.
+// Close implements rdma.Device: it stops listening, drops the connections
+// still in their handshake and moves every queue pair to the error state.
 func (d *Device) Close() error {
 	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return nil
+	}
 	d.closed = true
+	close(d.done)
 	qps := make([]*QP, 0, len(d.qps))
 	for _, q := range d.qps {
 		qps = append(qps, q)
+	}
+	for c := range d.pending {
+		c.Close()
 	}
 	d.mu.Unlock()
 	err := d.ln.Close()
@@ -128,8 +263,8 @@ func (p *pd) Alloc(size int, access rdma.Access) (rdma.MemoryRegion, error) {
 	return p.d.regions.Alloc(p, size, access)
 }
 
-// Register implements rdma.ProtectionDomain. Addresses are the device's own
-// numbering, page aligned, never reused while the device is open.
+// Register implements rdma.ProtectionDomain. Keys and addresses are the
+// device's own (see soft.Regions): random, keys never reused.
 func (p *pd) Register(buf []byte, access rdma.Access) (rdma.MemoryRegion, error) {
 	return p.d.regions.Register(p, buf, access)
 }
@@ -151,7 +286,7 @@ func (p *pd) CreateQP(sendCQ, recvCQ rdma.CompletionQueue, depth int) (rdma.Queu
 	for qpn == 0 || d.qps[qpn] != nil {
 		qpn = soft.Random32()
 	}
-	q := &QP{d: d, pd: p, qpn: qpn, ready: make(chan struct{})}
+	q := &QP{d: d, pd: p, qpn: qpn, psn: soft.Random32() & 0xFFFFFF}
 	q.Init(p, s, r, depth, MaxMessage)
 	d.qps[q.qpn] = q
 	return q, nil
@@ -161,54 +296,53 @@ func (p *pd) CreateQP(sendCQ, recvCQ rdma.CompletionQueue, depth int) (rdma.Queu
 // queues, posting and fault hooks are soft.WorkQueues'; its InFlight are the
 // requests transmitted and not yet answered.
 type QP struct {
-	soft.WorkQueues // out and in are guarded by its Mu too
+	soft.WorkQueues // out, in, remote and waiting are guarded by its Mu too
 	d               *Device
 	pd              *pd
-	qpn             uint32
+	qpn, psn        uint32
 
-	// place is held by the responder while it places a payload or consumes a
-	// receive, and by ToError: the fence.
+	// place is held by the responder while it places a piece of a payload or
+	// consumes a receive, and by ToError: the fence.
 	place sync.Mutex
 
-	out   net.Conn      // our requests, the peer's answers
-	in    net.Conn      // the peer's requests, our answers
-	ready chan struct{} // closed when q leaves the reset state
+	out     net.Conn      // our requests, the peer's answers
+	in      net.Conn      // the peer's requests, our answers
+	remote  rdma.ConnInfo // the peer Connect named
+	waiting []*arrival    // connections that arrived before Connect
+}
+
+// arrival is a connection past its handshake and hello: who it says it comes
+// from and what it proved.
+type arrival struct {
+	conn     net.Conn
+	qpn, psn uint32
+	cert     *x509.Certificate // the peer's verified leaf; nil when insecure
+	verdict  chan bool         // for a waiting one: attached (true) or dropped
 }
 
 // Info implements rdma.QueuePair.
-func (q *QP) Info() rdma.ConnInfo { return rdma.ConnInfo{Fabric: q.d.name, QPN: q.qpn} }
+func (q *QP) Info() rdma.ConnInfo {
+	return rdma.ConnInfo{Fabric: q.d.name, QPN: q.qpn, PSN: q.psn, Node: q.d.node}
+}
 
-// Connect implements rdma.QueuePair: it dials the peer's device.
+// Connect implements rdma.QueuePair: it dials the peer's device, accepts it
+// only under the identity remote.Node names (required with TLS), and from
+// then on accepts requests only from the queue pair remote names.
 func (q *QP) Connect(remote rdma.ConnInfo) error {
 	network, address, ok := strings.Cut(remote.Fabric, ":")
 	if !ok {
 		return fmt.Errorf("%w: fabric %q is not network:address", rdma.ErrUnknownPeer, remote.Fabric)
 	}
+	if q.d.client != nil && remote.Node == "" {
+		return fmt.Errorf("%w: remote.Node is empty: the identity to expect of the peer is required", rdma.ErrBadRequest)
+	}
 	if st := q.State(); st != rdma.StateReset {
 		return fmt.Errorf("%w: connect from state %d", rdma.ErrBadRequest, st)
 	}
-	conn, err := net.DialTimeout(network, address, 10*time.Second)
+	remote.PSN &= 0xFFFFFF
+	conn, err := q.dial(network, address, remote)
 	if err != nil {
 		return fmt.Errorf("%w: %v", rdma.ErrUnknownPeer, err)
-	}
-	var hello [helloLen]byte
-	copy(hello[:], "KVHR")
-	hello[4] = version
-	binary.BigEndian.PutUint32(hello[5:], remote.QPN)
-	binary.BigEndian.PutUint32(hello[9:], q.qpn)
-	var answer [1]byte
-	conn.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := conn.Write(hello[:]); err != nil {
-		conn.Close()
-		return fmt.Errorf("%w: %v", rdma.ErrUnknownPeer, err)
-	}
-	if _, err := io.ReadFull(conn, answer[:]); err != nil || answer[0] != 0 {
-		conn.Close()
-		return fmt.Errorf("%w: %s refused queue pair %d", rdma.ErrUnknownPeer, remote.Fabric, remote.QPN)
-	}
-	conn.SetDeadline(time.Time{})
-	if tc, ok := conn.(*net.TCPConn); ok {
-		tc.SetNoDelay(true)
 	}
 	q.Mu.Lock()
 	if q.QPState != rdma.StateReset {
@@ -216,12 +350,76 @@ func (q *QP) Connect(remote rdma.ConnInfo) error {
 		conn.Close()
 		return fmt.Errorf("%w: state changed while connecting", rdma.ErrQPError)
 	}
-	q.out, q.QPState = conn, rdma.StateRTS
-	close(q.ready)
+	q.out, q.remote, q.QPState = conn, remote, rdma.StateRTS
+	for _, a := range q.waiting {
+		if q.in == nil && q.accepts(a) {
+			q.in = a.conn
+			a.verdict <- true
+		} else {
+			a.verdict <- false
+		}
+	}
+	q.waiting = nil
 	q.Mu.Unlock()
 	go q.transmit(conn)
 	go q.answers(conn)
 	return nil
+}
+
+// dial opens q's outbound connection to remote: TLS with remote.Node as the
+// name the responder must prove, then the hello.
+func (q *QP) dial(network, address string, remote rdma.ConnInfo) (net.Conn, error) {
+	timeout := q.d.cfg.HandshakeTimeout
+	raw, err := net.DialTimeout(network, address, timeout)
+	if err != nil {
+		return nil, err
+	}
+	if tc, ok := raw.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
+	}
+	conn := raw
+	raw.SetDeadline(time.Now().Add(timeout))
+	if q.d.client != nil {
+		c := q.d.client.Clone()
+		c.ServerName = remote.Node
+		tc := tls.Client(raw, c)
+		if err := tc.Handshake(); err != nil {
+			raw.Close()
+			return nil, err
+		}
+		conn = tc
+	}
+	var hello [helloLen]byte
+	copy(hello[:], "KVHR")
+	hello[4] = version
+	binary.BigEndian.PutUint32(hello[5:], remote.QPN)
+	binary.BigEndian.PutUint32(hello[9:], remote.PSN)
+	binary.BigEndian.PutUint32(hello[13:], q.qpn)
+	binary.BigEndian.PutUint32(hello[17:], q.psn)
+	var answer [1]byte
+	if _, err := conn.Write(hello[:]); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	if _, err := io.ReadFull(conn, answer[:]); err != nil || answer[0] != 0 {
+		conn.Close()
+		return nil, fmt.Errorf("%s refused queue pair %d", remote.Fabric, remote.QPN)
+	}
+	raw.SetDeadline(time.Time{})
+	return conn, nil
+}
+
+// accepts reports whether arrival a comes from the peer Connect named: its
+// QPN, its PSN, and (with TLS) a certificate for remote.Node. The caller
+// holds Mu.
+func (q *QP) accepts(a *arrival) bool {
+	if a.qpn != q.remote.QPN || a.psn != q.remote.PSN {
+		return false
+	}
+	if q.d.server == nil {
+		return true
+	}
+	return a.cert != nil && q.remote.Node != "" && a.cert.VerifyHostname(q.remote.Node) == nil
 }
 
 // ToError implements rdma.QueuePair. Every outstanding work request, send and
@@ -240,9 +438,10 @@ func (q *QP) fail(head *rdma.Status) {
 	defer q.place.Unlock()
 	q.Mu.Lock()
 	defer q.Mu.Unlock()
-	if q.QPState == rdma.StateReset {
-		close(q.ready)
+	for _, a := range q.waiting {
+		a.verdict <- false
 	}
+	q.waiting = nil
 	var first *rdma.Completion
 	if head != nil && len(q.InFlight) > 0 {
 		wr := q.InFlight[0]
@@ -260,7 +459,10 @@ func (q *QP) fail(head *rdma.Status) {
 }
 
 // transmit sends q's work requests in order until q is in the error state.
+// Frames go through one buffered writer, flushed whenever the send queue
+// runs dry, so a burst of small requests shares system calls and TLS records.
 func (q *QP) transmit(conn net.Conn) {
+	w := bufio.NewWriterSize(conn, readBuffer)
 	var hdr [headerLen]byte
 	for range q.Wake {
 		for {
@@ -269,6 +471,10 @@ func (q *QP) transmit(conn net.Conn) {
 				done := q.QPState == rdma.StateError
 				q.Mu.Unlock()
 				if done {
+					return
+				}
+				if err := w.Flush(); err != nil {
+					q.broken()
 					return
 				}
 				break
@@ -293,8 +499,8 @@ func (q *QP) transmit(conn net.Conn) {
 			binary.BigEndian.PutUint64(hdr[8:], wr.RemoteAddr)
 			binary.BigEndian.PutUint32(hdr[16:], wr.Imm)
 			binary.BigEndian.PutUint32(hdr[20:], uint32(len(payload)))
-			bufs := net.Buffers{hdr[:], payload}
-			if _, err := bufs.WriteTo(conn); err != nil {
+			w.Write(hdr[:])
+			if _, err := w.Write(payload); err != nil {
 				q.broken()
 				return
 			}
@@ -336,87 +542,182 @@ func (q *QP) broken() {
 	q.fail(&st)
 }
 
-// accept takes the connections peers dial for their queue pairs.
+// accept takes the connections peers dial for their queue pairs. An error
+// other than the device's own Close (EMFILE in a flood of connections, say)
+// is waited out, 5 ms doubling to 1 s, never the end of the device.
 func (d *Device) accept() {
+	var delay time.Duration
 	for {
 		conn, err := d.ln.Accept()
 		if err != nil {
-			return
+			select {
+			case <-d.done:
+				return
+			default:
+			}
+			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+			d.cfg.Logger.Warn("socket: accept failed; retrying", "device", d.name, "err", err, "after", delay)
+			select {
+			case <-d.done:
+				return
+			case <-time.After(delay):
+			}
+			continue
+		}
+		delay = 0
+		if !d.admit(conn) {
+			conn.Close()
+			continue
 		}
 		go d.serve(conn)
 	}
 }
 
-// serve checks a dialling peer's hello and then executes its requests on the
-// queue pair it names.
-func (d *Device) serve(conn net.Conn) {
-	var hello [helloLen]byte
-	conn.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := io.ReadFull(conn, hello[:]); err != nil || string(hello[:4]) != "KVHR" || hello[4] != version {
-		conn.Close()
+// admit counts conn among the connections before their hello, dropping the
+// oldest of them when there are MaxPending already: a flood of idle
+// connections holds at most MaxPending of them, for at most HandshakeTimeout
+// each, and a peer that completes its handshake promptly still gets in.
+func (d *Device) admit(conn net.Conn) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return false
+	}
+	if len(d.pending) >= d.cfg.MaxPending {
+		var oldest net.Conn
+		var at uint64
+		for c, n := range d.pending {
+			if oldest == nil || n < at {
+				oldest, at = c, n
+			}
+		}
+		delete(d.pending, oldest)
+		oldest.Close()
+	}
+	d.arrivals++
+	d.pending[conn] = d.arrivals
+	return true
+}
+
+// leave removes conn from the connections before their hello.
+func (d *Device) leave(conn net.Conn) {
+	d.mu.Lock()
+	delete(d.pending, conn)
+	d.mu.Unlock()
+}
+
+// serve authenticates a dialling peer, checks its hello and then executes its
+// requests on the queue pair it names, if that queue pair accepts it.
+func (d *Device) serve(raw net.Conn) {
+	a, q := d.greet(raw)
+	d.leave(raw)
+	if q == nil {
+		raw.Close()
 		return
 	}
+	a.conn.SetDeadline(time.Time{})
+	if tc, ok := raw.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
+	}
+	if a.verdict != nil && !<-a.verdict {
+		a.conn.Close()
+		return
+	}
+	q.respond(a.conn)
+}
+
+// greet runs the handshake and the hello within HandshakeTimeout and binds
+// the connection to its queue pair: attached at once if the queue pair is
+// connected to this very peer, or waiting for its Connect. A nil queue pair
+// means refused; the refusal says nothing about why (no such queue pair,
+// wrong PSN, another peer), so it tells a stranger nothing.
+func (d *Device) greet(raw net.Conn) (*arrival, *QP) {
+	raw.SetDeadline(time.Now().Add(d.cfg.HandshakeTimeout))
+	a := &arrival{conn: raw}
+	if d.server != nil {
+		tc := tls.Server(raw, d.server)
+		if err := tc.Handshake(); err != nil {
+			return nil, nil
+		}
+		a.conn, a.cert = tc, tc.ConnectionState().PeerCertificates[0]
+	}
+	var hello [helloLen]byte
+	if _, err := io.ReadFull(a.conn, hello[:]); err != nil || string(hello[:4]) != "KVHR" || hello[4] != version {
+		return nil, nil
+	}
+	a.qpn, a.psn = binary.BigEndian.Uint32(hello[13:]), binary.BigEndian.Uint32(hello[17:])
 	d.mu.Lock()
 	q := d.qps[binary.BigEndian.Uint32(hello[5:])]
 	d.mu.Unlock()
-	refuse := q == nil
-	if !refuse {
+	ok := q != nil && q.psn == binary.BigEndian.Uint32(hello[9:])
+	if ok {
 		q.Mu.Lock()
-		refuse = q.in != nil || q.QPState == rdma.StateError
-		if !refuse {
-			q.in = conn
+		switch {
+		case q.QPState == rdma.StateRTS && q.in == nil && q.accepts(a):
+			q.in = a.conn
+		case q.QPState == rdma.StateReset && len(q.waiting) < maxWaiting:
+			a.verdict = make(chan bool, 1)
+			q.waiting = append(q.waiting, a)
+		default:
+			ok = false
 		}
 		q.Mu.Unlock()
 	}
-	if refuse {
-		conn.Write([]byte{1})
-		conn.Close()
-		return
+	if !ok {
+		a.conn.Write([]byte{1})
+		return nil, nil
 	}
-	if _, err := conn.Write([]byte{0}); err != nil {
-		conn.Close()
-		return
-	}
-	conn.SetDeadline(time.Time{})
-	if tc, ok := conn.(*net.TCPConn); ok {
-		tc.SetNoDelay(true)
-	}
-	q.respond(conn)
+	// A failed write needs no handling here: the connection is dead, and
+	// its first read breaks the queue pair it reaches.
+	a.conn.Write([]byte{0})
+	return a, q
 }
 
 // respond executes the peer's requests on q, in order, until the connection or
-// q breaks.
+// q breaks; a connection that breaks, between frames or in one, breaks q.
 func (q *QP) respond(conn net.Conn) {
 	defer conn.Close()
-	r := bufio.NewReaderSize(conn, 64<<10)
+	r := bufio.NewReaderSize(conn, readBuffer)
 	w := bufio.NewWriter(conn)
 	var hdr [headerLen]byte
-	var scratch []byte
-	<-q.ready // requests wait until q is connected, as a peer retries on hardware
 	for {
+		conn.SetReadDeadline(time.Time{}) // idle between frames is normal
+		if _, err := r.Peek(1); err != nil {
+			q.inboundLost(err)
+			return
+		}
+		start := time.Now()
+		conn.SetReadDeadline(start.Add(q.d.cfg.FrameTimeout))
 		if _, err := io.ReadFull(r, hdr[:]); err != nil {
+			q.inboundLost(err)
 			return
 		}
 		op := rdma.Opcode(hdr[0])
 		n := binary.BigEndian.Uint32(hdr[20:])
-		if n > MaxMessage || (op != rdma.OpWrite && op != rdma.OpWriteImm && op != rdma.OpSend) || hdr[2]|hdr[3] != 0 {
+		if n > MaxMessage || (op != rdma.OpWrite && op != rdma.OpWriteImm && op != rdma.OpSend) || hdr[2]|hdr[3] != 0 || hdr[1]&^1 != 0 {
 			q.ToError() // a malformed request: the connection cannot be trusted
 			return
 		}
-		if cap(scratch) < int(n) {
-			scratch = make([]byte, n)
-		}
-		payload := scratch[:n]
-		if _, err := io.ReadFull(r, payload); err != nil {
+		// The whole frame has one deadline, so a peer trickling a byte at a
+		// time cannot hold the queue pair: FrameTimeout, plus the time
+		// MinRate allows for the payload.
+		conn.SetReadDeadline(start.Add(q.d.cfg.FrameTimeout + time.Duration(n)*time.Second/MinRate))
+		st, err := q.execute(r, op, hdr[1]&1 != 0, binary.BigEndian.Uint32(hdr[4:]), binary.BigEndian.Uint64(hdr[8:]),
+			binary.BigEndian.Uint32(hdr[16:]), int(n))
+		if err != nil {
+			q.inboundLost(err) // half a frame: the stream is lost
 			return
 		}
-		st := q.execute(op, hdr[1]&1 != 0, binary.BigEndian.Uint32(hdr[4:]), binary.BigEndian.Uint64(hdr[8:]),
-			binary.BigEndian.Uint32(hdr[16:]), payload)
 		if err := w.WriteByte(byte(st)); err != nil {
+			q.ToError()
 			return
 		}
 		if r.Buffered() == 0 || st != rdma.Success {
+			// A peer that stops reading its answers is as stuck as one
+			// that stops sending: the write has a deadline too.
+			conn.SetWriteDeadline(time.Now().Add(q.d.cfg.FrameTimeout))
 			if err := w.Flush(); err != nil {
+				q.ToError()
 				return
 			}
 		}
@@ -427,42 +728,101 @@ func (q *QP) respond(conn net.Conn) {
 	}
 }
 
-// execute places one request on q under the fence and returns the answer; an
-// answer other than Success breaks q once it is sent.
-func (q *QP) execute(op rdma.Opcode, hasImm bool, rkey uint32, addr uint64, imm uint32, payload []byte) rdma.Status {
+// inboundLost breaks q after the connection carrying the peer's requests
+// failed with err. A frame that did not arrive in time is the peer's fault:
+// q breaks at once. A connection the peer closed breaks q too, but only once
+// its outbound connection has had FrameTimeout to deliver what the peer sent
+// before closing: the peer closes both when it NAKs one of q's requests, and
+// that NAK, not a flush, must be q's completion.
+func (q *QP) inboundLost(err error) {
+	q.Mu.Lock()
+	out := q.out
+	q.Mu.Unlock()
+	if ne, ok := err.(net.Error); (ok && ne.Timeout()) || out == nil {
+		q.ToError()
+		return
+	}
+	out.SetReadDeadline(time.Now().Add(q.d.cfg.FrameTimeout)) // answers reads it: an answer, an EOF, or the deadline breaks q
+}
+
+// execute places one request of n payload bytes on q and returns the
+// answer; an answer other than Success breaks q once it is sent. The target
+// (a region, after its key and bounds check, or the head of the receive
+// queue) is found before a byte of payload is read, and the payload streams
+// into it from r's buffer, each piece under the fence. A refused request's
+// payload is never read: the NAK breaks the connection. An error is the
+// connection failing mid-frame.
+func (q *QP) execute(r *bufio.Reader, op rdma.Opcode, hasImm bool, rkey uint32, addr uint64, imm uint32, n int) (rdma.Status, error) {
+	dst, st := q.target(op, rkey, addr, n)
+	if st != rdma.Success {
+		return st, nil
+	}
+	for off := 0; off < n; {
+		if r.Buffered() == 0 {
+			if _, err := r.Peek(1); err != nil {
+				return 0, err
+			}
+		}
+		piece, _ := r.Peek(min(n-off, r.Buffered()))
+		q.place.Lock()
+		q.Mu.Lock()
+		ready := q.QPState == rdma.StateRTS
+		if ready {
+			copy(dst[off:], piece)
+		}
+		q.Mu.Unlock()
+		q.place.Unlock()
+		if !ready {
+			return rdma.FlushError, nil // fenced: nothing more lands
+		}
+		r.Discard(len(piece))
+		off += len(piece)
+	}
 	q.place.Lock()
 	defer q.place.Unlock()
 	q.Mu.Lock()
 	defer q.Mu.Unlock()
 	if q.QPState != rdma.StateRTS {
-		return rdma.FlushError // fenced: nothing lands
+		return rdma.FlushError, nil
+	}
+	switch op {
+	case rdma.OpWriteImm:
+		recv, _ := q.TakeRecvLocked()
+		q.RecvCQ().Push(rdma.Completion{WRID: recv.ID, Op: rdma.OpRecvImm, Imm: imm, HasImm: true})
+	case rdma.OpSend:
+		recv, _ := q.TakeRecvLocked()
+		q.RecvCQ().Push(rdma.Completion{WRID: recv.ID, Op: rdma.OpRecv, Bytes: n, Imm: imm, HasImm: hasImm})
+	}
+	return rdma.Success, nil
+}
+
+// target is where a request's n payload bytes go, or the status refusing it.
+// The receive a SEND or WRITE WITH IMMEDIATE consumes stays at the head of
+// the receive queue until the payload is in (only this goroutine consumes
+// it), so a fence in the middle flushes it with the rest.
+func (q *QP) target(op rdma.Opcode, rkey uint32, addr uint64, n int) ([]byte, rdma.Status) {
+	q.Mu.Lock()
+	defer q.Mu.Unlock()
+	if q.QPState != rdma.StateRTS {
+		return nil, rdma.FlushError // fenced: nothing lands
 	}
 	var dst []byte
 	if op == rdma.OpWrite || op == rdma.OpWriteImm {
-		if dst = q.d.regions.Target(q.pd, rkey, addr, len(payload)); dst == nil {
-			return rdma.RemoteAccessError
+		if dst = q.d.regions.Target(q.pd, rkey, addr, n); dst == nil {
+			return nil, rdma.RemoteAccessError
 		}
 	}
-	var recv rdma.WorkRequest
-	if op == rdma.OpWriteImm || op == rdma.OpSend {
-		var ok bool
-		if recv, ok = q.TakeRecvLocked(); !ok {
-			return rdma.ReceiverNotReady
-		}
+	if (op == rdma.OpWriteImm || op == rdma.OpSend) && len(q.RQ) == 0 {
+		return nil, rdma.ReceiverNotReady
 	}
-	switch op {
-	case rdma.OpWrite:
-		copy(dst, payload)
-	case rdma.OpWriteImm:
-		copy(dst, payload)
-		q.RecvCQ().Push(rdma.Completion{WRID: recv.ID, Op: rdma.OpRecvImm, Imm: imm, HasImm: true})
-	case rdma.OpSend:
-		if recv.Local.Length < len(payload) {
+	if op == rdma.OpSend {
+		recv := q.RQ[0]
+		if recv.Local.Length < n {
+			q.RQ = q.RQ[1:]
 			q.RecvCQ().Push(rdma.Completion{WRID: recv.ID, Op: rdma.OpRecv, Status: rdma.LocalLengthError})
-			return rdma.RemoteAccessError
+			return nil, rdma.RemoteAccessError
 		}
-		copy(recv.Local.MR.Bytes()[recv.Local.Offset:], payload)
-		q.RecvCQ().Push(rdma.Completion{WRID: recv.ID, Op: rdma.OpRecv, Bytes: len(payload), Imm: imm, HasImm: hasImm})
+		dst = recv.Local.MR.Bytes()[recv.Local.Offset : recv.Local.Offset+n]
 	}
-	return rdma.Success
+	return dst, rdma.Success
 }

@@ -1,17 +1,56 @@
 package socket
 
 import (
+	"crypto/tls"
+	"encoding/binary"
+	"net"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
+	"time"
 
+	"github.com/kvhandoff/kvhandoff/internal/pki"
 	"github.com/kvhandoff/kvhandoff/rdma"
 	"github.com/kvhandoff/kvhandoff/rdma/rdmatest"
 )
 
 var _ rdma.Faults = (*QP)(nil)
 
-// devices opens two devices, each listening on its own socket, so every
-// request crosses a real stream socket.
+// The deployment's authority for every test of the package, and one nobody
+// trusts.
+var (
+	testCA     = sync.OnceValue(func() *pki.CA { return mustCA("kvhandoff-test") })
+	strangerCA = sync.OnceValue(func() *pki.CA { return mustCA("stranger") })
+)
+
+func mustCA(name string) *pki.CA {
+	ca, err := pki.NewCA(name)
+	if err != nil {
+		panic(err)
+	}
+	return ca
+}
+
+// nodeConfig is the device configuration of node name, with the given limits.
+func nodeConfig(t testing.TB, name string) Config {
+	t.Helper()
+	tc, err := testCA().Config(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return Config{TLS: tc}
+}
+
+// Short bounds for the hostile suite, so that its attacks end quickly.
+const (
+	testHandshake  = time.Second
+	testFrame      = 300 * time.Millisecond
+	testMaxPending = 32
+)
+
+// devices opens two devices, nodes "a" and "b", each listening on its own
+// socket, so every request crosses a real stream socket.
 func devices(t *testing.T, network string) (*Device, *Device) {
 	t.Helper()
 	listen := func(name string) *Device {
@@ -19,7 +58,9 @@ func devices(t *testing.T, network string) (*Device, *Device) {
 		if network == "unix" {
 			addr = filepath.Join(t.TempDir(), name+".sock")
 		}
-		d, err := Listen(network, addr)
+		cfg := nodeConfig(t, name)
+		cfg.HandshakeTimeout, cfg.FrameTimeout, cfg.MaxPending = testHandshake, testFrame, testMaxPending
+		d, err := Listen(network, addr, cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -43,6 +84,80 @@ func TestConformanceUnix(t *testing.T) {
 	rdmatest.Run(t, func(t *testing.T) *rdmatest.Pair { return pair(t, "unix") })
 }
 
+func TestConformanceInsecure(t *testing.T) {
+	rdmatest.Run(t, func(t *testing.T) *rdmatest.Pair {
+		listen := func() rdma.Device {
+			d, err := Listen("tcp", "127.0.0.1:0", Config{Insecure: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { d.Close() })
+			return d
+		}
+		return rdmatest.NewPair(t, listen(), listen())
+	})
+}
+
+// wire is package socket's wire for the hostile suite.
+type wire struct{}
+
+func (wire) Dial(t *testing.T, d rdma.Device) net.Conn {
+	t.Helper()
+	network, address, _ := strings.Cut(d.Name(), ":")
+	c, err := net.Dial(network, address)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func (wire) Secure(conn net.Conn, as string, stranger bool) (net.Conn, error) {
+	ca := testCA()
+	if stranger {
+		ca = strangerCA()
+	}
+	cert, err := ca.Issue(as)
+	if err != nil {
+		return nil, err
+	}
+	// The stranger trusts the real authority: it can check the server, it
+	// just cannot prove itself.
+	c := pki.Config(cert, testCA().Pool())
+	c.InsecureSkipVerify = true // the suite attacks the device; it need not check it
+	tc := tls.Client(conn, c)
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	if err := tc.Handshake(); err != nil {
+		return nil, err
+	}
+	conn.SetDeadline(time.Time{})
+	return tc, nil
+}
+
+func (wire) Hello(to, from rdma.ConnInfo) []byte {
+	h := make([]byte, helloLen)
+	copy(h, "KVHR")
+	h[4] = version
+	binary.BigEndian.PutUint32(h[5:], to.QPN)
+	binary.BigEndian.PutUint32(h[9:], to.PSN)
+	binary.BigEndian.PutUint32(h[13:], from.QPN)
+	binary.BigEndian.PutUint32(h[17:], from.PSN)
+	return h
+}
+
+func (wire) Header(op rdma.Opcode, rkey uint32, addr uint64, n uint32) []byte {
+	h := make([]byte, headerLen)
+	h[0] = byte(op)
+	binary.BigEndian.PutUint32(h[4:], rkey)
+	binary.BigEndian.PutUint64(h[8:], addr)
+	binary.BigEndian.PutUint32(h[20:], n)
+	return h
+}
+
+func (wire) Limits() (time.Duration, time.Duration, int) {
+	return testHandshake, testFrame, testMaxPending
+}
+
 func hostile(network string) rdmatest.Hostile {
 	return rdmatest.Hostile{
 		Devices: func(t *testing.T) (rdma.Device, rdma.Device) {
@@ -51,6 +166,7 @@ func hostile(network string) rdmatest.Hostile {
 		},
 		KeysAreSecret: true,
 		Identities:    true,
+		Wire:          wire{},
 	}
 }
 
