@@ -14,6 +14,7 @@ import (
 )
 
 const benchUsage = `usage: kvhandoff bench transfer [flags]
+       kvhandoff bench engine [flags]   (the bundled engine; kvhandoff bench engine -h)
 
 Measures a provider's WRITE throughput for page sizes from 4 KiB to 4 MiB, next to
 a baseline measured in the same run, and prints the ratio. Throughput is in
@@ -80,6 +81,9 @@ var benchProviders = map[string]benchProvider{
 }
 
 func runBench(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "engine" {
+		return runBenchEngine(args[1:], stdout, stderr)
+	}
 	if len(args) == 0 || args[0] != "transfer" {
 		fmt.Fprint(stderr, benchUsage)
 		return 2

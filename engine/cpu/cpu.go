@@ -115,17 +115,54 @@ func (b *Backend) parallel(n, cost int, f func(lo, hi int)) {
 	wg.Wait()
 }
 
-// matmul: out[t*d+i] = Σ_j w[i*n+j]·x[t*n+j] for T tokens; each weight row
-// is read once for every token.
+// matmul: out[t*d+i] = Σ_j w[i*n+j]·x[t*n+j] for T tokens. Each weight
+// row is read once for every token, and the inner products go four at a
+// time (four rows for one token, or one row for four tokens), so each value
+// loaded serves four products.
 func (b *Backend) matmul(out, x, w []float32, T, n, d int) {
 	b.parallel(d, n*T, func(lo, hi int) {
+		if T == 1 {
+			i := lo
+			for ; i+4 <= hi; i += 4 {
+				out[i], out[i+1], out[i+2], out[i+3] = dot4(x[:n], w[i*n:(i+1)*n], w[(i+1)*n:(i+2)*n], w[(i+2)*n:(i+3)*n], w[(i+3)*n:(i+4)*n])
+			}
+			for ; i < hi; i++ {
+				out[i] = dot(w[i*n:(i+1)*n], x[:n])
+			}
+			return
+		}
 		for i := lo; i < hi; i++ {
 			row := w[i*n : (i+1)*n]
-			for t := 0; t < T; t++ {
+			t := 0
+			for ; t+4 <= T; t += 4 {
+				out[t*d+i], out[(t+1)*d+i], out[(t+2)*d+i], out[(t+3)*d+i] = dot4(row, x[t*n:(t+1)*n], x[(t+1)*n:(t+2)*n], x[(t+2)*n:(t+3)*n], x[(t+3)*n:(t+4)*n])
+			}
+			for ; t < T; t++ {
 				out[t*d+i] = dot(row, x[t*n:(t+1)*n])
 			}
 		}
 	})
+}
+
+// dot4 is the inner products of a with each of b0..b3.
+func dot4(a, b0, b1, b2, b3 []float32) (s0, s1, s2, s3 float32) {
+	n := len(a)
+	b0, b1, b2, b3 = b0[:n], b1[:n], b2[:n], b3[:n]
+	j := 0
+	for ; j+2 <= n; j += 2 {
+		a0, a1 := a[j], a[j+1]
+		s0 += a0*b0[j] + a1*b0[j+1]
+		s1 += a0*b1[j] + a1*b1[j+1]
+		s2 += a0*b2[j] + a1*b2[j+1]
+		s3 += a0*b3[j] + a1*b3[j+1]
+	}
+	for ; j < n; j++ {
+		s0 += a[j] * b0[j]
+		s1 += a[j] * b1[j]
+		s2 += a[j] * b2[j]
+		s3 += a[j] * b3[j]
+	}
+	return
 }
 
 func dot(a, b []float32) float32 {

@@ -1,0 +1,166 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/kvhandoff/kvhandoff/engine"
+	"github.com/kvhandoff/kvhandoff/engine/backend"
+	"github.com/kvhandoff/kvhandoff/engine/cpu"
+	"github.com/kvhandoff/kvhandoff/engine/kv"
+	"github.com/kvhandoff/kvhandoff/engine/measure"
+	"github.com/kvhandoff/kvhandoff/engine/model"
+)
+
+const benchEngineUsage = `usage: kvhandoff bench engine [flags]
+
+Measures the bundled engine on a backend: prefill and decode tokens/s of the
+built-in model and of a stories15M-shaped checkpoint (dim 288, 6 layers, 6
+heads, seq 256; seeded random weights written and read by the checkpoint
+code), and of --checkpoint if given; decode tokens/s with the read-time tag
+check on and off, same run (tag_check_cost = 1 - checked/unchecked); and paged
+decode against the same attention over contiguous KV (paged_over_contiguous).
+Decode steps alternate between the three at every position; each position's
+fastest step over --rounds counts.
+
+flags:
+`
+
+// engineBackends are the backends --backend names; a cuda-tagged build adds cuda.
+var engineBackends = map[string]func() (backend.Backend, error){
+	"cpu": func() (backend.Backend, error) { return cpu.New(), nil },
+}
+
+func runBenchEngine(args []string, stdout, stderr io.Writer) int {
+	fs := newFlags("bench engine", benchEngineUsage, stderr)
+	backends := fs.String("backend", "cpu", "comma-separated backends: cpu, cuda (with -tags cuda)")
+	rounds := fs.Int("rounds", 5, "rounds; each position's fastest step counts")
+	checkpoint := fs.String("checkpoint", "", "also measure this llama2.c checkpoint (.bin)")
+	tokenizer := fs.String("tokenizer", "", "the checkpoint's tokenizer.bin, for --prompt")
+	prompt := fs.String("prompt", "", "also print each model's greedy continuation of this prompt (on stderr)")
+	tokens := fs.Int("tokens", 64, "tokens --prompt generates")
+	builtinOnly := fs.Bool("builtin-only", false, "measure the built-in model (and --checkpoint) only")
+	jsonOut := fs.Bool("json", false, "print exactly one JSON object on stdout")
+	if code := parseFlags(fs, args, stderr); code >= 0 {
+		return code
+	}
+	fail := func(err error) int {
+		fmt.Fprintf(stderr, "kvhandoff bench engine: %v\n", err)
+		return 1
+	}
+	if *rounds < 1 || *tokens < 1 {
+		fmt.Fprintln(stderr, "kvhandoff bench engine: --rounds and --tokens must be positive")
+		return 2
+	}
+	var names []string
+	for _, name := range strings.Split(*backends, ",") {
+		if _, ok := engineBackends[name]; !ok {
+			if name == "cuda" {
+				fmt.Fprintln(stderr, "kvhandoff bench engine: backend cuda needs a build with -tags cuda")
+			} else {
+				fmt.Fprintf(stderr, "kvhandoff bench engine: unknown backend %q\n", name)
+			}
+			return 2
+		}
+		names = append(names, name)
+	}
+	models, err := measure.Models()
+	if err != nil {
+		return fail(err)
+	}
+	if *builtinOnly {
+		models = models[:1]
+	}
+	toks := map[string]model.Tokenizer{"builtin": model.Bytes{}}
+	if *checkpoint != "" {
+		m, err := model.LoadCheckpoint(*checkpoint)
+		if err != nil {
+			return fail(err)
+		}
+		name := filepath.Base(*checkpoint)
+		ctx := min(m.SeqLen, 256)
+		models = append(models, measure.Named{Name: name, Model: m,
+			Config: measure.Config{Prompt: ctx / 2, Decode: ctx - ctx/2, PageTokens: 16}})
+		if *tokenizer != "" {
+			t, err := model.LoadTokenizer(*tokenizer, m.Vocab)
+			if err != nil {
+				return fail(err)
+			}
+			toks[name] = t
+		}
+	}
+	if *prompt != "" {
+		for _, n := range models {
+			if t := toks[n.Name]; t != nil {
+				text, err := sample(n.Model, t, *prompt, *tokens)
+				if err != nil {
+					return fail(err)
+				}
+				fmt.Fprintf(stderr, "%s: %q -> %q\n", n.Name, *prompt, text)
+			}
+		}
+	}
+	var rows []measure.Row
+	for _, b := range names {
+		for _, n := range models {
+			n.Config.Rounds = *rounds
+			r, err := measure.Run(n.Name, n.Model, engineBackends[b], n.Config)
+			if err != nil {
+				return fail(fmt.Errorf("%s on %s: %w", n.Name, b, err))
+			}
+			rows = append(rows, r)
+		}
+	}
+	if *jsonOut {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(struct {
+			Rows []measure.Row `json:"rows"`
+		}{rows}); err != nil {
+			return fail(err)
+		}
+		return 0
+	}
+	tw := tabwriter.NewWriter(stdout, 2, 8, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "model\tbackend\tprefill tok/s\tdecode tok/s\tunchecked tok/s\ttag check cost\tpaged/contiguous\t")
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%.1f\t%.1f\t%.2f%%\t%.3f\t\n", r.Model, r.Backend, r.PrefillTokensPerS,
+			r.DecodeTokensPerS, r.DecodeTokensPerSUnchecked, 100*r.TagCheckCost, r.PagedOverContiguous)
+	}
+	tw.Flush()
+	return 0
+}
+
+// sample is m's greedy continuation of prompt on the CPU backend.
+func sample(m *model.Model, t model.Tokenizer, prompt string, n int) (string, error) {
+	ids := t.Encode(prompt, true, false)
+	if len(ids) == 0 {
+		return "", fmt.Errorf("prompt encodes to no tokens")
+	}
+	n = min(n, m.SeqLen-len(ids))
+	if n < 1 {
+		return "", fmt.Errorf("prompt of %d tokens leaves no room in a context of %d", len(ids), m.SeqLen)
+	}
+	g := engine.GeometryOf(m.Config, 16)
+	cache, err := kv.New(g, g.PagesFor(len(ids)+n))
+	if err != nil {
+		return "", err
+	}
+	e, err := engine.New(m, cpu.New(), cache, engine.Options{})
+	if err != nil {
+		return "", err
+	}
+	refs, err := cache.Pool().Allocate(1, cache.Pages())
+	if err != nil {
+		return "", err
+	}
+	out, err := e.Generate(kv.Table(refs), ids, n, model.Greedy(), t.EOS())
+	if err != nil {
+		return "", err
+	}
+	return model.Decode(t, out, ids[len(ids)-1]), nil
+}
