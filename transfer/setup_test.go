@@ -156,7 +156,15 @@ func (n *node) wait(ids ...protocol.RequestID) map[protocol.RequestID]error {
 			return out
 		}
 		if time.Now().After(deadline) {
-			n.t.Fatalf("%d of %d requests have no outcome after 20 s", len(ids)-done, len(ids))
+			var missing []string
+			for _, id := range ids {
+				n.mu.Lock()
+				if _, ok := n.outcomes[id]; !ok {
+					missing = append(missing, fmt.Sprint(id))
+				}
+				n.mu.Unlock()
+			}
+			n.t.Fatalf("%d of %d requests have no outcome after 20 s: %v", len(ids)-done, len(ids), missing)
 		}
 		time.Sleep(time.Millisecond)
 	}
