@@ -3,7 +3,8 @@
 //
 // Simulate is deterministic simulation. One seed is one run: a workload of
 // requests of random lengths (some over the prefill pool, as in the incident)
-// on prefill nodes and a decode node joined by in-memory queue pairs, with
+// through a protocol.Router to prefill nodes and a decode node joined by
+// in-memory queue pairs, with
 // WRITEs and SENDs placed in order per queue pair but at random points, and
 // faults: client cancels that reach the two legs in either order, WRITEs
 // corrupted in transit, queue-pair cuts, prefill crashes that the router
@@ -19,8 +20,11 @@
 // event sequence, and saves it in a failfile that replays it. FuzzImplementation
 // is the same property as a go test -fuzz target.
 //
+// RunSeeds streams many seeds: each result is folded in as it completes, and
+// only failures are kept (the smallest failing seed with its trace).
+//
 // Refinement holds the implementation to the spec's transitions: it runs the
-// Sender and the Receiver beside package spec, one spec action at a time, maps
+// Router, the Sender and the Receiver beside package spec, one spec action at a time, maps
 // the implementation's state into the spec's terms after every step (View,
 // SpecView) and fails on any difference; the spec's properties are then checked
 // on the spec state the mapping has shown equal. refine_test.go drives it with

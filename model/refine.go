@@ -14,16 +14,30 @@ import (
 )
 
 // Refinement runs the implementation beside the spec, one spec action at a
-// time: the real protocol.Sender (one prefill node) and protocol.Receiver (the
-// decode node), over an in-memory queue pair and in-memory RDMA whose every
-// placement the harness performs, with the router played by the harness as
-// the spec plays it. After every step it maps the implementation's state to
-// the spec's (View) and fails on any difference; the spec's properties are
-// then evaluated on the spec state, which the mapping has just shown equal.
+// time: the real protocol.Router, protocol.Sender (one prefill node) and
+// protocol.Receiver (the decode node), over an in-memory queue pair and
+// in-memory RDMA whose every placement the harness performs, and in-memory
+// queues from the router to each node. After every step it maps the
+// implementation's state to the spec's (View) and fails on any difference;
+// the spec's properties are then evaluated on the spec state, which the
+// mapping has just shown equal.
+//
+// The router's part of the view is each request's client-visible outcome
+// and reason (Router.Request) and the router's messages to each node in
+// order (Dispatch as the spec's Prefill, CancelLeg as Abort, PeerLost as
+// PeerFailed). The spec's router checks only the advertised context length,
+// so the harness advertises both nodes as taking ContextLimit tokens: the
+// Router's intake then decides exactly what the spec's does, and each node's
+// own intake is exercised as in the incident. One thing the Router does that
+// the spec's router does not: on a failed leg (or a lost node) it also
+// cancels the other leg, a second path beside the legs' own Abort and
+// AbortAck. The harness checks that each such cancel names a leg of a
+// request that has just failed, and does not deliver it (the spec has no
+// action for it); the simulation delivers them.
 //
 // The correspondence, action by action:
 //
-//	Submit        the router's check; a Prefill message on the harness's router→prefill queue
+//	Submit        Router.Submit; its Dispatch on the router→prefill queue
 //	PrefillRecv   Sender.Submit, the KV computed, Sender.Computed (or Sender.Cancel for an Abort)
 //	PrefillRecvQP Sender.Step with the Grant or Abort at the head of decode→prefill
 //	PostWrite     the next WRITE of the request the sender emitted is handed to the wire
@@ -31,6 +45,8 @@ import (
 //	              Sender.Completed, or a SEND given to Receiver.Step
 //	DecodeRecv    Receiver.Cancel, or Receiver.PeerFailed and the cut it asks for
 //	DecodeRead    Receiver.Acquire, the pages read and checked, Receiver.Finish
+//	DetectCrash   Router.NodeLost; its PeerLost on the router→decode queue
+//	Cancel        Router.Cancel; its CancelLegs on both queues
 //	Timeout       Receiver.Expire
 //	Cut           both ends fenced: Receiver.QueuePairFenced, Sender.Flushed
 //	Crash         the sender is dropped: it is never called again
@@ -48,22 +64,22 @@ import (
 // Source pages are compared by content, not by number: the spec's prefill
 // node takes the lowest free pages, the Sender's pool the most recently freed.
 type Refinement struct {
-	m    *spec.Model
-	cfg  spec.Config
-	s    spec.State
-	snd  *protocol.Sender
-	recv *protocol.Receiver
-	src  *mem
-	dst  *mem
-	size int
+	m      *spec.Model
+	cfg    spec.Config
+	s      spec.State
+	router *protocol.Router
+	snd    *protocol.Sender
+	recv   *protocol.Receiver
+	src    *mem
+	dst    *mem
+	size   int
 
 	crashed    bool
 	staged     []protocol.Op // emitted by the Sender, not yet on the wire
 	wire       []wireOp      // prefill→decode on the queue pair: the spec's QP
 	back       []protocol.Message
-	toPrefill  []spec.Msg
+	toPrefill  []spec.Msg // the router's messages, as the spec's
 	toDecode   []spec.Msg
-	client     [spec.MaxRequests]clientView
 	srcPages   [spec.MaxRequests][]uint32
 	granted    [spec.MaxRequests][]protocol.PageRef
 	readLabels [spec.MaxRequests][]string
@@ -85,11 +101,6 @@ type wireOp struct {
 	corrupt bool
 }
 
-type clientView struct {
-	o spec.Outcome
-	r spec.Reason
-}
-
 // ErrRefinement says the implementation and the spec parted ways.
 var ErrRefinement = errors.New("refinement mapping differs")
 
@@ -98,7 +109,11 @@ var ErrRefinement = errors.New("refinement mapping differs")
 // WithinBounds. It is a limit of the model, not a difference: the run ends.
 var ErrOutOfBounds = errors.New("the spec's queue bound was reached")
 
-const refPeer = protocol.PeerID(0)
+// The nodes' names: the Router's, and each end's for the other.
+const (
+	prefillPeer = protocol.PeerID(1)
+	decodePeer  = protocol.PeerID(2)
+)
 
 // id maps a spec request to the implementation's request ID.
 func id(r int) protocol.RequestID { return protocol.RequestID(r + 1) }
@@ -129,6 +144,17 @@ func NewRefinementWith(cfg spec.Config, bugs research.Switches) (*Refinement, er
 	for p := 0; p < cfg.DecodePages; p++ { // an earlier tenant's KV and tag record: pages are never zeroed
 		h.fill(h.dst.payload[p], tenant)
 		copy(h.dst.tags[p], protocol.Tag{Request: tenantID, Tokens: 1, Sum: checksum.Sum(h.dst.payload[p])}.Append(nil))
+	}
+	// Both nodes advertise what the spec's router trusts: ContextLimit tokens.
+	advertised := (cfg.ContextLimit + cfg.PageSize - 1) / cfg.PageSize
+	h.router = protocol.NewRouter(protocol.RouterConfig{Research: bugs})
+	for _, n := range []protocol.NodeInfo{
+		{ID: prefillPeer, Role: protocol.RolePrefill, ContextTokens: cfg.ContextLimit, PoolPages: advertised, PageTokens: cfg.PageSize},
+		{ID: decodePeer, Role: protocol.RoleDecode, ContextTokens: cfg.ContextLimit, PoolPages: advertised, PageTokens: cfg.PageSize},
+	} {
+		if err := h.router.AddNode(n); err != nil {
+			return nil, err
+		}
 	}
 	if h.snd, err = protocol.NewSender(protocol.SenderConfig{Pages: cfg.PrefillPages, PageTokens: cfg.PageSize,
 		MaxInFlight: cfg.MaxInFlight, Memory: h.src, Research: bugs}); err != nil {
@@ -332,15 +358,8 @@ func (h *Refinement) apply(a spec.Action, popped *int) error {
 	r := int(a.Req)
 	switch a.Kind {
 	case spec.Submit:
-		t := h.cfg.Prompts[r]
-		switch {
-		case t > h.cfg.ContextLimit:
-			h.report(r, spec.Rejected, spec.OverLimit)
-		case h.s.CrashDetected:
-			h.report(r, spec.Failed, spec.PeerFailed)
-		case !h.crashed:
-			h.toPrefill = append(h.toPrefill, spec.Msg{Kind: spec.MPrefill, Req: int8(r)})
-		}
+		h.router.Submit(id(r), h.cfg.Prompts[r], time.Unix(0, 0)) // a refusal is the request's state at the router
+		h.routerEffects(a, false)
 	case spec.PrefillRecv:
 		msg := h.toPrefill[0]
 		h.toPrefill = h.toPrefill[1:]
@@ -348,11 +367,13 @@ func (h *Refinement) apply(a spec.Action, popped *int) error {
 			h.snd.Cancel(id(int(msg.Req)))
 			break
 		}
-		h.intake(int(msg.Req))
+		if err := h.intake(int(msg.Req)); err != nil {
+			return fmt.Errorf("%w after %v: %v", ErrRefinement, a, err)
+		}
 	case spec.PrefillRecvQP:
 		msg := h.back[0]
 		h.back = h.back[1:]
-		if err := h.snd.Step(refPeer, msg); err != nil && !errors.Is(err, protocol.ErrUnknownRequest) {
+		if err := h.snd.Step(decodePeer, msg); err != nil && !errors.Is(err, protocol.ErrUnknownRequest) {
 			return fmt.Errorf("%w after %v: the sender refused %s: %v", ErrRefinement, a, msg.Type(), err)
 		}
 	case spec.PostWrite:
@@ -373,27 +394,26 @@ func (h *Refinement) apply(a spec.Action, popped *int) error {
 		if msg.Kind == spec.MAbort {
 			h.recv.Cancel(id(int(msg.Req)))
 		} else {
-			h.recv.PeerFailed(refPeer)
+			h.recv.PeerFailed(prefillPeer)
 		}
 	case spec.DecodeRead:
 		if err := h.read(r); err != nil {
 			return fmt.Errorf("%w after %v: %v", ErrRefinement, a, err)
 		}
 	case spec.DetectCrash:
-		for q := range h.cfg.Prompts {
-			if h.s.Req[q].Submitted {
-				h.report(q, spec.Failed, spec.PeerFailed)
-			}
+		if err := h.router.NodeLost(prefillPeer); err != nil {
+			return fmt.Errorf("%w after %v: %v", ErrRefinement, a, err)
 		}
-		if !h.cfg.Bugs.Has(spec.NoPeerCancel) {
-			h.toDecode = append(h.toDecode, spec.Msg{Kind: spec.MPeerFailed, Req: -1})
+		if err := h.routerEffects(a, false); err != nil {
+			return err
 		}
 	case spec.Cancel:
-		h.report(r, spec.Cancelled, spec.ClientCancelled)
-		if !h.crashed {
-			h.toPrefill = append(h.toPrefill, spec.Msg{Kind: spec.MAbort, Req: a.Req})
+		if err := h.router.Cancel(id(r)); err != nil {
+			return fmt.Errorf("%w after %v: the router refused it: %v", ErrRefinement, a, err)
 		}
-		h.toDecode = append(h.toDecode, spec.Msg{Kind: spec.MAbort, Req: a.Req})
+		if err := h.routerEffects(a, true); err != nil {
+			return err
+		}
 	case spec.Crash:
 		h.crashed = true
 		h.staged, h.back, h.toPrefill = nil, nil, nil
@@ -404,26 +424,58 @@ func (h *Refinement) apply(a spec.Action, popped *int) error {
 	case spec.Cut:
 		h.cut()
 	}
-	h.collect()
-	return nil
+	return h.collect(a)
+}
+
+// routerEffects carries the router's effects: its messages onto the queues
+// to the nodes (a crashed node's are dropped, as the spec drops them).
+// Cancels count as the spec's Aborts only after a client's Cancel (client
+// set); any other is the Router's second path on a failed leg, checked and
+// not delivered (see Refinement).
+func (h *Refinement) routerEffects(a spec.Action, client bool) error {
+	e := h.router.Effects()
+	for _, d := range e.Dispatches {
+		if d.Prefill != prefillPeer || d.Decode != decodePeer {
+			return fmt.Errorf("%w after %v: the router dispatched r%d to nodes %d and %d", ErrRefinement, a, int(d.Request)-1, d.Prefill, d.Decode)
+		}
+		if !h.crashed {
+			h.toPrefill = append(h.toPrefill, spec.Msg{Kind: spec.MPrefill, Req: int8(d.Request - 1)})
+		}
+	}
+	for _, c := range e.Cancels {
+		msg := spec.Msg{Kind: spec.MAbort, Req: int8(c.Request - 1)}
+		switch {
+		case !client:
+			if st := h.router.Request(c.Request); st.Status == protocol.RouteRunning || st.Err == nil {
+				return fmt.Errorf("%w after %v: the router cancelled a leg of r%d, which has not failed (%v)", ErrRefinement, a, msg.Req, st.Status)
+			}
+		case c.Node == decodePeer:
+			h.toDecode = append(h.toDecode, msg)
+		case !h.crashed:
+			h.toPrefill = append(h.toPrefill, msg)
+		}
+	}
+	for _, l := range e.PeerLost {
+		if l.Node != decodePeer || l.Peer != prefillPeer {
+			return fmt.Errorf("%w after %v: the router told node %d that %d is lost", ErrRefinement, a, l.Node, l.Peer)
+		}
+		h.toDecode = append(h.toDecode, spec.Msg{Kind: spec.MPeerFailed, Req: -1})
+	}
+	return nil // outcomes are the router's state, compared in the view
 }
 
 // intake is the prefill node taking request r: admission, the KV computed.
-func (h *Refinement) intake(r int) {
-	pages, err := h.snd.Submit(id(r), refPeer, h.cfg.Prompts[r])
-	switch {
-	case errors.Is(err, protocol.ErrRejected):
-		h.report(r, spec.Rejected, spec.OverLimit)
-		return
-	case err != nil:
-		h.report(r, spec.Failed, reasonOf(err))
-		return
+// Its refusal is its leg's outcome, relayed to the router.
+func (h *Refinement) intake(r int) error {
+	pages, err := h.snd.Submit(id(r), decodePeer, h.cfg.Prompts[r])
+	if err != nil {
+		return h.router.LegEnded(prefillPeer, id(r), err)
 	}
 	h.srcPages[r] = pages
 	for i, p := range pages {
 		h.fill(h.src.payload[p], spec.Label{Req: int8(r), Index: int8(i)})
 	}
-	h.snd.Computed(id(r))
+	return h.snd.Computed(id(r))
 }
 
 // release hands the Sender's next operation for msg's request to the wire:
@@ -486,7 +538,7 @@ func (h *Refinement) deliver() {
 		}
 		return
 	}
-	h.recv.Step(refPeer, w.op.Msg, time.Unix(0, 0)) // refusals come back as effects or are no-ops
+	h.recv.Step(prefillPeer, w.op.Msg, time.Unix(0, 0)) // refusals come back as effects or are no-ops
 }
 
 // read is decode attending over r's pages: Acquire, a check of every byte
@@ -506,22 +558,23 @@ func (h *Refinement) read(r int) error {
 // both ends learn.
 func (h *Refinement) cut() {
 	h.wire, h.back, h.staged = nil, nil, nil
-	h.recv.QueuePairFenced(refPeer)
+	h.recv.QueuePairFenced(prefillPeer)
 	if !h.crashed {
-		h.snd.Flushed(refPeer)
+		h.snd.Flushed(decodePeer)
 	}
 }
 
 // collect carries effects: the sender's operations into its backlog, the
-// receiver's messages onto decode→prefill, cuts, and outcomes.
-func (h *Refinement) collect() {
+// receiver's messages onto decode→prefill, cuts, and both nodes' outcomes
+// to the router, whose effects it then carries.
+func (h *Refinement) collect(a spec.Action) error {
 	for {
 		se := h.snd.Effects()
 		if !h.crashed {
 			h.staged = append(h.staged, se.Ops...)
 			for _, o := range se.Outcomes {
-				if o.Err != nil { // the sender finishing is not the client's success: decode decides that
-					h.outcome(o)
+				if err := h.router.LegEnded(prefillPeer, o.Request, o.Err); err != nil {
+					return fmt.Errorf("%w after %v: the router refused prefill's outcome for r%d: %v", ErrRefinement, a, int(o.Request)-1, err)
 				}
 			}
 		}
@@ -539,36 +592,35 @@ func (h *Refinement) collect() {
 			}
 		}
 		for _, o := range re.Outcomes {
-			if errors.Is(o.Err, protocol.ErrRejected) || errors.Is(o.Err, protocol.ErrNoCapacity) {
-				h.refused[int(o.Request)-1] = true
+			if err := h.router.LegEnded(decodePeer, o.Request, o.Err); err != nil {
+				return fmt.Errorf("%w after %v: the router refused decode's outcome for r%d: %v", ErrRefinement, a, int(o.Request)-1, err)
 			}
-			h.outcome(o)
+		}
+		if err := h.routerEffects(a, false); err != nil {
+			return err
 		}
 		if len(re.Cuts) == 0 {
-			return
+			return nil
 		}
 		h.cut()
 	}
 }
 
-func (h *Refinement) outcome(o protocol.Outcome) {
-	r := int(o.Request) - 1
+// clientView is a request's client-visible outcome at the router, in the
+// spec's terms.
+func (h *Refinement) clientView(r int) (spec.Outcome, spec.Reason) {
+	st := h.router.Request(id(r))
 	switch {
-	case o.Err == nil:
-		h.report(r, spec.OK, spec.NoReason)
-	case errors.Is(o.Err, protocol.ErrRejected):
-		h.report(r, spec.Rejected, reasonOf(o.Err))
-	case errors.Is(o.Err, protocol.ErrCancelled):
-		h.report(r, spec.Cancelled, spec.ClientCancelled)
-	default:
-		h.report(r, spec.Failed, reasonOf(o.Err))
+	case st.Status == protocol.RouteNone || st.Status == protocol.RouteRunning:
+		return spec.Pending, spec.NoReason
+	case st.Err == nil:
+		return spec.OK, spec.NoReason
+	case errors.Is(st.Err, protocol.ErrRejected):
+		return spec.Rejected, reasonOf(st.Err)
+	case errors.Is(st.Err, protocol.ErrCancelled):
+		return spec.Cancelled, spec.ClientCancelled
 	}
-}
-
-func (h *Refinement) report(r int, o spec.Outcome, why spec.Reason) {
-	if h.client[r].o == spec.Pending {
-		h.client[r] = clientView{o, why}
-	}
+	return spec.Failed, reasonOf(st.Err)
 }
 
 // reasonOf maps an implementation error to the spec's reason.
@@ -582,6 +634,7 @@ func reasonOf(err error) spec.Reason {
 		{protocol.ErrTagMismatch, spec.TagMismatch}, {protocol.ErrTagMalformed, spec.TagMismatch},
 		{protocol.ErrFenced, spec.TagMismatch}, {protocol.ErrChecksumMismatch, spec.ChecksumMismatch},
 		{protocol.ErrTimedOut, spec.TimedOut}, {protocol.ErrPeerFailed, spec.PeerFailed},
+		{protocol.ErrNoNode, spec.PeerFailed}, // the spec's router fails a request once its prefill node is lost
 		{protocol.ErrCancelled, spec.ClientCancelled},
 	} {
 		if errors.Is(err, m.err) {
@@ -645,7 +698,7 @@ func (h *Refinement) View() string {
 	var b strings.Builder
 	pool := h.recv.Pool()
 	for r := range h.cfg.Prompts {
-		c := h.client[r]
+		o, why := h.clientView(r)
 		sp := senderPhase[h.snd.Status(id(r))]
 		if h.crashed && sp != "finished" && sp != "aborted" && sp != "-" {
 			sp = "failed"
@@ -654,7 +707,7 @@ func (h *Refinement) View() string {
 		if rp == protocol.StatusNone || h.refused[r] && rp == protocol.StatusTombstone {
 			rp = "-" // never bootstrapped, or refused at intake (a later cancel leaves a tombstone)
 		}
-		fmt.Fprintf(&b, "r%d: %v %v | sender %s | receiver %s | grant", r, c.o, c.r, sp, rp)
+		fmt.Fprintf(&b, "r%d: %v %v | sender %s | receiver %s | grant", r, o, why, sp, rp)
 		if rp != "-" && rp != protocol.StatusTombstone {
 			for _, ref := range h.granted[r] {
 				fmt.Fprintf(&b, " %d@%d", ref.Page, ref.Epoch)
@@ -705,7 +758,21 @@ func (h *Refinement) View() string {
 		}
 		fmt.Fprintf(&b, " %v r%d", k, int(protocol.RequestOf(m))-1)
 	}
+	writeRouterQueues(&b, h.toPrefill, h.toDecode)
 	return b.String()
+}
+
+// writeRouterQueues is the view of the router's messages to each node.
+func writeRouterQueues(b *strings.Builder, toPrefill, toDecode []spec.Msg) {
+	for _, q := range []struct {
+		name string
+		msgs []spec.Msg
+	}{{"\nrouter to prefill:", toPrefill}, {"\nrouter to decode:", toDecode}} {
+		b.WriteString(q.name)
+		for _, m := range q.msgs {
+			fmt.Fprintf(b, " %v r%d", m.Kind, m.Req)
+		}
+	}
 }
 
 // SpecView is View for a spec state.
@@ -770,5 +837,6 @@ func SpecView(cfg spec.Config, s *spec.State) string {
 	for _, m := range s.QPBack.Items() {
 		fmt.Fprintf(&b, " %v r%d", m.Kind, m.Req)
 	}
+	writeRouterQueues(&b, s.ToPrefill.Items(), s.ToDecode.Items())
 	return b.String()
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/kvhandoff/kvhandoff/internal/research"
+	"github.com/kvhandoff/kvhandoff/protocol"
 	"github.com/kvhandoff/kvhandoff/spec"
 	"pgregory.net/rapid"
 )
@@ -305,5 +306,47 @@ func TestRefinementCatchesEverySwitch(t *testing.T) {
 				t.Logf("violated: %.200s", strings.SplitN(violated.Error(), "\n", 2)[0])
 			}
 		})
+	}
+}
+
+// The mapping holds the Router to the spec's router: a router that decides
+// differently (here: it believes a smaller context than the spec's router,
+// so it rejects a prompt the spec dispatches; or it drops a client's cancel
+// to decode) parts ways at once.
+func TestRefinementCatchesARouterThatDiffers(t *testing.T) {
+	cfg := spec.DefaultConfig()
+	longest := 0
+	for r, p := range cfg.Prompts {
+		if p <= cfg.ContextLimit && p > cfg.Prompts[longest] {
+			longest = r
+		}
+	}
+	h, err := NewRefinement(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.router.AddNode(protocol.NodeInfo{ID: prefillPeer, Role: protocol.RolePrefill,
+		ContextTokens: cfg.Prompts[longest] - 1, PoolPages: cfg.ContextLimit, PageTokens: cfg.PageSize}); err != nil {
+		t.Fatal(err)
+	}
+	err = h.Step(spec.Action{Kind: spec.Submit, Req: int8(longest)})
+	if !errors.Is(err, ErrRefinement) || !strings.Contains(err.Error(), "rejected") {
+		t.Fatalf("a router with a smaller context: %v, want the mapping to part ways on the rejection", err)
+	}
+
+	// Cancels go to both legs; a harness that lost one is caught by the queue view.
+	h, err = NewRefinement(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Step(spec.Action{Kind: spec.Submit, Req: 0}); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.router.Cancel(id(0)); err != nil {
+		t.Fatal(err)
+	}
+	h.router.Effects() // the router's cancels are lost on the way
+	if err := h.Step(spec.Action{Kind: spec.Cancel, Req: 0}); !errors.Is(err, ErrRefinement) || !strings.Contains(err.Error(), "router to decode") {
+		t.Fatalf("cancels lost: %v, want the mapping to part ways on the router's queue to decode", err)
 	}
 }

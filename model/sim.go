@@ -13,8 +13,9 @@ import (
 	"github.com/kvhandoff/kvhandoff/protocol/checksum"
 )
 
-// SimConfig is one simulated deployment: prefill nodes and one decode node
-// joined by in-memory queue pairs, a stream of requests, and faults.
+// SimConfig is one simulated deployment: a protocol.Router, prefill nodes and
+// one decode node joined by in-memory queue pairs, a stream of requests, and
+// faults.
 type SimConfig struct {
 	Seed         uint64
 	Requests     int     // requests in the run; 0 means 24
@@ -44,7 +45,7 @@ func (c *SimConfig) defaults() {
 	}
 }
 
-// Client-visible outcomes, as the router counts them.
+// Client-visible outcomes, as the router reports them.
 const (
 	OutcomeOK        = "ok"
 	OutcomeRejected  = "rejected"
@@ -107,7 +108,7 @@ func pattern(id protocol.RequestID, i, size int) []byte {
 
 type simReq struct {
 	id         protocol.RequestID
-	sender     int
+	sender     int // the prefill node the router chose; -1 before
 	tokens     int
 	submitted  bool
 	src        []uint32
@@ -118,33 +119,64 @@ type simReq struct {
 	read       bool // decode read it and checked its bytes
 }
 
-// routerMsg is a cancel on its way from the router to one leg.
+// routerMsg is a message from the router to a node: a dispatch (prefill
+// nodes), a cancel of one leg, or the news that a prefill node is lost
+// (decode). Each node's messages travel in order.
 type routerMsg struct {
-	id       protocol.RequestID
-	toSender bool
+	kind   routerMsgKind
+	id     protocol.RequestID
+	tokens int
+	peer   protocol.PeerID // dispatch: the decode node; peer lost: the lost node
 }
 
+type routerMsgKind uint8
+
+const (
+	msgDispatch routerMsgKind = iota
+	msgCancel
+	msgPeerLost
+)
+
+func (m routerMsg) String() string {
+	switch m.kind {
+	case msgDispatch:
+		return fmt.Sprintf("dispatch of r%d (%d tokens)", m.id, m.tokens)
+	case msgCancel:
+		return fmt.Sprintf("cancel of r%d", m.id)
+	}
+	return fmt.Sprintf("news that prefill %d is lost", m.peer)
+}
+
+// decodeID names the decode node; prefill node k is protocol.PeerID(k).
+const decodeID = protocol.PeerID(1000)
+
+// routerTimeout fails a request the router has had this long without an
+// outcome: past the decode node's timeout, so both paths are exercised.
+const routerTimeout = 90 * time.Second
+
 type world struct {
-	cfg      SimConfig
-	pick     func(n int) int // every choice the world makes: seeded, or drawn by rapid
-	now      time.Time
-	step     int
-	senders  []*protocol.Sender
-	src      []*mem
-	crashed  []bool
-	detected []bool
-	recv     *protocol.Receiver
-	dst      *mem
-	fwd      [][]protocol.Op   // per sender: posted on its queue pair, not yet placed or delivered
-	back     [][]protocol.Send // per sender: decode's messages to it
-	corrupt  map[uint64]bool   // WRITEs to corrupt in transit
-	router   []routerMsg
-	reqs     []*simReq
-	next     int // next request to submit
-	drainAt  int // the step from which no more faults happen
-	verified []protocol.RequestID
-	reading  []protocol.RequestID
-	res      *SimResult
+	cfg       SimConfig
+	pick      func(n int) int // every choice the world makes: seeded, or drawn by rapid
+	now       time.Time
+	step      int
+	senders   []*protocol.Sender
+	src       []*mem
+	crashed   []bool
+	detected  []bool
+	recv      *protocol.Receiver
+	dst       *mem
+	fwd       [][]protocol.Op   // per sender: posted on its queue pair, not yet placed or delivered
+	back      [][]protocol.Send // per sender: decode's messages to it
+	corrupt   map[uint64]bool   // WRITEs to corrupt in transit
+	router    *protocol.Router
+	toPrefill [][]routerMsg // per prefill node: the router's messages to it
+	toDecode  []routerMsg
+	reqs      []*simReq
+	next      int // next request to submit
+	drainAt   int // the step from which no more faults happen
+	verified  []protocol.RequestID
+	reading   []protocol.RequestID
+	res       *SimResult
 }
 
 // Simulate runs one seed: a random workload, interleaving and faults, with the
@@ -164,6 +196,9 @@ func Simulate(cfg SimConfig) *SimResult {
 			tokens[i] = 1 + rng.IntN(3*cfg.PageTokens)
 		case x < 18:
 			tokens[i] = 1 + rng.IntN(limit)
+		case x == 18 && rng.IntN(4) == 0:
+			// Over every pool: the router's own intake rejects it.
+			tokens[i] = cfg.DecodePages*cfg.PageTokens + 1 + rng.IntN(limit)
 		default:
 			tokens[i] = limit + 1 + rng.IntN(min(limit, cfg.DecodePages*cfg.PageTokens-limit))
 		}
@@ -178,7 +213,18 @@ func newWorld(cfg SimConfig, tokens []int, pick func(int) int) *world {
 	w := &world{cfg: cfg, pick: pick, now: time.Unix(1_000_000, 0),
 		corrupt: map[uint64]bool{},
 		res:     &SimResult{Seed: cfg.Seed, Requests: len(tokens), Outcomes: map[string]int{}, FailedBy: map[string]int{}}}
+	w.router = protocol.NewRouter(protocol.RouterConfig{Timeout: routerTimeout, Research: cfg.Bugs})
+	must := func(err error) {
+		if err != nil {
+			panic(err) // the defaults are valid; a bad config is a programming error here
+		}
+	}
 	for k := 0; k < cfg.Senders; k++ {
+		// Each prefill node advertises decode's pool, not its own, as the
+		// incident's did: so the router lets over-long prompts through and
+		// each node's own intake is exercised.
+		must(w.router.AddNode(protocol.NodeInfo{ID: protocol.PeerID(k), Role: protocol.RolePrefill,
+			PoolPages: cfg.DecodePages, PageTokens: cfg.PageTokens}))
 		m := newMem(cfg.PrefillPages, cfg.PageBytes, false)
 		s, err := protocol.NewSender(protocol.SenderConfig{Pages: cfg.PrefillPages, PageTokens: cfg.PageTokens, MaxInFlight: 2, Memory: m, Research: cfg.Bugs})
 		if err != nil {
@@ -186,6 +232,8 @@ func newWorld(cfg SimConfig, tokens []int, pick func(int) int) *world {
 		}
 		w.senders, w.src = append(w.senders, s), append(w.src, m)
 	}
+	must(w.router.AddNode(protocol.NodeInfo{ID: decodeID, Role: protocol.RoleDecode, PoolPages: cfg.DecodePages, PageTokens: cfg.PageTokens}))
+	w.toPrefill = make([][]routerMsg, cfg.Senders)
 	w.crashed, w.detected = make([]bool, cfg.Senders), make([]bool, cfg.Senders)
 	w.fwd, w.back = make([][]protocol.Op, cfg.Senders), make([][]protocol.Send, cfg.Senders)
 	w.dst = newMem(cfg.DecodePages, cfg.PageBytes, true)
@@ -197,7 +245,7 @@ func newWorld(cfg SimConfig, tokens []int, pick func(int) int) *world {
 		panic(err)
 	}
 	for i, t := range tokens {
-		w.reqs = append(w.reqs, &simReq{id: protocol.RequestID(i + 1), tokens: t})
+		w.reqs = append(w.reqs, &simReq{id: protocol.RequestID(i + 1), tokens: t, sender: -1})
 	}
 	return w
 }
@@ -256,7 +304,7 @@ func (w *world) events(draining bool) (proto, faults []event) {
 	for _, q := range w.reqs {
 		// An engine computes only while the request is live on its node: once
 		// the sender reported an outcome, its source pages may be someone else's.
-		if q.submitted && !q.computed && q.src != nil && !q.sOut && !w.crashed[q.sender] {
+		if q.src != nil && !q.computed && !q.sOut && !w.crashed[q.sender] {
 			add(&proto, fmt.Sprintf("compute: prefill %d computes r%d", q.sender, q.id), func() { w.compute(q) })
 		}
 	}
@@ -276,6 +324,9 @@ func (w *world) events(draining bool) (proto, faults []event) {
 		if w.crashed[k] && !w.detected[k] {
 			add(&proto, fmt.Sprintf("detect: the router finds prefill %d gone", k), func() { w.detect(k) })
 		}
+		if len(w.toPrefill[k]) > 0 && !w.crashed[k] {
+			add(&proto, fmt.Sprintf("router: prefill %d receives the router's %v", k, w.toPrefill[k][0]), func() { w.deliverRouter(k) })
+		}
 		if !draining && !w.crashed[k] && (len(w.fwd[k]) > 0 || len(w.back[k]) > 0) {
 			add(&faults, fmt.Sprintf("cut: FAULT queue pair %d breaks", k), func() { w.cut(k) })
 		}
@@ -283,13 +334,8 @@ func (w *world) events(draining bool) (proto, faults []event) {
 			add(&faults, fmt.Sprintf("crash: FAULT prefill %d crashes", k), func() { w.crash(k) })
 		}
 	}
-	if len(w.router) > 0 {
-		m := w.router[0]
-		leg := "decode"
-		if m.toSender {
-			leg = "prefill"
-		}
-		add(&proto, fmt.Sprintf("router: %s receives the router's cancel of r%d", leg, m.id), func() { w.deliverRouter() })
+	if len(w.toDecode) > 0 {
+		add(&proto, fmt.Sprintf("router: decode receives the router's %v", w.toDecode[0]), func() { w.deliverRouter(-1) })
 	}
 	if len(w.verified) > 0 {
 		add(&proto, fmt.Sprintf("acquire: decode acquires r%d", w.verified[0]), func() { w.acquire() })
@@ -306,6 +352,7 @@ func (w *world) events(draining bool) (proto, faults []event) {
 		add(&faults, "timeout: FAULT time jumps past every timeout", func() {
 			w.now = w.now.Add(time.Minute)
 			w.recv.Tick(w.now)
+			w.router.Tick(w.now)
 		})
 	}
 	return proto, faults
@@ -320,32 +367,35 @@ func describe(op protocol.Op) string {
 
 func (w *world) req(id protocol.RequestID) *simReq { return w.reqs[id-1] }
 
-// decide records the client's outcome: the first one stands.
-func (w *world) decide(q *simReq, outcome string) {
-	w.decideBy(q, outcome, nil)
-}
-
-// decideBy is decide with the error that decided it, counted for failures.
-func (w *world) decideBy(q *simReq, outcome string, err error) {
+// decide records the client's outcome, which the router reports: exactly
+// once per request.
+func (w *world) decide(q *simReq, err error) {
 	if q.client != "" {
+		w.violate("OneOutcome", "the router reported r%d twice: %s, then %v", q.id, q.client, err)
 		return
 	}
-	q.client = outcome
-	if outcome == OutcomeFailed {
+	q.client = OutcomeOK
+	if err != nil {
+		q.client = clientOutcome(err)
+	}
+	switch {
+	case q.client == OutcomeFailed:
 		w.res.FailedBy[failReason(err)]++
+	case q.client == OutcomeOK && !q.read:
+		w.violate("HonestOutcome", "the router reported r%d ok without a checked read", q.id)
 	}
 }
 
 // failReason names the protocol error behind a failure.
 func failReason(err error) string {
+	if errors.Is(err, protocol.ErrNodeLost) || errors.Is(err, protocol.ErrNoNode) {
+		return "prefill node lost"
+	}
 	for _, e := range []error{protocol.ErrNoCapacity, protocol.ErrTimedOut, protocol.ErrPeerFailed, protocol.ErrTokenMismatch,
 		protocol.ErrTagMismatch, protocol.ErrTagMalformed, protocol.ErrChecksumMismatch, protocol.ErrFenced} {
 		if errors.Is(err, e) {
 			return strings.TrimPrefix(e.Error(), "protocol: ")
 		}
-	}
-	if err == nil {
-		return "prefill node lost"
 	}
 	return "other"
 }
@@ -353,30 +403,37 @@ func failReason(err error) string {
 func (w *world) submit(q *simReq) {
 	w.next++
 	q.submitted = true
-	var live []int
-	for k := range w.senders {
-		if !w.crashed[k] {
-			live = append(live, k)
-		}
-	}
-	q.sender = live[w.pick(len(live))]
 	if w.next == len(w.reqs) {
 		w.drainAt = w.step + w.pick(100) // faults stop at a random point after the last request
 	}
-	src, err := w.senders[q.sender].Submit(q.id, protocol.PeerID(q.sender), q.tokens)
+	_, err := w.router.Submit(q.id, q.tokens, w.now)
 	switch {
-	case err == nil:
-		q.src = src
+	case err == nil: // the dispatch travels with the router's effects
 	case errors.Is(err, protocol.ErrRejected):
-		q.sOut = true
-		w.decide(q, OutcomeRejected)
-		if q.tokens <= w.cfg.PrefillPages*w.cfg.PageTokens {
-			w.violate("HonestOutcome", "r%d of %d tokens rejected although it fits: %v", q.id, q.tokens, err)
+		w.decide(q, err)
+		if q.tokens <= w.router.Limit() {
+			w.violate("HonestOutcome", "the router rejected r%d of %d tokens although the deployment takes %d: %v", q.id, q.tokens, w.router.Limit(), err)
 		}
-	default: // the prefill pool is busy: an explicit failure
-		q.sOut = true
-		w.decideBy(q, OutcomeFailed, err)
+	default: // every prefill node is lost: an explicit failure
+		w.decide(q, err)
 	}
+}
+
+// intake is prefill node k taking a dispatch from the router.
+func (w *world) intake(k int, m routerMsg) {
+	q := w.req(m.id)
+	q.sender = k
+	src, err := w.senders[k].Submit(q.id, m.peer, m.tokens)
+	if err != nil {
+		// The node's own intake refused it: rejected for good, or its pool is busy.
+		q.sOut = true
+		if errors.Is(err, protocol.ErrRejected) && q.tokens <= w.cfg.PrefillPages*w.cfg.PageTokens {
+			w.violate("HonestOutcome", "prefill %d rejected r%d of %d tokens although it fits: %v", k, q.id, q.tokens, err)
+		}
+		w.legEnded(protocol.PeerID(k), q.id, err)
+		return
+	}
+	q.src = src
 }
 
 func (w *world) compute(q *simReq) {
@@ -421,31 +478,38 @@ func (w *world) deliver(k int) {
 func (w *world) deliverBack(k int) {
 	m := w.back[k][0].Msg
 	w.back[k] = w.back[k][1:]
-	if err := w.senders[k].Step(protocol.PeerID(k), m); err != nil {
+	if err := w.senders[k].Step(decodeID, m); err != nil {
 		w.violate("NoProtocolError", "prefill %d refused %s r%d: %v", k, m.Type(), protocol.RequestOf(m), err)
 	}
 }
 
-func (w *world) deliverRouter() {
-	m := w.router[0]
-	w.router = w.router[1:]
-	q := w.req(m.id)
-	if m.toSender {
-		if !w.crashed[q.sender] {
-			w.senders[q.sender].Cancel(m.id)
+// deliverRouter hands the head of the router's messages to prefill node k,
+// or to decode for k < 0.
+func (w *world) deliverRouter(k int) {
+	var m routerMsg
+	if k < 0 {
+		m, w.toDecode = w.toDecode[0], w.toDecode[1:]
+		switch m.kind {
+		case msgCancel:
+			w.recv.Cancel(m.id)
+		case msgPeerLost:
+			w.recv.PeerFailed(m.peer)
 		}
 		return
 	}
-	w.recv.Cancel(m.id)
+	m, w.toPrefill[k] = w.toPrefill[k][0], w.toPrefill[k][1:]
+	switch m.kind {
+	case msgDispatch:
+		w.intake(k, m)
+	case msgCancel:
+		w.senders[k].Cancel(m.id)
+	}
 }
 
+// cancel is the client going away.
 func (w *world) cancel(q *simReq) {
-	w.decide(q, OutcomeCancelled)
-	// Two messages from the router, which may arrive in either order.
-	if w.pick(2) == 0 {
-		w.router = append(w.router, routerMsg{q.id, true}, routerMsg{q.id, false})
-	} else {
-		w.router = append(w.router, routerMsg{q.id, false}, routerMsg{q.id, true})
+	if err := w.router.Cancel(q.id); err != nil {
+		w.violate("NoProtocolError", "the router refused the cancel of r%d: %v", q.id, err)
 	}
 }
 
@@ -483,33 +547,40 @@ func (w *world) cut(k int) {
 	w.fwd[k], w.back[k] = nil, nil
 	w.recv.QueuePairFenced(protocol.PeerID(k))
 	if !w.crashed[k] {
-		w.senders[k].Flushed(protocol.PeerID(k))
+		w.senders[k].Flushed(decodeID)
 	}
 }
 
 func (w *world) crash(k int) {
 	w.crashed[k] = true
 	w.back[k] = nil // what the dead node's WRITEs and SENDs put on the wire can still land
+	w.toPrefill[k] = nil
 	for _, q := range w.reqs {
-		if q.submitted && q.sender == k && !q.sOut {
+		if q.sender == k && !q.sOut {
 			q.sOut = true // the node is gone: it will never report
 		}
 	}
 }
 
-// detect: the router notices the dead node, fails what it dispatched there, and
-// tells decode, which asks for the cut.
+// detect: the registry's lease on the dead node expires, and the router
+// hears of it: it fails what it dispatched there and tells decode, which
+// asks for the cut.
 func (w *world) detect(k int) {
 	w.detected[k] = true
-	for _, q := range w.reqs {
-		if q.submitted && q.sender == k {
-			w.decide(q, OutcomeFailed)
-		}
+	if err := w.router.NodeLost(protocol.PeerID(k)); err != nil {
+		w.violate("NoProtocolError", "NodeLost(%d): %v", k, err)
 	}
-	w.recv.PeerFailed(protocol.PeerID(k))
 }
 
-// collect carries both nodes' effects onto the wires and records outcomes.
+// legEnded relays a node's outcome to the router.
+func (w *world) legEnded(node protocol.PeerID, id protocol.RequestID, err error) {
+	if rerr := w.router.LegEnded(node, id, err); rerr != nil {
+		w.violate("NoProtocolError", "the router refused node %d's outcome for r%d: %v", node, id, rerr)
+	}
+}
+
+// collect carries the nodes' effects onto the wires and their outcomes to
+// the router, and the router's effects to the nodes and the clients.
 func (w *world) collect() {
 	for k, s := range w.senders {
 		e := s.Effects()
@@ -523,9 +594,7 @@ func (w *world) collect() {
 				w.violate("OneOutcome", "prefill %d reported r%d twice", k, o.Request)
 			}
 			q.sOut = true
-			if o.Err != nil {
-				w.decideBy(q, clientOutcome(o.Err), o.Err)
-			}
+			w.legEnded(protocol.PeerID(k), o.Request, o.Err)
 		}
 	}
 	e := w.recv.Effects()
@@ -547,18 +616,37 @@ func (w *world) collect() {
 			w.violate("OneOutcome", "decode reported r%d twice", o.Request)
 		}
 		q.rOut = true
-		switch {
-		case o.Err != nil:
-			w.decideBy(q, clientOutcome(o.Err), o.Err)
-		case !q.read:
+		if o.Err == nil && !q.read {
 			w.violate("HonestOutcome", "decode reported r%d ok without a checked read", o.Request)
-		default:
-			w.decide(q, OutcomeOK)
 		}
+		w.legEnded(decodeID, o.Request, o.Err)
+	}
+	re := w.router.Effects()
+	for _, d := range re.Dispatches {
+		if k := int(d.Prefill); !w.crashed[k] { // a crashed node drops what it is sent
+			w.toPrefill[k] = append(w.toPrefill[k], routerMsg{kind: msgDispatch, id: d.Request, tokens: d.Tokens, peer: d.Decode})
+		}
+	}
+	for _, c := range re.Cancels {
+		m := routerMsg{kind: msgCancel, id: c.Request}
+		if c.Node == decodeID {
+			w.toDecode = append(w.toDecode, m)
+		} else if k := int(c.Node); !w.crashed[k] {
+			w.toPrefill[k] = append(w.toPrefill[k], m)
+		}
+	}
+	for _, l := range re.PeerLost {
+		w.toDecode = append(w.toDecode, routerMsg{kind: msgPeerLost, peer: l.Peer})
+	}
+	for _, o := range re.Outcomes {
+		w.decide(w.req(o.Request), o.Err)
 	}
 	for _, k := range e.Cuts {
 		w.cut(int(k))
 		w.collect()
+	}
+	if len(re.Dispatches)+len(re.Cancels)+len(re.PeerLost)+len(re.Outcomes) > 0 {
+		w.collect() // the router's decisions may have made more
 	}
 }
 
@@ -615,6 +703,11 @@ func (w *world) finish() {
 		}
 	}
 	w.res.PagesLeaked = leaked
+	for _, n := range w.router.Nodes() {
+		if n.Requests > 0 {
+			w.violate("Termination", "the router still counts %d requests on node %d: their outcomes never reached it", n.Requests, n.Info.ID)
+		}
+	}
 	if leaked > 0 {
 		w.violate("NoLeak", "%d pages still held at quiescence", leaked)
 	}

@@ -203,6 +203,10 @@ const (
 	legOpen     legState = iota
 	legReported          // the node reported its outcome
 	legLost              // the node was lost: it will never report
+	// legCancelled: the router cancelled it. The node may never report (a
+	// Receiver cancelled before the Bootstrap came keeps only a tombstone),
+	// so the leg ends here; a report that still comes is expected.
+	legCancelled
 )
 
 type route struct {
@@ -281,7 +285,8 @@ func (r *Router) AddNode(info NodeInfo) error {
 }
 
 // NodeLost says a node is gone (its registry lease expired, or it stopped
-// answering): every request on it fails (ErrPeerFailed with ErrNodeLost),
+// answering): every request dispatched to it that has no outcome yet fails
+// (ErrPeerFailed with ErrNodeLost),
 // the other leg of each is cancelled, and each decode node is told, so that
 // it cuts its queue pair to a lost prefill node. The node's advertisement
 // still counts for intake limits, until RemoveNode or AddNode.
@@ -295,9 +300,14 @@ func (r *Router) NodeLost(id PeerID) error {
 	}
 	n.lost = true
 	why := fmt.Errorf("%w: %w: %v node %d", ErrPeerFailed, ErrNodeLost, n.info.Role, id)
-	for _, rid := range slices.Sorted(maps.Keys(n.requests)) {
+	// Every request dispatched to it and still without an outcome fails,
+	// even one whose leg there has ended: the spec's router fails them all.
+	for _, rid := range slices.Sorted(maps.Keys(r.reqs)) {
 		q := r.reqs[rid]
-		if n.info.Role == RolePrefill {
+		if q.status == RouteRefused || q.prefill != id && q.decode != id {
+			continue
+		}
+		if q.prefill == id {
 			r.endLeg(q, rid, RolePrefill, legLost)
 		} else {
 			r.endLeg(q, rid, RoleDecode, legLost)
@@ -430,8 +440,14 @@ func (r *Router) choose(role Role, tokens int) (*routerNode, error) {
 // the client's success; prefill's success only ends its leg. A failure
 // decides the client's outcome (if nothing did before) and cancels the other
 // leg. A report for an unknown request, from a node the request is not on,
-// or a second one, returns an error and changes nothing; one from a node
-// already declared lost is expected and ignored.
+// or a second one, returns an error and changes nothing; one for a leg the
+// router cancelled, or from a node declared lost, is expected and ignored.
+//
+// A leg ends when its node reports, when the router cancels it, or when its
+// node is lost: a node need not report on a request it never saw, so the
+// router's count of pages in use on a node is an estimate (a cancelled
+// leg's pages may stay quarantined there a while); the node's own intake is
+// the authority.
 func (r *Router) LegEnded(node PeerID, id RequestID, err error) error {
 	q := r.reqs[id]
 	if q == nil || q.status == RouteRefused {
@@ -448,7 +464,7 @@ func (r *Router) LegEnded(node PeerID, id RequestID, err error) error {
 		return fmt.Errorf("%w: request %d is on nodes %d and %d, not %d", ErrWrongPeer, id, q.prefill, q.decode, node)
 	}
 	switch leg {
-	case legLost:
+	case legLost, legCancelled:
 		return nil
 	case legReported:
 		return fmt.Errorf("%w: a second outcome from node %d for request %d", ErrDuplicate, node, id)
@@ -500,9 +516,11 @@ func (r *Router) decide(id RequestID, q *route, err error) {
 func (r *Router) cancelOpenLegs(id RequestID, q *route) {
 	if q.pLeg == legOpen {
 		r.effects.Cancels = append(r.effects.Cancels, CancelLeg{Node: q.prefill, Request: id})
+		r.endLeg(q, id, RolePrefill, legCancelled)
 	}
 	if q.dLeg == legOpen {
 		r.effects.Cancels = append(r.effects.Cancels, CancelLeg{Node: q.decode, Request: id})
+		r.endLeg(q, id, RoleDecode, legCancelled)
 	}
 }
 
@@ -535,11 +553,13 @@ func (r *Router) Cancel(id RequestID) error {
 	}
 	q.status, q.err = RouteDecided, fmt.Errorf("%w: the client went away", ErrCancelled)
 	r.effects.Outcomes = append(r.effects.Outcomes, Outcome{Request: id, Err: q.err})
-	if n := r.nodes[q.prefill]; n != nil && !n.lost {
+	if q.pLeg != legLost {
 		r.effects.Cancels = append(r.effects.Cancels, CancelLeg{Node: q.prefill, Request: id})
+		r.endLeg(q, id, RolePrefill, legCancelled)
 	}
-	if n := r.nodes[q.decode]; n != nil && !n.lost {
+	if q.dLeg != legLost {
 		r.effects.Cancels = append(r.effects.Cancels, CancelLeg{Node: q.decode, Request: id})
+		r.endLeg(q, id, RoleDecode, legCancelled)
 	}
 	r.settle(id, q)
 	return nil
