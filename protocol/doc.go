@@ -52,13 +52,30 @@
 // second Done, a message from the wrong peer) return an error and change
 // nothing; late and duplicate fences are expected and ignored.
 //
-// The rules it keeps (docs/protocol.md): a rejected request is never
-// bootstrapped; a grant is admitted only if it matches the sender's own view;
-// the source pages stay held until every WRITE that reads them has completed;
-// Done follows the WRITEs on the same queue pair and is verified against the
-// reservation, every tag record and every checksum; pages whose writer may
-// still write stay quarantined until its fence (Done, AbortAck, or a cut); every
-// read checks the page's epoch; a request's outcome is final.
+// # Rule index
+//
+// Each rule of the protocol, numbered as in docs/protocol.md ("Rule index",
+// which also names the spec function that states it), with the functions that
+// keep it and the tests that check it. Comments here cite these numbers.
+//
+//  1. Router intake: Router.Submit, NodeInfo.Limit; TestRouterIntakeRejectsOverEachNodesLimit, TestRouterDispatchesOnlyToNodesThatFit
+//  2. Prefill intake: Sender.Submit; TestRejectedAtIntakeIsNeverBootstrapped, TestSenderIntakeRefusesMorePagesThanAGrantCarries
+//  3. Decode intake and reserve: Receiver.bootstrap, Pool.Allocate; TestReceiverRejectsWhatItsPoolCannotHoldAndStopsTheSender, TestReceiverIntakeRefusesMorePagesThanAGrantCarries, TestRefusedBootstrapsLeaveNoRecord, TestAllocationAdvancesEveryEpoch, TestAllocationIsAllOrNothing
+//  4. Admit: Sender.admit; TestGrantForUnknownRequestIsAnsweredWithAbortAck, TestGrantNamingAPageTwiceIsRefused
+//  5. Write: Sender.post, Sender.settle; TestSourcePagesHeldUntilWritesComplete, TestFailedWriteStopsPostingAndFailsTheRequest
+//  6. Done behind the WRITEs: Sender.sendDone; TestHandoffDeliversVerifiedBytes, TestDoneBeforeGrantIsRefused
+//  7. Verify: Receiver.done, Receiver.verify, VerifyPage; TestTokenMismatchFailsVerification, TestStaleEpochFailsVerification, TestCorruptPayloadFailsByChecksum, TestVerifyPageRejectsForeignStaleOrMisplacedRecords
+//  8. Read-time check: Receiver.Acquire, Pool.Check, Receiver.Finish; TestReadCheckFailsOnceThePageChangedHands, TestHandoffDeliversVerifiedBytes
+//  9. One outcome: Router.decide, Receiver.finish, Sender.finish; TestRouterFirstOutcomeWins, TestRouterOneOutcomePerRequestAtScale, TestDuplicateDoneIsRefused, TestLateDoneAfterAbortIsOnlyAFence
+//  10. Client cancel: Router.Cancel, Sender.Cancel, Receiver.Cancel; TestRouterCancelsBothLegsOnClientDisconnect, TestCancelBeforeBootstrapLeavesATombstone
+//  11. Quarantine until the fence: Receiver.abort, Receiver.fence, Pool.Quarantine; TestCancelDuringWritesQuarantinesUntilAbortAck, TestQuarantinedPagesAreNotReusedUntilReleased, TestTimeoutThenLatePlacementLandsOnlyInQuarantine
+//  12. Timeouts are faults: Receiver.Tick, Receiver.Expire, Router.Tick; TestTimersFireOnceAtTheirDeadlines, TestExpireTimesOutOnlyThatRequest, TestRouterTimeoutFailsAndCancelsBothLegs
+//  13. Queue-pair cut: Receiver.QueuePairFenced, Sender.Flushed; TestPeerFailureIsFencedByACut
+//  14. Lost node: Router.NodeLost, Receiver.PeerFailed; TestRouterNodeLostFailsEveryLegOnIt, TestRouterDecodeLostCancelsPrefillLegs, TestPeerFailureIsFencedByACut
+//  15. Peer cancel: Receiver.tellSender, Router.cancelOpenLegs; TestRouterCancelsOtherLegOnFailedLeg, TestReceiverRejectsWhatItsPoolCannotHoldAndStopsTheSender
+//  16. Idempotent fences: Pool.Release, Receiver.fence; TestReleaseIsIdempotent, TestLateReleaseNeverFreesTheNextOwnersPage, TestQuarantineIgnoresPagesNoLongerHeld
+//  17. Defensive decoding: DecodeMessage, validate, Receiver.lookup; TestDecoderRejectsBrokenFramesWithTypedErrors, TestMalformedMessagesAreRefusedWithoutEffect, TestWrongDirectionMessagesAreRefused, TestTypedNilMessagesAreRefused, TestRouterRefusesBadReports
+//  18. Bounded records: Receiver.Tick, Sender.Tick, Router.Tick; TestEndedRecordsAreForgottenAfterTheHorizon, TestRecordsAtWorkAreNeverForgotten, TestSenderForgetsEndedRecordsAfterTheHorizon, TestRouterHorizonForgetsEndedRecords
 //
 // # Encodings
 //
@@ -86,8 +103,4 @@
 // or construct such a value, not even by an untyped constant from a config file,
 // and gets every defense on. TestEachSwitchBreaksAProperty stages each switch
 // the way the spec's defense matrix exposes it and shows the property it breaks.
-//
-// Still to come (issue 3): the check against the executable spec with a
-// refinement mapping (package model), the seeded simulation (kvhandoff sim),
-// datadriven scenario files and the handoff benchmarks.
 package protocol

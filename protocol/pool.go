@@ -36,7 +36,7 @@ type page struct {
 	owner RequestID
 }
 
-// Pool is a decode node's page pool (design.md §3). Every page is free, owned by
+// Pool is a decode node's page pool (docs/protocol.md rules 11 and 16). Every page is free, owned by
 // one request at one epoch, or quarantined for one request until that request's
 // writer is fenced. Allocation advances each page's epoch, so a PageRef names
 // one tenancy; every operation on a page names the tenancy it means and touches
@@ -121,7 +121,7 @@ func (p *Pool) Release(owner RequestID, refs []PageRef) int {
 	return n
 }
 
-// Check is the read-time check (design.md §3 step 7): owner may read ref's page
+// Check is the read-time check (docs/protocol.md rule 8): owner may read ref's page
 // only while it still owns it at the epoch it was granted. Quarantined pages
 // are not readable either.
 func (p *Pool) Check(owner RequestID, ref PageRef) error {

@@ -211,7 +211,7 @@ func (r *Receiver) lookup(peer PeerID, id RequestID) (*recvRequest, error) {
 	return q, nil
 }
 
-// bootstrap is decode's intake and reservation (steps 1-2).
+// bootstrap is decode's intake and reservation (docs/protocol.md rule 3).
 func (r *Receiver) bootstrap(peer PeerID, m *Bootstrap, now time.Time) error {
 	id := m.Request
 	if q := r.reqs[id]; q != nil {
@@ -259,7 +259,7 @@ func (r *Receiver) bootstrap(peer PeerID, m *Bootstrap, now time.Time) error {
 	return nil
 }
 
-// done handles Done (step 6). Reliable-connected ordering puts it behind every
+// done handles Done (rule 7). Reliable-connected ordering puts it behind every
 // WRITE of the request, so it is also the sender's fence.
 func (r *Receiver) done(peer PeerID, m *Done) error {
 	id := m.Request

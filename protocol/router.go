@@ -285,7 +285,7 @@ func (r *Router) AddNode(info NodeInfo) error {
 }
 
 // NodeLost says a node is gone (its registry lease expired, or it stopped
-// answering): every request dispatched to it that has no outcome yet fails
+// answering; docs/protocol.md rule 14): every request dispatched to it that has no outcome yet fails
 // (ErrPeerFailed with ErrNodeLost),
 // the other leg of each is cancelled, and each decode node is told, so that
 // it cuts its queue pair to a lost prefill node. The node's advertisement
@@ -388,7 +388,7 @@ func (r *Router) Submit(id RequestID, tokens int, now time.Time) (Dispatch, erro
 		return Dispatch{}, r.refuse(id, tokens, err)
 	}
 	q := &route{tokens: tokens, prefill: pre.info.ID, decode: dec.info.ID, status: RouteRunning,
-		pPages: pagesOf(tokens, pre.info.PageTokens), dPages: pagesOf(tokens, dec.info.PageTokens)}
+		pPages: PagesFor(uint32(tokens), pre.info.PageTokens), dPages: PagesFor(uint32(tokens), dec.info.PageTokens)}
 	r.reqs[id] = q
 	for _, leg := range [...]struct {
 		n     *routerNode
@@ -405,8 +405,6 @@ func (r *Router) Submit(id RequestID, tokens int, now time.Time) (Dispatch, erro
 	r.effects.Dispatches = append(r.effects.Dispatches, d)
 	return d, nil
 }
-
-func pagesOf(tokens, pageTokens int) int { return (tokens + pageTokens - 1) / pageTokens }
 
 // refuse keeps a record of a refused request (until the horizon), so that a
 // second Submit of its ID is a duplicate and Status can say why.
@@ -435,7 +433,7 @@ func (r *Router) choose(role Role, tokens int) (*routerNode, error) {
 	return r.nodes[cands[i].Info.ID], nil
 }
 
-// LegEnded relays node's Outcome for a request (Sender or Receiver
+// LegEnded relays node's Outcome for a request (rules 9 and 15) (Sender or Receiver
 // Effects().Outcomes, or the error of Sender.Submit). Decode's success is
 // the client's success; prefill's success only ends its leg. A failure
 // decides the client's outcome (if nothing did before) and cancels the other
@@ -498,7 +496,7 @@ func (r *Router) endLeg(q *route, id RequestID, role Role, how legState) {
 	r.settle(id, q)
 }
 
-// decide gives the client its outcome, once: a failure cancels every leg
+// decide gives the client its outcome, once (rule 9): a failure cancels every leg
 // still open (not under no-peer-cancel: the bug is exactly that a failure on
 // one leg is not propagated to the other). Later decisions change nothing.
 func (r *Router) decide(id RequestID, q *route, err error) {
@@ -539,7 +537,7 @@ func (r *Router) retire(id RequestID, q *route) {
 	}
 }
 
-// Cancel is the client's disconnect: the request ends ErrCancelled (unless
+// Cancel is the client's disconnect (rule 10): the request ends ErrCancelled (unless
 // it already has an outcome) and both legs are cancelled, whatever state
 // they are in (a node that has not seen the request yet must still take it).
 // A request the router does not know returns ErrUnknownRequest.
@@ -565,7 +563,7 @@ func (r *Router) Cancel(id RequestID) error {
 	return nil
 }
 
-// Tick fails, with a Timeout, every request still without an outcome at its
+// Tick fails (rule 12), with a Timeout, every request still without an outcome at its
 // deadline, and forgets, with a Horizon, records that ended at least that
 // long before now. Both are queues in time order: a Tick costs what it
 // expires, not what the router holds.

@@ -145,7 +145,7 @@ func (s *Sender) send(peer PeerID, m Message) {
 	s.effects.Ops = append(s.effects.Ops, Op{Peer: peer, Msg: m})
 }
 
-// Submit is the prefill node's intake (step 1): a prompt over its limit is
+// Submit is the prefill node's intake (docs/protocol.md rule 2): a prompt over its limit is
 // rejected for good, never bootstrapped. Otherwise it takes source pages for the
 // KV, which it returns in request order for the engine to compute into (then
 // call Computed), and announces the request to the receiver at peer.
@@ -216,7 +216,7 @@ func (s *Sender) Step(peer PeerID, m Message) error {
 	return fmt.Errorf("%w: %s to a sender", ErrUnexpectedMessage, m.Type())
 }
 
-// admit checks a grant against the sender's own view of the request (step 3).
+// admit checks a grant against the sender's own view of the request (rule 4).
 func (s *Sender) admit(peer PeerID, g *Grant) error {
 	id := g.Request
 	q := s.reqs[id]
@@ -316,7 +316,7 @@ func (s *Sender) post(id RequestID, q *sendRequest) {
 	}
 }
 
-// sendDone posts Done behind the request's WRITEs (step 5).
+// sendDone posts Done behind the request's WRITEs (rule 6).
 func (s *Sender) sendDone(id RequestID, q *sendRequest) {
 	tokens := q.tokens
 	if q.placeholder {

@@ -11,7 +11,7 @@ import (
 const TagSize = 48
 
 // Tag is the record the sender writes after each page's payload, on the same
-// queue pair (design.md §3 step 4). Reliable-connected queue pairs place writes
+// queue pair (docs/protocol.md rule 5). Reliable-connected queue pairs place writes
 // in order, so an intact tag record for the expected (request, index, epoch)
 // means its payload has landed.
 type Tag struct {
