@@ -82,17 +82,19 @@ func (m *Model) Finished(s *State) bool { return m.terminated(s) }
 // over the request symmetries, with decode pages relabelled canonically (pages
 // are interchangeable, so only their contents and who refers to them matter).
 func (m *Model) AppendFingerprint(dst []byte, s *State) []byte {
-	if len(m.perms) == 1 {
-		return m.encode(dst, s, m.perms[0])
-	}
-	var best, cur []byte
-	for _, p := range m.perms {
-		cur = m.encode(cur[:0], s, p)
-		if best == nil || bytes.Compare(cur, best) < 0 {
-			best = append(best[:0], cur...)
+	base := len(dst)
+	dst = m.encode(dst, s, m.perms[0])
+	best := len(dst) - base
+	// Each other candidate is encoded after the best so far, in dst itself:
+	// the checker calls this for every transition, so it must not allocate.
+	for _, p := range m.perms[1:] {
+		dst = m.encode(dst, s, p)
+		if cand := dst[base+best:]; bytes.Compare(cand, dst[base:base+best]) < 0 {
+			best = copy(dst[base:], cand)
 		}
+		dst = dst[:base+best]
 	}
-	return append(dst, best...)
+	return dst
 }
 
 // encode writes s with request r renamed perm[r] and pages renamed canonically.

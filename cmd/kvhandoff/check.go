@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -22,7 +23,7 @@ Model-checks the executable spec of the handoff protocol (docs/spec.md). Exit
 status 0 iff every property holds (with --matrix: iff the correct protocol passes
 and every switch is exposed by some combination of at most --matrix-size switches);
 1 on a violation; 2 on bad usage; 3 when the bounds are too large to exhaust
-within --max-states. With --json, stdout holds exactly one JSON object on every
+within --max-memory (or --max-states). With --json, stdout holds exactly one JSON object on every
 exit: "result" is ok, violation, incomplete (exit 3) or error (exit 2).
 
 flags:
@@ -40,6 +41,7 @@ type checkFlags struct {
 	traceFormat               string
 	matrixSize, workers       int
 	maxStates                 int
+	maxMemory                 string
 	prompts                   string
 	prefillPages              int
 }
@@ -64,7 +66,8 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&f.traceFormat, "trace-format", "text", "counterexample format: text or mermaid")
 	fs.BoolVar(&f.matrix, "matrix", false, "compute the defense matrix")
 	fs.IntVar(&f.matrixSize, "matrix-size", 3, "matrix: largest combination of switches tried")
-	fs.IntVar(&f.maxStates, "max-states", 10_000_000, "give up (exit 3) past this many distinct states; each costs about 1 KB")
+	fs.IntVar(&f.maxStates, "max-states", 0, "give up (exit 3) past this many distinct states (0: no limit but --max-memory)")
+	fs.StringVar(&f.maxMemory, "max-memory", "", "give up (exit 3) when the live heap exceeds this, e.g. 16GiB, 500MB (default: 3/4 of the machine's memory); a state costs under 100 bytes")
 	fs.IntVar(&f.workers, "workers", 0, "exploration goroutines (0: one per core)")
 	fs.BoolVar(&f.quiet, "quiet", false, "no progress on stderr")
 	if code := parseFlags(fs, args, stderr); code >= 0 {
@@ -107,6 +110,9 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	opt.MaxStates = f.maxStates
+	if opt.MaxMemory, err = maxMemory(f.maxMemory); err != nil {
+		return f.usageError(err, stdout, stderr)
+	}
 	var r *explore.Report
 	if f.needAll {
 		r, err = explore.CheckNeeding(cfg, opt)
@@ -133,8 +139,12 @@ func (f *checkFlags) usageError(err error, stdout, stderr io.Writer) int {
 func (f *checkFlags) explorationFailed(err error, cfg spec.Config, stdout, stderr io.Writer) int {
 	fmt.Fprintf(stderr, "kvhandoff check: %v\n", err)
 	code, result := 2, "error"
-	if errors.Is(err, checker.ErrTooManyStates) {
+	switch {
+	case errors.Is(err, checker.ErrTooManyStates):
 		fmt.Fprintln(stderr, "  the bounds are too large to exhaust: lower --max-faults (e.g. 2) or --requests, raise --max-states if memory allows, or use --simulate")
+		code, result = 3, "incomplete"
+	case errors.Is(err, checker.ErrMemoryLimit):
+		fmt.Fprintln(stderr, "  the bounds are too large to exhaust in memory: lower --max-faults (e.g. 2) or --requests, raise --max-memory if the machine has it, or use --simulate")
 		code, result = 3, "incomplete"
 	}
 	if f.jsonOut {
@@ -212,12 +222,15 @@ type jsonReport struct {
 	// Acyclic: whether the protocol transitions have no cycle (liveness then
 	// needs no fairness); null when not computed (a simulation, a violation
 	// that stopped the exploration, or an incomplete one).
-	Acyclic *bool      `json:"acyclic"`
-	Trace   []jsonStep `json:"trace"`
+	Acyclic *bool `json:"acyclic"`
+	// HeapBytes is the largest Go heap sampled during the exploration.
+	HeapBytes uint64     `json:"heap_bytes"`
+	Trace     []jsonStep `json:"trace"`
 }
 
 func (out *jsonReport) setStats(s checker.Stats) {
 	out.States, out.Transitions, out.Depth, out.Seconds = s.States, s.Transitions, s.Depth, s.Elapsed.Seconds()
+	out.HeapBytes = s.PeakHeap
 	if s.Acyclic.Known() {
 		yes := s.Acyclic == checker.Yes
 		out.Acyclic = &yes
@@ -313,7 +326,11 @@ func (f *checkFlags) runMatrix(cfg spec.Config, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "  %-60s %s (%d states, %.1fs)\n", set, verdict, r.Stats.States, r.Stats.Elapsed.Seconds())
 		}
 	}
-	x, err := explore.DefenseMatrix(cfg, f.matrixSize, explore.Options{MaxStates: f.maxStates}, progress)
+	limit, err := maxMemory(f.maxMemory)
+	if err != nil {
+		return f.usageError(err, stdout, stderr)
+	}
+	x, err := explore.DefenseMatrix(cfg, f.matrixSize, explore.Options{MaxStates: f.maxStates, MaxMemory: limit}, progress)
 	if err != nil {
 		return f.explorationFailed(err, cfg, stdout, stderr)
 	}
@@ -370,4 +387,57 @@ func acyclicity(r *explore.Report) string {
 		return "; protocol transitions have cycles, so liveness assumes strong fairness of protocol transitions once faults stop"
 	}
 	return "; acyclicity not computed"
+}
+
+// maxMemory parses --max-memory: bytes, or a number with K, M, G, T (powers of
+// 1024, also KiB...) or KB, MB, GB, TB (powers of 1000). Empty means 3/4 of the
+// machine's memory, or of the cgroup's limit when lower.
+func maxMemory(v string) (uint64, error) {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		total := totalMemory()
+		if total == 0 {
+			return 0, nil
+		}
+		return total / 4 * 3, nil
+	}
+	units := []struct {
+		suffix string
+		scale  uint64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40},
+		{"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
+		{"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}, {"T", 1 << 40}, {"B", 1}}
+	scale := uint64(1)
+	for _, u := range units {
+		if strings.HasSuffix(v, u.suffix) {
+			v, scale = strings.TrimSpace(strings.TrimSuffix(v, u.suffix)), u.scale
+			break
+		}
+	}
+	n, err := strconv.ParseFloat(v, 64)
+	if err != nil || n <= 0 || n*float64(scale) > 1<<62 {
+		return 0, fmt.Errorf("--max-memory: %q is not a size (e.g. 16GiB, 500MB)", v)
+	}
+	return uint64(n * float64(scale)), nil
+}
+
+// totalMemory is the machine's memory (MemTotal in /proc/meminfo), or the
+// cgroup v2 limit when that is lower; 0 when neither can be read.
+func totalMemory() uint64 {
+	var total uint64
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(line); len(f) >= 2 && f[0] == "MemTotal:" {
+				if kb, err := strconv.ParseUint(f[1], 10, 64); err == nil {
+					total = kb << 10
+				}
+			}
+		}
+	}
+	if b, err := os.ReadFile("/sys/fs/cgroup/memory.max"); err == nil {
+		if limit, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64); err == nil && (total == 0 || limit < total) {
+			total = limit
+		}
+	}
+	return total
 }

@@ -29,6 +29,8 @@ func TestCheckJSONOnEveryExit(t *testing.T) {
 		{[]string{"--requests", "2", "--faults", "cancel"}, 0, "ok"},
 		{[]string{"--bug", "eager-release"}, 1, "violation"},
 		{[]string{"--max-states", "1000"}, 3, "incomplete"},
+		{[]string{"--max-memory", "40MB", "--prompts", "4,4,9", "--pages", "6", "--prefill-pages", "4"}, 3, "incomplete"},
+		{[]string{"--max-memory", "lots"}, 2, "error"},
 		{[]string{"--bug", "no-such-bug"}, 2, "error"},
 		{[]string{"--pages", "0"}, 2, "error"},
 		{[]string{"--no-such-flag"}, 2, "error"},
@@ -39,7 +41,7 @@ func TestCheckJSONOnEveryExit(t *testing.T) {
 		if code != c.code || obj["result"] != c.result {
 			t.Errorf("%v: exit %d, result %v; want %d, %s", c.args, code, obj["result"], c.code, c.result)
 		}
-		if c.code == 3 && (obj["states"].(float64) < 1000 || obj["error"] == "") {
+		if c.code == 3 && (obj["states"].(float64) < 1000 || obj["error"] == "" || obj["heap_bytes"].(float64) == 0) {
 			t.Errorf("%v: an incomplete run reports how far it got: %v", c.args, obj)
 		}
 	}
@@ -62,5 +64,21 @@ func TestCheckReportsAcyclicity(t *testing.T) {
 	_, out, _ = runCLI(t, "check", "--quiet", "--bug", "eager-release")
 	if !strings.Contains(out, "acyclicity not computed") {
 		t.Fatalf("summary of a violation does not say acyclicity is unknown:\n%s", out)
+	}
+}
+
+func TestMaxMemoryParsesSizes(t *testing.T) {
+	for in, want := range map[string]uint64{"1024": 1024, "16GiB": 16 << 30, "16G": 16 << 30, "500MB": 500e6, "1.5KiB": 1536, "2 TB": 2e12} {
+		if got, err := maxMemory(in); err != nil || got != want {
+			t.Errorf("%q: got %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"lots", "-1G", "0", "1e30T"} {
+		if _, err := maxMemory(in); err == nil {
+			t.Errorf("%q: accepted", in)
+		}
+	}
+	if got, _ := maxMemory(""); got == 0 || got > totalMemory() {
+		t.Errorf("default %d, want 3/4 of %d", got, totalMemory())
 	}
 }

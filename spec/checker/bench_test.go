@@ -41,3 +41,6 @@ func BenchmarkCheckDefaultBounds(b *testing.B) {
 	}
 	b.ReportMetric(float64(states)/b.Elapsed().Seconds(), "states/s")
 }
+
+// The spec holds its frontier encoded.
+var _ checker.Encoder[spec.State] = (*spec.Model)(nil)

@@ -1,12 +1,15 @@
 package checker
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/maphash"
+	"os"
 	"runtime"
+	"runtime/debug"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -95,6 +98,11 @@ type Stats struct {
 	Transitions int           // transitions explored, including those to known states
 	Depth       int           // deepest BFS level
 	Elapsed     time.Duration // wall time
+	// PeakHeap is the largest Go heap (live objects and garbage not yet
+	// swept, runtime/metrics) sampled during the exploration, in bytes.
+	PeakHeap uint64
+	// Spilled is how many bytes of frontier were written to disk.
+	Spilled int64
 	// Acyclic says whether the graph of protocol (non-fault) transitions has no
 	// cycle. It is computed only when the model has goals, liveness is checked and
 	// exploration ran to the end; otherwise it is Unknown.
@@ -162,6 +170,18 @@ type Options struct {
 	DeadlockName string
 	// SkipLiveness disables the liveness check (and its memory for edges).
 	SkipLiveness bool
+	// MaxMemory stops exploration with ErrMemoryLimit when the live Go heap,
+	// measured with runtime/metrics, exceeds this many bytes; 0 means no limit.
+	// While it runs, Check also sets it as the runtime's soft memory limit
+	// (debug.SetMemoryLimit), so the collector works harder before giving up.
+	MaxMemory uint64
+	// FrontierMemory is how many bytes of encoded frontier are held in memory
+	// before the oldest blocks are spilled to a file in SpillDir (only for a
+	// model that implements Encoder); 0 means MaxMemory/8, or 1 GiB without a
+	// MaxMemory.
+	FrontierMemory int
+	// SpillDir is the directory for spill files; "" means os.TempDir().
+	SpillDir string
 	// MaxRejects bounds how many counterexamples per property CheckAccepting's
 	// accept function may refuse (default 100000: with a partner switch that
 	// fails alone, refused candidates number in the thousands, and stopping
@@ -178,10 +198,10 @@ var ErrNondeterministic = errors.New("checker: trace replay diverged; the model 
 var ErrTooManyStates = errors.New("checker: state limit exceeded")
 
 // LimitError is the error Check returns when it stops at a limit before the
-// exploration is complete: errors.Is(err, ErrTooManyStates) (or the error of
-// the limit hit) holds, and Stats says how far it got.
+// exploration is complete: errors.Is(err, ErrTooManyStates) or
+// errors.Is(err, ErrMemoryLimit) holds, and Stats says how far it got.
 type LimitError struct {
-	Err   error // the limit: ErrTooManyStates
+	Err   error // the limit: ErrTooManyStates or ErrMemoryLimit
 	Stats Stats // the exploration so far
 }
 
@@ -191,30 +211,33 @@ func (e *LimitError) Error() string {
 
 func (e *LimitError) Unwrap() error { return e.Err }
 
-type fingerprint [2]uint64
+// candRef marks an edge whose target is a candidate of the same expansion,
+// numbered when the expansion is merged.
+const candRef = 1 << 31
 
-// fixed seeds make fingerprints, and so iteration-independent results, stable within a run.
-var seedA, seedB = maphash.MakeSeed(), maphash.MakeSeed()
-
-func fingerprintOf(b []byte) fingerprint {
-	return fingerprint{maphash.Bytes(seedA, b), maphash.Bytes(seedB, b)}
-}
-
-// dupEdge is a protocol edge to a state that the same worker found earlier in the level.
-type dupEdge struct {
-	parent int32
-	fp     fingerprint
-}
-
-// candidate is a successor produced by a worker, not yet merged.
-type candidate[S any, A comparable] struct {
+// candidate is a successor not in the visited set when it was generated.
+type candidate struct {
 	parent  int32
-	action  A
-	fp      fingerprint
-	state   S
+	succ    uint16
 	fault   bool
-	badMask uint64 // invariants violated by state (bit i = invariant i)
-	goals   uint64 // goals reached in state
+	fp      fingerprint
+	badMask uint64 // invariants violated (bit i = invariant i)
+	goals   uint64 // goals reached
+}
+
+// expansion is what a worker produced from one frontier block.
+type expansion[S any] struct {
+	src         []int32  // the block's states, in order
+	edgeEnd     []int32  // per source, the end of its edges in edges
+	edges       []uint32 // protocol edges: a state number, or candRef|candidate
+	cands       []candidate
+	states      []S     // the candidates' states, without an encoder
+	data        []byte  // with an encoder: the candidates' encodings, each after its uvarint length
+	deadlocks   []int32 // sources with no enabled action that are not finished
+	transitions int
+	err         error
+	local       map[fingerprint]int32 // candidates of this block by fingerprint
+	numbers     []int32               // the candidates' state numbers, set by merge
 }
 
 // Check explores every state of m reachable from its initial states.
@@ -227,286 +250,292 @@ func Check[S any, A comparable](m Model[S, A], props Properties[S], opt Options)
 // (the bad state is still not expanded). The defense matrix uses it to demand
 // traces that need every switch of a combination.
 func CheckAccepting[S any, A comparable](m Model[S, A], props Properties[S], opt Options, accept func(Violation[S, A]) bool) (*Result[S, A], error) {
-	start := time.Now()
-	invs, goals := props.Invariants, props.Goals
-	if len(invs) > 64 || len(goals) > 64 {
+	c, err := newRun(m, props, opt, accept)
+	if err != nil {
+		return nil, err
+	}
+	return c.run()
+}
+
+// run is one exploration.
+type run[S any, A comparable] struct {
+	m        Model[S, A]
+	enc      Encoder[S] // nil: the frontier holds states
+	invs     []Invariant[S]
+	goals    []Goal[S]
+	opt      Options
+	accept   func(Violation[S, A]) bool
+	workers  int
+	liveness bool
+
+	deadlockName   string
+	deferDeadlocks bool
+	firstDeadlock  int32
+
+	start    time.Time
+	inits    []S
+	seen     *visited
+	bad      bitset   // states that violate an invariant: never expanded
+	goalSets []bitset // per goal, the states that reach it
+	edges    graph
+	res      *Result[S, A]
+	found    map[string]bool
+	rejects  map[string]int
+	stop     bool
+	heap     *heap
+
+	freeBlocks []*block[S]
+}
+
+func newRun[S any, A comparable](m Model[S, A], props Properties[S], opt Options, accept func(Violation[S, A]) bool) (*run[S, A], error) {
+	if len(props.Invariants) > 64 || len(props.Goals) > 64 {
 		return nil, errors.New("checker: at most 64 invariants and 64 goals")
 	}
-	workers := opt.Workers
-	if workers <= 0 {
-		workers = runtime.GOMAXPROCS(0)
+	c := &run[S, A]{m: m, invs: props.Invariants, goals: props.Goals, opt: opt, accept: accept,
+		start: time.Now(), seen: newVisited(), res: &Result[S, A]{}, found: map[string]bool{},
+		rejects: map[string]int{}, firstDeadlock: -1, heap: newHeap()}
+	c.enc, _ = m.(Encoder[S])
+	c.workers = opt.Workers
+	if c.workers <= 0 {
+		c.workers = runtime.GOMAXPROCS(0)
 	}
-	liveness := len(goals) > 0 && !opt.SkipLiveness
-	deadlockName := opt.DeadlockName
-	if deadlockName == "" {
-		deadlockName = DeadlockProperty
+	c.liveness = len(c.goals) > 0 && !opt.SkipLiveness
+	c.deadlockName = opt.DeadlockName
+	if c.deadlockName == "" {
+		c.deadlockName = DeadlockProperty
 	}
 	// A deadlock named after a goal is that goal's violation; the liveness
 	// analysis finds its shortest form (a state from which the goal is out of
 	// reach may come well before the state where nothing at all can happen).
-	deferDeadlocks := false
-	for _, g := range goals {
-		deferDeadlocks = deferDeadlocks || liveness && g.Name == deadlockName
+	for _, g := range c.goals {
+		c.deferDeadlocks = c.deferDeadlocks || c.liveness && g.Name == c.deadlockName
 	}
-	var firstDeadlock int32 = -1
+	if c.opt.MaxRejects <= 0 {
+		c.opt.MaxRejects = 100000
+	}
+	if c.opt.FrontierMemory <= 0 {
+		c.opt.FrontierMemory = 1 << 30
+		if opt.MaxMemory > 0 {
+			c.opt.FrontierMemory = int(min(opt.MaxMemory/8, 1<<40))
+		}
+	}
+	if c.opt.SpillDir == "" {
+		c.opt.SpillDir = os.TempDir()
+	}
+	c.goalSets = make([]bitset, len(c.goals))
+	return c, nil
+}
 
-	var (
-		visited   = make(map[fingerprint]int32)
-		parents   []int32
-		actions   []A
-		fps       []fingerprint
-		goalBits  []uint64
-		edges     []uint64 // protocol edges src<<32|dst, for liveness
-		res       = &Result[S, A]{}
-		found     = map[string]bool{}
-		inits     = m.Initial()
-		frontier  []S
-		frontIdx  []int32
-		lastTick  = time.Now()
-		stopAfter = false
-	)
-	var zeroA A
-	evalInvs := func(s *S) uint64 {
-		var bad uint64
-		for i, inv := range invs {
-			if !inv.Holds(s) {
-				bad |= 1 << i
-			}
+func (c *run[S, A]) evalInvs(s *S) uint64 {
+	var bad uint64
+	for i, inv := range c.invs {
+		if !inv.Holds(s) {
+			bad |= 1 << i
 		}
-		return bad
 	}
-	evalGoals := func(s *S) uint64 {
-		var g uint64
-		for i, goal := range goals {
-			if goal.Reached(s) {
-				g |= 1 << i
-			}
-		}
-		return g
+	return bad
+}
+
+func (c *run[S, A]) evalGoals(s *S) uint64 {
+	if !c.liveness {
+		return 0
 	}
-	rejects := map[string]int{}
-	maxRejects := opt.MaxRejects
-	if maxRejects <= 0 {
-		maxRejects = 100000
+	var g uint64
+	for i, goal := range c.goals {
+		if goal.Reached(s) {
+			g |= 1 << i
+		}
 	}
-	// report records a violation; it returns accepted=false when Accept refused it.
-	report := func(prop string, kind Kind, idx int32) (bool, error) {
-		if found[prop] {
-			return true, nil
-		}
-		if rejects[prop] >= maxRejects {
-			return false, nil
-		}
-		trace, err := rebuild(m, inits, parents, actions, fps, idx)
-		if err != nil {
-			return false, err
-		}
-		if accept != nil && !accept(Violation[S, A]{Property: prop, Kind: kind, Trace: trace}) {
-			rejects[prop]++
-			if rejects[prop] >= maxRejects {
-				res.Truncated = true
-			}
-			return false, nil
-		}
-		found[prop] = true
-		res.Violations = append(res.Violations, Violation[S, A]{Property: prop, Kind: kind, Trace: trace})
-		if !opt.All {
-			stopAfter = true
-		}
+	return g
+}
+
+// report records a violation; it returns accepted=false when accept refused it.
+func (c *run[S, A]) report(prop string, kind Kind, idx int32) (bool, error) {
+	if c.found[prop] {
 		return true, nil
 	}
-	reportMask := func(bad uint64, idx int32) error {
-		for i := range invs {
-			if bad&(1<<i) != 0 {
-				if _, err := report(invs[i].Name, Safety, idx); err != nil {
-					return err
-				}
+	if c.rejects[prop] >= c.opt.MaxRejects {
+		return false, nil
+	}
+	trace, err := c.rebuild(idx)
+	if err != nil {
+		return false, err
+	}
+	if c.accept != nil && !c.accept(Violation[S, A]{Property: prop, Kind: kind, Trace: trace}) {
+		c.rejects[prop]++
+		if c.rejects[prop] >= c.opt.MaxRejects {
+			c.res.Truncated = true
+		}
+		return false, nil
+	}
+	c.found[prop] = true
+	c.res.Violations = append(c.res.Violations, Violation[S, A]{Property: prop, Kind: kind, Trace: trace})
+	if !c.opt.All {
+		c.stop = true
+	}
+	return true, nil
+}
+
+func (c *run[S, A]) reportMask(bad uint64, idx int32) error {
+	for i := range c.invs {
+		if bad&(1<<i) != 0 {
+			if _, err := c.report(c.invs[i].Name, Safety, idx); err != nil {
+				return err
 			}
 		}
-		return nil
 	}
-	// bad states are recorded but not expanded.
-	badState := map[int32]bool{}
+	return nil
+}
+
+// record notes what is known of a new state: its goals, and whether it is bad.
+func (c *run[S, A]) record(idx int32, goals, badMask uint64) {
+	for i := range c.goalSets {
+		if goals&(1<<i) != 0 {
+			c.goalSets[i].set(idx)
+		}
+	}
+	if badMask != 0 {
+		c.bad.set(idx)
+	}
+}
+
+type badState struct {
+	idx  int32
+	mask uint64
+}
+
+func (c *run[S, A]) stats() Stats {
+	st := c.res.Stats
+	st.States = c.seen.len()
+	st.Elapsed = time.Since(c.start)
+	return st
+}
+
+func (c *run[S, A]) run() (*Result[S, A], error) {
+	if c.opt.MaxMemory > 0 {
+		defer debug.SetMemoryLimit(debug.SetMemoryLimit(int64(min(c.opt.MaxMemory, 1<<62))))
+	}
+	cur := c.newFrontier()
+	defer func() { cur.close() }()
+	c.inits = c.m.Initial()
 	var buf []byte
-	for _, s := range inits {
-		buf = m.AppendFingerprint(buf[:0], &s)
-		fp := fingerprintOf(buf)
-		if _, ok := visited[fp]; ok {
+	var newBad []badState
+	for i := range c.inits {
+		s := &c.inits[i]
+		buf = c.m.AppendFingerprint(buf[:0], s)
+		if i > maxSuccessors {
+			return nil, fmt.Errorf("checker: more than %d initial states", maxSuccessors)
+		}
+		idx, added := c.seen.insert(fingerprintOf(buf), -1, uint16(i))
+		if !added {
 			continue
 		}
-		idx := int32(len(parents))
-		visited[fp] = idx
-		parents = append(parents, -1)
-		actions = append(actions, zeroA)
-		fps = append(fps, fp)
-		goalBits = append(goalBits, evalGoals(&s))
-		if bad := evalInvs(&s); bad != 0 {
-			badState[idx] = true
-			if err := reportMask(bad, idx); err != nil {
-				return nil, err
-			}
+		bad := c.evalInvs(s)
+		c.record(idx, c.evalGoals(s), bad)
+		if bad != 0 {
+			newBad = append(newBad, badState{idx, bad})
 			continue
 		}
-		frontier = append(frontier, s)
-		frontIdx = append(frontIdx, idx)
+		if err := c.push(cur, idx, s, &buf); err != nil {
+			return nil, err
+		}
+	}
+	for _, b := range newBad {
+		if err := c.reportMask(b.mask, b.idx); err != nil {
+			return nil, err
+		}
 	}
 
-	type workerOut struct {
-		cands       []candidate[S, A]
-		known       []uint64 // protocol edges to states of earlier levels, src<<32|dst
-		dups        []dupEdge
-		transitions int
-		deadlocks   []int32
+	outs := make([]*expansion[S], 2*c.workers) // a wave: blocks expanded in parallel, then merged in order
+	for i := range outs {
+		outs[i] = &expansion[S]{local: map[fingerprint]int32{}}
 	}
+	blocks := make([]*block[S], len(outs))
 	depth := 0
-	outs := make([]workerOut, workers) // reused across levels to keep their capacity
-	var spare []S                      // the previous frontier's storage, reused for the next
-	for len(frontier) > 0 && !stopAfter {
-		for w := range outs {
-			outs[w].cands = outs[w].cands[:0]
-			outs[w].known = outs[w].known[:0]
-			outs[w].dups = outs[w].dups[:0]
-			outs[w].transitions = 0
-			outs[w].deadlocks = outs[w].deadlocks[:0]
-		}
-		var wg sync.WaitGroup
-		chunk := (len(frontier) + workers - 1) / workers
-		for w := 0; w < workers; w++ {
-			lo, hi := w*chunk, min((w+1)*chunk, len(frontier))
-			if lo >= hi {
-				continue
-			}
-			wg.Add(1)
-			go func(w, lo, hi int) {
-				defer wg.Done()
-				out := &outs[w]
-				var fbuf []byte
-				local := map[fingerprint]bool{} // new this level, seen by this worker
-				for i := lo; i < hi; i++ {
-					parent := frontIdx[i]
-					n := 0
-					m.Successors(&frontier[i], func(a A, next S) {
-						n++
-						out.transitions++
-						fbuf = m.AppendFingerprint(fbuf[:0], &next)
-						fp := fingerprintOf(fbuf)
-						fault := m.IsFault(a)
-						if known, ok := visited[fp]; ok { // read-only during this phase
-							if liveness && !fault {
-								out.known = append(out.known, uint64(parent)<<32|uint64(uint32(known)))
-							}
-							return
-						}
-						if local[fp] {
-							// Seen by this worker this level: keep only the edge.
-							if liveness && !fault {
-								out.dups = append(out.dups, dupEdge{parent, fp})
-							}
-							return
-						}
-						local[fp] = true
-						out.cands = append(out.cands, candidate[S, A]{
-							parent: parent, action: a, fp: fp, state: next, fault: fault,
-							badMask: evalInvs(&next), goals: evalGoals(&next),
-						})
-					})
-					if n == 0 && !m.Finished(&frontier[i]) {
-						out.deadlocks = append(out.deadlocks, parent)
-					}
-				}
-			}(w, lo, hi)
-		}
-		wg.Wait()
-
-		// Deterministic merge, in frontier order.
-		total := 0
-		for w := range outs {
-			total += len(outs[w].cands)
-		}
-		nextFrontier := slices.Grow(spare[:0], total)
-		nextIdx := make([]int32, 0, total)
-		type badNew struct {
-			idx  int32
-			mask uint64
-		}
-		var newBad []badNew
+	lastTick := time.Now()
+	for cur.states > 0 && !c.stop {
+		next := c.newFrontier()
 		var deadlocks []int32
-		for w := range outs {
-			res.Stats.Transitions += outs[w].transitions
-			deadlocks = append(deadlocks, outs[w].deadlocks...)
-			edges = append(edges, outs[w].known...)
-			for ci := range outs[w].cands {
-				c := &outs[w].cands[ci]
-				dst, ok := visited[c.fp] // found by another worker this level?
-				if !ok {
-					dst = int32(len(parents))
-					visited[c.fp] = dst
-					parents = append(parents, c.parent)
-					actions = append(actions, c.action)
-					fps = append(fps, c.fp)
-					goalBits = append(goalBits, c.goals)
-					if c.badMask != 0 {
-						badState[dst] = true
-						newBad = append(newBad, badNew{dst, c.badMask})
-					} else {
-						nextFrontier = append(nextFrontier, c.state)
-						nextIdx = append(nextIdx, dst)
-					}
+		newBad = newBad[:0]
+		for {
+			n := 0
+			for n < len(blocks) {
+				b, err := cur.take()
+				if err != nil {
+					next.close()
+					return nil, err
 				}
-				if liveness && !c.fault {
-					edges = append(edges, uint64(c.parent)<<32|uint64(uint32(dst)))
+				if b == nil {
+					break
+				}
+				blocks[n] = b
+				n++
+			}
+			if n == 0 {
+				break
+			}
+			c.expandWave(blocks[:n], outs[:n])
+			for i := 0; i < n; i++ {
+				cur.recycle(blocks[i])
+				blocks[i] = nil
+				if err := c.merge(outs[i], next, &deadlocks, &newBad, &buf); err != nil {
+					next.close()
+					return nil, err
 				}
 			}
-			clear(outs[w].cands) // drop references held by old states
-			for _, d := range outs[w].dups {
-				edges = append(edges, uint64(d.parent)<<32|uint64(uint32(visited[d.fp])))
+			if err := c.limits(depth); err != nil {
+				next.close()
+				return c.res, err
+			}
+			if c.opt.Progress != nil && time.Since(lastTick) >= time.Second {
+				lastTick = time.Now()
+				st := c.stats()
+				st.Depth = depth
+				c.opt.Progress(st)
 			}
 		}
+		cur.close()
+		c.res.Stats.Spilled += next.spilledBytes
+		cur = next
 		for _, d := range deadlocks {
-			if deferDeadlocks {
-				if firstDeadlock < 0 {
-					firstDeadlock = d
+			if c.deferDeadlocks {
+				if c.firstDeadlock < 0 {
+					c.firstDeadlock = d
 				}
 				continue
 			}
-			if _, err := report(deadlockName, Deadlock, d); err != nil {
+			if _, err := c.report(c.deadlockName, Deadlock, d); err != nil {
 				return nil, err
 			}
 		}
 		for _, b := range newBad {
-			if err := reportMask(b.mask, b.idx); err != nil {
+			if err := c.reportMask(b.mask, b.idx); err != nil {
 				return nil, err
 			}
 		}
-		if len(nextFrontier) > 0 {
+		if cur.states > 0 {
 			depth++
 		}
-		spare = frontier
-		frontier, frontIdx = nextFrontier, nextIdx
-		res.Stats.States = len(parents)
-		res.Stats.Depth = depth
-		if opt.MaxStates > 0 && len(parents) > opt.MaxStates {
-			res.Stats.Elapsed = time.Since(start)
-			return res, &LimitError{Err: ErrTooManyStates, Stats: res.Stats}
-		}
-		if opt.Progress != nil && time.Since(lastTick) >= time.Second {
-			lastTick = time.Now()
-			st := res.Stats
-			st.Elapsed = time.Since(start)
-			opt.Progress(st)
-		}
+		c.res.Stats.Depth = depth
 	}
-	res.Stats.States = len(parents)
-	res.Stats.Depth = depth
+	n := c.seen.len()
+	c.res.Stats.States = n
+	c.res.Stats.Depth = depth
+	c.seen.dropIndex()
 
-	if liveness && !stopAfter {
-		res.Stats.Acyclic = No
-		if acyclic(len(parents), edges) {
-			res.Stats.Acyclic = Yes
+	if c.liveness && !c.stop {
+		c.heap.over(0)
+		runtime.GC() // the index's memory, for the reverse graph
+		c.edges.close(n)
+		rev := c.edges.reverse(n)
+		c.heap.over(0)
+		c.res.Stats.Acyclic = No
+		if acyclic(n, &c.edges, rev) {
+			c.res.Stats.Acyclic = Yes
 		}
-		for gi, g := range goals {
-			for _, idx := range unreachableGoal(len(parents), edges, goalBits, uint64(1)<<gi, badState, maxRejects) {
-				ok, err := report(g.Name, Liveness, idx)
+		for gi, g := range c.goals {
+			for _, idx := range unreachableGoal(n, rev, c.goalSets[gi], c.bad, c.opt.MaxRejects) {
+				ok, err := c.report(g.Name, Liveness, idx)
 				if err != nil {
 					return nil, err
 				}
@@ -514,19 +543,218 @@ func CheckAccepting[S any, A comparable](m Model[S, A], props Properties[S], opt
 					break
 				}
 			}
-			if stopAfter {
+			if c.stop {
 				break
 			}
 		}
-		if firstDeadlock >= 0 && !found[deadlockName] && !stopAfter {
-			if _, err := report(deadlockName, Deadlock, firstDeadlock); err != nil {
+		if c.firstDeadlock >= 0 && !c.found[c.deadlockName] && !c.stop {
+			if _, err := c.report(c.deadlockName, Deadlock, c.firstDeadlock); err != nil {
 				return nil, err
 			}
 		}
 	}
-	sortByLength(res.Violations)
-	res.Stats.Elapsed = time.Since(start)
-	return res, nil
+	c.heap.over(0)
+	c.res.Stats.PeakHeap = c.heap.peak
+	sortByLength(c.res.Violations)
+	c.res.Stats.Elapsed = time.Since(c.start)
+	return c.res, nil
+}
+
+// limits checks the state and memory limits after a wave.
+func (c *run[S, A]) limits(depth int) error {
+	over, _ := c.heap.over(c.opt.MaxMemory)
+	var limit error
+	switch {
+	case c.opt.MaxStates > 0 && c.seen.len() > c.opt.MaxStates:
+		limit = ErrTooManyStates
+	case over:
+		limit = ErrMemoryLimit
+	default:
+		return nil
+	}
+	c.res.Stats.States = c.seen.len()
+	c.res.Stats.Depth = depth
+	c.res.Stats.PeakHeap = c.heap.peak
+	c.res.Stats.Elapsed = time.Since(c.start)
+	return &LimitError{Err: limit, Stats: c.res.Stats}
+}
+
+func (c *run[S, A]) newFrontier() *frontier[S] {
+	return &frontier[S]{encoded: c.enc != nil, budget: max(1, c.opt.FrontierMemory/2), dir: c.opt.SpillDir, free: &c.freeBlocks}
+}
+
+// push appends a state to a frontier, encoded if the model can.
+func (c *run[S, A]) push(f *frontier[S], idx int32, s *S, buf *[]byte) error {
+	if c.enc == nil {
+		return f.pushState(idx, *s)
+	}
+	*buf = c.enc.AppendState((*buf)[:0], s)
+	return f.pushEncoded(idx, *buf)
+}
+
+// expandWave expands blocks[i] into outs[i], in parallel.
+func (c *run[S, A]) expandWave(blocks []*block[S], outs []*expansion[S]) {
+	var next atomic.Int32
+	var wg sync.WaitGroup
+	for range min(c.workers, len(blocks)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var w worker[S, A]
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= len(blocks) {
+					return
+				}
+				c.expand(&w, blocks[i], outs[i])
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// worker holds one goroutine's scratch space.
+type worker[S any, A comparable] struct {
+	state S // the state being expanded
+	next  S // the successor being looked at
+	fbuf  []byte
+	ebuf  []byte
+}
+
+// expand generates the successors of every state of b. It only reads the
+// visited set, which nobody writes while workers run.
+func (c *run[S, A]) expand(w *worker[S, A], b *block[S], out *expansion[S]) {
+	out.src = append(out.src[:0], b.idx...)
+	out.edgeEnd, out.edges, out.cands = out.edgeEnd[:0], out.edges[:0], out.cands[:0]
+	clear(out.states)
+	out.states, out.data, out.deadlocks = out.states[:0], out.data[:0], out.deadlocks[:0]
+	out.transitions, out.err = 0, nil
+	clear(out.local)
+	data := b.data
+	for i, parent := range b.idx {
+		var s *S
+		if c.enc == nil {
+			s = &b.states[i]
+		} else {
+			l, k := binary.Uvarint(data)
+			if k <= 0 || uint64(len(data)-k) < l {
+				out.err = errors.New("checker: corrupt frontier block")
+				return
+			}
+			if err := c.enc.DecodeState(data[k:k+int(l)], &w.state); err != nil {
+				out.err = fmt.Errorf("checker: DecodeState: %w", err)
+				return
+			}
+			data = data[k+int(l):]
+			s = &w.state
+		}
+		n := 0
+		c.m.Successors(s, func(a A, succ S) {
+			k := n
+			n++
+			if k > maxSuccessors {
+				out.err = fmt.Errorf("checker: a state has more than %d successors", maxSuccessors)
+				return
+			}
+			// Work on a copy in the worker's scratch: the address of succ would
+			// make every call allocate it.
+			w.next = succ
+			next := &w.next
+			w.fbuf = c.m.AppendFingerprint(w.fbuf[:0], next)
+			fp := fingerprintOf(w.fbuf)
+			fault := c.m.IsFault(a)
+			protocol := c.liveness && !fault
+			if known := c.seen.lookup(fp); known >= 0 {
+				if protocol {
+					out.edges = append(out.edges, uint32(known))
+				}
+				return
+			}
+			if ci, ok := out.local[fp]; ok {
+				if protocol {
+					out.edges = append(out.edges, candRef|uint32(ci))
+				}
+				return
+			}
+			ci := int32(len(out.cands))
+			out.local[fp] = ci
+			out.cands = append(out.cands, candidate{parent: parent, succ: uint16(k), fault: fault, fp: fp,
+				badMask: c.evalInvs(next), goals: c.evalGoals(next)})
+			if protocol {
+				out.edges = append(out.edges, candRef|uint32(ci))
+			}
+			if c.enc == nil {
+				out.states = append(out.states, *next)
+			} else {
+				w.ebuf = c.enc.AppendState(w.ebuf[:0], next)
+				out.data = binary.AppendUvarint(out.data, uint64(len(w.ebuf)))
+				out.data = append(out.data, w.ebuf...)
+			}
+		})
+		out.transitions += n
+		out.edgeEnd = append(out.edgeEnd, int32(len(out.edges)))
+		if n == 0 && !c.m.Finished(s) {
+			out.deadlocks = append(out.deadlocks, parent)
+		}
+	}
+}
+
+// merge numbers the new states of one expansion, in order, and appends them to
+// the next frontier and their edges to the graph.
+func (c *run[S, A]) merge(out *expansion[S], next *frontier[S], deadlocks *[]int32, newBad *[]badState, buf *[]byte) error {
+	if out.err != nil {
+		return out.err
+	}
+	c.res.Stats.Transitions += out.transitions
+	*deadlocks = append(*deadlocks, out.deadlocks...)
+	numbers := slices.Grow(out.numbers[:0], len(out.cands))[:len(out.cands)]
+	out.numbers = numbers
+	data := out.data
+	for ci := range out.cands {
+		cd := &out.cands[ci]
+		var enc []byte
+		if c.enc != nil {
+			l, k := binary.Uvarint(data)
+			enc, data = data[k:k+int(l)], data[k+int(l):]
+		}
+		idx, added := c.seen.insert(cd.fp, cd.parent, cd.succ)
+		numbers[ci] = idx
+		if !added {
+			continue
+		}
+		c.record(idx, cd.goals, cd.badMask)
+		if cd.badMask != 0 {
+			*newBad = append(*newBad, badState{idx, cd.badMask})
+			continue
+		}
+		var err error
+		if c.enc == nil {
+			err = next.pushState(idx, out.states[ci])
+		} else {
+			err = next.pushEncoded(idx, enc)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if !c.liveness {
+		return nil
+	}
+	from := int32(0)
+	for si, src := range out.src {
+		c.edges.open(src)
+		for _, e := range out.edges[from:out.edgeEnd[si]] {
+			dst := int32(e)
+			if e&candRef != 0 {
+				dst = numbers[e&^candRef]
+			}
+			if err := c.edges.add(dst); err != nil {
+				return err
+			}
+		}
+		from = out.edgeEnd[si]
+	}
+	return nil
 }
 
 func sortByLength[S any, A comparable](v []Violation[S, A]) {
@@ -538,144 +766,37 @@ func sortByLength[S any, A comparable](v []Violation[S, A]) {
 	}
 }
 
-// unreachableGoal returns up to limit states, lowest index (hence shallowest)
-// first, from which no state with the goal bit is reachable over protocol edges.
-// States that violate a safety property were not expanded; they and the states
-// that reach them are never reported (a liveness verdict there would be an
-// artefact of stopping at the safety violation).
-func unreachableGoal(n int, edges []uint64, goalBits []uint64, bit uint64, bad map[int32]bool, limit int) []int32 {
-	// Reverse adjacency in CSR form.
-	start := make([]int32, n+1)
-	for _, e := range edges {
-		start[uint32(e)+1]++
-	}
-	for i := 1; i <= n; i++ {
-		start[i] += start[i-1]
-	}
-	rev := make([]int32, len(edges))
-	fill := make([]int32, n)
-	copy(fill, start[:n])
-	for _, e := range edges {
-		d := uint32(e)
-		rev[fill[d]] = int32(e >> 32)
-		fill[d]++
-	}
-	can := make([]bool, n)
-	queue := make([]int32, 0, n)
-	for i := 0; i < n; i++ {
-		// A bad state was not expanded, so what it could reach is unknown: count
-		// it as reaching the goal rather than blame its predecessors.
-		if goalBits[i]&bit != 0 || bad[int32(i)] {
-			can[i] = true
-			queue = append(queue, int32(i))
-		}
-	}
-	for len(queue) > 0 {
-		d := queue[len(queue)-1]
-		queue = queue[:len(queue)-1]
-		for _, s := range rev[start[d]:start[d+1]] {
-			if !can[s] {
-				can[s] = true
-				queue = append(queue, s)
-			}
-		}
-	}
-	var out []int32
-	for i := 0; i < n && len(out) < limit; i++ {
-		if !can[i] {
-			out = append(out, int32(i))
-		}
-	}
-	return out
-}
-
-// acyclic reports whether the directed graph has no cycle (Kahn's algorithm).
-func acyclic(n int, edges []uint64) bool {
-	indeg := make([]int32, n)
-	start := make([]int32, n+1)
-	for _, e := range edges {
-		if uint32(e>>32) == uint32(e) {
-			return false
-		}
-		indeg[uint32(e)]++
-		start[uint32(e>>32)+1]++
-	}
-	for i := 1; i <= n; i++ {
-		start[i] += start[i-1]
-	}
-	out := make([]int32, len(edges))
-	fill := make([]int32, n)
-	copy(fill, start[:n])
-	for _, e := range edges {
-		s := uint32(e >> 32)
-		out[fill[s]] = int32(uint32(e))
-		fill[s]++
-	}
-	queue := make([]int32, 0, n)
-	for i := 0; i < n; i++ {
-		if indeg[i] == 0 {
-			queue = append(queue, int32(i))
-		}
-	}
-	seen := 0
-	for len(queue) > 0 {
-		v := queue[len(queue)-1]
-		queue = queue[:len(queue)-1]
-		seen++
-		for _, d := range out[start[v]:start[v+1]] {
-			indeg[d]--
-			if indeg[d] == 0 {
-				queue = append(queue, d)
-			}
-		}
-	}
-	return seen == n
-}
-
-// path returns the state indices from an initial state to idx.
-func path(parents []int32, idx int32) []int32 {
-	var p []int32
-	for i := idx; i >= 0; i = parents[i] {
-		p = append(p, i)
-	}
-	for l, r := 0, len(p)-1; l < r; l, r = l+1, r-1 {
-		p[l], p[r] = p[r], p[l]
-	}
-	return p
-}
-
-// rebuild replays the recorded actions from the initial state to produce the
-// concrete trace that reaches idx.
-func rebuild[S any, A comparable](m Model[S, A], inits []S, parents []int32, actions []A, fps []fingerprint, idx int32) ([]Step[S, A], error) {
-	p := path(parents, idx)
+// rebuild replays the recorded choices from the initial state to produce the
+// concrete trace that reaches idx, checking each state's fingerprint.
+func (c *run[S, A]) rebuild(idx int32) ([]Step[S, A], error) {
+	p := c.seen.path(idx)
 	var buf []byte
-	var cur S
-	for _, s := range inits {
-		buf = m.AppendFingerprint(buf[:0], &s)
-		if fingerprintOf(buf) == fps[p[0]] {
-			cur = s
-			break
-		}
+	cur := c.inits[c.seen.succ.at(int(p[0]))]
+	buf = c.m.AppendFingerprint(buf[:0], &cur)
+	if fingerprintOf(buf) != c.seen.fps.at(int(p[0])) {
+		return nil, ErrNondeterministic
 	}
 	trace := []Step[S, A]{{State: cur, Initial: true}}
 	for _, i := range p[1:] {
-		want := fps[i]
+		want := int(c.seen.succ.at(int(i)))
 		var next S
-		ok := false
-		m.Successors(&cur, func(a A, n S) {
-			if ok || a != actions[i] {
-				return
+		var action A
+		n, ok := 0, false
+		c.m.Successors(&cur, func(a A, s S) {
+			if n == want {
+				next, action, ok = s, a, true
 			}
-			buf = m.AppendFingerprint(buf[:0], &n)
-			if fingerprintOf(buf) == want {
-				next, ok = n, true
-			}
+			n++
 		})
 		if !ok {
 			return nil, ErrNondeterministic
 		}
+		buf = c.m.AppendFingerprint(buf[:0], &next)
+		if fingerprintOf(buf) != c.seen.fps.at(int(i)) {
+			return nil, ErrNondeterministic
+		}
 		cur = next
-		trace = append(trace, Step[S, A]{Action: actions[i], State: cur})
+		trace = append(trace, Step[S, A]{Action: action, State: cur})
 	}
 	return trace, nil
 }

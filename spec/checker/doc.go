@@ -21,14 +21,30 @@
 //
 // Symmetry reduction is the model's business: AppendFingerprint must return the
 // same bytes for states that are equivalent under the symmetries the model
-// declares (for example interchangeable pages). The checker stores only 128-bit
-// fingerprints of visited states plus a parent index and an action per state, so
-// it can hold millions of states; traces are rebuilt by replaying the recorded
-// actions from an initial state, which yields concrete (not canonicalised) states.
+// declares (for example interchangeable pages).
 //
-// Exploration is parallel (one worker per core) and deterministic: successors of a
-// BFS level are generated concurrently, then merged in a fixed order, so two runs
-// report the same counterexample.
+// Memory: for each visited state the checker keeps a 128-bit fingerprint, the
+// parent's number and which of the parent's successors (its index in emission
+// order) led to it: 22 bytes, in chunked arrays that grow without copying. An
+// open-addressing index of state numbers adds 5 to 11 bytes. For liveness it
+// keeps the protocol transitions as a compressed sparse row graph (4 bytes per
+// state and per protocol transition) and a bit per state per goal; the
+// analysis at the end builds the reverse graph (4 more per state and per
+// transition) after dropping the index. Traces are rebuilt by replaying the
+// recorded successor choices from an initial state, checking every
+// fingerprint, which yields concrete (not canonicalised) states and detects a
+// model that is not deterministic. The only whole states kept are the BFS
+// frontier's: a model that implements [Encoder] has them held as compact
+// encodings and spilled to a file past [Options].FrontierMemory.
+// [Options].MaxMemory bounds the live heap, measured with runtime/metrics; past
+// it, and past [Options].MaxStates, Check returns a [LimitError] with how far
+// it got.
+//
+// Exploration is parallel (one worker per core) and deterministic: a level's
+// frontier is cut into blocks of 256 states; workers expand a wave of blocks
+// at once, reading the visited set, and the wave is then merged in block order,
+// numbering new states in the order a sequential search would, so two runs
+// report the same counterexample whatever the core count.
 //
 // [Simulate] explores by seeded random walks instead, for bounds too large to
 // exhaust; a walk replays exactly from its seed.

@@ -41,7 +41,8 @@ type SimStats struct {
 type Options struct {
 	Workers   int
 	MaxStates int
-	All       bool // look for every property's first violation, not only the first one
+	MaxMemory uint64 // bytes of live heap; see checker.Options.MaxMemory
+	All       bool   // look for every property's first violation, not only the first one
 	Progress  func(checker.Stats)
 }
 
@@ -60,7 +61,7 @@ func Properties(m *spec.Model) checker.Properties[spec.State] {
 // checkerOptions are the options every spec exploration uses: a deadlock is a
 // Termination violation, since Finished is exactly Termination's goal.
 func checkerOptions(opt Options) checker.Options {
-	return checker.Options{Workers: opt.Workers, MaxStates: opt.MaxStates, All: opt.All, Progress: opt.Progress, DeadlockName: spec.Termination}
+	return checker.Options{Workers: opt.Workers, MaxStates: opt.MaxStates, MaxMemory: opt.MaxMemory, All: opt.All, Progress: opt.Progress, DeadlockName: spec.Termination}
 }
 
 // Check explores cfg exhaustively.

@@ -61,7 +61,7 @@ func (x *Matrix) OK() bool {
 // exploration per core. progress, if set, is told of each combination checked.
 func DefenseMatrix(cfg spec.Config, maxSize int, opt Options, progress func(set spec.Switches, r *Report)) (*Matrix, error) {
 	cfg.Bugs = 0
-	base, err := Check(cfg, Options{MaxStates: opt.MaxStates})
+	base, err := Check(cfg, Options{MaxStates: opt.MaxStates, MaxMemory: opt.MaxMemory})
 	if err != nil {
 		return nil, err
 	}
@@ -187,7 +187,7 @@ func runAll(cfg spec.Config, sets []spec.Switches, opt Options, progress func(sp
 	parallel.For(len(sets), func(i int) {
 		c := cfg
 		c.Bugs = sets[i]
-		out[i], errs[i] = CheckNeeding(c, Options{MaxStates: opt.MaxStates})
+		out[i], errs[i] = CheckNeeding(c, Options{MaxStates: opt.MaxStates, MaxMemory: opt.MaxMemory})
 		if progress != nil && errs[i] == nil {
 			mu.Lock()
 			progress(sets[i], out[i])
@@ -214,7 +214,7 @@ func CheckNeeding(cfg spec.Config, opt Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	res, err := checker.CheckAccepting(m, Properties(m), checkerOptions(Options{Workers: 1, MaxStates: opt.MaxStates}), accept)
+	res, err := checker.CheckAccepting(m, Properties(m), checkerOptions(Options{Workers: 1, MaxStates: opt.MaxStates, MaxMemory: opt.MaxMemory}), accept)
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,210 @@
+package checker
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+)
+
+// Encoder is implemented by a model whose states can be written compactly. The
+// checker then holds the BFS frontier (the states still to expand, the only
+// whole states it keeps) as encodings, and spills it to disk past
+// Options.FrontierMemory. Without it the frontier is a slice of states, in memory.
+type Encoder[S any] interface {
+	// AppendState appends a lossless encoding of *s to dst.
+	AppendState(dst []byte, s *S) []byte
+	// DecodeState sets *s to the state that src encodes.
+	DecodeState(src []byte, s *S) error
+}
+
+// blockStates is how many frontier states a worker expands at a time.
+const blockStates = 256
+
+// block is a run of frontier states, in BFS order.
+type block[S any] struct {
+	idx    []int32 // state numbers
+	states []S     // without an encoder
+	data   []byte  // with an encoder: per state, a uvarint length and the encoding
+}
+
+func (b *block[S]) len() int { return len(b.idx) }
+
+func (b *block[S]) bytes() int { return 4*cap(b.idx) + cap(b.data) + cap(b.states)*sizeOf[S]() }
+
+// frontier is a FIFO of blocks: a prefix spilled to a file, the rest in memory.
+type frontier[S any] struct {
+	encoded  bool
+	budget   int // bytes of blocks in memory before spilling the oldest
+	dir      string
+	mem      []*block[S] // in order, after the spilled blocks
+	memBytes int
+	states   int
+
+	file         *os.File
+	w            *bufio.Writer
+	r            *bufio.Reader
+	spilled      int // blocks in the file not yet read
+	spilledBytes int64
+	hdr          [8]byte
+	free         *[]*block[S] // blocks to reuse, shared by the frontiers of one run
+}
+
+func (f *frontier[S]) newBlock() *block[S] {
+	if n := len(*f.free); n > 0 {
+		b := (*f.free)[n-1]
+		*f.free = (*f.free)[:n-1]
+		b.idx, b.states, b.data = b.idx[:0], b.states[:0], b.data[:0]
+		return b
+	}
+	return &block[S]{idx: make([]int32, 0, blockStates)}
+}
+
+// recycle takes back a block whose states were expanded.
+func (f *frontier[S]) recycle(b *block[S]) {
+	if len(*f.free) < 256 {
+		clear(b.states) // states may hold references
+		*f.free = append(*f.free, b)
+	}
+}
+
+// tail returns the block to append to, starting a new one when the last is full.
+func (f *frontier[S]) tail() (*block[S], error) {
+	if n := len(f.mem); n > 0 && f.mem[n-1].len() < blockStates {
+		return f.mem[n-1], nil
+	}
+	if err := f.spillIfOver(); err != nil {
+		return nil, err
+	}
+	b := f.newBlock()
+	f.mem = append(f.mem, b)
+	return b, nil
+}
+
+func (f *frontier[S]) pushState(idx int32, s S) error {
+	b, err := f.tail()
+	if err != nil {
+		return err
+	}
+	b.idx = append(b.idx, idx)
+	b.states = append(b.states, s)
+	f.states++
+	if b.len() == blockStates {
+		f.memBytes += b.bytes()
+	}
+	return nil
+}
+
+func (f *frontier[S]) pushEncoded(idx int32, enc []byte) error {
+	b, err := f.tail()
+	if err != nil {
+		return err
+	}
+	b.idx = append(b.idx, idx)
+	b.data = binary.AppendUvarint(b.data, uint64(len(enc)))
+	b.data = append(b.data, enc...)
+	f.states++
+	if b.len() == blockStates {
+		f.memBytes += b.bytes()
+	}
+	return nil
+}
+
+// errSpill wraps a failure to write or read the frontier's spill file.
+var errSpill = errors.New("checker: frontier spill file")
+
+// spillIfOver writes the oldest full in-memory blocks to the spill file while
+// the blocks in memory exceed the budget. Only encoded frontiers spill.
+func (f *frontier[S]) spillIfOver() error {
+	if !f.encoded || f.budget <= 0 {
+		return nil
+	}
+	for f.memBytes > f.budget && len(f.mem) > 1 {
+		if f.file == nil {
+			file, err := os.CreateTemp(f.dir, "kvhandoff-frontier-*")
+			if err != nil {
+				return fmt.Errorf("%w: %v", errSpill, err)
+			}
+			os.Remove(file.Name()) // unlinked: the space is freed when it is closed, even on a crash
+			f.file, f.w = file, bufio.NewWriterSize(file, 1<<20)
+		}
+		b := f.mem[0]
+		binary.LittleEndian.PutUint32(f.hdr[:4], uint32(len(b.idx)))
+		binary.LittleEndian.PutUint32(f.hdr[4:], uint32(len(b.data)))
+		if _, err := f.w.Write(f.hdr[:]); err != nil {
+			return fmt.Errorf("%w: %v", errSpill, err)
+		}
+		var n [4]byte
+		for _, i := range b.idx {
+			binary.LittleEndian.PutUint32(n[:], uint32(i))
+			f.w.Write(n[:])
+		}
+		if _, err := f.w.Write(b.data); err != nil {
+			return fmt.Errorf("%w: %v", errSpill, err)
+		}
+		f.spilled++
+		f.spilledBytes += int64(8 + 4*len(b.idx) + len(b.data))
+		f.memBytes -= b.bytes()
+		f.mem = f.mem[1:]
+		f.recycle(b)
+	}
+	return nil
+}
+
+// take removes and returns the oldest block, or nil when the frontier is empty.
+func (f *frontier[S]) take() (*block[S], error) {
+	if f.spilled > 0 {
+		if f.r == nil {
+			if err := f.w.Flush(); err != nil {
+				return nil, fmt.Errorf("%w: %v", errSpill, err)
+			}
+			if _, err := f.file.Seek(0, io.SeekStart); err != nil {
+				return nil, fmt.Errorf("%w: %v", errSpill, err)
+			}
+			f.r = bufio.NewReaderSize(f.file, 1<<20)
+		}
+		if _, err := io.ReadFull(f.r, f.hdr[:]); err != nil {
+			return nil, fmt.Errorf("%w: %v", errSpill, err)
+		}
+		n, size := binary.LittleEndian.Uint32(f.hdr[:4]), binary.LittleEndian.Uint32(f.hdr[4:])
+		b := f.newBlock()
+		var w [4]byte
+		for range n {
+			if _, err := io.ReadFull(f.r, w[:]); err != nil {
+				return nil, fmt.Errorf("%w: %v", errSpill, err)
+			}
+			b.idx = append(b.idx, int32(binary.LittleEndian.Uint32(w[:])))
+		}
+		if cap(b.data) < int(size) {
+			b.data = make([]byte, size)
+		}
+		b.data = b.data[:size]
+		if _, err := io.ReadFull(f.r, b.data); err != nil {
+			return nil, fmt.Errorf("%w: %v", errSpill, err)
+		}
+		f.spilled--
+		f.states -= int(n)
+		return b, nil
+	}
+	if len(f.mem) == 0 {
+		return nil, nil
+	}
+	b := f.mem[0]
+	f.mem[0] = nil
+	f.mem = f.mem[1:]
+	if b.len() == blockStates {
+		f.memBytes -= b.bytes()
+	}
+	f.states -= b.len()
+	return b, nil
+}
+
+// close releases the spill file.
+func (f *frontier[S]) close() {
+	if f.file != nil {
+		f.file.Close()
+		f.file, f.w, f.r = nil, nil, nil
+	}
+}
