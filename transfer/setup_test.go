@@ -3,72 +3,47 @@ package transfer
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"math/big"
 	"net"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/kvhandoff/kvhandoff/internal/pki"
 	"github.com/kvhandoff/kvhandoff/protocol"
 	"github.com/kvhandoff/kvhandoff/rdma"
 	"github.com/kvhandoff/kvhandoff/rdma/inproc"
 )
 
-// testCA is a throwaway CA in memory: it issues node certificates naming a
-// node, for both client and server use.
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pool *x509.CertPool
-}
+// testCA is a throwaway authority in memory (internal/pki).
+type testCA struct{ ca *pki.CA }
 
 func newTestCA(t *testing.T) *testCA {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	ca, err := pki.NewCA("transfer-setup-test")
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "kvhandoff test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true,
-		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, _ := x509.ParseCertificate(der)
-	pool := x509.NewCertPool()
-	pool.AddCert(cert)
-	return &testCA{cert: cert, key: key, pool: pool}
+	return &testCA{ca}
 }
 
-// config is node name's mutual TLS configuration under this CA.
-func (ca *testCA) config(t *testing.T, name string) *tls.Config {
+// config is node name's mutual TLS configuration under this authority.
+func (c *testCA) config(t *testing.T, name string) *tls.Config {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tc, err := c.ca.Config(name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	serial, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
-	tmpl := &x509.Certificate{SerialNumber: serial, Subject: pkix.Name{CommonName: name}, DNSNames: []string{name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}, RootCAs: ca.pool, ClientCAs: ca.pool}
+	return tc
 }
+
+func (c *testCA) pool() *x509.CertPool { return c.ca.Pool() }
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
@@ -348,9 +323,9 @@ func TestSetupAllocatesNothingForStrangers(t *testing.T) {
 		m := newPrefill(t, devs[2])
 		return m.Dial(ctx, "decode-1", ln.Addr().String(), SetupConfig{Name: name, TLS: tc, Insecure: tc == nil, Timeout: 500 * time.Millisecond, Log: quiet})
 	}
-	noCert := &tls.Config{RootCAs: ca.pool}
+	noCert := &tls.Config{RootCAs: ca.pool()}
 	foreignCA := other.config(t, "prefill-1")
-	foreignCA.RootCAs = ca.pool
+	foreignCA.RootCAs = ca.pool()
 	for what, err := range map[string]error{
 		"no certificate":            dial("prefill-1", noCert),
 		"another CA's certificate":  dial("prefill-1", foreignCA),
