@@ -14,6 +14,7 @@ import (
 )
 
 const benchUsage = `usage: kvhandoff bench transfer [flags]
+       kvhandoff bench handoff [flags]  (end-to-end handoffs through endpoints; kvhandoff bench handoff -h)
        kvhandoff bench engine [flags]   (the bundled engine; kvhandoff bench engine -h)
 
 Measures a provider's WRITE throughput for page sizes from 4 KiB to 4 MiB, next to
@@ -83,6 +84,9 @@ var benchProviders = map[string]benchProvider{
 func runBench(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "engine" {
 		return runBenchEngine(args[1:], stdout, stderr)
+	}
+	if len(args) > 0 && args[0] == "handoff" {
+		return runBenchHandoff(args[1:], stdout, stderr)
 	}
 	if len(args) == 0 || args[0] != "transfer" {
 		fmt.Fprint(stderr, benchUsage)

@@ -7,6 +7,7 @@
 //	kvhandoff sim [flags]            seeded simulation of the implementation
 //	kvhandoff lincheck [flags]       linearizability of the concurrent APIs
 //	kvhandoff bench transfer         the transport's throughput against a memory copy
+//	kvhandoff bench handoff          end-to-end handoffs through endpoints, against the provider
 package main
 
 import (
@@ -27,7 +28,8 @@ commands:
   check     model-check the executable spec of the handoff protocol
   sim       simulate the protocol implementation over seeded workloads and faults
   lincheck  check the concurrent APIs for linearizability
-  bench     bench transfer: the transport's throughput against a memory copy
+  bench     bench transfer: the transport's throughput against a memory copy;
+            bench handoff: end-to-end handoffs through endpoints against the provider
 
 kvhandoff <command> -h lists a command's flags.
 `
