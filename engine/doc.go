@@ -22,12 +22,30 @@
 //	out, err := e.Generate(kv.Table(refs), prompt, n, sampler)
 //	cache.Pool().Release(id, refs)
 //
-// and split over the handoff: the prefill node runs e.Prefill(table, prompt),
-// which writes the prompt's KV into its source pages, and the transport WRITEs
-// those pages with their tag records into pages the decode node granted; after
-// verification the decode node runs e.Decode(table, prompt, n, sampler) over
-// them. Decode recomputes the last prompt position (its KV is identical) to get
-// that position's logits, then appends its own tokens' KV to the table's pages.
+// and split over the handoff (package transfer), with no copy of the KV on
+// the CPU path:
+//
+//	// prefill node: the engine computes into the endpoint's source pages
+//	src := engine.NewSource()
+//	p, _ := transfer.NewPrefill(dev, transfer.PrefillConfig{..., PageBytes: g.PageBytes(), KV: src})
+//	cache, _ := kv.OverPages(g, p.Pages(), kv.Unversioned)
+//	e, _ := engine.New(m, cpu.New(), cache, engine.Options{}); src.Use(e)
+//	src.Expect(id, prompt); p.Submit(id, "decode-1", len(prompt)) // FillKV runs e.Prefill
+//
+//	// decode node: the engine reads the pages the WRITEs placed, checked
+//	// against the endpoint's epochs, and appends its own tokens in pages
+//	// of its own past the grant
+//	all := append(d.Pages(), ownPages...)
+//	cache, _ := kv.OverPages(g, all, kv.Split{At: len(d.Pages()), Low: d, High: ownPool})
+//	pages, _ := d.Acquire(id)             // after Verified
+//	table, _ := cache.Lookup(pages)        // the pages at the epochs granted
+//	table = append(table, kv.Shift(ownRefs, at)...)
+//	out, err := e.Decode(table, prompt, n, sampler, stop)
+//	d.Finish(id)
+//
+// Decode recomputes the last prompt position (its KV is identical) to get
+// that position's logits, then appends its own tokens' KV to the table's
+// pages.
 //
 // Every step checks every page it reads or writes against the pool's current
 // epoch (package kv); a mismatch fails the request with a *kv.TagError naming

@@ -14,9 +14,10 @@ type Backend interface {
 	// device; the caller does not change them afterwards.
 	Load(m *model.Model) error
 	// AttachPool gives the backend the KV pool. The geometry must be the
-	// model's (layers, kv heads, head size). The host region is where pages
-	// arrive from and leave to the transport; a device backend keeps its own
-	// copy of the pool in device memory.
+	// model's (layers, kv heads, head size). The host pages (c.Payload(p),
+	// c.Floats(p); not necessarily one region) are where pages arrive from
+	// and leave to the transport; a device backend keeps its own copy of the
+	// pool, c.Pages() pages, in device memory.
 	AttachPool(c *kv.Cache) error
 	// SetEpochs records the current epochs of pages (same length) in the
 	// backend's mirror, which Forward's tag check reads.

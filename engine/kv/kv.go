@@ -79,12 +79,21 @@ func (e *TagError) Error() string {
 // Unwrap makes a TagError match protocol.ErrTagMismatch.
 func (e *TagError) Unwrap() error { return protocol.ErrTagMismatch }
 
-// Cache is a pool of KV pages in one region, with the protocol.Pool that owns
-// their epochs.
+// Epochs is where a cache reads each page's current epoch: a protocol.Pool,
+// or a transport endpoint that owns one (and locks it).
+type Epochs interface {
+	Epoch(page uint32) uint64
+}
+
+// Cache is a pool of KV pages, with the source of their current epochs.
 type Cache struct {
-	geom   Geometry
-	region []byte
-	pool   *protocol.Pool
+	geom     Geometry
+	region   []byte   // the whole region (New, Over); nil for OverPages
+	payloads [][]byte // page p's KV bytes
+	tags     [][]byte // page p's tag record slot; nil for OverPages
+	pool     *protocol.Pool
+	epochs   Epochs
+	index    map[*byte]uint32 // a payload's first byte -> its page
 }
 
 // New allocates a region of pages pages and a fresh pool for them.
@@ -111,73 +120,178 @@ func Over(g Geometry, region []byte, pool *protocol.Pool) (*Cache, error) {
 	if pool == nil || pool.Len() == 0 {
 		return nil, fmt.Errorf("%w: no pool", ErrGeometry)
 	}
-	if len(region) < pool.Len()*g.Stride() {
-		return nil, fmt.Errorf("%w: region of %d bytes holds fewer than %d pages of %d bytes", ErrGeometry, len(region), pool.Len(), g.Stride())
+	n, stride, pb := pool.Len(), g.Stride(), g.PageBytes()
+	if len(region) < n*stride {
+		return nil, fmt.Errorf("%w: region of %d bytes holds fewer than %d pages of %d bytes", ErrGeometry, len(region), n, stride)
 	}
-	if uintptr(unsafe.Pointer(unsafe.SliceData(region)))%4 != 0 {
-		return nil, fmt.Errorf("%w: region is not 4-byte aligned", ErrGeometry)
+	payloads, tags := make([][]byte, n), make([][]byte, n)
+	for p := range payloads {
+		o := p * stride
+		payloads[p] = region[o : o+pb : o+pb]
+		tags[p] = region[o+pb : o+stride : o+stride]
 	}
-	return &Cache{geom: g, region: region[:pool.Len()*g.Stride()], pool: pool}, nil
+	c, err := overPages(g, payloads, pool)
+	if err != nil {
+		return nil, err
+	}
+	c.region, c.tags, c.pool = region[:n*stride], tags, pool
+	return c, nil
+}
+
+// OverPages wraps pages someone else holds, page p's KV bytes at payloads[p]
+// (a transport endpoint's pages, such as transfer.Decode.Pages), with the
+// source of their epochs. Each must be PageBytes long and 4-byte aligned. Such
+// a cache has no tag record slots: the endpoint verifies its pages itself.
+func OverPages(g Geometry, payloads [][]byte, epochs Epochs) (*Cache, error) {
+	if err := g.Validate(); err != nil {
+		return nil, err
+	}
+	if epochs == nil {
+		return nil, fmt.Errorf("%w: no epochs", ErrGeometry)
+	}
+	return overPages(g, payloads, epochs)
+}
+
+func overPages(g Geometry, payloads [][]byte, epochs Epochs) (*Cache, error) {
+	if len(payloads) == 0 {
+		return nil, fmt.Errorf("%w: no pages", ErrGeometry)
+	}
+	c := &Cache{geom: g, payloads: payloads, epochs: epochs, index: make(map[*byte]uint32, len(payloads))}
+	for p, b := range payloads {
+		if len(b) != g.PageBytes() {
+			return nil, fmt.Errorf("%w: page %d has %d bytes, the geometry %d", ErrGeometry, p, len(b), g.PageBytes())
+		}
+		if uintptr(unsafe.Pointer(unsafe.SliceData(b)))%4 != 0 {
+			return nil, fmt.Errorf("%w: page %d is not 4-byte aligned", ErrGeometry, p)
+		}
+		if _, dup := c.index[&b[0]]; dup {
+			return nil, fmt.Errorf("%w: page %d is listed twice", ErrGeometry, p)
+		}
+		c.index[&b[0]] = uint32(p)
+	}
+	return c, nil
 }
 
 // Geometry is the cache's page geometry.
 func (c *Cache) Geometry() Geometry { return c.geom }
 
-// Pool is the pool that owns the pages' epochs.
+// Pool is the pool that owns the pages' epochs, or nil for a cache made by
+// OverPages (its epochs come from elsewhere).
 func (c *Cache) Pool() *protocol.Pool { return c.pool }
 
 // Pages is the number of pages.
-func (c *Cache) Pages() int { return c.pool.Len() }
+func (c *Cache) Pages() int { return len(c.payloads) }
 
-// Region is the whole pool region: pages and tag records.
+// Region is the whole pool region, pages and tag records, or nil for a cache
+// made by OverPages.
 func (c *Cache) Region() []byte { return c.region }
 
 // Payload is page's KV bytes (protocol.PageMemory).
-func (c *Cache) Payload(page uint32) []byte {
-	o := int(page) * c.geom.Stride()
-	return c.region[o : o+c.geom.PageBytes() : o+c.geom.PageBytes()]
-}
+func (c *Cache) Payload(page uint32) []byte { return c.payloads[page] }
 
-// TagRecord is page's tag record slot (protocol.PageMemory).
+// TagRecord is page's tag record slot (protocol.PageMemory); nil for a cache
+// made by OverPages.
 func (c *Cache) TagRecord(page uint32) []byte {
-	o := int(page)*c.geom.Stride() + c.geom.PageBytes()
-	return c.region[o : o+protocol.TagSize : o+protocol.TagSize]
+	if c.tags == nil {
+		return nil
+	}
+	return c.tags[page]
 }
 
 // Page is page's KV bytes (protocol.SourceMemory, for a prefill node).
 func (c *Cache) Page(page uint32) []byte { return c.Payload(page) }
 
-// Floats is page's KV as float32 values, aliasing the region.
+// Floats is page's KV as float32 values, aliasing its bytes.
 func (c *Cache) Floats(page uint32) []float32 {
-	b := c.Payload(page)
+	b := c.payloads[page]
 	return unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/4)
 }
 
-// Epochs is the pool's current epoch of every page in table, in table order,
+// Epoch is page's current epoch.
+func (c *Cache) Epoch(page uint32) uint64 { return c.epochs.Epoch(page) }
+
+// Epochs is the current epoch of every page in table, in table order,
 // appended to dst: what a backend mirrors before a step.
 func (c *Cache) Epochs(dst []uint64, table Table) []uint64 {
 	for _, ref := range table {
-		dst = append(dst, c.pool.Epoch(ref.Page))
+		dst = append(dst, c.epochs.Epoch(ref.Page))
 	}
 	return dst
 }
 
-// Check is the read-time check of one table entry against the pool.
+// Check is the read-time check of one table entry against the epochs.
 func (c *Cache) Check(table Table, index int) error {
 	ref := table[index]
-	if cur := c.pool.Epoch(ref.Page); cur != ref.Epoch {
+	if cur := c.epochs.Epoch(ref.Page); cur != ref.Epoch {
 		return &TagError{Index: index, Page: ref.Page, Held: ref.Epoch, Current: cur}
 	}
 	return nil
+}
+
+// Lookup is the table of pages, which must be this cache's own pages (the
+// same memory, as a transport endpoint hands them out: transfer's FillKV
+// and Acquire), each at its current epoch: the tags a request holds from
+// the moment the endpoint handed it the pages.
+func (c *Cache) Lookup(pages [][]byte) (Table, error) {
+	t := make(Table, len(pages))
+	for i, b := range pages {
+		if len(b) != c.geom.PageBytes() {
+			return nil, fmt.Errorf("%w: page %d of the request has %d bytes, the geometry %d", ErrGeometry, i, len(b), c.geom.PageBytes())
+		}
+		p, ok := c.index[&b[0]]
+		if !ok {
+			return nil, fmt.Errorf("%w: page %d of the request is not a page of this cache", ErrGeometry, i)
+		}
+		t[i] = protocol.PageRef{Page: p, Epoch: c.epochs.Epoch(p)}
+	}
+	return t, nil
 }
 
 // ValidTable checks that every page of table is in the pool, so a backend can
 // index without bounds failures.
 func (c *Cache) ValidTable(table Table) error {
 	for i, ref := range table {
-		if int(ref.Page) >= c.pool.Len() {
-			return fmt.Errorf("%w: table entry %d names page %d of a pool of %d", ErrGeometry, i, ref.Page, c.pool.Len())
+		if int(ref.Page) >= len(c.payloads) {
+			return fmt.Errorf("%w: table entry %d names page %d of a pool of %d", ErrGeometry, i, ref.Page, len(c.payloads))
 		}
 	}
 	return nil
+}
+
+type unversioned struct{}
+
+func (unversioned) Epoch(uint32) uint64 { return 0 }
+
+// Unversioned is the epochs of pages that never change hands while a request
+// uses them: a prefill node's source pages, which are a request's for the
+// whole call that computes them (transfer's FillKV runs under the endpoint's
+// lock). The read-time check then always passes; it is the decode node's
+// pages, reallocated between requests, that need real epochs.
+var Unversioned Epochs = unversioned{}
+
+// Split is the epochs of a cache whose pages are two sets: pages below At
+// are Low's (a decode endpoint's, which the transport fills), pages from At
+// on are High's, numbered from 0 there (a pool of the decode node's own, for
+// the tokens it generates past what the transport granted).
+type Split struct {
+	At   uint32
+	Low  Epochs
+	High Epochs
+}
+
+// Epoch is page's epoch in whichever set holds it.
+func (s Split) Epoch(page uint32) uint64 {
+	if page < s.At {
+		return s.Low.Epoch(page)
+	}
+	return s.High.Epoch(page - s.At)
+}
+
+// Shift is refs (of High's pool) as pages of a Split cache with the given At.
+func Shift(refs []protocol.PageRef, at uint32) Table {
+	t := make(Table, len(refs))
+	for i, r := range refs {
+		t[i] = protocol.PageRef{Page: r.Page + at, Epoch: r.Epoch}
+	}
+	return t
 }

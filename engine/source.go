@@ -1,0 +1,70 @@
+package engine
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/kvhandoff/kvhandoff/protocol"
+)
+
+// Source computes requests' KV on a prefill node: it is the transport's
+// KVSource (transfer.PrefillConfig.KV). Its engine's cache must be over the
+// endpoint's source pages (kv.OverPages(g, prefill.Pages(), kv.Unversioned)),
+// so the KV is computed straight into the memory the WRITEs send.
+//
+// The endpoint exists before the engine whose cache is over its pages, so a
+// Source is made first (NewSource) and given its engine with Use before the
+// node submits anything.
+type Source struct {
+	mu      sync.Mutex
+	e       *Engine
+	prompts map[protocol.RequestID][]int
+}
+
+// NewSource is a KV source without an engine yet.
+func NewSource() *Source { return &Source{prompts: map[protocol.RequestID][]int{}} }
+
+// Use makes e the source's engine.
+func (s *Source) Use(e *Engine) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.e = e
+}
+
+// Expect records request id's prompt, before the node submits id.
+func (s *Source) Expect(id protocol.RequestID, prompt []int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.prompts[id] = append([]int(nil), prompt...)
+}
+
+// Forget drops id's prompt (a request that was never submitted).
+func (s *Source) Forget(id protocol.RequestID) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.prompts, id)
+}
+
+// FillKV computes request id's prompt KV into pages, the request's source
+// pages in order. The prompt must be the one Expect recorded, tokens long.
+func (s *Source) FillKV(id protocol.RequestID, tokens int, pages [][]byte) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.e == nil {
+		return fmt.Errorf("%w: the KV source has no engine", ErrBadRequest)
+	}
+	prompt, ok := s.prompts[id]
+	if !ok {
+		return fmt.Errorf("%w: no prompt for request %d", ErrBadRequest, id)
+	}
+	delete(s.prompts, id)
+	if tokens != len(prompt) {
+		return fmt.Errorf("%w: request %d: %d tokens to compute, its prompt has %d", ErrBadRequest, id, tokens, len(prompt))
+	}
+	table, err := s.e.cache.Lookup(pages)
+	if err != nil {
+		return err
+	}
+	_, err = s.e.Prefill(table, prompt)
+	return err
+}

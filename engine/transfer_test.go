@@ -1,0 +1,172 @@
+package engine_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/kvhandoff/kvhandoff/engine"
+	"github.com/kvhandoff/kvhandoff/engine/cpu"
+	"github.com/kvhandoff/kvhandoff/engine/kv"
+	"github.com/kvhandoff/kvhandoff/engine/model"
+	"github.com/kvhandoff/kvhandoff/protocol"
+	"github.com/kvhandoff/kvhandoff/rdma/inproc"
+	"github.com/kvhandoff/kvhandoff/transfer"
+)
+
+// The handoff with real KV: the prefill node's engine computes the prompt's
+// KV straight into the transport's source pages (its KVSource), the WRITEs
+// move those bytes into the decode node's pages, and the decode node's engine
+// decodes from the very bytes that landed, checking every page against the
+// decode pool's epochs. The answer is the one a single node gives.
+func TestHandoffOverTheTransportDecodesWhatOneNodeWould(t *testing.T) {
+	m := model.Builtin(3)
+	const pageTokens, pages = 16, 12
+	g := engine.GeometryOf(m.Config, pageTokens)
+	fabric := inproc.NewFabric(t.Name())
+	source := engine.NewSource()
+	p, err := transfer.NewPrefill(fabric.Device("prefill"), transfer.PrefillConfig{Pages: pages, PageTokens: pageTokens, PageBytes: g.PageBytes(), KV: source})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := transfer.NewDecode(fabric.Device("decode"), transfer.DecodeConfig{Pages: pages, PageTokens: pageTokens, PageBytes: g.PageBytes(), Timeout: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := transfer.ConnectLocal(p, "prefill", d, "decode"); err != nil {
+		t.Fatal(err)
+	}
+	srcCache, err := kv.OverPages(g, p.Pages(), kv.Unversioned)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prefill, err := engine.New(m, cpu.New(), srcCache, engine.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	source.Use(prefill)
+	// The decode node's cache: the endpoint's pages, which the transport
+	// fills, then pages of its own for the tokens it generates past the grant.
+	const own = 4
+	ownPool := protocol.NewPool(own)
+	all := d.Pages()
+	for range own {
+		all = append(all, make([]byte, g.PageBytes()))
+	}
+	dstCache, err := kv.OverPages(g, all, kv.Split{At: pages, Low: d, High: ownPool})
+	if err != nil {
+		t.Fatal(err)
+	}
+	decode, err := engine.New(m, cpu.New(), dstCache, engine.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	text := "Tenant 7 says: the canary is bX-44-Lq@9, then more words after the canary. Several pages of text, to cross them. Again: the canary is "
+	prompt := model.Bytes{}.Encode(text, false, false)
+	const n = 40
+	want := func() string {
+		e := newEngine(t, m, pageTokens, pages, engine.Options{})
+		refs, _ := e.Cache().Pool().Allocate(1, g.PagesFor(len(prompt)+n))
+		out, err := e.Generate(kv.Table(refs), prompt, n, model.Greedy(), -1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return model.Decode(model.Bytes{}, out, -1)
+	}()
+	if want[:11] != "bX-44-Lq@9," {
+		t.Fatalf("one node answers %q", want)
+	}
+
+	const id = protocol.RequestID(42)
+	source.Expect(id, prompt)
+	// The decode node reserves pages for the prompt only; decode appends its
+	// own tokens' KV after it, into its own pages once the grant's are full.
+	extra, err := ownPool.Allocate(id, g.PagesFor(len(prompt)+n)-g.PagesFor(len(prompt)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Submit(id, "decode", len(prompt)); err != nil {
+		t.Fatal(err)
+	}
+	got := ""
+	now := time.Unix(1, 0)
+	for deadline := time.Now().Add(10 * time.Second); got == "" && time.Now().Before(deadline); {
+		now = now.Add(time.Millisecond)
+		p.Poll(now)
+		d.Poll(now)
+		for _, ev := range append(p.Events(), d.Events()...) {
+			if ev.Kind == transfer.Outcome && ev.Err != nil {
+				t.Fatalf("request %d failed on %s: %v", ev.Request, ev.Peer, ev.Err)
+			}
+			if ev.Kind != transfer.Verified {
+				continue
+			}
+			pagesIn, err := d.Acquire(ev.Request)
+			if err != nil {
+				t.Fatal(err)
+			}
+			table, err := dstCache.Lookup(pagesIn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			table = append(table, kv.Shift(extra, pages)...)
+			out, err := decode.Decode(table, prompt, n, model.Greedy(), -1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got = model.Decode(model.Bytes{}, out, -1)
+			if err := d.Finish(ev.Request); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	if got != want {
+		t.Fatalf("over the handoff: %q, one node: %q", got, want)
+	}
+}
+
+// Lookup accepts only the cache's own pages, and FillKV only a request whose
+// prompt it was told, with the token count the transport asks for.
+func TestSourceAndLookupRefuseWhatIsNotTheirs(t *testing.T) {
+	m := model.Builtin(3)
+	g := engine.GeometryOf(m.Config, 16)
+	mine := make([][]byte, 4)
+	for i := range mine {
+		mine[i] = make([]byte, g.PageBytes())
+	}
+	c, err := kv.OverPages(g, mine, kv.Unversioned)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := engine.New(m, cpu.New(), c, engine.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Lookup([][]byte{make([]byte, g.PageBytes())}); !errors.Is(err, kv.ErrGeometry) {
+		t.Fatalf("foreign page: %v", err)
+	}
+	if _, err := c.Lookup([][]byte{mine[0][:8]}); !errors.Is(err, kv.ErrGeometry) {
+		t.Fatalf("short page: %v", err)
+	}
+	s := engine.NewSource()
+	if err := s.FillKV(1, 3, mine[:1]); !errors.Is(err, engine.ErrBadRequest) {
+		t.Fatalf("no engine: %v", err)
+	}
+	s.Use(e)
+	if err := s.FillKV(1, 3, mine[:1]); !errors.Is(err, engine.ErrBadRequest) {
+		t.Fatalf("unknown request: %v", err)
+	}
+	s.Expect(1, []int{1, 2, 3})
+	if err := s.FillKV(1, 4, mine[:1]); !errors.Is(err, engine.ErrBadRequest) {
+		t.Fatalf("wrong token count: %v", err)
+	}
+	s.Expect(2, []int{1, 2, 3})
+	if err := s.FillKV(2, 3, mine[1:2]); err != nil {
+		t.Fatal(err)
+	}
+	if nonzero := c.Floats(1)[0] != 0 || c.Floats(1)[1] != 0; !nonzero {
+		t.Fatal("FillKV left the request's page empty")
+	}
+}
