@@ -1,6 +1,7 @@
 package linearizability
 
 import (
+	"bytes"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -45,6 +46,18 @@ type recorder struct {
 	ops   []porcupine.Operation
 	notes []porcupine.Annotation
 }
+
+// tagKey is the tag key of every queue pair here: the checks are of
+// concurrency, not of who wrote a page.
+var tagKey = func() *protocol.TagKey {
+	k, err := protocol.NewTagKey(bytes.Repeat([]byte{0x11}, protocol.TagKeySecretSize), protocol.SumXXH3)
+	if err != nil {
+		panic(err)
+	}
+	return k
+}()
+
+func tagKeys(protocol.PeerID) *protocol.TagKey { return tagKey }
 
 func (r *recorder) now() int64 { return time.Since(r.start).Nanoseconds() }
 
@@ -158,7 +171,7 @@ func Run(cfg Config) (*Result, error) {
 		mem.payload = append(mem.payload, make([]byte, 32))
 		mem.tags = append(mem.tags, make([]byte, protocol.TagSize))
 	}
-	recv, err := protocol.NewSharedReceiver(protocol.ReceiverConfig{Pages: requests, PageTokens: 4, Memory: mem,
+	recv, err := protocol.NewSharedReceiver(protocol.ReceiverConfig{Pages: requests, PageTokens: 4, Memory: mem, TagKeys: tagKeys,
 		Region: func(p uint32) (uint64, uint32) { return uint64(p), 1 }, Research: cfg.Bugs})
 	if err != nil {
 		return nil, err
@@ -187,7 +200,7 @@ func Run(cfg Config) (*Result, error) {
 				if g, ok := s.Msg.(*protocol.Grant); ok && g.Request == id {
 					p := g.Pages[0]
 					copy(mem.payload[p.Page], fmt.Sprintf("kv of request %d", id))
-					copy(mem.tags[p.Page], protocol.Tag{Request: id, Epoch: p.Epoch, Index: 0, Tokens: 4, Sum: checksum.Sum(mem.payload[p.Page])}.Append(nil))
+					copy(mem.tags[p.Page], protocol.Tag{Request: id, Epoch: p.Epoch, Index: 0, Tokens: 4, Sum: checksum.Sum(mem.payload[p.Page])}.Append(nil, tagKey))
 				}
 			}
 			if cfg.Faults && rng.IntN(25) == 0 {

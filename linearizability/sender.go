@@ -148,7 +148,7 @@ func RunSender(cfg Config) (*Result, error) {
 	}
 	start := time.Now()
 	requests, transportOps := transportShare(cfg.Ops)
-	snd, err := protocol.NewSharedSender(protocol.SenderConfig{Pages: requests, PageTokens: 4, Memory: sourceMemory{}})
+	snd, err := protocol.NewSharedSender(protocol.SenderConfig{Pages: requests, PageTokens: 4, Memory: sourceMemory{}, TagKeys: tagKeys})
 	if err != nil {
 		return nil, err
 	}

@@ -143,7 +143,7 @@ func NewRefinementWith(cfg spec.Config, bugs research.Switches) (*Refinement, er
 	tenant := spec.Label{Req: spec.Tenant}
 	for p := 0; p < cfg.DecodePages; p++ { // an earlier tenant's KV and tag record: pages are never zeroed
 		h.fill(h.dst.payload[p], tenant)
-		copy(h.dst.tags[p], protocol.Tag{Request: tenantID, Tokens: 1, Sum: checksum.Sum(h.dst.payload[p])}.Append(nil))
+		copy(h.dst.tags[p], protocol.Tag{Request: tenantID, Tokens: 1, Sum: checksum.Sum(h.dst.payload[p])}.Append(nil, refKey))
 	}
 	// Both nodes advertise what the spec's router trusts: ContextLimit tokens.
 	advertised := (cfg.ContextLimit + cfg.PageSize - 1) / cfg.PageSize
@@ -157,11 +157,11 @@ func NewRefinementWith(cfg spec.Config, bugs research.Switches) (*Refinement, er
 		}
 	}
 	if h.snd, err = protocol.NewSender(protocol.SenderConfig{Pages: cfg.PrefillPages, PageTokens: cfg.PageSize,
-		MaxInFlight: cfg.MaxInFlight, Memory: h.src, Research: bugs}); err != nil {
+		MaxInFlight: cfg.MaxInFlight, Memory: h.src, TagKeys: refKeys, Research: bugs}); err != nil {
 		return nil, err
 	}
 	if h.recv, err = protocol.NewReceiver(protocol.ReceiverConfig{Pages: cfg.DecodePages, PageTokens: cfg.PageSize,
-		MaxTokens: cfg.DecodeLimit(), Slots: cfg.DecodeSlots, Memory: h.dst,
+		MaxTokens: cfg.DecodeLimit(), Slots: cfg.DecodeSlots, Memory: h.dst, TagKeys: refKeys,
 		Region: func(p uint32) (uint64, uint32) { return uint64(p) << 20, 0x1000 }, Research: bugs}); err != nil {
 		return nil, err
 	}
@@ -690,6 +690,11 @@ var senderPhase = map[string]string{
 	protocol.SendStatusAborted: "aborted", protocol.SendStatusFailed: "failed",
 }
 
+// refKey is the tag key of the refinement's one queue pair.
+var refKey = queuePairKey(prefillPeer)
+
+func refKeys(protocol.PeerID) *protocol.TagKey { return refKey }
+
 // View is the implementation's state in the spec's terms: per request the
 // client's outcome, both legs' states, the granted pages and the labels of
 // the source pages it holds; per decode page its owner, epoch, quarantine,
@@ -733,7 +738,7 @@ func (h *Refinement) View() string {
 			o = fmt.Sprintf("r%d", int(owner)-1)
 		}
 		tag := "torn"
-		if t, err := protocol.ParseTag(h.dst.tags[p]); err == nil {
+		if t, err := protocol.ParseTag(h.dst.tags[p], refKey); err == nil {
 			req := fmt.Sprintf("r%d", int(t.Request)-1)
 			if t.Request == tenantID {
 				req = "tenant"

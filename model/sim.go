@@ -2,6 +2,7 @@ package model
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -76,6 +77,10 @@ type mem struct{ payload, tags [][]byte }
 
 func newMem(pages, size int, tenant bool) *mem {
 	m := &mem{}
+	var tenantKey *protocol.TagKey // the earlier tenant came over prefill node 0's queue pair
+	if tenant {
+		tenantKey = queuePairKey(0)
+	}
 	for i := 0; i < pages; i++ {
 		kv := make([]byte, size)
 		var tag []byte
@@ -83,7 +88,7 @@ func newMem(pages, size int, tenant bool) *mem {
 			for j := range kv {
 				kv[j] = byte(0xE0 ^ i ^ j)
 			}
-			tag = protocol.Tag{Request: 1 << 40, Index: uint32(i), Tokens: 1, Sum: checksum.Sum(kv)}.Append(nil)
+			tag = protocol.Tag{Request: 1 << 40, Index: uint32(i), Tokens: 1, Sum: checksum.Sum(kv)}.Append(nil, tenantKey)
 		} else {
 			tag = make([]byte, protocol.TagSize)
 		}
@@ -208,6 +213,18 @@ func Simulate(cfg SimConfig) *SimResult {
 	return w.res
 }
 
+// queuePairKey is the tag key of the queue pair between prefill node peer and
+// the decode node, the same for both ends: derived from the peer, so that
+// every seed replays, and different per queue pair, as in a deployment.
+func queuePairKey(peer protocol.PeerID) *protocol.TagKey {
+	secret := sha256.Sum256(fmt.Appendf(nil, "kvhandoff sim queue pair %d", peer))
+	k, err := protocol.NewTagKey(secret[:], protocol.SumXXH3)
+	if err != nil {
+		panic(err) // a 32-byte secret is always valid
+	}
+	return k
+}
+
 // newWorld builds the deployment with one request per entry of tokens.
 func newWorld(cfg SimConfig, tokens []int, pick func(int) int) *world {
 	w := &world{cfg: cfg, pick: pick, now: time.Unix(1_000_000, 0),
@@ -219,6 +236,13 @@ func newWorld(cfg SimConfig, tokens []int, pick func(int) int) *world {
 			panic(err) // the defaults are valid; a bad config is a programming error here
 		}
 	}
+	// The tag key of the queue pair between prefill node k and the decode
+	// node: the sender knows it as its key for decodeID, the receiver as its
+	// key for k.
+	keys := make([]*protocol.TagKey, cfg.Senders)
+	for k := range keys {
+		keys[k] = queuePairKey(protocol.PeerID(k))
+	}
 	for k := 0; k < cfg.Senders; k++ {
 		// Each prefill node advertises decode's pool, not its own, as the
 		// incident's did: so the router lets over-long prompts through and
@@ -226,7 +250,13 @@ func newWorld(cfg SimConfig, tokens []int, pick func(int) int) *world {
 		must(w.router.AddNode(protocol.NodeInfo{ID: protocol.PeerID(k), Role: protocol.RolePrefill,
 			PoolPages: cfg.DecodePages, PageTokens: cfg.PageTokens}))
 		m := newMem(cfg.PrefillPages, cfg.PageBytes, false)
-		s, err := protocol.NewSender(protocol.SenderConfig{Pages: cfg.PrefillPages, PageTokens: cfg.PageTokens, MaxInFlight: 2, Memory: m, Research: cfg.Bugs})
+		s, err := protocol.NewSender(protocol.SenderConfig{Pages: cfg.PrefillPages, PageTokens: cfg.PageTokens, MaxInFlight: 2, Memory: m, Research: cfg.Bugs,
+			TagKeys: func(peer protocol.PeerID) *protocol.TagKey {
+				if peer != decodeID {
+					return nil
+				}
+				return keys[k]
+			}})
 		if err != nil {
 			panic(err) // the defaults are valid; a bad config is a programming error here
 		}
@@ -240,6 +270,12 @@ func newWorld(cfg SimConfig, tokens []int, pick func(int) int) *world {
 	var err error
 	w.recv, err = protocol.NewReceiver(protocol.ReceiverConfig{Pages: cfg.DecodePages, PageTokens: cfg.PageTokens,
 		Slots: cfg.DecodePages, Timeout: 10 * time.Second, Memory: w.dst,
+		TagKeys: func(peer protocol.PeerID) *protocol.TagKey {
+			if int(peer) >= len(keys) {
+				return nil
+			}
+			return keys[peer]
+		},
 		Region: func(p uint32) (uint64, uint32) { return uint64(p) << 20, 0x1000 }, Research: cfg.Bugs})
 	if err != nil {
 		panic(err)

@@ -24,8 +24,8 @@ func BenchmarkHandoff(b *testing.B) {
 	for i := range dst.tags {
 		dst.tags[i] = make([]byte, TagSize)
 	}
-	s, _ := NewSender(SenderConfig{Pages: 64, PageTokens: 16, Memory: src})
-	r, _ := NewReceiver(ReceiverConfig{Pages: 64, PageTokens: 16, Memory: dst, Region: func(p uint32) (uint64, uint32) { return uint64(p), 1 }})
+	s, _ := NewSender(SenderConfig{Pages: 64, PageTokens: 16, Memory: src, TagKeys: testKeys})
+	r, _ := NewReceiver(ReceiverConfig{Pages: 64, PageTokens: 16, Memory: dst, TagKeys: testKeys, Region: func(p uint32) (uint64, uint32) { return uint64(p), 1 }})
 	now := time.Now()
 	var frame []byte
 	wire := func(m Message) Message { // every message crosses the wire format

@@ -35,6 +35,9 @@ func boundsReceiver(t testing.TB, cfg ReceiverConfig) *Receiver {
 		cfg.Memory = newLazyMemory(16)
 	}
 	cfg.Region = func(p uint32) (uint64, uint32) { return uint64(p) << 12, 7 }
+	if cfg.TagKeys == nil {
+		cfg.TagKeys = testKeys
+	}
 	r, err := NewReceiver(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -46,6 +49,9 @@ func boundsSender(t testing.TB, cfg SenderConfig) *Sender {
 	t.Helper()
 	if cfg.Memory == nil {
 		cfg.Memory = newLazyMemory(16)
+	}
+	if cfg.TagKeys == nil {
+		cfg.TagKeys = testKeys
 	}
 	s, err := NewSender(cfg)
 	if err != nil {
@@ -283,12 +289,12 @@ func TestTypedNilMessagesAreRefused(t *testing.T) {
 	nils := []Message{(*Bootstrap)(nil), (*Grant)(nil), (*Done)(nil), (*Abort)(nil), (*AbortAck)(nil), nil}
 	r := boundsReceiver(t, ReceiverConfig{Pages: 4, PageTokens: 1})
 	s := boundsSender(t, SenderConfig{Pages: 4, PageTokens: 1})
-	sr, err := NewSharedReceiver(ReceiverConfig{Pages: 4, PageTokens: 1, Memory: newLazyMemory(1),
+	sr, err := NewSharedReceiver(ReceiverConfig{Pages: 4, PageTokens: 1, Memory: newLazyMemory(1), TagKeys: testKeys,
 		Region: func(uint32) (uint64, uint32) { return 0, 0 }})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ss, err := NewSharedSender(SenderConfig{Pages: 4, PageTokens: 1, Memory: newLazyMemory(1)})
+	ss, err := NewSharedSender(SenderConfig{Pages: 4, PageTokens: 1, Memory: newLazyMemory(1), TagKeys: testKeys})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,15 @@
 // [Outcome], exactly once. There are no goroutines, locks, sockets or clocks
 // inside. The engine owns the I/O and the time.
 //
+// Each queue pair has a [TagKey], made from a secret its two nodes agree on
+// over their authenticated connection setup (for TLS 1.3, 32 bytes of
+// ExportKeyingMaterial). SenderConfig.TagKeys and ReceiverConfig.TagKeys
+// return the key for a peer; they are required, and a request for a peer
+// without a key is refused with ErrNoPeerKey, so an engine cannot forget the
+// keys and run without them. The sender MACs every tag record under the key
+// and the receiver accepts only records whose MAC verifies: a WRITE from
+// anyone without the key fails verification with ErrTagMismatch.
+//
 // An engine's loop on the prefill node:
 //
 //	pages, err := sender.Submit(id, decodePeer, tokens) // intake; err wraps ErrRejected
@@ -45,10 +54,10 @@
 // linearizability checks this with porcupine on real concurrent runs).
 //
 // The package example performs one complete handoff this way. Outcome errors
-// wrap ErrRejected (with ErrTooLong), ErrNoCapacity, ErrTokenMismatch,
-// ErrTagMismatch, ErrTagMalformed, ErrChecksumMismatch, ErrCancelled,
-// ErrTimedOut, ErrPeerFailed or ErrFenced, so callers match them with
-// errors.Is. Calls that break the protocol (a Done for an unknown request, a
+// wrap ErrRejected (with ErrTooLong, ErrTooManyPages or ErrNoPeerKey),
+// ErrNoCapacity, ErrBadGrant, ErrTokenMismatch, ErrTagMismatch,
+// ErrTagMalformed, ErrChecksumMismatch, ErrCancelled, ErrTimedOut,
+// ErrPeerFailed or ErrFenced, so callers match them with errors.Is. Calls that break the protocol (a Done for an unknown request, a
 // second Done, a message from the wrong peer) return an error and change
 // nothing; late and duplicate fences are expected and ignored.
 //
@@ -83,9 +92,11 @@
 // body length (4 bytes, big-endian, at most MaxBody) and body. [AppendMessage]
 // refuses a message that breaks a limit, so every frame it writes decodes.
 // [DecodeMessage] tells an incomplete frame (ErrShortFrame: read more) from a
-// broken stream (every other error). The tag record ([Tag], [TagSize] bytes) is
-// written after each page's payload, and [VerifyPage] is the check every page
-// passes before anything reads it. Both decoders take any input without
+// broken stream (every other error). The tag record ([Tag], [TagSize] bytes,
+// MACed under the queue pair's [TagKey]) is written after each page's
+// payload, and [VerifyPage] is the check every page passes before anything
+// reads it. [PagesFor] and [TokensInPage] are the page arithmetic both ends of
+// the wire must agree on. Both decoders take any input without
 // panicking or allocating past the limits.
 //
 // [Pool] is the page pool both nodes use. Every page is free, owned by one
@@ -103,4 +114,11 @@
 // or construct such a value, not even by an untyped constant from a config file,
 // and gets every defense on. TestEachSwitchBreaksAProperty stages each switch
 // the way the spec's defense matrix exposes it and shows the property it breaks.
+//
+// # Bounds
+//
+// Nothing is kept on a peer's word: a Bootstrap that intake refuses leaves no
+// record, both intakes refuse a request of more pages than one Grant carries
+// (MaxGrantPages), and Tick costs what is due (deadlines and horizons in
+// heaps), not a visit of every record.
 package protocol

@@ -31,10 +31,16 @@ func (p *pages) TagRecord(i uint32) []byte { return p.tags[i] }
 func Example() {
 	const prefillPeer, decodePeer = protocol.PeerID(1), protocol.PeerID(2)
 	src, dst := newPages(8, 64), newPages(8, 64)
-	sender, _ := protocol.NewSender(protocol.SenderConfig{Pages: 8, PageTokens: 4, Memory: src})
+	// The queue pair's tag key, from a secret both nodes agreed on when they
+	// set it up (over TLS 1.3: 32 bytes of ExportKeyingMaterial). Each node
+	// knows the key of each of its peers.
+	secret := bytes.Repeat([]byte{7}, protocol.TagKeySecretSize) // a real one is random
+	key, _ := protocol.NewTagKey(secret, protocol.SumXXH3)
+	keyOf := func(peer protocol.PeerID) *protocol.TagKey { return key } // one peer each here
+	sender, _ := protocol.NewSender(protocol.SenderConfig{Pages: 8, PageTokens: 4, Memory: src, TagKeys: keyOf})
 	receiver, _ := protocol.NewReceiver(protocol.ReceiverConfig{Pages: 8, PageTokens: 4, Memory: dst,
-		Timeout: 5 * time.Second,
-		Region:  func(p uint32) (uint64, uint32) { return uint64(p) * 64, 0x1234 }})
+		TagKeys: keyOf, Timeout: 5 * time.Second,
+		Region: func(p uint32) (uint64, uint32) { return uint64(p) * 64, 0x1234 }})
 	now := time.Now()
 
 	// Prefill intake takes source pages; the engine computes the KV into them.

@@ -30,7 +30,7 @@ func newMemory(n int) *memory {
 	for i := 0; i < n; i++ {
 		kv := bytes.Repeat([]byte{0xEE, byte(i)}, pageBytes/2)
 		m.payload = append(m.payload, kv)
-		m.tags = append(m.tags, Tag{Request: tenant, Index: uint32(i), Tokens: pageTokens, Sum: checksum.Sum(kv)}.Append(nil))
+		m.tags = append(m.tags, Tag{Request: tenant, Index: uint32(i), Tokens: pageTokens, Sum: checksum.Sum(kv)}.Append(nil, testKey))
 	}
 	return m
 }
@@ -81,10 +81,10 @@ func newLink(t *testing.T, decodePages int, bugs ...research.Switch) *link {
 	t.Helper()
 	l := &link{t: t, src: newMemory(8), dst: newMemory(decodePages), sOut: map[RequestID]error{}, rOut: map[RequestID]error{}, now: time.Unix(1000, 0)}
 	var err error
-	if l.s, err = NewSender(SenderConfig{Pages: 8, PageTokens: pageTokens, MaxInFlight: 2, Memory: l.src, Research: research.On(bugs...)}); err != nil {
+	if l.s, err = NewSender(SenderConfig{Pages: 8, PageTokens: pageTokens, MaxInFlight: 2, Memory: l.src, TagKeys: testKeys, Research: research.On(bugs...)}); err != nil {
 		t.Fatal(err)
 	}
-	if l.r, err = NewReceiver(ReceiverConfig{Pages: decodePages, PageTokens: pageTokens, Timeout: time.Second, Memory: l.dst,
+	if l.r, err = NewReceiver(ReceiverConfig{Pages: decodePages, PageTokens: pageTokens, Timeout: time.Second, Memory: l.dst, TagKeys: testKeys,
 		Region:   func(p uint32) (uint64, uint32) { return 0x1000 * uint64(p), 7 },
 		Research: research.On(bugs...)}); err != nil {
 		t.Fatal(err)
@@ -440,7 +440,7 @@ func TestStaleEpochFailsVerification(t *testing.T) {
 	l.backOne()    // Grant
 	w := l.wire[0].Write
 	stale := Tag{Request: 1, Epoch: w.Remote.Epoch - 1, Index: 0, Tokens: 4, Sum: 0}
-	w.Tag = stale.Append(nil)
+	w.Tag = stale.Append(nil, testKey)
 	l.run()
 	if !errors.Is(l.rOut[1], ErrTagMismatch) {
 		t.Fatalf("got %v", l.rOut[1])

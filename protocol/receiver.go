@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/kvhandoff/kvhandoff/internal/research"
-	"github.com/kvhandoff/kvhandoff/protocol/checksum"
 )
 
 // PeerID names the node at the other end of a queue pair.
@@ -54,6 +53,13 @@ type ReceiverConfig struct {
 	// the router's cancel and the prefill node's Bootstrap.
 	Horizon time.Duration
 	Memory  PageMemory // the pages, for verification
+	// TagKeys returns the tag key of the queue pair to peer (agreed over the
+	// nodes' authenticated connection setup), or nil while there is none.
+	// Required: a Bootstrap from a peer without a key is refused at intake
+	// (ErrRejected with ErrNoPeerKey), so an engine that forgets to hand a key
+	// over finds out at its first request. A request keeps the key it was
+	// bootstrapped with; only records MACed under it verify.
+	TagKeys func(peer PeerID) *TagKey
 	// Region says where the sender writes a page: the remote address and key of
 	// its memory region.
 	Region func(page uint32) (addr uint64, key uint32)
@@ -91,6 +97,7 @@ type recvRequest struct {
 	phase    recvPhase
 	ended    time.Time // the first Tick that saw the request ended; zero before
 	peer     PeerID
+	key      *TagKey // the queue pair's tag key when the request was bootstrapped
 	tokens   uint32
 	refs     []PageRef
 	deadline time.Time
@@ -113,12 +120,13 @@ type Receiver struct {
 	// since the last Tick.
 	deadlines, horizon timers[recvRequest]
 	ending             []timer[recvRequest]
+	scratch            [16]byte // the tag MAC's working block
 }
 
 // NewReceiver validates cfg and returns a receiver with every page free.
 func NewReceiver(cfg ReceiverConfig) (*Receiver, error) {
-	if cfg.Pages < 1 || cfg.PageTokens < 1 || cfg.Memory == nil || cfg.Region == nil {
-		return nil, errors.New("protocol: receiver needs Pages, PageTokens, Memory and Region")
+	if cfg.Pages < 1 || cfg.PageTokens < 1 || cfg.Memory == nil || cfg.Region == nil || cfg.TagKeys == nil {
+		return nil, errors.New("protocol: receiver needs Pages, PageTokens, Memory, Region and TagKeys")
 	}
 	if cfg.Slots == 0 {
 		cfg.Slots = cfg.Pages
@@ -227,7 +235,10 @@ func (r *Receiver) bootstrap(peer PeerID, m *Bootstrap, now time.Time) error {
 	var refs []PageRef
 	var err error
 	why := AbortRejected
+	key := r.cfg.TagKeys(peer)
 	switch {
+	case key == nil:
+		err = fmt.Errorf("%w: %w: peer %d", ErrRejected, ErrNoPeerKey, peer)
 	case int64(m.Tokens) > int64(r.cfg.MaxTokens):
 		err = fmt.Errorf("%w: %w: %d tokens, this node takes %d", ErrRejected, ErrTooLong, m.Tokens, r.cfg.MaxTokens)
 	case n > MaxGrantPages:
@@ -243,7 +254,7 @@ func (r *Receiver) bootstrap(peer PeerID, m *Bootstrap, now time.Time) error {
 		r.tellSender(peer, id, why)
 		return nil
 	}
-	q := &recvRequest{phase: recvReserved, peer: peer, tokens: m.Tokens, refs: refs}
+	q := &recvRequest{phase: recvReserved, peer: peer, key: key, tokens: m.Tokens, refs: refs}
 	r.reqs[id] = q
 	r.held++
 	if r.cfg.Timeout > 0 {
@@ -297,12 +308,12 @@ func (r *Receiver) verify(id RequestID, q *recvRequest, m *Done) error {
 		want := Expect{Request: id, Index: uint32(i), Epoch: ref.Epoch, Tokens: TokensInPage(q.tokens, r.cfg.PageTokens, i)}
 		record, payload := r.cfg.Memory.TagRecord(ref.Page), r.cfg.Memory.Payload(ref.Page)
 		if !r.bug(research.NoTagCheck) && !r.bug(research.NoChecksum) {
-			if err := VerifyPage(record, payload, want); err != nil {
+			if err := verifyPage(record, payload, want, q.key, &r.scratch); err != nil {
 				return err
 			}
 			continue
 		}
-		t, err := ParseTag(record)
+		t, err := parseTag(record, q.key, &r.scratch)
 		if !r.bug(research.NoTagCheck) {
 			if err == nil {
 				err = CheckTag(t, want)
@@ -311,7 +322,7 @@ func (r *Receiver) verify(id RequestID, q *recvRequest, m *Done) error {
 				return err
 			}
 		}
-		if !r.bug(research.NoChecksum) && (err != nil || checksum.Sum(payload) != t.Sum) {
+		if !r.bug(research.NoChecksum) && (err != nil || q.key.Sum(payload) != t.Sum) {
 			return fmt.Errorf("%w: page %d of request %d", ErrChecksumMismatch, i, id)
 		}
 	}

@@ -170,7 +170,7 @@ func execute(t *testing.T, l *link, line string) *link {
 		l.logf("page %d corrupted", num("page", 0))
 	case "stale-tag":
 		w := l.wire[0].Write
-		w.Tag = Tag{Request: w.Request, Epoch: w.Remote.Epoch - 1, Index: w.Index, Tokens: 4}.Append(nil)
+		w.Tag = Tag{Request: w.Request, Epoch: w.Remote.Epoch - 1, Index: w.Index, Tokens: 4}.Append(nil, testKey)
 		l.logf("the tag record of %s now carries epoch %d", opString(l.wire[0]), w.Remote.Epoch-1)
 	case "send-decode":
 		m := &Done{Request: id, Tokens: uint32(num("tokens", 4)), Pages: uint32(num("pages", 1))}

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/kvhandoff/kvhandoff/internal/research"
-	"github.com/kvhandoff/kvhandoff/protocol/checksum"
 )
 
 // SourceMemory gives the sender read access to its source pages, to checksum
@@ -29,6 +28,12 @@ type SenderConfig struct {
 	// request is answered with AbortAck, as for any unknown one.
 	Horizon time.Duration
 	Memory  SourceMemory // the source pages, for checksums
+	// TagKeys returns the tag key of the queue pair to peer (agreed over the
+	// nodes' authenticated connection setup), or nil while there is none.
+	// Required: a request for a peer without a key is refused with
+	// ErrNoPeerKey, so an engine that forgets to hand a key over finds out at
+	// its first request. A request keeps the key it was submitted with.
+	TagKeys func(peer PeerID) *TagKey
 	// Research turns bugs of the catalogue on. Only code inside this module can
 	// set it (see internal/research); everywhere else it is the zero value.
 	Research research.Switches
@@ -76,6 +81,7 @@ type sendRequest struct {
 	phase     sendPhase
 	ended     time.Time // the first Tick that saw the request ended; zero before
 	peer      PeerID
+	key       *TagKey // the queue pair's tag key when the request was submitted
 	tokens    uint32
 	src       []PageRef // source pages, in request order
 	computed  bool
@@ -103,6 +109,7 @@ type Sender struct {
 	// the records that ended since the last Tick.
 	horizon timers[sendRequest]
 	ending  []timer[sendRequest]
+	scratch [16]byte // the tag MAC's working block
 }
 
 type writeKey struct {
@@ -112,8 +119,8 @@ type writeKey struct {
 
 // NewSender validates cfg and returns a sender with every source page free.
 func NewSender(cfg SenderConfig) (*Sender, error) {
-	if cfg.Pages < 1 || cfg.PageTokens < 1 || cfg.Memory == nil {
-		return nil, errors.New("protocol: sender needs Pages, PageTokens and Memory")
+	if cfg.Pages < 1 || cfg.PageTokens < 1 || cfg.Memory == nil || cfg.TagKeys == nil {
+		return nil, errors.New("protocol: sender needs Pages, PageTokens, Memory and TagKeys")
 	}
 	if cfg.MaxTokens == 0 {
 		cfg.MaxTokens = cfg.Pages * cfg.PageTokens
@@ -169,11 +176,15 @@ func (s *Sender) Submit(id RequestID, peer PeerID, tokens int) ([]uint32, error)
 	if placeholder {
 		n = 1
 	}
+	key := s.cfg.TagKeys(peer)
+	if key == nil {
+		return nil, fmt.Errorf("%w: peer %d", ErrNoPeerKey, peer)
+	}
 	src, err := s.pool.Allocate(id, n)
 	if err != nil {
 		return nil, err
 	}
-	s.reqs[id] = &sendRequest{phase: sendAwaitGrant, peer: peer, tokens: uint32(tokens), src: src, placeholder: placeholder}
+	s.reqs[id] = &sendRequest{phase: sendAwaitGrant, peer: peer, key: key, tokens: uint32(tokens), src: src, placeholder: placeholder}
 	s.send(peer, &Bootstrap{Request: id, Tokens: uint32(tokens)})
 	pages := make([]uint32, n)
 	for i, ref := range src {
@@ -304,9 +315,9 @@ func (s *Sender) post(id RequestID, q *sendRequest) {
 		if q.placeholder {
 			tokens = 1
 		}
-		tag := Tag{Request: id, Epoch: q.grant[i].Epoch, Index: uint32(i), Tokens: tokens, Sum: checksum.Sum(payload)}
+		tag := Tag{Request: id, Epoch: q.grant[i].Epoch, Index: uint32(i), Tokens: tokens, Sum: q.key.Sum(payload)}
 		s.nextID++
-		w := &Write{ID: s.nextID, Request: id, Index: uint32(i), Source: src, Remote: q.grant[i], Tag: tag.Append(nil)}
+		w := &Write{ID: s.nextID, Request: id, Index: uint32(i), Source: src, Remote: q.grant[i], Tag: tag.appendMAC(nil, q.key, &s.scratch)}
 		s.writes[w.ID] = writeKey{id, uint32(i)}
 		s.effects.Ops = append(s.effects.Ops, Op{Peer: q.peer, Write: w})
 		q.posted++

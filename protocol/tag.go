@@ -1,10 +1,9 @@
 package protocol
 
 import (
+	"crypto/subtle"
 	"encoding/binary"
 	"fmt"
-
-	"github.com/kvhandoff/kvhandoff/protocol/checksum"
 )
 
 // TagSize is the size of an encoded tag record.
@@ -19,33 +18,61 @@ type Tag struct {
 	Epoch   uint64 // the epoch the page was granted at
 	Index   uint32 // the page's index within the request
 	Tokens  uint32 // tokens of KV in this page
-	Sum     uint64 // checksum.Sum of the payload
+	Sum     uint64 // the payload's sum under the queue pair's key (TagKey.Sum)
 }
 
-// The layout: magic "KVTG", version, 3 reserved zero bytes, request, epoch, index,
-// tokens, payload checksum, and a checksum of the 40 bytes before it. The self
-// check tells a torn or never-written record (garbage an earlier tenant left)
-// from one written for another request.
-const tagVersion = 1
+// The layout (48 bytes, big-endian): magic "KVTG", version, the payload sum's
+// kind (PayloadSum), 2 reserved zero bytes, then the 32 bytes the MAC covers
+// (request, epoch, index, tokens, payload sum), then the first 8 bytes of
+// their AES-CMAC under the queue pair's TagKey. The MAC tells a record this
+// queue pair's sender wrote for this page from anything else: garbage an
+// earlier tenant left, a torn record, another peer's record, or a stranger's
+// forgery. The header is outside it, because the MAC key is derived for one
+// version and one payload sum kind: a record of another is refused either
+// way. Two AES blocks a record, not three (BenchmarkVerify).
+const tagVersion = 2
+
+const (
+	tagFieldsOffset = 8  // where the MACed fields start
+	tagMACOffset    = 40 // where the MAC starts
+)
 
 var tagMagic = [4]byte{'K', 'V', 'T', 'G'}
 
-// Append appends the encoded record to dst.
-func (t Tag) Append(dst []byte) []byte {
+// Append appends the record, MACed under key, to dst. Sum must be key.Sum of
+// the payload.
+func (t Tag) Append(dst []byte, key *TagKey) []byte {
+	var x [16]byte
+	return t.appendMAC(dst, key, &x)
+}
+
+// appendMAC is Append with the caller's scratch block, so a state machine
+// that keeps one allocates nothing but the record.
+func (t Tag) appendMAC(dst []byte, key *TagKey, x *[16]byte) []byte {
 	start := len(dst)
 	dst = append(dst, tagMagic[:]...)
-	dst = append(dst, tagVersion, 0, 0, 0)
+	dst = append(dst, tagVersion, byte(key.sum), 0, 0)
 	dst = binary.BigEndian.AppendUint64(dst, uint64(t.Request))
 	dst = binary.BigEndian.AppendUint64(dst, t.Epoch)
 	dst = binary.BigEndian.AppendUint32(dst, t.Index)
 	dst = binary.BigEndian.AppendUint32(dst, t.Tokens)
 	dst = binary.BigEndian.AppendUint64(dst, t.Sum)
-	return binary.BigEndian.AppendUint64(dst, checksum.Sum(dst[start:]))
+	key.cmac(dst[start+tagFieldsOffset:], x)
+	return append(dst, x[:8]...)
 }
 
-// ParseTag decodes a tag record from the first TagSize bytes of b. It never
-// panics and does not allocate.
-func ParseTag(b []byte) (Tag, error) {
+// ParseTag decodes the tag record in the first TagSize bytes of b and checks
+// its MAC under key. A record that is not one (too short, no magic, another
+// version) is ErrTagMalformed; one whose MAC fails under key, or of another
+// payload sum kind than key's, was not written by this queue pair's sender
+// and is ErrTagMismatch. It never panics and does not allocate past its
+// scratch block.
+func ParseTag(b []byte, key *TagKey) (Tag, error) {
+	var x [16]byte
+	return parseTag(b, key, &x)
+}
+
+func parseTag(b []byte, key *TagKey, x *[16]byte) (Tag, error) {
 	if len(b) < TagSize {
 		return Tag{}, fmt.Errorf("%w: %d bytes, need %d", ErrTagMalformed, len(b), TagSize)
 	}
@@ -53,10 +80,16 @@ func ParseTag(b []byte) (Tag, error) {
 	switch {
 	case [4]byte(b[0:4]) != tagMagic:
 		return Tag{}, fmt.Errorf("%w: no magic", ErrTagMalformed)
-	case b[4] != tagVersion || b[5]|b[6]|b[7] != 0:
-		return Tag{}, fmt.Errorf("%w: version %d", ErrTagMalformed, b[4])
-	case binary.BigEndian.Uint64(b[40:]) != checksum.Sum(b[:40]):
-		return Tag{}, fmt.Errorf("%w: self-check fails", ErrTagMalformed)
+	case b[4] != tagVersion || b[6]|b[7] != 0 || PayloadSum(b[5]) > SumKeyed:
+		return Tag{}, fmt.Errorf("%w: version %d, payload sum %d", ErrTagMalformed, b[4], b[5])
+	case key == nil:
+		return Tag{}, fmt.Errorf("%w: cannot check the record's MAC", ErrNoPeerKey)
+	case PayloadSum(b[5]) != key.sum:
+		return Tag{}, fmt.Errorf("%w: the record's payload sum is %v, this queue pair's is %v", ErrTagMismatch, PayloadSum(b[5]), key.sum)
+	}
+	key.cmac(b[tagFieldsOffset:tagMACOffset], x)
+	if subtle.ConstantTimeCompare(x[:8], b[tagMACOffset:TagSize]) != 1 {
+		return Tag{}, fmt.Errorf("%w: the record's MAC fails: not written by this queue pair's sender", ErrTagMismatch)
 	}
 	return Tag{
 		Request: RequestID(binary.BigEndian.Uint64(b[8:])),
@@ -77,18 +110,24 @@ type Expect struct {
 }
 
 // VerifyPage checks one page the way the receiver must before anything reads
-// it: its tag record is intact, names the expected request, page index, epoch
-// and token count, and the payload matches the record's checksum. The error
-// wraps ErrTagMalformed, ErrTagMismatch, ErrTokenMismatch or ErrChecksumMismatch.
-func VerifyPage(record, payload []byte, want Expect) error {
-	t, err := ParseTag(record)
+// it: its tag record is intact, MACed under the queue pair's key, names the
+// expected request, page index, epoch and token count, and the payload matches
+// the record's payload sum. The error wraps ErrTagMalformed, ErrTagMismatch,
+// ErrTokenMismatch, ErrChecksumMismatch or (with a nil key) ErrNoPeerKey.
+func VerifyPage(record, payload []byte, want Expect, key *TagKey) error {
+	var x [16]byte
+	return verifyPage(record, payload, want, key, &x)
+}
+
+func verifyPage(record, payload []byte, want Expect, key *TagKey, x *[16]byte) error {
+	t, err := parseTag(record, key, x)
 	if err != nil {
 		return err
 	}
 	if err := CheckTag(t, want); err != nil {
 		return err
 	}
-	if got := checksum.Sum(payload); got != t.Sum {
+	if got := key.Sum(payload); got != t.Sum {
 		return fmt.Errorf("%w: page %d of request %d: payload sums to %#x, tag record says %#x",
 			ErrChecksumMismatch, want.Index, want.Request, got, t.Sum)
 	}

@@ -62,6 +62,7 @@ type conn struct {
 	peer    protocol.PeerID
 	name    string
 	qp      rdma.QueuePair
+	tagKey  *protocol.TagKey // the tag records' key, agreed at setup; set before the queue pair goes live
 	bufs    *buffers
 	inSlot  int
 	outSlot int

@@ -106,6 +106,15 @@ func (e *endpoint) init(r role, dev rdma.Device, depth, maxPeers, inSlot, outSlo
 	return err
 }
 
+// tagKeyOf is the tag key of the queue pair to peer, for the protocol's
+// TagKeys: nil for a peer this node has no queue pair to. The caller holds mu.
+func (e *endpoint) tagKeyOf(peer protocol.PeerID) *protocol.TagKey {
+	if c := e.conns[peer]; c != nil {
+		return c.tagKey
+	}
+	return nil
+}
+
 // newConn allocates a queue pair to peer name with its buffers and posts its
 // receive buffers. The caller holds mu and connects it.
 func (e *endpoint) newConn(name string, maxPages int) (*conn, error) {

@@ -1,8 +1,11 @@
 package transfer
 
 import (
+	"crypto/rand"
 	"errors"
 	"fmt"
+
+	"github.com/kvhandoff/kvhandoff/protocol"
 )
 
 // ConnectLocal connects a queue pair between two endpoints of one process
@@ -28,6 +31,17 @@ func ConnectLocal(p *Prefill, prefillName string, d *Decode, decodeName string) 
 		p.cut(cp, err)
 		return err
 	}
+	// No exchange, so no handshake to derive the tag key from: a fresh secret
+	// both sides are given.
+	secret := make([]byte, protocol.TagKeySecretSize)
+	rand.Read(secret)
+	key, err := protocol.NewTagKey(secret, protocol.SumXXH3)
+	if err != nil {
+		p.cut(cp, err)
+		d.cut(cd, err)
+		return err
+	}
+	cp.tagKey, cd.tagKey = key, key
 	if err := errors.Join(cd.qp.Connect(cp.qp.Info()), cp.qp.Connect(cd.qp.Info())); err != nil {
 		p.cut(cp, err)
 		d.cut(cd, err)

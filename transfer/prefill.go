@@ -79,7 +79,7 @@ func NewPrefill(dev rdma.Device, cfg PrefillConfig) (*Prefill, error) {
 		return nil, err
 	}
 	p.sender, err = protocol.NewSender(protocol.SenderConfig{Pages: cfg.Pages, PageTokens: cfg.PageTokens,
-		MaxTokens: min(cfg.MaxRequestPages*cfg.PageTokens, protocol.MaxTokens), Horizon: cfg.Horizon, Memory: sourceOf{p}})
+		MaxTokens: min(cfg.MaxRequestPages*cfg.PageTokens, protocol.MaxTokens), Horizon: cfg.Horizon, Memory: sourceOf{p}, TagKeys: p.tagKeyOf})
 	return p, err
 }
 

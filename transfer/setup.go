@@ -3,6 +3,7 @@ package transfer
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
 	"encoding/binary"
 	"errors"
@@ -184,6 +185,30 @@ func secure(ctx context.Context, conn net.Conn, cfg *SetupConfig, client bool, p
 	return t, nil
 }
 
+// tagKeyLabel is the TLS exporter label of a queue pair's tag key (RFC 8446
+// section 7.5): both ends derive the same secret from their handshake, and
+// nothing of it crosses the wire.
+const tagKeyLabel = "EXPORTER-kvhandoff-tag-key"
+
+// queuePairKey is the tag key of the queue pair set up over conn between the
+// prefill node and the decode node named. With TLS it comes from the
+// handshake's exporter; a plaintext (insecure) setup has no secret, so its key
+// is derived from the names alone and anyone can compute it.
+func queuePairKey(conn net.Conn, prefill, decode string) (*protocol.TagKey, error) {
+	var secret []byte
+	if t, ok := conn.(*tls.Conn); ok {
+		cs := t.ConnectionState()
+		var err error
+		if secret, err = cs.ExportKeyingMaterial(tagKeyLabel, nil, protocol.TagKeySecretSize); err != nil {
+			return nil, err
+		}
+	} else {
+		sum := sha256.Sum256(fmt.Appendf(nil, "kvhandoff insecure tag key\x00%s\x00%s", prefill, decode))
+		secret = sum[:]
+	}
+	return protocol.NewTagKey(secret, protocol.SumXXH3)
+}
+
 // authenticated checks that the peer's certificate names the node its hello
 // says it is (with TLS; without, the hello's word is all there is).
 func authenticated(conn net.Conn, name string) error {
@@ -313,6 +338,9 @@ func (p *Prefill) Dial(ctx context.Context, peer, addr string, cfg SetupConfig) 
 	if cfg.TLS != nil {
 		h.info.Node = peer // the queue pair accepts only the node the certificate named
 	}
+	if c.tagKey, err = queuePairKey(conn, cfg.Name, peer); err != nil {
+		return abandon("tag key", err)
+	}
 	if err := c.qp.Connect(h.info); err != nil {
 		return abandon("connect", err)
 	}
@@ -409,6 +437,9 @@ func (d *Decode) accept(ctx context.Context, raw net.Conn, cfg *SetupConfig) err
 	}
 	if cfg.TLS != nil {
 		h.info.Node = h.name
+	}
+	if c.tagKey, err = queuePairKey(conn, h.name, cfg.Name); err != nil {
+		return abandon("tag key", err)
 	}
 	if err := c.qp.Connect(h.info); err != nil {
 		return abandon("connect", err)
