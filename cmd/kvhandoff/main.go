@@ -30,6 +30,7 @@ commands:
   lincheck  check the concurrent APIs for linearizability
   bench     bench transfer: the transport's throughput against a memory copy;
             bench handoff: end-to-end handoffs through endpoints against the provider
+  certs     a certificate authority and node certificates for a deployment (PEM files)
 
 kvhandoff <command> -h lists a command's flags.
 `
@@ -49,6 +50,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return runLincheck(args[1:], stdout, stderr)
 	case "bench":
 		return runBench(args[1:], stdout, stderr)
+	case "certs":
+		return runCerts(args[1:], stdout, stderr)
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0

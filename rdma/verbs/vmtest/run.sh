@@ -1,7 +1,8 @@
 #!/bin/bash
 # Real verbs on a machine without RDMA hardware: boot Debian's kernel under QEMU
 # (software emulation), create a Soft-RoCE (rxe) device on a dummy netdev, and run
-# over it the rdma conformance suite, the handoff tests and the verbs benchmark
+# over it the rdma conformance suite, the parts of the hostile-peer suite a NIC
+# answers for, the handoff tests and the verbs benchmark
 # against perftest's ib_write_bw. Exits 0 only if the guest prints the PASS marker.
 #
 #   rdma/verbs/vmtest/run.sh            # installs host packages if missing (root, apt)
