@@ -163,6 +163,8 @@ type Device struct {
 	closed   bool
 	pending  map[net.Conn]uint64 // connections before their hello, by arrival
 	arrivals uint64
+	warned   time.Time // the last refusal logged
+	held     int       // refusals not logged since
 }
 
 // Listen opens a device listening on network ("tcp", "unix") and address,
@@ -637,12 +639,14 @@ func (d *Device) greet(raw net.Conn) (*arrival, *QP) {
 	if d.server != nil {
 		tc := tls.Server(raw, d.server)
 		if err := tc.Handshake(); err != nil {
+			d.refused(raw, "handshake", err)
 			return nil, nil
 		}
 		a.conn, a.cert = tc, tc.ConnectionState().PeerCertificates[0]
 	}
 	var hello [helloLen]byte
 	if _, err := io.ReadFull(a.conn, hello[:]); err != nil || string(hello[:4]) != "KVHR" || hello[4] != version {
+		d.refused(raw, "malformed hello", err)
 		return nil, nil
 	}
 	a.qpn, a.psn = binary.BigEndian.Uint32(hello[13:]), binary.BigEndian.Uint32(hello[17:])
@@ -664,6 +668,7 @@ func (d *Device) greet(raw net.Conn) (*arrival, *QP) {
 		q.Mu.Unlock()
 	}
 	if !ok {
+		d.refused(raw, "hello names no queue pair that expects this peer", nil)
 		a.conn.Write([]byte{1})
 		return nil, nil
 	}
@@ -671,6 +676,22 @@ func (d *Device) greet(raw net.Conn) (*arrival, *QP) {
 	// its first read breaks the queue pair it reaches.
 	a.conn.Write([]byte{0})
 	return a, q
+}
+
+// refused logs a connection refused before it reached a queue pair: at most
+// one warning a second, with the count of those held back since.
+func (d *Device) refused(conn net.Conn, why string, err error) {
+	d.mu.Lock()
+	now := time.Now()
+	if now.Sub(d.warned) < time.Second {
+		d.held++
+		d.mu.Unlock()
+		return
+	}
+	held := d.held
+	d.warned, d.held = now, 0
+	d.mu.Unlock()
+	d.cfg.Logger.Warn("socket: refused a connection", "device", d.name, "peer", conn.RemoteAddr().String(), "why", why, "err", err, "not logged since last", held)
 }
 
 // respond executes the peer's requests on q, in order, until the connection or
