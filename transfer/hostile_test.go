@@ -1,6 +1,7 @@
 package transfer
 
 import (
+	"bytes"
 	"errors"
 	"testing"
 	"time"
@@ -118,4 +119,28 @@ func TestBootstrapBeyondThePeersBuffersIsRefusedWithoutARecord(t *testing.T) {
 	if !errors.Is(err, protocol.ErrRejected) || !errors.Is(err, protocol.ErrTooLong) {
 		t.Fatalf("a 5-page Bootstrap from a peer that takes 4: %v", err)
 	}
+}
+
+// Tag records are MACed under the queue pair's key: a writer without it (here
+// a prefill endpoint whose key for the queue pair differs from decode's, as
+// a stranger's WRITE would be) fails verification with ErrTagMismatch, and
+// the decode node reads nothing.
+func TestTagRecordsUnderAnotherKeyFailVerification(t *testing.T) {
+	overEachProvider(t, defaultLink(), func(t *testing.T, l *link) {
+		stranger, err := protocol.NewTagKey(bytes.Repeat([]byte{0x5A}, protocol.TagKeySecretSize), protocol.SumXXH3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.P.mu.Lock()
+		l.P.names["decode"].tagKey = stranger
+		l.P.mu.Unlock()
+		if err := l.submit(1, 40); err != nil {
+			t.Fatal(err)
+		}
+		l.pump() // a Verified event would be read and compared: there must be none
+		if o := l.outcomes[1]; !errors.Is(o[1], protocol.ErrTagMismatch) { // the prefill leg ends on its own completions
+			t.Fatalf("outcomes %v, want ErrTagMismatch on decode", o)
+		}
+		l.noLeak(t, 64, 32)
+	})
 }
