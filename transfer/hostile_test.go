@@ -137,7 +137,7 @@ func TestTagRecordsUnderAnotherKeyFailVerification(t *testing.T) {
 		if err := l.submit(1, 40); err != nil {
 			t.Fatal(err)
 		}
-		l.pump() // a Verified event would be read and compared: there must be none
+		l.pump()                                                           // a Verified event would be read and compared: there must be none
 		if o := l.outcomes[1]; !errors.Is(o[1], protocol.ErrTagMismatch) { // the prefill leg ends on its own completions
 			t.Fatalf("outcomes %v, want ErrTagMismatch on decode", o)
 		}
