@@ -73,6 +73,8 @@ func (e *Engine) check(table kv.Table, tokens []int, pos int) error {
 	switch {
 	case len(tokens) == 0:
 		return fmt.Errorf("%w: no tokens", ErrBadRequest)
+	case pos < 0:
+		return fmt.Errorf("%w: position %d", ErrBadRequest, pos)
 	case end > e.model.SeqLen:
 		return fmt.Errorf("%w: %d positions exceed the model's context of %d", ErrBadRequest, end, e.model.SeqLen)
 	case e.cache.Geometry().PagesFor(end) > len(table):

@@ -172,6 +172,7 @@ func TestBadRequestsAreRefused(t *testing.T) {
 			return err
 		},
 		"page outside the pool": func() error { _, err := e.Prefill(kv.Table{{Page: 9}}, []int{1}); return err },
+		"negative position":     func() error { _, err := e.Step(table, []int{1}, -1); return err },
 	} {
 		if err := run(); !errors.Is(err, engine.ErrBadRequest) && !errors.Is(err, kv.ErrGeometry) {
 			t.Errorf("%s: %v", name, err)

@@ -191,7 +191,7 @@ func (t *BPE) lookup(s string) int {
 // Encode is llama2.c's encode.
 func (t *BPE) Encode(text string, bos, eos bool) []int {
 	var toks []int
-	if bos {
+	if bos && BOS < len(t.Pieces) {
 		toks = append(toks, BOS)
 	}
 	if text != "" {
@@ -216,21 +216,42 @@ func (t *BPE) Encode(text string, bos, eos bool) []int {
 		}
 		i = j
 	}
+	// Repeatedly merge the adjacent pair whose merged piece scores best (the
+	// first such pair on a tie). Each pair's merge is looked up once and
+	// again only when a neighbour changes.
+	pair := func(i int) (int, float32) {
+		id := t.lookup(string(t.Pieces[toks[i]]) + string(t.Pieces[toks[i+1]]))
+		if id < 0 {
+			return -1, 0
+		}
+		return id, t.Scores[id]
+	}
+	ids, scores := make([]int, max(len(toks)-1, 0)), make([]float32, max(len(toks)-1, 0))
+	for i := range ids {
+		ids[i], scores[i] = pair(i)
+	}
 	for {
-		best, bestID, bestAt := float32(-1e10), -1, -1
-		for i := 0; i+1 < len(toks); i++ {
-			id := t.lookup(string(t.Pieces[toks[i]]) + string(t.Pieces[toks[i+1]]))
-			if id >= 0 && t.Scores[id] > best {
-				best, bestID, bestAt = t.Scores[id], id, i
+		best, bestAt := float32(-1e10), -1
+		for i, id := range ids {
+			if id >= 0 && scores[i] > best {
+				best, bestAt = scores[i], i
 			}
 		}
 		if bestAt < 0 {
 			break
 		}
-		toks[bestAt] = bestID
+		toks[bestAt] = ids[bestAt]
 		toks = append(toks[:bestAt+1], toks[bestAt+2:]...)
+		ids = append(ids[:bestAt], ids[bestAt+1:]...)
+		scores = append(scores[:bestAt], scores[bestAt+1:]...)
+		if bestAt > 0 {
+			ids[bestAt-1], scores[bestAt-1] = pair(bestAt - 1)
+		}
+		if bestAt < len(ids) {
+			ids[bestAt], scores[bestAt] = pair(bestAt)
+		}
 	}
-	if eos {
+	if eos && EOS < len(t.Pieces) {
 		toks = append(toks, EOS)
 	}
 	return toks
