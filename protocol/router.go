@@ -285,11 +285,13 @@ func (r *Router) AddNode(info NodeInfo) error {
 }
 
 // NodeLost says a node is gone (its registry lease expired, or it stopped
-// answering; docs/protocol.md rule 14): every request dispatched to it that has no outcome yet fails
-// (ErrPeerFailed with ErrNodeLost),
-// the other leg of each is cancelled, and each decode node is told, so that
-// it cuts its queue pair to a lost prefill node. The node's advertisement
-// still counts for intake limits, until RemoveNode or AddNode.
+// answering; docs/protocol.md rule 14): every request dispatched to it that
+// has no outcome yet fails (ErrPeerFailed with ErrNodeLost). For a lost
+// decode node the prefill legs are cancelled; for a lost prefill node each
+// decode node is told (PeerLost), so that it cuts its queue pair to it:
+// the cut is the fence for the pages it may still write, and fails each of
+// its requests there. The node's advertisement still counts for intake
+// limits, until RemoveNode or AddNode.
 func (r *Router) NodeLost(id PeerID) error {
 	n := r.nodes[id]
 	if n == nil {
@@ -308,7 +310,12 @@ func (r *Router) NodeLost(id PeerID) error {
 			continue
 		}
 		if q.prefill == id {
+			// Decode hears of it through PeerLost and the cut that follows,
+			// which fails each request on the queue pair with its own
+			// reason; one it never saw needs nothing. So the decode leg ends
+			// here without a cancel of its own.
 			r.endLeg(q, rid, RolePrefill, legLost)
+			r.endLeg(q, rid, RoleDecode, legCancelled)
 		} else {
 			r.endLeg(q, rid, RoleDecode, legLost)
 		}
