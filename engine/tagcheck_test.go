@@ -82,3 +82,36 @@ func TestOwnPagesAtTheirEpochPassTheCheck(t *testing.T) {
 		t.Fatalf("got %q", got)
 	}
 }
+
+// At a realistic size: a request of 300 pages (two positions each) copies
+// across all of them, and when one page deep inside its table is handed to
+// another request, the read fails naming exactly that page.
+func TestAStalePageAmongHundredsIsNamed(t *testing.T) {
+	const pageTokens, pages = 2, 320
+	e := newEngine(t, model.Builtin(8), pageTokens, pages, engine.Options{})
+	pool, tok := e.Cache().Pool(), model.Bytes{}
+	text := "secret: [k=Hx-3v0]. " + strings.Repeat("Words and more words, none of them secret. ", 13) + "Again [k="
+	prompt := tok.Encode(text, false, false)
+	const n = 7
+	refs, err := pool.Allocate(1, e.Cache().Geometry().PagesFor(len(prompt)+n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(refs) < 295 {
+		t.Fatalf("only %d pages", len(refs))
+	}
+	out, err := e.Generate(kv.Table(refs), prompt, n, model.Greedy(), -1)
+	if err != nil || model.Decode(tok, out, -1) != "Hx-3v0]" {
+		t.Fatalf("across %d pages: %q, %v", len(refs), model.Decode(tok, out, -1), err)
+	}
+	const victim = 217
+	pool.Release(1, refs[victim:victim+1])
+	if _, err := pool.Allocate(2, 1); err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.Decode(kv.Table(refs), prompt, n, model.Greedy(), -1)
+	var te *kv.TagError
+	if !errors.As(err, &te) || te.Index != victim || te.Page != refs[victim].Page {
+		t.Fatalf("got %v, want page %d at index %d named", err, refs[victim].Page, victim)
+	}
+}
