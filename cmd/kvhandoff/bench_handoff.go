@@ -1,11 +1,18 @@
 package main
 
 import (
+	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -35,8 +42,13 @@ WRITEs, --reps times; each keeps its best round (the latencies are the best
 handoff round's).
 
 Providers:
-  inproc   the in-process provider
-  socket   the socket provider over TLS 1.3 on loopback (two devices, one process)
+  inproc           the in-process provider
+  socket           the socket provider over TLS 1.3 on loopback (two devices, one process)
+  socket-process   the same, with the decode node in another process (this binary,
+                   started by the benchmark) and the queue pair set up by Dial and
+                   Serve; latency is to the prefill node's outcome (its WRITEs and
+                   Done complete), the decode process checks every page it reads;
+                   the raw baseline is the socket provider's, in one process
 
 flags:
 `
@@ -49,6 +61,7 @@ type handoffRow struct {
 	Requests       int     `json:"requests"`
 	Window         int     `json:"window"`
 	Reps           int     `json:"reps"`
+	LatencyTo      string  `json:"latency_to"` // decode-read: to the decode node's outcome; prefill-done: to the prefill node's
 	HandoffsPerSec float64 `json:"handoffs_per_sec"`
 	Gbps           float64 `json:"gbps"`
 	RawGbps        float64 `json:"raw_gbps"`
@@ -106,12 +119,13 @@ func (markedKV) FillKV(id protocol.RequestID, _ int, pages [][]byte) error {
 
 func runBenchHandoff(args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("bench handoff", benchHandoffUsage, stderr)
-	providers := fs.String("provider", "inproc,socket", "comma-separated providers: inproc, socket")
+	providers := fs.String("provider", "inproc,socket,socket-process", "comma-separated providers: inproc, socket, socket-process")
 	pageBytes := fs.Int("page-bytes", 64<<10, "bytes per page")
 	pages := fs.Int("pages", 16, "pages per request")
 	requests := fs.Int("requests", 1000, "requests timed")
 	window := fs.Int("window", 8, "requests in flight at once")
 	reps := fs.Int("reps", 3, "rounds, alternating handoffs and raw WRITEs; the best of each counts")
+	decodeNode := fs.String("decode-node", "", "internal: run as the decode process of socket-process, with the certificates in this directory")
 	jsonOut := fs.Bool("json", false, "print exactly one JSON object on stdout")
 	if code := parseFlags(fs, args, stderr); code >= 0 {
 		return code
@@ -120,14 +134,18 @@ func runBenchHandoff(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "kvhandoff bench handoff: --page-bytes must be at least 64, --pages, --requests, --window and --reps at least 1")
 		return 2
 	}
+	if *decodeNode != "" {
+		return serveDecodeNode(*decodeNode, *pageBytes, *pages, *window, stdout, stderr)
+	}
 	var rows []handoffRow
 	for _, name := range strings.Split(*providers, ",") {
-		mk, ok := handoffDevices[name]
+		separate := name == "socket-process"
+		mk, ok := handoffDevices[strings.TrimSuffix(name, "-process")]
 		if !ok {
 			fmt.Fprintf(stderr, "kvhandoff bench handoff: unknown provider %q\n", name)
 			return 2
 		}
-		row, err := measureHandoff(mk, *pageBytes, *pages, *requests, *window, *reps)
+		row, err := measureHandoff(mk, separate, *pageBytes, *pages, *requests, *window, *reps)
 		if err != nil {
 			fmt.Fprintf(stderr, "kvhandoff bench handoff: %s: %v\n", name, err)
 			return 1
@@ -156,43 +174,84 @@ func runBenchHandoff(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
+const benchPageTokens = 16
+
+// handoffSetup is a prefill endpoint with a queue pair to decode peer "decode",
+// running; d is the decode endpoint when it lives in this process, nil when
+// it is another process (which checks what it reads itself).
+type handoffSetup struct {
+	p         *transfer.Prefill
+	d         *transfer.Decode
+	close     func() error // stops everything; for a decode process, its verdict
+	handedOff int          // requests that succeeded on the prefill node, set before close
+}
+
+// localSetup runs both endpoints in this process on two devices of a provider.
+func localSetup(ctx context.Context, mk func() (rdma.Device, rdma.Device, func(), error), pageBytes, pages, window int) (*handoffSetup, error) {
+	devP, devD, closeDevs, err := mk()
+	if err != nil {
+		return nil, err
+	}
+	p, err := transfer.NewPrefill(devP, transfer.PrefillConfig{Pages: 2 * window * pages, PageTokens: benchPageTokens, PageBytes: pageBytes,
+		MaxRequestPages: pages, KV: markedKV{}})
+	if err != nil {
+		closeDevs()
+		return nil, err
+	}
+	d, err := transfer.NewDecode(devD, transfer.DecodeConfig{Pages: window * pages, PageTokens: benchPageTokens, PageBytes: pageBytes,
+		Timeout: time.Minute})
+	if err == nil {
+		err = transfer.ConnectLocal(p, "prefill", d, "decode")
+	}
+	if err != nil {
+		closeDevs()
+		return nil, err
+	}
+	return &handoffSetup{p: p, d: d, close: func() error { p.Close(); d.Close(); closeDevs(); return nil }}, nil
+}
+
 // measureHandoff runs reps rounds of requests handoffs through a Prefill and
 // a Decode endpoint on one provider, each followed by a round of the
 // provider's raw WRITEs on two other devices of the same provider.
-func measureHandoff(mk func() (rdma.Device, rdma.Device, func(), error), pageBytes, pages, requests, window, reps int) (handoffRow, error) {
-	row := handoffRow{PageBytes: pageBytes, Pages: pages, Requests: requests, Window: window, Reps: reps}
-	devP, devD, closeDevs, err := mk()
-	if err != nil {
-		return row, err
-	}
-	defer closeDevs()
-	const pageTokens = 16
-	p, err := transfer.NewPrefill(devP, transfer.PrefillConfig{Pages: 2 * window * pages, PageTokens: pageTokens, PageBytes: pageBytes,
-		MaxRequestPages: pages, KV: markedKV{}})
-	if err != nil {
-		return row, err
-	}
-	defer p.Close()
-	d, err := transfer.NewDecode(devD, transfer.DecodeConfig{Pages: window * pages, PageTokens: pageTokens, PageBytes: pageBytes,
-		Timeout: time.Minute})
-	if err != nil {
-		return row, err
-	}
-	defer d.Close()
-	if err := transfer.ConnectLocal(p, "prefill", d, "decode"); err != nil {
-		return row, err
-	}
+func measureHandoff(mk func() (rdma.Device, rdma.Device, func(), error), separate bool, pageBytes, pages, requests, window, reps int) (row handoffRow, err error) {
+	row = handoffRow{PageBytes: pageBytes, Pages: pages, Requests: requests, Window: window, Reps: reps, LatencyTo: "decode-read"}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	var setup *handoffSetup
+	if separate {
+		setup, err = processSetup(ctx, pageBytes, pages, window)
+		row.LatencyTo = "prefill-done"
+	} else {
+		setup, err = localSetup(ctx, mk, pageBytes, pages, window)
+	}
+	if err != nil {
+		return row, err
+	}
+	p, d := setup.p, setup.d
 	var wg sync.WaitGroup
-	defer wg.Wait()
-	defer cancel()
-	for _, run := range []func(context.Context) error{p.Run, d.Run} {
+	defer func() {
+		cancel()
+		wg.Wait()
+		if cerr := setup.close(); err == nil && cerr != nil {
+			err = cerr
+		}
+	}()
+	runs := []func(context.Context) error{p.Run}
+	if d != nil {
+		runs = append(runs, d.Run)
+	}
+	for _, run := range runs {
 		wg.Add(1)
 		go func() { defer wg.Done(); run(ctx) }()
 	}
+	// Outcomes that end a request: both nodes' here, the prefill node's when
+	// decode is another process.
+	legs := 1
+	if d != nil {
+		legs = 2
+	}
 
-	// A request's window slot comes back once both nodes reported it.
+	// A request's window slot comes back once every leg here reported it.
 	var (
 		mu      sync.Mutex
 		started = map[protocol.RequestID]time.Time{}
@@ -214,10 +273,10 @@ func measureHandoff(mk func() (rdma.Device, rdma.Device, func(), error), pageByt
 		if err != nil && failure == nil {
 			failure = fmt.Errorf("request %d: %w", id, err)
 		}
-		if decode {
+		if decode || d == nil {
 			lat = append(lat, time.Since(started[id]))
 		}
-		if ended[id]++; ended[id] == 2 {
+		if ended[id]++; ended[id] == legs {
 			delete(ended, id)
 			delete(started, id)
 			<-slots
@@ -237,20 +296,8 @@ func measureHandoff(mk func() (rdma.Device, rdma.Device, func(), error), pageByt
 			for _, ev := range e.Events() {
 				switch ev.Kind {
 				case transfer.Verified:
-					got, err := d.Acquire(ev.Request)
-					if err == nil {
-						for i, page := range got {
-							if binary.LittleEndian.Uint64(page) != uint64(ev.Request) || binary.LittleEndian.Uint64(page[8:]) != uint64(i) {
-								err = fmt.Errorf("page %d holds another page's KV", i)
-								break
-							}
-						}
-						if ferr := d.Finish(ev.Request); err == nil {
-							err = ferr
-						}
-					}
-					if err != nil {
-						fail(fmt.Errorf("request %d: %w", ev.Request, err))
+					if err := readMarked(d, ev.Request); err != nil {
+						fail(err)
 					}
 				case transfer.Outcome:
 					done(ev.Request, ev.Err, decode)
@@ -258,9 +305,12 @@ func measureHandoff(mk func() (rdma.Device, rdma.Device, func(), error), pageByt
 			}
 		}
 	}
-	wg.Add(2)
+	wg.Add(1)
 	go watch(p, false)
-	go watch(d, true)
+	if d != nil {
+		wg.Add(1)
+		go watch(d, true)
+	}
 
 	rawP, rawD, closeRaw, err := mk()
 	if err != nil {
@@ -270,7 +320,7 @@ func measureHandoff(mk func() (rdma.Device, rdma.Device, func(), error), pageByt
 	// Rounds alternate, handoffs then raw WRITEs, and each keeps its best: on
 	// a shared machine the load moves, and both sides of the ratio should
 	// see the same moments.
-	tokens := pages * pageTokens
+	tokens := pages * benchPageTokens
 	next := protocol.RequestID(1)
 	for r := 0; r < reps; r++ {
 		mu.Lock()
@@ -328,6 +378,199 @@ func measureHandoff(mk func() (rdma.Device, rdma.Device, func(), error), pageByt
 		}
 		row.RawGbps = max(row.RawGbps, raw*8/1e9)
 	}
+	setup.handedOff = reps * requests
 	row.Ratio = row.Gbps / row.RawGbps
 	return row, nil
+}
+
+// processSetup starts the decode node as another process (this binary, with
+// --decode-node) on the socket provider over TLS, and connects this
+// process's prefill endpoint to it by Dial. The decode process checks the
+// markers of every page it reads and reports when its stdin closes.
+func processSetup(ctx context.Context, pageBytes, pages, window int) (*handoffSetup, error) {
+	dir, err := os.MkdirTemp("", "kvhandoff-bench-")
+	if err != nil {
+		return nil, err
+	}
+	ca, err := pki.NewCA("bench-handoff")
+	if err == nil {
+		err = ca.WriteFiles(dir, false, "prefill", "decode")
+	}
+	var tc *tls.Config
+	if err == nil {
+		tc, err = pki.Load(filepath.Join(dir, pki.CertFile("prefill")), filepath.Join(dir, pki.KeyFile("prefill")), filepath.Join(dir, pki.CAFile))
+	}
+	self, serr := os.Executable()
+	if err == nil {
+		err = serr
+	}
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	cmd := exec.Command(self, "bench", "handoff", "--decode-node", dir, "--page-bytes", fmt.Sprint(pageBytes),
+		"--pages", fmt.Sprint(pages), "--window", fmt.Sprint(window))
+	cmd.Stderr = os.Stderr
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	lines := bufio.NewScanner(stdout)
+	handedOff := 0 // requests the prefill node completed, for the decode process to wait for
+	stop := func() error {
+		fmt.Fprintln(stdin, handedOff)
+		stdin.Close()
+		var verdict string
+		for lines.Scan() {
+			verdict = lines.Text()
+		}
+		werr := cmd.Wait()
+		os.RemoveAll(dir)
+		if werr != nil || !strings.HasPrefix(verdict, "ok ") {
+			return fmt.Errorf("the decode process: %q, %v", verdict, werr)
+		}
+		return nil
+	}
+	var addr string
+	if lines.Scan() {
+		addr, _ = strings.CutPrefix(lines.Text(), "listening ")
+	}
+	if addr == "" {
+		stop()
+		return nil, errors.New("the decode process did not start")
+	}
+	dev, err := socket.Listen("tcp", "127.0.0.1:0", socket.Config{TLS: tc})
+	if err != nil {
+		stop()
+		return nil, err
+	}
+	p, err := transfer.NewPrefill(dev, transfer.PrefillConfig{Pages: 2 * window * pages, PageTokens: benchPageTokens, PageBytes: pageBytes,
+		MaxRequestPages: pages, KV: markedKV{}})
+	if err == nil {
+		err = p.Dial(ctx, "decode", addr, transfer.SetupConfig{Name: "prefill", TLS: tc})
+	}
+	if err != nil {
+		dev.Close()
+		stop()
+		return nil, err
+	}
+	setup := &handoffSetup{p: p}
+	setup.close = func() error {
+		handedOff = setup.handedOff
+		err := stop()
+		p.Close()
+		dev.Close()
+		return err
+	}
+	return setup, nil
+}
+
+// serveDecodeNode is the decode process of processSetup: a socket device and
+// a Decode endpoint under the certificates in dir, serving one prefill node;
+// it reads and checks every verified request and, when stdin closes, prints
+// "ok N" (N requests read, none wrong) or what went wrong, and exits.
+func serveDecodeNode(dir string, pageBytes, pages, window int, stdout, stderr io.Writer) int {
+	tc, err := pki.Load(filepath.Join(dir, pki.CertFile("decode")), filepath.Join(dir, pki.KeyFile("decode")), filepath.Join(dir, pki.CAFile))
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	dev, err := socket.Listen("tcp", "127.0.0.1:0", socket.Config{TLS: tc})
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	defer dev.Close()
+	d, err := transfer.NewDecode(dev, transfer.DecodeConfig{Pages: 2 * window * pages, PageTokens: benchPageTokens, PageBytes: pageBytes,
+		Timeout: time.Minute})
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	defer d.Close()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go d.Serve(ctx, ln, transfer.SetupConfig{Name: "decode", TLS: tc})
+	go d.Run(ctx)
+	var (
+		mu      sync.Mutex
+		read    int
+		problem error
+	)
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-d.Notify():
+			}
+			for _, ev := range d.Events() {
+				var err error
+				switch {
+				case ev.Kind == transfer.Verified:
+					err = readMarked(d, ev.Request)
+				case ev.Err != nil:
+					err = fmt.Errorf("request %d: %w", ev.Request, ev.Err)
+				}
+				mu.Lock()
+				if err != nil && problem == nil {
+					problem = err
+				}
+				if ev.Kind == transfer.Outcome && ev.Err == nil {
+					read++
+				}
+				mu.Unlock()
+			}
+		}
+	}()
+	fmt.Fprintf(stdout, "listening %s\n", ln.Addr())
+	// The prefill process says how many requests it handed off, then closes stdin.
+	var want int
+	fmt.Fscan(os.Stdin, &want)
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(time.Millisecond) {
+		mu.Lock()
+		n, bad := read, problem
+		mu.Unlock()
+		if n >= want || bad != nil || time.Now().After(deadline) {
+			break
+		}
+	}
+	cancel()
+	<-watched
+	if problem == nil && read < want {
+		problem = fmt.Errorf("only %d of %d requests read", read, want)
+	}
+	if problem != nil {
+		fmt.Fprintf(stdout, "failed after %d: %v\n", read, problem)
+		return 1
+	}
+	fmt.Fprintf(stdout, "ok %d\n", read)
+	return 0
+}
+
+// readMarked reads a verified request and checks every page's marker.
+func readMarked(d *transfer.Decode, id protocol.RequestID) error {
+	got, err := d.Acquire(id)
+	if err != nil {
+		return err
+	}
+	for i, page := range got {
+		if binary.LittleEndian.Uint64(page) != uint64(id) || binary.LittleEndian.Uint64(page[8:]) != uint64(i) {
+			err = fmt.Errorf("request %d page %d holds another page's KV", id, i)
+			break
+		}
+	}
+	if ferr := d.Finish(id); err == nil {
+		err = ferr
+	}
+	return err
 }

@@ -242,35 +242,3 @@ func TestBenchTransferJSON(t *testing.T) {
 		t.Fatalf("verbs in a plain build: exit %d, %q", code, errOut)
 	}
 }
-
-func TestBenchHandoffJSON(t *testing.T) {
-	code, out, errOut := runCLI(t, "bench", "handoff", "--json", "--requests", "40", "--pages", "4", "--page-bytes", "16384", "--window", "4")
-	var r struct {
-		Rows []struct {
-			Provider       string  `json:"provider"`
-			PageBytes      int     `json:"page_bytes"`
-			Pages          int     `json:"pages_per_request"`
-			Requests       int     `json:"requests"`
-			HandoffsPerSec float64 `json:"handoffs_per_sec"`
-			Gbps           float64 `json:"gbps"`
-			RawGbps        float64 `json:"raw_gbps"`
-			Ratio          float64 `json:"ratio"`
-			P50            float64 `json:"p50_us"`
-			P99            float64 `json:"p99_us"`
-		} `json:"rows"`
-	}
-	if err := json.Unmarshal([]byte(out), &r); err != nil || code != 0 || len(r.Rows) != 2 {
-		t.Fatalf("exit %d, %+v, %v\n%s%s", code, r, err, out, errOut)
-	}
-	for i, row := range r.Rows {
-		wantGbps := row.HandoffsPerSec * 4 * 16384 * 8 / 1e9
-		if row.Provider != []string{"inproc", "socket"}[i] || row.PageBytes != 16384 || row.Pages != 4 || row.Requests != 40 ||
-			row.HandoffsPerSec <= 0 || math.Abs(row.Gbps-wantGbps) > 1e-6*wantGbps || row.RawGbps <= 0 ||
-			math.Abs(row.Ratio-row.Gbps/row.RawGbps) > 1e-9*row.Ratio || row.P50 <= 0 || row.P99 < row.P50 {
-			t.Fatalf("row %d: %+v", i, row)
-		}
-	}
-	if code, _, _ := runCLI(t, "bench", "handoff", "--provider", "carrier-pigeon"); code != 2 {
-		t.Fatalf("an unknown provider: exit %d", code)
-	}
-}

@@ -1,0 +1,50 @@
+package main
+
+import (
+	"encoding/json"
+	"math"
+	"os"
+	"testing"
+)
+
+// TestMain lets this test binary stand in for kvhandoff when a test starts
+// it as a child process (bench handoff's decode process).
+func TestMain(m *testing.M) {
+	if os.Getenv("KVH_TEST_AS_KVHANDOFF") != "" && len(os.Args) > 1 && os.Args[1] == "bench" {
+		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	}
+	os.Exit(m.Run())
+}
+
+func TestBenchHandoffJSON(t *testing.T) {
+	t.Setenv("KVH_TEST_AS_KVHANDOFF", "1") // the decode process of socket-process is this test binary
+	code, out, errOut := runCLI(t, "bench", "handoff", "--json", "--requests", "40", "--pages", "4", "--page-bytes", "16384", "--window", "4", "--reps", "2")
+	var r struct {
+		Rows []struct {
+			Provider       string  `json:"provider"`
+			PageBytes      int     `json:"page_bytes"`
+			Pages          int     `json:"pages_per_request"`
+			Requests       int     `json:"requests"`
+			HandoffsPerSec float64 `json:"handoffs_per_sec"`
+			Gbps           float64 `json:"gbps"`
+			RawGbps        float64 `json:"raw_gbps"`
+			Ratio          float64 `json:"ratio"`
+			P50            float64 `json:"p50_us"`
+			P99            float64 `json:"p99_us"`
+		} `json:"rows"`
+	}
+	if err := json.Unmarshal([]byte(out), &r); err != nil || code != 0 || len(r.Rows) != 3 {
+		t.Fatalf("exit %d, %+v, %v\n%s%s", code, r, err, out, errOut)
+	}
+	for i, row := range r.Rows {
+		wantGbps := row.HandoffsPerSec * 4 * 16384 * 8 / 1e9
+		if row.Provider != []string{"inproc", "socket", "socket-process"}[i] || row.PageBytes != 16384 || row.Pages != 4 || row.Requests != 40 ||
+			row.HandoffsPerSec <= 0 || math.Abs(row.Gbps-wantGbps) > 1e-6*wantGbps || row.RawGbps <= 0 ||
+			math.Abs(row.Ratio-row.Gbps/row.RawGbps) > 1e-9*row.Ratio || row.P50 <= 0 || row.P99 < row.P50 {
+			t.Fatalf("row %d: %+v", i, row)
+		}
+	}
+	if code, _, _ := runCLI(t, "bench", "handoff", "--provider", "carrier-pigeon"); code != 2 {
+		t.Fatalf("an unknown provider: exit %d", code)
+	}
+}
