@@ -29,6 +29,7 @@ func BenchmarkCheckDefaultBounds(b *testing.B) {
 	}
 	props := specProperties(m)
 	var states int
+	var heapPerState float64
 	for b.Loop() {
 		res, err := checker.Check(m, props, checker.Options{DeadlockName: spec.Termination})
 		if err != nil {
@@ -38,8 +39,10 @@ func BenchmarkCheckDefaultBounds(b *testing.B) {
 			b.Fatalf("the correct protocol fails %s", res.Violations[0].Property)
 		}
 		states += res.Stats.States
+		heapPerState = float64(res.Stats.PeakHeap) / float64(res.Stats.States)
 	}
 	b.ReportMetric(float64(states)/b.Elapsed().Seconds(), "states/s")
+	b.ReportMetric(heapPerState, "heap-B/state")
 }
 
 // The spec holds its frontier encoded.

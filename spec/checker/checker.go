@@ -177,8 +177,7 @@ type Options struct {
 	MaxMemory uint64
 	// FrontierMemory is how many bytes of encoded frontier are held in memory
 	// before the oldest blocks are spilled to a file in SpillDir (only for a
-	// model that implements Encoder); 0 means MaxMemory/8, or 1 GiB without a
-	// MaxMemory.
+	// model that implements Encoder); 0 means MaxMemory/8, at most 512 MiB.
 	FrontierMemory int
 	// SpillDir is the directory for spill files; "" means os.TempDir().
 	SpillDir string
@@ -210,6 +209,11 @@ func (e *LimitError) Error() string {
 }
 
 func (e *LimitError) Unwrap() error { return e.Err }
+
+// defaultFrontierMemory is the default Options.FrontierMemory: past this the
+// frontier is read and written sequentially from disk, which costs little next
+// to expanding it.
+const defaultFrontierMemory = 512 << 20
 
 // candRef marks an edge whose target is a candidate of the same expansion,
 // numbered when the expansion is merged.
@@ -314,9 +318,9 @@ func newRun[S any, A comparable](m Model[S, A], props Properties[S], opt Options
 		c.opt.MaxRejects = 100000
 	}
 	if c.opt.FrontierMemory <= 0 {
-		c.opt.FrontierMemory = 1 << 30
+		c.opt.FrontierMemory = defaultFrontierMemory
 		if opt.MaxMemory > 0 {
-			c.opt.FrontierMemory = int(min(opt.MaxMemory/8, 1<<40))
+			c.opt.FrontierMemory = int(min(opt.MaxMemory/8, defaultFrontierMemory))
 		}
 	}
 	if c.opt.SpillDir == "" {

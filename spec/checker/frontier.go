@@ -62,12 +62,13 @@ func (f *frontier[S]) newBlock() *block[S] {
 	return &block[S]{idx: make([]int32, 0, blockStates)}
 }
 
-// recycle takes back a block whose states were expanded.
+// recycle takes back a block whose states were expanded. Every block is kept
+// for reuse: the next level's frontier takes them over, where dropping them
+// would leave a level's worth of garbage for the collector to find, which with
+// the default GOGC may sit in memory as long as the live heap doubles.
 func (f *frontier[S]) recycle(b *block[S]) {
-	if len(*f.free) < 256 {
-		clear(b.states) // states may hold references
-		*f.free = append(*f.free, b)
-	}
+	clear(b.states) // states may hold references
+	*f.free = append(*f.free, b)
 }
 
 // tail returns the block to append to, starting a new one when the last is full.

@@ -1,0 +1,79 @@
+package spec
+
+import (
+	"syscall"
+	"testing"
+	"time"
+)
+
+// cpuTime is this process's user and system time: on a shared machine, CPU
+// per operation is steadier than wall time.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func cpuPerOp(b *testing.B, start time.Duration) {
+	b.ReportMetric(float64(cpuTime()-start)/float64(b.N), "cpu-ns/op")
+}
+
+func BenchmarkAppendState(b *testing.B) {
+	m, states := reachableB(b, NewConfig(3, 4, 2), 5000)
+	var buf []byte
+	b.ResetTimer()
+	start := cpuTime()
+	defer cpuPerOp(b, start)
+	for i := 0; b.Loop(); i++ {
+		buf = m.AppendState(buf[:0], &states[i%len(states)])
+	}
+}
+
+func BenchmarkDecodeState(b *testing.B) {
+	m, states := reachableB(b, NewConfig(3, 4, 2), 5000)
+	var encs [][]byte
+	for i := range states {
+		encs = append(encs, m.AppendState(nil, &states[i]))
+	}
+	var s State
+	b.ResetTimer()
+	start := cpuTime()
+	defer cpuPerOp(b, start)
+	for i := 0; b.Loop(); i++ {
+		if err := m.DecodeState(encs[i%len(encs)], &s); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkAppendFingerprint(b *testing.B) {
+	m, states := reachableB(b, NewConfig(3, 4, 2), 5000)
+	var buf []byte
+	b.ResetTimer()
+	start := cpuTime()
+	defer cpuPerOp(b, start)
+	for i := 0; b.Loop(); i++ {
+		buf = m.AppendFingerprint(buf[:0], &states[i%len(states)])
+	}
+}
+
+func reachableB(b *testing.B, cfg Config, limit int) (*Model, []State) {
+	m, err := New(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	seen := map[State]bool{}
+	queue := m.Initial()
+	var out []State
+	for len(queue) > 0 && len(out) < limit {
+		s := queue[0]
+		queue = queue[1:]
+		if seen[s] {
+			continue
+		}
+		seen[s] = true
+		out = append(out, s)
+		m.Successors(&s, func(_ Action, n State) { queue = append(queue, n) })
+	}
+	return m, out
+}
