@@ -198,7 +198,7 @@ func (b *Backend) AttachPool(c *kv.Cache) error {
 	n := c.Pages()
 	mirror := make([]uint64, n)
 	for p := range mirror {
-		mirror[p] = c.Pool().Epoch(uint32(p))
+		mirror[p] = c.Epoch(uint32(p)) // the pool's, or a transport endpoint's (kv.OverPages)
 	}
 	maxPages := g.PagesFor(m.SeqLen)
 	return b.dev.do(func() error {

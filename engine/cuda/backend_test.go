@@ -6,6 +6,8 @@ import (
 	"errors"
 	"math"
 	"math/rand/v2"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/kvhandoff/kvhandoff/engine"
@@ -136,6 +138,38 @@ func TestBothBackendsGiveTheSameTokens(t *testing.T) {
 	}
 }
 
+// At a realistic length: a prompt longer than the backend's launch chunk of 256 tokens (so
+// prefill runs in three chunks, each attending over the ones before), over 67 pages, and
+// decode past it; two requests in one pool; the same tokens as the CPU.
+func TestLongPromptsOverManyPagesGiveTheSameTokens(t *testing.T) {
+	m := randomModel(t, model.Config{Dim: 32, HiddenDim: 48, Layers: 2, Heads: 4, KVHeads: 2, Vocab: 50, SeqLen: 600}, 21)
+	const pageTokens, n = 8, 6
+	p := newPair(t, m, pageTokens, 2*m.SeqLen/pageTokens, engine.Options{})
+	rng := rand.New(rand.NewPCG(3, 4))
+	prompts := make([][]int, 2)
+	for i := range prompts {
+		prompts[i] = make([]int, 530+7*i)
+		for j := range prompts[i] {
+			prompts[i][j] = rng.IntN(m.Vocab)
+		}
+	}
+	var want, got [2][]int
+	for i, prompt := range prompts {
+		ct := allocate(t, p.cpu, protocol.RequestID(i+1), len(prompt)+n)
+		gt := allocate(t, p.gpu, protocol.RequestID(i+1), len(prompt)+n)
+		var err error
+		if want[i], err = p.cpu.Generate(ct, prompt, n, model.Greedy(), -1); err != nil {
+			t.Fatal(err)
+		}
+		if got[i], err = p.gpu.Generate(gt, prompt, n, model.Greedy(), -1); err != nil {
+			t.Fatal(err)
+		}
+		if len(got[i]) != n || !slices.Equal(got[i], want[i]) {
+			t.Fatalf("prompt %d of %d tokens: cuda generated %v, cpu %v", i, len(prompt), got[i], want[i])
+		}
+	}
+}
+
 // A request whose page was freed and given to another request fails at its next step with a
 // *kv.TagError naming that page, on the CUDA backend as on the CPU one; with the tag check off
 // (no-tag-check), the step reads the other request's KV and succeeds silently, which is what
@@ -199,6 +233,50 @@ func TestTheWrittenStalePageIsReportedFirst(t *testing.T) {
 		var te *kv.TagError
 		if _, err := e.Step(table, []int{9}, 8); !errors.As(err, &te) || te.Index != 2 {
 			t.Fatalf("%s: step writing stale entry 2 and reading stale entry 0: %v, want entry 2", e.Backend().Name(), err)
+		}
+	}
+}
+
+// The leak, on this backend with the built-in model: request B's first page is freed under it
+// and prefilled for request A, whose prompt carries a canary; B then decodes through its old
+// table. With the tag check, B fails naming the page before any token; without it, B's answer
+// is A's canary.
+func TestTheBuiltinModelLeaksTheCanaryOnlyWithoutTheCheck(t *testing.T) {
+	for _, unchecked := range []bool{false, true} {
+		opts := engine.Options{}
+		if unchecked {
+			opts.Research = research.On(research.NoTagCheck)
+		}
+		p := newPair(t, model.Builtin(5), 16, 8, opts)
+		e, tok := p.gpu, model.Bytes{}
+		pool := e.Cache().Pool()
+		promptB := tok.Encode("Hello, this is B. Tell me the canary=", false, false)
+		refsB, err := pool.Allocate(2, 3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.Prefill(kv.Table(refsB), promptB[:len(promptB)-1]); err != nil {
+			t.Fatal(err)
+		}
+		pool.Release(2, refsB[:1])
+		refsA := allocate(t, e, 1, 16)
+		if refsA[0].Page != refsB[0].Page {
+			t.Fatalf("A got page %d, not B's freed page %d", refsA[0].Page, refsB[0].Page)
+		}
+		if _, err := e.Prefill(kv.Table(refsA), tok.Encode("canary=Q7-Xk9#p2", false, false)); err != nil {
+			t.Fatal(err)
+		}
+		out, err := e.Decode(kv.Table(refsB), promptB, 9, model.Greedy(), -1)
+		text := model.Decode(tok, out, -1)
+		if unchecked {
+			if err != nil || !strings.HasPrefix(text, "Q7-Xk9#p2") {
+				t.Fatalf("unchecked: B decoded %q (%v), want A's canary Q7-Xk9#p2", text, err)
+			}
+			continue
+		}
+		var te *kv.TagError
+		if !errors.As(err, &te) || te.Index != 0 || te.Page != refsB[0].Page || len(out) != 0 {
+			t.Fatalf("checked: B decoded %q with error %v, want a TagError naming page %d before any token", text, err, refsB[0].Page)
 		}
 	}
 }

@@ -12,11 +12,13 @@
 # backends give the same tokens, stale pages fail naming the page and are not written, page
 # copies round-trip. The benchmarks print decode and prefill tokens/s of the stories15M shape
 # on the CPU and CUDA backends (same run), and the page-copy kernel's bytes/s against
-# cuMemcpyDtoD of the same bytes. The binary is gitignored (*.test); carry it to the device.
+# cuMemcpyDtoD of the same bytes; then kvhandoff bench engine's JSON rows for both backends.
+# The binaries are gitignored (*.test); carry them to the device.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 bin=$here/gpucheck.test
+cmdbin=$here/gpucheck-kvhandoff.test # the command built with -tags cuda (named *.test: gitignored)
 mode=${1:-all}
 
 build() {
@@ -25,7 +27,8 @@ build() {
 	cuda_env=$(scripts/cuda-stubs.sh "${KVH_CUDA_DIR:-/tmp/kvh-cuda}")
 	eval "$cuda_env"
 	go test -tags cuda -c -o "$bin" ./engine/cuda
-	echo "gpucheck: built $bin"
+	go build -tags cuda -o "$cmdbin" ./cmd/kvhandoff
+	echo "gpucheck: built $bin $cmdbin"
 }
 
 run() {
@@ -36,6 +39,8 @@ run() {
 	"$bin" -test.v -test.count=1 -test.timeout 300s 2>&1 | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go' || { echo "gpucheck: tests FAILED"; exit 1; }
 	echo "--- benchmarks (CPU and CUDA backends, same run)"
 	"$bin" -test.run '^$' -test.bench . -test.benchtime "${KVH_BENCHTIME:-2s}" -test.timeout 300s
+	echo "--- kvhandoff bench engine --backend cpu,cuda --json"
+	"$cmdbin" bench engine --backend cpu,cuda --rounds 3 --json
 	echo "gpucheck: done"
 }
 
