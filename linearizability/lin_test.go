@@ -3,6 +3,7 @@ package linearizability
 import (
 	"math"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 
@@ -55,24 +56,24 @@ func TestEachConcurrencySwitchIsCaught(t *testing.T) {
 // The model's step is the receiver's: a few sequential facts it must agree on.
 func TestStepMatchesTheReceiversRules(t *testing.T) {
 	cases := []struct {
-		from string
+		from protocol.ReceiverStatus
 		in   Input
 		out  Output
-		want []string
+		want []protocol.ReceiverStatus
 	}{
-		{protocol.StatusNone, Input{OpCancel, 1}, Output{OK: true}, []string{protocol.StatusTombstone}},
-		{protocol.StatusReserved, Input{OpCancel, 1}, Output{OK: true}, []string{protocol.StatusQuarantine}},
-		{protocol.StatusQuarantine, Input{OpDone, 1}, Output{OK: true}, []string{protocol.StatusClosed}},
-		{protocol.StatusReady, Input{OpAcquire, 1}, Output{OK: true}, []string{protocol.StatusReading}},
+		{protocol.StatusNone, Input{OpCancel, 1}, Output{OK: true}, []protocol.ReceiverStatus{protocol.StatusTombstone}},
+		{protocol.StatusReserved, Input{OpCancel, 1}, Output{OK: true}, []protocol.ReceiverStatus{protocol.StatusQuarantine}},
+		{protocol.StatusQuarantine, Input{OpDone, 1}, Output{OK: true}, []protocol.ReceiverStatus{protocol.StatusClosed}},
+		{protocol.StatusReady, Input{OpAcquire, 1}, Output{OK: true}, []protocol.ReceiverStatus{protocol.StatusReading}},
 		{protocol.StatusClosed, Input{OpAcquire, 1}, Output{OK: true}, nil},
-		{protocol.StatusReading, Input{OpCancel, 1}, Output{OK: true}, []string{protocol.StatusReading}},
-		{protocol.StatusReserved, Input{OpCancel, 1}, Output{OK: true, Unknown: true}, []string{protocol.StatusQuarantine, protocol.StatusReserved}},
+		{protocol.StatusReading, Input{OpCancel, 1}, Output{OK: true}, []protocol.ReceiverStatus{protocol.StatusReading}},
+		{protocol.StatusReserved, Input{OpCancel, 1}, Output{OK: true, Unknown: true}, []protocol.ReceiverStatus{protocol.StatusQuarantine, protocol.StatusReserved}},
 		{protocol.StatusReady, Input{OpStatus, 1}, Output{OK: true, Status: protocol.StatusReserved}, nil},
-		{protocol.StatusReserved, Input{OpCut, 1}, Output{OK: true}, []string{protocol.StatusClosed}},
+		{protocol.StatusReserved, Input{OpCut, 1}, Output{OK: true}, []protocol.ReceiverStatus{protocol.StatusClosed}},
 	}
 	for _, c := range cases {
 		got := step(c.from, c.in, c.out)
-		if strings.Join(got, ",") != strings.Join(c.want, ",") {
+		if !slices.Equal(got, c.want) {
 			t.Errorf("%s then %v -> %+v: got %v, want %v", c.from, c.in.Kind, c.out, got, c.want)
 		}
 	}
@@ -98,16 +99,16 @@ func TestSenderModelJudgesHandBuiltHistories(t *testing.T) {
 	model := SenderModel.ToModel()
 	impossible := []porcupine.Operation{
 		op(0, OpSubmit, 0, 1, Output{OK: true}),
-		op(1, OpSenderStatus, 2, 3, Output{OK: true, Status: protocol.SendStatusNone}), // after a completed Submit
+		op(1, OpSenderStatus, 2, 3, Output{OK: true, SendStatus: protocol.SendStatusNone}), // after a completed Submit
 	}
 	if porcupine.CheckOperations(model, impossible) {
 		t.Fatal("a status older than a completed Submit must be illegal")
 	}
 	overlapping := []porcupine.Operation{
 		op(0, OpSubmit, 0, 10, Output{OK: true}),
-		op(1, OpSenderStatus, 2, 3, Output{OK: true, Status: protocol.SendStatusNone}), // during the Submit
-		op(2, OpGrant, 4, 5, Output{OK: false}),                                        // also during it
-		op(1, OpSenderStatus, 11, 12, Output{OK: true, Status: protocol.SendStatusAwaitGrant}),
+		op(1, OpSenderStatus, 2, 3, Output{OK: true, SendStatus: protocol.SendStatusNone}), // during the Submit
+		op(2, OpGrant, 4, 5, Output{OK: false}),                                            // also during it
+		op(1, OpSenderStatus, 11, 12, Output{OK: true, SendStatus: protocol.SendStatusAwaitGrant}),
 	}
 	if !porcupine.CheckOperations(model, overlapping) {
 		t.Fatal("operations that overlap the Submit may see the state before it")
@@ -115,8 +116,8 @@ func TestSenderModelJudgesHandBuiltHistories(t *testing.T) {
 	unknownCancel := []porcupine.Operation{
 		op(0, OpSubmit, 0, 1, Output{OK: true}),
 		op(1, OpSenderCancel, 2, math.MaxInt64, Output{OK: true, Unknown: true}),
-		op(0, OpSenderStatus, 3, 4, Output{OK: true, Status: protocol.SendStatusAwaitGrant}), // not applied yet
-		op(0, OpSenderStatus, 5, 6, Output{OK: true, Status: protocol.SendStatusAborted}),    // applied now
+		op(0, OpSenderStatus, 3, 4, Output{OK: true, SendStatus: protocol.SendStatusAwaitGrant}), // not applied yet
+		op(0, OpSenderStatus, 5, 6, Output{OK: true, SendStatus: protocol.SendStatusAborted}),    // applied now
 	}
 	if !porcupine.CheckOperations(model, unknownCancel) {
 		t.Fatal("a cancel whose outcome is unknown may take effect at any point after its call")

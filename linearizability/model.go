@@ -34,15 +34,16 @@ type Input struct {
 
 // Output is an operation's return.
 type Output struct {
-	OK      bool   // the call succeeded (nil error)
-	Status  string // Status's answer
-	Unknown bool   // the caller did not wait: the outcome is unknown
+	OK         bool                    // the call succeeded (nil error)
+	Status     protocol.ReceiverStatus // the receiver's Status answer
+	SendStatus protocol.SenderStatus   // the sender's Status answer
+	Unknown    bool                    // the caller did not wait: the outcome is unknown
 }
 
 // step is the receiver's sequential semantics for one request, as seen through
 // the concurrent API. It returns the possible next states (none if the output
 // is impossible in state s).
-func step(s string, in Input, out Output) []string {
+func step(s protocol.ReceiverStatus, in Input, out Output) []protocol.ReceiverStatus {
 	next, ok := s, true // the state after the call, and the result it must report
 	switch in.Kind {
 	case OpBootstrap:
@@ -74,12 +75,12 @@ func step(s string, in Input, out Output) []string {
 		if out.Unknown { // fire-and-forget: applied, or not (yet, or ever)
 			return dedupe(next, s)
 		}
-		return []string{next}
+		return []protocol.ReceiverStatus{next}
 	case OpStatus:
 		if out.Status != s {
 			return nil
 		}
-		return []string{s}
+		return []protocol.ReceiverStatus{s}
 	case OpAcquire:
 		if s == protocol.StatusReady {
 			next = protocol.StatusReading
@@ -96,19 +97,19 @@ func step(s string, in Input, out Output) []string {
 		if s == protocol.StatusReserved || s == protocol.StatusQuarantine {
 			next = protocol.StatusClosed
 		}
-		return []string{next}
+		return []protocol.ReceiverStatus{next}
 	}
 	if out.OK != ok {
 		return nil
 	}
-	return []string{next}
+	return []protocol.ReceiverStatus{next}
 }
 
-func dedupe(a, b string) []string {
+func dedupe(a, b protocol.ReceiverStatus) []protocol.ReceiverStatus {
 	if a == b {
-		return []string{a}
+		return []protocol.ReceiverStatus{a}
 	}
-	return []string{a, b}
+	return []protocol.ReceiverStatus{a, b}
 }
 
 // Model is the porcupine model of the concurrent receiver, partitioned by request.
@@ -116,7 +117,7 @@ var Model = porcupine.NondeterministicModel{
 	Init: func() []interface{} { return []interface{}{protocol.StatusNone} },
 	Step: func(state, input, output interface{}) []interface{} {
 		var out []interface{}
-		for _, s := range step(state.(string), input.(Input), output.(Output)) {
+		for _, s := range step(state.(protocol.ReceiverStatus), input.(Input), output.(Output)) {
 			out = append(out, s)
 		}
 		return out
@@ -152,5 +153,5 @@ var Model = porcupine.NondeterministicModel{
 		}
 		return fmt.Sprintf("%s(r%d) -> error", in.Kind, in.Request)
 	},
-	DescribeState: func(state interface{}) string { return state.(string) },
+	DescribeState: func(state interface{}) string { return state.(protocol.ReceiverStatus).String() },
 }

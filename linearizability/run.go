@@ -14,6 +14,7 @@ import (
 
 	"github.com/anishathalye/porcupine"
 	"github.com/kvhandoff/kvhandoff/internal/research"
+	"github.com/kvhandoff/kvhandoff/internal/research/racy"
 	"github.com/kvhandoff/kvhandoff/protocol"
 	"github.com/kvhandoff/kvhandoff/protocol/checksum"
 )
@@ -171,8 +172,8 @@ func Run(cfg Config) (*Result, error) {
 		mem.payload = append(mem.payload, make([]byte, 32))
 		mem.tags = append(mem.tags, make([]byte, protocol.TagSize))
 	}
-	recv, err := protocol.NewSharedReceiver(protocol.ReceiverConfig{Pages: requests, PageTokens: 4, Memory: mem, TagKeys: tagKeys,
-		Region: func(p uint32) (uint64, uint32) { return uint64(p), 1 }, Research: cfg.Bugs})
+	recv, err := racy.NewReceiver(protocol.ReceiverConfig{Pages: requests, PageTokens: 4, Memory: mem, TagKeys: tagKeys,
+		Region: func(p uint32) (uint64, uint32) { return uint64(p), 1 }, Research: cfg.Bugs.Without(research.Concurrency()...)}, cfg.Bugs)
 	if err != nil {
 		return nil, err
 	}

@@ -27,7 +27,7 @@ const (
 
 // senderState is one request on the sender.
 type senderState struct {
-	Phase    string
+	Phase    protocol.SenderStatus
 	Computed bool
 }
 
@@ -88,7 +88,7 @@ func senderStep(s senderState, in Input, out Output) []senderState {
 		}
 		return []senderState{next}
 	case OpSenderStatus:
-		if out.Status != s.Phase {
+		if out.SendStatus != s.Phase {
 			return nil
 		}
 		return []senderState{s}
@@ -124,7 +124,7 @@ var SenderModel = porcupine.NondeterministicModel{
 		case out.Unknown:
 			return fmt.Sprintf("%s(r%d) -> ? (not awaited)", name, in.Request)
 		case in.Kind == OpSenderStatus:
-			return fmt.Sprintf("Status(r%d) -> %s", in.Request, out.Status)
+			return fmt.Sprintf("Status(r%d) -> %s", in.Request, out.SendStatus)
 		case out.OK:
 			return fmt.Sprintf("%s(r%d) -> ok", name, in.Request)
 		}
@@ -212,7 +212,7 @@ func RunSender(cfg Config) (*Result, error) {
 			rec.add(c, Input{OpComputed, id}, call, Output{OK: err == nil}, rec.now())
 		case x < 8:
 			st := snd.Status(id)
-			rec.add(c, Input{OpSenderStatus, id}, call, Output{OK: true, Status: st}, rec.now())
+			rec.add(c, Input{OpSenderStatus, id}, call, Output{OK: true, SendStatus: st}, rec.now())
 		default:
 			rec.cancel(c, OpSenderCancel, id, cfg.Faults && x == 9, snd.Cancel)
 		}

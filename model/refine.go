@@ -684,7 +684,7 @@ func (h *Refinement) compare(after string) error {
 }
 
 // senderPhase names the implementation's sender states as the spec's.
-var senderPhase = map[string]string{
+var senderPhase = map[protocol.SenderStatus]string{
 	protocol.SendStatusNone: "-", protocol.SendStatusAwaitGrant: "awaiting grant", protocol.SendStatusWriting: "writing",
 	protocol.SendStatusDoneSent: "done sent", protocol.SendStatusAborting: "aborting", protocol.SendStatusFinished: "finished",
 	protocol.SendStatusAborted: "aborted", protocol.SendStatusFailed: "failed",
@@ -708,12 +708,13 @@ func (h *Refinement) View() string {
 		if h.crashed && sp != "finished" && sp != "aborted" && sp != "-" {
 			sp = "failed"
 		}
-		rp := h.recv.Status(id(r))
-		if rp == protocol.StatusNone || h.refused[r] && rp == protocol.StatusTombstone {
+		st := h.recv.Status(id(r))
+		rp := st.String()
+		if st == protocol.StatusNone || h.refused[r] && st == protocol.StatusTombstone {
 			rp = "-" // never bootstrapped, or refused at intake (a later cancel leaves a tombstone)
 		}
 		fmt.Fprintf(&b, "r%d: %v %v | sender %s | receiver %s | grant", r, o, why, sp, rp)
-		if rp != "-" && rp != protocol.StatusTombstone {
+		if rp != "-" && st != protocol.StatusTombstone {
 			for _, ref := range h.granted[r] {
 				fmt.Fprintf(&b, " %d@%d", ref.Page, ref.Epoch)
 			}

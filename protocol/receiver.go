@@ -81,16 +81,17 @@ type ReceiverEffects struct {
 	Outcomes []Outcome
 }
 
-type recvPhase uint8
+// recvPhase is a record's state: the status Status reports.
+type recvPhase = ReceiverStatus
 
 const (
-	recvTombstone  recvPhase = iota + 1 // cancelled before its Bootstrap came
-	recvReserved                        // pages granted, waiting for Done
-	recvReady                           // verified, waiting to be read
-	recvReading                         // acquired by the decoder
-	recvQuarantine                      // ended while its writer may still write: waiting for the fence
-	recvFinished                        // read and released
-	recvClosed                          // ended with an error, pages released
+	recvTombstone  = StatusTombstone
+	recvReserved   = StatusReserved
+	recvReady      = StatusReady
+	recvReading    = StatusReading
+	recvQuarantine = StatusQuarantine
+	recvFinished   = StatusFinished
+	recvClosed     = StatusClosed
 )
 
 type recvRequest struct {
@@ -529,24 +530,37 @@ func (r *Receiver) Finish(id RequestID) error {
 	return nil
 }
 
-// Request states as Status reports them.
+// ReceiverStatus is a request's state on a Receiver, as Status reports it.
+type ReceiverStatus uint8
+
+// The receiver's request states. A request a Receiver has no record of
+// (never bootstrapped, refused at intake, or forgotten after its Horizon) is
+// StatusNone.
 const (
-	StatusNone       = "none"
-	StatusTombstone  = "tombstone"
-	StatusReserved   = "reserved"
-	StatusReady      = "ready"
-	StatusReading    = "reading"
-	StatusQuarantine = "quarantine"
-	StatusFinished   = "finished"
-	StatusClosed     = "closed"
+	StatusNone       ReceiverStatus = iota
+	StatusTombstone                 // cancelled before its Bootstrap came
+	StatusReserved                  // pages granted, waiting for Done
+	StatusReady                     // verified, waiting to be read
+	StatusReading                   // acquired by the decoder
+	StatusQuarantine                // ended while its writer may still write: waiting for the fence
+	StatusFinished                  // read and released
+	StatusClosed                    // ended with an error, pages released
 )
 
+func (s ReceiverStatus) String() string {
+	if int(s) < len(receiverStatusNames) {
+		return receiverStatusNames[s]
+	}
+	return fmt.Sprintf("ReceiverStatus(%d)", uint8(s))
+}
+
+var receiverStatusNames = [...]string{"none", "tombstone", "reserved", "ready", "reading", "quarantine", "finished", "closed"}
+
 // Status is request id's state on this node.
-func (r *Receiver) Status(id RequestID) string {
+func (r *Receiver) Status(id RequestID) ReceiverStatus {
 	q := r.reqs[id]
 	if q == nil {
 		return StatusNone
 	}
-	return [...]string{StatusNone, StatusTombstone, StatusReserved, StatusReady, StatusReading,
-		StatusQuarantine, StatusFinished, StatusClosed}[q.phase]
+	return q.phase
 }

@@ -65,16 +65,18 @@ type SenderEffects struct {
 	Outcomes []Outcome
 }
 
-type sendPhase uint8
+// sendPhase is a record's state: the status Status reports. Terminal from
+// sendFinished on.
+type sendPhase = SenderStatus
 
 const (
-	sendAwaitGrant sendPhase = iota + 1 // Bootstrap sent
-	sendWriting                         // grant admitted; posting WRITEs once the KV is computed
-	sendDoneSent                        // Done posted, WRITEs completing
-	sendAborting                        // stopped; waiting for posted WRITEs before AbortAck
-	sendFinished
-	sendAborted
-	sendFailed
+	sendAwaitGrant = SendStatusAwaitGrant
+	sendWriting    = SendStatusWriting
+	sendDoneSent   = SendStatusDoneSent
+	sendAborting   = SendStatusAborting
+	sendFinished   = SendStatusFinished
+	sendAborted    = SendStatusAborted
+	sendFailed     = SendStatusFailed
 )
 
 type sendRequest struct {
@@ -221,7 +223,7 @@ func (s *Sender) Step(peer PeerID, m Message) error {
 		if q.peer != peer {
 			return fmt.Errorf("%w: request %d", ErrWrongPeer, m.Request)
 		}
-		s.abort(m.Request, q, fmt.Errorf("%w: the receiver aborted (reason %d)", ErrPeerFailed, m.Reason))
+		s.abort(m.Request, q, fmt.Errorf("%w: %w", ErrPeerFailed, m.Reason))
 		return nil
 	}
 	return fmt.Errorf("%w: %s to a sender", ErrUnexpectedMessage, m.Type())
@@ -476,25 +478,37 @@ func (s *Sender) Flushed(peer PeerID) {
 	}
 }
 
-// Sender request states as Status reports them.
+// SenderStatus is a request's state on a Sender, as Status reports it.
+type SenderStatus uint8
+
+// The sender's request states. A request a Sender has no record of (never
+// submitted, refused at intake, or forgotten after its Horizon) is
+// SendStatusNone.
 const (
-	SendStatusNone       = "none"
-	SendStatusAwaitGrant = "awaiting-grant"
-	SendStatusWriting    = "writing"
-	SendStatusDoneSent   = "done-sent"
-	SendStatusAborting   = "aborting"
-	SendStatusFinished   = "finished"
-	SendStatusAborted    = "aborted"
-	SendStatusFailed     = "failed"
+	SendStatusNone       SenderStatus = iota
+	SendStatusAwaitGrant              // Bootstrap sent
+	SendStatusWriting                 // grant admitted; WRITEs posted once the KV is computed
+	SendStatusDoneSent                // Done posted, WRITEs completing
+	SendStatusAborting                // stopped; waiting for posted WRITEs before AbortAck
+	SendStatusFinished                // handed off, every WRITE completed
+	SendStatusAborted                 // stopped on a cancel or the receiver's Abort
+	SendStatusFailed                  // failed (a WRITE, a flush, a bad grant)
 )
 
-// Status is request id's state on this node ("none" for a request it never
-// admitted, including one its intake rejected).
-func (s *Sender) Status(id RequestID) string {
+func (s SenderStatus) String() string {
+	if int(s) < len(senderStatusNames) {
+		return senderStatusNames[s]
+	}
+	return fmt.Sprintf("SenderStatus(%d)", uint8(s))
+}
+
+var senderStatusNames = [...]string{"none", "awaiting-grant", "writing", "done-sent", "aborting", "finished", "aborted", "failed"}
+
+// Status is request id's state on this node.
+func (s *Sender) Status(id RequestID) SenderStatus {
 	q := s.reqs[id]
 	if q == nil {
 		return SendStatusNone
 	}
-	return [...]string{SendStatusNone, SendStatusAwaitGrant, SendStatusWriting, SendStatusDoneSent,
-		SendStatusAborting, SendStatusFinished, SendStatusAborted, SendStatusFailed}[q.phase]
+	return q.phase
 }

@@ -1,7 +1,7 @@
 package protocol
 
 import (
-	"runtime"
+	"fmt"
 	"sync"
 	"time"
 
@@ -14,85 +14,60 @@ import (
 // its return (it is linearizable; package linearizability checks this on
 // histories from real concurrent runs).
 type SharedReceiver struct {
-	mu  sync.Mutex
-	r   *Receiver
-	bug research.Switches
-	// cache backs the stale-status switch: statuses as of the last call that
-	// refreshed them.
-	cache map[RequestID]string
+	mu sync.Mutex
+	r  *Receiver
 }
 
-// NewSharedReceiver returns a concurrency-safe receiver.
+// NewSharedReceiver returns a concurrency-safe receiver. The concurrency bugs
+// of the catalogue (stale-status, split-acquire) are not here: they are
+// wrappers in the module's internal/research/racy, and a config that asks for
+// them is refused.
 func NewSharedReceiver(cfg ReceiverConfig) (*SharedReceiver, error) {
+	for _, sw := range research.Concurrency() {
+		if cfg.Research.Has(sw) {
+			return nil, fmt.Errorf("protocol: switch %v is not the receiver's: see internal/research/racy", sw)
+		}
+	}
 	r, err := NewReceiver(cfg)
 	if err != nil {
 		return nil, err
 	}
-	return &SharedReceiver{r: r, bug: cfg.Research, cache: map[RequestID]string{}}, nil
-}
-
-func (s *SharedReceiver) refresh(id RequestID) {
-	if s.bug.Has(research.StaleStatus) {
-		s.cache[id] = s.r.Status(id)
-	}
+	return &SharedReceiver{r: r}, nil
 }
 
 // Step handles a message from a sender (see Receiver.Step).
 func (s *SharedReceiver) Step(peer PeerID, m Message, now time.Time) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	err := s.r.Step(peer, m, now)
-	s.refresh(RequestOf(m))
-	return err
+	return s.r.Step(peer, m, now)
 }
 
 // Cancel ends a request (see Receiver.Cancel).
 func (s *SharedReceiver) Cancel(id RequestID) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.r.Cancel(id) // the stale-status bug: the cache is not refreshed here
-	if !s.bug.Has(research.StaleStatus) {
-		s.refresh(id)
-	}
+	s.r.Cancel(id)
 }
 
 // Status is the request's state (see Receiver.Status).
-func (s *SharedReceiver) Status(id RequestID) string {
+func (s *SharedReceiver) Status(id RequestID) ReceiverStatus {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if st, ok := s.cache[id]; ok && s.bug.Has(research.StaleStatus) {
-		return st
-	}
 	return s.r.Status(id)
 }
 
 // Acquire hands a verified request's pages to a decode worker (see Receiver.Acquire).
 func (s *SharedReceiver) Acquire(id RequestID) ([]PageRef, error) {
 	s.mu.Lock()
-	if s.bug.Has(research.SplitAcquire) && s.r.Status(id) == StatusReady {
-		// The bug: decide, drop the lock, then act on the decision.
-		refs := append([]PageRef(nil), s.r.reqs[id].refs...)
-		s.mu.Unlock()
-		runtime.Gosched()
-		s.mu.Lock()
-		s.r.Acquire(id) // may fail now; the caller is told it worked
-		s.refresh(id)
-		s.mu.Unlock()
-		return refs, nil
-	}
 	defer s.mu.Unlock()
-	refs, err := s.r.Acquire(id)
-	s.refresh(id)
-	return refs, err
+	return s.r.Acquire(id)
 }
 
 // Finish ends a read (see Receiver.Finish).
 func (s *SharedReceiver) Finish(id RequestID) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	err := s.r.Finish(id)
-	s.refresh(id)
-	return err
+	return s.r.Finish(id)
 }
 
 // Tick fails reserved requests past their deadline (see Receiver.Tick).
@@ -100,7 +75,6 @@ func (s *SharedReceiver) Tick(now time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.r.Tick(now)
-	clear(s.cache)
 }
 
 // QueuePairFenced fences every request on peer (see Receiver.QueuePairFenced).
@@ -108,7 +82,6 @@ func (s *SharedReceiver) QueuePairFenced(peer PeerID) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.r.QueuePairFenced(peer)
-	clear(s.cache)
 }
 
 // Effects hands over the accumulated effects (see Receiver.Effects).
@@ -198,7 +171,7 @@ func (s *SharedSender) Flushed(peer PeerID) {
 }
 
 // Status is the request's state (see Sender.Status).
-func (s *SharedSender) Status(id RequestID) string {
+func (s *SharedSender) Status(id RequestID) SenderStatus {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.s.Status(id)

@@ -110,19 +110,33 @@ type Done struct {
 	Pages   uint32
 }
 
-// AbortReason says why a leg gave up.
+// AbortReason says why a leg gave up. It is an error too: the outcome of a
+// leg its peer aborted wraps ErrPeerFailed and the reason, so the prefill side
+// tells a decode rejection from a timeout with errors.Is(err, AbortRejected).
 type AbortReason uint8
 
 // The reasons an Abort carries.
 const (
-	AbortCancelled AbortReason = 1 + iota
-	AbortRejected
-	AbortNoCapacity
-	AbortTimedOut
-	AbortVerifyFailed
-	AbortPeerFailed
-	maxAbortReason = AbortPeerFailed
+	AbortCancelled    AbortReason = 1 + iota // the client or router cancelled the request
+	AbortRejected                            // decode's intake refused it (over its limit, too many pages, no key)
+	AbortNoCapacity                          // decode had no slot or pages for it
+	AbortTimedOut                            // decode waited too long for Done
+	AbortVerifyFailed                        // decode's verification failed (counts, tag records, checksums)
+	AbortPeerFailed                          // the other leg failed
+	maxAbortReason    = AbortPeerFailed
 )
+
+var abortReasonNames = [...]string{"", "cancelled", "rejected", "no capacity", "timed out", "verification failed", "peer failed"}
+
+func (r AbortReason) String() string {
+	if r >= 1 && r <= maxAbortReason {
+		return abortReasonNames[r]
+	}
+	return fmt.Sprintf("AbortReason(%d)", uint8(r))
+}
+
+// Error makes a reason an error that outcomes wrap.
+func (r AbortReason) Error() string { return "peer aborted: " + r.String() }
 
 // Abort asks the peer to stop working on a request.
 type Abort struct {

@@ -116,7 +116,7 @@ func (d *Decode) Cancel(id protocol.RequestID) {
 }
 
 // Status is request id's state on this node (protocol.Status...).
-func (d *Decode) Status(id protocol.RequestID) string {
+func (d *Decode) Status(id protocol.RequestID) protocol.ReceiverStatus {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.receiver.Status(id)

@@ -133,7 +133,7 @@ func (p *Prefill) Cancel(id protocol.RequestID) {
 }
 
 // Status is request id's state on this node (protocol.SendStatus...).
-func (p *Prefill) Status(id protocol.RequestID) string {
+func (p *Prefill) Status(id protocol.RequestID) protocol.SenderStatus {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.sender.Status(id)

@@ -35,7 +35,8 @@ const (
 )
 
 // Concurrency bugs of the shared (concurrency-safe) layer, not of the protocol:
-// they exist to prove that the linearizability checker can fail.
+// they exist to prove that the linearizability checker can fail. They are
+// wrappers in package racy, outside every code path an engine links.
 const (
 	// StaleStatus: Status answers from a cache that a Cancel does not update,
 	// so a status read can observe a state older than a completed cancel.
@@ -75,6 +76,14 @@ func On(sw ...Switch) Switches {
 	var s Switches
 	for _, x := range sw {
 		s.on |= uint16(x)
+	}
+	return s
+}
+
+// Without returns s with the given switches off.
+func (s Switches) Without(sw ...Switch) Switches {
+	for _, x := range sw {
+		s.on &^= uint16(x)
 	}
 	return s
 }
