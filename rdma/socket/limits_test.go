@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"sync/atomic"
 	"syscall"
@@ -113,7 +112,7 @@ func FuzzFrames(f *testing.F) {
 	f.Add([]byte{1, 0, 0}, uint16(0))
 	f.Fuzz(func(t *testing.T, stream []byte, offset uint16) {
 		if fuzzDevice == nil {
-			d, err := Listen("tcp", "127.0.0.1:0", Config{Insecure: true, FrameTimeout: 20 * time.Millisecond})
+			d, err := Listen("tcp", "127.0.0.1:0", Config{Insecure: true, FrameTimeout: 20 * time.Millisecond, Logger: quiet})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -170,7 +169,7 @@ func BenchmarkWrite(b *testing.B) {
 		for _, mode := range []string{"tls", "plaintext"} {
 			b.Run(fmt.Sprintf("%dKiB/%s", page>>10, mode), func(b *testing.B) {
 				open := func(name string) *Device {
-					cfg := Config{Insecure: true, Logger: slog.New(slog.DiscardHandler)}
+					cfg := Config{Insecure: true, Logger: quiet}
 					if mode == "tls" {
 						cfg = nodeConfig(b, name)
 					}

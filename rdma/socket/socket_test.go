@@ -1,8 +1,10 @@
 package socket
 
 import (
+	"bytes"
 	"crypto/tls"
 	"encoding/binary"
+	"log/slog"
 	"net"
 	"path/filepath"
 	"strings"
@@ -39,8 +41,11 @@ func nodeConfig(t testing.TB, name string) Config {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return Config{TLS: tc}
+	return Config{TLS: tc, Logger: quiet}
 }
+
+// quiet takes the warnings of the devices under attack, which are expected.
+var quiet = slog.New(slog.DiscardHandler)
 
 // Short bounds for the hostile suite, so that its attacks end quickly.
 const (
@@ -84,12 +89,18 @@ func TestConformanceUnix(t *testing.T) {
 	rdmatest.Run(t, func(t *testing.T) *rdmatest.Pair { return pair(t, "unix") })
 }
 
+// Plaintext, asked for, gives the same semantics, and every such device
+// says so in a warning.
 func TestConformanceInsecure(t *testing.T) {
 	rdmatest.Run(t, func(t *testing.T) *rdmatest.Pair {
 		listen := func() rdma.Device {
-			d, err := Listen("tcp", "127.0.0.1:0", Config{Insecure: true})
+			var log bytes.Buffer
+			d, err := Listen("tcp", "127.0.0.1:0", Config{Insecure: true, Logger: slog.New(slog.NewTextHandler(&log, nil))})
 			if err != nil {
 				t.Fatal(err)
+			}
+			if !strings.Contains(log.String(), "level=WARN") || !strings.Contains(log.String(), "plaintext") {
+				t.Fatalf("a plaintext device logged %q, want a warning", log.String())
 			}
 			t.Cleanup(func() { d.Close() })
 			return d
