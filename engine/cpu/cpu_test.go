@@ -42,3 +42,21 @@ func BenchmarkMatvecStoriesClassifier(b *testing.B) {
 	}
 	b.SetBytes(int64(len(w) * 4))
 }
+
+func BenchmarkMatmulPrefill64(b *testing.B) {
+	bk := New()
+	x, w, out := make([]float32, 64*288), make([]float32, 768*288), make([]float32, 64*768)
+	for i := 0; i < b.N; i++ {
+		bk.matmul(out, x, w, 64, 288, 768)
+	}
+	b.ReportMetric(float64(64*288*768)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GMAC/s")
+}
+
+func BenchmarkMatvec(b *testing.B) {
+	bk := New()
+	x, w, out := make([]float32, 288), make([]float32, 768*288), make([]float32, 768)
+	for i := 0; i < b.N; i++ {
+		bk.matmul(out, x, w, 1, 288, 768)
+	}
+	b.ReportMetric(float64(288*768)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GMAC/s")
+}
