@@ -181,3 +181,33 @@ func TestBadRequestsAreRefused(t *testing.T) {
 }
 
 func protocolID(id uint64) protocol.RequestID { return protocol.RequestID(id) }
+
+// A position's KV is bit-identical whether a prefill batch or a single
+// decode step computed it, so the decode node's recomputation of the last
+// prompt position rewrites the bytes that were verified, unchanged.
+func TestDecodeRecomputesTheLastPromptPositionBitForBit(t *testing.T) {
+	m := randomModel(t, model.Config{Dim: 40, HiddenDim: 72, Layers: 2, Heads: 4, KVHeads: 2, Vocab: 30, SeqLen: 64}, 9)
+	for _, T := range []int{1, 5, 8, 13} {
+		e := newEngine(t, m, 4, 16, engine.Options{})
+		refs, _ := e.Cache().Pool().Allocate(1, 16)
+		prompt := make([]int, T)
+		for i := range prompt {
+			prompt[i] = (i * 7) % 30
+		}
+		if _, err := e.Prefill(kv.Table(refs), prompt); err != nil {
+			t.Fatal(err)
+		}
+		var before [][]byte
+		for _, r := range refs {
+			before = append(before, bytes.Clone(e.Cache().Payload(r.Page)))
+		}
+		if _, err := e.Step(kv.Table(refs), prompt[T-1:], T-1); err != nil {
+			t.Fatal(err)
+		}
+		for i, r := range refs {
+			if !bytes.Equal(before[i], e.Cache().Payload(r.Page)) {
+				t.Fatalf("prompt of %d: page %d changed when decode recomputed position %d", T, i, T-1)
+			}
+		}
+	}
+}

@@ -95,16 +95,16 @@ func grow(s []float32, n int) []float32 {
 	return s[:n]
 }
 
-// parallel calls f over [0, n) split into chunks, on every core when the
-// work (n times cost) is worth it.
+// parallel calls f over [0, n) split into one chunk per core, when the
+// work (n times cost) is worth a goroutine; the caller runs the first chunk.
 func (b *Backend) parallel(n, cost int, f func(lo, hi int)) {
 	if b.workers <= 1 || n*cost < 1<<15 || n < 2 {
 		f(0, n)
 		return
 	}
-	chunks := min(n, 4*b.workers)
+	chunks := min(n, b.workers)
 	var wg sync.WaitGroup
-	for c := 0; c < chunks; c++ {
+	for c := 1; c < chunks; c++ {
 		lo, hi := c*n/chunks, (c+1)*n/chunks
 		wg.Add(1)
 		go func() {
@@ -112,6 +112,7 @@ func (b *Backend) parallel(n, cost int, f func(lo, hi int)) {
 			f(lo, hi)
 		}()
 	}
+	f(0, n/chunks)
 	wg.Wait()
 }
 
@@ -165,20 +166,20 @@ func dot4(a, b0, b1, b2, b3 []float32) (s0, s1, s2, s3 float32) {
 	return
 }
 
+// dot is one lane of dot4, in the same order, so a product comes out
+// bit-identical whichever path computed it: a position's KV is the same from
+// a prefill batch as from a single decode step.
 func dot(a, b []float32) float32 {
 	b = b[:len(a)]
-	var s0, s1, s2, s3 float32
-	i := 0
-	for ; i+4 <= len(a); i += 4 {
-		s0 += a[i] * b[i]
-		s1 += a[i+1] * b[i+1]
-		s2 += a[i+2] * b[i+2]
-		s3 += a[i+3] * b[i+3]
+	var s float32
+	j := 0
+	for ; j+2 <= len(a); j += 2 {
+		s += a[j]*b[j] + a[j+1]*b[j+1]
 	}
-	for ; i < len(a); i++ {
-		s0 += a[i] * b[i]
+	for ; j < len(a); j++ {
+		s += a[j] * b[j]
 	}
-	return (s0 + s1) + (s2 + s3)
+	return s
 }
 
 func rmsnorm(out, x, w []float32) {
