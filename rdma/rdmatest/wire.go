@@ -26,9 +26,16 @@ type Wire interface {
 	Hello(to, from rdma.ConnInfo) []byte
 	// Header is a request frame's header announcing n payload bytes.
 	Header(op rdma.Opcode, rkey uint32, addr uint64, n uint32) []byte
-	// Limits are those of the devices Hostile.Devices makes: the bound on a
-	// handshake and hello, on a frame, and on connections before their hello.
-	Limits() (handshake, frame time.Duration, maxPending int)
+	// Limits are those of the devices Hostile.Devices makes.
+	Limits() Limits
+}
+
+// Limits are the bounds a device with a wire holds its peers to.
+type Limits struct {
+	Handshake  time.Duration // the handshake and hello
+	Frame      time.Duration // a frame, once begun (plus its payload's time)
+	Idle       time.Duration // silence between frames
+	MaxPending int           // connections before their hello
 }
 
 // runWire runs the wire-level attacks.
@@ -39,6 +46,7 @@ func runWire(t *testing.T, h Hostile) {
 	t.Run("MalformedHeaderBreaksTheQueuePair", func(t *testing.T) { malformed(t, h) })
 	t.Run("HalfAFrameBreaksTheQueuePair", func(t *testing.T) { halfFrame(t, h) })
 	t.Run("SlowlorisBreaksOnlyItsQueuePair", func(t *testing.T) { slowloris(t, h) })
+	t.Run("SilentPeerBreaksItsQueuePairAndKeepalivesKeepOthers", func(t *testing.T) { silent(t, h) })
 	t.Run("FloodOfIdleConnectionsStaysBounded", func(t *testing.T) { flood(t, h) })
 }
 
@@ -257,7 +265,7 @@ func halfFrame(t *testing.T, h Hostile) {
 func slowloris(t *testing.T, h Hostile) {
 	a, b := h.Devices(t)
 	good := newBystander(t, a, b)
-	_, frameLimit, _ := h.Wire.Limits()
+	frameLimit := h.Wire.Limits().Frame
 	for _, trickle := range []bool{false, true} {
 		v := newVictim(t, a, b, 4096)
 		conn := attach(t, h.Wire, b, v)
@@ -286,7 +294,7 @@ func slowloris(t *testing.T, h Hostile) {
 func flood(t *testing.T, h Hostile) {
 	a, b := h.Devices(t)
 	good := newBystander(t, a, b)
-	handshake, _, maxPending := h.Wire.Limits()
+	handshake, maxPending := h.Wire.Limits().Handshake, h.Wire.Limits().MaxPending
 	runtime.GC()
 	var m0, m1 runtime.MemStats
 	runtime.ReadMemStats(&m0)
@@ -354,4 +362,26 @@ func malformed(t *testing.T, h Hostile) {
 			good.served(t)
 		})
 	}
+}
+
+// silent: a peer that attaches and then says nothing, not even a keepalive,
+// breaks its queue pair within the idle bound; a genuine pair idle for twice
+// that bound stays up, kept alive by its keepalives, and is served.
+func silent(t *testing.T, h Hostile) {
+	a, b := h.Devices(t)
+	good := newBystander(t, a, b)
+	good.served(t)
+	idle := h.Wire.Limits().Idle
+	v := newVictim(t, a, b, 4096)
+	attach(t, h.Wire, b, v)
+	start := time.Now()
+	waitState(t, v.qp, rdma.StateError)
+	t.Logf("a silent peer's queue pair broke after %v (idle bound %v)", time.Since(start).Round(time.Millisecond), idle)
+	if wait := 2*idle - time.Since(start); wait > 0 {
+		time.Sleep(wait)
+	}
+	if good.x.A.State() != rdma.StateRTS || good.x.B.State() != rdma.StateRTS {
+		t.Fatal("an idle genuine pair was broken: its keepalives did not keep it")
+	}
+	good.served(t)
 }

@@ -40,8 +40,11 @@
 // Config.FrameTimeout plus what MinRate allows for its payload, and the
 // answers must be taken as promptly (a stalled or trickling peer breaks its
 // queue pair).
-// Between frames a queue pair may be idle for as long as it likes (TCP
-// keepalive finds a vanished peer). A connection that breaks, half a frame in
+// Between frames a queue pair may be idle for as long as it likes, but its
+// connections may not: each side sends a keepalive frame when it has sent
+// nothing for a third of Config.IdleTimeout, so every read after the hello
+// has a deadline, and a peer gone silent breaks its queue pair within
+// IdleTimeout. A connection that breaks, half a frame in
 // or between frames, moves its queue pair to the error state, so the
 // receiver learns of it and fences; the accept loop backs off and goes on
 // after errors such as EMFILE.
@@ -63,7 +66,8 @@
 //
 // Wire format, inside TLS, per request (big-endian): op u8, flags u8 (bit 0:
 // immediate present), reserved u16, rkey u32, remote address u64, immediate
-// u32, length u32, then length payload bytes; per answer: one status byte. A
+// u32, length u32, then length payload bytes; per answer: one status byte;
+// a header of 24 zero bytes is a keepalive, with no payload and no answer. A
 // connection opens with a hello: "KVHR", version u8, the target queue pair's
 // number u32 and PSN u32, the dialling queue pair's number u32 and PSN u32;
 // the device answers one byte, 0 when it accepts (a waiting connection may
@@ -126,6 +130,10 @@ type Config struct {
 	FrameTimeout time.Duration
 	// MaxPending bounds the connections not yet past their hello (default 128).
 	MaxPending int
+	// IdleTimeout bounds the silence between frames: each side sends a
+	// keepalive when it has sent nothing for IdleTimeout/3, and a connection
+	// silent for IdleTimeout breaks its queue pair (default 30 s).
+	IdleTimeout time.Duration
 }
 
 func (c *Config) defaults() {
@@ -140,6 +148,9 @@ func (c *Config) defaults() {
 	}
 	if c.MaxPending <= 0 {
 		c.MaxPending = 128
+	}
+	if c.IdleTimeout <= 0 {
+		c.IdleTimeout = 30 * time.Second
 	}
 }
 
@@ -466,7 +477,32 @@ func (q *QP) fail(head *rdma.Status) {
 func (q *QP) transmit(conn net.Conn) {
 	w := bufio.NewWriterSize(conn, readBuffer)
 	var hdr [headerLen]byte
-	for range q.Wake {
+	// A keepalive (a header of zeros: no work request, no answer) goes out
+	// whenever nothing else has for a third of IdleTimeout, so that the
+	// peer's responder can hold every read to a deadline.
+	every := q.d.cfg.IdleTimeout / 3
+	keepalive := time.NewTicker(every)
+	defer keepalive.Stop()
+	sent := time.Now()
+	for {
+		select {
+		case <-q.Wake:
+		case now := <-keepalive.C:
+			if q.State() == rdma.StateError {
+				return
+			}
+			if now.Sub(sent) < every {
+				continue
+			}
+			var nop [headerLen]byte
+			w.Write(nop[:])
+			if err := w.Flush(); err != nil {
+				q.broken()
+				return
+			}
+			sent = now
+			continue
+		}
 		for {
 			q.Mu.Lock()
 			if q.QPState != rdma.StateRTS || q.Paused || len(q.SQ) == 0 {
@@ -506,6 +542,7 @@ func (q *QP) transmit(conn net.Conn) {
 				q.broken()
 				return
 			}
+			sent = time.Now()
 		}
 	}
 }
@@ -702,7 +739,9 @@ func (q *QP) respond(conn net.Conn) {
 	w := bufio.NewWriter(conn)
 	var hdr [headerLen]byte
 	for {
-		conn.SetReadDeadline(time.Time{}) // idle between frames is normal
+		// Between frames the peer sends keepalives; IdleTimeout without
+		// a byte means it is gone or stuck.
+		conn.SetReadDeadline(time.Now().Add(q.d.cfg.IdleTimeout))
 		if _, err := r.Peek(1); err != nil {
 			q.inboundLost(err)
 			return
@@ -712,6 +751,9 @@ func (q *QP) respond(conn net.Conn) {
 		if _, err := io.ReadFull(r, hdr[:]); err != nil {
 			q.inboundLost(err)
 			return
+		}
+		if hdr == ([headerLen]byte{}) {
+			continue // a keepalive
 		}
 		op := rdma.Opcode(hdr[0])
 		n := binary.BigEndian.Uint32(hdr[20:])

@@ -52,6 +52,7 @@ const (
 	testHandshake  = time.Second
 	testFrame      = 300 * time.Millisecond
 	testMaxPending = 32
+	testIdle       = 600 * time.Millisecond
 )
 
 // devices opens two devices, nodes "a" and "b", each listening on its own
@@ -64,7 +65,7 @@ func devices(t *testing.T, network string) (*Device, *Device) {
 			addr = filepath.Join(t.TempDir(), name+".sock")
 		}
 		cfg := nodeConfig(t, name)
-		cfg.HandshakeTimeout, cfg.FrameTimeout, cfg.MaxPending = testHandshake, testFrame, testMaxPending
+		cfg.HandshakeTimeout, cfg.FrameTimeout, cfg.MaxPending, cfg.IdleTimeout = testHandshake, testFrame, testMaxPending, testIdle
 		d, err := Listen(network, addr, cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -165,8 +166,8 @@ func (wire) Header(op rdma.Opcode, rkey uint32, addr uint64, n uint32) []byte {
 	return h
 }
 
-func (wire) Limits() (time.Duration, time.Duration, int) {
-	return testHandshake, testFrame, testMaxPending
+func (wire) Limits() rdmatest.Limits {
+	return rdmatest.Limits{Handshake: testHandshake, Frame: testFrame, Idle: testIdle, MaxPending: testMaxPending}
 }
 
 func hostile(network string) rdmatest.Hostile {
