@@ -65,6 +65,13 @@ func (s *Source) FillKV(id protocol.RequestID, tokens int, pages [][]byte) error
 	if err != nil {
 		return err
 	}
-	_, err = s.e.Prefill(table, prompt)
-	return err
+	if _, err := s.e.Prefill(table, prompt); err != nil {
+		return err
+	}
+	// A device backend computed the KV in its own pool; the WRITEs send the host pages.
+	ids := make([]uint32, len(table))
+	for i, ref := range table {
+		ids[i] = ref.Page
+	}
+	return s.e.backend.DownloadPages(ids)
 }
