@@ -158,7 +158,11 @@ func sample(m *model.Model, t model.Tokenizer, prompt string, n int) (string, er
 	if err != nil {
 		return "", err
 	}
-	out, err := e.Generate(kv.Table(refs), ids, n, model.Greedy(), t.EOS())
+	stop := t.EOS()
+	if _, ok := t.(*model.BPE); ok {
+		stop = model.BOS // llama2.c ends a generation at BOS, which its models emit between texts
+	}
+	out, err := e.Generate(kv.Table(refs), ids, n, model.Greedy(), stop)
 	if err != nil {
 		return "", err
 	}
