@@ -105,3 +105,25 @@ func equalInts(a, b []int) bool {
 	}
 	return true
 }
+
+// tokenizer.bin as llama2.c's tokenizer.py packs it: struct "I" for
+// max_token_length, then per token "fI" (score, length) and the bytes.
+func TestReadTokenizerReadsLlama2cLayout(t *testing.T) {
+	var b bytes.Buffer
+	binary.Write(&b, binary.LittleEndian, uint32(5))
+	for _, tok := range []struct {
+		score float32
+		s     string
+	}{{0, "<unk>"}, {0, "<s>"}, {-1.5, " a"}, {-2.25, "b"}} {
+		binary.Write(&b, binary.LittleEndian, tok.score)
+		binary.Write(&b, binary.LittleEndian, uint32(len(tok.s)))
+		b.WriteString(tok.s)
+	}
+	v, err := ReadTokenizer(bytes.NewReader(b.Bytes()), int64(b.Len()), 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.MaxTokenLength != 5 || string(v.Pieces[2]) != " a" || v.Scores[3] != -2.25 || string(v.Pieces[0]) != "<unk>" {
+		t.Fatalf("read %d, %q, %v", v.MaxTokenLength, v.Pieces, v.Scores)
+	}
+}
