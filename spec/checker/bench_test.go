@@ -1,6 +1,7 @@
 package checker_test
 
 import (
+	"errors"
 	"testing"
 
 	"github.com/kvhandoff/kvhandoff/spec"
@@ -47,3 +48,25 @@ func BenchmarkCheckDefaultBounds(b *testing.B) {
 
 // The spec holds its frontier encoded.
 var _ checker.Encoder[spec.State] = (*spec.Model)(nil)
+
+// BenchmarkCheckAdmitFinished explores the first two million states of
+// kvhandoff check --bug admit-finished at the default bounds.
+func BenchmarkCheckAdmitFinished(b *testing.B) {
+	cfg := spec.NewConfig(3, 4, 2)
+	cfg.Bugs = cfg.Bugs.With(spec.AdmitFinished)
+	m, err := spec.New(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	props := specProperties(m)
+	var states int
+	for b.Loop() {
+		_, err := checker.Check(m, props, checker.Options{DeadlockName: spec.Termination, MaxStates: 2_000_000})
+		var limit *checker.LimitError
+		if !errors.As(err, &limit) {
+			b.Fatalf("want the state limit, got %v", err)
+		}
+		states += limit.Stats.States
+	}
+	b.ReportMetric(float64(states)/b.Elapsed().Seconds(), "states/s")
+}

@@ -1,6 +1,10 @@
 package checker
 
-import "hash/maphash"
+import (
+	"hash/maphash"
+	"math"
+	"math/bits"
+)
 
 // fingerprint is a 128-bit hash of a state's canonical encoding.
 type fingerprint [2]uint64
@@ -17,35 +21,53 @@ func fingerprintOf(b []byte) fingerprint {
 // state it keeps the fingerprint (16 bytes), the parent's number (4) and which
 // of the parent's successors led here (2): a trace is rebuilt by replaying
 // those choices from the initial state. The index is an open-addressing table
-// of state numbers (4 bytes a slot, at most 3/4 full), probed by fingerprint.
+// with linear probing, at most 3/4 full, of 4-byte slots: a table of 2^k slots
+// holds the state number + 1 in the low k bits (0 is an empty slot) and the top
+// 32-k bits of the fingerprint above them, so that most probes that do not
+// match are decided without reading the fingerprint array.
 type visited struct {
 	fps     chunked[fingerprint]
 	parents chunked[int32]  // -1 for an initial state
 	succ    chunked[uint16] // index among the parent's successors; for an initial state, among Initial()
-	table   []uint32        // state number + 1; 0 is an empty slot
-	mask    uint64          // len(table) - 1
+	table   []uint32
+	mask    uint64 // len(table) - 1
+	idxBits uint   // log2(len(table))
 }
 
 const maxSuccessors = 1<<16 - 1
 
 func newVisited() *visited {
-	v := &visited{table: make([]uint32, 1024)}
-	v.mask = uint64(len(v.table) - 1)
+	v := &visited{}
+	v.setTable(make([]uint32, 1024))
 	return v
+}
+
+func (v *visited) setTable(t []uint32) {
+	v.table, v.mask = t, uint64(len(t)-1)
+	v.idxBits = uint(bits.Len64(v.mask))
 }
 
 func (v *visited) len() int { return v.fps.len() }
 
+// tag is the part of fp stored in a slot beside the state number.
+func (v *visited) tag(fp fingerprint) uint32 {
+	if v.idxBits >= 32 {
+		return 0
+	}
+	return uint32(fp[1] >> (64 - (32 - v.idxBits)))
+}
+
 // lookup returns the number of the state with fingerprint fp, or -1. It only
 // reads, so workers may call it concurrently while nobody inserts.
 func (v *visited) lookup(fp fingerprint) int32 {
+	tag, low := v.tag(fp), uint32(1)<<v.idxBits-1
 	for i := fp[0] & v.mask; ; i = (i + 1) & v.mask {
 		e := v.table[i]
 		if e == 0 {
 			return -1
 		}
-		if *v.fps.ptr(int(e - 1)) == fp {
-			return int32(e - 1)
+		if e>>v.idxBits == tag && *v.fps.ptr(int(e&low - 1)) == fp {
+			return int32(e&low - 1)
 		}
 	}
 }
@@ -53,21 +75,25 @@ func (v *visited) lookup(fp fingerprint) int32 {
 // insert returns the number of the state with fingerprint fp, adding it as a
 // new state (reached from parent by successor succ) when absent; added reports which.
 func (v *visited) insert(fp fingerprint, parent int32, succ uint16) (idx int32, added bool) {
+	tag, low := v.tag(fp), uint32(1)<<v.idxBits-1
 	i := fp[0] & v.mask
 	for ; ; i = (i + 1) & v.mask {
 		e := v.table[i]
 		if e == 0 {
 			break
 		}
-		if *v.fps.ptr(int(e - 1)) == fp {
-			return int32(e - 1), false
+		if e>>v.idxBits == tag && *v.fps.ptr(int(e&low - 1)) == fp {
+			return int32(e&low - 1), false
 		}
+	}
+	if v.fps.len() >= math.MaxInt32 {
+		panic("checker: more than 2^31 states")
 	}
 	idx = int32(v.fps.len())
 	v.fps.append(fp)
 	v.parents.append(parent)
 	v.succ.append(succ)
-	v.table[i] = uint32(idx) + 1
+	v.table[i] = uint32(idx) + 1 | tag<<v.idxBits
 	if uint64(v.fps.len())*4 > uint64(len(v.table))*3 {
 		v.grow()
 	}
@@ -75,23 +101,24 @@ func (v *visited) insert(fp fingerprint, parent int32, succ uint16) (idx int32, 
 }
 
 func (v *visited) grow() {
-	table := make([]uint32, 2*len(v.table))
-	mask := uint64(len(table) - 1)
-	for _, e := range v.table {
+	old, low := v.table, uint32(1)<<v.idxBits-1
+	v.setTable(make([]uint32, 2*len(old)))
+	for _, e := range old {
 		if e == 0 {
 			continue
 		}
-		i := v.fps.ptr(int(e - 1))[0] & mask
-		for table[i] != 0 {
-			i = (i + 1) & mask
+		n := e & low
+		fp := v.fps.ptr(int(n - 1))
+		i := fp[0] & v.mask
+		for v.table[i] != 0 {
+			i = (i + 1) & v.mask
 		}
-		table[i] = e
+		v.table[i] = n | v.tag(*fp)<<v.idxBits
 	}
-	v.table, v.mask = table, mask
 }
 
 // dropIndex frees the table once no more states will be added.
-func (v *visited) dropIndex() { v.table, v.mask = nil, 0 }
+func (v *visited) dropIndex() { v.table, v.mask, v.idxBits = nil, 0, 0 }
 
 // path returns the state numbers from an initial state to idx.
 func (v *visited) path(idx int32) []int32 {
