@@ -41,8 +41,8 @@
 // answers must be taken as promptly (a stalled or trickling peer breaks its
 // queue pair).
 // Between frames a queue pair may be idle for as long as it likes, but its
-// connections may not: each side sends a keepalive frame when it has sent
-// nothing for a third of Config.IdleTimeout, so every read after the hello
+// connections may not: each side sends a keepalive frame every quarter of
+// Config.IdleTimeout, so every read after the hello
 // has a deadline, and a peer gone silent breaks its queue pair within
 // IdleTimeout. A connection that breaks, half a frame in
 // or between frames, moves its queue pair to the error state, so the
@@ -131,7 +131,7 @@ type Config struct {
 	// MaxPending bounds the connections not yet past their hello (default 128).
 	MaxPending int
 	// IdleTimeout bounds the silence between frames: each side sends a
-	// keepalive when it has sent nothing for IdleTimeout/3, and a connection
+	// keepalive every IdleTimeout/4, and a connection
 	// silent for IdleTimeout breaks its queue pair (default 30 s).
 	IdleTimeout time.Duration
 }
@@ -478,21 +478,16 @@ func (q *QP) transmit(conn net.Conn) {
 	w := bufio.NewWriterSize(conn, readBuffer)
 	var hdr [headerLen]byte
 	// A keepalive (a header of zeros: no work request, no answer) goes out
-	// whenever nothing else has for a third of IdleTimeout, so that the
-	// peer's responder can hold every read to a deadline.
-	every := q.d.cfg.IdleTimeout / 3
-	keepalive := time.NewTicker(every)
+	// every quarter of IdleTimeout, so that the peer's responder can hold
+	// every read to a deadline with room for a slow scheduler.
+	keepalive := time.NewTicker(max(q.d.cfg.IdleTimeout/4, time.Millisecond))
 	defer keepalive.Stop()
-	sent := time.Now()
 	for {
 		select {
 		case <-q.Wake:
-		case now := <-keepalive.C:
+		case <-keepalive.C:
 			if q.State() == rdma.StateError {
 				return
-			}
-			if now.Sub(sent) < every {
-				continue
 			}
 			var nop [headerLen]byte
 			w.Write(nop[:])
@@ -500,7 +495,6 @@ func (q *QP) transmit(conn net.Conn) {
 				q.broken()
 				return
 			}
-			sent = now
 			continue
 		}
 		for {
@@ -542,7 +536,6 @@ func (q *QP) transmit(conn net.Conn) {
 				q.broken()
 				return
 			}
-			sent = time.Now()
 		}
 	}
 }

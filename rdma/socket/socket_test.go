@@ -52,7 +52,7 @@ const (
 	testHandshake  = time.Second
 	testFrame      = 300 * time.Millisecond
 	testMaxPending = 32
-	testIdle       = 600 * time.Millisecond
+	testIdle       = time.Second
 )
 
 // devices opens two devices, nodes "a" and "b", each listening on its own
