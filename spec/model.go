@@ -2,6 +2,7 @@ package spec
 
 import (
 	"bytes"
+	"encoding/binary"
 	"slices"
 )
 
@@ -150,12 +151,24 @@ func (m *Model) encode(dst []byte, s *State, perm []int8) []byte {
 	if s.Foreign.Happened {
 		see(s.Foreign.Page, 2000)
 	}
-	slices.SortFunc(keys, func(a, b key) int {
-		if c := bytes.Compare(a.rec[:], b.rec[:]); c != 0 {
-			return c
+	// At most MaxDecodePages keys, sorted for every transition the checker
+	// explores: an insertion sort on the keys packed as two integers.
+	type packed struct{ hi, lo uint64 }
+	var packedArr [MaxDecodePages]packed
+	for i := range keys {
+		k := &keys[i]
+		packedArr[i] = packed{binary.BigEndian.Uint64(k.rec[:8]), uint64(binary.BigEndian.Uint32(k.rec[8:]))<<16 | uint64(k.site)}
+	}
+	for i := 1; i < len(keys); i++ {
+		for j := i; j > 0; j-- {
+			a, b := packedArr[j], packedArr[j-1]
+			if a.hi > b.hi || a.hi == b.hi && a.lo >= b.lo {
+				break
+			}
+			packedArr[j], packedArr[j-1] = b, a
+			keys[j], keys[j-1] = keys[j-1], keys[j]
 		}
-		return int(a.site) - int(b.site)
-	})
+	}
 	var rename [MaxDecodePages]int8
 	for nw, k := range keys {
 		rename[k.page] = int8(nw)
