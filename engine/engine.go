@@ -150,3 +150,11 @@ func (e *Engine) Generate(table kv.Table, prompt []int, n int, s *model.Sampler,
 	}
 	return e.Decode(table, prompt, n, s, stop)
 }
+
+// WithOptions is an engine over the same model, backend and cache with other
+// options: measurements compare switches on one backend in one run.
+func (e *Engine) WithOptions(opts Options) *Engine {
+	c := *e
+	c.opts, c.logits, c.pages, c.epochs = opts, make([]float32, len(e.logits)), nil, nil
+	return &c
+}

@@ -8,7 +8,7 @@
 //   - decode, checked: Decode tokens one step at a time after the prompt,
 //     through the page table, every page read checked;
 //   - decode, unchecked: the same steps with the check off (research switch
-//     no-tag-check), over the same pages;
+//     no-tag-check), over the same pages on the same backend;
 //   - decode, contiguous: the same steps over a cache of one page that spans
 //     the whole context, so the same attention code reads one contiguous run
 //     of KV and does no table lookups (the baseline for the price of paging).
