@@ -17,6 +17,7 @@ import (
 	"github.com/kvhandoff/kvhandoff/internal/research/racy"
 	"github.com/kvhandoff/kvhandoff/protocol"
 	"github.com/kvhandoff/kvhandoff/protocol/checksum"
+	"github.com/kvhandoff/kvhandoff/protocol/protocoltest"
 )
 
 // Config is one recorded concurrent run.
@@ -150,13 +151,6 @@ func (r *recorder) cancel(c int, kind OpKind, id protocol.RequestID, async bool,
 	r.add(c, Input{kind, id}, call, Output{OK: true}, r.now())
 }
 
-// pageMemory is the decode node's pages. Only the transport goroutine writes
-// them, and it does so before the Done that makes the receiver read them.
-type pageMemory struct{ payload, tags [][]byte }
-
-func (m *pageMemory) TagRecord(p uint32) []byte { return m.tags[p] }
-func (m *pageMemory) Payload(p uint32) []byte   { return m.payload[p] }
-
 const peers = 2 // requests alternate between two prefill nodes' queue pairs
 
 // Run records a history from a real concurrent run of protocol.SharedReceiver
@@ -167,11 +161,9 @@ func Run(cfg Config) (*Result, error) {
 	}
 	start := time.Now()
 	requests, transportOps := transportShare(cfg.Ops)
-	mem := &pageMemory{}
-	for range requests {
-		mem.payload = append(mem.payload, make([]byte, 32))
-		mem.tags = append(mem.tags, make([]byte, protocol.TagSize))
-	}
+	// The decode node's pages. Only the transport goroutine writes them, and
+	// it does so before the Done that makes the receiver read them.
+	mem := protocoltest.NewMemory(requests, 32)
 	recv, err := racy.NewReceiver(protocol.ReceiverConfig{Pages: requests, PageTokens: 4, Memory: mem, TagKeys: tagKeys,
 		Region: func(p uint32) (uint64, uint32) { return uint64(p), 1 }, Research: cfg.Bugs.Without(research.Concurrency()...)}, cfg.Bugs)
 	if err != nil {
@@ -200,8 +192,8 @@ func Run(cfg Config) (*Result, error) {
 			for _, s := range recv.Effects().Sends {
 				if g, ok := s.Msg.(*protocol.Grant); ok && g.Request == id {
 					p := g.Pages[0]
-					copy(mem.payload[p.Page], fmt.Sprintf("kv of request %d", id))
-					copy(mem.tags[p.Page], protocol.Tag{Request: id, Epoch: p.Epoch, Index: 0, Tokens: 4, Sum: checksum.Sum(mem.payload[p.Page])}.Append(nil, tagKey))
+					copy(mem.Payload(p.Page), fmt.Sprintf("kv of request %d", id))
+					copy(mem.TagRecord(p.Page), protocol.Tag{Request: id, Epoch: p.Epoch, Index: 0, Tokens: 4, Sum: checksum.Sum(mem.Payload(p.Page))}.Append(nil, tagKey))
 				}
 			}
 			if cfg.Faults && rng.IntN(25) == 0 {

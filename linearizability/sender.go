@@ -10,6 +10,7 @@ import (
 
 	"github.com/anishathalye/porcupine"
 	"github.com/kvhandoff/kvhandoff/protocol"
+	"github.com/kvhandoff/kvhandoff/protocol/protocoltest"
 )
 
 // Sender operations: Submit, Computed, Status and Cancel from prefill workers
@@ -136,10 +137,6 @@ var SenderModel = porcupine.NondeterministicModel{
 	},
 }
 
-type sourceMemory struct{}
-
-func (sourceMemory) Page(uint32) []byte { return nil }
-
 // RunSender records a history from a real concurrent run of
 // protocol.SharedSender and checks it, like Run does for the receiver.
 func RunSender(cfg Config) (*Result, error) {
@@ -148,7 +145,7 @@ func RunSender(cfg Config) (*Result, error) {
 	}
 	start := time.Now()
 	requests, transportOps := transportShare(cfg.Ops)
-	snd, err := protocol.NewSharedSender(protocol.SenderConfig{Pages: requests, PageTokens: 4, Memory: sourceMemory{}, TagKeys: tagKeys})
+	snd, err := protocol.NewSharedSender(protocol.SenderConfig{Pages: requests, PageTokens: 4, Memory: protocoltest.NewMemory(requests, 0), TagKeys: tagKeys})
 	if err != nil {
 		return nil, err
 	}

@@ -4,7 +4,8 @@
 // Simulate is deterministic simulation. One seed is one run: a workload of
 // requests of random lengths (some over the prefill pool, as in the incident)
 // through a protocol.Router to prefill nodes and a decode node joined by
-// in-memory queue pairs, with
+// in-memory queue pairs (a protocoltest.Network, the harness every test of
+// the module shares), with
 // WRITEs and SENDs placed in order per queue pair but at random points, and
 // faults: client cancels that reach the two legs in either order, WRITEs
 // corrupted in transit, queue-pair cuts, prefill crashes that the router

@@ -2,6 +2,7 @@ package model
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"github.com/kvhandoff/kvhandoff/internal/research"
 	"github.com/kvhandoff/kvhandoff/protocol"
 	"github.com/kvhandoff/kvhandoff/protocol/checksum"
+	"github.com/kvhandoff/kvhandoff/protocol/protocoltest"
 	"github.com/kvhandoff/kvhandoff/spec"
 )
 
@@ -70,8 +72,8 @@ type Refinement struct {
 	router *protocol.Router
 	snd    *protocol.Sender
 	recv   *protocol.Receiver
-	src    *mem
-	dst    *mem
+	src    *protocoltest.Memory
+	dst    *protocoltest.Memory
 	size   int
 
 	crashed    bool
@@ -138,12 +140,12 @@ func NewRefinementWith(cfg spec.Config, bugs research.Switches) (*Refinement, er
 	}
 	const size = 64
 	h := &Refinement{m: m, cfg: cfg, s: m.Initial()[0], size: size, sums: map[uint64]spec.Label{}}
-	h.src = newMem(cfg.PrefillPages, size, false)
-	h.dst = newMem(cfg.DecodePages, size, false)
+	h.src = protocoltest.NewMemory(cfg.PrefillPages, size)
+	h.dst = protocoltest.NewMemory(cfg.DecodePages, size)
 	tenant := spec.Label{Req: spec.Tenant}
 	for p := 0; p < cfg.DecodePages; p++ { // an earlier tenant's KV and tag record: pages are never zeroed
-		h.fill(h.dst.payload[p], tenant)
-		copy(h.dst.tags[p], protocol.Tag{Request: tenantID, Tokens: 1, Sum: checksum.Sum(h.dst.payload[p])}.Append(nil, refKey))
+		h.fill(h.dst.Payload(uint32(p)), tenant)
+		copy(h.dst.TagRecord(uint32(p)), protocol.Tag{Request: tenantID, Tokens: 1, Sum: checksum.Sum(h.dst.Payload(uint32(p)))}.Append(nil, refKey))
 	}
 	// Both nodes advertise what the spec's router trusts: ContextLimit tokens.
 	advertised := (cfg.ContextLimit + cfg.PageSize - 1) / cfg.PageSize
@@ -473,7 +475,7 @@ func (h *Refinement) intake(r int) error {
 	}
 	h.srcPages[r] = pages
 	for i, p := range pages {
-		h.fill(h.src.payload[p], spec.Label{Req: int8(r), Index: int8(i)})
+		h.fill(h.src.Payload(uint32(p)), spec.Label{Req: int8(r), Index: int8(i)})
 	}
 	return h.snd.Computed(id(r))
 }
@@ -527,12 +529,12 @@ func (h *Refinement) deliver() {
 	w := h.wire[0]
 	h.wire = h.wire[1:]
 	if wr := w.op.Write; wr != nil {
-		payload := h.dst.payload[wr.Remote.Page]
-		copy(payload, h.src.payload[wr.Source]) // the NIC reads the source page now
+		payload := h.dst.Payload(uint32(wr.Remote.Page))
+		copy(payload, h.src.Payload(uint32(wr.Source))) // the NIC reads the source page now
 		if w.corrupt {
 			payload[len(payload)/2] ^= 0x40
 		}
-		copy(h.dst.tags[wr.Remote.Page], wr.Tag)
+		copy(h.dst.TagRecord(uint32(wr.Remote.Page)), wr.Tag)
 		if !h.crashed {
 			h.snd.Completed(wr.ID, nil)
 		}
@@ -549,7 +551,7 @@ func (h *Refinement) read(r int) error {
 		return nil // an explicit failure: its outcome comes through the effects
 	}
 	for _, ref := range refs { // what decode read, compared with what the spec says it read
-		h.readLabels[r] = append(h.readLabels[r], h.labelOf(h.dst.payload[ref.Page]))
+		h.readLabels[r] = append(h.readLabels[r], h.labelOf(h.dst.Payload(uint32(ref.Page))))
 	}
 	return h.recv.Finish(id(r))
 }
@@ -690,8 +692,16 @@ var senderPhase = map[protocol.SenderStatus]string{
 	protocol.SendStatusAborted: "aborted", protocol.SendStatusFailed: "failed",
 }
 
-// refKey is the tag key of the refinement's one queue pair.
-var refKey = queuePairKey(prefillPeer)
+// refKey is the tag key of the refinement's one queue pair, from a fixed
+// secret so that every run replays.
+var refKey = func() *protocol.TagKey {
+	secret := sha256.Sum256([]byte("kvhandoff refinement queue pair"))
+	k, err := protocol.NewTagKey(secret[:], protocol.SumXXH3)
+	if err != nil {
+		panic(err) // a 32-byte secret is always valid
+	}
+	return k
+}()
 
 func refKeys(protocol.PeerID) *protocol.TagKey { return refKey }
 
@@ -726,7 +736,7 @@ func (h *Refinement) View() string {
 		if !h.crashed && sp != "-" {
 			for i, p := range h.srcPages[r] {
 				if pool := h.snd.Pool(); pool.Holds(id(r), protocol.PageRef{Page: p, Epoch: pool.Epoch(p)}) {
-					fmt.Fprintf(&b, " %d:%s", i, h.labelOf(h.src.payload[p]))
+					fmt.Fprintf(&b, " %d:%s", i, h.labelOf(h.src.Payload(uint32(p))))
 				}
 			}
 		}
@@ -739,7 +749,7 @@ func (h *Refinement) View() string {
 			o = fmt.Sprintf("r%d", int(owner)-1)
 		}
 		tag := "torn"
-		if t, err := protocol.ParseTag(h.dst.tags[p], refKey); err == nil {
+		if t, err := protocol.ParseTag(h.dst.TagRecord(uint32(p)), refKey); err == nil {
 			req := fmt.Sprintf("r%d", int(t.Request)-1)
 			if t.Request == tenantID {
 				req = "tenant"
@@ -747,7 +757,7 @@ func (h *Refinement) View() string {
 			tag = fmt.Sprintf("%s[%d]@%d sum %v", req, t.Index, t.Epoch, h.sums[t.Sum])
 		}
 		fmt.Fprintf(&b, "page %d: %s epoch %d quarantined %v holds %s tag %s\n", p, o, pool.Epoch(uint32(p)), quarantined,
-			h.labelOf(h.dst.payload[p]), tag)
+			h.labelOf(h.dst.Payload(uint32(p))), tag)
 	}
 	b.WriteString("queue pair:")
 	for _, w := range h.wire {

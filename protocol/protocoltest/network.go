@@ -821,11 +821,16 @@ func (o opText) String() string { return OpString(protocol.Op(o)) }
 
 // Event is one thing that can happen next, for a scheduler to choose.
 type Event struct {
-	Kind  string // what kind of event (deliver, back, cut, ...): rapid draws by kind
-	Name  string // what happens, for traces
-	Fault bool
-	Do    func()
+	Kind   string // what kind of event (deliver, back, cut, ...): rapid draws by kind
+	Fault  bool
+	Do     func()
+	format string
+	args   []any
 }
+
+// Name says what happens, for traces. It is formatted only when asked for:
+// a scheduler lists many events and takes one.
+func (e Event) Name() string { return e.Kind + ": " + fmt.Sprintf(e.format, e.args...) }
 
 // EventOptions say which faults a scheduler may choose.
 type EventOptions struct {
@@ -841,7 +846,7 @@ type EventOptions struct {
 // scheduler decides their order.
 func (n *Network) Events(opts EventOptions) (proto, faults []Event) {
 	add := func(list *[]Event, kind string, fault bool, do func(), format string, a ...any) {
-		*list = append(*list, Event{Kind: kind, Name: kind + ": " + fmt.Sprintf(format, a...), Fault: fault, Do: do})
+		*list = append(*list, Event{Kind: kind, Fault: fault, Do: do, format: format, args: a})
 	}
 	for _, id := range n.active {
 		q := n.reqs[id]
