@@ -27,31 +27,36 @@ var encodingBase = (&Model{}).Initial()[0]
 
 // AppendState appends the compact, lossless encoding of s to dst.
 func (m *Model) AppendState(dst []byte, s *State) []byte {
+	var x [stateSize]byte // s XOR the base, computed a word at a time
 	cur, base := stateBytes(s), stateBytes(&encodingBase)
+	w := 0
+	for ; w+8 <= stateSize; w += 8 {
+		binary.LittleEndian.PutUint64(x[w:], binary.LittleEndian.Uint64(cur[w:])^binary.LittleEndian.Uint64(base[w:]))
+	}
+	for ; w < stateSize; w++ {
+		x[w] = cur[w] ^ base[w]
+	}
 	i := 0
 	for i < stateSize {
 		eq := i
-		// Skip equal bytes a word at a time.
-		for eq+8 <= stateSize && binary.LittleEndian.Uint64(cur[eq:]) == binary.LittleEndian.Uint64(base[eq:]) {
+		for eq+8 <= stateSize && binary.LittleEndian.Uint64(x[eq:]) == 0 {
 			eq += 8
 		}
-		for eq < stateSize && cur[eq] == base[eq] {
+		for eq < stateSize && x[eq] == 0 {
 			eq++
 		}
 		if eq == stateSize {
 			break
 		}
-		diff := eq
 		// A differing run ends at two equal bytes in a row: one equal byte costs
 		// less as a literal than as a new run.
-		for diff < stateSize && (cur[diff] != base[diff] || diff+1 < stateSize && cur[diff+1] != base[diff+1]) {
+		diff := eq + 1
+		for diff < stateSize && (x[diff] != 0 || diff+1 < stateSize && x[diff+1] != 0) {
 			diff++
 		}
 		dst = binary.AppendUvarint(dst, uint64(eq-i))
 		dst = binary.AppendUvarint(dst, uint64(diff-eq))
-		for j := eq; j < diff; j++ {
-			dst = append(dst, cur[j]^base[j])
-		}
+		dst = append(dst, x[eq:diff]...)
 		i = diff
 	}
 	return dst
