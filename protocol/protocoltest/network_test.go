@@ -62,7 +62,7 @@ func runMany(t *testing.T, requests int, seed uint64, bugs research.Switches) *N
 func TestManyNodesKeepEveryProperty(t *testing.T) {
 	requests := 3000
 	if testing.Short() {
-		requests = 600
+		requests = 300
 	}
 	n := runMany(t, requests, 1, research.Switches{})
 	if len(n.Violations) > 0 {
