@@ -13,8 +13,10 @@ import (
 // engine's KV cache implements it; GeneratedKV stands in until then.
 type KVSource interface {
 	// FillKV writes request id's KV (tokens tokens) into pages, its source
-	// pages in request order, each PageBytes long. It runs under the
-	// endpoint's lock: the pages are the request's only while it runs.
+	// pages in request order, each PageBytes long. It runs on the goroutine
+	// that called Submit, outside the endpoint's lock; the pages are the
+	// request's alone until it returns. Calls for different requests may run
+	// at once.
 	FillKV(id protocol.RequestID, tokens int, pages [][]byte) error
 }
 
@@ -54,6 +56,10 @@ type Prefill struct {
 	sender *protocol.Sender
 	src    rdma.MemoryRegion
 	peerOf map[protocol.RequestID]string // requests without an outcome yet: their peer
+	// computing are requests in FillKV; flushHeld are queue pairs whose
+	// flush (Sender.Flushed) waits for them.
+	computing map[protocol.RequestID]*computing
+	flushHeld map[protocol.PeerID]bool
 }
 
 // NewPrefill makes a prefill endpoint on dev.
@@ -70,7 +76,7 @@ func NewPrefill(dev rdma.Device, cfg PrefillConfig) (*Prefill, error) {
 	if cfg.KV == nil {
 		cfg.KV = GeneratedKV{PageTokens: cfg.PageTokens}
 	}
-	p := &Prefill{cfg: cfg, peerOf: map[protocol.RequestID]string{}}
+	p := &Prefill{cfg: cfg, peerOf: map[protocol.RequestID]string{}, computing: map[protocol.RequestID]*computing{}, flushHeld: map[protocol.PeerID]bool{}}
 	if err := p.init(p, dev, cfg.QueueDepth, cfg.MaxPeers, MaxFrame(cfg.MaxRequestPages), MaxFrame(1), true); err != nil {
 		return nil, err
 	}
@@ -93,17 +99,26 @@ func (p *Prefill) page(page uint32) []byte {
 }
 
 // Submit starts request id toward decode peer: intake (a request over the
-// limit is refused with protocol.ErrRejected), the KV computed into its
-// source pages, then the handoff. Its outcome arrives as an Event.
+// limit is refused with protocol.ErrRejected), the Bootstrap (so that the
+// decode node reserves while the KV is computed), the KV computed into its
+// source pages by the KVSource, then the WRITEs. It returns once the KV is
+// computed; the outcome arrives as an Event.
+//
+// FillKV runs outside the endpoint's lock, so the run loop and the other
+// requests go on meanwhile. Nothing may free the request's source pages
+// while it runs: whatever would (a Cancel, an Abort or Grant from the decode
+// node, the queue pair's flush) waits until FillKV returns, then applies in
+// the order it came.
 func (p *Prefill) Submit(id protocol.RequestID, peer string, tokens int) error {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	c := p.names[peer]
 	if c == nil || !c.live {
+		p.mu.Unlock()
 		return fmt.Errorf("%w: %q", ErrNoPeer, peer)
 	}
 	pages, err := p.sender.Submit(id, c.peer, tokens)
 	if err != nil {
+		p.mu.Unlock()
 		return err
 	}
 	p.peerOf[id] = peer
@@ -111,22 +126,65 @@ func (p *Prefill) Submit(id protocol.RequestID, peer string, tokens int) error {
 	for i, pg := range pages {
 		views[i] = p.page(pg)
 	}
-	if err := p.cfg.KV.FillKV(id, tokens, views); err != nil {
-		p.sender.Cancel(id)
-		p.carry()
-		p.flushAll()
-		return fmt.Errorf("transfer: computing request %d's KV: %w", id, err)
-	}
-	p.sender.Computed(id)
+	st := &computing{peer: c.peer}
+	p.computing[id] = st
 	p.carry()
 	p.flushAll()
+	p.mu.Unlock()
+
+	err = p.cfg.KV.FillKV(id, tokens, views)
+
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.computing, id)
+	for _, m := range st.held { // what came for it meanwhile, in order
+		if serr := p.sender.Step(st.peer, m); serr != nil {
+			p.refused++
+		}
+	}
+	switch {
+	case err != nil || st.cancelled:
+		p.sender.Cancel(id)
+	default:
+		p.sender.Computed(id)
+	}
+	if p.flushHeld[st.peer] && !p.computingOn(st.peer) {
+		delete(p.flushHeld, st.peer)
+		p.sender.Flushed(st.peer)
+	}
+	p.carry()
+	p.flushAll()
+	if err != nil {
+		return fmt.Errorf("transfer: computing request %d's KV: %w", id, err)
+	}
 	return nil
+}
+
+// computing is a request whose KV is being computed: what would free its
+// source pages waits here until FillKV returns.
+type computing struct {
+	peer      protocol.PeerID
+	held      []protocol.Message // messages from its decode peer, in order
+	cancelled bool
+}
+
+func (p *Prefill) computingOn(peer protocol.PeerID) bool {
+	for _, st := range p.computing {
+		if st.peer == peer {
+			return true
+		}
+	}
+	return false
 }
 
 // Cancel stops request id (the client or the router gave up).
 func (p *Prefill) Cancel(id protocol.RequestID) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if st := p.computing[id]; st != nil {
+		st.cancelled = true
+		return
+	}
 	p.sender.Cancel(id)
 	p.carry()
 	p.flushAll()
@@ -154,6 +212,10 @@ func (p *Prefill) Stats() Stats {
 }
 
 func (p *Prefill) message(c *conn, m protocol.Message) error {
+	if st := p.computing[protocol.RequestOf(m)]; st != nil && st.peer == c.peer {
+		st.held = append(st.held, m)
+		return nil
+	}
 	return p.sender.Step(c.peer, m)
 }
 
@@ -172,8 +234,15 @@ func (p *Prefill) completed(c *conn, k wrKind, status rdma.Status) error {
 }
 
 // fenced: every WRITE on the queue pair has completed (the flush drained),
-// so its requests fail and their source pages are free.
-func (p *Prefill) fenced(c *conn) { p.sender.Flushed(c.peer) }
+// so its requests fail and their source pages are free; once no request on
+// it is computing its KV.
+func (p *Prefill) fenced(c *conn) {
+	if p.computingOn(c.peer) {
+		p.flushHeld[c.peer] = true
+		return
+	}
+	p.sender.Flushed(c.peer)
+}
 
 func (p *Prefill) carry() {
 	se := p.sender.Effects()
