@@ -14,7 +14,7 @@
 //	b.Close()
 //
 // A binary built with -tags cuda needs a GPU: gorgonia.org/cu calls cuInit in its package
-// init and exits the process when that fails (no device, or only the stub libcuda), so it
+// init and exits the process when that fails (no device, or no driver), so it
 // cannot fall back to the CPU; build without the tag for that.
 //
 // # The context thread

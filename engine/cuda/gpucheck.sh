@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # gpucheck.sh: the CUDA backend's checks on a real GPU, in one go.
 #
-#   engine/cuda/gpucheck.sh build   # here (no GPU needed): fetch headers and stubs, build
+#   engine/cuda/gpucheck.sh build   # here (no GPU needed): fetch CUDA headers and libraries, build
 #                                   # engine/cuda/gpucheck.test with -tags cuda
 #   engine/cuda/gpucheck.sh run     # on the GPU machine (H200, sm_90; needs only the driver's
 #                                   # libcuda.so.1, no network, no Go): the tests, then the
