@@ -3,6 +3,10 @@ package cpu
 import (
 	"math/rand/v2"
 	"testing"
+	"time"
+
+	"github.com/kvhandoff/kvhandoff/engine/kv"
+	"github.com/kvhandoff/kvhandoff/engine/model"
 )
 
 // matmul's blocked paths (four rows for one token, one row for four tokens,
@@ -59,4 +63,53 @@ func BenchmarkMatvec(b *testing.B) {
 		bk.matmul(out, x, w, 1, 288, 768)
 	}
 	b.ReportMetric(float64(288*768)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GMAC/s")
+}
+
+// BenchmarkAttentionTagCheck isolates where the check lives: one decode
+// step's attention over 16 pages (stories15M's shape, position 255), with the
+// check and without, interleaved, the fastest of each over b.N rounds. It
+// reports the check's cost as a fraction of attention alone, an upper bound
+// on its share of a whole decode step.
+func BenchmarkAttentionTagCheck(b *testing.B) {
+	m, _ := model.Alloc(model.Config{Dim: 288, HiddenDim: 768, Layers: 6, Heads: 6, KVHeads: 6, Vocab: 512, SeqLen: 256})
+	model.Randomize(m, 1)
+	bk := New()
+	if err := bk.Load(m); err != nil {
+		b.Fatal(err)
+	}
+	c, _ := kv.New(kv.Geometry{Layers: 6, KVHeads: 6, HeadDim: 48, PageTokens: 16}, 16)
+	if err := bk.AttachPool(c); err != nil {
+		b.Fatal(err)
+	}
+	refs, _ := c.Pool().Allocate(1, 16)
+	table := kv.Table(refs)
+	pages, epochs := make([]uint32, 16), make([]uint64, 16)
+	for i, r := range refs {
+		pages[i], epochs[i] = r.Page, r.Epoch
+	}
+	bk.SetEpochs(pages, epochs)
+	for _, ref := range table {
+		bk.pages = append(bk.pages, c.Floats(ref.Page))
+	}
+	bk.q, bk.xb, bk.att = make([]float32, 288), make([]float32, 288), make([]float32, 6*256)
+	var best [2]time.Duration
+	for i := 0; i < b.N; i++ {
+		for _, check := range []bool{i%2 == 0, i%2 == 1} {
+			start := time.Now()
+			for l := 0; l < 6; l++ {
+				if err := bk.attention(l, 255, 1, table, check); err != nil {
+					b.Fatal(err)
+				}
+			}
+			d := time.Since(start)
+			idx := 0
+			if !check {
+				idx = 1
+			}
+			if best[idx] == 0 || d < best[idx] {
+				best[idx] = d
+			}
+		}
+	}
+	b.ReportMetric(1-float64(best[1])/float64(best[0]), "check-cost")
 }
