@@ -47,6 +47,8 @@ func (s *Source) Forget(id protocol.RequestID) {
 
 // FillKV computes request id's prompt KV into pages, the request's source
 // pages in order. The prompt must be the one Expect recorded, tokens long.
+// Calls for different requests run one at a time: the engine is one
+// backend, used by one goroutine at a time.
 func (s *Source) FillKV(id protocol.RequestID, tokens int, pages [][]byte) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()

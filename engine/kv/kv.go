@@ -263,10 +263,10 @@ type unversioned struct{}
 func (unversioned) Epoch(uint32) uint64 { return 0 }
 
 // Unversioned is the epochs of pages that never change hands while a request
-// uses them: a prefill node's source pages, which are a request's for the
-// whole call that computes them (transfer's FillKV runs under the endpoint's
-// lock). The read-time check then always passes; it is the decode node's
-// pages, reallocated between requests, that need real epochs.
+// uses them: a prefill node's source pages, which are a request's alone for
+// the whole call that computes them (transfer's FillKV). The read-time check
+// then always passes; it is the decode node's pages, reallocated between
+// requests, that need real epochs.
 var Unversioned Epochs = unversioned{}
 
 // Split is the epochs of a cache whose pages are two sets: pages below At
