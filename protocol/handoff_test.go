@@ -1,270 +1,158 @@
-package protocol
+package protocol_test
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/kvhandoff/kvhandoff/internal/research"
-	"github.com/kvhandoff/kvhandoff/protocol/checksum"
+	"github.com/kvhandoff/kvhandoff/protocol"
+	"github.com/kvhandoff/kvhandoff/protocol/protocoltest"
 )
 
+// The two nodes of a link, by the names the router and each other know them.
 const (
-	pageBytes  = 256
+	prefill = protocol.PeerID(1) // protocoltest.PrefillID(0)
+	// pageTokens is the tokens per page of both nodes (protocoltest's default).
 	pageTokens = 4
-	prefill    = PeerID(1)
+	decode     = protocol.PeerID(101) // protocoltest.DecodeID(0)
 )
 
-// memory is a node's pages: payloads and tag slots.
-type memory struct{ payload, tags [][]byte }
-
-// tenant is the request that used the decode pages before: every page starts
-// with its KV and a valid tag record for it (pages are never zeroed).
-const tenant = RequestID(999)
-
-func newMemory(n int) *memory {
-	m := &memory{}
-	for i := 0; i < n; i++ {
-		kv := bytes.Repeat([]byte{0xEE, byte(i)}, pageBytes/2)
-		m.payload = append(m.payload, kv)
-		m.tags = append(m.tags, Tag{Request: tenant, Index: uint32(i), Tokens: pageTokens, Sum: checksum.Sum(kv)}.Append(nil, testKey))
-	}
-	return m
-}
-
-func (m *memory) TagRecord(p uint32) []byte { return m.tags[p] }
-func (m *memory) Payload(p uint32) []byte   { return m.payload[p] }
-func (m *memory) Page(p uint32) []byte      { return m.payload[p] }
-
-// link is one prefill node and one decode node joined by an in-memory queue
-// pair. WRITEs and SENDs from the sender queue up in order; the test decides
-// when they land, so every race can be staged.
+// link is one prefill node (8 pages of 4 tokens) and one decode node, with
+// the router in front, on the shared harness (protocoltest.Network): the
+// test decides when each WRITE and message lands, so every race can be
+// staged, and the network checks the spec's properties as it goes. Both
+// nodes advertise as many pages as a grant can carry, so the router lets
+// every prompt through and each node's own intake is what these tests test.
 type link struct {
-	t        *testing.T
-	s        *Sender
-	r        *Receiver
-	src, dst *memory
-	wire     []Op // posted, not yet placed or delivered (RC order)
-	back     []Send
-	sOut     map[RequestID]error
-	rOut     map[RequestID]error
-	verified []RequestID
-	now      time.Time
-	// violations of the spec's properties seen by the link (docs/spec.md).
-	violations []string
-	// log is what happened, for the scenario files; lenient logs protocol
-	// errors instead of failing (a scenario may stage them on purpose).
-	log     []string
-	lenient bool
-}
-
-func (l *link) logf(format string, a ...any) { l.log = append(l.log, fmt.Sprintf(format, a...)) }
-
-// refuse reports an error a node returned: fatal, unless a scenario staged it.
-func (l *link) refuse(who string, err error) {
-	l.t.Helper()
-	if !l.lenient {
-		l.t.Fatalf("%s: %v", who, err)
-	}
-	l.logf("%s refuses: %v", who, err)
-}
-
-func (l *link) violate(format string, a ...any) {
-	l.violations = append(l.violations, fmt.Sprintf(format, a...))
-	l.logf("VIOLATION %s", fmt.Sprintf(format, a...))
+	t          *testing.T
+	n          *protocoltest.Network
+	s          *protocol.Sender
+	r          *protocol.Receiver
+	qp         *protocoltest.QueuePair
+	dst        *protocoltest.Memory
+	sOut, rOut map[protocol.RequestID]error // each node's outcomes
+	extra      []string                     // violations a test found itself
 }
 
 func newLink(t *testing.T, decodePages int, bugs ...research.Switch) *link {
 	t.Helper()
-	l := &link{t: t, src: newMemory(8), dst: newMemory(decodePages), sOut: map[RequestID]error{}, rOut: map[RequestID]error{}, now: time.Unix(1000, 0)}
-	var err error
-	if l.s, err = NewSender(SenderConfig{Pages: 8, PageTokens: pageTokens, MaxInFlight: 2, Memory: l.src, TagKeys: testKeys, Research: research.On(bugs...)}); err != nil {
+	return newLinkWith(t, decodePages, 0, bugs...)
+}
+
+// newLinkWith is newLink with a Horizon for ended records on both nodes.
+func newLinkWith(t *testing.T, decodePages int, horizon time.Duration, bugs ...research.Switch) *link {
+	t.Helper()
+	n, err := protocoltest.New(protocoltest.Config{Research: research.On(bugs...), Start: time.Unix(1000, 0),
+		Prefill: []protocoltest.NodeConfig{{Pages: 8, PageBytes: 256, Advertise: protocol.MaxGrantPages, Horizon: horizon}},
+		Decode: []protocoltest.NodeConfig{{Pages: decodePages, PageBytes: 256, Advertise: protocol.MaxGrantPages,
+			Timeout: time.Second, Horizon: horizon}}})
+	if err != nil {
 		t.Fatal(err)
 	}
-	if l.r, err = NewReceiver(ReceiverConfig{Pages: decodePages, PageTokens: pageTokens, Timeout: time.Second, Memory: l.dst, TagKeys: testKeys,
-		Region:   func(p uint32) (uint64, uint32) { return 0x1000 * uint64(p), 7 },
-		Research: research.On(bugs...)}); err != nil {
-		t.Fatal(err)
+	n.ComputeAtIntake = true
+	l := &link{t: t, n: n, s: n.Prefill[0].Sender, r: n.Decode[0].Receiver, qp: n.QPs[0], dst: n.Decode[0].Mem,
+		sOut: map[protocol.RequestID]error{}, rOut: map[protocol.RequestID]error{}}
+	n.OnOutcome = func(node protocol.PeerID, o protocol.Outcome) {
+		out := l.sOut
+		if node == decode {
+			out = l.rOut
+		}
+		if _, dup := out[o.Request]; dup {
+			t.Errorf("node %d reported request %d twice", node, o.Request)
+		}
+		out[o.Request] = o.Err
 	}
 	return l
 }
 
-// collect moves both nodes' effects onto the wire and records outcomes.
-func (l *link) collect() {
-	se := l.s.Effects()
-	l.wire = append(l.wire, se.Ops...)
-	for _, op := range se.Ops {
-		l.logf("prefill posts %s", opString(op))
-	}
-	for _, o := range se.Outcomes {
-		l.logf("prefill outcome r%d: %v", o.Request, o.Err)
-		if _, dup := l.sOut[o.Request]; dup {
-			l.t.Fatalf("sender reported request %d twice", o.Request)
-		}
-		l.sOut[o.Request] = o.Err
-	}
-	re := l.r.Effects()
-	l.back = append(l.back, re.Sends...)
-	l.verified = append(l.verified, re.Verified...)
-	for _, snd := range re.Sends {
-		l.logf("decode sends %s", opString(Op{Msg: snd.Msg}))
-	}
-	for _, id := range re.Verified {
-		l.logf("decode verified r%d", id)
-	}
-	for _, p := range re.Cuts {
-		l.logf("decode cuts the queue pair to %d", p)
-	}
-	for _, o := range re.Outcomes {
-		l.logf("decode outcome r%d: %v", o.Request, o.Err)
-		if _, dup := l.rOut[o.Request]; dup {
-			l.t.Fatalf("receiver reported request %d twice", o.Request)
-		}
-		l.rOut[o.Request] = o.Err
-	}
-	for _, p := range re.Cuts {
-		l.wire, l.back = nil, nil // the queue pair is in error: everything in flight is flushed
-		l.r.QueuePairFenced(p)
-		l.s.Flushed(p)
-		l.collect()
-	}
-}
-
-// submit starts a request whose KV is a recognisable pattern per page.
-func (l *link) submit(id RequestID, tokens int) {
+// submit sends a request through the router; the prefill node takes it and
+// computes its KV (a recognisable pattern per page) at once.
+func (l *link) submit(id protocol.RequestID, tokens int) {
 	l.t.Helper()
 	if err := l.trySubmit(id, tokens); err != nil {
 		l.t.Fatalf("submit %d: %v", id, err)
 	}
 }
 
-// trySubmit is submit for a request that intake may reject.
-func (l *link) trySubmit(id RequestID, tokens int) error {
+// trySubmit is submit for a request that an intake may refuse: it returns
+// the refusal.
+func (l *link) trySubmit(id protocol.RequestID, tokens int) error {
 	l.t.Helper()
-	pages, err := l.s.Submit(id, prefill, tokens)
-	if err != nil {
+	if err := l.n.Submit(id, tokens); err != nil {
 		return err
 	}
-	for i, p := range pages {
-		copy(l.src.payload[p], pattern(id, i))
+	for len(l.n.Prefill[0].Inbox) > 0 {
+		l.n.DeliverRouter(prefill)
 	}
-	if err := l.s.Computed(id); err != nil {
-		l.t.Fatal(err)
+	if q := l.n.Request(id); q.Src == nil {
+		return q.Outcome // the prefill node's intake refused it
 	}
-	l.collect()
 	return nil
 }
 
-// opString describes an operation on the queue pair for logs and scenarios.
-func opString(op Op) string {
-	if w := op.Write; w != nil {
-		return fmt.Sprintf("WRITE r%d[%d] -> page %d@%d", w.Request, w.Index, w.Remote.Page, w.Remote.Epoch)
-	}
-	switch m := op.Msg.(type) {
-	case *Bootstrap:
-		return fmt.Sprintf("Bootstrap r%d %d tokens", m.Request, m.Tokens)
-	case *Grant:
-		var pages []string
-		for _, p := range m.Pages {
-			pages = append(pages, fmt.Sprintf("%d@%d", p.Page, p.Epoch))
-		}
-		return fmt.Sprintf("Grant r%d %d tokens [%s]", m.Request, m.Tokens, strings.Join(pages, " "))
-	case *Done:
-		return fmt.Sprintf("Done r%d %d tokens %d pages", m.Request, m.Tokens, m.Pages)
-	case *Abort:
-		return fmt.Sprintf("Abort r%d reason %d", m.Request, m.Reason)
-	case *AbortAck:
-		return fmt.Sprintf("AbortAck r%d", m.Request)
-	}
-	return fmt.Sprint(op.Msg)
-}
-
-func pattern(id RequestID, i int) []byte {
-	return bytes.Repeat([]byte{byte(id), byte(i), 0x5A, 0xA5}, pageBytes/4)
-}
-
 // deliverOne places or delivers the head of the prefill→decode direction.
-func (l *link) deliverOne() Op {
+func (l *link) deliverOne() protocol.Op {
 	l.t.Helper()
-	op := l.wire[0]
-	l.wire = l.wire[1:]
-	if w := op.Write; w != nil {
-		// NoForeignWrite (docs/spec.md): a WRITE never lands in a page that
-		// another request owns or has in quarantine.
-		if pg := l.r.Pool().pages[w.Remote.Page]; pg.state != pageFree && pg.owner != w.Request {
-			l.violate("NoForeignWrite: WRITE of request %d landed in page %d, which request %d holds", w.Request, w.Remote.Page, pg.owner)
-		}
-		copy(l.dst.payload[w.Remote.Page], l.src.payload[w.Source]) // the NIC reads the source now
-		copy(l.dst.tags[w.Remote.Page], w.Tag)
-		l.logf("placed %s", opString(op))
-		if err := l.s.Completed(w.ID, nil); err != nil {
-			l.refuse("prefill", err)
-		}
-	} else {
-		l.logf("decode receives %s", opString(op))
-		if err := l.r.Step(op.Peer, op.Msg, l.now); err != nil {
-			l.refuse("decode", err)
-		}
+	if len(l.qp.Fwd) == 0 {
+		l.t.Fatal("nothing to deliver")
 	}
-	l.collect()
-	return op
+	return l.n.Deliver(l.qp)
 }
 
 // backOne delivers the head of the decode→prefill direction.
 func (l *link) backOne() {
 	l.t.Helper()
-	m := l.back[0]
-	l.back = l.back[1:]
-	l.logf("prefill receives %s", opString(Op{Msg: m.Msg}))
-	if err := l.s.Step(prefill, m.Msg); err != nil {
-		l.refuse("prefill", err)
+	if len(l.qp.Back) == 0 {
+		l.t.Fatal("nothing to deliver back")
 	}
-	l.collect()
+	l.n.DeliverBack(l.qp)
 }
 
-// run delivers everything in both directions and reads every verified request.
-func (l *link) run() {
-	for len(l.wire)+len(l.back)+len(l.verified) > 0 {
-		switch {
-		case len(l.back) > 0:
-			l.backOne()
-		case len(l.wire) > 0:
-			l.deliverOne()
-		default:
-			id := l.verified[0]
-			l.verified = l.verified[1:]
-			l.read(id)
-		}
-	}
-}
+// run delivers everything and reads every verified request.
+func (l *link) run() { l.n.Run() }
 
 // read is the decoder: acquire, check the bytes are the request's own, finish.
-func (l *link) read(id RequestID) {
-	l.t.Helper()
-	refs, err := l.r.Acquire(id)
-	if err != nil {
-		l.logf("decode cannot read r%d: %v", id, err)
-		return
+func (l *link) read(id protocol.RequestID) { l.n.Read(id) }
+
+// cancel is the client going away: the router's cancels reach decode, then
+// prefill.
+func (l *link) cancel(id protocol.RequestID) {
+	l.n.Cancel(id)
+	for len(l.n.Decode[0].Inbox) > 0 {
+		l.n.DeliverRouter(decode)
 	}
-	l.logf("decode reads r%d: %d pages", id, len(refs))
-	for i, ref := range refs {
-		if !bytes.Equal(l.dst.payload[ref.Page], pattern(id, i)) {
-			l.violate("Isolation: request %d page %d holds KV it did not write", id, i)
-		}
+	for len(l.n.Prefill[0].Inbox) > 0 {
+		l.n.DeliverRouter(prefill)
 	}
-	if err := l.r.Finish(id); err != nil {
-		l.t.Fatal(err)
+}
+
+// cancelDecode is the client going away with only the router's cancel to
+// decode arrived; the one to prefill is still on its way (run delivers it).
+func (l *link) cancelDecode(id protocol.RequestID) {
+	l.n.Cancel(id)
+	for len(l.n.Decode[0].Inbox) > 0 {
+		l.n.DeliverRouter(decode)
 	}
-	l.collect()
+}
+
+func (l *link) violate(format string, a ...any) { l.extra = append(l.extra, fmt.Sprintf(format, a...)) }
+
+// violations are the properties the network saw broken ("Property: detail"),
+// then those the test found itself.
+func (l *link) violations() []string {
+	var out []string
+	for _, v := range l.n.Violations {
+		out = append(out, v.Property+": "+v.Detail)
+	}
+	return append(out, l.extra...)
 }
 
 func (l *link) assertAllFree() {
 	l.t.Helper()
-	if len(l.violations) > 0 {
-		l.t.Fatalf("violations: %v", l.violations)
+	if v := l.violations(); len(v) > 0 {
+		l.t.Fatalf("violations: %v", v)
 	}
 	if l.r.Pool().Free() != l.r.Pool().Len() || l.s.Pool().Free() != l.s.Pool().Len() {
 		l.t.Fatalf("leak: decode %d/%d free, prefill %d/%d free", l.r.Pool().Free(), l.r.Pool().Len(), l.s.Pool().Free(), l.s.Pool().Len())
@@ -277,7 +165,7 @@ func TestHandoffDeliversVerifiedBytes(t *testing.T) {
 	l.submit(2, 4)
 	l.submit(3, 7)
 	l.run()
-	for id := RequestID(1); id <= 3; id++ {
+	for id := protocol.RequestID(1); id <= 3; id++ {
 		if err, ok := l.rOut[id]; !ok || err != nil {
 			t.Fatalf("request %d: receiver outcome %v (reported %v)", id, err, ok)
 		}
@@ -290,12 +178,12 @@ func TestHandoffDeliversVerifiedBytes(t *testing.T) {
 
 func TestRejectedAtIntakeIsNeverBootstrapped(t *testing.T) {
 	l := newLink(t, 8)
-	_, err := l.s.Submit(1, prefill, 8*pageTokens+1)
-	if !errors.Is(err, ErrRejected) || !errors.Is(err, ErrTooLong) {
+	_, err := l.s.Submit(1, decode, 8*pageTokens+1)
+	if !errors.Is(err, protocol.ErrRejected) || !errors.Is(err, protocol.ErrTooLong) {
 		t.Fatalf("got %v", err)
 	}
-	l.collect()
-	if len(l.wire) != 0 || l.s.Pool().Free() != 8 {
+	l.n.Settle()
+	if len(l.qp.Fwd) != 0 || l.s.Pool().Free() != 8 {
 		t.Fatal("a rejected request must send nothing and hold nothing")
 	}
 }
@@ -304,10 +192,10 @@ func TestReceiverRejectsWhatItsPoolCannotHoldAndStopsTheSender(t *testing.T) {
 	l := newLink(t, 2)
 	l.submit(1, 3*pageTokens) // fits the prefill pool, not decode's
 	l.run()
-	if err := l.rOut[1]; !errors.Is(err, ErrRejected) || !errors.Is(err, ErrTooLong) {
+	if err := l.rOut[1]; !errors.Is(err, protocol.ErrRejected) || !errors.Is(err, protocol.ErrTooLong) {
 		t.Fatalf("receiver: %v", err)
 	}
-	if err := l.sOut[1]; !errors.Is(err, ErrPeerFailed) {
+	if err := l.sOut[1]; !errors.Is(err, protocol.ErrPeerFailed) {
 		t.Fatalf("sender must be stopped by the receiver's Abort: %v", err)
 	}
 	l.assertAllFree()
@@ -320,9 +208,7 @@ func TestCancelDuringWritesQuarantinesUntilAbortAck(t *testing.T) {
 	l.submit(1, 8)
 	l.deliverOne() // Bootstrap
 	l.backOne()    // Grant: two WRITEs and Done are now on the wire
-	l.r.Cancel(1)
-	l.s.Cancel(1)
-	l.collect()
+	l.cancel(1)
 	if got := l.r.Pool().Quarantined(); got != 2 {
 		t.Fatalf("%d pages quarantined, want 2", got)
 	}
@@ -331,7 +217,7 @@ func TestCancelDuringWritesQuarantinesUntilAbortAck(t *testing.T) {
 		t.Fatal("pages must stay quarantined while a WRITE is in flight")
 	}
 	l.run() // the second WRITE, Done (a fence), then AbortAck (a second fence: no effect)
-	if !errors.Is(l.rOut[1], ErrCancelled) || !errors.Is(l.sOut[1], ErrCancelled) {
+	if !errors.Is(l.rOut[1], protocol.ErrCancelled) || !errors.Is(l.sOut[1], protocol.ErrCancelled) {
 		t.Fatalf("outcomes: receiver %v, sender %v", l.rOut[1], l.sOut[1])
 	}
 	l.assertAllFree()
@@ -346,9 +232,9 @@ func TestTimeoutThenLatePlacementLandsOnlyInQuarantine(t *testing.T) {
 	l.deliverOne() // Bootstrap 1
 	l.submit(2, 4) // Bootstrap 2 is now ahead of anything request 1 will post
 	l.backOne()    // Grant 1: WRITE 1 and Done 1 queue behind Bootstrap 2
-	l.r.Tick(l.now.Add(2 * time.Second))
-	l.collect()
-	if !errors.Is(l.rOut[1], ErrTimedOut) {
+	l.r.Tick(l.n.Now.Add(2 * time.Second))
+	l.n.Settle()
+	if !errors.Is(l.rOut[1], protocol.ErrTimedOut) {
 		t.Fatalf("got %v", l.rOut[1])
 	}
 	l.deliverOne() // Bootstrap 2: reserved while WRITE 1 is still in flight
@@ -370,14 +256,14 @@ func TestExpireTimesOutOnlyThatRequest(t *testing.T) {
 	if err := l.r.Expire(2); err != nil {
 		t.Fatal(err)
 	}
-	l.collect()
-	if !errors.Is(l.rOut[2], ErrTimedOut) || l.r.Status(1) != StatusReserved || l.r.Status(2) != StatusQuarantine {
+	l.n.Settle()
+	if !errors.Is(l.rOut[2], protocol.ErrTimedOut) || l.r.Status(1) != protocol.StatusReserved || l.r.Status(2) != protocol.StatusQuarantine {
 		t.Fatalf("r1 %s, r2 %s %v", l.r.Status(1), l.r.Status(2), l.rOut[2])
 	}
-	if err := l.r.Expire(2); !errors.Is(err, ErrNotReady) {
+	if err := l.r.Expire(2); !errors.Is(err, protocol.ErrNotReady) {
 		t.Fatalf("expire twice: %v", err)
 	}
-	if err := l.r.Expire(9); !errors.Is(err, ErrUnknownRequest) {
+	if err := l.r.Expire(9); !errors.Is(err, protocol.ErrUnknownRequest) {
 		t.Fatalf("expire an unknown request: %v", err)
 	}
 	l.run() // r1 completes; r2's sender learns and its AbortAck fences the quarantine
@@ -392,11 +278,10 @@ func TestLateDoneAfterAbortIsOnlyAFence(t *testing.T) {
 	l.submit(1, 4)
 	l.deliverOne() // Bootstrap
 	l.backOne()    // Grant
-	l.r.Cancel(1)
-	l.collect()
+	l.cancelDecode(1)
 	l.deliverOne() // WRITE
 	l.deliverOne() // Done: request 1 is cancelled, so Done only fences it
-	if len(l.verified) != 0 || l.r.Pool().Free() != 2 {
+	if len(l.n.Decode[0].Verified) != 0 || l.r.Pool().Free() != 2 {
 		t.Fatal("a Done after an abort must release, never verify")
 	}
 	l.run()
@@ -410,23 +295,23 @@ func TestDuplicateDoneIsRefused(t *testing.T) {
 	l.backOne()
 	l.deliverOne() // WRITE
 	done := l.deliverOne()
-	if err := l.r.Step(prefill, done.Msg, l.now); !errors.Is(err, ErrDuplicate) {
+	if err := l.r.Step(prefill, done.Msg, l.n.Now); !errors.Is(err, protocol.ErrDuplicate) {
 		t.Fatalf("second Done: %v", err)
 	}
 }
 
 func TestGrantForUnknownRequestIsAnsweredWithAbortAck(t *testing.T) {
 	l := newLink(t, 2)
-	err := l.s.Step(prefill, &Grant{Request: 99, Tokens: 4, Pages: []PageGrant{{Page: 0, Epoch: 1}}})
-	l.collect()
-	if !errors.Is(err, ErrUnknownRequest) || len(l.wire) != 1 || l.wire[0].Msg.Type() != TypeAbortAck {
-		t.Fatalf("err %v, wire %v", err, l.wire)
+	err := l.s.Step(decode, &protocol.Grant{Request: 99, Tokens: 4, Pages: []protocol.PageGrant{{Page: 0, Epoch: 1}}})
+	l.n.Settle()
+	if !errors.Is(err, protocol.ErrUnknownRequest) || len(l.qp.Fwd) != 1 || l.qp.Fwd[0].Msg.Type() != protocol.TypeAbortAck {
+		t.Fatalf("err %v, wire %v", err, l.qp.Fwd)
 	}
 }
 
 func TestDoneBeforeGrantIsRefused(t *testing.T) {
 	l := newLink(t, 2)
-	if err := l.r.Step(prefill, &Done{Request: 5, Tokens: 4, Pages: 1}, l.now); !errors.Is(err, ErrUnknownRequest) {
+	if err := l.r.Step(prefill, &protocol.Done{Request: 5, Tokens: 4, Pages: 1}, l.n.Now); !errors.Is(err, protocol.ErrUnknownRequest) {
 		t.Fatalf("got %v", err)
 	}
 }
@@ -438,11 +323,11 @@ func TestStaleEpochFailsVerification(t *testing.T) {
 	l.submit(1, 4)
 	l.deliverOne() // Bootstrap
 	l.backOne()    // Grant
-	w := l.wire[0].Write
-	stale := Tag{Request: 1, Epoch: w.Remote.Epoch - 1, Index: 0, Tokens: 4, Sum: 0}
-	w.Tag = stale.Append(nil, testKey)
+	w := l.qp.Fwd[0].Write
+	stale := protocol.Tag{Request: 1, Epoch: w.Remote.Epoch - 1, Index: 0, Tokens: 4, Sum: 0}
+	w.Tag = stale.Append(nil, l.qp.Key)
 	l.run()
-	if !errors.Is(l.rOut[1], ErrTagMismatch) {
+	if !errors.Is(l.rOut[1], protocol.ErrTagMismatch) {
 		t.Fatalf("got %v", l.rOut[1])
 	}
 	l.assertAllFree()
@@ -454,9 +339,9 @@ func TestTokenMismatchFailsVerification(t *testing.T) {
 	l.deliverOne()
 	l.backOne()
 	l.deliverOne() // WRITE
-	l.wire[0].Msg.(*Done).Tokens = 1
+	l.qp.Fwd[0].Msg.(*protocol.Done).Tokens = 1
 	l.run()
-	if !errors.Is(l.rOut[1], ErrTokenMismatch) {
+	if !errors.Is(l.rOut[1], protocol.ErrTokenMismatch) {
 		t.Fatalf("got %v", l.rOut[1])
 	}
 }
@@ -467,9 +352,9 @@ func TestCorruptPayloadFailsByChecksum(t *testing.T) {
 	l.deliverOne()
 	l.backOne()
 	l.deliverOne() // WRITE placed
-	l.dst.payload[0][17] ^= 0xFF
+	l.dst.Payload(0)[17] ^= 0xFF
 	l.run()
-	if !errors.Is(l.rOut[1], ErrChecksumMismatch) {
+	if !errors.Is(l.rOut[1], protocol.ErrChecksumMismatch) {
 		t.Fatalf("got %v", l.rOut[1])
 	}
 }
@@ -495,11 +380,11 @@ func TestPeerFailureIsFencedByACut(t *testing.T) {
 	l.deliverOne()
 	l.backOne() // a WRITE is in flight
 	l.r.PeerFailed(prefill)
-	l.collect() // the link applies the cut, then reports it
-	if !errors.Is(l.rOut[1], ErrPeerFailed) || !errors.Is(l.sOut[1], ErrPeerFailed) {
+	l.n.Settle() // the link applies the cut, then reports it
+	if !errors.Is(l.rOut[1], protocol.ErrPeerFailed) || !errors.Is(l.sOut[1], protocol.ErrPeerFailed) {
 		t.Fatalf("outcomes %v %v", l.rOut[1], l.sOut[1])
 	}
-	if len(l.wire) != 0 {
+	if len(l.qp.Fwd) != 0 {
 		t.Fatal("nothing may land after the cut")
 	}
 	l.assertAllFree()
@@ -507,11 +392,11 @@ func TestPeerFailureIsFencedByACut(t *testing.T) {
 
 func TestCancelBeforeBootstrapLeavesATombstone(t *testing.T) {
 	l := newLink(t, 2)
-	l.r.Cancel(1)
+	l.r.Cancel(1) // both legs hear of a cancel before the request reaches them
 	l.s.Cancel(1)
 	l.submit(1, 4)
 	l.run()
-	if l.r.Pool().Free() != 2 || !errors.Is(l.sOut[1], ErrPeerFailed) {
+	if l.r.Pool().Free() != 2 || !errors.Is(l.sOut[1], protocol.ErrPeerFailed) {
 		t.Fatalf("a Bootstrap after the cancel must be refused: sender %v", l.sOut[1])
 	}
 	l.assertAllFree()
@@ -519,10 +404,10 @@ func TestCancelBeforeBootstrapLeavesATombstone(t *testing.T) {
 
 func TestWrongDirectionMessagesAreRefused(t *testing.T) {
 	l := newLink(t, 2)
-	if err := l.r.Step(prefill, &Grant{Request: 1, Tokens: 1, Pages: []PageGrant{{}}}, l.now); !errors.Is(err, ErrUnexpectedMessage) {
+	if err := l.r.Step(prefill, &protocol.Grant{Request: 1, Tokens: 1, Pages: []protocol.PageGrant{{}}}, l.n.Now); !errors.Is(err, protocol.ErrUnexpectedMessage) {
 		t.Fatalf("receiver took a Grant: %v", err)
 	}
-	if err := l.s.Step(prefill, &Done{Request: 1, Tokens: 1, Pages: 1}); !errors.Is(err, ErrUnexpectedMessage) {
+	if err := l.s.Step(decode, &protocol.Done{Request: 1, Tokens: 1, Pages: 1}); !errors.Is(err, protocol.ErrUnexpectedMessage) {
 		t.Fatalf("sender took a Done: %v", err)
 	}
 }
@@ -531,18 +416,18 @@ func TestWrongDirectionMessagesAreRefused(t *testing.T) {
 // error, and nothing changes.
 func TestMalformedMessagesAreRefusedWithoutEffect(t *testing.T) {
 	l := newLink(t, 2)
-	for _, m := range []Message{nil, &Bootstrap{Request: 1, Tokens: 0}, &Done{Request: 1, Tokens: 4, Pages: 0}, &Abort{Request: 1}} {
-		if err := l.r.Step(prefill, m, l.now); !errors.Is(err, ErrMalformed) {
+	for _, m := range []protocol.Message{nil, &protocol.Bootstrap{Request: 1, Tokens: 0}, &protocol.Done{Request: 1, Tokens: 4, Pages: 0}, &protocol.Abort{Request: 1}} {
+		if err := l.r.Step(prefill, m, l.n.Now); !errors.Is(err, protocol.ErrMalformed) {
 			t.Errorf("receiver took %#v: %v", m, err)
 		}
 	}
-	for _, m := range []Message{nil, &Grant{Request: 1, Tokens: 4}, &Abort{Request: 1, Reason: 99}} {
-		if err := l.s.Step(prefill, m); !errors.Is(err, ErrMalformed) {
+	for _, m := range []protocol.Message{nil, &protocol.Grant{Request: 1, Tokens: 4}, &protocol.Abort{Request: 1, Reason: 99}} {
+		if err := l.s.Step(decode, m); !errors.Is(err, protocol.ErrMalformed) {
 			t.Errorf("sender took %#v: %v", m, err)
 		}
 	}
-	l.collect()
-	if len(l.wire)+len(l.back) != 0 || l.r.Status(1) != StatusNone || l.r.Pool().Free() != 2 {
+	l.n.Settle()
+	if len(l.qp.Fwd)+len(l.qp.Back) != 0 || l.r.Status(1) != protocol.StatusNone || l.r.Pool().Free() != 2 {
 		t.Fatal("a refused message must change nothing")
 	}
 }
@@ -554,22 +439,22 @@ func TestFailedWriteStopsPostingAndFailsTheRequest(t *testing.T) {
 	l.submit(1, 16) // 4 pages; 2 WRITEs in flight at a time
 	l.deliverOne()  // Bootstrap
 	l.backOne()     // Grant: WRITEs 0 and 1 posted
-	if len(l.wire) != 2 {
-		t.Fatalf("%d ops posted, want 2", len(l.wire))
+	if len(l.qp.Fwd) != 2 {
+		t.Fatalf("%d ops posted, want 2", len(l.qp.Fwd))
 	}
-	first := l.wire[0].Write
+	first := l.qp.Fwd[0].Write
 	if err := l.s.Completed(first.ID, errors.New("remote access error")); err != nil {
 		t.Fatal(err)
 	}
-	l.collect()
-	if len(l.wire) != 2 {
+	l.n.Settle()
+	if len(l.qp.Fwd) != 2 {
 		t.Fatal("nothing more may be posted after a failed WRITE")
 	}
-	if err := l.s.Completed(l.wire[1].Write.ID, errors.New("flushed")); err != nil {
+	if err := l.s.Completed(l.qp.Fwd[1].Write.ID, errors.New("flushed")); err != nil {
 		t.Fatal(err)
 	}
-	l.collect()
-	if !errors.Is(l.sOut[1], ErrPeerFailed) || l.s.Pool().Free() != 8 {
+	l.n.Settle()
+	if !errors.Is(l.sOut[1], protocol.ErrPeerFailed) || l.s.Pool().Free() != 8 {
 		t.Fatalf("outcome %v, %d source pages free", l.sOut[1], l.s.Pool().Free())
 	}
 }
@@ -578,35 +463,34 @@ func TestFailedWriteStopsPostingAndFailsTheRequest(t *testing.T) {
 // a late message for it is then one for an unknown request and changes
 // nothing, except that the sender answers a Grant with AbortAck.
 func TestEndedRecordsAreForgottenAfterTheHorizon(t *testing.T) {
-	l := newLink(t, 4)
-	l.r.cfg.Horizon, l.s.cfg.Horizon = time.Minute, time.Minute
+	l := newLinkWith(t, 4, time.Minute)
 	l.submit(1, 4)
 	l.run()
-	if l.r.Status(1) != StatusFinished || l.s.Status(1) != SendStatusFinished {
+	if l.r.Status(1) != protocol.StatusFinished || l.s.Status(1) != protocol.SendStatusFinished {
 		t.Fatalf("r1: %s / %s", l.r.Status(1), l.s.Status(1))
 	}
-	l.r.Tick(l.now) // the first Tick that sees it ended: its age starts here
-	l.s.Tick(l.now)
-	l.r.Tick(l.now.Add(time.Minute - time.Nanosecond))
-	l.s.Tick(l.now.Add(time.Minute - time.Nanosecond))
+	l.r.Tick(l.n.Now) // the first Tick that sees it ended: its age starts here
+	l.s.Tick(l.n.Now)
+	l.r.Tick(l.n.Now.Add(time.Minute - time.Nanosecond))
+	l.s.Tick(l.n.Now.Add(time.Minute - time.Nanosecond))
 	if l.r.Records() != 1 || l.s.Records() != 1 {
 		t.Fatal("a record was forgotten before its horizon")
 	}
-	l.r.Tick(l.now.Add(time.Minute))
-	l.s.Tick(l.now.Add(time.Minute))
-	if l.r.Records() != 0 || l.s.Records() != 0 || l.r.Status(1) != StatusNone {
+	l.r.Tick(l.n.Now.Add(time.Minute))
+	l.s.Tick(l.n.Now.Add(time.Minute))
+	if l.r.Records() != 0 || l.s.Records() != 0 || l.r.Status(1) != protocol.StatusNone {
 		t.Fatalf("after the horizon: %d decode records, %d prefill records", l.r.Records(), l.s.Records())
 	}
-	if err := l.r.Step(prefill, &Done{Request: 1, Tokens: 4, Pages: 1}, l.now); !errors.Is(err, ErrUnknownRequest) {
+	if err := l.r.Step(prefill, &protocol.Done{Request: 1, Tokens: 4, Pages: 1}, l.n.Now); !errors.Is(err, protocol.ErrUnknownRequest) {
 		t.Fatalf("a late Done for a forgotten request: %v", err)
 	}
 	if e := l.r.Effects(); len(e.Sends)+len(e.Outcomes)+len(e.Verified)+len(e.Cuts) != 0 {
 		t.Fatalf("a late Done for a forgotten request had effects: %+v", e)
 	}
-	if err := l.s.Step(prefill, &Grant{Request: 1, Tokens: 4, Pages: []PageGrant{{Page: 0, Epoch: 1}}}); !errors.Is(err, ErrUnknownRequest) {
+	if err := l.s.Step(decode, &protocol.Grant{Request: 1, Tokens: 4, Pages: []protocol.PageGrant{{Page: 0, Epoch: 1}}}); !errors.Is(err, protocol.ErrUnknownRequest) {
 		t.Fatalf("a late Grant for a forgotten request: %v", err)
 	}
-	if e := l.s.Effects(); len(e.Ops) != 1 || e.Ops[0].Msg.Type() != TypeAbortAck || len(e.Outcomes) != 0 {
+	if e := l.s.Effects(); len(e.Ops) != 1 || e.Ops[0].Msg.Type() != protocol.TypeAbortAck || len(e.Outcomes) != 0 {
 		t.Fatalf("a late Grant must be answered with AbortAck only: %+v", e)
 	}
 	l.assertAllFree()
@@ -616,26 +500,23 @@ func TestEndedRecordsAreForgottenAfterTheHorizon(t *testing.T) {
 // writer may write, or a sender with WRITEs outstanding. And with no Horizon,
 // nothing is.
 func TestRecordsAtWorkAreNeverForgotten(t *testing.T) {
-	l := newLink(t, 4)
-	l.r.cfg.Horizon, l.s.cfg.Horizon = time.Nanosecond, time.Nanosecond
+	l := newLinkWith(t, 4, time.Nanosecond)
 	l.submit(1, 4)
 	l.deliverOne() // Bootstrap
 	l.backOne()    // Grant: WRITE and Done are on the wire, not yet placed
-	l.r.Cancel(1)  // quarantined until the writer is fenced
-	l.s.Cancel(1)  // aborting until its WRITE completes
-	l.collect()
+	l.cancel(1)    // decode quarantines until the writer is fenced; prefill aborts until its WRITE completes
 	for i := 1; i <= 3; i++ {
-		l.r.Tick(l.now.Add(time.Duration(i) * time.Hour))
-		l.s.Tick(l.now.Add(time.Duration(i) * time.Hour))
+		l.r.Tick(l.n.Now.Add(time.Duration(i) * time.Hour))
+		l.s.Tick(l.n.Now.Add(time.Duration(i) * time.Hour))
 	}
-	if l.r.Status(1) != StatusQuarantine || l.s.Status(1) != SendStatusAborting {
+	if l.r.Status(1) != protocol.StatusQuarantine || l.s.Status(1) != protocol.SendStatusAborting {
 		t.Fatalf("records at work were forgotten: %q / %q", l.r.Status(1), l.s.Status(1))
 	}
 	l.run() // the WRITE completes, AbortAck fences the quarantine
-	l.r.Tick(l.now.Add(4 * time.Hour))
-	l.s.Tick(l.now.Add(4 * time.Hour))
-	l.r.Tick(l.now.Add(5 * time.Hour))
-	l.s.Tick(l.now.Add(5 * time.Hour))
+	l.r.Tick(l.n.Now.Add(4 * time.Hour))
+	l.s.Tick(l.n.Now.Add(4 * time.Hour))
+	l.r.Tick(l.n.Now.Add(5 * time.Hour))
+	l.s.Tick(l.n.Now.Add(5 * time.Hour))
 	if l.r.Records() != 0 || l.s.Records() != 0 {
 		t.Fatalf("ended records kept: %d / %d", l.r.Records(), l.s.Records())
 	}
@@ -646,21 +527,21 @@ func TestRecordsAtWorkAreNeverForgotten(t *testing.T) {
 	l.submit(2, 4)
 	l.deliverOne() // Bootstrap
 	l.backOne()    // Grant: the WRITE is posted
-	write := l.wire[0].Write
-	l.wire = nil
-	l.s.Flushed(prefill)
-	l.s.Tick(l.now.Add(6 * time.Hour))
-	l.s.Tick(l.now.Add(7 * time.Hour))
-	if err := l.s.Completed(write.ID, errors.New("flushed")); !errors.Is(err, ErrUnknownRequest) || l.s.Records() != 0 {
+	write := l.qp.Fwd[0].Write
+	l.qp.Fwd = nil
+	l.s.Flushed(decode)
+	l.s.Tick(l.n.Now.Add(6 * time.Hour))
+	l.s.Tick(l.n.Now.Add(7 * time.Hour))
+	if err := l.s.Completed(write.ID, errors.New("flushed")); !errors.Is(err, protocol.ErrUnknownRequest) || l.s.Records() != 0 {
 		t.Fatalf("a late completion after the horizon: %v, %d records", err, l.s.Records())
 	}
 
 	keep := newLink(t, 4) // no Horizon: kept forever
 	keep.submit(1, 4)
 	keep.run()
-	keep.r.Tick(keep.now.Add(24 * time.Hour))
-	keep.r.Tick(keep.now.Add(48 * time.Hour))
-	keep.s.Tick(keep.now.Add(48 * time.Hour))
+	keep.r.Tick(keep.n.Now.Add(24 * time.Hour))
+	keep.r.Tick(keep.n.Now.Add(48 * time.Hour))
+	keep.s.Tick(keep.n.Now.Add(48 * time.Hour))
 	if keep.r.Records() != 1 || keep.s.Records() != 1 {
 		t.Fatal("with no Horizon a record was forgotten")
 	}

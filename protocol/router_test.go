@@ -13,6 +13,8 @@ import (
 
 var t0 = time.Unix(1_000_000, 0)
 
+const pageTokens = 4 // tokens per page of the nodes these tests advertise
+
 func prefillNode(id PeerID, pages int) NodeInfo {
 	return NodeInfo{ID: id, Role: RolePrefill, PoolPages: pages, PageTokens: pageTokens}
 }

@@ -1,4 +1,4 @@
-package protocol
+package protocol_test
 
 import (
 	"strings"
@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kvhandoff/kvhandoff/internal/research"
+	"github.com/kvhandoff/kvhandoff/protocol"
 )
 
 // Each implementation switch, staged the way the spec's defense matrix exposes
@@ -23,11 +24,10 @@ func TestEachSwitchBreaksAProperty(t *testing.T) {
 	cases := []staging{
 		{"eager-release", []research.Switch{research.EagerRelease}, 1, func(l *link) {
 			l.submit(1, 4)
-			l.deliverOne() // Bootstrap 1
-			l.submit(2, 4) // Bootstrap 2 ahead of request 1's WRITE
-			l.backOne()    // Grant 1
-			l.r.Cancel(1)  // the sender has not heard yet
-			l.collect()
+			l.deliverOne()    // Bootstrap 1
+			l.submit(2, 4)    // Bootstrap 2 ahead of request 1's WRITE
+			l.backOne()       // Grant 1
+			l.cancelDecode(1) // the router's cancel reaches decode; the sender has not heard yet
 			l.run()
 		}, "NoForeignWrite"},
 		{"timeout-free", []research.Switch{research.TimeoutFree}, 1, func(l *link) {
@@ -35,8 +35,8 @@ func TestEachSwitchBreaksAProperty(t *testing.T) {
 			l.deliverOne()
 			l.submit(2, 4)
 			l.backOne()
-			l.r.Tick(l.now.Add(time.Hour))
-			l.collect()
+			l.r.Tick(l.n.Now.Add(time.Hour))
+			l.n.Settle()
 			l.deliverOne() // Bootstrap 2 before the Abort reaches the sender
 			l.run()
 		}, "NoForeignWrite"},
@@ -45,7 +45,7 @@ func TestEachSwitchBreaksAProperty(t *testing.T) {
 			l.deliverOne()
 			l.backOne()
 			l.deliverOne() // WRITE placed
-			l.dst.payload[0][3] ^= 0xFF
+			l.dst.Payload(0)[3] ^= 0xFF
 			l.run()
 		}, "Isolation"},
 		{"abort-still-sends+no-tag-check", []research.Switch{research.AbortStillSends, research.NoTagCheck}, 4, func(l *link) {
@@ -53,7 +53,7 @@ func TestEachSwitchBreaksAProperty(t *testing.T) {
 			l.deliverOne()
 			l.backOne()   // WRITEs 0 and 1 posted, 2 waits for a completion
 			l.s.Cancel(1) // stops writing, but sends Done for all 3 pages
-			l.collect()
+			l.n.Settle()
 			l.run()
 		}, "Isolation"},
 		{"admit-finished+no-token-check+no-tag-check", []research.Switch{research.AdmitFinished, research.NoTokenCheck, research.NoTagCheck}, 16, func(l *link) {
@@ -73,9 +73,7 @@ func TestEachSwitchBreaksAProperty(t *testing.T) {
 		{"leak-on-cancel", []research.Switch{research.LeakOnCancel}, 2, func(l *link) {
 			l.submit(1, 4)
 			l.deliverOne()
-			l.r.Cancel(1)
-			l.s.Cancel(1)
-			l.collect()
+			l.cancel(1)
 			l.run()
 			if l.r.Pool().Free() != l.r.Pool().Len() {
 				l.violate("NoLeak: %d of %d decode pages never came back", l.r.Pool().Len()-l.r.Pool().Free(), l.r.Pool().Len())
@@ -85,7 +83,7 @@ func TestEachSwitchBreaksAProperty(t *testing.T) {
 			l.submit(1, 4)
 			l.deliverOne() // reserved; the prefill node then dies
 			l.r.PeerFailed(prefill)
-			l.collect()
+			l.n.Settle()
 			if _, ok := l.rOut[1]; !ok {
 				l.violate("Termination: request 1 waits on decode for a Done that cannot come")
 			}
@@ -100,9 +98,9 @@ func TestEachSwitchBreaksAProperty(t *testing.T) {
 			l.submit(2, 4)
 			l.deliverOne() // request 2 gets the same page
 			l.s.Cancel(1)  // the finished sender acks the abort ...
-			l.collect()
+			l.n.Settle()
 			l.deliverOne() // ... and the AbortAck frees request 2's page
-			if err := l.r.Pool().Check(2, PageRef{Page: 0, Epoch: 2}); err != nil {
+			if err := l.r.Pool().Check(2, protocol.PageRef{Page: 0, Epoch: 2}); err != nil {
 				l.violate("Conservation: request 2 lost its page: %v", err)
 			}
 		}, "Conservation"},
@@ -111,14 +109,14 @@ func TestEachSwitchBreaksAProperty(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			bad := newLink(t, c.decodePages, c.bugs...)
 			c.stage(bad)
-			if len(bad.violations) == 0 || !strings.HasPrefix(bad.violations[0], c.want) {
-				t.Fatalf("with %v: violations %v, want %s", c.bugs, bad.violations, c.want)
+			if len(bad.violations()) == 0 || !strings.HasPrefix(bad.violations()[0], c.want) {
+				t.Fatalf("with %v: violations %v, want %s", c.bugs, bad.violations(), c.want)
 			}
 			good := newLink(t, c.decodePages)
 			c.stage(good)
 			good.run()
-			if len(good.violations) != 0 {
-				t.Fatalf("with every defense on: %v", good.violations)
+			if len(good.violations()) != 0 {
+				t.Fatalf("with every defense on: %v", good.violations())
 			}
 		})
 	}

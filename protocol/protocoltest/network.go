@@ -23,6 +23,7 @@ type NodeConfig struct {
 	MaxInFlight int           // prefill: WRITEs in flight per request; 0 means 2
 	Slots       int           // decode: requests held at once; 0 means Pages
 	Timeout     time.Duration // decode: a reservation's timeout; 0 means never
+	Horizon     time.Duration // how long ended records are kept; 0 means forever
 }
 
 // Config is a deployment: a protocol.Router, prefill nodes and decode nodes,
@@ -136,6 +137,7 @@ type Request struct {
 	Outcome         error
 	Read            bool // decode read it and its bytes were its own
 	active          bool // in Network.active
+	routed          bool // submitted through the router (not staged at a node by hand)
 }
 
 // Violation is a property of the spec (docs/spec.md) the network saw broken,
@@ -174,8 +176,10 @@ type Network struct {
 	// ComputeAtIntake computes a request's KV as soon as its prefill node
 	// takes it; otherwise Compute is an event of its own.
 	ComputeAtIntake bool
-	prefill         map[protocol.PeerID]*PrefillNode
-	decode          map[protocol.PeerID]*DecodeNode
+	// OnOutcome, when set, sees every outcome a node reports.
+	OnOutcome func(node protocol.PeerID, o protocol.Outcome)
+	prefill   map[protocol.PeerID]*PrefillNode
+	decode    map[protocol.PeerID]*DecodeNode
 }
 
 func (c *NodeConfig) defaults() {
@@ -222,7 +226,7 @@ func New(cfg Config) (*Network, error) {
 		mem := NewMemory(c.Pages, c.PageBytes)
 		id := PrefillID(i)
 		s, err := protocol.NewSender(protocol.SenderConfig{Pages: c.Pages, PageTokens: c.PageTokens, MaxInFlight: c.MaxInFlight,
-			Memory: mem, Research: cfg.Research, TagKeys: func(peer protocol.PeerID) *protocol.TagKey {
+			Horizon: c.Horizon, Memory: mem, Research: cfg.Research, TagKeys: func(peer protocol.PeerID) *protocol.TagKey {
 				return keys[[2]protocol.PeerID{id, peer}] // nil for no queue pair of this network
 			}})
 		if err != nil {
@@ -241,7 +245,7 @@ func New(cfg Config) (*Network, error) {
 		id := DecodeID(j)
 		mem.FillTenant(keys[[2]protocol.PeerID{PrefillID(0), id}]) // the earlier tenant came from prefill node 0
 		r, err := protocol.NewReceiver(protocol.ReceiverConfig{Pages: c.Pages, PageTokens: c.PageTokens, Slots: c.Slots,
-			Timeout: c.Timeout, Memory: mem, Research: cfg.Research,
+			Timeout: c.Timeout, Horizon: c.Horizon, Memory: mem, Research: cfg.Research,
 			TagKeys: func(peer protocol.PeerID) *protocol.TagKey {
 				return keys[[2]protocol.PeerID{peer, id}]
 			},
@@ -308,6 +312,22 @@ func (n *Network) PrefillNode(id protocol.PeerID) *PrefillNode { return n.prefil
 // DecodeNode is the decode node named id.
 func (n *Network) DecodeNode(id protocol.PeerID) *DecodeNode { return n.decode[id] }
 
+// request is id's record, made on first sight for a request a test staged at
+// a node by hand, bypassing the router.
+func (n *Network) request(id protocol.RequestID) *Request {
+	q := n.reqs[id]
+	if q == nil {
+		q = &Request{ID: id, active: true}
+		n.reqs[id] = q
+		n.order = append(n.order, id)
+		n.active = append(n.active, id)
+	}
+	return q
+}
+
+// Settle carries every effect after a test called a node directly.
+func (n *Network) Settle() { n.settle() }
+
 // --- events ---
 
 // Submit is a client's request through the router. A refusal (rejected, or
@@ -316,7 +336,7 @@ func (n *Network) Submit(id protocol.RequestID, tokens int) error {
 	if n.reqs[id] != nil {
 		return fmt.Errorf("protocoltest: request %d submitted twice", id)
 	}
-	q := &Request{ID: id, Tokens: tokens, active: true}
+	q := &Request{ID: id, Tokens: tokens, active: true, routed: true}
 	n.reqs[id] = q
 	n.order = append(n.order, id)
 	n.active = append(n.active, id)
@@ -608,12 +628,17 @@ func (n *Network) settle() {
 			}
 			for _, o := range e.Outcomes {
 				n.logf("%s outcome r%d: %v", p.Name, o.Request, o.Err)
-				q := n.reqs[o.Request]
+				if n.OnOutcome != nil {
+					n.OnOutcome(p.ID, o)
+				}
+				q := n.request(o.Request)
 				if q.PrefillEnded {
 					n.violate("OneOutcome", "%s reported r%d twice", p.Name, o.Request)
 				}
 				q.PrefillEnded = true
-				n.legEnded(p.ID, o.Request, o.Err)
+				if q.routed {
+					n.legEnded(p.ID, o.Request, o.Err)
+				}
 				more = true
 			}
 		}
@@ -622,7 +647,8 @@ func (n *Network) settle() {
 			for _, s := range e.Sends {
 				qp := n.QP(s.Peer, d.ID)
 				if g, ok := s.Msg.(*protocol.Grant); ok {
-					q := n.reqs[g.Request]
+					q := n.request(g.Request)
+					q.Decode = d.ID
 					if !q.active { // a late Bootstrap reserved pages for it: watch it again
 						q.active = true
 						n.active = append(n.active, q.ID)
@@ -643,7 +669,10 @@ func (n *Network) settle() {
 			d.Verified = append(d.Verified, e.Verified...)
 			for _, o := range e.Outcomes {
 				n.logf("%s outcome r%d: %v", d.Name, o.Request, o.Err)
-				q := n.reqs[o.Request]
+				if n.OnOutcome != nil {
+					n.OnOutcome(d.ID, o)
+				}
+				q := n.request(o.Request)
 				if q.DecodeEnded {
 					n.violate("OneOutcome", "%s reported r%d twice", d.Name, o.Request)
 				}
@@ -651,7 +680,9 @@ func (n *Network) settle() {
 				if o.Err == nil && !q.Read {
 					n.violate("HonestOutcome", "%s reported r%d ok without a checked read", d.Name, o.Request)
 				}
-				n.legEnded(d.ID, o.Request, o.Err)
+				if q.routed {
+					n.legEnded(d.ID, o.Request, o.Err)
+				}
 				more = true
 			}
 			for _, peer := range e.Cuts {
@@ -932,4 +963,52 @@ func (q *Request) over(n *Network) bool {
 	// A dispatch still on its way, or a message about q still queued, may
 	// yet do something: only a request no node holds is over.
 	return q.Prefill == 0 || q.PrefillEnded || n.prefill[q.Prefill].Crashed
+}
+
+// Run delivers everything, one item at a time, until nothing is left:
+// messages back to prefill first, then the forward direction, then reads
+// of what is verified, then the router's messages (so that a cancel still
+// on its way arrives last). It says whether it settled (false: still busy
+// after 100,000 steps).
+func (n *Network) Run() bool {
+	for range 100000 {
+		if !n.runOne() {
+			return true
+		}
+	}
+	return false
+}
+
+func (n *Network) runOne() bool {
+	for _, q := range n.QPs {
+		if len(q.Back) > 0 && !q.Prefill.Crashed {
+			n.DeliverBack(q)
+			return true
+		}
+	}
+	for _, q := range n.QPs {
+		if len(q.Fwd) > 0 {
+			n.Deliver(q)
+			return true
+		}
+	}
+	for _, d := range n.Decode {
+		if len(d.Verified) > 0 {
+			n.Read(d.Verified[0])
+			return true
+		}
+	}
+	for _, p := range n.Prefill {
+		if len(p.Inbox) > 0 && !p.Crashed {
+			n.DeliverRouter(p.ID)
+			return true
+		}
+	}
+	for _, d := range n.Decode {
+		if len(d.Inbox) > 0 {
+			n.DeliverRouter(d.ID)
+			return true
+		}
+	}
+	return false
 }

@@ -31,8 +31,7 @@ import (
 //	deliver [n=K] [qp=P,D]      place or deliver the next K items prefill→decode
 //	back [n=K] [qp=P,D]         deliver the next K messages decode→prefill
 //	router node=N [n=K]         deliver the next K messages from the router to node N
-//	run                         deliver everything (back, then forward, then the router's
-//	                            messages), reading what is verified
+//	run                         deliver everything (Network.Run)
 //	cancel r=ID [side=S]        the client goes away; the router's cancels reach both legs
 //	                            at once (side=both), or only decode or prefill now, the
 //	                            other left in flight
@@ -199,7 +198,9 @@ func (s *scenario) execute(line string) error {
 			n.DeliverRouter(node)
 		}
 	case "run":
-		s.run()
+		if !s.n.Run() {
+			s.logf("run did not settle")
+		}
 	case "cancel":
 		side := args["side"]
 		n.Cancel(id)
@@ -289,60 +290,4 @@ func (s *scenario) routerPending(node protocol.PeerID) bool {
 	}
 	d := s.n.DecodeNode(node)
 	return d != nil && len(d.Inbox) > 0
-}
-
-// run delivers everything: messages back first, then the forward direction,
-// then the router's messages, then reads of what is verified.
-func (s *scenario) run() {
-	n := s.n
-	for steps := 0; steps < 100000; steps++ {
-		progressed := false
-		for _, q := range n.QPs {
-			if len(q.Back) > 0 && !q.Prefill.Crashed {
-				n.DeliverBack(q)
-				progressed = true
-				break
-			}
-		}
-		if progressed {
-			continue
-		}
-		for _, q := range n.QPs {
-			if len(q.Fwd) > 0 {
-				n.Deliver(q)
-				progressed = true
-				break
-			}
-		}
-		if progressed {
-			continue
-		}
-		for _, p := range n.Prefill {
-			if s.routerPending(p.ID) {
-				n.DeliverRouter(p.ID)
-				progressed = true
-				break
-			}
-		}
-		for _, d := range n.Decode {
-			if !progressed && s.routerPending(d.ID) {
-				n.DeliverRouter(d.ID)
-				progressed = true
-			}
-		}
-		if progressed {
-			continue
-		}
-		for _, d := range n.Decode {
-			if len(d.Verified) > 0 {
-				n.Read(d.Verified[0])
-				progressed = true
-				break
-			}
-		}
-		if !progressed {
-			return
-		}
-	}
-	s.logf("run did not settle")
 }
