@@ -351,3 +351,32 @@ func BenchmarkTick(b *testing.B) {
 	}
 	b.ReportMetric(float64(r.Records()), "records")
 }
+
+// The horizon queue pops in order, never early: a timer pushed earlier than
+// the last (a Tick whose clock went back) waits for the last one's time, and
+// the queue reclaims what it popped.
+func TestHorizonQueueNeverForgetsEarly(t *testing.T) {
+	var q queue[int]
+	t0 := time.Unix(100, 0)
+	q.push(timer[int]{at: t0.Add(10 * time.Second), id: 1})
+	q.push(timer[int]{at: t0.Add(5 * time.Second), id: 2}) // behind the first: moved to its time
+	if _, ok := q.popDue(t0.Add(9 * time.Second)); ok {
+		t.Fatal("popped before its time")
+	}
+	for _, id := range []RequestID{1, 2} {
+		if got, ok := q.popDue(t0.Add(10 * time.Second)); !ok || got.id != id {
+			t.Fatalf("got %v %v, want %d", got.id, ok, id)
+		}
+	}
+	for i := range 5000 {
+		q.push(timer[int]{at: t0.Add(time.Duration(20+i) * time.Second), id: RequestID(i)})
+		if i%2 == 1 {
+			if got, ok := q.popDue(t0.Add(time.Hour)); !ok || got.id != RequestID(i/2) {
+				t.Fatalf("got %v %v, want %d", got.id, ok, i/2)
+			}
+		}
+	}
+	if len(q.items)-q.head != 2500 || cap(q.items) > 8192 {
+		t.Fatalf("%d queued (want 2500), capacity %d", len(q.items)-q.head, cap(q.items))
+	}
+}

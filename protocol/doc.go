@@ -92,7 +92,8 @@
 // body length (4 bytes, big-endian, at most MaxBody) and body. [AppendMessage]
 // refuses a message that breaks a limit, so every frame it writes decodes.
 // [DecodeMessage] tells an incomplete frame (ErrShortFrame: read more) from a
-// broken stream (every other error). The tag record ([Tag], [TagSize] bytes,
+// broken stream (every other error); a [Decoder] does the same into messages
+// it reuses, for a receive loop that allocates nothing per frame. The tag record ([Tag], [TagSize] bytes,
 // MACed under the queue pair's [TagKey]) is written after each page's
 // payload, and [VerifyPage] is the check every page passes before anything
 // reads it. [PagesFor] and [TokensInPage] are the page arithmetic both ends of

@@ -103,6 +103,7 @@ type recvRequest struct {
 	refs     []PageRef
 	deadline time.Time
 	reported bool
+	grant    Grant // the Grant sent for it, kept in the record: one allocation less
 }
 
 // Receiver is the decode node's side of the handoff, for every request from
@@ -116,12 +117,14 @@ type Receiver struct {
 	reqs    map[RequestID]*recvRequest
 	held    int // requests holding a slot
 	effects ReceiverEffects
+	spare   ReceiverEffects // the batch before the last, whose slices the next one reuses
 	// deadlines holds a timer per reserved request with a Timeout; horizon one
 	// per ended record whose age has started; ending the records that ended
 	// since the last Tick.
-	deadlines, horizon timers[recvRequest]
-	ending             []timer[recvRequest]
-	scratch            [16]byte // the tag MAC's working block
+	deadlines timers[recvRequest]
+	horizon   queue[recvRequest]
+	ending    []timer[recvRequest]
+	scratch   [16]byte // the tag MAC's working block
 }
 
 // NewReceiver validates cfg and returns a receiver with every page free.
@@ -150,9 +153,15 @@ func (r *Receiver) tellSender(peer PeerID, id RequestID, why AbortReason) {
 }
 
 // Effects returns the effects accumulated since the last call and clears them.
+// Its slices are reused from the second call after this one on: carry what
+// they hold (the messages themselves are never reused) before calling Effects
+// twice more.
 func (r *Receiver) Effects() ReceiverEffects {
-	e := r.effects
-	r.effects = ReceiverEffects{}
+	e, old := r.effects, &r.spare
+	clear(old.Sends)
+	clear(old.Outcomes)
+	r.effects = ReceiverEffects{Sends: old.Sends[:0], Cuts: old.Cuts[:0], Verified: old.Verified[:0], Outcomes: old.Outcomes[:0]}
+	r.spare = e
 	return e
 }
 
@@ -262,7 +271,8 @@ func (r *Receiver) bootstrap(peer PeerID, m *Bootstrap, now time.Time) error {
 		q.deadline = now.Add(r.cfg.Timeout)
 		r.deadlines.push(timer[recvRequest]{at: q.deadline, id: id, rec: q})
 	}
-	g := &Grant{Request: id, Tokens: m.Tokens, Pages: make([]PageGrant, n)}
+	g := &q.grant
+	*g = Grant{Request: id, Tokens: m.Tokens, Pages: make([]PageGrant, n)}
 	for i, ref := range refs {
 		addr, key := r.cfg.Region(ref.Page)
 		g.Pages[i] = PageGrant{Page: ref.Page, Epoch: ref.Epoch, Addr: addr, Key: key}

@@ -49,6 +49,7 @@ type Write struct {
 	Source  uint32    // local source page
 	Remote  PageGrant // the granted page: tag, address, key
 	Tag     []byte    // the tag record, TagSize bytes
+	record  [TagSize]byte
 }
 
 // Op is one operation on the queue pair to Peer: a Write or a Send (exactly one
@@ -87,11 +88,15 @@ type sendRequest struct {
 	tokens    uint32
 	src       []PageRef // source pages, in request order
 	computed  bool
-	grant     []PageGrant
 	posted    int
 	completed int
 	failed    error // a WRITE failed: the queue pair is broken
 	reported  bool
+	// The request's messages and WRITEs live in its record: one allocation
+	// per request, not one per message and page.
+	bootstrap Bootstrap
+	done      Done
+	writes    []Write // per page, from the grant on: where it goes (Remote), then the WRITE
 	// placeholder: admit-finished kept a rejected prompt as one token of KV.
 	placeholder bool
 }
@@ -107,9 +112,10 @@ type Sender struct {
 	writes  map[uint64]writeKey
 	nextID  uint64
 	effects SenderEffects
+	spare   SenderEffects // the batch before the last, whose slices the next one reuses
 	// horizon holds a timer per ended record whose age has started; ending
 	// the records that ended since the last Tick.
-	horizon timers[sendRequest]
+	horizon queue[sendRequest]
 	ending  []timer[sendRequest]
 	scratch [16]byte // the tag MAC's working block
 }
@@ -134,9 +140,15 @@ func NewSender(cfg SenderConfig) (*Sender, error) {
 }
 
 // Effects returns the effects accumulated since the last call and clears them.
+// Its slices are reused from the second call after this one on: carry what
+// they hold (the Ops and Outcomes themselves are never reused) before calling
+// Effects twice more.
 func (s *Sender) Effects() SenderEffects {
 	e := s.effects
-	s.effects = SenderEffects{}
+	clear(s.spare.Ops)
+	clear(s.spare.Outcomes)
+	s.effects = SenderEffects{Ops: s.spare.Ops[:0], Outcomes: s.spare.Outcomes[:0]}
+	s.spare = e
 	return e
 }
 
@@ -186,8 +198,10 @@ func (s *Sender) Submit(id RequestID, peer PeerID, tokens int) ([]uint32, error)
 	if err != nil {
 		return nil, err
 	}
-	s.reqs[id] = &sendRequest{phase: sendAwaitGrant, peer: peer, key: key, tokens: uint32(tokens), src: src, placeholder: placeholder}
-	s.send(peer, &Bootstrap{Request: id, Tokens: uint32(tokens)})
+	q := &sendRequest{phase: sendAwaitGrant, peer: peer, key: key, tokens: uint32(tokens), src: src, placeholder: placeholder}
+	s.reqs[id] = q
+	q.bootstrap = Bootstrap{Request: id, Tokens: uint32(tokens)}
+	s.send(peer, &q.bootstrap)
 	pages := make([]uint32, n)
 	for i, ref := range src {
 		pages[i] = ref.Page
@@ -266,7 +280,10 @@ func (s *Sender) admit(peer PeerID, g *Grant) error {
 		s.send(peer, &AbortAck{Request: id})
 		return nil
 	}
-	q.grant = slices.Clone(g.Pages)
+	q.writes = make([]Write, len(g.Pages))
+	for i, p := range g.Pages {
+		q.writes[i].Remote = p
+	}
 	q.phase = sendWriting
 	s.post(id, q)
 	return nil
@@ -317,9 +334,11 @@ func (s *Sender) post(id RequestID, q *sendRequest) {
 		if q.placeholder {
 			tokens = 1
 		}
-		tag := Tag{Request: id, Epoch: q.grant[i].Epoch, Index: uint32(i), Tokens: tokens, Sum: q.key.Sum(payload)}
+		w := &q.writes[i]
+		tag := Tag{Request: id, Epoch: w.Remote.Epoch, Index: uint32(i), Tokens: tokens, Sum: q.key.Sum(payload)}
 		s.nextID++
-		w := &Write{ID: s.nextID, Request: id, Index: uint32(i), Source: src, Remote: q.grant[i], Tag: tag.appendMAC(nil, q.key, &s.scratch)}
+		w.ID, w.Request, w.Index, w.Source = s.nextID, id, uint32(i), src
+		w.Tag = tag.appendMAC(w.record[:0], q.key, &s.scratch)
 		s.writes[w.ID] = writeKey{id, uint32(i)}
 		s.effects.Ops = append(s.effects.Ops, Op{Peer: q.peer, Write: w})
 		q.posted++
@@ -335,7 +354,8 @@ func (s *Sender) sendDone(id RequestID, q *sendRequest) {
 	if q.placeholder {
 		tokens = 1
 	}
-	s.send(q.peer, &Done{Request: id, Tokens: tokens, Pages: uint32(len(q.src))})
+	q.done = Done{Request: id, Tokens: tokens, Pages: uint32(len(q.src))}
+	s.send(q.peer, &q.done)
 	q.phase = sendDoneSent
 	if s.cfg.Research.Has(research.PrefillEarlyFree) {
 		s.pool.Release(id, q.src) // before the WRITEs that read them complete

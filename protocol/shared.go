@@ -2,6 +2,7 @@ package protocol
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -84,11 +85,14 @@ func (s *SharedReceiver) QueuePairFenced(peer PeerID) {
 	s.r.QueuePairFenced(peer)
 }
 
-// Effects hands over the accumulated effects (see Receiver.Effects).
+// Effects hands over the accumulated effects (see Receiver.Effects), in
+// slices of their own: concurrent callers may hold them as long as they like.
 func (s *SharedReceiver) Effects() ReceiverEffects {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.r.Effects()
+	e := s.r.Effects()
+	return ReceiverEffects{Sends: slices.Clone(e.Sends), Cuts: slices.Clone(e.Cuts),
+		Verified: slices.Clone(e.Verified), Outcomes: slices.Clone(e.Outcomes)}
 }
 
 // RequestOf is the request a message is about.
@@ -177,9 +181,11 @@ func (s *SharedSender) Status(id RequestID) SenderStatus {
 	return s.s.Status(id)
 }
 
-// Effects hands over the accumulated effects (see Sender.Effects).
+// Effects hands over the accumulated effects (see Sender.Effects), in slices
+// of their own: concurrent callers may hold them as long as they like.
 func (s *SharedSender) Effects() SenderEffects {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.s.Effects()
+	e := s.s.Effects()
+	return SenderEffects{Ops: slices.Clone(e.Ops), Outcomes: slices.Clone(e.Outcomes)}
 }

@@ -65,3 +65,41 @@ func (h *timers[R]) popDue(now time.Time) (timer[R], bool) {
 	*h = s
 	return top, true
 }
+
+// queue is a first-in first-out list of timers, for horizons: every record's
+// age starts at a Tick, and Ticks come in time order, so timers are pushed in
+// the order they fall due and none needs sorting. A timer earlier than the
+// last one pushed (a Tick whose now went back) is moved to the last one's
+// time: its record is kept a little longer, never forgotten early.
+type queue[R any] struct {
+	items []timer[R]
+	head  int
+	last  time.Time
+}
+
+func (q *queue[R]) push(t timer[R]) {
+	if t.at.Before(q.last) {
+		t.at = q.last
+	}
+	q.last = t.at
+	q.items = append(q.items, t)
+}
+
+// popDue removes and returns the first timer if it is due at now.
+func (q *queue[R]) popDue(now time.Time) (timer[R], bool) {
+	if q.head == len(q.items) || now.Before(q.items[q.head].at) {
+		return timer[R]{}, false
+	}
+	t := q.items[q.head]
+	q.items[q.head] = timer[R]{} // drop the record pointer
+	q.head++
+	switch {
+	case q.head == len(q.items):
+		q.items, q.head = q.items[:0], 0
+	case q.head >= 1024 && q.head >= len(q.items)/2: // reclaim the popped half
+		n := copy(q.items, q.items[q.head:])
+		clear(q.items[n:])
+		q.items, q.head = q.items[:n], 0
+	}
+	return t, true
+}

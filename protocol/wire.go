@@ -182,8 +182,32 @@ func AppendMessage(dst []byte, m Message) ([]byte, error) {
 // number of bytes it took. If b holds only part of a frame it returns
 // ErrShortFrame (read more and call again); every other error means the stream
 // is broken and must be closed. It never panics and allocates at most the
-// frame's body bounds allow.
+// frame's body bounds allow. The message is the caller's to keep.
 func DecodeMessage(b []byte) (Message, int, error) {
+	return decodeInto(b, nil)
+}
+
+// Decoder decodes frames like DecodeMessage into messages of its own, which it
+// reuses: a message it returns is valid until its next Decode. For a
+// connection's receive loop that hands each message to Step before reading
+// the next (Sender and Receiver keep nothing of a message they are given).
+// A Grant's page list keeps its memory too, so a stream of frames decodes
+// without allocating. The zero value is ready to use; not safe for
+// concurrent use.
+type Decoder struct {
+	bootstrap Bootstrap
+	grant     Grant
+	done      Done
+	abort     Abort
+	abortAck  AbortAck
+}
+
+// Decode decodes the frame at the start of b (see DecodeMessage).
+func (d *Decoder) Decode(b []byte) (Message, int, error) {
+	return decodeInto(b, d)
+}
+
+func decodeInto(b []byte, d *Decoder) (Message, int, error) {
 	if len(b) < HeaderSize {
 		return nil, 0, ErrShortFrame
 	}
@@ -195,18 +219,33 @@ func DecodeMessage(b []byte) (Message, int, error) {
 		return nil, 0, fmt.Errorf("%w: body of %d bytes, limit %d", ErrFrameTooLong, n, MaxBody)
 	}
 	var m Message
-	switch MsgType(b[1]) {
-	case TypeBootstrap:
-		m = new(Bootstrap)
-	case TypeGrant:
-		m = new(Grant)
-	case TypeDone:
-		m = new(Done)
-	case TypeAbort:
-		m = new(Abort)
-	case TypeAbortAck:
-		m = new(AbortAck)
-	default:
+	switch t := MsgType(b[1]); {
+	case d == nil:
+		switch t {
+		case TypeBootstrap:
+			m = new(Bootstrap)
+		case TypeGrant:
+			m = new(Grant)
+		case TypeDone:
+			m = new(Done)
+		case TypeAbort:
+			m = new(Abort)
+		case TypeAbortAck:
+			m = new(AbortAck)
+		}
+	case t == TypeBootstrap:
+		m = &d.bootstrap
+	case t == TypeGrant:
+		d.grant.Pages = d.grant.Pages[:0]
+		m = &d.grant
+	case t == TypeDone:
+		m = &d.done
+	case t == TypeAbort:
+		m = &d.abort
+	case t == TypeAbortAck:
+		m = &d.abortAck
+	}
+	if m == nil {
 		return nil, 0, fmt.Errorf("%w: %d", ErrUnknownType, b[1])
 	}
 	if uint64(len(b)) < HeaderSize+uint64(n) {
@@ -335,11 +374,17 @@ func (m *Grant) decodeBody(b []byte) error {
 	if count > MaxGrantPages || uint64(count)*grantPageSize != uint64(len(r.b)) {
 		return fmt.Errorf("%w: %d pages in %d bytes", ErrMalformed, count, len(r.b))
 	}
-	m.Pages = make([]PageGrant, count)
-	for i := range m.Pages {
-		m.Pages[i] = PageGrant{Page: r.u32(), Epoch: r.u64(), Addr: r.u64(), Key: r.u32()}
+	if cap(m.Pages) >= int(count) { // a Decoder's Grant: its page list is reused
+		m.Pages = m.Pages[:count]
+	} else {
+		m.Pages = make([]PageGrant, count)
 	}
-	return r.end()
+	// The length is checked: each page's 24 bytes are read straight.
+	for i, b := 0, r.b; i < len(m.Pages); i, b = i+1, b[grantPageSize:] {
+		m.Pages[i] = PageGrant{Page: binary.BigEndian.Uint32(b), Epoch: binary.BigEndian.Uint64(b[4:]),
+			Addr: binary.BigEndian.Uint64(b[12:]), Key: binary.BigEndian.Uint32(b[20:])}
+	}
+	return nil
 }
 
 func (m *Done) appendBody(dst []byte) []byte {

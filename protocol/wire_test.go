@@ -125,8 +125,13 @@ func FuzzDecodeMessage(f *testing.F) {
 	}
 	f.Add([]byte{1, 2, 0, 0, 0, 20})
 	f.Add([]byte{1, 2, 0xff, 0xff, 0xff, 0xff})
+	var d Decoder // reused across inputs, as a receive loop does
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, n, err := DecodeMessage(b)
+		dm, dn, derr := d.Decode(b)
+		if (err == nil) != (derr == nil) || n != dn || err == nil && !reflect.DeepEqual(m, dm) {
+			t.Fatalf("the Decoder differs: %+v %d %v, DecodeMessage %+v %d %v", dm, dn, derr, m, n, err)
+		}
 		if err != nil {
 			for _, known := range []error{ErrShortFrame, ErrVersion, ErrUnknownType, ErrFrameTooLong, ErrMalformed} {
 				if errors.Is(err, known) {
