@@ -35,12 +35,12 @@
 //	// decode node: the engine reads the pages the WRITEs placed, checked
 //	// against the endpoint's epochs, and appends its own tokens in pages
 //	// of its own past the grant
-//	all := append(d.Pages(), ownPages...)
-//	cache, _ := kv.OverPages(g, all, kv.Split{At: len(d.Pages()), Low: d, High: ownPool})
-//	pages, _ := d.Acquire(id)             // after Verified
-//	table, _ := cache.Lookup(pages)        // the pages at the epochs granted
-//	table = append(table, kv.Shift(ownRefs, at)...)
+//	dp, _ := kv.NewDecodePool(g, d, ownPages)
+//	e, _ := engine.New(m, cpu.New(), dp.Cache(), engine.Options{})
+//	pages, _ := d.Acquire(id)                          // after Verified
+//	table, _ := dp.Table(id, pages, len(prompt)+n)     // granted pages, then own ones
 //	out, err := e.Decode(table, prompt, n, sampler, stop)
+//	dp.Release(id, table)
 //	d.Finish(id)
 //
 // Decode recomputes the last prompt position (its KV is identical) to get

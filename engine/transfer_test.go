@@ -47,16 +47,11 @@ func TestHandoffOverTheTransportDecodesWhatOneNodeWould(t *testing.T) {
 	source.Use(prefill)
 	// The decode node's cache: the endpoint's pages, which the transport
 	// fills, then pages of its own for the tokens it generates past the grant.
-	const own = 4
-	ownPool := protocol.NewPool(own)
-	all := d.Pages()
-	for range own {
-		all = append(all, make([]byte, g.PageBytes()))
-	}
-	dstCache, err := kv.OverPages(g, all, kv.Split{At: pages, Low: d, High: ownPool})
+	dst, err := kv.NewDecodePool(g, d, 4)
 	if err != nil {
 		t.Fatal(err)
 	}
+	dstCache := dst.Cache()
 	decode, err := engine.New(m, cpu.New(), dstCache, engine.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -80,12 +75,6 @@ func TestHandoffOverTheTransportDecodesWhatOneNodeWould(t *testing.T) {
 
 	const id = protocol.RequestID(42)
 	source.Expect(id, prompt)
-	// The decode node reserves pages for the prompt only; decode appends its
-	// own tokens' KV after it, into its own pages once the grant's are full.
-	extra, err := ownPool.Allocate(id, g.PagesFor(len(prompt)+n)-g.PagesFor(len(prompt)))
-	if err != nil {
-		t.Fatal(err)
-	}
 	if err := p.Submit(id, "decode", len(prompt)); err != nil {
 		t.Fatal(err)
 	}
@@ -106,16 +95,23 @@ func TestHandoffOverTheTransportDecodesWhatOneNodeWould(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			table, err := dstCache.Lookup(pagesIn)
+			// The protocol granted pages for the prompt only: decode appends
+			// its own tokens past them, into the node's own pages.
+			table, err := dst.Table(ev.Request, pagesIn, len(prompt)+n)
 			if err != nil {
 				t.Fatal(err)
 			}
-			table = append(table, kv.Shift(extra, pages)...)
+			if len(table) == len(pagesIn) {
+				t.Fatalf("%d positions fit the %d granted pages: the test does not cross the grant", len(prompt)+n, len(pagesIn))
+			}
 			out, err := decode.Decode(table, prompt, n, model.Greedy(), -1)
 			if err != nil {
 				t.Fatal(err)
 			}
 			got = model.Decode(model.Bytes{}, out, -1)
+			if freed := dst.Release(ev.Request, table); freed != len(table)-len(pagesIn) || dst.Own().Free() != 4 {
+				t.Fatalf("released %d own pages, %d free", freed, dst.Own().Free())
+			}
 			if err := d.Finish(ev.Request); err != nil {
 				t.Fatal(err)
 			}
