@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -447,4 +448,61 @@ func TestReconnectAfterACutStartsAFreshQueuePair(t *testing.T) {
 			eventually(t, "every page free", func() bool { return d.Stats().PagesFree == 256 && p.Stats().PagesFree == 128 })
 		})
 	}
+}
+
+// A flood of connections that never finish their handshake holds no more
+// than MaxHandshakes goroutines, and a real prefill node that connects while
+// they all stay open is served at once, not after their Timeout (a minute):
+// each new connection evicts the oldest unfinished one.
+func TestSetupUnderAFloodOfIdleConnectionsServesARealPeer(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ca := newTestCA(t)
+	devs := devices(t, "inproc", "prefill-1", "decode-1")
+	p, d := newPrefill(t, devs[0]), newDecode(t, devs[1])
+	ln := listen(t)
+	const maxHandshakes = 8
+	before := runtime.NumGoroutine()
+	go d.Serve(ctx, ln, SetupConfig{Name: "decode-1", TLS: ca.config(t, "decode-1"), MaxHandshakes: maxHandshakes, Timeout: time.Minute, Log: quiet})
+	var flood []net.Conn
+	defer func() {
+		for _, c := range flood {
+			c.Close()
+		}
+	}()
+	most := 0
+	for i := 0; i < 200; i++ { // idle: they never send a byte, and the timeout is a minute
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		flood = append(flood, c)
+		if i%20 == 19 {
+			time.Sleep(5 * time.Millisecond) // let the accept loop catch up
+			most = max(most, runtime.NumGoroutine()-before)
+		}
+	}
+	start := time.Now()
+	if err := p.Dial(ctx, "decode-1", ln.Addr().String(), SetupConfig{Name: "prefill-1", TLS: ca.config(t, "prefill-1"), Log: quiet}); err != nil {
+		t.Fatalf("a real prefill node after the flood: %v", err)
+	}
+	if waited := time.Since(start); waited > 30*time.Second {
+		t.Fatalf("the real prefill node waited %v behind idle connections", waited)
+	}
+	// The server side holds at most maxHandshakes pending handshakes (plus the
+	// accept loop and evicted ones on their way out).
+	if most > 3*maxHandshakes+8 {
+		t.Fatalf("%d goroutines more than before the flood of 200 connections, with MaxHandshakes %d", most, maxHandshakes)
+	}
+	evicted := 0
+	for _, c := range flood[:200] {
+		c.SetReadDeadline(time.Now().Add(100 * time.Millisecond)) // evicted ones read EOF at once
+		if _, err := c.Read(make([]byte, 1)); errors.Is(err, io.EOF) {
+			evicted++
+		}
+	}
+	if evicted < 200-2*maxHandshakes {
+		t.Fatalf("only %d of the first 200 idle connections were dropped", evicted)
+	}
+	eventually(t, "decode sees the real peer", func() bool { return len(d.Peers()) == 1 })
 }
