@@ -109,8 +109,8 @@ func TestHandoffOverTheTransportDecodesWhatOneNodeWould(t *testing.T) {
 				t.Fatal(err)
 			}
 			got = model.Decode(model.Bytes{}, out, -1)
-			if freed := dst.Release(ev.Request, table); freed != len(table)-len(pagesIn) || dst.Own().Free() != 4 {
-				t.Fatalf("released %d own pages, %d free", freed, dst.Own().Free())
+			if freed := dst.Release(ev.Request, table); freed != len(table)-len(pagesIn) || dst.OwnFree() != 4 {
+				t.Fatalf("released %d own pages, %d free", freed, dst.OwnFree())
 			}
 			if err := d.Finish(ev.Request); err != nil {
 				t.Fatal(err)

@@ -2,6 +2,7 @@ package kv
 
 import (
 	"fmt"
+	"sync"
 
 	"github.com/kvhandoff/kvhandoff/protocol"
 )
@@ -17,10 +18,27 @@ type Endpoint interface {
 // node's own for the tokens it generates. The protocol grants a request
 // pages for its prompt only; decode appends its own tokens' KV after the
 // prompt, past the grant once the last granted page is full.
+//
+// It is safe for concurrent use (the endpoint locks its own epochs; the own
+// pool is locked here), so several engines, each with its own backend, can
+// decode different requests over one DecodePool at once.
 type DecodePool struct {
 	cache *Cache
+	mu    sync.Mutex
 	own   *protocol.Pool
 	at    uint32
+}
+
+// ownEpochs reads the own pool's epochs under the lock.
+type ownEpochs struct{ d *DecodePool }
+
+func (o ownEpochs) Epoch(page uint32) uint64 {
+	o.d.mu.Lock()
+	defer o.d.mu.Unlock()
+	if int(page) >= o.d.own.Len() {
+		return ^uint64(0)
+	}
+	return o.d.own.Epoch(page)
 }
 
 // NewDecodePool is a cache over ep's pages followed by own pages of the
@@ -38,19 +56,22 @@ func NewDecodePool(g Geometry, ep Endpoint, own int) (*DecodePool, error) {
 		return nil, err
 	}
 	all := append(pages[:len(pages):len(pages)], ownPages.payloads...)
-	pool := protocol.NewPool(own)
-	c, err := OverPages(g, all, Split{At: uint32(len(pages)), Low: ep, High: pool})
-	if err != nil {
+	d := &DecodePool{own: protocol.NewPool(own), at: uint32(len(pages))}
+	if d.cache, err = OverPages(g, all, Split{At: d.at, Low: ep, High: ownEpochs{d}}); err != nil {
 		return nil, err
 	}
-	return &DecodePool{cache: c, own: pool, at: uint32(len(pages))}, nil
+	return d, nil
 }
 
 // Cache is the cache over both sets of pages, for the engine.
 func (d *DecodePool) Cache() *Cache { return d.cache }
 
-// Own is the pool of the node's own pages.
-func (d *DecodePool) Own() *protocol.Pool { return d.own }
+// OwnFree is how many of the node's own pages are free.
+func (d *DecodePool) OwnFree() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.own.Free()
+}
 
 // Table is request id's table for positions positions: the pages the
 // endpoint acquired for it (at their current epochs), then as many of the
@@ -68,7 +89,9 @@ func (d *DecodePool) Table(id protocol.RequestID, acquired [][]byte, positions i
 		}
 	}
 	if more := d.cache.geom.PagesFor(positions) - len(t); more > 0 {
+		d.mu.Lock()
 		refs, err := d.own.Allocate(id, more)
+		d.mu.Unlock()
 		if err != nil {
 			return nil, err
 		}
@@ -86,5 +109,7 @@ func (d *DecodePool) Release(id protocol.RequestID, t Table) int {
 			own = append(own, protocol.PageRef{Page: ref.Page - d.at, Epoch: ref.Epoch})
 		}
 	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	return d.own.Release(id, own)
 }

@@ -2,6 +2,7 @@ package kv
 
 import (
 	"errors"
+	"sync"
 	"testing"
 
 	"github.com/kvhandoff/kvhandoff/protocol"
@@ -37,16 +38,16 @@ func TestDecodePoolExtendsTheGrantWithOwnPages(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(table) != 4 || table[0] != granted[0] || table[2].Page < 6 || table[3].Page < 6 || d.Own().Free() != 1 {
-		t.Fatalf("table %v, own free %d", table, d.Own().Free())
+	if len(table) != 4 || table[0] != granted[0] || table[2].Page < 6 || table[3].Page < 6 || d.OwnFree() != 1 {
+		t.Fatalf("table %v, own free %d", table, d.OwnFree())
 	}
 	for i := range table {
 		if err := d.Cache().Check(table, i); err != nil {
 			t.Fatalf("entry %d: %v", i, err)
 		}
 	}
-	if _, err := d.Table(8, acquired[:1], 4*geom.PageTokens); !errors.Is(err, protocol.ErrNoCapacity) || d.Own().Free() != 1 {
-		t.Fatalf("past the own pages: %v, %d free", err, d.Own().Free())
+	if _, err := d.Table(8, acquired[:1], 4*geom.PageTokens); !errors.Is(err, protocol.ErrNoCapacity) || d.OwnFree() != 1 {
+		t.Fatalf("past the own pages: %v, %d free", err, d.OwnFree())
 	}
 	if _, err := d.Table(8, [][]byte{d.Cache().Payload(7)}, 1); !errors.Is(err, ErrGeometry) {
 		t.Fatalf("an own page passed off as acquired: %v", err)
@@ -56,7 +57,87 @@ func TestDecodePoolExtendsTheGrantWithOwnPages(t *testing.T) {
 	if err := d.Cache().Check(table, 1); !errors.Is(err, protocol.ErrTagMismatch) {
 		t.Fatalf("granted page reallocated by the endpoint: %v", err)
 	}
-	if n := d.Release(7, table); n != 2 || d.Own().Free() != 3 {
-		t.Fatalf("released %d, %d free", n, d.Own().Free())
+	if n := d.Release(7, table); n != 2 || d.OwnFree() != 3 {
+		t.Fatalf("released %d, %d free", n, d.OwnFree())
+	}
+}
+
+// lockedEndpoint is an endpoint whose epochs are read under a lock, as
+// transfer.Decode's are.
+type lockedEndpoint struct {
+	endpoint
+	mu sync.Mutex
+}
+
+func (e *lockedEndpoint) Epoch(page uint32) uint64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.pool.Epoch(page)
+}
+
+// Requests on several goroutines take and return own pages and read epochs
+// at once (run with -race): every live table is checked clean, and every own
+// page comes back; a stale reader checking pages it gave back, while others
+// reallocate them, reads their epochs safely.
+func TestDecodePoolIsSafeForConcurrentUse(t *testing.T) {
+	c, _ := New(geom, 8)
+	ep := &lockedEndpoint{endpoint: endpoint{pool: c.Pool()}}
+	for p := range 8 {
+		ep.pages = append(ep.pages, c.Payload(uint32(p)))
+	}
+	d, err := NewDecodePool(geom, ep, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	stale, err := d.Table(99, nil, 3*geom.PageTokens)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Release(99, stale)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for range 2000 {
+			for i := range stale {
+				d.Cache().Check(stale, i) // may fail: the pages are others' now
+			}
+		}
+	}()
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			id := protocol.RequestID(w + 1)
+			ep.mu.Lock()
+			granted, err := ep.pool.Allocate(id, 2)
+			ep.mu.Unlock()
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			acquired := [][]byte{ep.pages[granted[0].Page], ep.pages[granted[1].Page]}
+			for range 200 {
+				table, err := d.Table(id, acquired, 6*geom.PageTokens)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				for i := range table {
+					if err := d.Cache().Check(table, i); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+				if n := d.Release(id, table); n != 4 {
+					t.Errorf("released %d own pages, want 4", n)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if d.OwnFree() != 16 {
+		t.Fatalf("%d of 16 own pages free", d.OwnFree())
 	}
 }
