@@ -163,6 +163,12 @@ func (m *Model) changes(p *State, a Action, n *State) []string {
 	if !p.Foreign.Happened && n.Foreign.Happened {
 		add("WRITE of r%d landed in page %d, which r%d owns", n.Foreign.Req, n.Foreign.Page, n.Foreign.Owner)
 	}
+	if g := &n.Ghost; g.Changed && !p.Ghost.Changed {
+		add("r%d's outcome had already been given to the client as %s: it changed", g.ChangedReq, g.ChangedFrom)
+	}
+	if g := &n.Ghost; g.Spurious && !p.Ghost.Spurious {
+		add("no fault has happened, and nothing in the state before this step gives r%d that outcome", g.SpuriousReq)
+	}
 	if !p.PrefillCrashed && n.PrefillCrashed {
 		add("prefill's memory and queues are gone; WRITEs already in the network can still land")
 	}

@@ -69,9 +69,13 @@
 // # Properties
 //
 // Safety, checked in every reachable state: Isolation, HonestOutcome,
-// NoForeignWrite, RejectedStaysOut, Conservation, and WithinBounds (a modelling
-// limit: a queue overflowed its fixed bound). Liveness: Termination and NoLeak,
-// checked as "from every reachable state, a goal state is reachable by protocol
-// actions alone" — see docs/spec.md for why that is the right formulation for
-// this bounded model.
+// NoForeignWrite, RejectedStaysOut, Conservation, OutcomeFinal (an outcome the
+// client saw never changes), NoSpuriousFailure (the progress property: without
+// faults, a request fails only for a reason the state gives) and WithinBounds (a
+// modelling limit: a queue overflowed its fixed bound). The two that judge a step
+// by the state before it read a [Ghost] that Successors records around every
+// step, outside the step functions. Liveness: Termination and NoLeak (pages,
+// slots and every record given back at quiescence), checked as "from every
+// reachable state, a goal state is reachable by protocol actions alone" — see
+// docs/spec.md for why that is the right formulation for this bounded model.
 package spec

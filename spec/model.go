@@ -11,6 +11,10 @@ import (
 type Model struct {
 	cfg   Config
 	perms [][]int8 // request permutations that preserve the configuration: the symmetry group
+	// mutate, set only by this package's tests, wraps every step: it may change
+	// the state before and after calling step, to break the protocol on purpose
+	// and show that a property catches it.
+	mutate func(a Action, s *State, step func())
 }
 
 // New validates cfg and returns its model.
@@ -225,6 +229,17 @@ func (m *Model) encode(dst []byte, s *State, perm []int8) []byte {
 		}
 	}
 	dst = append(dst, b2b(s.PrefillCrashed), b2b(s.CrashDetected), b2b(s.Overflow))
+	// An unset ghost's request field is not request 0: it is left out.
+	if g := &s.Ghost; g.Changed {
+		dst = append(dst, 1, req(g.ChangedReq), byte(g.ChangedFrom))
+	} else {
+		dst = append(dst, 0)
+	}
+	if g := &s.Ghost; g.Spurious {
+		dst = append(dst, 1, req(g.SpuriousReq))
+	} else {
+		dst = append(dst, 0)
+	}
 	dst = append(dst, s.Budget[:]...)
 	if s.Foreign.Happened {
 		dst = append(dst, 1, req(s.Foreign.Req), page(s.Foreign.Page), req(s.Foreign.Owner))

@@ -8,8 +8,12 @@ const (
 	RejectedStaysOut = "RejectedStaysOut"
 	Conservation     = "Conservation"
 	WithinBounds     = "WithinBounds"
-	Termination      = "Termination"
-	NoLeak           = "NoLeak"
+	OutcomeFinal     = "OutcomeFinal"
+	// NoSpuriousFailure is the progress property: without faults, a request
+	// fails or is rejected only for a reason the state gives.
+	NoSpuriousFailure = "NoSpuriousFailure"
+	Termination       = "Termination"
+	NoLeak            = "NoLeak"
 )
 
 // Invariant is a named safety predicate over a state.
@@ -35,13 +39,15 @@ var Invariants = []Invariant{
 	{NoForeignWrite, "no WRITE for r lands in a decode page owned (or quarantined) by another request", noForeignWrite},
 	{RejectedStaysOut, "a request whose outcome is rejected holds no decode pages, no grant, and no WRITE or Done in flight", rejectedStaysOut},
 	{Conservation, "every page a live request holds is owned by it at the granted epoch: a page is free, owned once, or quarantined, never two owners", conservation},
+	{OutcomeFinal, "a client-visible outcome never changes: once a request is ok, rejected, cancelled or failed, it stays so, with the same reason", func(_ *Model, s *State) bool { return !s.Ghost.Changed }},
+	{NoSpuriousFailure, "in a run without faults a request ends other than ok only for a reason the state gave: over the limit of the node that refused it, or that node's pool or slots really too full for it at that moment", func(_ *Model, s *State) bool { return !s.Ghost.Spurious }},
 	{WithinBounds, "no queue exceeded the model's bound (a modelling limit, not a protocol property)", func(_ *Model, s *State) bool { return !s.Overflow }},
 }
 
 // Goals are the liveness properties.
 var Goals = []Goal{
 	{Termination, "every request reaches an outcome and both of its legs end", func(m *Model, s *State) bool { return m.terminated(s) }},
-	{NoLeak, "at quiescence (every request ended, nothing in flight) every decode and prefill page is free", noLeak},
+	{NoLeak, "at quiescence (every request ended, nothing in flight) every decode page, prefill page and decode slot is free, and every request's record on either node holds nothing", noLeak},
 }
 
 func isolation(m *Model, s *State) bool {
@@ -146,12 +152,25 @@ func noLeak(m *Model, s *State) bool {
 		return false
 	}
 	for p := 0; p < m.cfg.DecodePages; p++ {
-		if s.Pages[p].Owner != Free {
+		if s.Pages[p].Owner != Free || s.Pages[p].Quarantined {
 			return false
 		}
 	}
 	for p := 0; p < m.cfg.PrefillPages; p++ {
 		if s.Src[p].Owner != Free {
+			return false
+		}
+	}
+	for i := 0; i < m.cfg.DecodeSlots; i++ {
+		if s.Slots[i] != Free {
+			return false
+		}
+	}
+	// Every record has ended (Termination) and gave back what it took: the
+	// sender its source pages, the receiver the pages it was granted.
+	for r := range m.cfg.Prompts {
+		q := &s.Req[r]
+		if q.S.SrcHeld || q.R.N > 0 && !q.R.Released {
 			return false
 		}
 	}

@@ -291,12 +291,14 @@ func TestEveryInvariantCanFail(t *testing.T) {
 	w.do(PostWrite, 0, 0).do(DecodeRecvQP, 0, 0)
 	ready := w.s
 	cases := map[string]func(s *State){
-		Isolation:        func(s *State) { s.Req[0].Read, s.Req[0].ReadN, s.Req[0].ReadData[0] = true, 1, Label{Req: Tenant} },
-		HonestOutcome:    func(s *State) { s.Req[0].Outcome = OK },
-		NoForeignWrite:   func(s *State) { s.Foreign = ForeignWrite{Happened: true, Req: 1, Page: 0, Owner: 0} },
-		RejectedStaysOut: func(s *State) { s.Req[0].Outcome, s.Req[0].Reason = Rejected, OverLimit },
-		Conservation:     func(s *State) { s.Pages[s.Req[0].R.Pages[0].Page].Owner = Free },
-		WithinBounds:     func(s *State) { s.Overflow = true },
+		Isolation:         func(s *State) { s.Req[0].Read, s.Req[0].ReadN, s.Req[0].ReadData[0] = true, 1, Label{Req: Tenant} },
+		HonestOutcome:     func(s *State) { s.Req[0].Outcome = OK },
+		NoForeignWrite:    func(s *State) { s.Foreign = ForeignWrite{Happened: true, Req: 1, Page: 0, Owner: 0} },
+		RejectedStaysOut:  func(s *State) { s.Req[0].Outcome, s.Req[0].Reason = Rejected, OverLimit },
+		Conservation:      func(s *State) { s.Pages[s.Req[0].R.Pages[0].Page].Owner = Free },
+		WithinBounds:      func(s *State) { s.Overflow = true },
+		OutcomeFinal:      func(s *State) { s.Ghost.Changed, s.Ghost.ChangedReq, s.Ghost.ChangedFrom = true, 0, OK },
+		NoSpuriousFailure: func(s *State) { s.Ghost.Spurious, s.Ghost.SpuriousReq = true, 0 },
 	}
 	for _, inv := range Invariants {
 		if !inv.Holds(w.m, &ready) {

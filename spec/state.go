@@ -276,4 +276,16 @@ type State struct {
 	Budget         Budget // faults left
 	Overflow       bool   // a queue bound was hit: the bounds are too small (reported as a property)
 	Foreign        ForeignWrite
+	Ghost          Ghost
+}
+
+// Ghost is history for the properties that judge a step by the state before
+// it. Successors records it from the states before and after every step, never
+// the step functions themselves, so a wrong step cannot also hide the evidence.
+type Ghost struct {
+	Changed     bool // OutcomeFinal: a request's outcome changed after it was final
+	ChangedReq  int8
+	ChangedFrom Outcome // the outcome the client had already seen
+	Spurious    bool    // NoSpuriousFailure: in a run without faults, a request ended other than ok for no reason the state gave
+	SpuriousReq int8
 }

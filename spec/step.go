@@ -62,7 +62,13 @@ func (m *Model) Successors(s *State, emit func(Action, State)) {
 	nreq := len(c.Prompts)
 	do := func(a Action, f func(x *sys)) {
 		next := *s
-		f(&sys{m: m, s: &next})
+		x := &sys{m: m, s: &next}
+		if m.mutate != nil {
+			m.mutate(a, &next, func() { f(x) })
+		} else {
+			f(x)
+		}
+		m.observe(s, a, &next)
 		emit(a, next)
 	}
 	for r := 0; r < nreq; r++ {
@@ -142,18 +148,81 @@ func (m *Model) Successors(s *State, emit func(Action, State)) {
 	}
 }
 
+// observe records the ghost history of the step a from prev to next: an
+// outcome that changed after it was final, and, in a run that has had no
+// fault, an outcome other than ok that the state before the step does not
+// justify.
+func (m *Model) observe(prev *State, a Action, next *State) {
+	faultless := !a.IsFault() && m.faultsUsed(prev) == 0
+	for r := range m.cfg.Prompts {
+		p, n := &prev.Req[r], &next.Req[r]
+		if p.Outcome == n.Outcome && p.Reason == n.Reason {
+			continue
+		}
+		if p.Outcome != Pending {
+			if !next.Ghost.Changed {
+				next.Ghost.Changed, next.Ghost.ChangedReq, next.Ghost.ChangedFrom = true, int8(r), p.Outcome
+			}
+			continue
+		}
+		if faultless && n.Outcome != OK && !next.Ghost.Spurious && !m.justified(prev, a, r, n) {
+			next.Ghost.Spurious, next.Ghost.SpuriousReq = true, int8(r)
+		}
+	}
+}
+
+// justified reports whether the state before step a gave a reason for request
+// r's outcome q: rejected because r is over the limit of the node that acted,
+// or failed because that node's pool was really too full for r at that moment.
+func (m *Model) justified(prev *State, a Action, r int, q *Request) bool {
+	c := &m.cfg
+	t := c.Prompts[r]
+	switch {
+	case q.Outcome == Rejected && q.Reason == OverLimit:
+		switch a.Kind {
+		case Submit:
+			return t > c.ContextLimit
+		case PrefillRecv:
+			return t > c.PrefillLimit()
+		case DecodeRecvQP:
+			return prev.QP.Head().Kind == MBootstrap && int(prev.QP.Head().Tokens) > c.DecodeLimit()
+		}
+	case q.Outcome == Failed && q.Reason == NoCapacity:
+		switch a.Kind {
+		case PrefillRecv:
+			need := c.PagesFor(t)
+			if t > c.PrefillLimit() {
+				need = 1 // admit-finished's placeholder
+			}
+			free := 0
+			for p := 0; p < c.PrefillPages; p++ {
+				if prev.Src[p].Owner == Free {
+					free++
+				}
+			}
+			return free < need
+		case DecodeRecvQP:
+			h := prev.QP.Head()
+			return h.Kind == MBootstrap && (freeSlot(prev, c.DecodeSlots) < 0 || len(freePages(prev, c.DecodePages)) < c.PagesFor(int(h.Tokens)))
+		}
+	}
+	return false
+}
+
 // faultAllowed reports whether one more fault fits in MaxFaults.
 func (m *Model) faultAllowed(s *State) bool { return m.faultsLeft(s, 1) }
 
 func (m *Model) faultsLeft(s *State, n int) bool {
-	if m.cfg.MaxFaults == 0 {
-		return true
-	}
+	return m.cfg.MaxFaults == 0 || m.faultsUsed(s)+n <= m.cfg.MaxFaults
+}
+
+// faultsUsed is how many faults have happened on the way to s.
+func (m *Model) faultsUsed(s *State) int {
 	used := 0
 	for f := range s.Budget {
 		used += int(m.cfg.Faults[f]) - int(s.Budget[f])
 	}
-	return used+n <= m.cfg.MaxFaults
+	return used
 }
 
 // cutMatters reports whether breaking the queue pair would affect anything:

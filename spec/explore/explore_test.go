@@ -163,7 +163,7 @@ func TestMatrixOfSingleSwitches(t *testing.T) {
 		t.Fatal(err)
 	}
 	alone := map[string]string{
-		"eager-release": spec.NoForeignWrite, "timeout-free": spec.NoForeignWrite, "no-checksum": spec.Isolation,
+		"admit-finished": spec.NoSpuriousFailure, "eager-release": spec.NoForeignWrite, "timeout-free": spec.NoForeignWrite, "no-checksum": spec.Isolation,
 		"leak-on-cancel": spec.NoLeak, "no-peer-cancel": spec.Termination, "double-free": spec.Conservation,
 	}
 	if !x.Base.OK || len(x.Rows) != 12 || x.OK() {

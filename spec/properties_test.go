@@ -1,0 +1,164 @@
+package spec
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/kvhandoff/kvhandoff/spec/checker"
+)
+
+// explore runs the checker over m, looking for every property's first violation.
+func explore(t *testing.T, m *Model) []string {
+	t.Helper()
+	var p checker.Properties[State]
+	for _, inv := range Invariants {
+		p.Invariants = append(p.Invariants, checker.Invariant[State]{Name: inv.Name, Holds: func(s *State) bool { return inv.Holds(m, s) }})
+	}
+	for _, g := range Goals {
+		p.Goals = append(p.Goals, checker.Goal[State]{Name: g.Name, Reached: func(s *State) bool { return g.Reached(m, s) }})
+	}
+	res, err := checker.Check(m, p, checker.Options{All: true, DeadlockName: Termination, MaxStates: 2_000_000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, v := range res.Violations {
+		out = append(out, v.Property)
+	}
+	return out
+}
+
+// mutant is cfg's model with one deliberate mistake, injected around each step
+// by the test hook. The same configuration without it must pass, so that the
+// violation is the mistake's.
+func mutant(t *testing.T, cfg Config, mistake func(a Action, s *State, step func())) *Model {
+	t.Helper()
+	m, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := explore(t, m); len(got) > 0 {
+		t.Fatalf("the unmutated configuration already violates %v", got)
+	}
+	m.mutate = mistake
+	return m
+}
+
+func wantViolated(t *testing.T, m *Model, prop string) {
+	t.Helper()
+	if got := explore(t, m); !slices.Contains(got, prop) {
+		t.Fatalf("violated %v, want %s among them", got, prop)
+	}
+}
+
+// A request served ok is not failed later: here detecting the crash reports
+// every dispatched request failed, even one already served.
+func TestOutcomeFinalCatchesAnOKReportedFailedAfterACrash(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.MaxFaults = 1
+	m := mutant(t, cfg, func(a Action, s *State, step func()) {
+		step()
+		if a.Kind == DetectCrash {
+			for r := range s.Req {
+				if s.Req[r].Outcome == OK {
+					s.Req[r].Outcome, s.Req[r].Reason = Failed, PeerFailed
+				}
+			}
+		}
+	})
+	wantViolated(t, m, OutcomeFinal)
+}
+
+// A slot that is never given back leaks, even when every page comes back.
+func TestNoLeakCatchesASlotNeverReturned(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Faults = Budget{}
+	m := mutant(t, cfg, func(a Action, s *State, step func()) {
+		slot := s.Req[max(a.Req, 0)].R.Slot
+		step()
+		if a.Kind == DecodeRead && s.Req[a.Req].R.Phase == RFinished {
+			s.Slots[slot] = a.Req
+		}
+	})
+	wantViolated(t, m, NoLeak)
+}
+
+// A record that still says it holds source pages leaks, though the pages are free.
+func TestNoLeakCatchesARecordThatStillHoldsItsSourcePages(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Faults = Budget{}
+	m := mutant(t, cfg, func(a Action, s *State, step func()) {
+		step()
+		for r := range s.Req {
+			if s.Req[r].S.Phase == SFinished {
+				s.Req[r].S.SrcHeld = true
+			}
+		}
+	})
+	wantViolated(t, m, NoLeak)
+}
+
+// exactlyFull is a pool one request fills exactly: two prompts of two pages
+// each, two decode pages, two source pages, one slot.
+func exactlyFull() Config {
+	c := NewConfig(2, 2, 2)
+	c.Prompts = []int{4, 4}
+	c.PrefillPages, c.DecodeSlots = 2, 1
+	c.Faults = Budget{}
+	return c
+}
+
+// Capacity checks off by one refuse a request that fits exactly.
+func TestNoSpuriousFailureCatchesACapacityCheckOffByOne(t *testing.T) {
+	t.Run("decode", func(t *testing.T) {
+		m := mutant(t, exactlyFull(), func(a Action, s *State, step func()) {
+			hidden := int8(-1)
+			if h := s.QP.Head(); a.Kind == DecodeRecvQP && s.QP.N > 0 && h.Kind == MBootstrap {
+				if free := freePages(s, 2); len(free) == (int(h.Tokens)+1)/2 {
+					hidden = free[0] // the check counts one page fewer than there is
+					s.Pages[hidden].Owner = MaxRequests
+				}
+			}
+			step()
+			if hidden >= 0 {
+				s.Pages[hidden].Owner = Free
+			}
+		})
+		wantViolated(t, m, NoSpuriousFailure)
+	})
+	t.Run("prefill", func(t *testing.T) {
+		m := mutant(t, exactlyFull(), func(a Action, s *State, step func()) {
+			hidden := -1
+			if a.Kind == PrefillRecv && s.ToPrefill.Head().Kind == MPrefill && s.Src[0].Owner == Free && s.Src[1].Owner == Free {
+				hidden = 0
+				s.Src[0].Owner = MaxRequests
+			}
+			step()
+			if hidden >= 0 {
+				s.Src[hidden].Owner = Free
+			}
+		})
+		wantViolated(t, m, NoSpuriousFailure)
+	})
+	t.Run("router", func(t *testing.T) {
+		m := mutant(t, exactlyFull(), func(a Action, s *State, step func()) {
+			step()
+			if a.Kind == Submit && exactlyFull().Prompts[a.Req] >= exactlyFull().ContextLimit { // > written as >=
+				s.ToPrefill.N-- // the Prefill message it just sent is not sent
+				s.ToPrefill.Buf[s.ToPrefill.N] = Msg{}
+				s.Req[a.Req].Outcome, s.Req[a.Req].Reason = Rejected, OverLimit
+			}
+		})
+		wantViolated(t, m, NoSpuriousFailure)
+	})
+}
+
+// A failure a fault explains is no spurious failure, and neither is a refusal
+// for a pool that is really full; the unmutated runs above show the second.
+func TestNoSpuriousFailureAllowsFailuresAfterAFault(t *testing.T) {
+	w := newWorld(t, 0).granted(0)
+	w.do(PostWrite, 0, Corrupt).do(DecodeRecvQP, 0, 0)
+	if w.s.Req[0].Outcome != Failed || !w.holds(NoSpuriousFailure) {
+		t.Fatalf("a checksum failure after a corrupt fault is explained: %+v %+v", w.s.Req[0], w.s.Ghost)
+	}
+}
