@@ -3,6 +3,7 @@ package spec
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -179,6 +180,51 @@ func ParseFaults(list string) (Budget, error) {
 	return b, nil
 }
 
+// Damage is what the corrupt fault may damage in transit besides a WRITE's
+// payload, which it always may.
+type Damage uint8
+
+// The kinds of damage.
+const (
+	DamageTag  Damage = 1 << iota // one field of a WRITE's tag record: its request, page index or epoch
+	DamageSend                    // the token or page count of a Done or a Grant
+	numDamage  = iota
+)
+
+var damageNames = [numDamage]string{"tag", "send"}
+
+// Has reports whether d includes k.
+func (d Damage) Has(k Damage) bool { return d&k != 0 }
+
+func (d Damage) String() string {
+	parts := []string{"payload"}
+	for i, n := range damageNames {
+		if d.Has(1 << i) {
+			parts = append(parts, n)
+		}
+	}
+	return strings.Join(parts, ",")
+}
+
+// ParseDamage parses a comma-separated list of payload, tag and send
+// (payload is always included); "" is payload only.
+func ParseDamage(list string) (Damage, error) {
+	var d Damage
+	for _, name := range strings.Split(list, ",") {
+		name = strings.TrimSpace(name)
+		switch name {
+		case "", "payload":
+			continue
+		}
+		i := slices.Index(damageNames[:], name)
+		if i < 0 {
+			return 0, fmt.Errorf("%w: unknown damage %q (known: payload, %s)", ErrBadFaults, name, strings.Join(damageNames[:], ", "))
+		}
+		d |= 1 << i
+	}
+	return d, nil
+}
+
 // Config is one bounded instance of the protocol.
 type Config struct {
 	PageSize     int   // tokens per page
@@ -189,7 +235,8 @@ type Config struct {
 	DecodeSlots  int   // request slots on the decode node
 	MaxInFlight  int   // WRITEs a sender may have posted and not completed, per request
 	Faults       Budget
-	MaxFaults    int // faults in one execution, all kinds together; 0 means only the budgets bound them
+	MaxFaults    int    // faults in one execution, all kinds together; 0 means only the budgets bound them
+	Damage       Damage // what the corrupt fault may damage besides a WRITE's payload
 	Bugs         Switches
 }
 

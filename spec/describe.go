@@ -54,7 +54,7 @@ func (m *Model) describeAction(s *State, a Action) string {
 			out += " [FAULT late: it stays in the network]"
 		}
 		if a.Arg&Corrupt != 0 {
-			out += " [FAULT corrupt: payload damaged in transit]"
+			out += " [FAULT corrupt: " + [...]string{"payload", "tag record's request", "tag record's page index", "tag record's epoch"}[a.Arg&corruptTagMask>>2] + " damaged in transit]"
 		}
 		return out
 	case DecodeRead:
@@ -69,6 +69,12 @@ func (m *Model) describeAction(s *State, a Action) string {
 		return fmt.Sprintf("[FAULT timeout] decode's timer for r%d fires", r)
 	case Cut:
 		return "[FAULT cut] the queue pair breaks: everything in flight is flushed"
+	case CorruptSend:
+		field := [...]string{"token", "page"}[a.Arg&SendPages]
+		if a.Arg&SendBack != 0 {
+			return fmt.Sprintf("[FAULT corrupt] prefill receives %s from decode with its %s count damaged", msgString(s.QPBack.Head()), field)
+		}
+		return fmt.Sprintf("[FAULT corrupt] decode receives %s from prefill with its %s count damaged", msgString(s.QP.Head()), field)
 	}
 	return a.String()
 }

@@ -37,6 +37,8 @@
 // [Invariants] and [Goals] are the properties; [Model.Describe] explains a step
 // for a trace. The model checker in package checker drives this loop; package
 // explore binds the two. The spec has no goroutines, clocks or I/O.
+// [Model.WithCoverage] counts every action and guarded [Branch] a model takes
+// into a [Coverage], so a caller can see which defenses its bounds exercise.
 //
 // # Actions
 //
@@ -54,7 +56,8 @@
 // timer for a reserved request fires), Cut (the queue pair breaks and flushes),
 // and two variants of PostWrite: Late (the WRITE stays in the network and is
 // placed at any later point, still in order) and Corrupt (its payload is
-// damaged in transit). Without the Late fault a WRITE posted on an empty queue
+// damaged in transit; with [Config.Damage], instead one field of its tag
+// record, or, as the action CorruptSend, a count of a Done or a Grant). Without the Late fault a WRITE posted on an empty queue
 // pair is placed at once; that keeps the state space small without losing any
 // interleaving that matters, since every in-flight WRITE a bug needs can be
 // made late.

@@ -10,7 +10,8 @@ import (
 // interface (by method set; spec imports nothing of ours).
 type Model struct {
 	cfg   Config
-	perms [][]int8 // request permutations that preserve the configuration: the symmetry group
+	cov   *Coverage // nil: steps are not counted
+	perms [][]int8  // request permutations that preserve the configuration: the symmetry group
 	// mutate, set only by this package's tests, wraps every step: it may change
 	// the state before and after calling step, to break the protocol on purpose
 	// and show that a property catches it.
@@ -223,7 +224,7 @@ func (m *Model) encode(dst []byte, s *State, perm []int8) []byte {
 		for _, msg := range qu.Items() {
 			dst = append(dst, byte(msg.Kind), req(msg.Req), msg.Tokens, msg.Pages, byte(msg.Slot))
 			if msg.Kind == MWrite { // only a WRITE uses these; elsewhere they are zero, not request 0
-				dst = append(dst, byte(msg.Index), page(msg.Target.Page), msg.Target.Epoch, byte(msg.Src), b2b(msg.Corrupt))
+				dst = append(dst, byte(msg.Index), page(msg.Target.Page), msg.Target.Epoch, byte(msg.Src), msg.Damage)
 				dst = label(dst, msg.Sum)
 			}
 		}

@@ -207,17 +207,25 @@ func (k MsgKind) String() string {
 
 // Msg is a message in flight or a posted WRITE not yet placed.
 type Msg struct {
-	Kind    MsgKind
-	Req     int8
-	Index   int8    // WRITE: page index within the request
-	Target  PageRef // WRITE: decode page and the epoch it was granted at
-	Src     int8    // WRITE: prefill source page the NIC reads at placement
-	Sum     Label   // WRITE: what the checksum in the tag record covers
-	Corrupt bool    // WRITE: payload corrupted in transit
-	Tokens  uint8   // Bootstrap, Grant, Done: token count
-	Pages   uint8   // Grant, Done: page count
-	Slot    int8    // Grant, Done: decode slot
+	Kind   MsgKind
+	Req    int8
+	Index  int8    // WRITE: page index within the request
+	Target PageRef // WRITE: decode page and the epoch it was granted at
+	Src    int8    // WRITE: prefill source page the NIC reads at placement
+	Sum    Label   // WRITE: what the checksum in the tag record covers
+	Damage uint8   // WRITE: what the corrupt fault damaged in transit (Damaged*), 0 for nothing
+	Tokens uint8   // Bootstrap, Grant, Done: token count
+	Pages  uint8   // Grant, Done: page count
+	Slot   int8    // Grant, Done: decode slot
 }
+
+// What a corrupt fault damaged in a WRITE (Msg.Damage).
+const (
+	DamagedPayload  = 1 // the payload
+	DamagedTagReq   = 2 // the tag record's request
+	DamagedTagIndex = 3 // the tag record's page index
+	DamagedTagEpoch = 4 // the tag record's epoch
+)
 
 // Queue is a FIFO channel.
 type Queue struct {

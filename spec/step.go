@@ -7,24 +7,39 @@ type ActionKind uint8
 
 // Protocol actions first, then faults (see Action.IsFault).
 const (
-	Submit        ActionKind = iota // the client sends a request; the router checks it and dispatches it
-	PrefillRecv                     // prefill takes the next router message (Prefill or Abort)
-	PrefillRecvQP                   // prefill takes the next message from decode (Grant or Abort)
-	DecodeRecv                      // decode takes the next router message (Abort or PeerFailed)
-	DecodeRecvQP                    // the next WRITE on the queue pair is placed, or the next SEND delivered
-	PostWrite                       // prefill posts the next page's WRITE (Arg: Late, Corrupt bits)
-	DecodeRead                      // decode attends over a ready request's pages and replies
-	DetectCrash                     // the router notices the prefill node is gone
-	Cancel                          // fault: the client disconnects
-	Crash                           // fault: the prefill node crashes
-	Timeout                         // fault: decode's timer for a reserved request fires
-	Cut                             // fault: the queue pair breaks and flushes
+	Submit         ActionKind = iota // the client sends a request; the router checks it and dispatches it
+	PrefillRecv                      // prefill takes the next router message (Prefill or Abort)
+	PrefillRecvQP                    // prefill takes the next message from decode (Grant or Abort)
+	DecodeRecv                       // decode takes the next router message (Abort or PeerFailed)
+	DecodeRecvQP                     // the next WRITE on the queue pair is placed, or the next SEND delivered
+	PostWrite                        // prefill posts the next page's WRITE (Arg: Late, Corrupt bits)
+	DecodeRead                       // decode attends over a ready request's pages and replies
+	DetectCrash                      // the router notices the prefill node is gone
+	Cancel                           // fault: the client disconnects
+	Crash                            // fault: the prefill node crashes
+	Timeout                          // fault: decode's timer for a reserved request fires
+	Cut                              // fault: the queue pair breaks and flushes
+	CorruptSend                      // fault: the SEND at the head of a queue-pair direction arrives with a count damaged (Arg: SendTokens or SendPages, plus SendBack for decode→prefill)
+	NumActionKinds                   // the number of action kinds
 )
 
-// PostWrite variants (Action.Arg bits); each is a fault.
+// PostWrite variants (Action.Arg bits); each is a fault. With Corrupt, the
+// two bits above it say what is damaged: the payload (the default), or one
+// field of the tag record (Config.Damage must allow it).
 const (
-	Late    = 1 << 0
-	Corrupt = 1 << 1
+	Late              = 1 << 0
+	Corrupt           = 1 << 1
+	CorruptTagRequest = 1 << 2 // the tag record names another request
+	CorruptTagIndex   = 2 << 2 // the tag record names another page index
+	CorruptTagEpoch   = 3 << 2 // the tag record carries another epoch
+	corruptTagMask    = 3 << 2
+)
+
+// CorruptSend variants (Action.Arg).
+const (
+	SendTokens = 0 // the token count is damaged
+	SendPages  = 1 // the page count is damaged
+	SendBack   = 2 // the SEND is decode's Grant, not prefill's Done
 )
 
 // Action is one step: its kind, the request it concerns (or -1), and an argument
@@ -41,9 +56,7 @@ func (a Action) IsFault() bool {
 }
 
 func (a Action) String() string {
-	names := [...]string{"Submit", "PrefillRecv", "PrefillRecvQP", "DecodeRecv", "DecodeRecvQP",
-		"PostWrite", "DecodeRead", "DetectCrash", "Cancel", "Crash", "Timeout", "Cut"}
-	s := names[a.Kind]
+	s := a.Kind.String()
 	if a.Req >= 0 {
 		s += fmt.Sprintf("(r%d)", a.Req)
 	}
@@ -51,9 +64,22 @@ func (a Action) String() string {
 		s += "+late"
 	}
 	if a.Kind == PostWrite && a.Arg&Corrupt != 0 {
-		s += "+corrupt"
+		s += "+corrupt" + [...]string{"", "-tag-request", "-tag-index", "-tag-epoch"}[a.Arg&corruptTagMask>>2]
+	}
+	if a.Kind == CorruptSend {
+		s += [...]string{"+tokens", "+pages"}[a.Arg&SendPages]
 	}
 	return s
+}
+
+var actionNames = [NumActionKinds]string{"Submit", "PrefillRecv", "PrefillRecvQP", "DecodeRecv", "DecodeRecvQP",
+	"PostWrite", "DecodeRead", "DetectCrash", "Cancel", "Crash", "Timeout", "Cut", "CorruptSend"}
+
+func (k ActionKind) String() string {
+	if k < NumActionKinds {
+		return actionNames[k]
+	}
+	return fmt.Sprintf("ActionKind(%d)", k)
 }
 
 // Successors emits every enabled action of s and its next state.
@@ -63,6 +89,9 @@ func (m *Model) Successors(s *State, emit func(Action, State)) {
 	do := func(a Action, f func(x *sys)) {
 		next := *s
 		x := &sys{m: m, s: &next}
+		if m.cov != nil {
+			m.cov.actions[a.Kind].Add(1)
+		}
 		if m.mutate != nil {
 			m.mutate(a, &next, func() { f(x) })
 		} else {
@@ -101,8 +130,14 @@ func (m *Model) Successors(s *State, emit func(Action, State)) {
 			int(snd.Posted-snd.Completed) >= c.MaxInFlight {
 			continue
 		}
-		for v := uint16(0); v < 4; v++ {
-			if v != 0 && !m.faultAllowed(s) || v == Late|Corrupt && !m.faultsLeft(s, 2) {
+		for v := uint16(0); v < 16; v++ {
+			if v&Corrupt == 0 && v&corruptTagMask != 0 {
+				continue
+			}
+			if v&corruptTagMask != 0 && !c.Damage.Has(DamageTag) {
+				continue
+			}
+			if v != 0 && !m.faultAllowed(s) || v&(Late|Corrupt) == Late|Corrupt && !m.faultsLeft(s, 2) {
 				continue
 			}
 			if v&Late != 0 && s.Budget[FaultLate] == 0 || v&Corrupt != 0 && s.Budget[FaultCorrupt] == 0 {
@@ -145,6 +180,40 @@ func (m *Model) Successors(s *State, emit func(Action, State)) {
 			x.s.Budget[FaultCut]--
 			x.cutQP(Flushed)
 		})
+	}
+	if s.Budget[FaultCorrupt] > 0 && c.Damage.Has(DamageSend) {
+		for _, back := range []bool{false, true} {
+			q, kind, arg := &s.QP, MDone, uint16(0)
+			if back {
+				q, kind, arg = &s.QPBack, MGrant, SendBack
+			}
+			if q.N == 0 || q.Head().Kind != kind || back && s.PrefillCrashed {
+				continue
+			}
+			for _, field := range []uint16{SendTokens, SendPages} {
+				do(Action{CorruptSend, q.Head().Req, arg | field}, func(x *sys) { x.corruptSend(arg | field) })
+			}
+		}
+	}
+}
+
+// corruptSend damages one count of the SEND at the head of a queue-pair
+// direction, then delivers it.
+func (x *sys) corruptSend(arg uint16) {
+	x.s.Budget[FaultCorrupt]--
+	q := &x.s.QP
+	if arg&SendBack != 0 {
+		q = &x.s.QPBack
+	}
+	if arg&SendPages != 0 {
+		q.Buf[0].Pages++
+	} else {
+		q.Buf[0].Tokens++
+	}
+	if arg&SendBack != 0 {
+		x.prefillRecvQP()
+	} else {
+		x.decodeRecvQP(0)
 	}
 }
 
@@ -339,10 +408,13 @@ func (x *sys) submit(r int) {
 	t := x.m.cfg.Prompts[r]
 	switch {
 	case t > x.m.cfg.ContextLimit:
+		x.hit(RouterOverLimit)
 		x.report(r, Rejected, OverLimit)
 	case x.s.CrashDetected:
+		x.hit(RouterPeerDead)
 		x.report(r, Failed, PeerFailed)
 	default:
+		x.hit(RouterDispatch)
 		x.toPrefill(&x.s.ToPrefill, Msg{Kind: MPrefill, Req: int8(r), Tokens: uint8(t)})
 	}
 }
@@ -385,12 +457,14 @@ func (x *sys) prefillIntake(r int) {
 	pages := c.PagesFor(t)
 	if t > c.PrefillLimit() {
 		if !x.bug(AdmitFinished) {
+			x.hit(PrefillOverLimit)
 			snd.Phase = SRejected
 			x.report(r, Rejected, OverLimit)
 			return
 		}
 		// The incident: the prompt is swapped for a one-token placeholder and
 		// marked rejected, but admission asks "finished?", so it goes on.
+		x.hit(PrefillPlaceholder)
 		snd.Placeholder = true
 		pages = 1
 	}
@@ -401,10 +475,12 @@ func (x *sys) prefillIntake(r int) {
 		}
 	}
 	if len(got) < pages {
+		x.hit(PrefillNoCapacity)
 		snd.Phase = SFailed
 		x.report(r, Failed, NoCapacity)
 		return
 	}
+	x.hit(PrefillAccept)
 	for i, p := range got {
 		x.s.Src[p] = SourcePage{Owner: int8(r), Data: Label{Req: int8(r), Index: int8(i)}}
 		snd.Src[i] = p
@@ -432,17 +508,20 @@ func (x *sys) admit(r int, g Msg) {
 	case SAwaitGrant:
 		t := c.Prompts[r]
 		if int(g.Tokens) != t || int(g.Pages) != c.PagesFor(t) {
+			x.hit(AdmitGrantMismatch)
 			x.freeSrc(r)
 			snd.Phase = SFailed
 			x.report(r, Failed, GrantMismatch)
 			x.push(&x.s.QP, Msg{Kind: MAbortAck, Req: int8(r)})
 			return
 		}
+		x.hit(AdmitGrant)
 		snd.Grant = x.s.Req[r].R.Pages // a grant carries the reservation's (page, epoch) tags
 		snd.Granted = true
 		snd.Phase = SWriting
 	case SAborted, SFailed:
 		// Nothing was posted for r: tell decode it is fenced.
+		x.hit(AdmitEndedGrant)
 		x.push(&x.s.QP, Msg{Kind: MAbortAck, Req: int8(r)})
 	}
 }
@@ -458,11 +537,9 @@ func (x *sys) prefillAbort(r int) {
 			x.sendDone(r)
 			return
 		}
-		snd.Phase = SAborting
-		x.senderProgress(r)
+		x.abortSending(r)
 	case SSent:
-		snd.Phase = SAborting
-		x.senderProgress(r)
+		x.abortSending(r)
 	case SFinished:
 		if snd.Granted {
 			x.push(&x.s.QP, Msg{Kind: MAbortAck, Req: int8(r)})
@@ -470,11 +547,25 @@ func (x *sys) prefillAbort(r int) {
 	}
 }
 
+// abortSending stops a sender that has posted WRITEs: it acks once they have
+// all completed.
+func (x *sys) abortSending(r int) {
+	snd := &x.s.Req[r].S
+	if snd.Completed != snd.Posted {
+		x.hit(SenderAbortWaits)
+	}
+	snd.Phase = SAborting
+	x.senderProgress(r)
+}
+
 func (x *sys) postWrite(r int, variant uint16) {
 	snd := &x.s.Req[r].S
 	i := snd.Posted
 	w := Msg{Kind: MWrite, Req: int8(r), Index: int8(i), Target: snd.Grant[i], Src: snd.Src[i],
-		Sum: x.s.Src[snd.Src[i]].Data, Corrupt: variant&Corrupt != 0}
+		Sum: x.s.Src[snd.Src[i]].Data}
+	if variant&Corrupt != 0 {
+		w.Damage = uint8(variant&corruptTagMask>>2) + 1
+	}
 	snd.Posted++
 	if variant&Corrupt != 0 {
 		x.s.Budget[FaultCorrupt]--
@@ -559,13 +650,29 @@ func (x *sys) crash() {
 // reads the source page now, so a source page reused early ships its new content.
 func (x *sys) place(w Msg) {
 	pg := &x.s.Pages[w.Target.Page]
-	if pg.Owner != Free && pg.Owner != w.Req && !x.s.Foreign.Happened {
-		x.s.Foreign = ForeignWrite{Happened: true, Req: w.Req, Page: w.Target.Page, Owner: pg.Owner}
+	switch pg.Owner {
+	case w.Req:
+		x.hit(WriteLanded)
+	case Free:
+		x.hit(WriteLandedFree)
+	default:
+		x.hit(WriteLandedForeign)
+		if !x.s.Foreign.Happened {
+			x.s.Foreign = ForeignWrite{Happened: true, Req: w.Req, Page: w.Target.Page, Owner: pg.Owner}
+		}
 	}
 	data := x.s.Src[w.Src].Data
-	data.Corrupt = data.Corrupt || w.Corrupt
+	data.Corrupt = data.Corrupt || w.Damage == DamagedPayload
 	pg.Data = data
 	pg.Tag = Tag{Req: w.Req, Index: w.Index, Epoch: w.Target.Epoch, Sum: w.Sum}
+	switch w.Damage {
+	case DamagedTagReq:
+		pg.Tag.Req = Tenant
+	case DamagedTagIndex:
+		pg.Tag.Index++
+	case DamagedTagEpoch:
+		pg.Tag.Epoch++
+	}
 	if !x.s.PrefillCrashed {
 		x.s.Req[w.Req].S.Completed++
 		x.senderProgress(int(w.Req))
@@ -579,6 +686,7 @@ func (x *sys) cutQP(why Reason) {
 	x.s.QPBack.Clear()
 	for r := range x.m.cfg.Prompts {
 		if snd := &x.s.Req[r].S; snd.Phase.Live() {
+			x.hit(CutFails)
 			x.freeSrc(r)
 			snd.Phase = SFailed
 			x.report(r, Failed, why)
@@ -625,14 +733,17 @@ func (x *sys) reserve(r int, b Msg, choice int) {
 	switch rec.Phase {
 	case RTombstone:
 		// Cancelled before it arrived: refuse, so the sender stops.
+		x.hit(DecodeTombstone)
 		x.toPrefill(&x.s.QPBack, Msg{Kind: MAbort, Req: int8(r)})
 		return
 	case RNone:
 	default:
+		x.hit(DecodeDuplicate)
 		return // duplicate
 	}
 	t := int(b.Tokens)
 	if t > c.DecodeLimit() {
+		x.hit(DecodeOverLimit)
 		rec.Phase, rec.Reason = RRejected, OverLimit
 		x.report(r, Rejected, OverLimit)
 		x.peerCancel(r)
@@ -642,16 +753,36 @@ func (x *sys) reserve(r int, b Msg, choice int) {
 	slot := freeSlot(x.s, c.DecodeSlots)
 	free := freePages(x.s, c.DecodePages)
 	if slot < 0 || len(free) < n {
+		if slot < 0 {
+			x.hit(DecodeNoSlot)
+		} else {
+			x.hit(DecodeNoPages)
+		}
 		rec.Phase, rec.Reason, rec.Released = RClosed, NoCapacity, true
 		x.report(r, Failed, NoCapacity)
 		x.peerCancel(r)
 		return
 	}
+	x.hit(DecodeReserve)
+	if len(free) == n {
+		x.hit(DecodeExactlyFull)
+	}
+	for q := range c.Prompts {
+		if q != r && x.s.Req[q].R.Slot == slot && x.s.Req[q].R.Phase != RNone {
+			x.hit(DecodeReusedSlot)
+			break
+		}
+	}
+	reused := false
 	for i, p := range nthTuple(free, n, choice) {
 		pg := &x.s.Pages[p]
+		reused = reused || pg.Epoch > 0
 		pg.Epoch++
 		pg.Owner, pg.Quarantined = int8(r), false
 		rec.Pages[i] = PageRef{Page: p, Epoch: pg.Epoch}
+	}
+	if reused {
+		x.hit(DecodeReusedPage)
 	}
 	rec.N, rec.Slot, rec.Phase = uint8(n), slot, RReserved
 	x.s.Slots[slot] = int8(r)
@@ -674,6 +805,7 @@ func (x *sys) done(d Msg) {
 	}
 	rec := &x.s.Req[r].R
 	if rec.Phase != RReserved {
+		x.hit(DoneFence)
 		x.fence(r, PeerFailed)
 		return
 	}
@@ -683,6 +815,7 @@ func (x *sys) done(d Msg) {
 		x.peerCancel(r)
 		return
 	}
+	x.hit(VerifyOK)
 	rec.Phase = RReady
 }
 
@@ -690,16 +823,41 @@ func (x *sys) done(d Msg) {
 func (x *sys) verify(r int, d Msg) Reason {
 	c := &x.m.cfg
 	rec := &x.s.Req[r].R
-	if !x.bug(NoTokenCheck) && (int(d.Tokens) != c.Prompts[r] || d.Pages != rec.N) {
-		return TokenMismatch
+	if !x.bug(NoTokenCheck) {
+		switch {
+		case int(d.Tokens) != c.Prompts[r]:
+			x.hit(VerifyTokens)
+			return TokenMismatch
+		case d.Pages != rec.N:
+			x.hit(VerifyPages)
+			return TokenMismatch
+		}
 	}
 	for i := 0; i < int(rec.N); i++ {
 		ref := rec.Pages[i]
 		pg := &x.s.Pages[ref.Page]
-		if !x.bug(NoTagCheck) && (pg.Epoch != ref.Epoch || pg.Tag != Tag{Req: int8(r), Index: int8(i), Epoch: ref.Epoch, Sum: pg.Tag.Sum}) {
-			return TagMismatch
+		if !x.bug(NoTagCheck) {
+			switch {
+			case pg.Epoch != ref.Epoch:
+				x.hit(VerifyPageEpoch)
+				return TagMismatch
+			case pg.Tag.Req != int8(r):
+				x.hit(VerifyTagRequest)
+				return TagMismatch
+			case pg.Tag.Index != int8(i):
+				x.hit(VerifyTagIndex)
+				return TagMismatch
+			case pg.Tag.Epoch != ref.Epoch:
+				x.hit(VerifyTagEpoch)
+				return TagMismatch
+			}
 		}
 		if !x.bug(NoChecksum) && pg.Data != pg.Tag.Sum {
+			if i == 0 {
+				x.hit(VerifyChecksumFirst)
+			} else {
+				x.hit(VerifyChecksumLater)
+			}
 			return ChecksumMismatch
 		}
 	}
@@ -712,13 +870,16 @@ func (x *sys) fence(r int, why Reason) {
 	rec := &x.s.Req[r].R
 	switch rec.Phase {
 	case RQuarantine:
+		x.hit(FenceQuarantine)
 		x.release(r)
 		rec.Phase = RClosed
 	case RReserved:
 		// The sender gave up on its own.
+		x.hit(FenceReserved)
 		x.closeReceiver(r, why)
 		x.report(r, Failed, why)
 	case RFinished, RClosed:
+		x.hit(FenceEnded)
 		if x.bug(DoubleFree) {
 			x.release(r)
 		}
@@ -772,9 +933,11 @@ func (x *sys) abortDecode(r int, why Reason, cancelled, early bool) {
 	switch rec.Phase {
 	case RNone:
 		if cancelled {
+			x.hit(AbortTombstone)
 			rec.Phase, rec.Reason = RTombstone, why
 		}
 	case RReserved:
+		x.hit(AbortQuarantine)
 		x.freeSlotOf(r)
 		rec.Reason = why
 		if leak {
@@ -793,6 +956,7 @@ func (x *sys) abortDecode(r int, why Reason, cancelled, early bool) {
 		}
 	case RReady:
 		// Done arrived, so the writer is fenced: the pages can go back at once.
+		x.hit(AbortReady)
 		x.freeSlotOf(r)
 		rec.Reason = why
 		if leak {
@@ -828,6 +992,7 @@ func (x *sys) decodeRead(r int) {
 	if !x.bug(NoTagCheck) {
 		for i := 0; i < int(rec.N); i++ {
 			if ref := rec.Pages[i]; x.s.Pages[ref.Page].Epoch != ref.Epoch {
+				x.hit(ReadEpoch)
 				x.closeReceiver(r, TagMismatch)
 				x.report(r, Failed, TagMismatch)
 				return
@@ -837,6 +1002,7 @@ func (x *sys) decodeRead(r int) {
 	for i := 0; i < int(rec.N); i++ {
 		q.ReadData[i] = x.s.Pages[rec.Pages[i].Page].Data
 	}
+	x.hit(ReadOK)
 	q.Read, q.ReadN = true, rec.N
 	x.freeSlotOf(r)
 	x.release(r)

@@ -44,6 +44,9 @@ type checkFlags struct {
 	maxMemory                 string
 	prompts                   string
 	prefillPages              int
+	contextLimit              int
+	damage                    string
+	coverage                  bool
 }
 
 func runCheck(args []string, stdout, stderr io.Writer) int {
@@ -70,6 +73,9 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&f.maxMemory, "max-memory", "", "give up (exit 3) when the live heap exceeds this, e.g. 16GiB, 500MB (default: 3/4 of the machine's memory); a state costs under 100 bytes")
 	fs.IntVar(&f.workers, "workers", 0, "exploration goroutines (0: one per core)")
 	fs.BoolVar(&f.quiet, "quiet", false, "no progress on stderr")
+	fs.IntVar(&f.contextLimit, "context-limit", 0, "the router's limit in tokens, the advertised context (0: the decode pool's capacity)")
+	fs.StringVar(&f.damage, "damage", "payload", `what the corrupt fault may damage: payload (always), tag (a tag record's request, index or epoch), send (a Done's or Grant's token or page count), comma-separated`)
+	fs.BoolVar(&f.coverage, "coverage", false, "count how often each action and each guarded branch of the spec fired; printed after the result (\"coverage\" in --json)")
 	if code := parseFlags(fs, args, stderr); code >= 0 {
 		if code != 0 && f.jsonOut {
 			printJSON(stdout, stderr, jsonReport{Result: "error", Error: "bad usage (see stderr)", Bugs: []string{}, Trace: []jsonStep{}})
@@ -112,6 +118,12 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 	opt.MaxStates = f.maxStates
 	if opt.MaxMemory, err = maxMemory(f.maxMemory); err != nil {
 		return f.usageError(err, stdout, stderr)
+	}
+	if f.coverage {
+		if f.needAll {
+			return f.usageError(errors.New("--coverage does not combine with --need-all"), stdout, stderr)
+		}
+		opt.Coverage = new(spec.Coverage)
 	}
 	var r *explore.Report
 	if f.needAll {
@@ -169,6 +181,9 @@ func (f *checkFlags) config() (spec.Config, error) {
 	if f.prefillPages > 0 {
 		cfg.PrefillPages = f.prefillPages
 	}
+	if f.contextLimit > 0 {
+		cfg.ContextLimit = f.contextLimit
+	}
 	if f.prompts != "" {
 		cfg.Prompts = nil
 		for _, p := range strings.Split(f.prompts, ",") {
@@ -185,6 +200,9 @@ func (f *checkFlags) config() (spec.Config, error) {
 		return cfg, err
 	}
 	if cfg.Bugs, err = spec.ParseSwitches(f.bugs); err != nil {
+		return cfg, err
+	}
+	if cfg.Damage, err = spec.ParseDamage(f.damage); err != nil {
 		return cfg, err
 	}
 	cfg.MaxFaults = f.maxFaults
@@ -226,6 +244,9 @@ type jsonReport struct {
 	// HeapBytes is the largest Go heap sampled during the exploration.
 	HeapBytes uint64     `json:"heap_bytes"`
 	Trace     []jsonStep `json:"trace"`
+	// Coverage: with --coverage, every action kind and branch of the spec and
+	// how often it fired.
+	Coverage []explore.CoverageRow `json:"coverage,omitempty"`
 }
 
 func (out *jsonReport) setStats(s checker.Stats) {
@@ -262,6 +283,9 @@ func (f *checkFlags) printReport(r *explore.Report, stdout, stderr io.Writer) in
 		for _, st := range r.Trace {
 			out.Trace = append(out.Trace, jsonStep{st.Step, st.Action, st.Detail})
 		}
+		if r.Coverage != nil {
+			out.Coverage = explore.CoverageRows(r.Coverage)
+		}
 		if !printJSON(stdout, stderr, out) {
 			return 2
 		}
@@ -274,7 +298,7 @@ func (f *checkFlags) printReport(r *explore.Report, stdout, stderr io.Writer) in
 	}
 	if r.OK {
 		fmt.Fprintf(stdout, "ok: every property holds within the bounds (%s%s)\n", what, acyclicity(r))
-		return 0
+		return f.printCoverage(r, stdout, 0)
 	}
 	doc := ""
 	for _, inv := range spec.Invariants {
@@ -311,6 +335,21 @@ func (f *checkFlags) printReport(r *explore.Report, stdout, stderr io.Writer) in
 		explore.WriteText(stdout, r.Trace)
 	}
 	fmt.Fprintf(stdout, "%sviolation of %s in %d steps (%s%s)\n", prefix, r.Property, len(r.Trace), what, acyclicity(r))
+	return f.printCoverage(r, stdout, code)
+}
+
+// printCoverage prints the coverage table after the result, if there is one,
+// and names the defenses that never fired.
+func (f *checkFlags) printCoverage(r *explore.Report, stdout io.Writer, code int) int {
+	if r.Coverage == nil {
+		return code
+	}
+	rows := explore.CoverageRows(r.Coverage)
+	fmt.Fprintln(stdout)
+	explore.WriteCoverage(stdout, rows)
+	if unfired := explore.Unfired(rows); len(unfired) > 0 {
+		fmt.Fprintf(stdout, "defenses that never fired at these bounds: %s\n", strings.Join(unfired, ", "))
+	}
 	return code
 }
 

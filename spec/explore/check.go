@@ -27,6 +27,7 @@ type Report struct {
 	Trace      []Step
 	Truncated  bool // the counterexample filter gave up on some property
 	Simulation *SimStats
+	Coverage   *spec.Coverage // what the exploration took, if Options.Coverage was set
 }
 
 // SimStats describes a simulation run.
@@ -44,6 +45,9 @@ type Options struct {
 	MaxMemory uint64 // bytes of live heap; see checker.Options.MaxMemory
 	All       bool   // look for every property's first violation, not only the first one
 	Progress  func(checker.Stats)
+	// Coverage, if set, counts every action and branch of the spec the
+	// exploration takes (see CoverageRows).
+	Coverage *spec.Coverage
 }
 
 // Properties binds the spec's predicates to m.
@@ -70,11 +74,16 @@ func Check(cfg spec.Config, opt Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	if opt.Coverage != nil {
+		m = m.WithCoverage(opt.Coverage)
+	}
 	res, err := checker.Check(m, Properties(m), checkerOptions(opt))
 	if err != nil {
 		return nil, err
 	}
-	return report(m, res), nil
+	r := report(m, res)
+	r.Coverage = opt.Coverage
+	return r, nil
 }
 
 func report(m *spec.Model, res *checker.Result[spec.State, spec.Action]) *Report {

@@ -224,3 +224,71 @@ func TestMermaidTrace(t *testing.T) {
 		t.Error("a semicolon would end a Mermaid statement early")
 	}
 }
+
+// verification has two-page requests, one slot, and a corrupt fault that may
+// damage a payload, a tag record field, or a Done's or Grant's counts: every
+// verification check can refuse.
+func verification() spec.Config {
+	cfg := spec.NewConfig(2, 4, 2)
+	cfg.Prompts, cfg.PrefillPages, cfg.DecodeSlots = []int{4, 4}, 4, 1
+	cfg.Faults = spec.Budget{spec.FaultCorrupt: 1}
+	cfg.Damage = spec.DamageTag | spec.DamageSend
+	return cfg
+}
+
+func coverageOf(t *testing.T, cfg spec.Config) (*Report, map[string]uint64) {
+	t.Helper()
+	cov := new(spec.Coverage)
+	r, err := Check(cfg, Options{Coverage: cov})
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts := map[string]uint64{}
+	for _, row := range CoverageRows(cov) {
+		counts[row.Kind+" "+row.Name] = row.Count
+	}
+	return r, counts
+}
+
+// Every step the checker takes is counted once: in a run that passes (no
+// trace rebuilt), the actions add up to the transitions explored.
+func TestCoverageCountsEveryTransitionOnce(t *testing.T) {
+	r, counts := coverageOf(t, verification())
+	if !r.OK {
+		t.Fatalf("violates %s", r.Property)
+	}
+	var sum uint64
+	for k, n := range counts {
+		if strings.HasPrefix(k, "action ") {
+			sum += n
+		}
+	}
+	if sum != uint64(r.Stats.Transitions) {
+		t.Fatalf("actions add up to %d, the checker explored %d transitions", sum, r.Stats.Transitions)
+	}
+	for _, d := range []string{"verify-tokens", "verify-pages", "verify-tag-request", "verify-tag-index", "verify-tag-epoch",
+		"verify-checksum-first", "verify-checksum-later", "admit-grant-mismatch", "decode-no-slot"} {
+		if counts["defense "+d] == 0 {
+			t.Errorf("%s never fired", d)
+		}
+	}
+}
+
+// A defense switched off shows as a check that never fires: the coverage gate
+// in CI would name it.
+func TestCoverageShowsADefenseSwitchedOff(t *testing.T) {
+	for sw, branches := range map[string][]string{
+		"no-checksum":    {"verify-checksum-first", "verify-checksum-later"},
+		"no-tag-check":   {"verify-tag-request", "verify-tag-index", "verify-tag-epoch"},
+		"no-token-check": {"verify-tokens", "verify-pages"},
+	} {
+		cfg := verification()
+		cfg.Bugs = bugs(t, sw)
+		_, counts := coverageOf(t, cfg)
+		for _, b := range branches {
+			if counts["defense "+b] != 0 {
+				t.Errorf("%s: %s fired %d times", sw, b, counts["defense "+b])
+			}
+		}
+	}
+}
