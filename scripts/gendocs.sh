@@ -40,9 +40,9 @@ if [ -n "${KVH_MATRIX:-}" ]; then
 else
   { echo '```'; output check --matrix; echo '```'; } | fill docs/spec.md matrix
 fi
-for sw in eager-release timeout-free no-checksum leak-on-cancel no-peer-cancel double-free; do
+for sw in admit-finished eager-release timeout-free no-checksum leak-on-cancel no-peer-cancel double-free checksum-hangs; do
   { echo '```'; output check --bug "$sw" | grep -E '^(VIOLATION|  *[0-9]+\. )'; echo '```'; } | fill docs/spec.md "trace-$sw"
 done
-for combo in abort-still-sends,no-tag-check prefill-early-free,no-checksum done-unmatched,no-tag-check; do
+for combo in abort-still-sends,no-tag-check prefill-early-free,no-checksum done-unmatched,no-tag-check abort-frees-source,no-checksum; do
   { echo '```'; output check --bug "$combo" --need-all | grep -E '^(VIOLATION|  *[0-9]+\. )'; echo '```'; } | fill docs/spec.md "trace-$combo"
 done

@@ -8,8 +8,9 @@ import (
 	"strings"
 )
 
-// Switch is one bug of the catalogue (design.md §5). A set of switches is a
-// Switches value; the zero value is the correct protocol.
+// Switch is one bug of the catalogue (design.md §5, and the peers' issue
+// trackers: docs/spec.md). A set of switches is a Switches value; the zero
+// value is the correct protocol.
 type Switch uint16
 
 // The switches, with exactly the catalogue's names (see Switch.String).
@@ -26,13 +27,15 @@ const (
 	LeakOnCancel                        // a cancelled request's pages are never returned
 	NoPeerCancel                        // a failure on one leg is not propagated to the other
 	DoubleFree                          // a page can be freed twice
+	AbortFreesSource                    // an aborted sender frees its source pages before its posted WRITEs complete (vLLM #21570)
+	ChecksumHangs                       // a checksum mismatch at Done neither fails nor readies the request (SGLang #39729)
 	numSwitches      = iota
 )
 
 var switchNames = [numSwitches]string{
 	"admit-finished", "abort-still-sends", "no-token-check", "eager-release", "timeout-free",
 	"prefill-early-free", "done-unmatched", "no-tag-check", "no-checksum", "leak-on-cancel",
-	"no-peer-cancel", "double-free",
+	"no-peer-cancel", "double-free", "abort-frees-source", "checksum-hangs",
 }
 
 // AllSwitches lists every switch in catalogue order.

@@ -64,10 +64,13 @@
 //
 // # Switches
 //
-// The 12 bugs of design.md §5 are [Switch] values with the catalogue's names;
-// [Config.Bugs] turns them on. Each changes exactly the branch the catalogue
-// describes (grep the switch's constant to find it). docs/spec.md tells the
-// story of each one's counterexample and holds the defense matrix.
+// The 12 bugs of design.md §5, and two more from the peers' issue trackers
+// (abort-frees-source, vLLM #21570; checksum-hangs, SGLang #39729), are
+// [Switch] values with the catalogue's names; [Config.Bugs] turns them on. Each
+// changes exactly the branch the catalogue describes (grep the switch's
+// constant to find it). docs/spec.md tells the story of each one's
+// counterexample, holds the defense matrix, and says for each report it does
+// not model which rule of the protocol rules it out.
 //
 // # Properties
 //

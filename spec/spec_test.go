@@ -326,8 +326,8 @@ func TestParseSwitchesAndFaults(t *testing.T) {
 	if _, err := ParseSwitches("admit-finishd"); !errors.Is(err, ErrUnknownSwitch) {
 		t.Fatalf("want ErrUnknownSwitch, got %v", err)
 	}
-	if len(AllSwitches()) != 12 {
-		t.Fatal("the catalogue has 12 switches")
+	if len(AllSwitches()) != 14 {
+		t.Fatal("the catalogue has 14 switches")
 	}
 	b, err := ParseFaults("cancel=2,late")
 	if err != nil || b[FaultCancel] != 2 || b[FaultLate] != 1 || b[FaultCrash] != 0 {

@@ -143,7 +143,7 @@ func TestMatrixJSON(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &m); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	if len(m.Matrix) != 12 || m.Matrix[0].Bug != "admit-finished" || m.Matrix[0].ExposedBy == nil || m.Matrix[0].Violated == nil {
+	if len(m.Matrix) != 14 || m.Matrix[0].Bug != "admit-finished" || m.Matrix[0].ExposedBy == nil || m.Matrix[0].Violated == nil {
 		t.Fatalf("got %+v", m.Matrix)
 	}
 }
@@ -240,5 +240,41 @@ func TestBenchTransferJSON(t *testing.T) {
 	}
 	if code, _, errOut := runCLI(t, "bench", "transfer", "--provider", "verbs"); code != 2 || !strings.Contains(errOut, "-tags verbs") {
 		t.Fatalf("verbs in a plain build: exit %d, %q", code, errOut)
+	}
+}
+
+// --coverage --json adds one row per action and branch; at the verification
+// bounds of the CI gate every verification check fires.
+func TestCheckCoverageJSON(t *testing.T) {
+	code, out, errOut := runCLI(t, "check", "--json", "--coverage", "--page-size", "2", "--pages", "4", "--prefill-pages", "4",
+		"--prompts", "4,4", "--faults", "corrupt", "--damage", "tag,send")
+	if code != 0 {
+		t.Fatalf("exit %d\n%s\n%s", code, out, errOut)
+	}
+	var r struct {
+		Result   string
+		Coverage []struct {
+			Kind, Name string
+			Count      uint64
+		}
+	}
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	fired := map[string]uint64{}
+	for _, row := range r.Coverage {
+		fired[row.Kind+" "+row.Name] = row.Count
+	}
+	for _, d := range []string{"verify-tokens", "verify-pages", "verify-tag-request", "verify-tag-index", "verify-tag-epoch",
+		"verify-checksum-first", "verify-checksum-later", "admit-grant-mismatch"} {
+		if fired["defense "+d] == 0 {
+			t.Errorf("defense %s: %d", d, fired["defense "+d])
+		}
+	}
+	if fired["action Submit"] == 0 || fired["redundant read-epoch"] != 0 {
+		t.Errorf("coverage %v", fired)
+	}
+	if code, _, _ := runCLI(t, "check", "--coverage", "--need-all", "--bug", "no-checksum", "--quiet"); code != 2 {
+		t.Errorf("--coverage with --need-all: exit %d, want 2", code)
 	}
 }

@@ -1,7 +1,9 @@
 // Package explore binds the executable spec to the generic model checker: it
 // checks a configuration and turns the checker's traces into numbered, readable
-// steps; it runs seeded simulations; and it computes the defense matrix, the
-// smallest combinations of switches that expose each bug of the catalogue.
+// steps; it runs seeded simulations; it computes the defense matrix, the
+// smallest combinations of switches that expose each bug of the catalogue; and
+// it reports coverage, how often each action and guarded branch of the spec
+// fired during a check (Options.Coverage, CoverageRows).
 //
 // A combination counts as exposing its switches only through a counterexample
 // that needs every one of them: replayed with any single switch of the
