@@ -6,6 +6,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/kvhandoff/kvhandoff/spec"
 	"github.com/kvhandoff/kvhandoff/spec/checker"
 )
 
@@ -113,6 +114,36 @@ func (manyCounters) Successors(s *uint32, emit func(string, uint32)) {
 	for i := 0; i < 8; i++ {
 		if *s>>(3*i)&7 < 7 {
 			emit("inc", *s+1<<(3*i))
+		}
+	}
+}
+
+func TestSpecSpilledFrontierMatchesInMemory(t *testing.T) {
+	for _, bug := range []spec.Switches{0, spec.Switches(0).With(spec.EagerRelease)} {
+		cfg := spec.NewConfig(3, 4, 2)
+		cfg.Bugs = bug
+		cfg.MaxFaults = 2
+		m, err := spec.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		props := specProperties(m)
+		mem, err := checker.Check(m, props, checker.Options{DeadlockName: spec.Termination})
+		if err != nil {
+			t.Fatal(err)
+		}
+		disk, err := checker.Check(m, props, checker.Options{DeadlockName: spec.Termination, FrontierMemory: 1, SpillDir: t.TempDir()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if disk.Stats.Spilled == 0 && bug == 0 {
+			t.Fatal("nothing spilled")
+		}
+		if mem.Stats.States != disk.Stats.States || mem.Stats.Transitions != disk.Stats.Transitions || mem.OK() != disk.OK() {
+			t.Fatalf("bugs %s: in memory %+v, spilled %+v", bug, mem.Stats, disk.Stats)
+		}
+		if !mem.OK() && !slices.Equal(mem.Violations[0].Trace, disk.Violations[0].Trace) {
+			t.Fatalf("bugs %s: the counterexamples differ", bug)
 		}
 	}
 }
