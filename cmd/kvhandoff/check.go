@@ -112,7 +112,7 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 	opt := explore.Options{Workers: f.workers}
 	if !f.quiet {
 		opt.Progress = func(s checker.Stats) {
-			fmt.Fprintf(stderr, "  %d states, %.0f states/s, depth %d, %s\n", s.States, s.StatesPerSecond(), s.Depth, s.Elapsed.Round(time.Second))
+			fmt.Fprintf(stderr, "  %d states, %.0f states/s, depth %d, %s, heap %d MB\n", s.States, s.StatesPerSecond(), s.Depth, s.Elapsed.Round(time.Second), s.PeakHeap>>20)
 		}
 	}
 	opt.MaxStates = f.maxStates

@@ -494,7 +494,7 @@ func (c *run[S, A]) run() (*Result[S, A], error) {
 			if c.opt.Progress != nil && time.Since(lastTick) >= time.Second {
 				lastTick = time.Now()
 				st := c.stats()
-				st.Depth = depth
+				st.Depth, st.PeakHeap = depth, c.heap.peak
 				c.opt.Progress(st)
 			}
 		}
