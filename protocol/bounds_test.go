@@ -380,3 +380,37 @@ func TestHorizonQueueNeverForgetsEarly(t *testing.T) {
 		t.Fatalf("%d queued (want 2500), capacity %d", len(q.items)-q.head, cap(q.items))
 	}
 }
+
+// A cut fails exactly the requests on its queue pair, in request order, and
+// costs one pass over the records and WRITEs, not a pass per request.
+func TestFlushFailsOnlyThatQueuePairsRequests(t *testing.T) {
+	const n = 2000
+	s := boundsSender(t, SenderConfig{Pages: 2 * n, PageTokens: 1, MaxInFlight: 1})
+	for i := range n {
+		peer := PeerID(1 + i%2)
+		if _, err := s.Submit(RequestID(i+1), peer, 2); err != nil {
+			t.Fatal(err)
+		}
+		s.Computed(RequestID(i + 1))
+		if err := s.Step(peer, &Grant{Request: RequestID(i + 1), Tokens: 2, Pages: []PageGrant{{Page: 0, Addr: 1}, {Page: 1, Addr: 2}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.Effects()
+	s.Flushed(2)
+	e := s.Effects()
+	if len(e.Outcomes) != n/2 {
+		t.Fatalf("%d outcomes, want %d", len(e.Outcomes), n/2)
+	}
+	for i, o := range e.Outcomes {
+		if o.Request != RequestID(2*i+2) || !errors.Is(o.Err, ErrPeerFailed) {
+			t.Fatalf("outcome %d: %v", i, o)
+		}
+	}
+	if len(s.writes) != n/2 || s.Pool().Free() != n {
+		t.Fatalf("%d WRITEs outstanding (want %d), %d pages free (want %d)", len(s.writes), n/2, s.Pool().Free(), n)
+	}
+	if st := s.Status(1); st != SendStatusWriting {
+		t.Fatalf("a request on the other queue pair: %v", st)
+	}
+}

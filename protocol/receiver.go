@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"time"
 
@@ -497,10 +496,15 @@ func (r *Receiver) PeerFailed(peer PeerID) {
 // caller, or broken and flushed): nothing more of it can land. Every request on
 // it that was waiting for Done fails; quarantined pages are released.
 func (r *Receiver) QueuePairFenced(peer PeerID) {
-	for _, id := range slices.Sorted(maps.Keys(r.reqs)) {
-		if q := r.reqs[id]; q.peer == peer && q.phase != recvTombstone {
-			r.fence(id, q, fmt.Errorf("%w: queue pair to peer %d fenced", ErrPeerFailed, peer))
+	var on []RequestID // the peer's requests, in request order: effects are deterministic
+	for id, q := range r.reqs {
+		if q.peer == peer && q.phase != recvTombstone {
+			on = append(on, id)
 		}
+	}
+	slices.Sort(on)
+	for _, id := range on {
+		r.fence(id, r.reqs[id], fmt.Errorf("%w: queue pair to peer %d fenced", ErrPeerFailed, peer))
 	}
 }
 

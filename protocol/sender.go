@@ -3,7 +3,6 @@ package protocol
 import (
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"time"
 
@@ -478,23 +477,30 @@ func (s *Sender) abort(id RequestID, q *sendRequest, why error) {
 // (with flush errors, reported through Completed or not at all): every request
 // on it fails, and its source pages are free again.
 func (s *Sender) Flushed(peer PeerID) {
-	for _, id := range slices.Sorted(maps.Keys(s.reqs)) {
+	live := func(q *sendRequest) bool {
+		return q != nil && q.peer == peer && (q.phase == sendAwaitGrant || q.phase == sendWriting || q.phase == sendDoneSent || q.phase == sendAborting)
+	}
+	var on []RequestID // the peer's live requests, in request order: effects are deterministic
+	for id, q := range s.reqs {
+		if live(q) {
+			on = append(on, id)
+		}
+	}
+	if len(on) == 0 {
+		return
+	}
+	slices.Sort(on)
+	for wid, k := range s.writes { // one pass: the flush completes their WRITEs
+		if live(s.reqs[k.req]) {
+			delete(s.writes, wid)
+		}
+	}
+	for _, id := range on {
 		q := s.reqs[id]
-		if q.peer != peer {
-			continue
-		}
-		switch q.phase {
-		case sendAwaitGrant, sendWriting, sendDoneSent, sendAborting:
-			for wid, k := range s.writes {
-				if k.req == id {
-					delete(s.writes, wid)
-				}
-			}
-			q.completed = q.posted // the flush completes every posted WRITE
-			s.pool.Release(id, q.src)
-			s.end(id, q, sendFailed)
-			s.finish(id, q, fmt.Errorf("%w: queue pair to peer %d flushed", ErrPeerFailed, peer))
-		}
+		q.completed = q.posted // the flush completes every posted WRITE
+		s.pool.Release(id, q.src)
+		s.end(id, q, sendFailed)
+		s.finish(id, q, fmt.Errorf("%w: queue pair to peer %d flushed", ErrPeerFailed, peer))
 	}
 }
 
