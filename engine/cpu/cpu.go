@@ -217,6 +217,13 @@ func (b *Backend) Forward(s *backend.Step) error {
 	}
 	table := s.Table[:g.PagesFor(end)]
 	check := !s.Unchecked
+	b.pages = b.pages[:0]
+	for _, ref := range table {
+		if int(ref.Page) >= len(b.epochs) {
+			return fmt.Errorf("%w: page %d of a pool of %d", kv.ErrGeometry, ref.Page, len(b.epochs))
+		}
+		b.pages = append(b.pages, b.cache.Floats(ref.Page))
+	}
 	// The pages the step writes are checked before anything is written.
 	if check {
 		for i := s.Pos / g.PageTokens; i < len(table); i++ {
@@ -224,13 +231,6 @@ func (b *Backend) Forward(s *backend.Step) error {
 				return err
 			}
 		}
-	}
-	b.pages = b.pages[:0]
-	for _, ref := range table {
-		if int(ref.Page) >= len(b.epochs) {
-			return fmt.Errorf("%w: page %d of a pool of %d", kv.ErrGeometry, ref.Page, len(b.epochs))
-		}
-		b.pages = append(b.pages, b.cache.Floats(ref.Page))
 	}
 	dim, kvDim, hidden := m.Dim, m.KVDim(), m.HiddenDim
 	b.x, b.xb, b.xb2, b.q = grow(b.x, T*dim), grow(b.xb, T*dim), grow(b.xb2, T*dim), grow(b.q, T*dim)

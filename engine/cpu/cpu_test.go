@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvhandoff/kvhandoff/engine/backend"
 	"github.com/kvhandoff/kvhandoff/engine/kv"
 	"github.com/kvhandoff/kvhandoff/engine/model"
 )
@@ -112,4 +113,28 @@ func BenchmarkAttentionTagCheck(b *testing.B) {
 		}
 	}
 	b.ReportMetric(1-float64(best[1])/float64(best[0]), "check-cost")
+}
+
+// Forward called directly (not through the engine) refuses a table naming a
+// page outside the pool, a step past the context, and bad tokens, with errors.
+func TestForwardRefusesBadStepsWithoutPanicking(t *testing.T) {
+	m, _ := model.Alloc(model.Config{Dim: 16, HiddenDim: 16, Layers: 1, Heads: 2, KVHeads: 1, Vocab: 8, SeqLen: 8})
+	bk := New()
+	bk.Load(m)
+	c, _ := kv.New(kv.Geometry{Layers: 1, KVHeads: 1, HeadDim: 8, PageTokens: 4}, 2)
+	bk.AttachPool(c)
+	logits := make([]float32, 8)
+	for name, s := range map[string]backend.Step{
+		"page outside":  {Tokens: []int{1}, Table: kv.Table{{Page: 5}}, Logits: logits},
+		"past context":  {Tokens: []int{1}, Pos: 8, Table: kv.Table{{Page: 0}, {Page: 1}, {Page: 0}}, Logits: logits},
+		"bad token":     {Tokens: []int{8}, Table: kv.Table{{Page: 0}}, Logits: logits},
+		"short logits":  {Tokens: []int{1}, Table: kv.Table{{Page: 0}}, Logits: logits[:3]},
+		"short table":   {Tokens: []int{1, 2, 3, 4, 5}, Table: kv.Table{{Page: 0}}, Logits: logits},
+		"negative pos":  {Tokens: []int{1}, Pos: -1, Table: kv.Table{{Page: 0}}, Logits: logits},
+		"stale written": {Tokens: []int{1}, Table: kv.Table{{Page: 0, Epoch: 3}}, Logits: logits},
+	} {
+		if err := bk.Forward(&s); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
 }
