@@ -158,3 +158,18 @@ func (e *Engine) WithOptions(opts Options) *Engine {
 	c.opts, c.logits, c.pages, c.epochs = opts, make([]float32, len(e.logits)), nil, nil
 	return &c
 }
+
+// Arrived tells the backend that the pages of table were written in host
+// memory by the transport and verified there: a device backend copies them
+// into its own pool (the CPU backend reads host memory itself). A decode
+// node calls it after Acquire, before Decode.
+func (e *Engine) Arrived(table kv.Table) error {
+	if err := e.cache.ValidTable(table); err != nil {
+		return err
+	}
+	ids := make([]uint32, len(table))
+	for i, ref := range table {
+		ids[i] = ref.Page
+	}
+	return e.backend.UploadPages(ids)
+}

@@ -104,6 +104,9 @@ func TestHandoffOverTheTransportDecodesWhatOneNodeWould(t *testing.T) {
 			if len(table) == len(pagesIn) {
 				t.Fatalf("%d positions fit the %d granted pages: the test does not cross the grant", len(prompt)+n, len(pagesIn))
 			}
+			if err := decode.Arrived(table[:len(pagesIn)]); err != nil {
+				t.Fatal(err)
+			}
 			out, err := decode.Decode(table, prompt, n, model.Greedy(), -1)
 			if err != nil {
 				t.Fatal(err)
