@@ -85,8 +85,12 @@
 // runs a launch's blocks one after another on the CPU, with a block's threads as coroutines
 // switched at __syncthreads and warp shuffles. `go test -tags cudaemu ./engine/cuda` runs the
 // same tests as on a GPU (both backends give the same tokens, stale pages fail naming the
-// page, page copies round-trip) against the emulator; CI runs them. gpucheck.sh runs them, and
-// the benchmarks, on a real GPU.
+// page, page copies round-trip) against the emulator; CI runs them under AddressSanitizer,
+// which reports any kernel access outside its allocations:
+//
+//	CGO_CXXFLAGS="-fsanitize=address -O1 -g" go test -asan -tags cudaemu ./engine/cuda
+//
+// gpucheck.sh runs the same tests, and the benchmarks, on a real GPU.
 package cuda
 
 //go:generate go run -tags nvrtc ./ptxgen -in kernels.cu -out kernels.ptx

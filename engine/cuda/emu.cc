@@ -12,7 +12,8 @@
 // the GPU's memory model and timing, and float rounding of the GPU's fused multiply-adds
 // (the emulator's compiler decides its own contractions). It checks every host copy against
 // the allocations, every launch's parameter count, and (at compile time) that every kernel
-// parameter is 8 bytes, the convention gorgonia.org/cu's Function.Launch imposes.
+// parameter is 8 bytes, the convention gorgonia.org/cu's Function.Launch imposes. Under
+// `go test -asan -tags cudaemu` a kernel's access outside an allocation is reported.
 
 #include <ucontext.h>
 
@@ -282,11 +283,13 @@ int emu_kernel(const char* name) {
 }
 
 uint64_t emu_alloc(size_t n) {
-	void* p = std::aligned_alloc(256, (n + 255) & ~size_t(255));
-	if (p == nullptr) return 0;
+	// Exactly n bytes (aligned like cuMemAlloc's), so that under -asan a kernel's access past
+	// an allocation is reported.
+	void* p = nullptr;
+	if (n == 0 || posix_memalign(&p, 256, n) != 0) return 0;
 	// Fresh device memory holds garbage; make it loud garbage (NaN) rather than zeros, so a
 	// read of something never written shows.
-	std::memset(p, 0xFF, (n + 255) & ~size_t(255));
+	std::memset(p, 0xFF, n);
 	allocations[reinterpret_cast<uintptr_t>(p)] = n;
 	return reinterpret_cast<uintptr_t>(p);
 }
