@@ -148,7 +148,7 @@ func NewRefinementWith(cfg spec.Config, bugs research.Switches) (*Refinement, er
 		copy(h.dst.TagRecord(uint32(p)), protocol.Tag{Request: tenantID, Tokens: 1, Sum: checksum.Sum(h.dst.Payload(uint32(p)))}.Append(nil, refKey))
 	}
 	// Both nodes advertise what the spec's router trusts: ContextLimit tokens.
-	advertised := (cfg.ContextLimit + cfg.PageSize - 1) / cfg.PageSize
+	advertised := protocol.PagesFor(uint32(cfg.ContextLimit), cfg.PageSize)
 	h.router = protocol.NewRouter(protocol.RouterConfig{Research: bugs})
 	for _, n := range []protocol.NodeInfo{
 		{ID: prefillPeer, Role: protocol.RolePrefill, ContextTokens: cfg.ContextLimit, PoolPages: advertised, PageTokens: cfg.PageSize},
