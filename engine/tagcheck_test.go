@@ -115,3 +115,61 @@ func TestAStalePageAmongHundredsIsNamed(t *testing.T) {
 		t.Fatalf("got %v, want page %d at index %d named", err, refs[victim].Page, victim)
 	}
 }
+
+// Many requests through a small pool, interleaved: waves of eight prefill,
+// then decode round-robin one token at a time, then give their pages back
+// for the next wave. Every page is reused by several tenants; every answer
+// is its own request's canary, and the check never fails a request that
+// holds its pages.
+func TestInterleavedRequestsOverReusedPagesEachGetTheirOwnCanary(t *testing.T) {
+	const pageTokens, pages, wave, waves, n = 16, 24, 8, 6, 6
+	e := newEngine(t, model.Builtin(4), pageTokens, pages, engine.Options{})
+	pool, tok := e.Cache().Pool(), model.Bytes{}
+	type req struct {
+		table  kv.Table
+		prompt []int
+		pos    int
+		out    []int
+		want   string
+	}
+	for w := 0; w < waves; w++ {
+		var live []*req
+		for i := 0; i < wave; i++ {
+			id := protocol.RequestID(w*wave + i + 1)
+			canary := string([]byte{'a' + byte(w), 'A' + byte(i), '0' + byte(i), '#', 'q' + byte(w)}) + "!"
+			prompt := tok.Encode("tenant "+canary[:2]+": key="+canary+" ... key=", false, false)
+			refs, err := pool.Allocate(id, e.Cache().Geometry().PagesFor(len(prompt)+n))
+			if err != nil {
+				t.Fatalf("wave %d: %v", w, err)
+			}
+			r := &req{table: kv.Table(refs), prompt: prompt, pos: len(prompt) - 1, want: canary}
+			if _, err := e.Prefill(r.table, prompt[:len(prompt)-1]); err != nil {
+				t.Fatal(err)
+			}
+			live = append(live, r)
+		}
+		for step := 0; step < n; step++ {
+			for _, r := range live {
+				next := r.prompt[len(r.prompt)-1]
+				if len(r.out) > 0 {
+					next = r.out[len(r.out)-1]
+				}
+				logits, err := e.Step(r.table, []int{next}, r.pos)
+				if err != nil {
+					t.Fatalf("wave %d: a request holding its pages failed: %v", w, err)
+				}
+				r.out = append(r.out, model.Argmax(logits))
+				r.pos++
+			}
+		}
+		for i, r := range live {
+			if got := model.Decode(tok, r.out, -1); got != r.want {
+				t.Fatalf("wave %d request %d answered %q, its canary is %q", w, i, got, r.want)
+			}
+			pool.Release(protocol.RequestID(w*wave+i+1), r.table)
+		}
+	}
+	if pool.Free() != pages {
+		t.Fatalf("%d of %d pages free", pool.Free(), pages)
+	}
+}
