@@ -43,6 +43,11 @@ func actors(a spec.Action) (from, to string) {
 		return "Decode", ""
 	case spec.Cut:
 		return "Prefill", "Decode"
+	case spec.CorruptSend:
+		if a.Arg&spec.SendBack != 0 {
+			return "Decode", "Prefill"
+		}
+		return "Prefill", "Decode"
 	}
 	return "Router", ""
 }
