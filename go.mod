@@ -6,6 +6,7 @@ require (
 	github.com/Mellanox/rdmamap v1.1.0
 	github.com/anishathalye/porcupine v1.3.1
 	github.com/zeebo/xxh3 v1.1.0
+	gopkg.in/yaml.v3 v3.0.1
 	gorgonia.org/cu v0.9.6
 	pgregory.net/rapid v1.3.0
 )

@@ -8,6 +8,7 @@
 //	kvhandoff lincheck [flags]       linearizability of the concurrent APIs
 //	kvhandoff bench transfer         the transport's throughput against a memory copy
 //	kvhandoff bench handoff          end-to-end handoffs through endpoints, against the provider
+//	kvhandoff preflight [flags]      a deployment's pools, page sizes and models, checked
 package main
 
 import (
@@ -31,6 +32,7 @@ commands:
   bench     bench transfer: the transport's throughput against a memory copy;
             bench handoff: end-to-end handoffs through endpoints against the provider
   certs     a certificate authority and node certificates for a deployment (PEM files)
+  preflight check a deployment: pools against the context, page sizes, models; RDMA devices
 
 kvhandoff <command> -h lists a command's flags.
 `
@@ -52,6 +54,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return runBench(args[1:], stdout, stderr)
 	case "certs":
 		return runCerts(args[1:], stdout, stderr)
+	case "preflight":
+		return runPreflight(args[1:], stdout, stderr)
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0
