@@ -24,17 +24,27 @@
 // allocates one). Cache implements protocol.PageMemory (the receiver verifies
 // pages in place) and protocol.SourceMemory (the sender checksums them).
 //
+// A transport endpoint that allocated and registered its own pages hands
+// them out as slices: OverPages wraps them (transfer's Prefill.Pages and
+// Decode.Pages), Lookup turns the slices an endpoint gives a request (its
+// FillKV, its Acquire) into the request's table, and DecodePool puts a
+// decode node's own pages after the endpoint's, for the tokens it generates
+// past what the protocol granted.
+//
 // # Ownership and epochs
 //
 // Ownership is protocol.Pool's, the one implementation of pages, epochs and
-// quarantine: Cache holds the pool it is given (a Receiver's own pool on a
-// decode node, or a fresh one) and never keeps a second copy of the truth. A
+// quarantine: Cache reads epochs from the pool it is given (a fresh one, or
+// through an endpoint that owns a Receiver's, as Epochs) and never keeps a
+// second copy of the truth. A
 // request reads its pages through a Table of protocol.PageRef, the tags it was
 // granted. Every page read checks the page's current epoch against the tag
 // (design.md §3 step 7); a mismatch is a *TagError naming the page, which
 // matches protocol.ErrTagMismatch with errors.Is. The research switch
 // no-tag-check turns the check off, so that a demo can show what it prevents.
 //
-// Cache is not safe for concurrent use with the pool's owner: the caller
-// serializes a step with the pool's allocations (the engine does).
+// A Cache never changes after it is made; reading epochs is as safe as its
+// Epochs source: a bare protocol.Pool is not safe for concurrent use (the
+// caller serializes steps with allocations), an endpoint's locked epochs and
+// DecodePool are.
 package kv
