@@ -43,8 +43,10 @@ type ReceiverConfig struct {
 	MaxTokens  int           // intake limit in tokens; 0 means Pages*PageTokens
 	Timeout    time.Duration // a reserved request fails after this long without Done; 0 means never
 	// Horizon is how long a request's record is kept after the request ended
-	// (finished, closed, rejected, or a tombstone), so that a late message
-	// finds it ended; Tick forgets older ones. 0 keeps every record forever.
+	// (finished, closed, or a tombstone; a refused Bootstrap leaves none), so
+	// that a late message finds it ended; Tick forgets older ones. 0 keeps
+	// every record forever, so records grow with every request a peer runs:
+	// a node in service sets one.
 	// A message for a forgotten request is one for an unknown request: a late
 	// Done or AbortAck is refused with ErrUnknownRequest and changes nothing,
 	// but a Bootstrap is a new request. So Horizon must exceed the longest a
