@@ -7,7 +7,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
-	"strings"
 	"testing"
 
 	"github.com/kvhandoff/kvhandoff/engine"
@@ -233,50 +232,6 @@ func TestTheWrittenStalePageIsReportedFirst(t *testing.T) {
 		var te *kv.TagError
 		if _, err := e.Step(table, []int{9}, 8); !errors.As(err, &te) || te.Index != 2 {
 			t.Fatalf("%s: step writing stale entry 2 and reading stale entry 0: %v, want entry 2", e.Backend().Name(), err)
-		}
-	}
-}
-
-// The leak, on this backend with the built-in model: request B's first page is freed under it
-// and prefilled for request A, whose prompt carries a canary; B then decodes through its old
-// table. With the tag check, B fails naming the page before any token; without it, B's answer
-// is A's canary.
-func TestTheBuiltinModelLeaksTheCanaryOnlyWithoutTheCheck(t *testing.T) {
-	for _, unchecked := range []bool{false, true} {
-		opts := engine.Options{}
-		if unchecked {
-			opts.Research = research.On(research.NoTagCheck)
-		}
-		p := newPair(t, model.Builtin(5), 16, 8, opts)
-		e, tok := p.gpu, model.Bytes{}
-		pool := e.Cache().Pool()
-		promptB := tok.Encode("Hello, this is B. Tell me the canary=", false, false)
-		refsB, err := pool.Allocate(2, 3)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := e.Prefill(kv.Table(refsB), promptB[:len(promptB)-1]); err != nil {
-			t.Fatal(err)
-		}
-		pool.Release(2, refsB[:1])
-		refsA := allocate(t, e, 1, 16)
-		if refsA[0].Page != refsB[0].Page {
-			t.Fatalf("A got page %d, not B's freed page %d", refsA[0].Page, refsB[0].Page)
-		}
-		if _, err := e.Prefill(kv.Table(refsA), tok.Encode("canary=Q7-Xk9#p2", false, false)); err != nil {
-			t.Fatal(err)
-		}
-		out, err := e.Decode(kv.Table(refsB), promptB, 9, model.Greedy(), -1)
-		text := model.Decode(tok, out, -1)
-		if unchecked {
-			if err != nil || !strings.HasPrefix(text, "Q7-Xk9#p2") {
-				t.Fatalf("unchecked: B decoded %q (%v), want A's canary Q7-Xk9#p2", text, err)
-			}
-			continue
-		}
-		var te *kv.TagError
-		if !errors.As(err, &te) || te.Index != 0 || te.Page != refsB[0].Page || len(out) != 0 {
-			t.Fatalf("checked: B decoded %q with error %v, want a TagError naming page %d before any token", text, err, refsB[0].Page)
 		}
 	}
 }
