@@ -1,0 +1,234 @@
+package demo
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// Kind is a request's client-visible outcome.
+type Kind string
+
+// The outcomes.
+const (
+	OK        Kind = "ok"
+	Rejected  Kind = "rejected"
+	Cancelled Kind = "cancelled"
+	Failed    Kind = "failed"
+)
+
+// Outcome is what a client saw for one request.
+type Outcome struct {
+	Request Request
+	Kind    Kind
+	// Reason is a failure's reason (node.Reason's closed set: tag, tokens,
+	// checksum, pages, timeout, peer, cancelled, rejected, other); Err its
+	// message. A non-OK outcome without a message is not explicit.
+	Reason  string
+	Err     string
+	Tokens  []int
+	Text    string
+	Latency time.Duration
+}
+
+// Leak is a success whose text carries another tenant's canary.
+type Leak struct {
+	Request       string `json:"request"`
+	Tenant        string `json:"tenant"`
+	ForeignTenant string `json:"foreign_tenant"`
+	Text          string `json:"text"`
+}
+
+// Report is the verdict over a run.
+type Report struct {
+	Requests    int
+	ByKind      map[Kind]int
+	ByReason    map[string]int // "kind/reason" of every non-OK outcome
+	Coherent    int            // successes equal to the colocated run
+	Incoherent  int            // successes that differ, or that should not have succeeded
+	Unexplained int            // non-OK outcomes without an error message
+	Leaks       []Leak
+	PagesLeaked int
+	PagesByNode map[string]int // pages still owned or quarantined at the end, per node
+	Seconds     float64
+	P50, P99    time.Duration // over successes
+	// Incoherences names up to a few incoherent successes, for the report.
+	Incoherences []string
+}
+
+// leakProbe is how much of a canary counts as leaked: its first half-dozen
+// characters cannot occur by chance in text of the other tenants.
+const leakProbe = 6
+
+// Check judges every outcome: a success must equal ref's run of the same
+// prompt and carry no other tenant's canary; an over-limit request must not
+// succeed; every other outcome must say why. pagesLeft is each node's count of
+// pages still owned or quarantined after the run.
+func Check(w Workload, outs []Outcome, ref *Reference, pagesLeft map[string]int, elapsed time.Duration) (*Report, error) {
+	rep := &Report{Requests: len(outs), ByKind: map[Kind]int{}, ByReason: map[string]int{}, PagesByNode: map[string]int{}, Seconds: elapsed.Seconds()}
+	var lat []time.Duration
+	for _, o := range outs {
+		rep.ByKind[o.Kind]++
+		if o.Kind != OK {
+			rep.ByReason[string(o.Kind)+"/"+o.Reason]++
+			if strings.TrimSpace(o.Err) == "" {
+				rep.Unexplained++
+			}
+			continue
+		}
+		lat = append(lat, o.Latency)
+		r := o.Request
+		if leak, ok := foreignCanary(w, r, o.Text); ok {
+			rep.Leaks = append(rep.Leaks, leak)
+		}
+		if r.OverLimit {
+			rep.Incoherent++
+			rep.note(fmt.Sprintf("%s (%s): a prompt over the deployment's limit succeeded", r.Name(), w.Tenants[r.Tenant].Name))
+			continue
+		}
+		want, err := ref.Tokens(r.Prompt, r.MaxTokens)
+		if err != nil {
+			return nil, fmt.Errorf("demo: the colocated run of %s: %w", r.Name(), err)
+		}
+		if slices.Equal(want, o.Tokens) {
+			rep.Coherent++
+		} else {
+			rep.Incoherent++
+			rep.note(fmt.Sprintf("%s (%s): %q, the colocated run gives %q", r.Name(), w.Tenants[r.Tenant].Name, o.Text, ref.Text(r.Prompt, want)))
+		}
+	}
+	for n, p := range pagesLeft {
+		rep.PagesByNode[n] = p
+		rep.PagesLeaked += p
+	}
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	rep.P50, rep.P99 = quantile(lat, 0.50), quantile(lat, 0.99)
+	return rep, nil
+}
+
+func (rep *Report) note(s string) {
+	if len(rep.Incoherences) < 5 {
+		rep.Incoherences = append(rep.Incoherences, s)
+	}
+}
+
+// foreignCanary finds another tenant's canary (its first leakProbe
+// characters) in a success's text.
+func foreignCanary(w Workload, r Request, text string) (Leak, bool) {
+	for i, t := range w.Tenants {
+		if i != r.Tenant && strings.Contains(text, t.Canary[:leakProbe]) {
+			return Leak{Request: r.Name(), Tenant: w.Tenants[r.Tenant].Name, ForeignTenant: t.Name, Text: text}, true
+		}
+	}
+	return Leak{}, false
+}
+
+func quantile(sorted []time.Duration, q float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	return sorted[min(len(sorted)-1, int(q*float64(len(sorted))))]
+}
+
+// Passed is the verdict: no leak, no incoherent success, no page leaked, and
+// every failure explicit.
+func (rep *Report) Passed() bool {
+	return len(rep.Leaks) == 0 && rep.Incoherent == 0 && rep.PagesLeaked == 0 && rep.Unexplained == 0
+}
+
+// HandoffsPerSecond is successful handoffs per second of the run.
+func (rep *Report) HandoffsPerSecond() float64 {
+	if rep.Seconds <= 0 {
+		return 0
+	}
+	return float64(rep.ByKind[OK]) / rep.Seconds
+}
+
+// reportJSON is the --json object, field for field as issue 11 gives it.
+type reportJSON struct {
+	Requests     int     `json:"requests"`
+	OK           int     `json:"ok"`
+	Rejected     int     `json:"rejected"`
+	Cancelled    int     `json:"cancelled"`
+	Failed       int     `json:"failed"`
+	Coherent     int     `json:"coherent"`
+	Incoherent   int     `json:"incoherent"`
+	Leaks        int     `json:"leaks"`
+	PagesLeaked  int     `json:"pages_leaked"`
+	Seconds      float64 `json:"seconds"`
+	HandoffsPerS float64 `json:"handoffs_per_s"`
+	LeakExamples []Leak  `json:"leak_examples"`
+}
+
+// WriteJSON writes the report as one JSON object.
+func (rep *Report) WriteJSON(w io.Writer) error {
+	ex := rep.Leaks
+	if len(ex) > 10 {
+		ex = ex[:10]
+	}
+	if ex == nil {
+		ex = []Leak{}
+	}
+	return json.NewEncoder(w).Encode(reportJSON{
+		Requests: rep.Requests, OK: rep.ByKind[OK], Rejected: rep.ByKind[Rejected], Cancelled: rep.ByKind[Cancelled],
+		Failed: rep.ByKind[Failed], Coherent: rep.Coherent, Incoherent: rep.Incoherent, Leaks: len(rep.Leaks),
+		PagesLeaked: rep.PagesLeaked, Seconds: rep.Seconds, HandoffsPerS: rep.HandoffsPerSecond(), LeakExamples: ex,
+	})
+}
+
+// WriteTable writes the summary table, then every leak (up to a few) with
+// the leaked text, and the verdict.
+func (rep *Report) WriteTable(w io.Writer) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "requests\t%d\n", rep.Requests)
+	for _, k := range []Kind{OK, Rejected, Cancelled, Failed} {
+		fmt.Fprintf(tw, "  %s\t%d\n", k, rep.ByKind[k])
+	}
+	var reasons []string
+	for r := range rep.ByReason {
+		reasons = append(reasons, r)
+	}
+	sort.Strings(reasons)
+	for _, r := range reasons {
+		fmt.Fprintf(tw, "    %s\t%d\n", r, rep.ByReason[r])
+	}
+	fmt.Fprintf(tw, "coherent (= colocated run)\t%d\n", rep.Coherent)
+	fmt.Fprintf(tw, "incoherent\t%d\n", rep.Incoherent)
+	fmt.Fprintf(tw, "failures without a reason\t%d\n", rep.Unexplained)
+	fmt.Fprintf(tw, "leaks (another tenant's canary)\t%d\n", len(rep.Leaks))
+	fmt.Fprintf(tw, "pages leaked\t%d\n", rep.PagesLeaked)
+	fmt.Fprintf(tw, "handoffs/s\t%.1f\n", rep.HandoffsPerSecond())
+	fmt.Fprintf(tw, "latency p50 / p99\t%v / %v\n", rep.P50.Round(time.Microsecond), rep.P99.Round(time.Microsecond))
+	fmt.Fprintf(tw, "seconds\t%.2f\n", rep.Seconds)
+	tw.Flush()
+	for i, l := range rep.Leaks {
+		if i == 10 {
+			fmt.Fprintf(w, "... and %d more leaks\n", len(rep.Leaks)-i)
+			break
+		}
+		fmt.Fprintf(w, "LEAK %s of %s answered with %s's canary: %q\n", l.Request, l.Tenant, l.ForeignTenant, l.Text)
+	}
+	for _, s := range rep.Incoherences {
+		fmt.Fprintf(w, "INCOHERENT %s\n", s)
+	}
+	var nodes []string
+	for n, p := range rep.PagesByNode {
+		if p > 0 {
+			nodes = append(nodes, fmt.Sprintf("%s: %d", n, p))
+		}
+	}
+	sort.Strings(nodes)
+	if len(nodes) > 0 {
+		fmt.Fprintf(w, "PAGES LEFT %s\n", strings.Join(nodes, ", "))
+	}
+	if rep.Passed() {
+		fmt.Fprintln(w, "PASS: no leak, every success equal to the colocated run, every failure explicit, no page left owned")
+	} else {
+		fmt.Fprintln(w, "FAIL")
+	}
+}

@@ -1,0 +1,239 @@
+package demo
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvhandoff/kvhandoff/engine/model"
+)
+
+var (
+	refOnce sync.Once
+	testRef *Reference
+	refErr  error
+)
+
+func reference(t *testing.T) *Reference {
+	t.Helper()
+	refOnce.Do(func() { testRef, refErr = NewReference(model.Builtin(1), model.Bytes{}, 16, -1) })
+	if refErr != nil {
+		t.Fatal(refErr)
+	}
+	return testRef
+}
+
+func workload(t *testing.T, n int) Workload {
+	t.Helper()
+	w, err := NewWorkload(Spec{Seed: 7, Requests: n, Limit: 256, Context: 1024})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+// colocated answers every request as one node would, unless a test hook
+// changes the answer.
+type colocated struct {
+	ref    *Reference
+	w      Workload
+	answer func(r Request, tokens []int) ([]int, error)
+}
+
+func (c colocated) Complete(ctx context.Context, r Request) ([]int, string, error) {
+	if r.OverLimit {
+		return nil, "", errors.New("rejected: over the limit")
+	}
+	tokens, err := c.ref.Tokens(r.Prompt, r.MaxTokens)
+	if err != nil {
+		return nil, "", err
+	}
+	if c.answer != nil {
+		if tokens, err = c.answer(r, tokens); err != nil {
+			return nil, "", err
+		}
+	}
+	return tokens, c.ref.Text(r.Prompt, tokens), nil
+}
+
+func classify(err error) (Kind, string) {
+	switch {
+	case strings.HasPrefix(err.Error(), "rejected"):
+		return Rejected, "rejected"
+	case errors.Is(err, context.Canceled):
+		return Cancelled, "cancelled"
+	}
+	return Failed, "other"
+}
+
+func TestEveryTenantHasAUniqueCanaryThatTheColocatedRunAnswers(t *testing.T) {
+	w := workload(t, 200)
+	ref := reference(t)
+	seen := map[string]bool{}
+	for _, tn := range w.Tenants {
+		if seen[tn.Canary[:leakProbe]] {
+			t.Fatalf("two tenants share the canary prefix %q", tn.Canary[:leakProbe])
+		}
+		seen[tn.Canary[:leakProbe]] = true
+	}
+	var over, disconnect, answered, fits int
+	for _, r := range w.Requests {
+		if r.Disconnect > 0 {
+			disconnect++
+		}
+		if n := len(r.Prompt); r.OverLimit != (n > 256) {
+			t.Fatalf("%s: %d tokens, over the limit %v", r.Name(), n, r.OverLimit)
+		}
+		if r.OverLimit {
+			over++
+			continue
+		}
+		fits++
+		tokens, err := ref.Tokens(r.Prompt, r.MaxTokens)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(ref.Text(r.Prompt, tokens), w.Tenants[r.Tenant].Canary[:leakProbe]) {
+			answered++
+		}
+	}
+	if over == 0 || disconnect == 0 {
+		t.Fatalf("%d over the limit, %d disconnecting: the workload must have both", over, disconnect)
+	}
+	if answered != fits {
+		t.Fatalf("the colocated run answers its own canary for %d of %d requests", answered, fits)
+	}
+}
+
+func TestTheSameSeedIsTheSameWorkload(t *testing.T) {
+	a, b := workload(t, 100), workload(t, 100)
+	if fmt.Sprint(a) != fmt.Sprint(b) {
+		t.Fatal("one seed, two workloads")
+	}
+}
+
+func TestAnHonestDeploymentPasses(t *testing.T) {
+	w := workload(t, 300)
+	c := colocated{ref: reference(t), w: w}
+	outs := Run(context.Background(), w, c, classify, 8, nil)
+	rep, err := Check(w, outs, c.ref, map[string]int{"decode-0": 0}, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.Passed() || rep.Coherent != rep.ByKind[OK] || rep.ByKind[Rejected] == 0 {
+		var b bytes.Buffer
+		rep.WriteTable(&b)
+		t.Fatalf("an honest deployment fails:\n%s", b.String())
+	}
+}
+
+// A success that carries another tenant's canary is a leak naming both
+// tenants and the text, and fails the run.
+func TestASuccessWithAForeignCanaryIsALeak(t *testing.T) {
+	w := workload(t, 100)
+	ref := reference(t)
+	victim := -1
+	c := colocated{ref: ref, w: w, answer: func(r Request, tokens []int) ([]int, error) {
+		if victim >= 0 || r.Tenant == 0 {
+			return tokens, nil
+		}
+		victim = r.Index
+		// the text another tenant's prompt puts out: its canary
+		for _, o := range w.Requests {
+			if o.Tenant == 0 && !o.OverLimit {
+				return ref.Tokens(o.Prompt, o.MaxTokens)
+			}
+		}
+		return tokens, nil
+	}}
+	outs := Run(context.Background(), w, c, classify, 1, nil)
+	rep, err := Check(w, outs, ref, nil, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Passed() || len(rep.Leaks) != 1 || rep.Incoherent != 1 {
+		t.Fatalf("leaks %v, incoherent %d: want the one leak", rep.Leaks, rep.Incoherent)
+	}
+	l := rep.Leaks[0]
+	if l.Request != fmt.Sprintf("req-%d", victim) || l.ForeignTenant != "tenant-0" || l.Tenant == "tenant-0" || !strings.Contains(l.Text, w.Tenants[0].Canary) {
+		t.Fatalf("leak %+v", l)
+	}
+	var b bytes.Buffer
+	if err := rep.WriteJSON(&b); err != nil {
+		t.Fatal(err)
+	}
+	var got map[string]any
+	if err := json.Unmarshal(b.Bytes(), &got); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"requests", "ok", "rejected", "cancelled", "failed", "coherent", "incoherent", "leaks", "pages_leaked", "seconds", "handoffs_per_s", "leak_examples"} {
+		if _, ok := got[k]; !ok {
+			t.Errorf("--json lacks %q: %s", k, b.String())
+		}
+	}
+	if len(got) != 12 || got["leaks"].(float64) != 1 {
+		t.Fatalf("--json %s", b.String())
+	}
+}
+
+func TestASuccessThatDiffersFromTheColocatedRunIsIncoherent(t *testing.T) {
+	w := workload(t, 50)
+	c := colocated{ref: reference(t), w: w, answer: func(r Request, tokens []int) ([]int, error) {
+		if r.Index == 3 {
+			out := append([]int(nil), tokens...)
+			out[len(out)-1] ^= 1
+			return out, nil
+		}
+		return tokens, nil
+	}}
+	rep, err := Check(w, Run(context.Background(), w, c, classify, 2, nil), c.ref, nil, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Passed() || rep.Incoherent != 1 || len(rep.Leaks) != 0 {
+		t.Fatalf("incoherent %d, leaks %d", rep.Incoherent, len(rep.Leaks))
+	}
+}
+
+func TestAnOverLimitSuccessASilentFailureAndALeftPageEachFail(t *testing.T) {
+	w := workload(t, 100)
+	ref := reference(t)
+	var overs []Outcome
+	for _, r := range w.Requests {
+		if r.OverLimit {
+			overs = append(overs, Outcome{Request: r, Kind: OK, Text: "fine"})
+		}
+	}
+	if rep, _ := Check(w, overs, ref, nil, time.Second); rep.Passed() || rep.Incoherent != len(overs) {
+		t.Fatalf("over-limit successes: incoherent %d of %d", rep.Incoherent, len(overs))
+	}
+	silent := []Outcome{{Request: w.Requests[0], Kind: Failed, Reason: "other"}}
+	if rep, _ := Check(w, silent, ref, nil, time.Second); rep.Passed() || rep.Unexplained != 1 {
+		t.Fatal("a failure without a message passed")
+	}
+	if rep, _ := Check(w, nil, ref, map[string]int{"decode-1": 3}, time.Second); rep.Passed() || rep.PagesLeaked != 3 {
+		t.Fatal("pages left owned passed")
+	}
+}
+
+func TestAClientThatDisconnectsHasItsContextCancelled(t *testing.T) {
+	w := Workload{Tenants: []Tenant{{Name: "a", Canary: "AAAAAAAAAAAA"}}, Requests: []Request{{Index: 0, Disconnect: time.Millisecond}}}
+	c := blocking{}
+	outs := Run(context.Background(), w, c, classify, 1, nil)
+	if outs[0].Kind != Cancelled || outs[0].Err == "" {
+		t.Fatalf("outcome %+v", outs[0])
+	}
+}
+
+type blocking struct{}
+
+func (blocking) Complete(ctx context.Context, r Request) ([]int, string, error) {
+	<-ctx.Done()
+	return nil, "", ctx.Err()
+}

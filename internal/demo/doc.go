@@ -1,0 +1,33 @@
+// Package demo is kvhandoff demo's workload and its checks: the multi-tenant
+// traffic that a deployment is run under, and the verdict over what its
+// clients saw. It does not start a deployment (package node does) and knows
+// nothing of how a request travels: a Client sends one request and returns
+// its tokens or its error.
+//
+// The workload (NewWorkload, from a seed): 8 tenants, each with a canary
+// string that occurs in its prompts and nowhere else; every prompt names the
+// canary near its start and ends with a question whose answer, for the
+// built-in model's copy head, is the canary that followed the same words
+// earlier in what it attends over. So a decode node that reads another
+// tenant's KV answers with that tenant's canary. Some prompts are over the
+// deployment's limit (only "rejected" is honest for them), and some clients
+// disconnect a few milliseconds after sending, mid-transfer.
+//
+// The checks (Check), for every request:
+//   - a success equals, token for token, the colocated run (Reference: the
+//     same model on one node, the engine called directly, no handoff);
+//   - a success carries no other tenant's canary (a Leak names the request,
+//     its tenant, the foreign tenant and the text);
+//   - a request over the limit never succeeds;
+//   - every other outcome is an explicit error, with its reason;
+//   - at the end no page is owned or quarantined on any node.
+//
+// The loop:
+//
+//	w, _ := demo.NewWorkload(demo.Spec{Seed: 1, Limit: limit, Context: ctx})
+//	ref, _ := demo.NewReference(m, model.Bytes{}, pageTokens, -1)
+//	outs := demo.Run(ctx, w, client, classify, 16, bar.Tick)
+//	rep, _ := demo.Check(w, outs, ref, pagesLeftPerNode, elapsed)
+//	rep.WriteTable(os.Stdout) // or rep.WriteJSON
+//	if !rep.Passed() { os.Exit(1) }
+package demo

@@ -1,0 +1,70 @@
+package demo
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// Client sends one request to the deployment and returns what the client
+// got: the generated tokens and text of a success, or the error.
+type Client interface {
+	Complete(ctx context.Context, r Request) (tokens []int, text string, err error)
+}
+
+// Classify names a failure's outcome and reason (the deployment's closed set).
+type Classify func(err error) (Kind, string)
+
+// Run sends every request of w through c from concurrency clients at once.
+// A request with Disconnect has its context cancelled that long after it was
+// sent: the client goes away mid-transfer. progress, if not nil, is called
+// once per finished request. Outcomes come back in request order.
+func Run(ctx context.Context, w Workload, c Client, classify Classify, concurrency int, progress func()) []Outcome {
+	outs := make([]Outcome, len(w.Requests))
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range max(1, concurrency) {
+		wg.Go(func() {
+			for i := range next {
+				outs[i] = one(ctx, w.Requests[i], c, classify)
+				if progress != nil {
+					progress()
+				}
+			}
+		})
+	}
+	for i := range w.Requests {
+		select {
+		case next <- i:
+		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			for j := i; j < len(w.Requests); j++ {
+				outs[j] = Outcome{Request: w.Requests[j], Kind: Cancelled, Reason: "cancelled", Err: "demo: the run was stopped before the request was sent"}
+			}
+			break
+		}
+	}
+	close(next)
+	wg.Wait()
+	return outs
+}
+
+func one(ctx context.Context, r Request, c Client, classify Classify) Outcome {
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if r.Disconnect > 0 {
+		t := time.AfterFunc(r.Disconnect, cancel)
+		defer t.Stop()
+	}
+	start := time.Now()
+	tokens, text, err := c.Complete(rctx, r)
+	o := Outcome{Request: r, Latency: time.Since(start)}
+	if err != nil {
+		o.Kind, o.Reason = classify(err)
+		o.Err = err.Error()
+		return o
+	}
+	o.Kind, o.Tokens, o.Text = OK, tokens, text
+	return o
+}

@@ -1,0 +1,156 @@
+package demo
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"time"
+)
+
+// Tenant is one customer of the deployment; Canary is a string that occurs
+// in its prompts and nowhere else.
+type Tenant struct {
+	Name   string
+	Canary string
+}
+
+// Request is one client request of the workload.
+type Request struct {
+	Index     int // position in the workload, also the request's name: "req-<Index>"
+	Tenant    int // index into Workload.Tenants
+	Prompt    string
+	MaxTokens int
+	// OverLimit: the prompt is longer than the deployment's limit (the
+	// smallest pool), so the only honest outcome is rejected.
+	OverLimit bool
+	// Disconnect, if positive: the client goes away this long after sending,
+	// mid-transfer; its request must end cancelled (or have finished first).
+	Disconnect time.Duration
+}
+
+// Name is the request's name in reports.
+func (r Request) Name() string { return fmt.Sprintf("req-%d", r.Index) }
+
+// Workload is the demo's requests and their tenants.
+type Workload struct {
+	Tenants  []Tenant
+	Requests []Request
+}
+
+// Spec sizes a workload.
+type Spec struct {
+	Seed     uint64
+	Requests int // 0 means 1000
+	Tenants  int // 0 means 8
+	// Limit is the deployment's limit in tokens (the smallest pool): prompts
+	// fit it except the over-limit ones, which exceed it.
+	Limit int
+	// Context is the model's context: no prompt plus its generation exceeds it.
+	Context   int
+	MaxTokens int // tokens generated per request; 0 means 16
+	// OverLimit and Disconnect are the fractions of requests over the limit
+	// and of clients that disconnect; negative means none.
+	OverLimit, Disconnect float64
+}
+
+// canaryAlphabet excludes nothing the byte model cannot copy; it avoids
+// characters the prompts use elsewhere so a canary never occurs by chance.
+const canaryAlphabet = "ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz23456789"
+
+// filler is the tenants' ordinary text, the same for every tenant, so that
+// only the canary tells one tenant's KV from another's.
+var filler = []string{
+	"Quarterly notes for the account. Shipping was on time and the invoice was paid. ",
+	"The meeting moved to Thursday; bring the signed forms and the badge. ",
+	"Support ticket summary: the customer asked about the export format twice. ",
+	"Reminder: rotate the keys before the audit and archive the old logs. ",
+}
+
+// The question every prompt ends with: the built-in model's copy head answers
+// it with the canary that followed the same words earlier in what it reads.
+const question = " Later: the secret is "
+
+// NewWorkload draws a workload from spec.Seed: the same seed, the same
+// requests. Each tenant has a few prompt variants (the colocated reference
+// runs once per distinct prompt), each carrying the tenant's canary once
+// near the start and ending with the question that makes the model repeat it.
+func NewWorkload(spec Spec) (Workload, error) {
+	if spec.Requests == 0 {
+		spec.Requests = 1000
+	}
+	if spec.Tenants == 0 {
+		spec.Tenants = 8
+	}
+	if spec.MaxTokens == 0 {
+		spec.MaxTokens = 16
+	}
+	if spec.OverLimit == 0 {
+		spec.OverLimit = 0.05
+	}
+	if spec.Disconnect == 0 {
+		spec.Disconnect = 0.05
+	}
+	if spec.Requests < 1 || spec.Tenants < 2 || spec.Limit < 64 || spec.Context < spec.Limit {
+		return Workload{}, fmt.Errorf("demo: a workload needs requests, at least 2 tenants, a limit of at least 64 tokens and a context no shorter (got %d requests, %d tenants, limit %d, context %d)",
+			spec.Requests, spec.Tenants, spec.Limit, spec.Context)
+	}
+	rng := rand.New(rand.NewPCG(spec.Seed, 0x6b7668616e646f66))
+	w := Workload{}
+	seen := map[string]bool{}
+	for t := range spec.Tenants {
+		var c string
+		for c == "" || seen[c] {
+			b := make([]byte, 12)
+			for i := range b {
+				b[i] = canaryAlphabet[rng.IntN(len(canaryAlphabet))]
+			}
+			c = string(b[:4]) + "-" + string(b[4:8]) + "-" + string(b[8:])
+		}
+		seen[c] = true
+		w.Tenants = append(w.Tenants, Tenant{Name: fmt.Sprintf("tenant-%d", t), Canary: c})
+	}
+	const variants = 4
+	fits := spec.Limit - spec.MaxTokens // the generation stays inside the decode node's context too
+	prompts := make([][]string, spec.Tenants)
+	long := make([]string, spec.Tenants)
+	for t, tn := range w.Tenants {
+		for v := range variants {
+			// from about a quarter of the limit to about all of it
+			target := fits/4 + v*(fits-fits/4)/variants
+			prompts[t] = append(prompts[t], prompt(tn, v, target))
+		}
+		over := min(spec.Context-spec.MaxTokens, spec.Limit+spec.Limit/2)
+		long[t] = prompt(tn, 0, over)
+	}
+	for i := range spec.Requests {
+		t := rng.IntN(spec.Tenants)
+		r := Request{Index: i, Tenant: t, MaxTokens: spec.MaxTokens}
+		switch x := rng.Float64(); {
+		case spec.OverLimit > 0 && x < spec.OverLimit:
+			r.Prompt, r.OverLimit = long[t], true
+		default:
+			r.Prompt = prompts[t][rng.IntN(variants)]
+		}
+		if spec.Disconnect > 0 && rng.Float64() < spec.Disconnect {
+			r.Disconnect = time.Duration(100+rng.IntN(3000)) * time.Microsecond
+		}
+		w.Requests = append(w.Requests, r)
+	}
+	return w, nil
+}
+
+// prompt is tenant t's prompt variant v, about target bytes (tokens of the
+// byte vocabulary) long; it never ends short of the question.
+func prompt(t Tenant, v, target int) string {
+	intro := fmt.Sprintf("Account of %s. The secret is %s. ", t.Name, t.Canary)
+	var b strings.Builder
+	b.WriteString(intro)
+	for i := v; b.Len()+len(question) < target; i++ {
+		b.WriteString(filler[i%len(filler)])
+	}
+	s := b.String()
+	if len(s)+len(question) > target {
+		s = s[:max(len(intro), target-len(question))] // cut the filler, never the canary
+	}
+	return s + question
+}
