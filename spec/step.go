@@ -1,6 +1,9 @@
 package spec
 
-import "fmt"
+import (
+	"fmt"
+	"sync"
+)
 
 // ActionKind is the kind of a step.
 type ActionKind uint8
@@ -86,19 +89,21 @@ func (k ActionKind) String() string {
 func (m *Model) Successors(s *State, emit func(Action, State)) {
 	c := &m.cfg
 	nreq := len(c.Prompts)
+	// The steps are called through function values, so the state they work
+	// on escapes to the heap: it is a scratch state from a pool, not one
+	// allocated per step (the checker calls this for every state it explores).
+	x := scratch.Get().(*sys)
+	defer scratch.Put(x)
+	x.m = m
 	do := func(a Action, f func(x *sys)) {
-		next := *s
-		x := &sys{m: m, s: &next}
-		if m.cov != nil {
-			m.cov.actions[a.Kind].Add(1)
+		if m.cov != nil || m.mutate != nil {
+			emit(a, m.hooked(s, a, f))
+			return
 		}
-		if m.mutate != nil {
-			m.mutate(a, &next, func() { f(x) })
-		} else {
-			f(x)
-		}
-		m.observe(s, a, &next)
-		emit(a, next)
+		*x.s = *s
+		f(x)
+		m.observe(s, a, x.s)
+		emit(a, *x.s)
 	}
 	for r := 0; r < nreq; r++ {
 		if !s.Req[r].Submitted {
@@ -195,6 +200,25 @@ func (m *Model) Successors(s *State, emit func(Action, State)) {
 			}
 		}
 	}
+}
+
+// hooked is one step with coverage counted or under the tests' mutate hook.
+// It is apart from Successors' step so that the step stays small enough to be
+// inlined at each action: inlined, its copy of the state stays on the stack;
+// otherwise every transition the checker explores allocates one.
+func (m *Model) hooked(s *State, a Action, f func(x *sys)) State {
+	if m.cov != nil {
+		m.cov.actions[a.Kind].Add(1)
+	}
+	next := *s
+	x := &sys{m: m, s: &next}
+	if m.mutate != nil {
+		m.mutate(a, &next, func() { f(x) })
+	} else {
+		f(x)
+	}
+	m.observe(s, a, &next)
+	return next
 }
 
 // corruptSend damages one count of the SEND at the head of a queue-pair
@@ -376,6 +400,9 @@ type sys struct {
 	m *Model
 	s *State
 }
+
+// scratch holds the states Successors steps on.
+var scratch = sync.Pool{New: func() any { return &sys{s: new(State)} }}
 
 func (x *sys) bug(sw Switch) bool { return x.m.cfg.Bugs.Has(sw) }
 

@@ -288,7 +288,7 @@ type run[S any, A comparable] struct {
 	stop     bool
 	heap     *heap
 
-	freeBlocks []*block[S]
+	blocks blockPool[S]
 }
 
 func newRun[S any, A comparable](m Model[S, A], props Properties[S], opt Options, accept func(Violation[S, A]) bool) (*run[S, A], error) {
@@ -526,6 +526,7 @@ func (c *run[S, A]) run() (*Result[S, A], error) {
 	c.res.Stats.States = n
 	c.res.Stats.Depth = depth
 	c.seen.dropIndex()
+	c.blocks = blockPool[S]{}
 
 	if c.liveness && !c.stop {
 		c.heap.over(0)
@@ -584,7 +585,7 @@ func (c *run[S, A]) limits(depth int) error {
 }
 
 func (c *run[S, A]) newFrontier() *frontier[S] {
-	return &frontier[S]{encoded: c.enc != nil, budget: max(1, c.opt.FrontierMemory/2), dir: c.opt.SpillDir, free: &c.freeBlocks}
+	return &frontier[S]{encoded: c.enc != nil, budget: max(1, c.opt.FrontierMemory/2), dir: c.opt.SpillDir, pool: &c.blocks}
 }
 
 // push appends a state to a frontier, encoded if the model can.

@@ -49,26 +49,40 @@ type frontier[S any] struct {
 	spilled      int // blocks in the file not yet read
 	spilledBytes int64
 	hdr          [8]byte
-	free         *[]*block[S] // blocks to reuse, shared by the frontiers of one run
+	pool         *blockPool[S] // shared by the frontiers of one run
+}
+
+// blockPool keeps blocks for reuse. Every block is kept: the next level's
+// frontier takes them over, where dropping them would leave a level's worth
+// of garbage for the collector to find, which with the default GOGC may sit in
+// memory until the live heap doubles. For the same reason a new block's data
+// is allocated at the size full blocks reached, not grown by appending.
+type blockPool[S any] struct {
+	free     []*block[S]
+	dataHint int // bytes of data in the last full block
 }
 
 func (f *frontier[S]) newBlock() *block[S] {
-	if n := len(*f.free); n > 0 {
-		b := (*f.free)[n-1]
-		*f.free = (*f.free)[:n-1]
+	p := f.pool
+	if n := len(p.free); n > 0 {
+		b := p.free[n-1]
+		p.free = p.free[:n-1]
 		b.idx, b.states, b.data = b.idx[:0], b.states[:0], b.data[:0]
 		return b
 	}
-	return &block[S]{idx: make([]int32, 0, blockStates)}
+	b := &block[S]{idx: make([]int32, 0, blockStates)}
+	if f.encoded {
+		b.data = make([]byte, 0, p.dataHint+p.dataHint/8)
+	} else {
+		b.states = make([]S, 0, blockStates)
+	}
+	return b
 }
 
-// recycle takes back a block whose states were expanded. Every block is kept
-// for reuse: the next level's frontier takes them over, where dropping them
-// would leave a level's worth of garbage for the collector to find, which with
-// the default GOGC may sit in memory as long as the live heap doubles.
+// recycle takes back a block whose states were expanded.
 func (f *frontier[S]) recycle(b *block[S]) {
 	clear(b.states) // states may hold references
-	*f.free = append(*f.free, b)
+	f.pool.free = append(f.pool.free, b)
 }
 
 // tail returns the block to append to, starting a new one when the last is full.
@@ -109,6 +123,7 @@ func (f *frontier[S]) pushEncoded(idx int32, enc []byte) error {
 	f.states++
 	if b.len() == blockStates {
 		f.memBytes += b.bytes()
+		f.pool.dataHint = len(b.data)
 	}
 	return nil
 }
