@@ -13,7 +13,8 @@ import (
 // Options configure an Engine.
 type Options struct {
 	// Research turns bugs of the catalogue on; the engine knows
-	// no-tag-check. Only code inside this module can set it.
+	// no-tag-check (reads unchecked) and admit-finished (Source computes the
+	// placeholder's KV). Only code inside this module can set it.
 	Research research.Switches
 }
 

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/kvhandoff/kvhandoff/internal/research"
 	"github.com/kvhandoff/kvhandoff/protocol"
 )
 
@@ -46,7 +47,10 @@ func (s *Source) Forget(id protocol.RequestID) {
 }
 
 // FillKV computes request id's prompt KV into pages, the request's source
-// pages in order. The prompt must be the one Expect recorded, tokens long.
+// pages in order. The prompt must be the one Expect recorded, tokens long,
+// and the pages must hold it; with the engine's Options.Research holding
+// admit-finished, fewer pages are the sender's one-token placeholder, and
+// the placeholder's KV is what is computed (the 2026 incident).
 // Calls for different requests run one at a time: the engine is one
 // backend, used by one goroutine at a time.
 func (s *Source) FillKV(id protocol.RequestID, tokens int, pages [][]byte) error {
@@ -66,6 +70,15 @@ func (s *Source) FillKV(id protocol.RequestID, tokens int, pages [][]byte) error
 	table, err := s.e.cache.Lookup(pages)
 	if err != nil {
 		return err
+	}
+	if need := s.e.cache.Geometry().PagesFor(len(prompt)); len(table) < need {
+		// Only the incident's bug hands fewer source pages than the prompt
+		// needs: the sender marked the prompt rejected and swapped in a
+		// one-token placeholder (admit-finished), whose KV is computed.
+		if !s.e.opts.Research.Has(research.AdmitFinished) {
+			return fmt.Errorf("%w: request %d: %d source pages for a prompt of %d tokens (%d pages)", ErrBadRequest, id, len(table), len(prompt), need)
+		}
+		prompt = prompt[:1]
 	}
 	if _, err := s.e.Prefill(table, prompt); err != nil {
 		return err

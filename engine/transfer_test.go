@@ -9,6 +9,7 @@ import (
 	"github.com/kvhandoff/kvhandoff/engine/cpu"
 	"github.com/kvhandoff/kvhandoff/engine/kv"
 	"github.com/kvhandoff/kvhandoff/engine/model"
+	"github.com/kvhandoff/kvhandoff/internal/research"
 	"github.com/kvhandoff/kvhandoff/protocol"
 	"github.com/kvhandoff/kvhandoff/rdma/inproc"
 	"github.com/kvhandoff/kvhandoff/transfer"
@@ -167,5 +168,51 @@ func TestSourceAndLookupRefuseWhatIsNotTheirs(t *testing.T) {
 	}
 	if nonzero := c.Floats(1)[0] != 0 || c.Floats(1)[1] != 0; !nonzero {
 		t.Fatal("FillKV left the request's page empty")
+	}
+}
+
+// Fewer source pages than the prompt needs are refused, unless admit-finished
+// is on: then they are the sender's one-token placeholder (the incident), and
+// only the placeholder's KV is computed, into the one page.
+func TestSourceComputesThePlaceholderOnlyUnderAdmitFinished(t *testing.T) {
+	m := model.Builtin(3)
+	g := engine.GeometryOf(m.Config, 16)
+	mine := make([][]byte, 2)
+	for i := range mine {
+		mine[i] = make([]byte, g.PageBytes())
+	}
+	c, err := kv.OverPages(g, mine, kv.Unversioned)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prompt := make([]int, 40) // 3 pages
+	for i := range prompt {
+		prompt[i] = 'a' + i%26
+	}
+	for _, bug := range []bool{false, true} {
+		opts := engine.Options{}
+		if bug {
+			opts.Research = research.On(research.AdmitFinished)
+		}
+		e, err := engine.New(m, cpu.New(), c, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := engine.NewSource()
+		s.Use(e)
+		s.Expect(1, prompt)
+		err = s.FillKV(1, len(prompt), mine[:1])
+		if !bug {
+			if !errors.Is(err, engine.ErrBadRequest) {
+				t.Fatalf("3 pages' prompt into 1 page: %v, want ErrBadRequest", err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("admit-finished: %v", err)
+		}
+		if c.Floats(0)[0] == 0 {
+			t.Fatal("the placeholder's KV was not computed")
+		}
 	}
 }

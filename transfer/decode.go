@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/kvhandoff/kvhandoff/internal/research"
 	"github.com/kvhandoff/kvhandoff/protocol"
 	"github.com/kvhandoff/kvhandoff/rdma"
 )
@@ -24,6 +25,9 @@ type DecodeConfig struct {
 	Horizon         time.Duration // see protocol.ReceiverConfig.Horizon
 	QueueDepth      int           // send-queue work requests in flight per queue pair; 0 means 1024
 	MaxPeers        int           // queue pairs at once, draining ones included; 0 means 16
+	// Research turns bugs of the catalogue on in the Receiver (the demo's
+	// --bug); only code inside this module can set it.
+	Research research.Switches
 }
 
 // Decode is a decode node's transfer endpoint: a protocol.Receiver, its page
@@ -59,7 +63,7 @@ func NewDecode(dev rdma.Device, cfg DecodeConfig) (*Decode, error) {
 	addr, key := d.kv.Addr(), d.kv.RKey()
 	d.receiver, err = protocol.NewReceiver(protocol.ReceiverConfig{Pages: cfg.Pages, PageTokens: cfg.PageTokens,
 		Slots: cfg.Slots, MaxTokens: min(cfg.MaxRequestPages*cfg.PageTokens, protocol.MaxTokens),
-		Timeout: cfg.Timeout, Horizon: cfg.Horizon, Memory: pagesOf{d}, TagKeys: d.tagKeyOf,
+		Timeout: cfg.Timeout, Horizon: cfg.Horizon, Memory: pagesOf{d}, TagKeys: d.tagKeyOf, Research: cfg.Research,
 		Region: func(p uint32) (uint64, uint32) { return addr + uint64(int(p)*d.slotBytes()), key }})
 	return d, err
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/kvhandoff/kvhandoff/internal/research"
 	"github.com/kvhandoff/kvhandoff/protocol"
 	"github.com/kvhandoff/kvhandoff/rdma"
 )
@@ -44,6 +45,9 @@ type PrefillConfig struct {
 	MaxPeers        int           // queue pairs at once, draining ones included; 0 means 16
 	Horizon         time.Duration // see protocol.SenderConfig.Horizon
 	KV              KVSource      // nil means GeneratedKV
+	// Research turns bugs of the catalogue on in the Sender (the demo's
+	// --bug); only code inside this module can set it.
+	Research research.Switches
 }
 
 // Prefill is a prefill node's transfer endpoint: a protocol.Sender, the
@@ -85,7 +89,7 @@ func NewPrefill(dev rdma.Device, cfg PrefillConfig) (*Prefill, error) {
 		return nil, err
 	}
 	p.sender, err = protocol.NewSender(protocol.SenderConfig{Pages: cfg.Pages, PageTokens: cfg.PageTokens,
-		MaxTokens: min(cfg.MaxRequestPages*cfg.PageTokens, protocol.MaxTokens), Horizon: cfg.Horizon, Memory: sourceOf{p}, TagKeys: p.tagKeyOf})
+		MaxTokens: min(cfg.MaxRequestPages*cfg.PageTokens, protocol.MaxTokens), Horizon: cfg.Horizon, Memory: sourceOf{p}, TagKeys: p.tagKeyOf, Research: cfg.Research})
 	return p, err
 }
 
