@@ -17,8 +17,9 @@ import (
 // unusable afterwards; the backend should be closed.
 var ErrDevice = errors.New("cuda: device error")
 
-// errState: a method called out of order (Forward before Load and AttachPool, a second Load).
-var errState = errors.New("cuda: backend used out of order")
+// ErrOrder: a method called out of order (Forward before Load and AttachPool, a second Load),
+// or after Close.
+var ErrOrder = errors.New("cuda: backend used out of order")
 
 // noMismatch is the status word's "every page passed" (kernels.cu's NO_MISMATCH).
 const noMismatch = 0xFFFFFFFF
@@ -71,10 +72,11 @@ type Backend struct {
 	att     devptr // chunk × heads × SeqLen
 	stepBuf devptr // the packed step input
 	outBuf  devptr // logits and status
-	staging devptr // page copies
-	stagingBytes,
-	chunk int
-	allocs []devptr
+	staging devptr // page copies: the page list, then the packed pages
+
+	stagingBytes int      // staging's size
+	chunk        int      // the most tokens one launch sequence processes
+	allocs       []devptr // everything Close frees
 }
 
 // weights are the model's arrays in device memory; per-layer arrays hold every layer's
@@ -113,8 +115,8 @@ func (b *Backend) upload(a []float32) (devptr, error) {
 
 // Load copies m's weights to the device and allocates the activations of one chunk.
 func (b *Backend) Load(m *model.Model) error {
-	if b.m != nil {
-		return fmt.Errorf("%w: Load called twice", errState)
+	if b.dev == nil || b.m != nil {
+		return fmt.Errorf("%w: Load after Close, or twice", ErrOrder)
 	}
 	if err := m.Validate(); err != nil {
 		return err
@@ -188,8 +190,8 @@ func ropeTables(m *model.Model) (cos, sin []float32) {
 // AttachPool allocates the device pool and its epoch mirror, and copies the host region's
 // pages and the pool's current epochs there.
 func (b *Backend) AttachPool(c *kv.Cache) error {
-	if b.m == nil || b.cache != nil {
-		return fmt.Errorf("%w: AttachPool before Load, or twice", errState)
+	if b.dev == nil || b.m == nil || b.cache != nil {
+		return fmt.Errorf("%w: AttachPool before Load, after Close, or twice", ErrOrder)
 	}
 	g, m := c.Geometry(), b.m
 	if g.Layers != m.Layers || g.KVHeads != m.KVHeads || g.HeadDim != m.HeadDim() {
@@ -228,8 +230,8 @@ func (b *Backend) AttachPool(c *kv.Cache) error {
 // SetEpochs copies the pages' epochs into the device mirror: one copy of the span of pages
 // that changed.
 func (b *Backend) SetEpochs(pages []uint32, epochs []uint64) error {
-	if b.cache == nil {
-		return fmt.Errorf("%w: SetEpochs before AttachPool", errState)
+	if b.dev == nil || b.cache == nil {
+		return fmt.Errorf("%w: SetEpochs before AttachPool or after Close", ErrOrder)
 	}
 	if len(pages) != len(epochs) {
 		return fmt.Errorf("cuda: %d pages, %d epochs", len(pages), len(epochs))
@@ -258,8 +260,8 @@ func (b *Backend) SetEpochs(pages []uint32, epochs []uint64) error {
 // Forward runs one step on the device. Its only synchronisation is the copy of the logits
 // and the status words at the end, which waits for the step's kernels on the same stream.
 func (b *Backend) Forward(s *backend.Step) error {
-	if b.cache == nil {
-		return fmt.Errorf("%w: Forward before AttachPool", errState)
+	if b.dev == nil || b.cache == nil {
+		return fmt.Errorf("%w: Forward before AttachPool or after Close", ErrOrder)
 	}
 	m, g := b.m, b.geom
 	T, end := len(s.Tokens), s.Pos+len(s.Tokens)
@@ -412,8 +414,8 @@ func (b *Backend) matmul(out, x, w devptr, T, rows, cols int, accumulate bool) e
 // UploadPages copies pages of the host region (that arrived over the transport and were
 // verified there) into the device pool: packed on the host, one copy, one scatter kernel.
 func (b *Backend) UploadPages(pages []uint32) error {
-	if b.cache == nil {
-		return fmt.Errorf("%w: UploadPages before AttachPool", errState)
+	if b.dev == nil || b.cache == nil {
+		return fmt.Errorf("%w: UploadPages before AttachPool or after Close", ErrOrder)
 	}
 	if err := b.validPages(pages); err != nil || len(pages) == 0 {
 		return err
@@ -424,8 +426,8 @@ func (b *Backend) UploadPages(pages []uint32) error {
 // DownloadPages copies pages of the device pool into the host region (to be sent over the
 // transport): one gather kernel, one copy, unpacked on the host.
 func (b *Backend) DownloadPages(pages []uint32) error {
-	if b.cache == nil {
-		return fmt.Errorf("%w: DownloadPages before AttachPool", errState)
+	if b.dev == nil || b.cache == nil {
+		return fmt.Errorf("%w: DownloadPages before AttachPool or after Close", ErrOrder)
 	}
 	if err := b.validPages(pages); err != nil || len(pages) == 0 {
 		return err

@@ -344,3 +344,40 @@ func TestBadStepsAreRefused(t *testing.T) {
 		t.Error("SetEpochs with more pages than epochs: accepted")
 	}
 }
+
+// After Close every method refuses with ErrOrder, and a second Close does nothing.
+func TestAClosedBackendRefusesEverything(t *testing.T) {
+	m := randomModel(t, model.Config{Dim: 32, HiddenDim: 64, Layers: 1, Heads: 4, KVHeads: 2, Vocab: 50, SeqLen: 16}, 5)
+	b := openTest(t)
+	cache, err := kv.New(engine.GeometryOf(m.Config, 4), 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := engine.New(m, b, cache, engine.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	table := allocate(t, e, 1, 4)
+	if _, err := e.Prefill(table, []int{1, 2}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	logits := make([]float32, m.Vocab)
+	for name, err := range map[string]error{
+		"Load":          b.Load(m),
+		"AttachPool":    b.AttachPool(cache),
+		"SetEpochs":     b.SetEpochs([]uint32{0}, []uint64{1}),
+		"Forward":       b.Forward(&backend.Step{Tokens: []int{3}, Pos: 2, Table: table, Logits: logits}),
+		"UploadPages":   b.UploadPages([]uint32{0}),
+		"DownloadPages": b.DownloadPages([]uint32{0}),
+	} {
+		if !errors.Is(err, ErrOrder) {
+			t.Errorf("%s after Close: %v, want ErrOrder", name, err)
+		}
+	}
+}

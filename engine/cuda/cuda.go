@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"sync"
 	"unsafe"
 
 	"gorgonia.org/cu"
@@ -40,7 +41,9 @@ func DeviceName(ordinal int) (string, error) {
 // cuDevice runs every driver call on one locked OS thread, where the context is current.
 type cuDevice struct {
 	calls chan func()
-	done  chan struct{}
+	quit  chan struct{} // closed by close: the thread stops taking calls
+	stop  sync.Once
+	done  chan struct{} // closed when the thread has released the context
 	dev   cu.Device
 	ctx   cu.CUContext
 	mod   cu.Module
@@ -48,7 +51,7 @@ type cuDevice struct {
 }
 
 func openCU(ordinal int) (*cuDevice, error) {
-	d := &cuDevice{calls: make(chan func()), done: make(chan struct{})}
+	d := &cuDevice{calls: make(chan func()), quit: make(chan struct{}), done: make(chan struct{})}
 	ready := make(chan error, 1)
 	go d.loop(ordinal, ready)
 	if err := <-ready; err != nil {
@@ -67,8 +70,13 @@ func (d *cuDevice) loop(ordinal int, ready chan<- error) {
 	if err != nil {
 		return
 	}
-	for f := range d.calls {
-		f()
+	for running := true; running; {
+		select {
+		case f := <-d.calls:
+			f()
+		case <-d.quit:
+			running = false
+		}
 	}
 	if d.mod != (cu.Module{}) {
 		_ = d.mod.Unload()
@@ -148,12 +156,7 @@ func (d *cuDevice) launch(k kernel, grid, block dim3, params ...uint64) error {
 func (d *cuDevice) sync() error { return cu.Synchronize() }
 
 func (d *cuDevice) close() error {
-	select {
-	case <-d.done:
-		return nil
-	default:
-	}
-	close(d.calls)
+	d.stop.Do(func() { close(d.quit) })
 	<-d.done
 	return nil
 }
