@@ -35,7 +35,11 @@ func benchmarkHandoffs(b *testing.B, horizon time.Duration) {
 		dst.tags[i] = make([]byte, TagSize)
 	}
 	s, _ := NewSender(SenderConfig{Pages: 64, PageTokens: 16, Memory: src, TagKeys: testKeys, Horizon: horizon})
-	r, _ := NewReceiver(ReceiverConfig{Pages: 64, PageTokens: 16, Memory: dst, TagKeys: testKeys, Horizon: horizon,
+	maxRecords := 0
+	if horizon == 0 {
+		maxRecords = 1 << 30 // every record kept, as in the first version
+	}
+	r, _ := NewReceiver(ReceiverConfig{Pages: 64, PageTokens: 16, Memory: dst, TagKeys: testKeys, Horizon: horizon, MaxRecords: maxRecords,
 		Region: func(p uint32) (uint64, uint32) { return uint64(p), 1 }})
 	now := time.Now()
 	var frame []byte

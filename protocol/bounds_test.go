@@ -414,3 +414,46 @@ func TestFlushFailsOnlyThatQueuePairsRequests(t *testing.T) {
 		t.Fatalf("a request on the other queue pair: %v", st)
 	}
 }
+
+// Records of requests that ran are bounded too, with no Horizon: past
+// MaxRecords the oldest ended record is forgotten (a late message for it is
+// then one for an unknown request), and records at work never are.
+func TestRecordsStayUnderMaxRecordsWithoutAHorizon(t *testing.T) {
+	const max = 100
+	r := boundsReceiver(t, ReceiverConfig{Pages: 8, PageTokens: 1, MaxRecords: max})
+	for i := range 4 { // at work throughout: reserved, never Done
+		if err := r.Step(1, &Bootstrap{Request: RequestID(1_000_000 + i), Tokens: 1}, testNow); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 10_000 { // each ends: granted, then the sender gives up
+		id := RequestID(i + 1)
+		if err := r.Step(1, &Bootstrap{Request: id, Tokens: 1}, testNow); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Step(1, &AbortAck{Request: id}, testNow); err != nil {
+			t.Fatal(err)
+		}
+		if i%7 == 0 {
+			r.Cancel(RequestID(2_000_000 + i)) // a tombstone
+		}
+		r.Effects()
+		if r.Records() > max {
+			t.Fatalf("%d records after %d requests", r.Records(), i+1)
+		}
+	}
+	for i := range 4 {
+		if st := r.Status(RequestID(1_000_000 + i)); st != StatusReserved {
+			t.Fatalf("a record at work was forgotten: %v", st)
+		}
+	}
+	if err := r.Step(1, &Done{Request: 1, Tokens: 1, Pages: 1}, testNow); !errors.Is(err, ErrUnknownRequest) {
+		t.Fatalf("a late Done for a forgotten request: %v", err)
+	}
+	if st := r.Status(10_000); st != StatusClosed {
+		t.Fatalf("the newest ended record: %v", st)
+	}
+	if r.Pool().Free() != 4 {
+		t.Fatalf("%d pages free, want 4", r.Pool().Free())
+	}
+}

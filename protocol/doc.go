@@ -84,7 +84,7 @@
 //  15. Peer cancel: Receiver.tellSender, Router.cancelOpenLegs; TestRouterCancelsOtherLegOnFailedLeg, TestReceiverRejectsWhatItsPoolCannotHoldAndStopsTheSender
 //  16. Idempotent fences: Pool.Release, Receiver.fence; TestReleaseIsIdempotent, TestLateReleaseNeverFreesTheNextOwnersPage, TestQuarantineIgnoresPagesNoLongerHeld
 //  17. Defensive decoding: DecodeMessage, validate, Receiver.lookup; TestDecoderRejectsBrokenFramesWithTypedErrors, TestMalformedMessagesAreRefusedWithoutEffect, TestWrongDirectionMessagesAreRefused, TestTypedNilMessagesAreRefused, TestRouterRefusesBadReports
-//  18. Bounded records: Receiver.Tick, Sender.Tick, Router.Tick; TestEndedRecordsAreForgottenAfterTheHorizon, TestRecordsAtWorkAreNeverForgotten, TestSenderForgetsEndedRecordsAfterTheHorizon, TestRouterHorizonForgetsEndedRecords, TestHorizonQueueNeverForgetsEarly
+//  18. Bounded records: Receiver.Tick, Sender.Tick, Router.Tick; TestEndedRecordsAreForgottenAfterTheHorizon, TestRecordsAtWorkAreNeverForgotten, TestSenderForgetsEndedRecordsAfterTheHorizon, TestRouterHorizonForgetsEndedRecords, TestHorizonQueueNeverForgetsEarly, TestRecordsStayUnderMaxRecordsWithoutAHorizon
 //  19. Keyed tag records: NewTagKey, Tag.appendMAC, parseTag, Sender.Submit, Receiver.bootstrap; TestForgedRecordFailsWithoutTheKey, TestReceiverRefusesAStrangersPage, TestNoKeyForThePeerRefusesTheRequest, TestCMACMatchesRFC4493
 //
 // # Encodings
@@ -120,7 +120,9 @@
 // # Bounds
 //
 // Nothing is kept on a peer's word: a Bootstrap that intake refuses leaves no
-// record, both intakes refuse a request of more pages than one Grant carries
-// (MaxGrantPages), and Tick costs what is due (deadlines and horizons in
-// heaps), not a visit of every record.
+// record, the records of requests that ran are at most
+// ReceiverConfig.MaxRecords (the oldest ended one goes first), both intakes
+// refuse a request of more pages than one Grant carries (MaxGrantPages), and
+// Tick costs what is due (deadlines in a heap, horizons in a queue), not a
+// visit of every record.
 package protocol

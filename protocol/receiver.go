@@ -45,15 +45,18 @@ type ReceiverConfig struct {
 	// Horizon is how long a request's record is kept after the request ended
 	// (finished, closed, or a tombstone; a refused Bootstrap leaves none), so
 	// that a late message finds it ended; Tick forgets older ones. 0 keeps
-	// every record forever, so records grow with every request a peer runs:
-	// a node in service sets one.
+	// every record until MaxRecords forgets the oldest.
 	// A message for a forgotten request is one for an unknown request: a late
 	// Done or AbortAck is refused with ErrUnknownRequest and changes nothing,
 	// but a Bootstrap is a new request. So Horizon must exceed the longest a
 	// message can be late: the queue pair's retry time, and the race between
 	// the router's cancel and the prefill node's Bootstrap.
 	Horizon time.Duration
-	Memory  PageMemory // the pages, for verification
+	// MaxRecords bounds the records kept, live and ended: past it the oldest
+	// ended record is forgotten early, as if its horizon had passed (records
+	// at work are never forgotten). 0 means 64 per slot, at least 65,536.
+	MaxRecords int
+	Memory     PageMemory // the pages, for verification
 	// TagKeys returns the tag key of the queue pair to peer (agreed over the
 	// nodes' authenticated connection setup), or nil while there is none.
 	// Required: a Bootstrap from a peer without a key is refused at intake
@@ -124,7 +127,7 @@ type Receiver struct {
 	// since the last Tick.
 	deadlines timers[recvRequest]
 	horizon   queue[recvRequest]
-	ending    []timer[recvRequest]
+	ending    queue[recvRequest]
 	scratch   [16]byte // the tag MAC's working block
 }
 
@@ -138,6 +141,9 @@ func NewReceiver(cfg ReceiverConfig) (*Receiver, error) {
 	}
 	if cfg.MaxTokens == 0 {
 		cfg.MaxTokens = cfg.Pages * cfg.PageTokens
+	}
+	if cfg.MaxRecords == 0 {
+		cfg.MaxRecords = max(64*cfg.Slots, 1<<16)
 	}
 	pool := NewPool(cfg.Pages)
 	pool.doubleFree = cfg.Research.Has(research.DoubleFree)
@@ -266,7 +272,7 @@ func (r *Receiver) bootstrap(peer PeerID, m *Bootstrap, now time.Time) error {
 		return nil
 	}
 	q := &recvRequest{phase: recvReserved, peer: peer, key: key, tokens: m.Tokens, refs: refs}
-	r.reqs[id] = q
+	r.remember(id, q)
 	r.held++
 	if r.cfg.Timeout > 0 {
 		q.deadline = now.Add(r.cfg.Timeout)
@@ -369,7 +375,7 @@ func (r *Receiver) Cancel(id RequestID) {
 	q := r.reqs[id]
 	if q == nil {
 		q = &recvRequest{reported: true}
-		r.reqs[id] = q
+		r.remember(id, q)
 		r.end(id, q, recvTombstone)
 		return
 	}
@@ -441,23 +447,41 @@ func (r *Receiver) Tick(now time.Time) {
 			delete(r.reqs, t.id)
 		}
 	}
-	for _, t := range r.ending { // ended since the last Tick: their age starts now
+	for { // ended since the last Tick: their age starts now
+		t, ok := r.ending.pop()
+		if !ok {
+			break
+		}
 		if r.reqs[t.id] == t.rec && t.rec.ended.IsZero() {
 			t.rec.ended = now
 			r.horizon.push(timer[recvRequest]{at: now.Add(r.cfg.Horizon), id: t.id, rec: t.rec})
 		}
 	}
-	clear(r.ending)
-	r.ending = r.ending[:0]
 }
 
-// end moves q to a terminal phase and, with a Horizon, queues it for the next
-// Tick to start its age.
+// remember keeps q as id's record, forgetting the oldest ended records while
+// there are more than MaxRecords: no peer can make the records grow without
+// bound, whatever the Horizon.
+func (r *Receiver) remember(id RequestID, q *recvRequest) {
+	r.reqs[id] = q
+	for len(r.reqs) > r.cfg.MaxRecords {
+		t, ok := r.horizon.pop() // the oldest ended records, then those ended since the last Tick
+		if !ok {
+			if t, ok = r.ending.pop(); !ok {
+				return // every record is at work
+			}
+		}
+		if r.reqs[t.id] == t.rec {
+			delete(r.reqs, t.id)
+		}
+	}
+}
+
+// end moves q to a terminal phase and queues it, oldest first: for the next
+// Tick to start its age (with a Horizon), and for remember to forget first.
 func (r *Receiver) end(id RequestID, q *recvRequest, phase recvPhase) {
 	q.phase = phase
-	if r.cfg.Horizon > 0 {
-		r.ending = append(r.ending, timer[recvRequest]{id: id, rec: q})
-	}
+	r.ending.push(timer[recvRequest]{id: id, rec: q})
 }
 
 // Records is the number of request records the receiver keeps, live and ended.

@@ -85,6 +85,14 @@ func (q *queue[R]) push(t timer[R]) {
 	q.items = append(q.items, t)
 }
 
+// pop removes and returns the first timer, due or not.
+func (q *queue[R]) pop() (timer[R], bool) {
+	if q.head == len(q.items) {
+		return timer[R]{}, false
+	}
+	return q.popDue(q.items[q.head].at)
+}
+
 // popDue removes and returns the first timer if it is due at now.
 func (q *queue[R]) popDue(now time.Time) (timer[R], bool) {
 	if q.head == len(q.items) || now.Before(q.items[q.head].at) {
