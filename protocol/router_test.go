@@ -513,3 +513,25 @@ func mustNil(t *testing.T, err error) {
 		t.Fatal(err)
 	}
 }
+
+// A leg the router cancelled has ended: a node need not report on a request
+// it never saw (a Receiver cancelled before the Bootstrap keeps only a
+// tombstone), and a report that still comes changes nothing.
+func TestRouterCancelledLegNeedNotReport(t *testing.T) {
+	r := newTestRouter(t, RouterConfig{}, prefillNode(1, 64), decodeNode(2, 64))
+	r.Submit(1, 4, t0)
+	r.Effects()
+	// The prefill node's own intake refuses it: decode never hears of it.
+	mustNil(t, r.LegEnded(1, 1, fmt.Errorf("%w: %w", ErrRejected, ErrTooLong)))
+	e := r.Effects()
+	if st := r.Request(1); st.Status != RouteEnded || st.DecodeOpen || fmt.Sprint(e.Cancels) != fmt.Sprint([]CancelLeg{{2, 1}}) {
+		t.Fatalf("after the prefill leg's refusal: %+v, cancels %v", st, e.Cancels)
+	}
+	if l := r.Nodes(); l[1].PagesInUse != 0 || l[1].Requests != 0 {
+		t.Fatalf("decode still counts the request: %+v", l[1])
+	}
+	mustNil(t, r.LegEnded(2, 1, fmt.Errorf("%w", ErrCancelled))) // a late report is expected
+	if e := r.Effects(); len(e.Outcomes)+len(e.Cancels) != 0 {
+		t.Fatalf("a late report had effects: %+v", e)
+	}
+}
