@@ -594,6 +594,9 @@ func (h *Refinement) collect(a spec.Action) error {
 			}
 		}
 		for _, o := range re.Outcomes {
+			if h.recv.Status(o.Request) == protocol.StatusNone {
+				h.refused[int(o.Request)-1] = true // decode's intake refused it and kept no record
+			}
 			if err := h.router.LegEnded(decodePeer, o.Request, o.Err); err != nil {
 				return fmt.Errorf("%w after %v: the router refused decode's outcome for r%d: %v", ErrRefinement, a, int(o.Request)-1, err)
 			}
