@@ -236,6 +236,23 @@ func (e *endpoint) Cut(peer string) error {
 	return nil
 }
 
+// Faults is the fault hooks (late placements, corruption) of the live queue
+// pair to peer, for tests and the demo; an error if there is none or its
+// provider has no hooks.
+func (e *endpoint) Faults(peer string) (rdma.Faults, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	c := e.names[peer]
+	if c == nil || !c.live {
+		return nil, fmt.Errorf("%w: %q", ErrNoPeer, peer)
+	}
+	f, ok := c.qp.(rdma.Faults)
+	if !ok {
+		return nil, fmt.Errorf("transfer: the queue pair to %q has no fault hooks", peer)
+	}
+	return f, nil
+}
+
 // flushAll posts what every queue pair's backlog can take.
 func (e *endpoint) flushAll() {
 	for _, c := range e.conns {

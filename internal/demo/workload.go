@@ -48,6 +48,9 @@ type Spec struct {
 	// Context is the model's context: no prompt plus its generation exceeds it.
 	Context   int
 	MaxTokens int // tokens generated per request; 0 means 16
+	// OverLimitTokens is the length of the over-limit prompts; 0 means half
+	// again the limit (at most what the context leaves).
+	OverLimitTokens int
 	// OverLimit and Disconnect are the fractions of requests over the limit
 	// and of clients that disconnect; negative means none.
 	OverLimit, Disconnect float64
@@ -119,7 +122,11 @@ func NewWorkload(spec Spec) (Workload, error) {
 			target := fits/4 + v*(fits-fits/4)/variants
 			prompts[t] = append(prompts[t], prompt(tn, v, target))
 		}
-		over := min(spec.Context-spec.MaxTokens, spec.Limit+spec.Limit/2)
+		over := spec.Limit + spec.Limit/2
+		if spec.OverLimitTokens > 0 {
+			over = spec.OverLimitTokens
+		}
+		over = min(spec.Context-spec.MaxTokens, over)
 		long[t] = prompt(tn, 0, over)
 	}
 	for i := range spec.Requests {
