@@ -19,7 +19,8 @@ type SimConfig struct {
 	Seed         uint64
 	Requests     int     // requests in the run; 0 means 24
 	Senders      int     // prefill nodes; 0 means 2
-	DecodePages  int     // 0 means 24
+	Decoders     int     // decode nodes; 0 means 1
+	DecodePages  int     // per decode node; 0 means 24
 	PrefillPages int     // per prefill node; 0 means 12 (its intake limit: PrefillPages*PageTokens)
 	PageTokens   int     // 0 means 4
 	PageBytes    int     // 0 means 64
@@ -35,6 +36,7 @@ func (c *SimConfig) defaults() {
 	}
 	def(&c.Requests, 24)
 	def(&c.Senders, 2)
+	def(&c.Decoders, 1)
 	def(&c.DecodePages, 24)
 	def(&c.PrefillPages, 12)
 	def(&c.PageTokens, 4)
@@ -91,7 +93,10 @@ type world struct {
 // spec's properties checked after every step, then a fault-free drain that
 // checks termination and that every page comes back. The same seed replays
 // the same run.
-func Simulate(cfg SimConfig) *SimResult {
+func Simulate(cfg SimConfig) *SimResult { return simulateWorld(cfg).res }
+
+// simulateWorld is Simulate, returning the whole world.
+func simulateWorld(cfg SimConfig) *world {
 	cfg.defaults()
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0x6b76))
 	limit := cfg.PrefillPages * cfg.PageTokens
@@ -113,7 +118,7 @@ func Simulate(cfg SimConfig) *SimResult {
 	}
 	w := newWorld(cfg, tokens, rng.IntN)
 	w.run(rng)
-	return w.res
+	return w
 }
 
 // newWorld builds the deployment with one request per entry of tokens: the
@@ -126,8 +131,10 @@ func newWorld(cfg SimConfig, tokens []int, pick func(int) int) *world {
 		nc.Prefill = append(nc.Prefill, protocoltest.NodeConfig{Pages: cfg.PrefillPages, PageTokens: cfg.PageTokens,
 			PageBytes: cfg.PageBytes, Advertise: cfg.DecodePages, MaxInFlight: 2})
 	}
-	nc.Decode = []protocoltest.NodeConfig{{Pages: cfg.DecodePages, PageTokens: cfg.PageTokens, PageBytes: cfg.PageBytes,
-		Timeout: 10 * time.Second}}
+	for range cfg.Decoders {
+		nc.Decode = append(nc.Decode, protocoltest.NodeConfig{Pages: cfg.DecodePages, PageTokens: cfg.PageTokens, PageBytes: cfg.PageBytes,
+			Timeout: 10 * time.Second})
+	}
 	n, err := protocoltest.New(nc)
 	if err != nil {
 		panic(err) // the defaults are valid; a bad config is a programming error here

@@ -1,6 +1,7 @@
 package model
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 
@@ -83,5 +84,33 @@ func TestSimulationFindsEverySwitch(t *testing.T) {
 		if !covered[sw] {
 			t.Errorf("no case for %v", sw)
 		}
+	}
+}
+
+// Many nodes: 4 prefill and 3 decode nodes, the router choosing among them,
+// keep every property; every node of each role takes requests.
+func TestSimulationOverManyNodesKeepsEveryProperty(t *testing.T) {
+	cfg := SimConfig{Senders: 4, Decoders: 3, Requests: 60}
+	s := RunSeeds(cfg, 1, seeds(300), nil)
+	if s.Violations != 0 {
+		v := s.FirstViolation
+		t.Fatalf("seed %d: %s: %s\n%v", v.Seed, v.Violation.Property, v.Violation.Detail, v.Trace)
+	}
+	c := cfg
+	used := map[string]bool{}
+	for seed := uint64(1); seed <= 20; seed++ {
+		c.Seed = seed
+		w := simulateWorld(c)
+		for _, q := range w.n.Requests() {
+			if q.Decode != 0 {
+				used[fmt.Sprint("decode ", q.Decode)] = true
+			}
+			if q.Prefill != 0 {
+				used[fmt.Sprint("prefill ", q.Prefill)] = true
+			}
+		}
+	}
+	if len(used) != 7 {
+		t.Fatalf("nodes that took requests: %v, want all 7", used)
 	}
 }

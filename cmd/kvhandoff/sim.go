@@ -15,10 +15,10 @@ import (
 const simUsage = `usage: kvhandoff sim [flags]
 
 Deterministic simulation of the protocol implementation (docs/protocol.md): each
-seed is a workload of concurrent requests (some over-long) on two prefill nodes
-and a decode node over in-memory queue pairs, with cancels, crashes, timeouts,
-cuts, late placements and corruption, checking the spec's properties after every
-step. Runs seeds --seed .. --seed+--seeds-1. Exit status 0 iff no run violated a
+seed is a workload of concurrent requests (some over-long) through the router to
+--prefills prefill nodes and --decodes decode nodes over in-memory queue pairs,
+with cancels, crashes, timeouts, cuts, late placements and corruption, checking
+the spec's properties after every step. Runs seeds --seed .. --seed+--seeds-1. Exit status 0 iff no run violated a
 property; 1 on a violation (the smallest failing seed and its event trace are
 printed; rerun with --seed S --seeds 1 to replay it exactly); 2 on bad usage.
 
@@ -36,13 +36,15 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 	seed := fs.Uint64("seed", 1, "first seed")
 	bugs := fs.String("bug", "", "implementation switches to turn on, comma-separated")
 	requests := fs.Int("requests", 24, "requests per seed")
+	prefills := fs.Int("prefills", 2, "prefill nodes")
+	decodes := fs.Int("decodes", 1, "decode nodes")
 	jsonOut := fs.Bool("json", false, "print exactly one JSON object on stdout (with --each, one per seed first)")
 	each := fs.Bool("each", false, "print every seed's result as it completes")
 	if code := parseFlags(fs, args, stderr); code >= 0 {
 		return code
 	}
-	if *seeds < 1 || *requests < 1 || *requests > 10000 {
-		fmt.Fprintln(stderr, "kvhandoff sim: --seeds must be at least 1 and --requests 1..10000")
+	if *seeds < 1 || *requests < 1 || *requests > 10000 || *prefills < 1 || *prefills > 64 || *decodes < 1 || *decodes > 64 {
+		fmt.Fprintln(stderr, "kvhandoff sim: --seeds must be at least 1, --requests 1..10000, --prefills and --decodes 1..64")
 		return 2
 	}
 	sw, err := research.Parse(*bugs)
@@ -75,7 +77,7 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 				r.Outcomes[model.OutcomeRejected], r.Outcomes[model.OutcomeCancelled], r.Outcomes[model.OutcomeFailed])
 		}
 	}
-	s := model.RunSeeds(model.SimConfig{Requests: *requests, Bugs: sw}, *seed, *seeds, onResult)
+	s := model.RunSeeds(model.SimConfig{Requests: *requests, Senders: *prefills, Decoders: *decodes, Bugs: sw}, *seed, *seeds, onResult)
 	if streamErr != nil {
 		fmt.Fprintf(stderr, "kvhandoff sim: %v\n", streamErr)
 		return 2
@@ -128,6 +130,9 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 		}
 		if *requests != 24 {
 			replay += fmt.Sprintf(" --requests %d", *requests)
+		}
+		if *prefills != 2 || *decodes != 1 {
+			replay += fmt.Sprintf(" --prefills %d --decodes %d", *prefills, *decodes)
 		}
 		fmt.Fprintf(stdout, "replay: %s\n", replay)
 		if len(s.Failures) > 1 {
