@@ -78,7 +78,7 @@ func (n NodeInfo) validate() error {
 	switch {
 	case n.Role != RolePrefill && n.Role != RoleDecode:
 		return fmt.Errorf("%w: node %d has role %v", ErrBadNode, n.ID, n.Role)
-	case n.PoolPages < 1 || n.PageTokens < 1:
+	case n.PoolPages < 1 || n.PageTokens < 1 || n.PageTokens > MaxTokens:
 		return fmt.Errorf("%w: node %d advertises %d pages of %d tokens", ErrBadNode, n.ID, n.PoolPages, n.PageTokens)
 	case n.PoolPages > MaxTokens/n.PageTokens:
 		return fmt.Errorf("%w: node %d advertises %d pages of %d tokens, more than a request can name", ErrBadNode, n.ID, n.PoolPages, n.PageTokens)

@@ -310,6 +310,7 @@ func TestRouterRefusesBadReports(t *testing.T) {
 	}
 	for _, bad := range []NodeInfo{{ID: 5, Role: 0, PoolPages: 1, PageTokens: 1}, {ID: 5, Role: RoleDecode, PageTokens: 1},
 		{ID: 5, Role: RoleDecode, PoolPages: 1 << 30, PageTokens: 1 << 10}, {ID: 5, Role: RoleDecode, PoolPages: 1, PageTokens: 1, ContextTokens: -1},
+		{ID: 5, Role: RoleDecode, PoolPages: 1, PageTokens: MaxTokens + 1},
 		{ID: 1, Role: RoleDecode, PoolPages: 1, PageTokens: 1}} {
 		if err := r.AddNode(bad); !errors.Is(err, ErrBadNode) {
 			t.Fatalf("AddNode(%+v): %v, want ErrBadNode", bad, err)
