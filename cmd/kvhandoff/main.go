@@ -33,6 +33,7 @@ commands:
             bench handoff: end-to-end handoffs through endpoints against the provider
   certs     a certificate authority and node certificates for a deployment (PEM files)
   preflight check a deployment: pools against the context, page sizes, models; RDMA devices
+  serve     run one node of a deployment: --role router, prefill or decode
 
 kvhandoff <command> -h lists a command's flags.
 `
@@ -56,6 +57,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return runCerts(args[1:], stdout, stderr)
 	case "preflight":
 		return runPreflight(args[1:], stdout, stderr)
+	case "serve":
+		return runServe(args[1:], stdout, stderr)
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0

@@ -1,0 +1,240 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/kvhandoff/kvhandoff/engine/model"
+	"github.com/kvhandoff/kvhandoff/internal/pki"
+	"github.com/kvhandoff/kvhandoff/node"
+	"github.com/kvhandoff/kvhandoff/rdma"
+	"github.com/kvhandoff/kvhandoff/rdma/socket"
+)
+
+const serveUsage = `usage: kvhandoff serve --role router|prefill|decode [flags]
+
+Runs one node of a deployment (docs/nodes.md). The router answers clients on
+--listen (POST /v1/completions, GET /metrics); prefill and decode nodes answer
+the router on --control (mutual TLS) and serve /metrics on --metrics. Nodes
+find each other through --peers (static: name=host:port of each peer's
+control API) or --etcd (a registry under leases).
+
+Every connection between nodes is mutual TLS 1.3 (--tls-cert, --tls-key,
+--tls-ca; kvhandoff certs makes them), unless --insecure. SIGTERM or SIGINT
+stops the node gracefully: no new request, those in flight drained for
+--grace, then failed explicitly, and no page left owned.
+
+`
+
+// providers opens an RDMA device for a node by provider name; the verbs
+// build adds its own.
+var providers = map[string]func(name, listen string, tc *tls.Config, insecure bool, log *slog.Logger) (rdma.Device, error){
+	"socket": func(_, listen string, tc *tls.Config, insecure bool, log *slog.Logger) (rdma.Device, error) {
+		return socket.Listen("tcp", listen, socket.Config{TLS: tc, Insecure: insecure, Logger: log})
+	},
+}
+
+// runServe is `kvhandoff serve`.
+func runServe(args []string, stdout, stderr io.Writer) int {
+	fs := newFlags("serve", serveUsage, stderr)
+	role := fs.String("role", "", "router, prefill or decode (required)")
+	name := fs.String("name", "", "the node's name, as its certificate and the registry know it (default: the certificate's name, or the role)")
+	provider := fs.String("provider", "socket", "RDMA provider: socket, or verbs in a -tags verbs build")
+	listen := fs.String("listen", "127.0.0.1:8080", "router: the client API's address (HTTP)")
+	control := fs.String("control", "127.0.0.1:0", "prefill, decode: the control API's address (HTTPS, mutual TLS)")
+	transferAddr := fs.String("transfer", "127.0.0.1:0", "decode: the queue-pair setup listener's address")
+	rdmaAddr := fs.String("rdma", "127.0.0.1:0", "prefill, decode: the socket provider's address")
+	metricsAddr := fs.String("metrics", "", "prefill, decode: a plaintext /metrics listener's address (the router serves /metrics on --listen)")
+	pages := fs.Int("pool-pages", 1024, "prefill, decode: KV pool pages")
+	pageTokens := fs.Int("page-tokens", 16, "tokens per page")
+	pageBytes := fs.Int("page-bytes", 0, "bytes per page (--model none only; with a model the model's geometry sets it); 0 means 4096")
+	contextTokens := fs.Int("context-tokens", 0, "the longest prompt this node takes; 0 means the model's context")
+	modelName := fs.String("model", "builtin", "builtin (the built-in copy model, --seed), none (generated KV, a digest as the answer), or a llama2.c checkpoint file")
+	seed := fs.Uint64("seed", 1, "the built-in model's seed")
+	modelID := fs.String("model-id", "", "the model's name in the registry and the client API (default: kvhandoff-builtin-SEED, or the file's name)")
+	peers := fs.String("peers", "", "static registry: name=host:port of each peer's control API, comma-separated")
+	tlsCert := fs.String("tls-cert", "", "the node's certificate (PEM)")
+	tlsKey := fs.String("tls-key", "", "the node's key (PEM)")
+	tlsCA := fs.String("tls-ca", "", "the deployment's authority (PEM)")
+	insecure := fs.Bool("insecure", false, "plaintext between nodes, with no authentication (a warning is logged)")
+	timeout := fs.Duration("timeout", 30*time.Second, "a request's timeout (router) or a leg's (nodes)")
+	grace := fs.Duration("grace", 10*time.Second, "how long a stopping node waits for requests in flight")
+	router := fs.String("router-name", "router", "prefill, decode: the name the router's certificate carries")
+	logFormat := fs.String("log-format", "text", "text or json")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	if code := parseFlags(fs, args, stderr); code >= 0 {
+		return code
+	}
+	fail := func(format string, a ...any) int {
+		fmt.Fprintf(stderr, "kvhandoff serve: "+format+"\n", a...)
+		return 2
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		return fail("--log-level %q: %v", *logLevel, err)
+	}
+	var log *slog.Logger
+	switch *logFormat {
+	case "text":
+		log = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	case "json":
+		log = slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
+	default:
+		return fail("--log-format %q: text or json", *logFormat)
+	}
+	switch *role {
+	case "router", "prefill", "decode":
+	default:
+		return fail("--role %q: router, prefill or decode", *role)
+	}
+	var sec node.Security
+	switch {
+	case *insecure && (*tlsCert != "" || *tlsKey != "" || *tlsCA != ""):
+		return fail("--insecure and --tls-* exclude each other")
+	case *insecure:
+		sec.Insecure = true
+		log.Warn("serve: --insecure: nodes talk in plaintext and accept anyone who reaches their ports")
+	case *tlsCert == "" || *tlsKey == "" || *tlsCA == "":
+		return fail("--tls-cert, --tls-key and --tls-ca are required (or --insecure)")
+	default:
+		tc, err := pki.Load(*tlsCert, *tlsKey, *tlsCA)
+		if err != nil {
+			return fail("%v", err)
+		}
+		sec.TLS = tc
+		certName, err := pki.Name(tc)
+		if err != nil {
+			return fail("%v", err)
+		}
+		if *name == "" {
+			*name = certName
+		} else if *name != certName {
+			return fail("--name %q, but the certificate names %q", *name, certName)
+		}
+	}
+	if *name == "" {
+		*name = *role
+	}
+	if *peers == "" && *role != "decode" {
+		return fail("--peers is required for a %s (decode nodes are dialled, they need none)", *role)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	regCtx, stopReg := context.WithCancel(context.Background())
+	defer stopReg()
+	list, err := node.ParsePeers(*peers)
+	if err != nil {
+		return fail("--peers: %v", err)
+	}
+	var reg node.Registry = node.NewPeerList(regCtx, list, sec, log)
+	var m *model.Model
+	switch *modelName {
+	case "none":
+		if *modelID == "" {
+			*modelID = "kvhandoff-generated"
+		}
+		if *pageBytes == 0 {
+			*pageBytes = 4096
+		}
+	case "builtin":
+		m = model.Builtin(*seed)
+		if *modelID == "" {
+			*modelID = fmt.Sprintf("kvhandoff-builtin-%d", *seed)
+		}
+	default:
+		var err error
+		if m, err = model.LoadCheckpoint(*modelName); err != nil {
+			return fail("--model: %v", err)
+		}
+		if *modelID == "" {
+			*modelID = *modelName
+		}
+	}
+	err = func() error {
+		if *role == "router" {
+			return serveRouter(ctx, *name, *listen, reg, sec, *modelID, *timeout, *grace, log)
+		}
+		open := providers[*provider]
+		if open == nil {
+			return fmt.Errorf("--provider %q: not in this build (socket; verbs needs -tags verbs)", *provider)
+		}
+		dev, err := open(*name, *rdmaAddr, sec.TLS, sec.Insecure, log)
+		if err != nil {
+			return fmt.Errorf("opening the %s device: %w", *provider, err)
+		}
+		defer dev.Close()
+		cfg := node.NodeConfig{Name: *name, Device: dev, Pages: *pages, PageTokens: *pageTokens, PageBytes: *pageBytes,
+			ContextTokens: *contextTokens, Model: m, ModelID: *modelID, Security: sec, Callers: []string{*router},
+			Registry: reg, Metrics: node.NewMetrics(), Log: log, Timeout: *timeout}
+		ctl, err := net.Listen("tcp", *control)
+		if err != nil {
+			return err
+		}
+		if *metricsAddr != "" {
+			ln, err := net.Listen("tcp", *metricsAddr)
+			if err != nil {
+				return err
+			}
+			log.Info("serve: metrics", "addr", ln.Addr().String())
+			srv := &http.Server{Handler: cfg.Metrics.Handler(), ReadHeaderTimeout: 10 * time.Second}
+			go srv.Serve(ln)
+			defer srv.Close()
+		}
+		if *role == "prefill" {
+			p, err := node.NewPrefill(cfg)
+			if err != nil {
+				return err
+			}
+			return p.Serve(ctx, ctl, *grace)
+		}
+		tl, err := net.Listen("tcp", *transferAddr)
+		if err != nil {
+			return err
+		}
+		d, err := node.NewDecode(node.DecodeConfig{NodeConfig: cfg, Stop: -1})
+		if err != nil {
+			return err
+		}
+		return d.Serve(ctx, ctl, tl, *grace)
+	}()
+	if err != nil && !errors.Is(err, context.Canceled) {
+		log.Error("serve: stopped", "err", err)
+		return 1
+	}
+	log.Info("serve: stopped cleanly", "role", *role, "name", *name)
+	return 0
+}
+
+func serveRouter(ctx context.Context, name, listen string, reg node.Registry, sec node.Security, modelID string, timeout, grace time.Duration, log *slog.Logger) error {
+	rt, err := node.NewRouter(node.RouterConfig{Name: name, Registry: reg, Security: sec, ModelID: modelID, Timeout: timeout, Log: log})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		return err
+	}
+	log.Info("serve: router client API", "addr", ln.Addr().String())
+	apiCtx, stopAPI := context.WithCancel(context.Background())
+	defer stopAPI()
+	served := make(chan error, 1)
+	go func() { served <- rt.ServeAPI(apiCtx, ln) }()
+	// Run drains on ctx's end (intake stops, requests in flight finish or
+	// fail explicitly); the API closes after it.
+	err = rt.Run(ctx, grace)
+	stopAPI()
+	if e := <-served; err == nil {
+		err = e
+	}
+	return err
+}

@@ -1,0 +1,138 @@
+package node
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/kvhandoff/kvhandoff/engine"
+	"github.com/kvhandoff/kvhandoff/engine/backend"
+	"github.com/kvhandoff/kvhandoff/engine/cpu"
+	"github.com/kvhandoff/kvhandoff/engine/model"
+	"github.com/kvhandoff/kvhandoff/rdma"
+	"github.com/kvhandoff/kvhandoff/transfer"
+)
+
+// NodeConfig is what a prefill or a decode node is made of.
+type NodeConfig struct {
+	Name   string      // the node's identity (its certificate's name)
+	Device rdma.Device // the RDMA device its queue pairs are made on
+	// Pages, PageTokens and PageBytes size the KV pool. With a Model,
+	// PageBytes is the model's (engine.GeometryOf) and may be left 0.
+	Pages, PageTokens, PageBytes int
+	// ContextTokens is the longest prompt this node takes; 0 means the
+	// model's context (or no limit of its own without a model).
+	ContextTokens int
+	// Model computes the KV (prefill) and generates over it (decode); nil
+	// means transfer.GeneratedKV on prefill and a digest of the verified KV
+	// as the "generation" on decode.
+	Model   *model.Model
+	ModelID string // the model's name in the registry and the client API
+	// Backend computes the model; nil means engine/cpu.
+	Backend backend.Backend
+	// Security authenticates the control API and the queue pairs' setup.
+	Security Security
+	// Callers are the names a control caller's certificate must carry one
+	// of; nil means {"router"}.
+	Callers  []string
+	Registry Registry
+	Metrics  *Metrics     // nil means a fresh set
+	Log      *slog.Logger // nil means slog.Default()
+	// Timeout bounds a leg on this node: decode's wait for Done, and for the
+	// router's call after verification; 0 means 30 s.
+	Timeout time.Duration
+}
+
+func (c *NodeConfig) defaults() {
+	if c.Log == nil {
+		c.Log = slog.Default()
+	}
+	if c.Metrics == nil {
+		c.Metrics = NewMetrics()
+	}
+	if c.Callers == nil {
+		c.Callers = []string{"router"}
+	}
+	if c.Timeout == 0 {
+		c.Timeout = 30 * time.Second
+	}
+	if c.Model != nil {
+		c.PageBytes = engine.GeometryOf(c.Model.Config, c.PageTokens).PageBytes()
+		if c.ContextTokens == 0 || c.ContextTokens > c.Model.SeqLen {
+			c.ContextTokens = c.Model.SeqLen
+		}
+	}
+	if c.ModelID == "" {
+		c.ModelID = "kvhandoff-builtin"
+	}
+}
+
+func (c *NodeConfig) backend() backend.Backend {
+	if c.Backend != nil {
+		return c.Backend
+	}
+	return cpu.New()
+}
+
+// flight tracks a node's calls in flight, for a graceful stop.
+type flight struct {
+	mu       sync.Mutex
+	n        int
+	draining bool
+	idle     chan struct{}
+}
+
+func (f *flight) enter() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.draining {
+		return false
+	}
+	f.n++
+	return true
+}
+
+func (f *flight) leave() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.n--
+	if f.n == 0 && f.idle != nil {
+		close(f.idle)
+		f.idle = nil
+	}
+}
+
+// drain stops new calls and returns a channel closed once none is in flight.
+func (f *flight) drain() <-chan struct{} {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.draining = true
+	ch := make(chan struct{})
+	if f.n == 0 {
+		close(ch)
+	} else {
+		f.idle = ch
+	}
+	return ch
+}
+
+// listenerAddr is the address peers reach ln at.
+func listenerAddr(ln net.Listener) string { return ln.Addr().String() }
+
+// waitPagesBack waits until the endpoint's pool is all free (every page
+// fenced and released) or ctx ends.
+func waitPagesBack(ctx context.Context, gauges func() transfer.Gauges) bool {
+	for {
+		g := gauges()
+		if g.PagesFree == g.Pages {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}

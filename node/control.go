@@ -1,0 +1,287 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/kvhandoff/kvhandoff/protocol"
+)
+
+// The control API: the router's calls to prefill and decode nodes, JSON
+// over HTTPS with mutual TLS. A node answers only a caller whose certificate
+// names one of its allowed callers (the router); the router checks that the
+// node's certificate names the node the registry knows.
+const (
+	pathInfo     = "/control/v1/info"
+	pathPrefill  = "/control/v1/prefill"
+	pathDecode   = "/control/v1/decode"
+	pathCancel   = "/control/v1/cancel"
+	pathPeerLost = "/control/v1/peer-lost"
+	// maxControlBody bounds what a node reads of a control call: a prompt of
+	// protocol.MaxTokens tokens as JSON numbers, and nothing sized by the caller.
+	maxControlBody = 32 << 20
+)
+
+// Security is how a process authenticates its control and client
+// connections.
+type Security struct {
+	// TLS is the process's certificate and the authority it trusts
+	// (pki.Config, pki.Load). Required unless Insecure.
+	TLS *tls.Config
+	// Insecure runs the control API in plaintext, with a warning: anyone who
+	// reaches the port can then submit and cancel requests.
+	Insecure bool
+}
+
+func (s Security) check(log *slog.Logger, what string) error {
+	if s.TLS == nil && !s.Insecure {
+		return fmt.Errorf("node: %s: no TLS configuration (and Insecure not asked for)", what)
+	}
+	if s.TLS == nil {
+		log.Warn("node: plaintext control API (insecure): anyone who reaches it can submit and cancel requests", "what", what)
+	}
+	return nil
+}
+
+// prefillCall is the router's request to a prefill node: run request ID's
+// prefill and hand it to Decode.
+type prefillCall struct {
+	ID     protocol.RequestID `json:"id"`
+	Decode string             `json:"decode"`
+	Prompt []int              `json:"prompt"`
+	Tenant string             `json:"tenant,omitempty"`
+	Model  string             `json:"model,omitempty"`
+}
+
+// decodeCall is the router's request to a decode node: generate MaxTokens
+// tokens after Prompt once request ID's KV has arrived and verified.
+type decodeCall struct {
+	ID        protocol.RequestID `json:"id"`
+	Prefill   string             `json:"prefill"`
+	Prompt    []int              `json:"prompt"`
+	MaxTokens int                `json:"max_tokens"`
+	Tenant    string             `json:"tenant,omitempty"`
+	Model     string             `json:"model,omitempty"`
+}
+
+type cancelCall struct {
+	ID protocol.RequestID `json:"id"`
+}
+
+type peerLostCall struct {
+	Peer string `json:"peer"`
+}
+
+// legAnswer is a node's answer to a prefill or decode call: the leg's
+// outcome (and decode's generated tokens).
+type legAnswer struct {
+	Tokens []int      `json:"tokens,omitempty"`
+	Error  *wireError `json:"error,omitempty"`
+}
+
+// controlServer is the HTTP side of a node's control API.
+type controlServer struct {
+	sec     Security
+	callers []string // names a caller's certificate must carry one of
+	log     *slog.Logger
+	mux     *http.ServeMux
+}
+
+func newControlServer(sec Security, callers []string, log *slog.Logger) *controlServer {
+	return &controlServer{sec: sec, callers: callers, log: log, mux: http.NewServeMux()}
+}
+
+// handle registers a JSON call: body into in, handler's answer as JSON.
+// Only an allowed caller may make it.
+func handle[In any](s *controlServer, path string, h func(ctx context.Context, in *In) (any, error)) {
+	handleFor(s, path, false, h)
+}
+
+// handleFor registers a JSON call; with anyPeer, any peer whose certificate
+// the deployment's authority signed may make it (the node's own record,
+// which prefill nodes read from decode nodes).
+func handleFor[In any](s *controlServer, path string, anyPeer bool, h func(ctx context.Context, in *In) (any, error)) {
+	s.mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
+		if anyPeer {
+			// The TLS handshake verified the certificate against the CA.
+		} else if err := s.authorized(r); err != nil {
+			http.Error(w, err.Error(), http.StatusForbidden)
+			return
+		}
+		in := new(In)
+		if r.Method == http.MethodPost {
+			dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxControlBody))
+			dec.DisallowUnknownFields()
+			if err := dec.Decode(in); err != nil {
+				http.Error(w, fmt.Sprintf("malformed call: %v", err), http.StatusBadRequest)
+				return
+			}
+		}
+		out, err := h(r.Context(), in)
+		if err != nil {
+			writeJSON(w, http.StatusBadRequest, legAnswer{Error: toWire(err)})
+			return
+		}
+		writeJSON(w, http.StatusOK, out)
+	})
+}
+
+func (s *controlServer) authorized(r *http.Request) error {
+	if s.sec.TLS == nil {
+		return nil
+	}
+	if r.TLS == nil || len(r.TLS.PeerCertificates) == 0 {
+		return errors.New("node: control API: no client certificate")
+	}
+	cert := r.TLS.PeerCertificates[0]
+	for _, name := range s.callers {
+		if cert.VerifyHostname(name) == nil {
+			return nil
+		}
+	}
+	return fmt.Errorf("node: control API: the certificate of %q is not an allowed caller", cert.Subject.CommonName)
+}
+
+// serve runs the control API on ln until ctx ends.
+func (s *controlServer) serve(ctx context.Context, ln net.Listener, extra map[string]http.Handler) error {
+	mux := http.NewServeMux()
+	mux.Handle("/control/", s.mux)
+	for p, h := range extra {
+		mux.Handle(p, h)
+	}
+	return serveHTTP(ctx, ln, mux, s.sec.TLS, s.log)
+}
+
+// serveHTTP serves h on ln (TLS 1.3 with client certificates when cfg is
+// set) until ctx ends, then shuts down, giving calls in flight a moment.
+func serveHTTP(ctx context.Context, ln net.Listener, h http.Handler, cfg *tls.Config, log *slog.Logger) error {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	if cfg != nil {
+		c := cfg.Clone()
+		c.MinVersion = tls.VersionTLS13
+		c.ClientAuth = tls.RequireAndVerifyClientCert
+		if c.ClientCAs == nil {
+			c.ClientCAs = c.RootCAs
+		}
+		ln = tls.NewListener(ln, c)
+	}
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		srv.Shutdown(sctx)
+	}()
+	err := srv.Serve(ln)
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	json.NewEncoder(w).Encode(v)
+}
+
+// controlClient calls nodes' control APIs, each checked to be the node the
+// registry names.
+type controlClient struct {
+	sec     Security
+	mu      sync.Mutex
+	clients map[string]*http.Client // by node name
+}
+
+func newControlClient(sec Security) *controlClient {
+	return &controlClient{sec: sec, clients: map[string]*http.Client{}}
+}
+
+func (c *controlClient) client(name string) *http.Client {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if cl := c.clients[name]; cl != nil {
+		return cl
+	}
+	tr := &http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: time.Minute,
+		DialContext: (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 5 * time.Second}).DialContext}
+	if c.sec.TLS != nil {
+		cfg := c.sec.TLS.Clone()
+		cfg.MinVersion = tls.VersionTLS13
+		cfg.ServerName = name // the node's certificate must name it
+		tr.TLSClientConfig = cfg
+		tr.ForceAttemptHTTP2 = true
+	}
+	cl := &http.Client{Transport: tr}
+	c.clients[name] = cl
+	return cl
+}
+
+func (c *controlClient) scheme() string {
+	if c.sec.TLS != nil {
+		return "https://"
+	}
+	return "http://"
+}
+
+// call posts in to node's path at addr and decodes the answer into out. A
+// node that does not answer is ErrUnreachable (with ErrPeerFailed: the leg
+// failed because its node did).
+func (c *controlClient) call(ctx context.Context, name, addr, path string, in, out any) error {
+	var body io.Reader
+	method := http.MethodGet
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		body, method = bytes.NewReader(b), http.MethodPost
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.scheme()+addr+path, body)
+	if err != nil {
+		return err
+	}
+	resp, err := c.client(name).Do(req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("%w: call to %q ended: %w", protocol.ErrCancelled, name, ctx.Err())
+		}
+		return fmt.Errorf("%w: %w: %s at %s: %v", protocol.ErrPeerFailed, ErrUnreachable, name, addr, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxControlBody))
+	if err != nil {
+		return fmt.Errorf("%w: %w: %s: reading the answer: %v", protocol.ErrPeerFailed, ErrUnreachable, name, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		var a legAnswer
+		if json.Unmarshal(b, &a) == nil && a.Error != nil {
+			return a.Error.err()
+		}
+		return fmt.Errorf("%w: %s answered %s: %s", protocol.ErrPeerFailed, name, resp.Status, bytes.TrimSpace(b))
+	}
+	if out != nil {
+		if err := json.Unmarshal(b, out); err != nil {
+			return fmt.Errorf("%w: %s: a malformed answer: %v", protocol.ErrPeerFailed, name, err)
+		}
+	}
+	return nil
+}
+
+func (c *controlClient) close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, cl := range c.clients {
+		cl.CloseIdleConnections()
+	}
+}

@@ -1,0 +1,469 @@
+package node
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/kvhandoff/kvhandoff/engine"
+	"github.com/kvhandoff/kvhandoff/engine/kv"
+	"github.com/kvhandoff/kvhandoff/engine/model"
+	"github.com/kvhandoff/kvhandoff/protocol"
+	"github.com/kvhandoff/kvhandoff/transfer"
+)
+
+// DecodeConfig is a decode node's configuration beyond NodeConfig.
+type DecodeConfig struct {
+	NodeConfig
+	// GenPages is the pool of the node's own pages for the tokens it
+	// generates past the pages the transfer granted; 0 means Pages.
+	GenPages int
+	// Stop is the token that ends generation early (-1: none).
+	Stop int
+}
+
+// Decode is a decode node: a transfer.Decode endpoint that prefill nodes
+// set up queue pairs with (transfer.Serve), and, once a request's KV has
+// arrived and verified, the engine generating over the very pages the
+// WRITEs placed (every read checked against the endpoint's epochs). The
+// router tells it each request's prompt and length through the control
+// API; the two arrive in either order.
+type Decode struct {
+	cfg    DecodeConfig
+	ep     *transfer.Decode
+	ctl    *controlServer
+	flight flight
+
+	gen     sync.Mutex // the engine runs one request at a time
+	engine  *engine.Engine
+	cache   *kv.Cache
+	genPool *protocol.Pool
+
+	mu     sync.Mutex
+	reqs   map[protocol.RequestID]*decodeReq
+	ended  map[protocol.RequestID]endedReq // outcomes no call has collected yet
+	fences map[protocol.RequestID]time.Time
+	self   Member // the record it registered
+}
+
+type decodeReq struct {
+	call     *decodeCall
+	answer   chan legAnswer // set with call
+	verified time.Time      // zero until Verified
+	started  time.Time
+	tokens   []int
+	local    error // why this node ended it (it overrides the endpoint's "cancelled")
+	running  bool
+}
+
+type endedReq struct {
+	err error
+	at  time.Time
+}
+
+// NewDecode makes a decode node; Serve runs it.
+func NewDecode(cfg DecodeConfig) (*Decode, error) {
+	cfg.defaults()
+	if err := cfg.Security.check(cfg.Log, "decode "+cfg.Name); err != nil {
+		return nil, err
+	}
+	if cfg.GenPages == 0 {
+		cfg.GenPages = cfg.Pages
+	}
+	n := &Decode{cfg: cfg, reqs: map[protocol.RequestID]*decodeReq{}, ended: map[protocol.RequestID]endedReq{},
+		fences: map[protocol.RequestID]time.Time{}}
+	dc := transfer.DecodeConfig{Pages: cfg.Pages, PageTokens: cfg.PageTokens, PageBytes: cfg.PageBytes, Timeout: cfg.Timeout, Horizon: time.Minute}
+	if cfg.ContextTokens > 0 {
+		dc.MaxRequestPages = min(cfg.Pages, protocol.MaxGrantPages, protocol.PagesFor(uint32(cfg.ContextTokens), cfg.PageTokens))
+	}
+	var err error
+	if n.ep, err = transfer.NewDecode(cfg.Device, dc); err != nil {
+		return nil, err
+	}
+	if cfg.Model != nil {
+		g := engine.GeometryOf(cfg.Model.Config, cfg.PageTokens)
+		n.genPool = protocol.NewPool(cfg.GenPages)
+		all := n.ep.Pages()
+		for range cfg.GenPages {
+			all = append(all, make([]byte, g.PageBytes()))
+		}
+		if n.cache, err = kv.OverPages(g, all, kv.Split{At: uint32(cfg.Pages), Low: n.ep, High: n.genPool}); err != nil {
+			return nil, err
+		}
+		if n.engine, err = engine.New(cfg.Model, cfg.backend(), n.cache, engine.Options{}); err != nil {
+			return nil, err
+		}
+	}
+	cfg.Metrics.prime(RoleDecode)
+	cfg.Metrics.endpointGauges(RoleDecode, n.ep.Gauges)
+	n.ctl = newControlServer(cfg.Security, cfg.Callers, cfg.Log)
+	handleFor(n.ctl, pathInfo, true, func(context.Context, *struct{}) (any, error) {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		return n.self, nil
+	})
+	handle(n.ctl, pathDecode, n.decode)
+	handle(n.ctl, pathCancel, func(_ context.Context, c *cancelCall) (any, error) {
+		n.ep.Cancel(c.ID)
+		// A request cancelled before its Bootstrap came leaves only a
+		// tombstone and no outcome: a call waiting for it ends here.
+		if n.ep.Status(c.ID) == protocol.StatusTombstone {
+			n.mu.Lock()
+			if r := n.reqs[c.ID]; r != nil && r.verified.IsZero() {
+				n.outcomeLocked(transfer.Event{Kind: transfer.Outcome, Request: c.ID,
+					Err: fmt.Errorf("%w: by the router before the transfer began", protocol.ErrCancelled)}, r)
+			}
+			n.mu.Unlock()
+		}
+		return struct{}{}, nil
+	})
+	handle(n.ctl, pathPeerLost, func(_ context.Context, c *peerLostCall) (any, error) {
+		// The router lost the prefill node: cut the queue pair to it, the
+		// fence for every page it may still write.
+		if err := n.ep.Cut(c.Peer); err != nil && !errors.Is(err, transfer.ErrNoPeer) {
+			return nil, err
+		}
+		n.cfg.Log.Warn("decode: prefill node lost, queue pair cut", "decode", n.cfg.Name, "prefill", c.Peer)
+		return struct{}{}, nil
+	})
+	return n, nil
+}
+
+// Endpoint is the node's transfer endpoint (for tests and gauges).
+func (n *Decode) Endpoint() *transfer.Decode { return n.ep }
+
+// Metrics are the node's metrics.
+func (n *Decode) Metrics() *Metrics { return n.cfg.Metrics }
+
+// Member is the node's registry record.
+func (n *Decode) Member(control, transferAddr string) Member {
+	return Member{Name: n.cfg.Name, Role: RoleDecode, Control: control, Transfer: transferAddr, PoolPages: n.cfg.Pages,
+		PageTokens: n.cfg.PageTokens, PageBytes: n.cfg.PageBytes, ContextTokens: n.cfg.ContextTokens, Model: n.cfg.ModelID}
+}
+
+func (n *Decode) decode(ctx context.Context, c *decodeCall) (any, error) {
+	if !n.flight.enter() {
+		return nil, fmt.Errorf("%w: decode node %q", ErrShuttingDown, n.cfg.Name)
+	}
+	defer n.flight.leave()
+	if c.MaxTokens < 1 {
+		return nil, fmt.Errorf("%w: max_tokens %d", ErrBadRequest, c.MaxTokens)
+	}
+	n.mu.Lock()
+	if e, ok := n.ended[c.ID]; ok {
+		// The leg ended before the router's call came (it failed early).
+		delete(n.ended, c.ID)
+		n.mu.Unlock()
+		return nil, e.err
+	}
+	r := n.reqs[c.ID]
+	if r == nil {
+		r = &decodeReq{}
+		n.reqs[c.ID] = r
+	}
+	if r.call != nil {
+		n.mu.Unlock()
+		return nil, fmt.Errorf("%w: request %d is already on decode node %q", protocol.ErrDuplicate, c.ID, n.cfg.Name)
+	}
+	r.call, r.answer, r.started = c, make(chan legAnswer, 1), time.Now()
+	answer := r.answer
+	n.startLocked(c.ID, r)
+	n.mu.Unlock()
+	select {
+	case a := <-answer:
+		if a.Error != nil {
+			return nil, a.Error.err()
+		}
+		return a, nil
+	case <-ctx.Done():
+		n.ep.Cancel(c.ID) // the router went away: the leg is cancelled
+		return nil, fmt.Errorf("%w: the router's call ended", protocol.ErrCancelled)
+	}
+}
+
+// startLocked starts generation once the request has both its call and its
+// verified KV. The caller holds mu.
+func (n *Decode) startLocked(id protocol.RequestID, r *decodeReq) {
+	if r.call == nil || r.verified.IsZero() || r.running {
+		return
+	}
+	r.running = true
+	go n.generate(id, r)
+}
+
+// generate reads the verified pages (Acquire: the read-time check) and
+// generates over them, then releases them (Finish): the outcome event
+// answers the call.
+func (n *Decode) generate(id protocol.RequestID, r *decodeReq) {
+	n.gen.Lock()
+	defer n.gen.Unlock()
+	c := r.call
+	pages, err := n.ep.Acquire(id)
+	if err != nil {
+		n.fail(id, r, err) // the outcome event follows (or came already)
+		return
+	}
+	if want := protocol.PagesFor(uint32(len(c.Prompt)), n.cfg.PageTokens); len(pages) != want {
+		n.fail(id, r, fmt.Errorf("%w: %d pages arrived for a prompt of %d tokens (%d pages)", protocol.ErrTokenMismatch, len(pages), len(c.Prompt), want))
+		return
+	}
+	var out []int
+	if n.engine == nil {
+		out = digest(pages, c.MaxTokens)
+	} else if out, err = n.run(id, pages, c); err != nil {
+		n.fail(id, r, err)
+		return
+	}
+	n.mu.Lock()
+	r.tokens = out
+	n.mu.Unlock()
+	if err := n.ep.Finish(id); err != nil {
+		n.fail(id, r, err)
+	}
+}
+
+func (n *Decode) run(id protocol.RequestID, pages [][]byte, c *decodeCall) ([]int, error) {
+	table, err := n.cache.Lookup(pages)
+	if err != nil {
+		return nil, err
+	}
+	end := min(len(c.Prompt)+c.MaxTokens, n.cfg.Model.SeqLen)
+	var own []protocol.PageRef
+	if extra := protocol.PagesFor(uint32(end), n.cfg.PageTokens) - len(pages); extra > 0 {
+		if own, err = n.genPool.Allocate(id, extra); err != nil {
+			return nil, fmt.Errorf("decode node %q: pages for %d generated tokens: %w", n.cfg.Name, c.MaxTokens, err)
+		}
+		defer n.genPool.Release(id, own)
+		table = append(table, kv.Shift(own, uint32(n.cfg.Pages))...)
+	}
+	return n.engine.Decode(table, c.Prompt, c.MaxTokens, model.Greedy(), n.cfg.Stop)
+}
+
+// digest is the "generation" of a node without a model: bytes of a
+// SHA-256 over the verified KV, as tokens, so the end-to-end path is real.
+func digest(pages [][]byte, n int) []int {
+	h := sha256.New()
+	for _, p := range pages {
+		h.Write(p)
+	}
+	sum := h.Sum(nil)
+	out := make([]int, 0, n)
+	for len(out) < n {
+		for _, b := range sum {
+			if len(out) == n {
+				break
+			}
+			out = append(out, int(b))
+		}
+		sum = h.Sum(sum[:0])
+	}
+	return out
+}
+
+// fail ends a request for a reason of this node's: the endpoint cancels it
+// (its pages are released or quarantined there), and the call gets err.
+func (n *Decode) fail(id protocol.RequestID, r *decodeReq, err error) {
+	n.mu.Lock()
+	if r.local == nil {
+		r.local = err
+	}
+	n.mu.Unlock()
+	n.ep.Cancel(id)
+}
+
+// events handles the endpoint's events: Verified starts generation (once
+// the router's call is here), Outcome answers the call.
+func (n *Decode) events(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-n.ep.Notify():
+		}
+		for _, ev := range n.ep.Events() {
+			n.mu.Lock()
+			r := n.reqs[ev.Request]
+			switch ev.Kind {
+			case transfer.Verified:
+				if r == nil {
+					r = &decodeReq{}
+					n.reqs[ev.Request] = r
+				}
+				r.verified = time.Now()
+				n.startLocked(ev.Request, r)
+			case transfer.Outcome:
+				n.outcomeLocked(ev, r)
+			}
+			n.mu.Unlock()
+		}
+	}
+}
+
+func (n *Decode) outcomeLocked(ev transfer.Event, r *decodeReq) {
+	delete(n.reqs, ev.Request)
+	err := ev.Err
+	if r != nil && r.local != nil {
+		err = r.local
+	}
+	if err != nil {
+		n.fences[ev.Request] = time.Now()
+	}
+	var c *decodeCall
+	var started time.Time
+	if r != nil {
+		c, started = r.call, r.started
+	}
+	if c == nil {
+		// No call yet: keep the outcome for it (or for the sweep to forget).
+		n.ended[ev.Request] = endedReq{err: err, at: time.Now()}
+		n.cfg.Metrics.leg(RoleDecode, err, 0, 0)
+		if err != nil {
+			n.cfg.Log.Info("decode leg failed before the router's call", "request_id", uint64(ev.Request), "decode", n.cfg.Name, "prefill", ev.Peer, "reason", Reason(err), "err", err)
+		}
+		return
+	}
+	log := n.cfg.Log.With("request_id", uint64(ev.Request), "tenant", c.Tenant, "model", c.Model, "prefill", c.Prefill, "decode", n.cfg.Name)
+	took := time.Since(started)
+	n.cfg.Metrics.leg(RoleDecode, err, took, protocol.PagesFor(uint32(len(c.Prompt)), n.cfg.PageTokens)*n.cfg.PageBytes)
+	if err != nil {
+		log.Info("decode leg failed", "tokens", len(c.Prompt), "reason", Reason(err), "err", err, "seconds", took.Seconds())
+		r.answer <- legAnswer{Error: toWire(err)}
+		return
+	}
+	log.Debug("decode leg done", "tokens", len(c.Prompt), "generated", len(r.tokens), "seconds", took.Seconds())
+	r.answer <- legAnswer{Tokens: r.tokens}
+}
+
+// sweep, every few milliseconds: a verified request whose prompt never
+// came fails after the node's timeout; outcomes no call collected are
+// forgotten after it; a failed request's fence wait is measured when its
+// pages leave quarantine.
+func (n *Decode) sweep(ctx context.Context) {
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		now := time.Now()
+		var orphans []protocol.RequestID
+		n.mu.Lock()
+		for id, r := range n.reqs {
+			if r.call == nil && !r.verified.IsZero() && now.Sub(r.verified) > n.cfg.Timeout && r.local == nil {
+				r.local = fmt.Errorf("%w: request %d verified, no prompt from the router within %v", ErrNoPrompt, id, n.cfg.Timeout)
+				orphans = append(orphans, id)
+			}
+		}
+		for id, e := range n.ended {
+			if now.Sub(e.at) > n.cfg.Timeout {
+				delete(n.ended, id)
+			}
+		}
+		fences := make(map[protocol.RequestID]time.Time, len(n.fences))
+		for id, t := range n.fences {
+			fences[id] = t
+		}
+		n.mu.Unlock()
+		for _, id := range orphans {
+			n.ep.Cancel(id)
+		}
+		for id, t := range fences {
+			if n.ep.Status(id) != protocol.StatusQuarantine {
+				n.cfg.Metrics.fenceWait.Observe(now.Sub(t).Seconds())
+				n.mu.Lock()
+				delete(n.fences, id)
+				n.mu.Unlock()
+			}
+		}
+	}
+}
+
+// Serve runs the node until ctx ends: the endpoint's loop, queue-pair setup
+// on transferLn (transfer.Serve), the control API on control (with
+// /metrics), and its registration. When ctx ends it stops gracefully (see
+// Prefill.Serve) and returns once no page is owned or quarantined.
+func (n *Decode) Serve(ctx context.Context, control, transferLn net.Listener, grace time.Duration) error {
+	run, stop := context.WithCancel(context.Background())
+	defer stop()
+	var wg sync.WaitGroup
+	wg.Go(func() { n.ep.Run(run) })
+	wg.Go(func() { n.events(run) })
+	wg.Go(func() { n.sweep(run) })
+	setupCtx, stopSetup := context.WithCancel(run)
+	wg.Go(func() {
+		n.ep.Serve(setupCtx, transferLn, transfer.SetupConfig{Name: n.cfg.Name, TLS: n.cfg.Security.TLS, Insecure: n.cfg.Security.TLS == nil, Log: n.cfg.Log})
+	})
+	serveCtx, stopServe := context.WithCancel(run)
+	served := make(chan error, 1)
+	go func() {
+		served <- n.ctl.serve(serveCtx, control, map[string]http.Handler{"/metrics": n.cfg.Metrics.Handler()})
+	}()
+	regCtx, deregister := context.WithCancel(run)
+	n.mu.Lock()
+	n.self = n.Member(listenerAddr(control), listenerAddr(transferLn))
+	n.mu.Unlock()
+	lease, err := n.cfg.Registry.Register(regCtx, n.self)
+	if err != nil {
+		deregister()
+		stopServe()
+		stopSetup()
+		return err
+	}
+	n.cfg.Log.Info("decode node up", "decode", n.cfg.Name, "control", listenerAddr(control), "transfer", listenerAddr(transferLn), "pages", n.cfg.Pages, "page_tokens", n.cfg.PageTokens)
+	select {
+	case <-ctx.Done():
+	case err = <-served:
+		if err == nil {
+			err = errors.New("node: control API stopped")
+		}
+	case <-lease:
+		err = errors.New("node: the registration was lost")
+	}
+	n.shutdown(grace)
+	deregister()
+	stopSetup()
+	stopServe()
+	stop()
+	n.ep.Close()
+	wg.Wait()
+	return err
+}
+
+func (n *Decode) shutdown(grace time.Duration) {
+	idle := n.flight.drain()
+	select {
+	case <-idle:
+	case <-time.After(grace):
+		n.mu.Lock()
+		var ids []protocol.RequestID
+		for id := range n.reqs {
+			ids = append(ids, id)
+		}
+		n.mu.Unlock()
+		for _, id := range ids {
+			n.ep.Cancel(id)
+		}
+		n.cfg.Log.Warn("decode: cancelled requests at shutdown", "decode", n.cfg.Name, "requests", len(ids))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	if !waitPagesBack(ctx, n.ep.Gauges) {
+		// Quarantined pages wait for their writers' fence: cutting every
+		// queue pair is that fence.
+		for _, p := range n.ep.Peers() {
+			n.ep.Cut(p)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), grace)
+		defer cancel()
+		if !waitPagesBack(ctx, n.ep.Gauges) {
+			n.cfg.Log.Error("decode: pages still held at shutdown", "decode", n.cfg.Name, "gauges", fmt.Sprintf("%+v", n.ep.Gauges()))
+		}
+	}
+}

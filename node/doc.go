@@ -1,0 +1,63 @@
+// Package node is kvhandoff's deployable processes: the router node, the
+// prefill node and the decode node, the Registry through which they find
+// each other, their Prometheus metrics, and the router's client API
+// (POST /v1/completions). kvhandoff serve runs one of them per process;
+// StartLocal runs a whole deployment in one process (tests, the demo).
+//
+// The roles, and what each one wires together:
+//
+//	Router   protocol.Router (intake against each node's advertised limits,
+//	         node choice, cancels, first outcome wins) driven by Run's loop
+//	         and clock; the registry's watch adds nodes and loses them;
+//	         each leg is a call to a node's control API.
+//	Prefill  transfer.Prefill, its KV computed by the engine straight into
+//	         the source pages (engine.Source), or transfer.GeneratedKV
+//	         without a model; a queue pair dialled to every decode node
+//	         the registry lists (transfer.Dial, mutual TLS 1.3).
+//	Decode   transfer.Decode, accepting prefill nodes' queue pairs
+//	         (transfer.Serve); once a request's KV has verified, the engine
+//	         generates over the very pages the WRITEs placed, every read
+//	         checked against the endpoint's epochs; its own pages hold the
+//	         generated tokens' KV past the grant.
+//
+// A request's life:
+//
+//	client ── POST /v1/completions ──▶ router: tokenize, Router.Submit
+//	  (over the limit: 400, the limit named; nothing reaches a node)
+//	router ── decode call {id, prompt, max_tokens} ──▶ decode node (waits)
+//	router ── prefill call {id, decode, prompt} ──▶ prefill node:
+//	  its own intake, KV computed, Bootstrap, Grant, WRITEs, Done
+//	decode node: Verified → Acquire → generate → Finish; answers its call
+//	  with the tokens; prefill answers its call with its leg's outcome
+//	router: Router.LegEnded for each; the first outcome is the client's:
+//	  200 with the text, or 503 with the reason (never 200 without a
+//	  verified handoff)
+//
+// A client that disconnects: Router.Cancel, and a cancel call to each leg's
+// node (and the legs' calls closed). A leg that fails: the router cancels
+// the other. A node the registry loses: Router.NodeLost fails its requests
+// on every leg, and each decode node is told to cut its queue pair to a
+// lost prefill node: the cut is the fence for the pages it may still write
+// (they stay quarantined until then).
+//
+// The control API (control.go) is JSON over HTTPS with mutual TLS 1.3: a
+// node answers only a caller whose certificate names an allowed caller
+// (the router), and the router checks that a node's certificate names the
+// node the registry knows. Errors cross it with their identity: a node's
+// error matches the same errors.Is sentinels at the router (wire.go).
+//
+// Shutdown (each Serve and Run, on ctx's end): intake stops (new calls get
+// ErrShuttingDown), calls in flight get a grace period, then the rest are
+// cancelled, and a node returns once no page is owned or quarantined (a
+// decode node cuts its queue pairs, the fence, if pages stay quarantined).
+//
+// Metrics (metrics.go), one registry per node: kvhandoff_handoffs_total
+// {role,outcome}, kvhandoff_handoff_failures_total{role,reason} (reason
+// in tag, tokens, pages, checksum, timeout, peer, cancelled, rejected,
+// other), kvhandoff_transfer_bytes_total{role},
+// kvhandoff_handoff_duration_seconds{role}, kvhandoff_fence_wait_seconds,
+// kvhandoff_pages{role,state}, kvhandoff_queue_pairs{role,state},
+// kvhandoff_credits{role}, kvhandoff_refused_messages_total{role}, and the
+// router's kvhandoff_client_requests_total{code}. Logs are log/slog, every
+// request line carrying request_id, tenant, model, prefill and decode.
+package node

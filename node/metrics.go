@@ -1,0 +1,132 @@
+package node
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kvhandoff/kvhandoff/transfer"
+)
+
+// Metrics are one process's Prometheus metrics, on its own registry (so
+// that several nodes in one process keep theirs apart). Names follow
+// Prometheus's conventions: base units (seconds, bytes), _total counters,
+// closed label sets.
+type Metrics struct {
+	reg       *prometheus.Registry
+	handoffs  *prometheus.CounterVec   // role, outcome
+	failures  *prometheus.CounterVec   // role, reason
+	bytes     *prometheus.CounterVec   // role
+	duration  *prometheus.HistogramVec // role
+	fenceWait prometheus.Histogram
+	requests  *prometheus.CounterVec // router's client requests by HTTP status code class
+}
+
+// outcomes is the handoffs' outcome label's closed set.
+var outcomes = []string{"success", "rejected", "cancelled", "failed"}
+
+func outcomeOf(err error) string {
+	switch Reason(err) {
+	case "":
+		return "success"
+	case "rejected":
+		return "rejected"
+	case "cancelled":
+		return "cancelled"
+	}
+	return "failed"
+}
+
+// NewMetrics is an empty set of metrics with Go's and the process's own.
+func NewMetrics() *Metrics {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m := &Metrics{
+		reg: reg,
+		handoffs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvhandoff_handoffs_total",
+			Help: "Handoff legs ended on this node, by role and outcome (success, rejected, cancelled, failed)."}, []string{"role", "outcome"}),
+		failures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvhandoff_handoff_failures_total",
+			Help: "Handoff legs that did not succeed, by role and reason (tag, tokens, pages, checksum, timeout, peer, cancelled, rejected, other)."}, []string{"role", "reason"}),
+		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvhandoff_transfer_bytes_total",
+			Help: "KV payload bytes of handoffs that succeeded: written by prefill, received and verified by decode."}, []string{"role"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kvhandoff_handoff_duration_seconds",
+			Help:    "Time from a leg's start on this node to its outcome.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}, []string{"role"}),
+		fenceWait: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvhandoff_fence_wait_seconds",
+			Help:    "Decode: time from a request's failure until its quarantined pages were fenced and came back.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)}),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvhandoff_client_requests_total",
+			Help: "Router: client completions answered, by HTTP status code."}, []string{"code"}),
+	}
+	reg.MustRegister(m.handoffs, m.failures, m.bytes, m.duration, m.fenceWait, m.requests)
+	return m
+}
+
+// leg records a leg's outcome.
+func (m *Metrics) leg(role Role, err error, took time.Duration, bytes int) {
+	m.handoffs.WithLabelValues(string(role), outcomeOf(err)).Inc()
+	if err != nil {
+		m.failures.WithLabelValues(string(role), Reason(err)).Inc()
+	} else {
+		m.bytes.WithLabelValues(string(role)).Add(float64(bytes))
+	}
+	m.duration.WithLabelValues(string(role)).Observe(took.Seconds())
+}
+
+// prime makes every label combination of role exist at zero, so a scrape
+// shows the whole family before the first event.
+func (m *Metrics) prime(role Role) {
+	for _, o := range outcomes {
+		m.handoffs.WithLabelValues(string(role), o)
+	}
+	for _, r := range reasons {
+		m.failures.WithLabelValues(string(role), r)
+	}
+	m.bytes.WithLabelValues(string(role))
+	m.duration.WithLabelValues(string(role))
+}
+
+// endpointGauges exports a transfer endpoint's gauges when scraped.
+func (m *Metrics) endpointGauges(role Role, gauges func() transfer.Gauges) {
+	desc := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc(name, help, labels, prometheus.Labels{"role": string(role)})
+	}
+	pages := desc("kvhandoff_pages", "KV pool pages by state (free, owned, quarantined).", "state")
+	qps := desc("kvhandoff_queue_pairs", "Queue pairs by state (live: taking requests; draining: cut, flush not drained).", "state")
+	credits := desc("kvhandoff_credits", "Receive buffers the peers granted this node's SENDs, over live queue pairs.")
+	refused := desc("kvhandoff_refused_messages_total", "Control messages the state machine refused (unknown, duplicate, late, wrong peer).")
+	m.reg.MustRegister(collectorFunc{descs: []*prometheus.Desc{pages, qps, credits, refused}, collect: func(ch chan<- prometheus.Metric) {
+		g := gauges()
+		owned := g.Pages - g.PagesFree - g.PagesQuarantined
+		ch <- prometheus.MustNewConstMetric(pages, prometheus.GaugeValue, float64(g.PagesFree), "free")
+		ch <- prometheus.MustNewConstMetric(pages, prometheus.GaugeValue, float64(owned), "owned")
+		ch <- prometheus.MustNewConstMetric(pages, prometheus.GaugeValue, float64(g.PagesQuarantined), "quarantined")
+		ch <- prometheus.MustNewConstMetric(qps, prometheus.GaugeValue, float64(g.QueuePairsLive), "live")
+		ch <- prometheus.MustNewConstMetric(qps, prometheus.GaugeValue, float64(g.QueuePairsDraining), "draining")
+		ch <- prometheus.MustNewConstMetric(credits, prometheus.GaugeValue, float64(g.Credits))
+		ch <- prometheus.MustNewConstMetric(refused, prometheus.CounterValue, float64(g.Refused))
+	}})
+}
+
+type collectorFunc struct {
+	descs   []*prometheus.Desc
+	collect func(chan<- prometheus.Metric)
+}
+
+func (c collectorFunc) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range c.descs {
+		ch <- d
+	}
+}
+func (c collectorFunc) Collect(ch chan<- prometheus.Metric) { c.collect(ch) }
+
+// Handler serves the metrics in Prometheus's text format (GET /metrics).
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
+}
+
+// Registry is the metrics' registry, for a caller that adds its own.
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }

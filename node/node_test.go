@@ -1,0 +1,325 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvhandoff/kvhandoff/engine"
+	"github.com/kvhandoff/kvhandoff/engine/cpu"
+	"github.com/kvhandoff/kvhandoff/engine/kv"
+	"github.com/kvhandoff/kvhandoff/engine/model"
+	"github.com/kvhandoff/kvhandoff/protocol"
+)
+
+func quietLog() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// colocated is what one process gives for prompt: the same model, no handoff.
+func colocated(t testing.TB, m *model.Model, pageTokens int, prompt string, n int) string {
+	t.Helper()
+	toks := model.Bytes{}.Encode(prompt, false, false)
+	g := engine.GeometryOf(m.Config, pageTokens)
+	cache, err := kv.New(g, g.PagesFor(len(toks)+n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := engine.New(m, cpu.New(), cache, engine.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	refs, err := cache.Pool().Allocate(1, g.PagesFor(len(toks)+n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := e.Generate(kv.Table(refs), toks, n, model.Greedy(), -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return model.Decode(model.Bytes{}, out, toks[len(toks)-1])
+}
+
+type answer struct {
+	code int
+	text string
+	err  string
+}
+
+func complete(ctx context.Context, api, tenant, prompt string, maxTokens int) (answer, error) {
+	body, _ := json.Marshal(map[string]any{"prompt": prompt, "max_tokens": maxTokens})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+api+"/v1/completions", bytes.NewReader(body))
+	if err != nil {
+		return answer{}, err
+	}
+	req.Header.Set(TenantHeader, tenant)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return answer{}, err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	var out struct {
+		Choices []struct {
+			Text string `json:"text"`
+		} `json:"choices"`
+		Error *struct {
+			Message string `json:"message"`
+			Code    string `json:"code"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(b, &out); err != nil {
+		return answer{}, fmt.Errorf("status %d, body %q: %v", resp.StatusCode, b, err)
+	}
+	a := answer{code: resp.StatusCode}
+	if len(out.Choices) == 1 {
+		a.text = out.Choices[0].Text
+	}
+	if out.Error != nil {
+		a.err = out.Error.Code + ": " + out.Error.Message
+	}
+	return a, nil
+}
+
+// prompts are tenants' texts with a secret each, repeated so that the
+// built-in model's copy head completes it: a leak of another tenant's KV
+// shows up as another tenant's secret.
+func prompts(n int, seed uint64) []string {
+	rng := rand.New(rand.NewPCG(seed, 1))
+	out := make([]string, n)
+	for i := range out {
+		const letters = "ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz23456789"
+		secret := make([]byte, 10)
+		for j := range secret {
+			secret[j] = letters[rng.IntN(len(letters))]
+		}
+		filler := strings.Repeat(fmt.Sprintf("tenant %d: words %d. ", i%7, rng.IntN(1000)), 1+rng.IntN(3))
+		out[i] = fmt.Sprintf("the secret is %s; %s again, the secret is ", secret, filler)
+	}
+	return out
+}
+
+func allPagesBack(t *testing.T, l *Local) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var held []string
+		for _, p := range l.Prefills {
+			if g := p.Endpoint().Gauges(); g.PagesFree != g.Pages {
+				held = append(held, fmt.Sprintf("%s %+v", p.cfg.Name, g))
+			}
+		}
+		for _, d := range l.Decodes {
+			if g := d.Endpoint().Gauges(); g.PagesFree != g.Pages {
+				held = append(held, fmt.Sprintf("%s %+v", d.cfg.Name, g))
+			}
+			if d.genPool.Free() != d.genPool.Len() {
+				held = append(held, fmt.Sprintf("%s generation pool: %d of %d free", d.cfg.Name, d.genPool.Free(), d.genPool.Len()))
+			}
+		}
+		if len(held) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pages still held at the end: %v", held)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// Hundreds of requests from concurrent clients through router, two
+// prefill and two decode nodes answer exactly what one process running the
+// same model answers: the KV that decode attends over is the prompt's own.
+func TestCompletionsOverTheHandoffMatchAColocatedRun(t *testing.T) {
+	m := model.Builtin(5)
+	l, err := StartLocal(LocalConfig{Prefills: 2, Decodes: 2, PrefillPages: 160, DecodePages: 160, PageTokens: 16, Model: m, Timeout: 30 * time.Second, Log: quietLog()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Stop()
+	requests, clients := 300, 16
+	if testing.Short() {
+		requests = 80
+	}
+	ps := prompts(requests, 1)
+	want := make([]string, len(ps))
+	for i, p := range ps {
+		want[i] = colocated(t, m, 16, p, 8+i%9)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, requests)
+	next := make(chan int, requests)
+	for i := range ps {
+		next <- i
+	}
+	close(next)
+	for range clients {
+		wg.Go(func() {
+			for i := range next {
+				a, err := complete(context.Background(), l.API, fmt.Sprintf("tenant-%d", i%7), ps[i], 8+i%9)
+				switch {
+				case err != nil:
+					errs <- fmt.Errorf("request %d: %v", i, err)
+				case a.code != http.StatusOK:
+					errs <- fmt.Errorf("request %d: %d %s", i, a.code, a.err)
+				case a.text != want[i]:
+					errs <- fmt.Errorf("request %d: %q over the handoff, %q colocated", i, a.text, want[i])
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	copied := 0
+	for i, p := range ps {
+		secret := p[len("the secret is "):][:4]
+		if strings.HasPrefix(want[i], secret) {
+			copied++
+		}
+	}
+	if copied < len(ps)/2 {
+		t.Fatalf("the colocated run copies the secret in only %d of %d prompts: the comparison would not see a leak", copied, len(ps))
+	}
+	used := map[string]bool{}
+	for _, p := range append(append([]*Prefill{}, l.Prefills...), nil) {
+		if p != nil && counter(t, p.Metrics(), "kvhandoff_handoffs_total", "outcome", "success") > 0 {
+			used[p.cfg.Name] = true
+		}
+	}
+	for _, d := range l.Decodes {
+		if counter(t, d.Metrics(), "kvhandoff_handoffs_total", "outcome", "success") > 0 {
+			used[d.cfg.Name] = true
+		}
+	}
+	if len(used) != 4 {
+		t.Errorf("only %v carried requests", used)
+	}
+	allPagesBack(t, l)
+}
+
+// counter sums a counter family's values whose label has value.
+func counter(t *testing.T, m *Metrics, family, label, value string) float64 {
+	t.Helper()
+	mfs, err := m.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != family {
+			continue
+		}
+		for _, mt := range mf.GetMetric() {
+			for _, lp := range mt.GetLabel() {
+				if lp.GetName() == label && lp.GetValue() == value {
+					sum += mt.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return sum
+}
+
+// An over-long prompt is refused at the router with 400, the limit named
+// (the smallest pool: prefill's 40 pages of 16 tokens), and never reaches a node.
+func TestOverLongPromptIsRejectedWithTheLimitNamed(t *testing.T) {
+	l, err := StartLocal(LocalConfig{PrefillPages: 40, DecodePages: 64, PageTokens: 16, Model: model.Builtin(5), Log: quietLog()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Stop()
+	a, err := complete(context.Background(), l.API, "t", strings.Repeat("x", 641), 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.code != http.StatusBadRequest || !strings.Contains(a.err, "640") || !strings.Contains(a.err, "context_length_exceeded") {
+		t.Fatalf("over-long prompt: %d %q", a.code, a.err)
+	}
+	if a, err := complete(context.Background(), l.API, "t", strings.Repeat("x", 640), 1); err != nil || a.code != http.StatusOK {
+		t.Fatalf("a prompt at the limit: %+v %v", a, err)
+	}
+	for _, p := range l.Prefills {
+		if got := counter(t, p.Metrics(), "kvhandoff_handoffs_total", "outcome", "rejected"); got != 0 {
+			t.Fatalf("prefill saw %v rejected requests: the router let one through", got)
+		}
+	}
+	// The prefill node's own intake is a defense of its own: told to take
+	// a prompt over its limit, it refuses it.
+	_, err = l.Prefills[0].prefill(context.Background(), &prefillCall{ID: 99, Decode: "decode-0", Prompt: make([]int, 641)})
+	if !errors.Is(err, protocol.ErrTooLong) || !strings.Contains(err.Error(), "1..640") {
+		t.Fatalf("prefill's own intake: %v", err)
+	}
+	allPagesBack(t, l)
+}
+
+// A client that disconnects mid-request cancels it on both legs: each
+// node's leg ends with an error, and every page comes back.
+func TestClientDisconnectCancelsBothLegs(t *testing.T) {
+	l, err := StartLocal(LocalConfig{PrefillPages: 64, DecodePages: 64, PageTokens: 16, Model: model.Builtin(5), Log: quietLog()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Stop()
+	d := l.Decodes[0]
+	// Hold the decode node's engine, so the request is in flight on both
+	// legs (verified or on its way) when the client goes.
+	d.gen.Lock()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := complete(ctx, l.API, "t", strings.Repeat("a long prompt. ", 30), 64)
+		done <- err
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for counter(t, d.Metrics(), "kvhandoff_handoffs_total", "outcome", "success") == 0 && len(d.snapshot()) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the request never reached the decode node")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err == nil {
+		t.Fatal("the client got an answer after disconnecting")
+	}
+	d.gen.Unlock()
+	for _, check := range []struct {
+		m    *Metrics
+		role string
+	}{{l.Prefills[0].Metrics(), "prefill"}, {d.Metrics(), "decode"}, {l.Router.Metrics(), "router"}} {
+		deadline := time.Now().Add(10 * time.Second)
+		for counter(t, check.m, "kvhandoff_handoff_failures_total", "role", check.role) == 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("the %s leg did not fail after the client's disconnect", check.role)
+			}
+			time.Sleep(time.Millisecond)
+		}
+		if s := counter(t, check.m, "kvhandoff_handoffs_total", "outcome", "success"); s != 0 {
+			t.Fatalf("the %s leg succeeded %v times", check.role, s)
+		}
+	}
+	allPagesBack(t, l)
+}
+
+// snapshot is the decode node's requests in flight.
+func (n *Decode) snapshot() []protocol.RequestID {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var out []protocol.RequestID
+	for id, r := range n.reqs {
+		if r.call != nil {
+			out = append(out, id)
+		}
+	}
+	return out
+}

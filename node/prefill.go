@@ -1,0 +1,325 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/kvhandoff/kvhandoff/engine"
+	"github.com/kvhandoff/kvhandoff/engine/kv"
+	"github.com/kvhandoff/kvhandoff/protocol"
+	"github.com/kvhandoff/kvhandoff/transfer"
+)
+
+// Prefill is a prefill node: a transfer.Prefill endpoint whose KV is
+// computed by the engine (engine.Source) or generated (transfer.GeneratedKV),
+// the queue pairs it dials to every decode node the registry lists, and the
+// control API through which the router submits and cancels requests.
+type Prefill struct {
+	cfg    NodeConfig
+	ep     *transfer.Prefill
+	source *engine.Source // nil without a model
+	ctl    *controlServer
+	flight flight
+
+	mu      sync.Mutex
+	waiters map[protocol.RequestID]chan error
+	decodes map[string]Member // decode nodes the registry lists
+	self    Member            // the record it registered
+}
+
+// NewPrefill makes a prefill node; Serve runs it.
+func NewPrefill(cfg NodeConfig) (*Prefill, error) {
+	cfg.defaults()
+	if err := cfg.Security.check(cfg.Log, "prefill "+cfg.Name); err != nil {
+		return nil, err
+	}
+	n := &Prefill{cfg: cfg, waiters: map[protocol.RequestID]chan error{}, decodes: map[string]Member{}}
+	pc := transfer.PrefillConfig{Pages: cfg.Pages, PageTokens: cfg.PageTokens, PageBytes: cfg.PageBytes}
+	if cfg.Model != nil {
+		n.source = engine.NewSource()
+		pc.KV = n.source
+	}
+	if cfg.ContextTokens > 0 {
+		pc.MaxRequestPages = min(cfg.Pages, protocol.MaxGrantPages, protocol.PagesFor(uint32(cfg.ContextTokens), cfg.PageTokens))
+	}
+	var err error
+	if n.ep, err = transfer.NewPrefill(cfg.Device, pc); err != nil {
+		return nil, err
+	}
+	if cfg.Model != nil {
+		cache, err := kv.OverPages(engine.GeometryOf(cfg.Model.Config, cfg.PageTokens), n.ep.Pages(), kv.Unversioned)
+		if err != nil {
+			return nil, err
+		}
+		e, err := engine.New(cfg.Model, cfg.backend(), cache, engine.Options{})
+		if err != nil {
+			return nil, err
+		}
+		n.source.Use(e)
+	}
+	cfg.Metrics.prime(RolePrefill)
+	cfg.Metrics.endpointGauges(RolePrefill, n.ep.Gauges)
+	n.ctl = newControlServer(cfg.Security, cfg.Callers, cfg.Log)
+	handleFor(n.ctl, pathInfo, true, func(context.Context, *struct{}) (any, error) {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		return n.self, nil
+	})
+	handle(n.ctl, pathPrefill, n.prefill)
+	handle(n.ctl, pathCancel, func(_ context.Context, c *cancelCall) (any, error) {
+		n.ep.Cancel(c.ID)
+		return struct{}{}, nil
+	})
+	return n, nil
+}
+
+// Endpoint is the node's transfer endpoint (for tests and gauges).
+func (n *Prefill) Endpoint() *transfer.Prefill { return n.ep }
+
+// Metrics are the node's metrics.
+func (n *Prefill) Metrics() *Metrics { return n.cfg.Metrics }
+
+// Member is the node's registry record, its control API at control.
+func (n *Prefill) Member(control string) Member {
+	return Member{Name: n.cfg.Name, Role: RolePrefill, Control: control, PoolPages: n.cfg.Pages, PageTokens: n.cfg.PageTokens,
+		PageBytes: n.cfg.PageBytes, ContextTokens: n.cfg.ContextTokens, Model: n.cfg.ModelID}
+}
+
+// limit is the longest prompt this node's own intake takes.
+func (n *Prefill) limit() int {
+	l := min(n.cfg.Pages, protocol.MaxGrantPages) * n.cfg.PageTokens
+	if n.cfg.ContextTokens > 0 {
+		l = min(l, n.cfg.ContextTokens)
+	}
+	return l
+}
+
+func (n *Prefill) prefill(ctx context.Context, c *prefillCall) (any, error) {
+	if !n.flight.enter() {
+		return nil, fmt.Errorf("%w: prefill node %q", ErrShuttingDown, n.cfg.Name)
+	}
+	defer n.flight.leave()
+	log := n.cfg.Log.With("request_id", uint64(c.ID), "tenant", c.Tenant, "model", c.Model, "prefill", n.cfg.Name, "decode", c.Decode)
+	start := time.Now()
+	// The node's own intake: the router's view of the limits is not trusted alone.
+	if len(c.Prompt) < 1 || len(c.Prompt) > n.limit() {
+		err := fmt.Errorf("%w: %w: %d tokens, prefill node %q takes 1..%d", protocol.ErrRejected, protocol.ErrTooLong, len(c.Prompt), n.cfg.Name, n.limit())
+		n.ended(log, c, err, start)
+		return nil, err
+	}
+	if c.Model != "" && c.Model != n.cfg.ModelID {
+		err := fmt.Errorf("%w: %w: model %q, prefill node %q serves %q", protocol.ErrRejected, ErrBadRequest, c.Model, n.cfg.Name, n.cfg.ModelID)
+		n.ended(log, c, err, start)
+		return nil, err
+	}
+	done := make(chan error, 1)
+	n.mu.Lock()
+	if n.waiters[c.ID] != nil {
+		n.mu.Unlock()
+		return nil, fmt.Errorf("%w: request %d is already on prefill node %q", protocol.ErrDuplicate, c.ID, n.cfg.Name)
+	}
+	n.waiters[c.ID] = done
+	n.mu.Unlock()
+	if n.source != nil {
+		n.source.Expect(c.ID, c.Prompt)
+	}
+	if err := n.ep.Submit(c.ID, c.Decode, len(c.Prompt)); err != nil {
+		if n.source != nil {
+			n.source.Forget(c.ID)
+		}
+		n.mu.Lock()
+		delete(n.waiters, c.ID)
+		n.mu.Unlock()
+		n.ended(log, c, err, start)
+		return nil, err
+	}
+	var err error
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		// The router went away (its call ended): the leg is cancelled, and
+		// its outcome still comes (the sender's fence), bounded by the node's timeout.
+		n.ep.Cancel(c.ID)
+		select {
+		case err = <-done:
+		case <-time.After(n.cfg.Timeout):
+			err = fmt.Errorf("%w: the router's call ended and no outcome came within %v", protocol.ErrTimedOut, n.cfg.Timeout)
+		}
+	}
+	n.ended(log, c, err, start)
+	if err != nil {
+		return nil, err
+	}
+	return legAnswer{}, nil
+}
+
+func (n *Prefill) ended(log *slog.Logger, c *prefillCall, err error, start time.Time) {
+	took := time.Since(start)
+	n.cfg.Metrics.leg(RolePrefill, err, took, protocol.PagesFor(uint32(len(c.Prompt)), n.cfg.PageTokens)*n.cfg.PageBytes)
+	if err != nil {
+		log.Info("prefill leg failed", "tokens", len(c.Prompt), "reason", Reason(err), "err", err, "seconds", took.Seconds())
+	} else {
+		log.Debug("prefill leg done", "tokens", len(c.Prompt), "seconds", took.Seconds())
+	}
+}
+
+// events relays the endpoint's outcomes to the calls waiting for them.
+func (n *Prefill) events(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-n.ep.Notify():
+		}
+		for _, ev := range n.ep.Events() {
+			if ev.Kind != transfer.Outcome {
+				continue
+			}
+			n.mu.Lock()
+			w := n.waiters[ev.Request]
+			delete(n.waiters, ev.Request)
+			n.mu.Unlock()
+			if w != nil {
+				w <- ev.Err
+			}
+		}
+	}
+}
+
+// dialer keeps a queue pair to every decode node the registry lists:
+// it dials the ones without a live queue pair, and cuts the ones lost.
+func (n *Prefill) dialer(ctx context.Context, changes <-chan Change) {
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	next := map[string]time.Time{} // a peer that failed to dial waits before the next try
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ch, ok := <-changes:
+			if !ok {
+				n.cfg.Log.Warn("prefill: the registry watch ended", "prefill", n.cfg.Name)
+				changes = nil
+				continue
+			}
+			if ch.Member.Role != RoleDecode {
+				continue
+			}
+			n.mu.Lock()
+			if ch.Kind == Joined {
+				n.decodes[ch.Member.Name] = ch.Member
+			} else {
+				delete(n.decodes, ch.Member.Name)
+			}
+			n.mu.Unlock()
+			if ch.Kind == Lost {
+				n.ep.Cut(ch.Member.Name)
+				continue
+			}
+		case <-tick.C:
+		}
+		live := map[string]bool{}
+		for _, p := range n.ep.Peers() {
+			live[p] = true
+		}
+		n.mu.Lock()
+		var todo []Member
+		for name, m := range n.decodes {
+			if !live[name] && time.Now().After(next[name]) {
+				todo = append(todo, m)
+			}
+		}
+		n.mu.Unlock()
+		for _, m := range todo {
+			err := n.ep.Dial(ctx, m.Name, m.Transfer, transfer.SetupConfig{Name: n.cfg.Name, TLS: n.cfg.Security.TLS,
+				Insecure: n.cfg.Security.TLS == nil, Log: n.cfg.Log})
+			if err != nil {
+				next[m.Name] = time.Now().Add(time.Second)
+				n.cfg.Log.Warn("prefill: dialling a decode node", "prefill", n.cfg.Name, "decode", m.Name, "err", err)
+			} else {
+				n.cfg.Log.Info("prefill: queue pair up", "prefill", n.cfg.Name, "decode", m.Name)
+			}
+		}
+	}
+}
+
+// Serve runs the node until ctx ends: the endpoint's loop, the control API
+// on control (and extra handlers there, /metrics), its registration, and
+// the queue pairs to every decode node. When ctx ends it stops gracefully:
+// no new request, those in flight drained for up to grace then cancelled,
+// and it returns once every source page is free (or grace ran out twice).
+func (n *Prefill) Serve(ctx context.Context, control net.Listener, grace time.Duration) error {
+	run, stop := context.WithCancel(context.Background())
+	defer stop()
+	var wg sync.WaitGroup
+	wg.Go(func() { n.ep.Run(run) })
+	wg.Go(func() { n.events(run) })
+	changes, err := n.cfg.Registry.Watch(run)
+	if err != nil {
+		return err
+	}
+	wg.Go(func() { n.dialer(run, changes) })
+	serveCtx, stopServe := context.WithCancel(run)
+	served := make(chan error, 1)
+	go func() {
+		served <- n.ctl.serve(serveCtx, control, map[string]http.Handler{"/metrics": n.cfg.Metrics.Handler()})
+	}()
+	regCtx, deregister := context.WithCancel(run)
+	n.mu.Lock()
+	n.self = n.Member(listenerAddr(control))
+	n.mu.Unlock()
+	lease, err := n.cfg.Registry.Register(regCtx, n.self)
+	if err != nil {
+		deregister()
+		stopServe()
+		return err
+	}
+	n.cfg.Log.Info("prefill node up", "prefill", n.cfg.Name, "control", listenerAddr(control), "pages", n.cfg.Pages, "page_tokens", n.cfg.PageTokens)
+	select {
+	case <-ctx.Done():
+	case err = <-served:
+		if err == nil {
+			err = errors.New("node: control API stopped")
+		}
+	case <-lease:
+		err = errors.New("node: the registration was lost")
+	}
+	n.shutdown(grace)
+	deregister()
+	stopServe()
+	stop()
+	n.ep.Close()
+	wg.Wait()
+	return err
+}
+
+// shutdown stops intake and drains: calls in flight get grace to end, then
+// every request still on the node is cancelled; it waits for the pages.
+func (n *Prefill) shutdown(grace time.Duration) {
+	idle := n.flight.drain()
+	select {
+	case <-idle:
+	case <-time.After(grace):
+		n.mu.Lock()
+		var ids []protocol.RequestID
+		for id := range n.waiters {
+			ids = append(ids, id)
+		}
+		n.mu.Unlock()
+		for _, id := range ids {
+			n.ep.Cancel(id)
+		}
+		n.cfg.Log.Warn("prefill: cancelled requests at shutdown", "prefill", n.cfg.Name, "requests", len(ids))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	if !waitPagesBack(ctx, n.ep.Gauges) {
+		n.cfg.Log.Error("prefill: source pages still held at shutdown", "prefill", n.cfg.Name, "gauges", fmt.Sprintf("%+v", n.ep.Gauges()))
+	}
+}

@@ -1,0 +1,401 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/kvhandoff/kvhandoff/engine/model"
+	"github.com/kvhandoff/kvhandoff/protocol"
+)
+
+// RouterConfig configures a Router node.
+type RouterConfig struct {
+	Name     string // the router's identity (its certificate's name)
+	Registry Registry
+	// Security authenticates the router to the nodes' control APIs (its
+	// certificate must be one of their allowed callers) and checks theirs.
+	Security Security
+	// Tokenizer turns a prompt into tokens and tokens into text; nil means
+	// model.Bytes (the built-in model's).
+	Tokenizer model.Tokenizer
+	// ModelID is the model the deployment serves: nodes of another model are
+	// not routed to, and a request naming another is refused. "" takes the
+	// first node's.
+	ModelID string
+	// Timeout fails a request without an outcome this long after intake;
+	// 0 means 60 s.
+	Timeout time.Duration
+	// MaxNewTokens bounds a request's max_tokens; 0 means 4096.
+	MaxNewTokens int
+	Metrics      *Metrics
+	Log          *slog.Logger
+}
+
+// Router is the router node: protocol.Router driven by a run loop with its
+// clock, the registry's view of the nodes, and the legs of every request as
+// calls to the nodes' control APIs. The client API (HTTP) is in api.go.
+type Router struct {
+	cfg    RouterConfig
+	client *controlClient
+	flight flight
+
+	mu       sync.Mutex
+	r        *protocol.Router
+	ids      map[string]protocol.PeerID
+	members  map[protocol.PeerID]Member
+	lost     map[protocol.PeerID]bool
+	pending  map[protocol.RequestID]*routed
+	nextID   protocol.RequestID
+	nextPeer protocol.PeerID
+	ready    chan struct{} // closed once both roles have a node
+}
+
+// routed is a request the router accepted and has not answered yet.
+type routed struct {
+	completion Completion
+	prompt     []int
+	prefill    string
+	decode     string
+	tokens     []int
+	done       chan error // the client-visible outcome, once
+	legs       map[protocol.PeerID]context.CancelFunc
+}
+
+// Completion is a client's request.
+type Completion struct {
+	Prompt    string
+	MaxTokens int
+	Tenant    string
+	Model     string
+}
+
+// Result is a completion's answer.
+type Result struct {
+	ID           protocol.RequestID
+	Text         string
+	Tokens       []int
+	PromptTokens int
+	Prefill      string
+	Decode       string
+}
+
+// NewRouter makes a router node; Run drives it.
+func NewRouter(cfg RouterConfig) (*Router, error) {
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = NewMetrics()
+	}
+	if cfg.Tokenizer == nil {
+		cfg.Tokenizer = model.Bytes{}
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = 60 * time.Second
+	}
+	if cfg.MaxNewTokens == 0 {
+		cfg.MaxNewTokens = 4096
+	}
+	if cfg.Name == "" {
+		cfg.Name = "router"
+	}
+	if err := cfg.Security.check(cfg.Log, "router "+cfg.Name); err != nil {
+		return nil, err
+	}
+	cfg.Metrics.prime(RoleRouter)
+	return &Router{cfg: cfg, client: newControlClient(cfg.Security),
+		r:   protocol.NewRouter(protocol.RouterConfig{Timeout: cfg.Timeout, Horizon: time.Minute}),
+		ids: map[string]protocol.PeerID{}, members: map[protocol.PeerID]Member{}, lost: map[protocol.PeerID]bool{},
+		pending: map[protocol.RequestID]*routed{}, nextID: protocol.RequestID(time.Now().UnixNano()), ready: make(chan struct{})}, nil
+}
+
+// Metrics are the router's metrics.
+func (rt *Router) Metrics() *Metrics { return rt.cfg.Metrics }
+
+// Ready is closed once the router knows a prefill and a decode node.
+func (rt *Router) Ready() <-chan struct{} { return rt.ready }
+
+// Limit is the longest prompt the deployment takes now, in tokens.
+func (rt *Router) Limit() int {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	return rt.r.Limit()
+}
+
+// Run drives the router until ctx ends: the registry's changes, and the
+// clock (timeouts, the records' horizon). On the way out it stops intake and
+// waits up to grace for the requests in flight, then fails the rest.
+func (rt *Router) Run(ctx context.Context, grace time.Duration) error {
+	changes, err := rt.cfg.Registry.Watch(ctx)
+	if err != nil {
+		return err
+	}
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for ctx.Err() == nil {
+		select {
+		case <-ctx.Done():
+		case ch, ok := <-changes:
+			if !ok {
+				if ctx.Err() == nil {
+					rt.cfg.Log.Error("router: the registry watch ended")
+				}
+				changes = nil
+				continue
+			}
+			rt.change(ch)
+		case now := <-tick.C:
+			rt.mu.Lock()
+			rt.r.Tick(now)
+			rt.effectsLocked()
+			rt.mu.Unlock()
+		}
+	}
+	rt.shutdown(grace)
+	return nil
+}
+
+func (rt *Router) shutdown(grace time.Duration) {
+	idle := rt.flight.drain()
+	select {
+	case <-idle:
+	case <-time.After(grace):
+		rt.mu.Lock()
+		n := len(rt.pending)
+		for id := range rt.pending {
+			rt.r.Cancel(id)
+		}
+		rt.effectsLocked()
+		rt.mu.Unlock()
+		rt.cfg.Log.Warn("router: cancelled requests at shutdown", "requests", n)
+		select {
+		case <-idle:
+		case <-time.After(grace):
+		}
+	}
+	rt.client.close()
+}
+
+func (rt *Router) change(ch Change) {
+	m := ch.Member
+	if m.Role != RolePrefill && m.Role != RoleDecode {
+		return
+	}
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	if rt.cfg.ModelID == "" {
+		rt.cfg.ModelID = m.Model
+	}
+	if m.Model != rt.cfg.ModelID {
+		rt.cfg.Log.Warn("router: a node of another model is not routed to", "node", m.Name, "model", m.Model, "serving", rt.cfg.ModelID)
+		return
+	}
+	id, ok := rt.ids[m.Name]
+	if !ok {
+		if ch.Kind == Lost {
+			return
+		}
+		rt.nextPeer++
+		id = rt.nextPeer
+		rt.ids[m.Name] = id
+	}
+	switch ch.Kind {
+	case Joined:
+		role := protocol.RolePrefill
+		if m.Role == RoleDecode {
+			role = protocol.RoleDecode
+		}
+		if rt.members[id].Role != "" && rt.members[id].Role != m.Role {
+			rt.cfg.Log.Error("router: a node changed role; ignored", "node", m.Name)
+			return
+		}
+		if err := rt.r.AddNode(protocol.NodeInfo{ID: id, Role: role, ContextTokens: m.ContextTokens, PoolPages: m.PoolPages,
+			PageTokens: m.PageTokens, MaxTokens: m.MaxTokens}); err != nil {
+			rt.cfg.Log.Error("router: node refused", "node", m.Name, "err", err)
+			return
+		}
+		rt.members[id] = m
+		delete(rt.lost, id)
+		rt.cfg.Log.Info("router: node joined", "node", m.Name, "role", m.Role, "control", m.Control, "pool_tokens", m.PoolTokens(), "context_tokens", m.ContextTokens)
+		rt.checkReadyLocked()
+	case Lost:
+		rt.lost[id] = true
+		if err := rt.r.NodeLost(id); err != nil {
+			rt.cfg.Log.Error("router: node lost", "node", m.Name, "err", err)
+		}
+		rt.cfg.Log.Warn("router: node lost; its requests fail on every leg", "node", m.Name, "role", m.Role)
+		rt.effectsLocked()
+	}
+}
+
+func (rt *Router) checkReadyLocked() {
+	var pre, dec bool
+	for _, n := range rt.r.Nodes() {
+		pre = pre || n.Info.Role == protocol.RolePrefill
+		dec = dec || n.Info.Role == protocol.RoleDecode
+	}
+	if pre && dec {
+		select {
+		case <-rt.ready:
+		default:
+			close(rt.ready)
+		}
+	}
+}
+
+// Complete runs one completion: intake (an over-long prompt is refused with
+// protocol.ErrRejected and ErrTooLong, the limit named), a prefill and a
+// decode node chosen, both legs called, and the first outcome. When ctx
+// ends first (the client went away) the request is cancelled on both legs.
+func (rt *Router) Complete(ctx context.Context, c Completion) (Result, error) {
+	if !rt.flight.enter() {
+		return Result{}, ErrShuttingDown
+	}
+	defer rt.flight.leave()
+	if c.MaxTokens < 1 || c.MaxTokens > rt.cfg.MaxNewTokens {
+		return Result{}, fmt.Errorf("%w: max_tokens %d outside 1..%d", ErrBadRequest, c.MaxTokens, rt.cfg.MaxNewTokens)
+	}
+	prompt := rt.cfg.Tokenizer.Encode(c.Prompt, false, false)
+	rt.mu.Lock()
+	if c.Model != "" && rt.cfg.ModelID != "" && c.Model != rt.cfg.ModelID {
+		rt.mu.Unlock()
+		return Result{}, fmt.Errorf("%w: model %q; this deployment serves %q", ErrBadRequest, c.Model, rt.cfg.ModelID)
+	}
+	if c.Model == "" {
+		c.Model = rt.cfg.ModelID
+	}
+	rt.nextID++
+	id := rt.nextID
+	if rt.r.Limit() == 0 {
+		rt.mu.Unlock()
+		return Result{PromptTokens: len(prompt)}, fmt.Errorf("%w: the router knows no prefill and decode node yet", protocol.ErrNoNode)
+	}
+	q := &routed{completion: c, prompt: prompt, done: make(chan error, 1), legs: map[protocol.PeerID]context.CancelFunc{}}
+	rt.pending[id] = q
+	d, err := rt.r.Submit(id, len(prompt), time.Now())
+	if err != nil {
+		delete(rt.pending, id)
+		rt.mu.Unlock()
+		rt.cfg.Metrics.leg(RoleRouter, err, 0, 0)
+		rt.cfg.Log.Info("request refused", "request_id", uint64(id), "tenant", c.Tenant, "model", c.Model, "prefill", "", "decode", "", "tokens", len(prompt), "reason", Reason(err), "err", err)
+		return Result{ID: id, PromptTokens: len(prompt)}, err
+	}
+	q.prefill, q.decode = rt.members[d.Prefill].Name, rt.members[d.Decode].Name
+	rt.effectsLocked()
+	rt.mu.Unlock()
+	start := time.Now()
+	log := rt.cfg.Log.With("request_id", uint64(id), "tenant", c.Tenant, "model", c.Model, "prefill", q.prefill, "decode", q.decode)
+	log.Debug("request dispatched", "tokens", len(prompt), "max_tokens", c.MaxTokens)
+	select {
+	case err = <-q.done:
+	case <-ctx.Done():
+		rt.mu.Lock()
+		rt.r.Cancel(id)
+		rt.effectsLocked()
+		rt.mu.Unlock()
+		err = <-q.done
+	}
+	took := time.Since(start)
+	rt.cfg.Metrics.leg(RoleRouter, err, took, 0)
+	res := Result{ID: id, PromptTokens: len(prompt), Prefill: q.prefill, Decode: q.decode}
+	if err != nil {
+		log.Info("request failed", "tokens", len(prompt), "reason", Reason(err), "err", err, "seconds", took.Seconds())
+		return res, err
+	}
+	res.Tokens = q.tokens
+	res.Text = model.Decode(rt.cfg.Tokenizer, q.tokens, prompt[len(prompt)-1])
+	log.Info("request done", "tokens", len(prompt), "generated", len(q.tokens), "seconds", took.Seconds())
+	return res, nil
+}
+
+// effectsLocked carries out the router's effects. The caller holds mu.
+func (rt *Router) effectsLocked() {
+	e := rt.r.Effects()
+	for _, d := range e.Dispatches {
+		rt.dispatchLocked(d)
+	}
+	for _, c := range e.Cancels {
+		rt.cancelLegLocked(c)
+	}
+	for _, pl := range e.PeerLost {
+		node, peer := rt.members[pl.Node], rt.members[pl.Peer]
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := rt.client.call(ctx, node.Name, node.Control, pathPeerLost, peerLostCall{Peer: peer.Name}, nil); err != nil {
+				rt.cfg.Log.Warn("router: telling a decode node of a lost prefill node", "decode", node.Name, "prefill", peer.Name, "err", err)
+			}
+		}()
+	}
+	for _, o := range e.Outcomes {
+		if q := rt.pending[o.Request]; q != nil {
+			delete(rt.pending, o.Request)
+			q.done <- o.Err
+		}
+	}
+}
+
+func (rt *Router) dispatchLocked(d protocol.Dispatch) {
+	q := rt.pending[d.Request]
+	if q == nil {
+		return
+	}
+	pre, dec := rt.members[d.Prefill], rt.members[d.Decode]
+	c := q.completion
+	preCtx, preCancel := context.WithCancel(context.Background())
+	decCtx, decCancel := context.WithCancel(context.Background())
+	q.legs[d.Prefill], q.legs[d.Decode] = preCancel, decCancel
+	go func() {
+		defer decCancel()
+		var a legAnswer
+		err := rt.client.call(decCtx, dec.Name, dec.Control, pathDecode,
+			decodeCall{ID: d.Request, Prefill: pre.Name, Prompt: q.prompt, MaxTokens: c.MaxTokens, Tenant: c.Tenant, Model: c.Model}, &a)
+		rt.legEnded(d.Decode, d.Request, err, a.Tokens, q)
+	}()
+	go func() {
+		defer preCancel()
+		err := rt.client.call(preCtx, pre.Name, pre.Control, pathPrefill,
+			prefillCall{ID: d.Request, Decode: dec.Name, Prompt: q.prompt, Tenant: c.Tenant, Model: c.Model}, nil)
+		rt.legEnded(d.Prefill, d.Request, err, nil, q)
+	}()
+}
+
+func (rt *Router) legEnded(node protocol.PeerID, id protocol.RequestID, err error, tokens []int, q *routed) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	if err == nil && tokens != nil {
+		q.tokens = tokens
+	}
+	if err := rt.r.LegEnded(node, id, err); err != nil && !errors.Is(err, protocol.ErrUnknownRequest) {
+		rt.cfg.Log.Warn("router: a leg's report refused", "request_id", uint64(id), "node", rt.members[node].Name, "err", err)
+	}
+	rt.effectsLocked()
+}
+
+func (rt *Router) cancelLegLocked(c protocol.CancelLeg) {
+	m := rt.members[c.Node]
+	var stopCall context.CancelFunc
+	if q := rt.pending[c.Request]; q != nil {
+		stopCall = q.legs[c.Node]
+	}
+	if rt.lost[c.Node] {
+		if stopCall != nil {
+			stopCall()
+		}
+		return
+	}
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := rt.client.call(ctx, m.Name, m.Control, pathCancel, cancelCall{ID: c.Request}, nil); err != nil {
+			rt.cfg.Log.Warn("router: cancelling a leg", "request_id", uint64(c.Request), "node", m.Name, "err", err)
+		}
+		if stopCall != nil {
+			stopCall()
+		}
+	}()
+}
