@@ -1,7 +1,6 @@
 package checker_test
 
 import (
-	"errors"
 	"testing"
 
 	"github.com/kvhandoff/kvhandoff/spec"
@@ -49,24 +48,29 @@ func BenchmarkCheckDefaultBounds(b *testing.B) {
 // The spec holds its frontier encoded.
 var _ checker.Encoder[spec.State] = (*spec.Model)(nil)
 
-// BenchmarkCheckAdmitFinished explores the first two million states of
-// kvhandoff check --bug admit-finished at the default bounds.
-func BenchmarkCheckAdmitFinished(b *testing.B) {
-	cfg := spec.NewConfig(3, 4, 2)
-	cfg.Bugs = cfg.Bugs.With(spec.AdmitFinished)
+// BenchmarkCheckTwoPageBounds explores the spec at CI's two-page bounds
+// (kvhandoff check --prompts 4,4,9 --pages 6 --prefill-pages 4): 4.9M states.
+func BenchmarkCheckTwoPageBounds(b *testing.B) {
+	cfg := spec.NewConfig(3, 6, 2)
+	cfg.Prompts, cfg.PrefillPages = []int{4, 4, 9}, 4
 	m, err := spec.New(cfg)
 	if err != nil {
 		b.Fatal(err)
 	}
 	props := specProperties(m)
 	var states int
+	var heapPerState float64
 	for b.Loop() {
-		_, err := checker.Check(m, props, checker.Options{DeadlockName: spec.Termination, MaxStates: 2_000_000})
-		var limit *checker.LimitError
-		if !errors.As(err, &limit) {
-			b.Fatalf("want the state limit, got %v", err)
+		res, err := checker.Check(m, props, checker.Options{DeadlockName: spec.Termination})
+		if err != nil {
+			b.Fatal(err)
 		}
-		states += limit.Stats.States
+		if !res.OK() {
+			b.Fatalf("the correct protocol fails %s", res.Violations[0].Property)
+		}
+		states += res.Stats.States
+		heapPerState = float64(res.Stats.PeakHeap) / float64(res.Stats.States)
 	}
 	b.ReportMetric(float64(states)/b.Elapsed().Seconds(), "states/s")
+	b.ReportMetric(heapPerState, "heap-B/state")
 }

@@ -178,6 +178,8 @@ type Options struct {
 	// FrontierMemory is how many bytes of encoded frontier are held in memory
 	// before the oldest blocks are spilled to a file in SpillDir (only for a
 	// model that implements Encoder); 0 means MaxMemory/8, at most 512 MiB.
+	// Below that the frontier also spills past 16 bytes per visited state (but
+	// 64 MiB at least): a wide level then costs disk, not memory.
 	FrontierMemory int
 	// SpillDir is the directory for spill files; "" means os.TempDir().
 	SpillDir string
@@ -288,7 +290,8 @@ type run[S any, A comparable] struct {
 	stop     bool
 	heap     *heap
 
-	blocks blockPool[S]
+	blocks  blockPool[S]
+	scratch []*worker[S, A]
 }
 
 func newRun[S any, A comparable](m Model[S, A], props Properties[S], opt Options, accept func(Violation[S, A]) bool) (*run[S, A], error) {
@@ -585,7 +588,15 @@ func (c *run[S, A]) limits(depth int) error {
 }
 
 func (c *run[S, A]) newFrontier() *frontier[S] {
-	return &frontier[S]{encoded: c.enc != nil, budget: max(1, c.opt.FrontierMemory/2), dir: c.opt.SpillDir, pool: &c.blocks}
+	return &frontier[S]{encoded: c.enc != nil, budget: c.frontierBudget, dir: c.opt.SpillDir, pool: &c.blocks}
+}
+
+// frontierBudget is the memory each of the two frontiers (the level being
+// expanded and the next) may hold before spilling: half of FrontierMemory, and
+// no more than 8 bytes per visited state (but 32 MiB at least), so that the
+// frontier never dominates the per-state cost.
+func (c *run[S, A]) frontierBudget() int {
+	return max(1, min(c.opt.FrontierMemory/2, max(32<<20, 8*c.seen.len())))
 }
 
 // push appends a state to a frontier, encoded if the model can.
@@ -599,42 +610,59 @@ func (c *run[S, A]) push(f *frontier[S], idx int32, s *S, buf *[]byte) error {
 
 // expandWave expands blocks[i] into outs[i], in parallel.
 func (c *run[S, A]) expandWave(blocks []*block[S], outs []*expansion[S]) {
+	for len(c.scratch) < c.workers {
+		c.scratch = append(c.scratch, newWorker(c))
+	}
 	var next atomic.Int32
 	var wg sync.WaitGroup
-	for range min(c.workers, len(blocks)) {
+	for wi := range min(c.workers, len(blocks)) {
 		wg.Add(1)
-		go func() {
+		go func(w *worker[S, A]) {
 			defer wg.Done()
-			var w worker[S, A]
 			for {
 				i := int(next.Add(1)) - 1
 				if i >= len(blocks) {
 					return
 				}
-				c.expand(&w, blocks[i], outs[i])
+				w.expand(blocks[i], outs[i])
 			}
-		}()
+		}(c.scratch[wi])
 	}
 	wg.Wait()
 }
 
-// worker holds one goroutine's scratch space.
+// worker is one goroutine's scratch space, kept for the whole run: expanding a
+// state allocates nothing.
 type worker[S any, A comparable] struct {
+	c     *run[S, A]
 	state S // the state being expanded
 	next  S // the successor being looked at
 	fbuf  []byte
 	ebuf  []byte
+	emit  func(a A, succ S) // looks at one successor of the state being expanded
+
+	out    *expansion[S] // where successors go
+	parent int32         // the number of the state being expanded
+	n      int           // its successors so far
+}
+
+func newWorker[S any, A comparable](c *run[S, A]) *worker[S, A] {
+	w := &worker[S, A]{c: c}
+	w.emit = w.successor
+	return w
 }
 
 // expand generates the successors of every state of b. It only reads the
 // visited set, which nobody writes while workers run.
-func (c *run[S, A]) expand(w *worker[S, A], b *block[S], out *expansion[S]) {
+func (w *worker[S, A]) expand(b *block[S], out *expansion[S]) {
+	c := w.c
 	out.src = append(out.src[:0], b.idx...)
 	out.edgeEnd, out.edges, out.cands = out.edgeEnd[:0], out.edges[:0], out.cands[:0]
 	clear(out.states)
 	out.states, out.data, out.deadlocks = out.states[:0], out.data[:0], out.deadlocks[:0]
 	out.transitions, out.err = 0, nil
 	clear(out.local)
+	w.out = out
 	data := b.data
 	for i, parent := range b.idx {
 		var s *S
@@ -653,54 +681,59 @@ func (c *run[S, A]) expand(w *worker[S, A], b *block[S], out *expansion[S]) {
 			data = data[k+int(l):]
 			s = &w.state
 		}
-		n := 0
-		c.m.Successors(s, func(a A, succ S) {
-			k := n
-			n++
-			if k > maxSuccessors {
-				out.err = fmt.Errorf("checker: a state has more than %d successors", maxSuccessors)
-				return
-			}
-			// Work on a copy in the worker's scratch: the address of succ would
-			// make every call allocate it.
-			w.next = succ
-			next := &w.next
-			w.fbuf = c.m.AppendFingerprint(w.fbuf[:0], next)
-			fp := fingerprintOf(w.fbuf)
-			fault := c.m.IsFault(a)
-			protocol := c.liveness && !fault
-			if known := c.seen.lookup(fp); known >= 0 {
-				if protocol {
-					out.edges = append(out.edges, uint32(known))
-				}
-				return
-			}
-			if ci, ok := out.local[fp]; ok {
-				if protocol {
-					out.edges = append(out.edges, candRef|uint32(ci))
-				}
-				return
-			}
-			ci := int32(len(out.cands))
-			out.local[fp] = ci
-			out.cands = append(out.cands, candidate{parent: parent, succ: uint16(k), fault: fault, fp: fp,
-				badMask: c.evalInvs(next), goals: c.evalGoals(next)})
-			if protocol {
-				out.edges = append(out.edges, candRef|uint32(ci))
-			}
-			if c.enc == nil {
-				out.states = append(out.states, *next)
-			} else {
-				w.ebuf = c.enc.AppendState(w.ebuf[:0], next)
-				out.data = binary.AppendUvarint(out.data, uint64(len(w.ebuf)))
-				out.data = append(out.data, w.ebuf...)
-			}
-		})
-		out.transitions += n
+		w.parent, w.n = parent, 0
+		c.m.Successors(s, w.emit)
+		out.transitions += w.n
 		out.edgeEnd = append(out.edgeEnd, int32(len(out.edges)))
-		if n == 0 && !c.m.Finished(s) {
+		if w.n == 0 && !c.m.Finished(s) {
 			out.deadlocks = append(out.deadlocks, parent)
 		}
+	}
+	w.out = nil
+}
+
+// successor looks at the next successor of the state being expanded.
+func (w *worker[S, A]) successor(a A, succ S) {
+	c, out := w.c, w.out
+	k := w.n
+	w.n++
+	if k > maxSuccessors {
+		out.err = fmt.Errorf("checker: a state has more than %d successors", maxSuccessors)
+		return
+	}
+	// Work on a copy in the worker's scratch: the address of succ would make
+	// every call allocate it.
+	w.next = succ
+	next := &w.next
+	w.fbuf = c.m.AppendFingerprint(w.fbuf[:0], next)
+	fp := fingerprintOf(w.fbuf)
+	fault := c.m.IsFault(a)
+	protocol := c.liveness && !fault
+	if known := c.seen.lookup(fp); known >= 0 {
+		if protocol {
+			out.edges = append(out.edges, uint32(known))
+		}
+		return
+	}
+	if ci, ok := out.local[fp]; ok {
+		if protocol {
+			out.edges = append(out.edges, candRef|uint32(ci))
+		}
+		return
+	}
+	ci := int32(len(out.cands))
+	out.local[fp] = ci
+	out.cands = append(out.cands, candidate{parent: w.parent, succ: uint16(k), fault: fault, fp: fp,
+		badMask: c.evalInvs(next), goals: c.evalGoals(next)})
+	if protocol {
+		out.edges = append(out.edges, candRef|uint32(ci))
+	}
+	if c.enc == nil {
+		out.states = append(out.states, *next)
+	} else {
+		w.ebuf = c.enc.AppendState(w.ebuf[:0], next)
+		out.data = binary.AppendUvarint(out.data, uint64(len(w.ebuf)))
+		out.data = append(out.data, w.ebuf...)
 	}
 }
 

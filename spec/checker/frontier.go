@@ -37,7 +37,7 @@ func (b *block[S]) bytes() int { return 4*cap(b.idx) + cap(b.data) + cap(b.state
 // frontier is a FIFO of blocks: a prefix spilled to a file, the rest in memory.
 type frontier[S any] struct {
 	encoded  bool
-	budget   int // bytes of blocks in memory before spilling the oldest
+	budget   func() int // bytes of blocks in memory before spilling the oldest
 	dir      string
 	mem      []*block[S] // in order, after the spilled blocks
 	memBytes int
@@ -134,10 +134,10 @@ var errSpill = errors.New("checker: frontier spill file")
 // spillIfOver writes the oldest full in-memory blocks to the spill file while
 // the blocks in memory exceed the budget. Only encoded frontiers spill.
 func (f *frontier[S]) spillIfOver() error {
-	if !f.encoded || f.budget <= 0 {
+	if !f.encoded {
 		return nil
 	}
-	for f.memBytes > f.budget && len(f.mem) > 1 {
+	for budget := f.budget(); f.memBytes > budget && len(f.mem) > 1; {
 		if f.file == nil {
 			file, err := os.CreateTemp(f.dir, "kvhandoff-frontier-*")
 			if err != nil {

@@ -204,7 +204,7 @@ func runAll(cfg spec.Config, sets []spec.Switches, opt Options, progress func(sp
 
 // CheckNeeding explores cfg and reports only counterexamples that need every
 // switch in cfg.Bugs (see the package documentation). It runs on one core;
-// of opt, only MaxStates applies.
+// of opt, only MaxStates and MaxMemory apply.
 func CheckNeeding(cfg spec.Config, opt Options) (*Report, error) {
 	m, err := spec.New(cfg)
 	if err != nil {
