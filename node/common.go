@@ -43,6 +43,8 @@ type NodeConfig struct {
 	// Timeout bounds a leg on this node: decode's wait for Done, and for the
 	// router's call after verification; 0 means 30 s.
 	Timeout time.Duration
+
+	wrapKV func(transfer.KVSource) transfer.KVSource // tests: hold or fail a KV computation
 }
 
 func (c *NodeConfig) defaults() {

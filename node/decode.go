@@ -244,23 +244,18 @@ func (n *Decode) run(id protocol.RequestID, pages [][]byte, c *decodeCall) ([]in
 	return n.engine.Decode(table, c.Prompt, c.MaxTokens, model.Greedy(), n.cfg.Stop)
 }
 
-// digest is the "generation" of a node without a model: bytes of a
-// SHA-256 over the verified KV, as tokens, so the end-to-end path is real.
+// digest is the "generation" of a node without a model: the SHA-256 of the
+// verified KV, its bytes as tokens (repeated to n), so the end-to-end path
+// is real and any foreign or stale page changes the answer.
 func digest(pages [][]byte, n int) []int {
 	h := sha256.New()
 	for _, p := range pages {
 		h.Write(p)
 	}
 	sum := h.Sum(nil)
-	out := make([]int, 0, n)
-	for len(out) < n {
-		for _, b := range sum {
-			if len(out) == n {
-				break
-			}
-			out = append(out, int(b))
-		}
-		sum = h.Sum(sum[:0])
+	out := make([]int, n)
+	for i := range out {
+		out[i] = int(sum[i%len(sum)])
 	}
 	return out
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/kvhandoff/kvhandoff/engine/model"
 	"github.com/kvhandoff/kvhandoff/internal/pki"
 	"github.com/kvhandoff/kvhandoff/rdma/inproc"
+	"github.com/kvhandoff/kvhandoff/transfer"
 )
 
 // LocalConfig describes a deployment in one process: a router and
@@ -28,6 +29,14 @@ type LocalConfig struct {
 	ModelID   string
 	Timeout   time.Duration // the router's request timeout and the nodes' leg timeout
 	Log       *slog.Logger
+	// Registry is where the nodes register and the router watches; nil
+	// means a fresh Static. NewRegistry, if set, gives each node its own
+	// client of one (an etcd client per node, as across processes).
+	Registry    Registry
+	NewRegistry func(node string) (Registry, error)
+
+	// prefillKV wraps prefill node i's KV source (tests: hold a transfer).
+	prefillKV func(i int, src transfer.KVSource) transfer.KVSource
 }
 
 // Local is a running in-process deployment.
@@ -35,7 +44,7 @@ type Local struct {
 	Router   *Router
 	Prefills []*Prefill
 	Decodes  []*Decode
-	Registry *Static
+	Registry *Static // the static registry, unless LocalConfig named another
 	// API is the router's client API address (host:port).
 	API string
 
@@ -71,13 +80,22 @@ func StartLocal(cfg LocalConfig) (*Local, error) {
 	if err != nil {
 		return nil, err
 	}
-	reg, err := NewStatic()
+	static, err := NewStatic()
 	if err != nil {
 		return nil, err
 	}
+	registry := func(string) (Registry, error) {
+		if cfg.Registry != nil {
+			return cfg.Registry, nil
+		}
+		return static, nil
+	}
+	if cfg.NewRegistry != nil {
+		registry = cfg.NewRegistry
+	}
 	fabric := inproc.NewFabric(fmt.Sprintf("local-%d", time.Now().UnixNano()))
 	ctx, cancel := context.WithCancel(context.Background())
-	l := &Local{Registry: reg, cancel: cancel, errs: make(chan error, 1+cfg.Prefills+cfg.Decodes)}
+	l := &Local{Registry: static, cancel: cancel, errs: make(chan error, 1+cfg.Prefills+cfg.Decodes)}
 	fail := func(err error) (*Local, error) {
 		l.Stop()
 		return nil, err
@@ -91,6 +109,10 @@ func StartLocal(cfg LocalConfig) (*Local, error) {
 	for i := range cfg.Decodes {
 		name := fmt.Sprintf("decode-%d", i)
 		sec, err := security(name)
+		if err != nil {
+			return fail(err)
+		}
+		reg, err := registry(name)
 		if err != nil {
 			return fail(err)
 		}
@@ -118,8 +140,16 @@ func StartLocal(cfg LocalConfig) (*Local, error) {
 		if err != nil {
 			return fail(err)
 		}
-		p, err := NewPrefill(NodeConfig{Name: name, Device: fabric.Device(name), Pages: cfg.PrefillPages, PageTokens: cfg.PageTokens,
-			PageBytes: cfg.PageBytes, Model: cfg.Model, ModelID: cfg.ModelID, Security: sec, Registry: reg, Log: cfg.Log, Timeout: cfg.Timeout})
+		reg, err := registry(name)
+		if err != nil {
+			return fail(err)
+		}
+		nc := NodeConfig{Name: name, Device: fabric.Device(name), Pages: cfg.PrefillPages, PageTokens: cfg.PageTokens,
+			PageBytes: cfg.PageBytes, Model: cfg.Model, ModelID: cfg.ModelID, Security: sec, Registry: reg, Log: cfg.Log, Timeout: cfg.Timeout}
+		if cfg.prefillKV != nil {
+			nc.wrapKV = func(src transfer.KVSource) transfer.KVSource { return cfg.prefillKV(i, src) }
+		}
+		p, err := NewPrefill(nc)
 		if err != nil {
 			return fail(err)
 		}
@@ -131,6 +161,10 @@ func StartLocal(cfg LocalConfig) (*Local, error) {
 		l.wg.Go(func() { l.errs <- p.Serve(ctx, ctl, grace) })
 	}
 	sec, err := security("router")
+	if err != nil {
+		return fail(err)
+	}
+	reg, err := registry("router")
 	if err != nil {
 		return fail(err)
 	}

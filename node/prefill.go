@@ -45,6 +45,12 @@ func NewPrefill(cfg NodeConfig) (*Prefill, error) {
 		n.source = engine.NewSource()
 		pc.KV = n.source
 	}
+	if cfg.wrapKV != nil {
+		if pc.KV == nil {
+			pc.KV = transfer.GeneratedKV{PageTokens: cfg.PageTokens}
+		}
+		pc.KV = cfg.wrapKV(pc.KV)
+	}
 	if cfg.ContextTokens > 0 {
 		pc.MaxRequestPages = min(cfg.Pages, protocol.MaxGrantPages, protocol.PagesFor(uint32(cfg.ContextTokens), cfg.PageTokens))
 	}

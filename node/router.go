@@ -251,11 +251,33 @@ func (rt *Router) checkReadyLocked() {
 // protocol.ErrRejected and ErrTooLong, the limit named), a prefill and a
 // decode node chosen, both legs called, and the first outcome. When ctx
 // ends first (the client went away) the request is cancelled on both legs.
+//
+// A request that failed only because a pool had no room (no capacity on
+// prefill or decode: nothing was transferred) is retried under a new ID,
+// with backoff, until the router's timeout: full pools make clients wait,
+// not fail, while room comes back.
 func (rt *Router) Complete(ctx context.Context, c Completion) (Result, error) {
 	if !rt.flight.enter() {
 		return Result{}, ErrShuttingDown
 	}
 	defer rt.flight.leave()
+	deadline := time.Now().Add(rt.cfg.Timeout)
+	backoff := 2 * time.Millisecond
+	for {
+		res, err := rt.complete(ctx, c)
+		if !errors.Is(err, protocol.ErrNoCapacity) && !errors.Is(err, protocol.AbortNoCapacity) || time.Now().Add(backoff).After(deadline) {
+			return res, err
+		}
+		select {
+		case <-ctx.Done():
+			return res, err
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 100*time.Millisecond)
+	}
+}
+
+func (rt *Router) complete(ctx context.Context, c Completion) (Result, error) {
 	if c.MaxTokens < 1 || c.MaxTokens > rt.cfg.MaxNewTokens {
 		return Result{}, fmt.Errorf("%w: max_tokens %d outside 1..%d", ErrBadRequest, c.MaxTokens, rt.cfg.MaxNewTokens)
 	}

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -63,6 +64,9 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	seed := fs.Uint64("seed", 1, "the built-in model's seed")
 	modelID := fs.String("model-id", "", "the model's name in the registry and the client API (default: kvhandoff-builtin-SEED, or the file's name)")
 	peers := fs.String("peers", "", "static registry: name=host:port of each peer's control API, comma-separated")
+	etcd := fs.String("etcd", "", "etcd registry: host:port,... of the etcd cluster")
+	etcdPrefix := fs.String("etcd-prefix", "/kvhandoff/nodes/", "etcd registry: the key prefix")
+	lease := fs.Duration("lease", 5*time.Second, "etcd registry: the registration lease's time to live (a node that stops keeping it alive is lost after it)")
 	tlsCert := fs.String("tls-cert", "", "the node's certificate (PEM)")
 	tlsKey := fs.String("tls-key", "", "the node's key (PEM)")
 	tlsCA := fs.String("tls-ca", "", "the deployment's authority (PEM)")
@@ -125,18 +129,31 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	if *name == "" {
 		*name = *role
 	}
-	if *peers == "" && *role != "decode" {
-		return fail("--peers is required for a %s (decode nodes are dialled, they need none)", *role)
+	if *peers != "" && *etcd != "" {
+		return fail("--peers and --etcd exclude each other")
+	}
+	if *peers == "" && *etcd == "" && *role != "decode" {
+		return fail("--peers or --etcd is required for a %s", *role)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	regCtx, stopReg := context.WithCancel(context.Background())
 	defer stopReg()
-	list, err := node.ParsePeers(*peers)
-	if err != nil {
-		return fail("--peers: %v", err)
+	var reg node.Registry
+	if *etcd != "" {
+		r, err := node.NewEtcd(strings.Split(*etcd, ","), *etcdPrefix, *lease, log)
+		if err != nil {
+			return fail("--etcd: %v", err)
+		}
+		defer r.Close()
+		reg = r
+	} else {
+		list, err := node.ParsePeers(*peers)
+		if err != nil {
+			return fail("--peers: %v", err)
+		}
+		reg = node.NewPeerList(regCtx, list, sec, log)
 	}
-	var reg node.Registry = node.NewPeerList(regCtx, list, sec, log)
 	var m *model.Model
 	switch *modelName {
 	case "none":
@@ -160,7 +177,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 			*modelID = *modelName
 		}
 	}
-	err = func() error {
+	err := func() error {
 		if *role == "router" {
 			return serveRouter(ctx, *name, *listen, reg, sec, *modelID, *timeout, *grace, log)
 		}
