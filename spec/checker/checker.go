@@ -533,7 +533,9 @@ func (c *run[S, A]) run() (*Result[S, A], error) {
 
 	if c.liveness && !c.stop {
 		c.heap.over(0)
-		runtime.GC() // the index's memory, for the reverse graph
+		if n > 1<<20 {
+			runtime.GC() // the index's memory, for the reverse graph
+		}
 		c.edges.close(n)
 		rev := c.edges.reverse(n)
 		c.heap.over(0)
