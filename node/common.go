@@ -11,6 +11,7 @@ import (
 	"github.com/kvhandoff/kvhandoff/engine/backend"
 	"github.com/kvhandoff/kvhandoff/engine/cpu"
 	"github.com/kvhandoff/kvhandoff/engine/model"
+	"github.com/kvhandoff/kvhandoff/internal/research"
 	"github.com/kvhandoff/kvhandoff/rdma"
 	"github.com/kvhandoff/kvhandoff/transfer"
 )
@@ -40,6 +41,14 @@ type NodeConfig struct {
 	Registry Registry
 	Metrics  *Metrics     // nil means a fresh set
 	Log      *slog.Logger // nil means slog.Default()
+	// Research turns bugs of the catalogue on in the node's endpoint, its
+	// engine and its own checks (kvhandoff demo --bug); only code inside
+	// this module can set it.
+	Research research.Switches
+	// AdvertiseContext, if larger than ContextTokens, is the context the
+	// node claims in the registry: the incident's deployment (kvhandoff
+	// demo --incident), whose router admits prompts the node cannot hold.
+	AdvertiseContext int
 	// Timeout bounds a leg on this node: decode's wait for Done, and for the
 	// router's call after verification; 0 means 30 s.
 	Timeout time.Duration

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvhandoff/kvhandoff/engine/model"
 	"github.com/kvhandoff/kvhandoff/internal/pki"
+	"github.com/kvhandoff/kvhandoff/internal/research"
 	"github.com/kvhandoff/kvhandoff/rdma/inproc"
 	"github.com/kvhandoff/kvhandoff/transfer"
 )
@@ -37,6 +38,13 @@ type LocalConfig struct {
 
 	// prefillKV wraps prefill node i's KV source (tests: hold a transfer).
 	prefillKV func(i int, src transfer.KVSource) transfer.KVSource
+	// ContextTokens is every node's own limit (NodeConfig.ContextTokens),
+	// PrefillContextTokens the prefill nodes' instead if not 0,
+	// AdvertiseContext what the prefill nodes claim (NodeConfig.AdvertiseContext),
+	// and Research the bugs every node runs with: kvhandoff demo's
+	// deployments, the incident's among them.
+	ContextTokens, PrefillContextTokens, AdvertiseContext int
+	Research                                              research.Switches
 }
 
 // Local is a running in-process deployment.
@@ -51,6 +59,15 @@ type Local struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	errs   chan error
+
+	// what CrashPrefill and RestartPrefill need
+	cfg      LocalConfig
+	ctx      context.Context
+	fabric   *inproc.Fabric
+	security func(name string) (Security, error)
+	registry func(name string) (Registry, error)
+	mu       sync.Mutex
+	stopped  []chan struct{} // per prefill node: closed when its Serve returned
 }
 
 // StartLocal starts a deployment in one process; Stop ends it.
@@ -95,7 +112,7 @@ func StartLocal(cfg LocalConfig) (*Local, error) {
 	}
 	fabric := inproc.NewFabric(fmt.Sprintf("local-%d", time.Now().UnixNano()))
 	ctx, cancel := context.WithCancel(context.Background())
-	l := &Local{Registry: static, cancel: cancel, errs: make(chan error, 1+cfg.Prefills+cfg.Decodes)}
+	l := &Local{Registry: static, cancel: cancel, errs: make(chan error, 1+cfg.Prefills+cfg.Decodes), cfg: cfg, ctx: ctx, fabric: fabric, registry: registry}
 	fail := func(err error) (*Local, error) {
 		l.Stop()
 		return nil, err
@@ -105,7 +122,7 @@ func StartLocal(cfg LocalConfig) (*Local, error) {
 		tc, err := ca.Config(name)
 		return Security{TLS: tc}, err
 	}
-	const grace = 5 * time.Second
+	l.security = security
 	for i := range cfg.Decodes {
 		name := fmt.Sprintf("decode-%d", i)
 		sec, err := security(name)
@@ -118,7 +135,7 @@ func StartLocal(cfg LocalConfig) (*Local, error) {
 		}
 		d, err := NewDecode(DecodeConfig{NodeConfig: NodeConfig{Name: name, Device: fabric.Device(name), Pages: cfg.DecodePages,
 			PageTokens: cfg.PageTokens, PageBytes: cfg.PageBytes, Model: cfg.Model, ModelID: cfg.ModelID, Security: sec,
-			Registry: reg, Log: cfg.Log, Timeout: cfg.Timeout}, Stop: -1})
+			Registry: reg, Log: cfg.Log, Timeout: cfg.Timeout, ContextTokens: cfg.ContextTokens, Research: cfg.Research}, Stop: -1})
 		if err != nil {
 			return fail(err)
 		}
@@ -135,30 +152,11 @@ func StartLocal(cfg LocalConfig) (*Local, error) {
 		l.wg.Go(func() { l.errs <- d.Serve(ctx, ctl, tl, grace) })
 	}
 	for i := range cfg.Prefills {
-		name := fmt.Sprintf("prefill-%d", i)
-		sec, err := security(name)
-		if err != nil {
+		l.Prefills = append(l.Prefills, nil)
+		l.stopped = append(l.stopped, nil)
+		if err := l.startPrefill(i); err != nil {
 			return fail(err)
 		}
-		reg, err := registry(name)
-		if err != nil {
-			return fail(err)
-		}
-		nc := NodeConfig{Name: name, Device: fabric.Device(name), Pages: cfg.PrefillPages, PageTokens: cfg.PageTokens,
-			PageBytes: cfg.PageBytes, Model: cfg.Model, ModelID: cfg.ModelID, Security: sec, Registry: reg, Log: cfg.Log, Timeout: cfg.Timeout}
-		if cfg.prefillKV != nil {
-			nc.wrapKV = func(src transfer.KVSource) transfer.KVSource { return cfg.prefillKV(i, src) }
-		}
-		p, err := NewPrefill(nc)
-		if err != nil {
-			return fail(err)
-		}
-		ctl, err := listen()
-		if err != nil {
-			return fail(err)
-		}
-		l.Prefills = append(l.Prefills, p)
-		l.wg.Go(func() { l.errs <- p.Serve(ctx, ctl, grace) })
 	}
 	sec, err := security("router")
 	if err != nil {
@@ -187,6 +185,98 @@ func StartLocal(cfg LocalConfig) (*Local, error) {
 		return fail(err)
 	}
 	return l, nil
+}
+
+// grace is how long a local node's stop waits for calls in flight.
+const grace = 5 * time.Second
+
+// startPrefill makes prefill node i and serves it until the deployment stops
+// or the node crashes.
+func (l *Local) startPrefill(i int) error {
+	name := fmt.Sprintf("prefill-%d", i)
+	sec, err := l.security(name)
+	if err != nil {
+		return err
+	}
+	cfg := l.cfg
+	if cfg.PrefillContextTokens > 0 {
+		cfg.ContextTokens = cfg.PrefillContextTokens
+	}
+	reg, err := l.registry(name)
+	if err != nil {
+		return err
+	}
+	nc := NodeConfig{Name: name, Device: l.fabric.Device(name), Pages: cfg.PrefillPages, PageTokens: cfg.PageTokens,
+		PageBytes: cfg.PageBytes, Model: cfg.Model, ModelID: cfg.ModelID, Security: sec, Registry: reg, Log: cfg.Log, Timeout: cfg.Timeout,
+		ContextTokens: cfg.ContextTokens, AdvertiseContext: cfg.AdvertiseContext, Research: cfg.Research}
+	if cfg.prefillKV != nil {
+		nc.wrapKV = func(src transfer.KVSource) transfer.KVSource { return cfg.prefillKV(i, src) }
+	}
+	p, err := NewPrefill(nc)
+	if err != nil {
+		return err
+	}
+	ctl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	done := make(chan struct{})
+	l.mu.Lock()
+	l.Prefills[i], l.stopped[i] = p, done
+	l.mu.Unlock()
+	l.wg.Go(func() {
+		defer close(done)
+		err := p.Serve(l.ctx, ctl, grace)
+		select {
+		case l.errs <- err:
+		default: // a restarted node's end is not the deployment's
+		}
+	})
+	return nil
+}
+
+// CrashPrefill makes prefill node i vanish as a crashed node does: its
+// registration is gone (a lease that expired), so the router fails its
+// requests on every leg and each decode node cuts its queue pair, the
+// fence for what it may still write; the node itself winds down. For tests
+// and kvhandoff demo; RestartPrefill brings it back.
+func (l *Local) CrashPrefill(i int) error {
+	if i < 0 || i >= len(l.Prefills) {
+		return fmt.Errorf("node: no prefill node %d", i)
+	}
+	if l.cfg.Registry != nil || l.cfg.NewRegistry != nil {
+		return errors.New("node: CrashPrefill needs the static registry")
+	}
+	l.Registry.Remove(fmt.Sprintf("prefill-%d", i))
+	return nil
+}
+
+// RestartPrefill waits for crashed prefill node i to have stopped, then
+// starts a fresh one under the same name: new queue pairs, a new control
+// address, registered again.
+func (l *Local) RestartPrefill(i int) error {
+	if i < 0 || i >= len(l.Prefills) {
+		return fmt.Errorf("node: no prefill node %d", i)
+	}
+	l.mu.Lock()
+	done := l.stopped[i]
+	l.mu.Unlock()
+	select {
+	case <-done:
+	case <-time.After(2 * grace):
+		return fmt.Errorf("node: prefill-%d did not stop", i)
+	}
+	if l.ctx.Err() != nil {
+		return l.ctx.Err()
+	}
+	return l.startPrefill(i)
+}
+
+// Prefill is prefill node i as it runs now (a restart replaces it).
+func (l *Local) Prefill(i int) *Prefill {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.Prefills[i]
 }
 
 // WaitReady waits until the router knows every node and every prefill

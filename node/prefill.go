@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvhandoff/kvhandoff/engine"
 	"github.com/kvhandoff/kvhandoff/engine/kv"
+	"github.com/kvhandoff/kvhandoff/internal/research"
 	"github.com/kvhandoff/kvhandoff/protocol"
 	"github.com/kvhandoff/kvhandoff/transfer"
 )
@@ -40,7 +41,7 @@ func NewPrefill(cfg NodeConfig) (*Prefill, error) {
 		return nil, err
 	}
 	n := &Prefill{cfg: cfg, waiters: map[protocol.RequestID]chan error{}, decodes: map[string]Member{}}
-	pc := transfer.PrefillConfig{Pages: cfg.Pages, PageTokens: cfg.PageTokens, PageBytes: cfg.PageBytes}
+	pc := transfer.PrefillConfig{Pages: cfg.Pages, PageTokens: cfg.PageTokens, PageBytes: cfg.PageBytes, Research: cfg.Research, MaxTokens: cfg.ContextTokens}
 	if cfg.Model != nil {
 		n.source = engine.NewSource()
 		pc.KV = n.source
@@ -52,7 +53,9 @@ func NewPrefill(cfg NodeConfig) (*Prefill, error) {
 		pc.KV = cfg.wrapKV(pc.KV)
 	}
 	if cfg.ContextTokens > 0 {
-		pc.MaxRequestPages = min(cfg.Pages, protocol.MaxGrantPages, protocol.PagesFor(uint32(cfg.ContextTokens), cfg.PageTokens))
+		// Receive buffers hold the Grant of the longest prompt the node
+		// advertises; its intake (MaxTokens) takes what it can hold.
+		pc.MaxRequestPages = min(cfg.Pages, protocol.MaxGrantPages, protocol.PagesFor(uint32(max(cfg.ContextTokens, cfg.AdvertiseContext)), cfg.PageTokens))
 	}
 	var err error
 	if n.ep, err = transfer.NewPrefill(cfg.Device, pc); err != nil {
@@ -63,7 +66,7 @@ func NewPrefill(cfg NodeConfig) (*Prefill, error) {
 		if err != nil {
 			return nil, err
 		}
-		e, err := engine.New(cfg.Model, cfg.backend(), cache, engine.Options{})
+		e, err := engine.New(cfg.Model, cfg.backend(), cache, engine.Options{Research: cfg.Research})
 		if err != nil {
 			return nil, err
 		}
@@ -94,7 +97,7 @@ func (n *Prefill) Metrics() *Metrics { return n.cfg.Metrics }
 // Member is the node's registry record, its control API at control.
 func (n *Prefill) Member(control string) Member {
 	return Member{Name: n.cfg.Name, Role: RolePrefill, Control: control, PoolPages: n.cfg.Pages, PageTokens: n.cfg.PageTokens,
-		PageBytes: n.cfg.PageBytes, ContextTokens: n.cfg.ContextTokens, Model: n.cfg.ModelID}
+		PageBytes: n.cfg.PageBytes, ContextTokens: max(n.cfg.ContextTokens, n.cfg.AdvertiseContext), Model: n.cfg.ModelID}
 }
 
 // limit is the longest prompt this node's own intake takes.
@@ -114,7 +117,9 @@ func (n *Prefill) prefill(ctx context.Context, c *prefillCall) (any, error) {
 	log := n.cfg.Log.With("request_id", uint64(c.ID), "tenant", c.Tenant, "model", c.Model, "prefill", n.cfg.Name, "decode", c.Decode)
 	start := time.Now()
 	// The node's own intake: the router's view of the limits is not trusted alone.
-	if len(c.Prompt) < 1 || len(c.Prompt) > n.limit() {
+	// admit-finished: the over-long prompt goes on to the Sender, which swaps
+	// in the one-token placeholder (the incident).
+	if len(c.Prompt) < 1 || (len(c.Prompt) > n.limit() && !n.cfg.Research.Has(research.AdmitFinished)) {
 		err := fmt.Errorf("%w: %w: %d tokens, prefill node %q takes 1..%d", protocol.ErrRejected, protocol.ErrTooLong, len(c.Prompt), n.cfg.Name, n.limit())
 		n.ended(log, c, err, start)
 		return nil, err

@@ -45,6 +45,10 @@ type PrefillConfig struct {
 	MaxPeers        int           // queue pairs at once, draining ones included; 0 means 16
 	Horizon         time.Duration // see protocol.SenderConfig.Horizon
 	KV              KVSource      // nil means GeneratedKV
+	// MaxTokens is the Sender's intake limit in tokens (the node's own
+	// limit, when smaller than its largest request); 0 means
+	// MaxRequestPages*PageTokens.
+	MaxTokens int
 	// Research turns bugs of the catalogue on in the Sender (the demo's
 	// --bug); only code inside this module can set it.
 	Research research.Switches
@@ -89,8 +93,18 @@ func NewPrefill(dev rdma.Device, cfg PrefillConfig) (*Prefill, error) {
 		return nil, err
 	}
 	p.sender, err = protocol.NewSender(protocol.SenderConfig{Pages: cfg.Pages, PageTokens: cfg.PageTokens,
-		MaxTokens: min(cfg.MaxRequestPages*cfg.PageTokens, protocol.MaxTokens), Horizon: cfg.Horizon, Memory: sourceOf{p}, TagKeys: p.tagKeyOf, Research: cfg.Research})
+		MaxTokens: intakeTokens(cfg), Horizon: cfg.Horizon, Memory: sourceOf{p}, TagKeys: p.tagKeyOf, Research: cfg.Research})
 	return p, err
+}
+
+// intakeTokens is the Sender's intake limit: the largest request, or the
+// node's own limit if smaller.
+func intakeTokens(cfg PrefillConfig) int {
+	l := min(cfg.MaxRequestPages*cfg.PageTokens, protocol.MaxTokens)
+	if cfg.MaxTokens > 0 {
+		l = min(l, cfg.MaxTokens)
+	}
+	return l
 }
 
 type sourceOf struct{ p *Prefill }

@@ -1,5 +1,6 @@
 // Command kvhandoff is kvhandoff's command line.
 //
+//	kvhandoff demo [flags]           a deployment in process under a multi-tenant workload, every answer checked
 //	kvhandoff check [flags]          exhaustive check of the spec at the default bounds
 //	kvhandoff check --bug NAME,...   the same with bugs of the catalogue switched on
 //	kvhandoff check --matrix         the defense matrix
@@ -26,6 +27,7 @@ func main() {
 const usage = `usage: kvhandoff <command> [flags]
 
 commands:
+  demo      a multi-tenant deployment in process, with faults: every answer checked, no tenant reads another's KV
   check     model-check the executable spec of the handoff protocol
   sim       simulate the protocol implementation over seeded workloads and faults
   lincheck  check the concurrent APIs for linearizability
@@ -59,6 +61,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return runPreflight(args[1:], stdout, stderr)
 	case "serve":
 		return runServe(args[1:], stdout, stderr)
+	case "demo":
+		return runDemo(args[1:], stdout, stderr)
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0

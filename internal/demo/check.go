@@ -48,10 +48,11 @@ type Leak struct {
 type Report struct {
 	Requests    int
 	ByKind      map[Kind]int
-	ByReason    map[string]int // "kind/reason" of every non-OK outcome
-	Coherent    int            // successes equal to the colocated run
-	Incoherent  int            // successes that differ, or that should not have succeeded
-	Unexplained int            // non-OK outcomes without an error message
+	ByReason    map[string]int    // "kind/reason" of every non-OK outcome
+	Example     map[string]string // the first error message of each "kind/reason"
+	Coherent    int               // successes equal to the colocated run
+	Incoherent  int               // successes that differ, or that should not have succeeded
+	Unexplained int               // non-OK outcomes without an error message
 	Leaks       []Leak
 	PagesLeaked int
 	PagesByNode map[string]int // pages still owned or quarantined at the end, per node
@@ -70,12 +71,16 @@ const leakProbe = 6
 // succeed; every other outcome must say why. pagesLeft is each node's count of
 // pages still owned or quarantined after the run.
 func Check(w Workload, outs []Outcome, ref *Reference, pagesLeft map[string]int, elapsed time.Duration) (*Report, error) {
-	rep := &Report{Requests: len(outs), ByKind: map[Kind]int{}, ByReason: map[string]int{}, PagesByNode: map[string]int{}, Seconds: elapsed.Seconds()}
+	rep := &Report{Requests: len(outs), ByKind: map[Kind]int{}, ByReason: map[string]int{}, Example: map[string]string{}, PagesByNode: map[string]int{}, Seconds: elapsed.Seconds()}
 	var lat []time.Duration
 	for _, o := range outs {
 		rep.ByKind[o.Kind]++
 		if o.Kind != OK {
-			rep.ByReason[string(o.Kind)+"/"+o.Reason]++
+			key := string(o.Kind) + "/" + o.Reason
+			rep.ByReason[key]++
+			if _, ok := rep.Example[key]; !ok {
+				rep.Example[key] = o.Request.Name() + ": " + o.Err
+			}
 			if strings.TrimSpace(o.Err) == "" {
 				rep.Unexplained++
 			}
@@ -88,7 +93,7 @@ func Check(w Workload, outs []Outcome, ref *Reference, pagesLeft map[string]int,
 		}
 		if r.OverLimit {
 			rep.Incoherent++
-			rep.note(fmt.Sprintf("%s (%s): a prompt over the deployment's limit succeeded", r.Name(), w.Tenants[r.Tenant].Name))
+			rep.note(fmt.Sprintf("%s (%s): a prompt over the deployment's limit succeeded: %q", r.Name(), w.Tenants[r.Tenant].Name, o.Text))
 			continue
 		}
 		want, err := ref.Tokens(r.Prompt, r.MaxTokens)
@@ -109,6 +114,13 @@ func Check(w Workload, outs []Outcome, ref *Reference, pagesLeft map[string]int,
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 	rep.P50, rep.P99 = quantile(lat, 0.50), quantile(lat, 0.99)
 	return rep, nil
+}
+
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
 }
 
 func (rep *Report) note(s string) {
@@ -195,7 +207,7 @@ func (rep *Report) WriteTable(w io.Writer) {
 	}
 	sort.Strings(reasons)
 	for _, r := range reasons {
-		fmt.Fprintf(tw, "    %s\t%d\n", r, rep.ByReason[r])
+		fmt.Fprintf(tw, "    %s\t%d\t(%s)\n", r, rep.ByReason[r], clip(rep.Example[r], 110))
 	}
 	fmt.Fprintf(tw, "coherent (= colocated run)\t%d\n", rep.Coherent)
 	fmt.Fprintf(tw, "incoherent\t%d\n", rep.Incoherent)

@@ -51,6 +51,13 @@ type Spec struct {
 	// OverLimitTokens is the length of the over-limit prompts; 0 means half
 	// again the limit (at most what the context leaves).
 	OverLimitTokens int
+	// WarmUp is how many requests come first that are never over the limit:
+	// they leave every decode page holding some tenant's KV.
+	WarmUp int
+	// Align, if positive, makes every prompt's length a multiple of it (the
+	// page size): decode then appends its tokens in pages of its own and
+	// never writes into a granted page.
+	Align int
 	// OverLimit and Disconnect are the fractions of requests over the limit
 	// and of clients that disconnect; negative means none.
 	OverLimit, Disconnect float64
@@ -119,21 +126,21 @@ func NewWorkload(spec Spec) (Workload, error) {
 	for t, tn := range w.Tenants {
 		for v := range variants {
 			// from about a quarter of the limit to about all of it
-			target := fits/4 + v*(fits-fits/4)/variants
-			prompts[t] = append(prompts[t], prompt(tn, v, target))
+			target := align(fits/4+v*(fits-fits/4)/variants, spec.Align)
+			prompts[t] = append(prompts[t], prompt(tn, v, target, spec.Align))
 		}
 		over := spec.Limit + spec.Limit/2
 		if spec.OverLimitTokens > 0 {
 			over = spec.OverLimitTokens
 		}
-		over = min(spec.Context-spec.MaxTokens, over)
-		long[t] = prompt(tn, 0, over)
+		over = align(min(spec.Context-spec.MaxTokens, over), spec.Align)
+		long[t] = prompt(tn, 0, over, spec.Align)
 	}
 	for i := range spec.Requests {
 		t := rng.IntN(spec.Tenants)
 		r := Request{Index: i, Tenant: t, MaxTokens: spec.MaxTokens}
 		switch x := rng.Float64(); {
-		case spec.OverLimit > 0 && x < spec.OverLimit:
+		case spec.OverLimit > 0 && x < spec.OverLimit && i >= spec.WarmUp:
 			r.Prompt, r.OverLimit = long[t], true
 		default:
 			r.Prompt = prompts[t][rng.IntN(variants)]
@@ -146,10 +153,22 @@ func NewWorkload(spec Spec) (Workload, error) {
 	return w, nil
 }
 
+// align rounds n down to a multiple of a (if a > 0).
+func align(n, a int) int {
+	if a > 0 {
+		return n / a * a
+	}
+	return n
+}
+
 // prompt is tenant t's prompt variant v, about target bytes (tokens of the
-// byte vocabulary) long; it never ends short of the question.
-func prompt(t Tenant, v, target int) string {
+// byte vocabulary) long, or the shortest multiple of alignTo that holds the
+// canary and the question.
+func prompt(t Tenant, v, target, alignTo int) string {
 	intro := fmt.Sprintf("Account of %s. The secret is %s. ", t.Name, t.Canary)
+	if least := len(intro) + len(question); target < least {
+		target = align(least+max(alignTo, 1)-1, alignTo)
+	}
 	var b strings.Builder
 	b.WriteString(intro)
 	for i := v; b.Len()+len(question) < target; i++ {

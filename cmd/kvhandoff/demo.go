@@ -1,0 +1,126 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"time"
+
+	"github.com/schollz/progressbar/v3"
+	"golang.org/x/term"
+
+	"github.com/kvhandoff/kvhandoff/internal/demo"
+	"github.com/kvhandoff/kvhandoff/internal/research"
+)
+
+const demoUsage = `usage: kvhandoff demo [flags]
+
+Starts a deployment in this process (a router, 2 prefill and 2 decode nodes of
+the built-in model, over the in-process provider), runs a multi-tenant workload
+through it with faults (queue-pair cuts, late placements, payload corruption, a
+prefill node crashing and coming back), and checks every answer: a success must
+equal a colocated run of the same model token for token and carry no other
+tenant's canary; every other outcome must be an explicit error; at the end no
+page may be owned on any node. Exit 0 iff no leak, no incoherent success, no
+page leaked (1 otherwise, 2 bad usage).
+
+--incident sets up the 2026 incident's deployment (prefill pools smaller than
+the context the router checks); with --bug admit-finished,no-token-check,no-tag-check
+it reproduces the incident: successes carrying another tenant's canary.
+
+`
+
+// runDemo is kvhandoff demo.
+func runDemo(args []string, stdout, stderr io.Writer) int {
+	fs := newFlags("demo", demoUsage, stderr)
+	requests := fs.Int("requests", 1000, "requests in the workload")
+	tenants := fs.Int("tenants", 8, "tenants, each with its canary")
+	seed := fs.Uint64("seed", 1, "the workload's and the faults' seed")
+	concurrency := fs.Int("concurrency", 16, "clients sending at once")
+	bugs := fs.String("bug", "", "switches of the bug catalogue to turn on, comma-separated (design.md §5)")
+	incident := fs.Bool("incident", false, "the incident's deployment: prefill pools smaller than the advertised context")
+	noFaults := fs.Bool("no-faults", false, "inject no faults")
+	asJSON := fs.Bool("json", false, "one JSON object on stdout instead of the table")
+	verbose := fs.Bool("v", false, "list the faults injected")
+	logLevel := fs.String("log", "", "the nodes' logs on stderr at this level: debug, info, warn, error (default none)")
+	if rc := parseFlags(fs, args, stderr); rc >= 0 {
+		return rc
+	}
+	sw, err := research.Parse(*bugs)
+	if err != nil {
+		fmt.Fprintf(stderr, "kvhandoff demo: %v\n", err)
+		return 2
+	}
+	if *requests < 1 || *tenants < 2 || *concurrency < 1 {
+		fmt.Fprintln(stderr, "kvhandoff demo: --requests and --concurrency must be positive, --tenants at least 2")
+		return 2
+	}
+	cfg := demo.Config{Deployment: demo.Default(), Faults: demo.DefaultFaults(), Concurrency: *concurrency,
+		Workload: demo.Spec{Seed: *seed, Requests: *requests, Tenants: *tenants}}
+	if *incident {
+		cfg.Deployment = demo.Incident()
+		// The incident's traffic: calm (no disconnects, no faults, whose
+		// half-written pages the checksums would catch first), a warm-up
+		// that leaves every decode page holding some tenant's KV, then
+		// more over-long prompts.
+		cfg.Workload.OverLimit, cfg.Workload.Disconnect, cfg.Workload.WarmUp = 0.15, -1, min(*requests/5, 50)
+		*noFaults = true
+	}
+	cfg.Deployment.Research = sw
+	if *logLevel != "" {
+		var lv slog.Level
+		if err := lv.UnmarshalText([]byte(*logLevel)); err != nil {
+			fmt.Fprintf(stderr, "kvhandoff demo: --log: %v\n", err)
+			return 2
+		}
+		cfg.Log = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: lv}))
+	}
+	if *noFaults {
+		cfg.Faults = demo.Faults{}
+	}
+	var bar *progressbar.ProgressBar
+	if f, ok := stderr.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+		bar = progressbar.NewOptions(*requests, progressbar.OptionSetWriter(stderr), progressbar.OptionSetDescription("requests"),
+			progressbar.OptionShowCount(), progressbar.OptionClearOnFinish(), progressbar.OptionThrottle(100*time.Millisecond))
+		cfg.Progress = func() { bar.Add(1) }
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	res, err := demo.RunInProcess(ctx, cfg)
+	if bar != nil {
+		bar.Finish()
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "kvhandoff demo: %v\n", err)
+		return 1
+	}
+	rep := res.Report
+	if *asJSON {
+		if err := rep.WriteJSON(stdout); err != nil {
+			fmt.Fprintf(stderr, "kvhandoff demo: %v\n", err)
+			return 1
+		}
+	} else {
+		d := cfg.Deployment
+		fmt.Fprintf(stdout, "deployment: router, %d prefill and %d decode nodes in process (built-in model, pages of %d tokens), nodes taking %d tokens",
+			d.Prefills, d.Decodes, d.PageTokens, d.Limit())
+		if d.AdvertiseContext > d.Limit() {
+			fmt.Fprintf(stdout, " but advertising %d (the incident's deployment)", d.AdvertiseContext)
+		}
+		fmt.Fprintf(stdout, "; bugs: %s\n", sw)
+		fmt.Fprintf(stdout, "workload: %d requests of %d tenants, seed %d; %d faults injected\n", rep.Requests, len(res.Workload.Tenants), *seed, len(res.Faults))
+		if *verbose {
+			for _, f := range res.Faults {
+				fmt.Fprintf(stdout, "  fault: %s\n", f)
+			}
+		}
+		rep.WriteTable(stdout)
+	}
+	if !rep.Passed() {
+		return 1
+	}
+	return 0
+}

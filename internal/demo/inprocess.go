@@ -1,0 +1,240 @@
+package demo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/kvhandoff/kvhandoff/engine/model"
+	"github.com/kvhandoff/kvhandoff/internal/research"
+	"github.com/kvhandoff/kvhandoff/node"
+	"github.com/kvhandoff/kvhandoff/protocol"
+)
+
+// Deployment sizes the demo's deployment, a router with prefill and decode
+// nodes of the built-in model (node.StartLocal: in-process provider, static
+// registry, mutual TLS).
+type Deployment struct {
+	Prefills, Decodes int
+	PageTokens        int
+	// PrefillPages and DecodePages are each node's pool.
+	PrefillPages, DecodePages int
+	// ContextTokens is the longest prompt each node takes (its own intake),
+	// advertised to the router.
+	ContextTokens int
+	// PrefillContextTokens, if not 0, is the prefill nodes' own limit
+	// instead, and AdvertiseContext, if larger, the context they advertise:
+	// the incident's deployment, whose router checks a context the prefill
+	// nodes cannot hold.
+	PrefillContextTokens, AdvertiseContext int
+	Research                               research.Switches
+	Seed                                   uint64 // the built-in model's
+	Timeout                                time.Duration
+}
+
+// Default is the demo's default deployment: 2 prefill and 2 decode nodes,
+// pages of 16 tokens, each node taking prompts of up to 128 tokens.
+func Default() Deployment {
+	return Deployment{Prefills: 2, Decodes: 2, PageTokens: 16, PrefillPages: 128, DecodePages: 256, ContextTokens: 128, Seed: 1, Timeout: 10 * time.Second}
+}
+
+// Incident is the incident's deployment in miniature: the prefill nodes
+// take prompts of up to 512 tokens (their KV budget) but advertise the
+// model's context of 1,024, so the router admits prompts the prefill nodes
+// cannot hold (the incident: 681,280 tokens under an advertised 1,048,576).
+func Incident() Deployment {
+	d := Default()
+	d.Prefills, d.Decodes = 1, 1
+	d.PrefillPages, d.DecodePages = 128, 96
+	d.ContextTokens, d.PrefillContextTokens, d.AdvertiseContext = 0, 512, 1024
+	return d
+}
+
+// Limit is the longest prompt the deployment honestly takes, and Context
+// what its router checks.
+func (d Deployment) Limit() int {
+	l := d.PrefillPages * d.PageTokens
+	if d.ContextTokens > 0 {
+		l = min(l, d.ContextTokens)
+	}
+	if d.PrefillContextTokens > 0 {
+		l = min(l, d.PrefillContextTokens)
+	}
+	return l
+}
+
+// Faults is what the demo injects while the workload runs, each at random
+// moments from a seed.
+type Faults struct {
+	Cuts        int // queue-pair cuts (decode side)
+	Late        int // queue pairs paused for a few milliseconds: late placements
+	Corruptions int // payloads damaged in transit
+	Crash       bool
+}
+
+// DefaultFaults are the demo's default faults.
+func DefaultFaults() Faults { return Faults{Cuts: 4, Late: 10, Corruptions: 6, Crash: true} }
+
+// InProcess is a running in-process deployment the workload can go through.
+type InProcess struct {
+	Local *node.Local
+	Model *model.Model
+	cfg   Deployment
+	log   *slog.Logger
+}
+
+// Start starts d in this process.
+func Start(d Deployment, log *slog.Logger) (*InProcess, error) {
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	m := model.Builtin(d.Seed)
+	l, err := node.StartLocal(node.LocalConfig{
+		Prefills: d.Prefills, Decodes: d.Decodes, PrefillPages: d.PrefillPages, DecodePages: d.DecodePages,
+		PageTokens: d.PageTokens, ContextTokens: d.ContextTokens, PrefillContextTokens: d.PrefillContextTokens, AdvertiseContext: d.AdvertiseContext,
+		Model: m, Timeout: d.Timeout, Log: log, Research: d.Research,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &InProcess{Local: l, Model: m, cfg: d, log: log}, nil
+}
+
+// Complete implements Client through the router (its Complete: what the
+// HTTP API calls, without the HTTP).
+func (p *InProcess) Complete(ctx context.Context, r Request) ([]int, string, error) {
+	res, err := p.Local.Router.Complete(ctx, node.Completion{Prompt: r.Prompt, MaxTokens: r.MaxTokens, Tenant: fmt.Sprintf("tenant-%d", r.Tenant)})
+	if err != nil {
+		return nil, "", err
+	}
+	return res.Tokens, res.Text, nil
+}
+
+// ClassifyNode names an outcome by node.Reason.
+func ClassifyNode(err error) (Kind, string) {
+	reason := node.Reason(err)
+	switch {
+	case errors.Is(err, protocol.ErrRejected):
+		return Rejected, reason
+	case errors.Is(err, protocol.ErrCancelled), errors.Is(err, context.Canceled):
+		return Cancelled, "cancelled"
+	}
+	return Failed, reason
+}
+
+// Inject runs faults at random moments over about span, until ctx ends or
+// they are all done; it returns what it did, one line each.
+func (p *InProcess) Inject(ctx context.Context, f Faults, seed uint64, span time.Duration) []string {
+	rng := rand.New(rand.NewPCG(seed, 0x6661756c7473))
+	type fault struct {
+		at   time.Duration
+		kind string
+	}
+	var plan []fault
+	add := func(n int, kind string) {
+		for range n {
+			plan = append(plan, fault{time.Duration(rng.Int64N(int64(span))), kind})
+		}
+	}
+	add(f.Cuts, "cut")
+	add(f.Late, "late")
+	add(f.Corruptions, "corrupt")
+	if f.Crash {
+		plan = append(plan, fault{span / 3, "crash"})
+	}
+	sortFaults := func(a, b int) bool { return plan[a].at < plan[b].at }
+	for i := range plan {
+		for j := i + 1; j < len(plan); j++ {
+			if sortFaults(j, i) {
+				plan[i], plan[j] = plan[j], plan[i]
+			}
+		}
+	}
+	var done []string
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	start := time.Now()
+	for _, ft := range plan {
+		select {
+		case <-ctx.Done():
+			return done
+		case <-time.After(time.Until(start.Add(ft.at))):
+		}
+		pi := rng.IntN(len(p.Local.Prefills))
+		di := rng.IntN(len(p.Local.Decodes))
+		pre := p.Local.Prefill(pi)
+		dec := p.Local.Decodes[di]
+		pname, dname := fmt.Sprintf("prefill-%d", pi), fmt.Sprintf("decode-%d", di)
+		switch ft.kind {
+		case "cut":
+			if err := dec.Endpoint().Cut(pname); err == nil {
+				done = append(done, fmt.Sprintf("cut the queue pair %s -> %s", pname, dname))
+			}
+		case "late":
+			if q, err := pre.Endpoint().Faults(dname); err == nil {
+				q.Pause()
+				d := time.Duration(2+rng.IntN(20)) * time.Millisecond
+				wg.Go(func() {
+					time.Sleep(d)
+					q.Resume()
+				})
+				done = append(done, fmt.Sprintf("held the placements %s -> %s for %v", pname, dname, d))
+			}
+		case "corrupt":
+			if q, err := pre.Endpoint().Faults(dname); err == nil {
+				q.CorruptNext()
+				done = append(done, fmt.Sprintf("corrupted the next payload %s -> %s", pname, dname))
+			}
+		case "crash":
+			if err := p.Local.CrashPrefill(pi); err != nil {
+				done = append(done, fmt.Sprintf("crashing %s: %v", pname, err))
+				continue
+			}
+			done = append(done, fmt.Sprintf("crashed %s", pname))
+			select {
+			case <-ctx.Done():
+				return done
+			case <-time.After(span / 6):
+			}
+			if err := p.Local.RestartPrefill(pi); err != nil {
+				done = append(done, fmt.Sprintf("restarting %s: %v", pname, err))
+				continue
+			}
+			done = append(done, fmt.Sprintf("restarted %s", pname))
+		}
+	}
+	return done
+}
+
+// PagesLeft waits up to wait for every node's pages to come back (fences
+// take a moment after the last outcome), then reports the pages each node
+// still holds owned or quarantined.
+func (p *InProcess) PagesLeft(wait time.Duration) map[string]int {
+	deadline := time.Now().Add(wait)
+	for {
+		left := map[string]int{}
+		total := 0
+		for i := range p.Local.Prefills {
+			g := p.Local.Prefill(i).Endpoint().Gauges()
+			left[fmt.Sprintf("prefill-%d", i)] = g.Pages - g.PagesFree
+			total += g.Pages - g.PagesFree
+		}
+		for i, n := range p.Local.Decodes {
+			g := n.Endpoint().Gauges()
+			left[fmt.Sprintf("decode-%d", i)] = g.Pages - g.PagesFree
+			total += g.Pages - g.PagesFree
+		}
+		if total == 0 || time.Now().After(deadline) {
+			return left
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Stop ends the deployment.
+func (p *InProcess) Stop() { p.Local.Stop() }

@@ -1,0 +1,81 @@
+package demo
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/kvhandoff/kvhandoff/engine/model"
+)
+
+// Config is one demo run.
+type Config struct {
+	Deployment Deployment
+	Faults     Faults
+	Workload   Spec // Limit and Context are the deployment's when 0
+	// Concurrency is the clients sending at once; 0 means 16.
+	Concurrency int
+	Progress    func() // once per finished request
+	Log         *slog.Logger
+}
+
+// Result is a run's report and what was injected.
+type Result struct {
+	Report   *Report
+	Workload Workload
+	Faults   []string
+}
+
+// RunInProcess starts the deployment, runs the workload through it with
+// the faults, stops it and checks everything against the colocated run.
+func RunInProcess(ctx context.Context, cfg Config) (*Result, error) {
+	d := cfg.Deployment
+	m := model.Builtin(d.Seed)
+	if cfg.Workload.Limit == 0 {
+		cfg.Workload.Limit = min(d.Limit(), 128)
+	}
+	if cfg.Workload.Context == 0 {
+		cfg.Workload.Context = m.SeqLen
+	}
+	if cfg.Workload.OverLimitTokens == 0 {
+		cfg.Workload.OverLimitTokens = d.Limit() + d.Limit()/2
+	}
+	if cfg.Workload.Align == 0 {
+		cfg.Workload.Align = d.PageTokens
+	}
+	w, err := NewWorkload(cfg.Workload)
+	if err != nil {
+		return nil, err
+	}
+	ref, err := NewReference(m, model.Bytes{}, d.PageTokens, -1)
+	if err != nil {
+		return nil, err
+	}
+	p, err := Start(d, cfg.Log)
+	if err != nil {
+		return nil, fmt.Errorf("demo: starting the deployment: %w", err)
+	}
+	defer p.Stop()
+	concurrency := cfg.Concurrency
+	if concurrency == 0 {
+		concurrency = 16
+	}
+	runCtx, stopFaults := context.WithCancel(ctx)
+	faultsDone := make(chan []string, 1)
+	// The faults are spread over about the time the workload takes at the
+	// demo's usual rate; any still planned when it ends are dropped.
+	span := time.Duration(len(w.Requests)) * 40 * time.Millisecond / time.Duration(concurrency)
+	go func() { faultsDone <- p.Inject(runCtx, cfg.Faults, cfg.Workload.Seed, max(span, time.Second)) }()
+	start := time.Now()
+	outs := Run(ctx, w, p, ClassifyNode, concurrency, cfg.Progress)
+	elapsed := time.Since(start)
+	stopFaults()
+	injected := <-faultsDone
+	left := p.PagesLeft(5 * time.Second)
+	rep, err := Check(w, outs, ref, left, elapsed)
+	if err != nil {
+		return nil, err
+	}
+	return &Result{Report: rep, Workload: w, Faults: injected}, nil
+}
