@@ -48,11 +48,13 @@ type holdKV struct {
 	armed   bool
 	held    chan protocol.RequestID
 	release chan struct{}
+	last    protocol.RequestID
 }
 
 func (h *holdKV) FillKV(id protocol.RequestID, tokens int, pages [][]byte) error {
 	h.mu.Lock()
 	armed := h.armed
+	h.last = id
 	h.mu.Unlock()
 	if armed {
 		h.held <- id

@@ -111,6 +111,19 @@ func (m *Metrics) endpointGauges(role Role, gauges func() transfer.Gauges) {
 	}})
 }
 
+// routerGauges exports the router's live nodes by role and its requests
+// in flight.
+func (m *Metrics) routerGauges(read func() (prefills, decodes, inFlight int)) {
+	nodes := prometheus.NewDesc("kvhandoff_nodes", "Router: live nodes by role (registered, not lost).", []string{"role"}, nil)
+	flight := prometheus.NewDesc("kvhandoff_requests_in_flight", "Router: accepted requests without a client-visible outcome yet.", nil, nil)
+	m.reg.MustRegister(collectorFunc{descs: []*prometheus.Desc{nodes, flight}, collect: func(ch chan<- prometheus.Metric) {
+		p, d, f := read()
+		ch <- prometheus.MustNewConstMetric(nodes, prometheus.GaugeValue, float64(p), "prefill")
+		ch <- prometheus.MustNewConstMetric(nodes, prometheus.GaugeValue, float64(d), "decode")
+		ch <- prometheus.MustNewConstMetric(flight, prometheus.GaugeValue, float64(f))
+	}})
+}
+
 type collectorFunc struct {
 	descs   []*prometheus.Desc
 	collect func(chan<- prometheus.Metric)

@@ -20,6 +20,7 @@ import (
 	"github.com/kvhandoff/kvhandoff/engine/kv"
 	"github.com/kvhandoff/kvhandoff/engine/model"
 	"github.com/kvhandoff/kvhandoff/protocol"
+	"github.com/kvhandoff/kvhandoff/transfer"
 )
 
 func quietLog() *slog.Logger { return slog.New(slog.DiscardHandler) }
@@ -264,51 +265,60 @@ func TestOverLongPromptIsRejectedWithTheLimitNamed(t *testing.T) {
 }
 
 // A client that disconnects mid-request cancels it on both legs: each
-// node's leg ends with an error, and every page comes back.
+// node's leg ends with an error (none succeeds), and every page comes back.
 func TestClientDisconnectCancelsBothLegs(t *testing.T) {
-	l, err := StartLocal(LocalConfig{PrefillPages: 64, DecodePages: 64, PageTokens: 16, Model: model.Builtin(5), Log: quietLog()})
+	var hold *holdKV
+	l, err := StartLocal(LocalConfig{PrefillPages: 64, DecodePages: 64, PageTokens: 16, Log: quietLog(),
+		prefillKV: func(_ int, src transfer.KVSource) transfer.KVSource {
+			hold = &holdKV{src: src, armed: true, held: make(chan protocol.RequestID, 1), release: make(chan struct{})}
+			return hold
+		}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer l.Stop()
 	d := l.Decodes[0]
-	// Hold the decode node's engine, so the request is in flight on both
-	// legs (verified or on its way) when the client goes.
-	d.gen.Lock()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
 		_, err := complete(ctx, l.API, "t", strings.Repeat("a long prompt. ", 30), 64)
 		done <- err
 	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for counter(t, d.Metrics(), "kvhandoff_handoffs_total", "outcome", "success") == 0 && len(d.snapshot()) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the request never reached the decode node")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	// The prefill node is computing the request's KV (held), and the decode
+	// node has the router's call: the request is on both legs.
+	<-hold.held
+	waitUntil(t, "the decode leg's call", func() bool { return len(d.snapshot()) == 1 })
 	cancel()
 	if err := <-done; err == nil {
 		t.Fatal("the client got an answer after disconnecting")
 	}
-	d.gen.Unlock()
+	// The router's cancel has reached the prefill node (it waits there for
+	// the KV computation's end): the transfer cannot finish before it.
+	waitUntil(t, "the prefill node's cancel call", func() bool { return l.Prefills[0].cancels.Load() == 1 })
+	close(hold.release)
 	for _, check := range []struct {
 		m    *Metrics
 		role string
 	}{{l.Prefills[0].Metrics(), "prefill"}, {d.Metrics(), "decode"}, {l.Router.Metrics(), "router"}} {
-		deadline := time.Now().Add(10 * time.Second)
-		for counter(t, check.m, "kvhandoff_handoff_failures_total", "role", check.role) == 0 {
-			if time.Now().After(deadline) {
-				t.Fatalf("the %s leg did not fail after the client's disconnect", check.role)
-			}
-			time.Sleep(time.Millisecond)
-		}
+		waitUntil(t, "the "+check.role+" leg to fail", func() bool {
+			return counter(t, check.m, "kvhandoff_handoff_failures_total", "role", check.role) == 1
+		})
 		if s := counter(t, check.m, "kvhandoff_handoffs_total", "outcome", "success"); s != 0 {
 			t.Fatalf("the %s leg succeeded %v times", check.role, s)
 		}
 	}
 	allPagesBack(t, l)
+}
+
+func waitUntil(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // snapshot is the decode node's requests in flight.

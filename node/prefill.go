@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvhandoff/kvhandoff/engine"
@@ -32,6 +33,7 @@ type Prefill struct {
 	waiters map[protocol.RequestID]chan error
 	decodes map[string]Member // decode nodes the registry lists
 	self    Member            // the record it registered
+	cancels atomic.Int64      // cancel calls taken (tests)
 }
 
 // NewPrefill makes a prefill node; Serve runs it.
@@ -82,6 +84,7 @@ func NewPrefill(cfg NodeConfig) (*Prefill, error) {
 	})
 	handle(n.ctl, pathPrefill, n.prefill)
 	handle(n.ctl, pathCancel, func(_ context.Context, c *cancelCall) (any, error) {
+		n.cancels.Add(1)
 		n.ep.Cancel(c.ID)
 		return struct{}{}, nil
 	})

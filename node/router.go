@@ -107,10 +107,23 @@ func NewRouter(cfg RouterConfig) (*Router, error) {
 		return nil, err
 	}
 	cfg.Metrics.prime(RoleRouter)
-	return &Router{cfg: cfg, client: newControlClient(cfg.Security),
+	rt := &Router{cfg: cfg, client: newControlClient(cfg.Security),
 		r:   protocol.NewRouter(protocol.RouterConfig{Timeout: cfg.Timeout, Horizon: time.Minute}),
 		ids: map[string]protocol.PeerID{}, members: map[protocol.PeerID]Member{}, lost: map[protocol.PeerID]bool{},
-		pending: map[protocol.RequestID]*routed{}, nextID: protocol.RequestID(time.Now().UnixNano()), ready: make(chan struct{})}, nil
+		pending: map[protocol.RequestID]*routed{}, nextID: protocol.RequestID(time.Now().UnixNano()), ready: make(chan struct{})}
+	cfg.Metrics.routerGauges(func() (prefills, decodes, inFlight int) {
+		rt.mu.Lock()
+		defer rt.mu.Unlock()
+		for _, n := range rt.r.Nodes() {
+			if n.Info.Role == protocol.RolePrefill {
+				prefills++
+			} else {
+				decodes++
+			}
+		}
+		return prefills, decodes, len(rt.pending)
+	})
+	return rt, nil
 }
 
 // Metrics are the router's metrics.

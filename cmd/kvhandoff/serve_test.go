@@ -1,0 +1,437 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
+
+	"github.com/kvhandoff/kvhandoff/engine/model"
+	"github.com/kvhandoff/kvhandoff/internal/pki"
+	"github.com/kvhandoff/kvhandoff/protocol"
+	"github.com/kvhandoff/kvhandoff/transfer"
+)
+
+func startEtcd(t *testing.T) string {
+	t.Helper()
+	cfg := embed.NewConfig()
+	cfg.Dir = t.TempDir()
+	cfg.Name = "test"
+	u, _ := url.Parse("http://127.0.0.1:0")
+	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{*u}, []url.URL{*u}
+	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*u}, []url.URL{*u}
+	cfg.InitialCluster = cfg.Name + "=" + u.String()
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
+	e, err := embed.StartEtcd(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close)
+	select {
+	case <-e.Server.ReadyNotify():
+	case <-time.After(30 * time.Second):
+		t.Fatal("etcd did not start")
+	}
+	return e.Clients[0].Addr().String()
+}
+
+// proc is a kvhandoff serve child process (this test binary standing in).
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	mu   sync.Mutex
+	log  bytes.Buffer
+	// addrs are the addresses its log announced, by message.
+	addrs chan [2]string
+	done  chan error
+}
+
+func startServe(t *testing.T, name string, args ...string) *proc {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(exe, append([]string{"serve", "--log-format", "json"}, args...)...)
+	cmd.Env = append(os.Environ(), "KVH_TEST_AS_KVHANDOFF=1")
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &proc{name: name, cmd: cmd, addrs: make(chan [2]string, 8), done: make(chan error, 1)}
+	scanned := make(chan struct{})
+	go func() {
+		defer close(scanned)
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			line := sc.Bytes()
+			p.mu.Lock()
+			p.log.Write(line)
+			p.log.WriteByte('\n')
+			p.mu.Unlock()
+			var rec struct {
+				Msg  string `json:"msg"`
+				Addr string `json:"addr"`
+			}
+			if json.Unmarshal(line, &rec) == nil && rec.Addr != "" {
+				select {
+				case p.addrs <- [2]string{rec.Msg, rec.Addr}:
+				default:
+				}
+			}
+		}
+	}()
+	go func() {
+		<-scanned
+		p.done <- cmd.Wait()
+	}()
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+		}
+	})
+	return p
+}
+
+func (p *proc) addr(t *testing.T, msg string) string {
+	t.Helper()
+	for {
+		select {
+		case a := <-p.addrs:
+			if a[0] == msg {
+				return a[1]
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%s never logged %q:\n%s", p.name, msg, p.logText())
+		}
+	}
+}
+
+func (p *proc) logText() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.log.String()
+}
+
+// scrape reads a Prometheus text exposition into "name{labels}" -> value.
+func scrape(addr string) (map[string]float64, error) {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	out := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err == nil {
+			out[line[:i]] = v
+		}
+	}
+	return out, sc.Err()
+}
+
+func waitFor(t *testing.T, what string, timeout time.Duration, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+const (
+	servePageTokens = 16
+	servePageBytes  = 4096
+	servePool       = 512
+	serveMaxTokens  = 8
+)
+
+type served struct {
+	code    int
+	body    string
+	id      uint64
+	text    string
+	prefill string
+}
+
+func post(client *http.Client, api string, tokens int) (served, error) {
+	body, _ := json.Marshal(map[string]any{"prompt": strings.Repeat("p", tokens), "max_tokens": serveMaxTokens})
+	resp, err := client.Post("http://"+api+"/v1/completions", "application/json", bytes.NewReader(body))
+	if err != nil {
+		return served{}, err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	s := served{code: resp.StatusCode, body: string(b)}
+	var out struct {
+		ID      string `json:"id"`
+		Choices []struct {
+			Text string `json:"text"`
+		} `json:"choices"`
+	}
+	if json.Unmarshal(b, &out) == nil && len(out.Choices) == 1 {
+		s.id, _ = strconv.ParseUint(strings.TrimPrefix(out.ID, "cmpl-"), 16, 64)
+		s.text = out.Choices[0].Text
+	}
+	return s, nil
+}
+
+// verified says a 200's text is the digest of its own request's KV, as the
+// decode node of a model-less deployment answers.
+func verified(s served, tokens int) bool {
+	h := sha256.New()
+	page := make([]byte, servePageBytes)
+	for i := range protocol.PagesFor(uint32(tokens), servePageTokens) {
+		transfer.GenerateKV(protocol.RequestID(s.id), i, servePageTokens, page)
+		h.Write(page)
+	}
+	sum := h.Sum(nil)
+	toks := make([]int, serveMaxTokens)
+	for i := range toks {
+		toks[i] = int(sum[i%len(sum)])
+	}
+	wj, _ := json.Marshal(model.Decode(model.Bytes{}, toks, 'p'))
+	var want string
+	json.Unmarshal(wj, &want)
+	return s.text == want
+}
+
+// One router, two prefill and two decode serve processes over the socket
+// provider on loopback, registered through a real etcd: 500 requests from
+// concurrent clients verified end to end; then one prefill process is
+// SIGKILLed mid-transfer: every request ends (an explicit error or a
+// verified answer, none past its timeout), the decode nodes' pages all come
+// back after the cut, and new requests flow through the survivors. Then
+// SIGTERM stops every process cleanly.
+func TestServeProcessesSurviveAPrefillKill(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts five processes and an etcd; run without -short")
+	}
+	etcd := startEtcd(t)
+	dir := t.TempDir()
+	names := []string{"router", "prefill-0", "prefill-1", "decode-0", "decode-1"}
+	ca, err := pki.NewCA("test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ca.WriteFiles(dir, false, names...); err != nil {
+		t.Fatal(err)
+	}
+	common := func(name string) []string {
+		return []string{"--etcd", etcd, "--lease", "2s", "--timeout", "10s", "--grace", "5s", "--model", "none",
+			"--tls-cert", filepath.Join(dir, pki.CertFile(name)), "--tls-key", filepath.Join(dir, pki.KeyFile(name)), "--tls-ca", filepath.Join(dir, pki.CAFile)}
+	}
+	pool := []string{"--pool-pages", strconv.Itoa(servePool), "--page-tokens", strconv.Itoa(servePageTokens), "--page-bytes", strconv.Itoa(servePageBytes)}
+	procs := map[string]*proc{}
+	metrics := map[string]string{}
+	for _, n := range names[1:] {
+		procs[n] = startServe(t, n, append(append(common(n), pool...), "--role", strings.TrimRight(n, "-01"), "--metrics", "127.0.0.1:0")...)
+		metrics[n] = procs[n].addr(t, "serve: metrics")
+	}
+	procs["router"] = startServe(t, "router", append(common("router"), "--role", "router", "--listen", "127.0.0.1:0")...)
+	api := procs["router"].addr(t, "serve: router client API")
+	metrics["router"] = api
+	waitFor(t, "the router to know four nodes and the queue pairs to come up", 30*time.Second, func() bool {
+		m, err := scrape(api)
+		if err != nil || m[`kvhandoff_nodes{role="prefill"}`] != 2 || m[`kvhandoff_nodes{role="decode"}`] != 2 {
+			return false
+		}
+		for _, d := range []string{"decode-0", "decode-1"} {
+			if m, err := scrape(metrics[d]); err != nil || m[`kvhandoff_queue_pairs{role="decode",state="live"}`] != 2 {
+				return false
+			}
+		}
+		return true
+	})
+	client := &http.Client{Timeout: 20 * time.Second} // past the router's 10 s: a hang is a client error here
+
+	// 500 requests, 16 clients, 1 to 50 pages each.
+	var wg sync.WaitGroup
+	errs := make(chan error, 500)
+	next := make(chan int, 500)
+	for i := range 500 {
+		next <- i
+	}
+	close(next)
+	for range 16 {
+		wg.Go(func() {
+			for i := range next {
+				tokens := 1 + (i*131)%800
+				s, err := post(client, api, tokens)
+				switch {
+				case err != nil:
+					errs <- fmt.Errorf("request %d: %v", i, err)
+				case s.code != 200 || !verified(s, tokens):
+					errs <- fmt.Errorf("request %d (%d tokens): %d %s", i, tokens, s.code, s.body)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+
+	// Load on both prefill nodes, then SIGKILL prefill-0 in the middle of it.
+	stop := make(chan struct{})
+	type outcome struct {
+		s      served
+		tokens int
+		err    error
+		took   time.Duration
+	}
+	outcomes := make(chan outcome, 100000)
+	var load sync.WaitGroup
+	for c := range 16 {
+		load.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				tokens := 400 + (c*97+i*131)%1600 // 25 to 125 pages
+				start := time.Now()
+				s, err := post(client, api, tokens)
+				outcomes <- outcome{s, tokens, err, time.Since(start)}
+			}
+		})
+	}
+	waitFor(t, "transfers through prefill-0", 20*time.Second, func() bool {
+		m, err := scrape(metrics["prefill-0"])
+		return err == nil && m[`kvhandoff_handoffs_total{outcome="success",role="prefill"}`] > 60
+	})
+	if err := procs["prefill-0"].cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-procs["prefill-0"].done
+	killed := time.Now()
+	waitFor(t, "the router to lose prefill-0 (its lease)", 15*time.Second, func() bool {
+		m, err := scrape(api)
+		return err == nil && m[`kvhandoff_nodes{role="prefill"}`] == 1
+	})
+	time.Sleep(500 * time.Millisecond) // requests that start after the loss, on the survivor
+	close(stop)
+	load.Wait()
+	close(outcomes)
+	var ok, failed, failedOnKilled int
+	for o := range outcomes {
+		switch {
+		case o.err != nil:
+			t.Errorf("a request did not end with an answer (hang or broken connection) after %v: %v", o.took, o.err)
+		case o.s.code == 200:
+			if !verified(o.s, o.tokens) {
+				t.Errorf("a 200 whose text is not its own KV's digest: %s", o.s.body)
+			}
+			ok++
+		case o.s.code == 503 && strings.Contains(o.s.body, "handoff_failed"):
+			failed++
+			if strings.Contains(o.s.body, "prefill-0") {
+				failedOnKilled++
+			}
+		default:
+			t.Errorf("an answer neither verified nor an explicit handoff failure: %d %s", o.s.code, o.s.body)
+		}
+	}
+	t.Logf("around the kill: %d verified, %d failed explicitly (%d naming prefill-0); the router lost prefill-0 %v after the kill", ok, failed, failedOnKilled, time.Since(killed).Round(time.Millisecond))
+	if failedOnKilled == 0 {
+		t.Error("no request on prefill-0 failed: the kill did not land mid-transfer")
+	}
+	// The decode nodes' pages all come back: the quarantined ones once the
+	// queue pair to the dead node is cut.
+	for _, d := range []string{"decode-0", "decode-1"} {
+		waitFor(t, d+"'s pages to come back", 20*time.Second, func() bool {
+			m, err := scrape(metrics[d])
+			return err == nil && m[`kvhandoff_pages{role="decode",state="free"}`] == servePool &&
+				m[`kvhandoff_queue_pairs{role="decode",state="live"}`] == 1 && m[`kvhandoff_queue_pairs{role="decode",state="draining"}`] == 0
+		})
+	}
+	// New requests flow through the survivors.
+	for i := range 40 {
+		tokens := 1 + i*37
+		s, err := post(client, api, tokens)
+		if err != nil || s.code != 200 || !verified(s, tokens) {
+			t.Fatalf("after the kill, request %d: %+v %v", i, s, err)
+		}
+	}
+	// The metrics families a scrape of every process shows.
+	for name, addr := range metrics {
+		m, err := scrape(addr)
+		if err != nil {
+			continue // prefill-0 is dead
+		}
+		var fams []string
+		for _, f := range []string{"kvhandoff_handoffs_total", "kvhandoff_handoff_failures_total", "kvhandoff_handoff_duration_seconds_bucket"} {
+			found := false
+			for k := range m {
+				found = found || strings.HasPrefix(k, f+"{")
+			}
+			if !found {
+				fams = append(fams, f)
+			}
+		}
+		if name != "router" {
+			for _, f := range []string{`kvhandoff_pages{`, `kvhandoff_queue_pairs{`, `kvhandoff_credits{`, `kvhandoff_transfer_bytes_total{`} {
+				found := false
+				for k := range m {
+					found = found || strings.HasPrefix(k, f)
+				}
+				if !found {
+					fams = append(fams, f)
+				}
+			}
+		}
+		if len(fams) > 0 {
+			t.Errorf("%s's /metrics lacks %v", name, fams)
+		}
+	}
+	// SIGTERM: each survivor stops cleanly.
+	for _, n := range []string{"router", "prefill-1", "decode-0", "decode-1"} {
+		procs[n].cmd.Process.Signal(syscall.SIGTERM)
+	}
+	for _, n := range []string{"router", "prefill-1", "decode-0", "decode-1"} {
+		select {
+		case err := <-procs[n].done:
+			if err != nil || !strings.Contains(procs[n].logText(), "serve: stopped cleanly") {
+				t.Errorf("%s after SIGTERM: %v\n%s", n, err, procs[n].logText())
+			}
+		case <-time.After(30 * time.Second):
+			t.Errorf("%s did not stop after SIGTERM", n)
+		}
+	}
+	_ = context.Background
+}
