@@ -61,3 +61,43 @@ func itoa(n int) string {
 	b, _ := json.Marshal(n)
 	return string(b)
 }
+
+// The incident's deployment with its three defenses off: over-long prompts
+// pass the router, intake swaps them for a placeholder, decode reads pages
+// that hold other requests' KV and answers with success. The demo fails.
+func TestDemoReproducesTheIncidentWithItsThreeDefensesOff(t *testing.T) {
+	t.Parallel()
+	rc, got := runDemoJSON(t, "--incident", "--requests", "150", "--bug", "admit-finished,no-token-check,no-tag-check")
+	if rc != 1 || got.Incoherent == 0 {
+		t.Fatalf("exit %d, %+v: want successes of over-long prompts", rc, got)
+	}
+	for _, l := range got.LeakExamples {
+		if l.Tenant == l.ForeignTenant {
+			t.Fatalf("a leak of a tenant's own canary: %+v", l)
+		}
+	}
+}
+
+// Each of the three defenses, switched back on alone, stops the incident:
+// the over-long prompts end with an explicit error, nothing else changes.
+func TestDemoEachSingleDefenseStopsTheIncident(t *testing.T) {
+	for _, c := range []struct {
+		defense, bugs string
+		rejected      bool // the prompts end rejected at intake, not failed at decode
+	}{
+		{"admission refuses a rejected request", "no-token-check,no-tag-check", true},
+		{"decode checks Done's token and page counts", "admit-finished,no-tag-check", false},
+		{"decode checks every page's tag", "admit-finished,no-token-check", false},
+	} {
+		t.Run(c.defense, func(t *testing.T) {
+			t.Parallel()
+			rc, got := runDemoJSON(t, "--incident", "--requests", "150", "--bug", c.bugs)
+			if rc != 0 || got.Incoherent != 0 || got.Leaks != 0 || got.PagesLeaked != 0 {
+				t.Fatalf("with %s on: exit %d, %+v", c.defense, rc, got)
+			}
+			if (c.rejected && got.Rejected == 0) || (!c.rejected && (got.Failed == 0 || got.Rejected != 0)) {
+				t.Fatalf("the over-long prompts did not end where %s stops them: %+v", c.defense, got)
+			}
+		})
+	}
+}
