@@ -48,6 +48,7 @@ type Router struct {
 	ids      map[string]protocol.PeerID
 	members  map[protocol.PeerID]Member
 	lost     map[protocol.PeerID]bool
+	suspect  map[protocol.PeerID]bool // lost because its control API stopped answering; probed until it does
 	pending  map[protocol.RequestID]*routed
 	nextID   protocol.RequestID
 	nextPeer protocol.PeerID
@@ -110,7 +111,7 @@ func NewRouter(cfg RouterConfig) (*Router, error) {
 	rt := &Router{cfg: cfg, client: newControlClient(cfg.Security),
 		r:   protocol.NewRouter(protocol.RouterConfig{Timeout: cfg.Timeout, Horizon: time.Minute}),
 		ids: map[string]protocol.PeerID{}, members: map[protocol.PeerID]Member{}, lost: map[protocol.PeerID]bool{},
-		pending: map[protocol.RequestID]*routed{}, nextID: protocol.RequestID(time.Now().UnixNano()), ready: make(chan struct{})}
+		suspect: map[protocol.PeerID]bool{}, pending: map[protocol.RequestID]*routed{}, nextID: protocol.RequestID(time.Now().UnixNano()), ready: make(chan struct{})}
 	cfg.Metrics.routerGauges(func() (prefills, decodes, inFlight int) {
 		rt.mu.Lock()
 		defer rt.mu.Unlock()
@@ -233,9 +234,11 @@ func (rt *Router) change(ch Change) {
 		}
 		rt.members[id] = m
 		delete(rt.lost, id)
+		delete(rt.suspect, id)
 		rt.cfg.Log.Info("router: node joined", "node", m.Name, "role", m.Role, "control", m.Control, "pool_tokens", m.PoolTokens(), "context_tokens", m.ContextTokens)
 		rt.checkReadyLocked()
 	case Lost:
+		delete(rt.suspect, id)
 		rt.lost[id] = true
 		if err := rt.r.NodeLost(id); err != nil {
 			rt.cfg.Log.Error("router: node lost", "node", m.Name, "err", err)
@@ -405,10 +408,56 @@ func (rt *Router) legEnded(node protocol.PeerID, id protocol.RequestID, err erro
 	if err == nil && tokens != nil {
 		q.tokens = tokens
 	}
-	if err := rt.r.LegEnded(node, id, err); err != nil && !errors.Is(err, protocol.ErrUnknownRequest) {
-		rt.cfg.Log.Warn("router: a leg's report refused", "request_id", uint64(id), "node", rt.members[node].Name, "err", err)
+	if e := rt.r.LegEnded(node, id, err); e != nil && !errors.Is(e, protocol.ErrUnknownRequest) {
+		rt.cfg.Log.Warn("router: a leg's report refused", "request_id", uint64(id), "node", rt.members[node].Name, "err", e)
+	}
+	if errors.Is(err, ErrUnreachable) && !rt.lost[node] {
+		rt.suspectLocked(node, err)
 	}
 	rt.effectsLocked()
+}
+
+// suspectLocked takes a node whose control API stopped answering out of
+// rotation at once, rather than when the registry loses it (a lease runs
+// for seconds): it is lost to the router (its requests fail on every leg,
+// decode nodes cut their queue pairs to it), and probed until it answers
+// again, when it is back with nothing on it; or until the registry loses
+// it for good. The caller holds mu.
+func (rt *Router) suspectLocked(node protocol.PeerID, why error) {
+	m := rt.members[node]
+	rt.lost[node], rt.suspect[node] = true, true
+	if err := rt.r.NodeLost(node); err != nil {
+		rt.cfg.Log.Error("router: losing an unreachable node", "node", m.Name, "err", err)
+	}
+	rt.cfg.Log.Warn("router: node unreachable; out of rotation until it answers", "node", m.Name, "err", why)
+	go func() {
+		for {
+			time.Sleep(200 * time.Millisecond)
+			rt.mu.Lock()
+			still := rt.suspect[node]
+			rt.mu.Unlock()
+			if !still {
+				return
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			var back Member
+			err := rt.client.call(ctx, m.Name, m.Control, pathInfo, nil, &back)
+			cancel()
+			if err != nil || back.Name != m.Name {
+				continue
+			}
+			back.Control = m.Control
+			rt.mu.Lock()
+			if rt.suspect[node] {
+				delete(rt.suspect, node)
+				rt.mu.Unlock()
+				rt.change(Change{Kind: Joined, Member: back})
+				rt.cfg.Log.Info("router: node answers again; back in rotation", "node", m.Name)
+				return
+			}
+			rt.mu.Unlock()
+		}
+	}()
 }
 
 func (rt *Router) cancelLegLocked(c protocol.CancelLeg) {

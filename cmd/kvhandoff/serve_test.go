@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
@@ -181,7 +180,6 @@ type served struct {
 	body    string
 	id      uint64
 	text    string
-	prefill string
 }
 
 func post(client *http.Client, api string, tokens int) (served, error) {
@@ -433,5 +431,4 @@ func TestServeProcessesSurviveAPrefillKill(t *testing.T) {
 			t.Errorf("%s did not stop after SIGTERM", n)
 		}
 	}
-	_ = context.Background
 }
