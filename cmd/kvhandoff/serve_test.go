@@ -176,10 +176,10 @@ const (
 )
 
 type served struct {
-	code    int
-	body    string
-	id      uint64
-	text    string
+	code int
+	body string
+	id   uint64
+	text string
 }
 
 func post(client *http.Client, api string, tokens int) (served, error) {
