@@ -8,9 +8,9 @@ import (
 )
 
 // TestMain lets this test binary stand in for kvhandoff when a test starts
-// it as a child process (bench handoff's decode process, serve's nodes).
+// it as a child process (bench handoff's decode process, serve's nodes, demo --procs's certs).
 func TestMain(m *testing.M) {
-	if os.Getenv("KVH_TEST_AS_KVHANDOFF") != "" && len(os.Args) > 1 && (os.Args[1] == "bench" || os.Args[1] == "serve") {
+	if os.Getenv("KVH_TEST_AS_KVHANDOFF") != "" && len(os.Args) > 1 && (os.Args[1] == "bench" || os.Args[1] == "serve" || os.Args[1] == "certs") {
 		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 	}
 	os.Exit(m.Run())

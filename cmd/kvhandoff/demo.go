@@ -43,6 +43,7 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 	bugs := fs.String("bug", "", "switches of the bug catalogue to turn on, comma-separated (design.md §5)")
 	incident := fs.Bool("incident", false, "the incident's deployment: prefill pools smaller than the advertised context")
 	noFaults := fs.Bool("no-faults", false, "inject no faults")
+	procs := fs.Bool("procs", false, "run the nodes as separate kvhandoff serve processes over the socket provider (faults: a prefill node killed and restarted)")
 	asJSON := fs.Bool("json", false, "one JSON object on stdout instead of the table")
 	verbose := fs.Bool("v", false, "list the faults injected")
 	logLevel := fs.String("log", "", "the nodes' logs on stderr at this level: debug, info, warn, error (default none)")
@@ -89,7 +90,21 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	res, err := demo.RunInProcess(ctx, cfg)
+	var res *demo.Result
+	if *procs {
+		bin, berr := os.Executable()
+		if berr != nil {
+			fmt.Fprintf(stderr, "kvhandoff demo: %v\n", berr)
+			return 1
+		}
+		var logs io.Writer
+		if *logLevel != "" {
+			logs = stderr
+		}
+		res, err = demo.RunProcs(ctx, bin, cfg, logs)
+	} else {
+		res, err = demo.RunInProcess(ctx, cfg)
+	}
 	if bar != nil {
 		bar.Finish()
 	}
@@ -105,8 +120,12 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 		}
 	} else {
 		d := cfg.Deployment
-		fmt.Fprintf(stdout, "deployment: router, %d prefill and %d decode nodes in process (built-in model, pages of %d tokens), nodes taking %d tokens",
-			d.Prefills, d.Decodes, d.PageTokens, d.Limit())
+		where := "in process"
+		if *procs {
+			where = "as serve processes over the socket provider"
+		}
+		fmt.Fprintf(stdout, "deployment: router, %d prefill and %d decode nodes %s (built-in model, pages of %d tokens), nodes taking %d tokens",
+			d.Prefills, d.Decodes, where, d.PageTokens, d.Limit())
 		if d.AdvertiseContext > d.Limit() {
 			fmt.Fprintf(stdout, " but advertising %d (the incident's deployment)", d.AdvertiseContext)
 		}

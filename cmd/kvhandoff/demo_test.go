@@ -101,3 +101,13 @@ func TestDemoEachSingleDefenseStopsTheIncident(t *testing.T) {
 		})
 	}
 }
+
+// The same deployment as separate serve processes over the socket
+// provider, one prefill node killed and restarted: the same checks hold.
+func TestDemoAsProcessesLeaksNothing(t *testing.T) {
+	t.Setenv("KVH_TEST_AS_KVHANDOFF", "1") // the nodes are this test binary
+	rc, got := runDemoJSON(t, "--procs", "--requests", "150")
+	if rc != 0 || got.Leaks != 0 || got.Incoherent != 0 || got.PagesLeaked != 0 || got.OK == 0 || got.Rejected == 0 || got.Coherent != got.OK {
+		t.Fatalf("exit %d: %+v", rc, got)
+	}
+}

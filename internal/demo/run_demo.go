@@ -31,24 +31,7 @@ type Result struct {
 // the faults, stops it and checks everything against the colocated run.
 func RunInProcess(ctx context.Context, cfg Config) (*Result, error) {
 	d := cfg.Deployment
-	m := model.Builtin(d.Seed)
-	if cfg.Workload.Limit == 0 {
-		cfg.Workload.Limit = min(d.Limit(), 128)
-	}
-	if cfg.Workload.Context == 0 {
-		cfg.Workload.Context = m.SeqLen
-	}
-	if cfg.Workload.OverLimitTokens == 0 {
-		cfg.Workload.OverLimitTokens = d.Limit() + d.Limit()/2
-	}
-	if cfg.Workload.Align == 0 {
-		cfg.Workload.Align = d.PageTokens
-	}
-	w, err := NewWorkload(cfg.Workload)
-	if err != nil {
-		return nil, err
-	}
-	ref, err := NewReference(m, model.Bytes{}, d.PageTokens, -1)
+	w, ref, err := prepare(&cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -58,9 +41,6 @@ func RunInProcess(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	defer p.Stop()
 	concurrency := cfg.Concurrency
-	if concurrency == 0 {
-		concurrency = 16
-	}
 	runCtx, stopFaults := context.WithCancel(ctx)
 	faultsDone := make(chan []string, 1)
 	// The faults are spread over about the time the workload takes at the
@@ -78,4 +58,32 @@ func RunInProcess(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, err
 	}
 	return &Result{Report: rep, Workload: w, Faults: injected}, nil
+}
+
+// prepare fills cfg's defaults from its deployment and draws the workload
+// and the colocated reference.
+func prepare(cfg *Config) (Workload, *Reference, error) {
+	d := cfg.Deployment
+	m := model.Builtin(d.Seed)
+	if cfg.Workload.Limit == 0 {
+		cfg.Workload.Limit = min(d.Limit(), 128)
+	}
+	if cfg.Workload.Context == 0 {
+		cfg.Workload.Context = m.SeqLen
+	}
+	if cfg.Workload.OverLimitTokens == 0 {
+		cfg.Workload.OverLimitTokens = d.Limit() + d.Limit()/2
+	}
+	if cfg.Workload.Align == 0 {
+		cfg.Workload.Align = d.PageTokens
+	}
+	if cfg.Concurrency == 0 {
+		cfg.Concurrency = 16
+	}
+	w, err := NewWorkload(cfg.Workload)
+	if err != nil {
+		return Workload{}, nil, err
+	}
+	ref, err := NewReference(m, model.Bytes{}, d.PageTokens, -1)
+	return w, ref, err
 }

@@ -1,0 +1,407 @@
+package demo
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Procs is the deployment as separate kvhandoff serve processes on
+// loopback, over the socket provider, with mutual TLS from kvhandoff certs:
+// what an operator runs, started by the demo.
+type Procs struct {
+	bin, dir string
+	d        Deployment
+	api      string
+	client   *http.Client
+	logs     io.Writer
+
+	mu      sync.Mutex
+	procs   map[string]*exec.Cmd
+	args    map[string][]string
+	metrics map[string]string // node -> its /metrics address
+}
+
+// freePort is a loopback address nothing listens on now.
+func freePort() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}
+
+// StartProcs starts d as processes of bin (the kvhandoff binary) in dir;
+// the nodes' logs go to logs. Research switches are not available across
+// processes (serve takes none).
+func StartProcs(bin, dir string, d Deployment, logs io.Writer) (*Procs, error) {
+	if d.Research.Any() || d.AdvertiseContext > 0 {
+		return nil, errors.New("demo: --bug and --incident run in process only (kvhandoff serve has no research switches)")
+	}
+	if logs == nil {
+		logs = io.Discard
+	}
+	p := &Procs{bin: bin, dir: dir, d: d, logs: logs, procs: map[string]*exec.Cmd{}, args: map[string][]string{}, metrics: map[string]string{},
+		client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}}
+	var names []string
+	for i := range d.Prefills {
+		names = append(names, fmt.Sprintf("prefill-%d", i))
+	}
+	for i := range d.Decodes {
+		names = append(names, fmt.Sprintf("decode-%d", i))
+	}
+	certs := exec.Command(bin, "certs", "--dir", dir, "--nodes", "router,"+strings.Join(names, ","))
+	if out, err := certs.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("demo: kvhandoff certs: %v: %s", err, out)
+	}
+	tls := func(name string) []string {
+		return []string{"--tls-ca", filepath.Join(dir, "ca.pem"), "--tls-cert", filepath.Join(dir, name+".pem"), "--tls-key", filepath.Join(dir, name+"-key.pem")}
+	}
+	common := []string{"--model", "builtin", "--seed", strconv.FormatUint(d.Seed, 10), "--page-tokens", strconv.Itoa(d.PageTokens),
+		"--log-format", "json", "--timeout", d.Timeout.String(), "--grace", "2s"}
+	if d.ContextTokens > 0 {
+		common = append(common, "--context-tokens", strconv.Itoa(d.ContextTokens))
+	}
+	addr := func() string {
+		a, err := freePort()
+		if err != nil {
+			panic(err) // loopback without a free port: nothing else works either
+		}
+		return a
+	}
+	var decodePeers, allPeers []string
+	for i := range d.Decodes {
+		name := fmt.Sprintf("decode-%d", i)
+		ctl, met := addr(), addr()
+		p.metrics[name] = met
+		decodePeers = append(decodePeers, name+"="+ctl)
+		p.args[name] = append(append([]string{"serve", "--role", "decode", "--name", name, "--control", ctl, "--transfer", addr(), "--rdma", addr(),
+			"--metrics", met, "--pool-pages", strconv.Itoa(d.DecodePages)}, common...), tls(name)...)
+	}
+	allPeers = append(allPeers, decodePeers...)
+	for i := range d.Prefills {
+		name := fmt.Sprintf("prefill-%d", i)
+		ctl, met := addr(), addr()
+		p.metrics[name] = met
+		allPeers = append(allPeers, name+"="+ctl)
+		p.args[name] = append(append([]string{"serve", "--role", "prefill", "--name", name, "--control", ctl, "--rdma", addr(),
+			"--metrics", met, "--pool-pages", strconv.Itoa(d.PrefillPages), "--peers", strings.Join(decodePeers, ",")}, common...), tls(name)...)
+	}
+	p.api = addr()
+	p.args["router"] = append(append([]string{"serve", "--role", "router", "--name", "router", "--listen", p.api, "--peers", strings.Join(allPeers, ",")},
+		common...), tls("router")...)
+	for _, name := range append(names, "router") {
+		if err := p.start(name); err != nil {
+			p.Stop()
+			return nil, err
+		}
+	}
+	if err := p.waitReady(30 * time.Second); err != nil {
+		p.Stop()
+		return nil, err
+	}
+	return p, nil
+}
+
+func (p *Procs) start(name string) error {
+	cmd := exec.Command(p.bin, p.args[name]...)
+	cmd.Stdout, cmd.Stderr = p.logs, p.logs
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("demo: starting %s: %w", name, err)
+	}
+	p.mu.Lock()
+	p.procs[name] = cmd
+	p.mu.Unlock()
+	return nil
+}
+
+// waitReady waits until the router answers a completion.
+func (p *Procs) waitReady(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, _, err := p.Complete(ctx, Request{Prompt: "ready? ", MaxTokens: 1})
+		cancel()
+		if err == nil && p.queuePairsUp() {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("demo: the deployment's processes did not come up: %w", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// queuePairsUp reports whether every prefill node has a live queue pair to
+// every decode node (its kvhandoff_queue_pairs gauge).
+func (p *Procs) queuePairsUp() bool {
+	for i := range p.d.Prefills {
+		n, err := p.scrape(p.metrics[fmt.Sprintf("prefill-%d", i)], "kvhandoff_queue_pairs{", `state="live"`)
+		if err != nil || n < p.d.Decodes {
+			return false
+		}
+	}
+	return true
+}
+
+// httpError is a non-200 answer of the client API.
+type httpError struct {
+	status int
+	code   string
+	msg    string
+}
+
+func (e *httpError) Error() string { return fmt.Sprintf("HTTP %d %s: %s", e.status, e.code, e.msg) }
+
+// Complete implements Client over the router's HTTP API. The built-in
+// model's vocabulary is bytes, so the answer's tokens are its text's bytes.
+func (p *Procs) Complete(ctx context.Context, r Request) ([]int, string, error) {
+	body, _ := json.Marshal(map[string]any{"prompt": r.Prompt, "max_tokens": r.MaxTokens})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+p.api+"/v1/completions", bytes.NewReader(body))
+	if err != nil {
+		return nil, "", err
+	}
+	req.Header.Set("X-Tenant", fmt.Sprintf("tenant-%d", r.Tenant))
+	resp, err := p.client.Do(req)
+	if err != nil {
+		return nil, "", err
+	}
+	defer resp.Body.Close()
+	var out struct {
+		Choices []struct {
+			Text string `json:"text"`
+		} `json:"choices"`
+		Error struct {
+			Message string `json:"message"`
+			Code    string `json:"code"`
+		} `json:"error"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&out); err != nil {
+		return nil, "", fmt.Errorf("demo: HTTP %d with a body that is not JSON: %w", resp.StatusCode, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, "", &httpError{resp.StatusCode, out.Error.Code, out.Error.Message}
+	}
+	if len(out.Choices) != 1 {
+		return nil, "", fmt.Errorf("demo: HTTP 200 with %d choices", len(out.Choices))
+	}
+	text := out.Choices[0].Text
+	tokens := make([]int, len(text))
+	for i := range len(text) {
+		tokens[i] = int(text[i])
+	}
+	return tokens, text, nil
+}
+
+// ClassifyHTTP names an outcome from the client API's answer: 400 over the
+// limit is rejected, 503 handoff_failed_REASON failed for REASON.
+func ClassifyHTTP(err error) (Kind, string) {
+	var h *httpError
+	switch {
+	case errors.As(err, &h) && h.status == http.StatusBadRequest:
+		return Rejected, "rejected"
+	case errors.As(err, &h) && strings.HasPrefix(h.code, "handoff_failed_"):
+		reason := strings.TrimPrefix(h.code, "handoff_failed_")
+		if reason == "cancelled" {
+			return Cancelled, reason
+		}
+		return Failed, reason
+	case errors.As(err, &h):
+		return Failed, h.code
+	case errors.Is(err, context.Canceled):
+		return Cancelled, "cancelled"
+	}
+	return Failed, "other"
+}
+
+// Crash kills prefill node i (SIGKILL: no goodbye), and Restart starts it
+// again with the same flags.
+func (p *Procs) Crash(i int) error {
+	name := fmt.Sprintf("prefill-%d", i)
+	p.mu.Lock()
+	cmd := p.procs[name]
+	p.mu.Unlock()
+	if cmd == nil {
+		return fmt.Errorf("demo: no %s", name)
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+	return nil
+}
+
+// Restart starts prefill node i again after Crash.
+func (p *Procs) Restart(i int) error { return p.start(fmt.Sprintf("prefill-%d", i)) }
+
+// PagesLeft scrapes every node's kvhandoff_pages gauge until no page is
+// owned or quarantined, or wait has passed.
+func (p *Procs) PagesLeft(wait time.Duration) map[string]int {
+	deadline := time.Now().Add(wait)
+	for {
+		left, total := map[string]int{}, 0
+		for name, addr := range p.metrics {
+			n, err := p.scrapePages(addr)
+			if err != nil {
+				n = -1 // unknown counts as leaked: the check must not pass on a node it could not read
+			}
+			if n != 0 {
+				total++
+			}
+			left[name] = max(n, 0)
+			if n < 0 {
+				left[name+" (unreadable)"] = 1
+			}
+		}
+		if total == 0 || time.Now().After(deadline) {
+			return left
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (p *Procs) scrapePages(addr string) (int, error) {
+	owned, err := p.scrape(addr, "kvhandoff_pages{", `state="owned"`)
+	if err != nil {
+		return 0, err
+	}
+	quarantined, err := p.scrape(addr, "kvhandoff_pages{", `state="quarantined"`)
+	return owned + quarantined, err
+}
+
+// scrape sums the samples of a metric (its name and "{") whose labels
+// contain label, from the /metrics at addr.
+func (p *Procs) scrape(addr, metric, label string) (int, error) {
+	resp, err := p.client.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	n, found := 0, false
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, metric) {
+			continue
+		}
+		found = true
+		if !strings.Contains(line, label) {
+			continue
+		}
+		f := strings.Fields(line)
+		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		if err != nil {
+			return 0, err
+		}
+		n += int(v)
+	}
+	if !found {
+		return 0, fmt.Errorf("no %s} at %s", metric, addr)
+	}
+	return n, sc.Err()
+}
+
+// Stop ends every process gracefully (SIGTERM), then waits.
+func (p *Procs) Stop() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, cmd := range p.procs {
+		if cmd.ProcessState == nil {
+			cmd.Process.Signal(syscall.SIGTERM)
+		}
+	}
+	for _, cmd := range p.procs {
+		if cmd.ProcessState == nil {
+			done := make(chan struct{})
+			go func() { cmd.Wait(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(15 * time.Second):
+				cmd.Process.Kill()
+				<-done
+			}
+		}
+	}
+}
+
+// RunProcs is RunInProcess over processes: the same workload and checks;
+// the faults a process deployment can take from outside (a prefill node
+// killed and restarted).
+func RunProcs(ctx context.Context, bin string, cfg Config, logs io.Writer) (*Result, error) {
+	d := cfg.Deployment
+	w, ref, err := prepare(&cfg)
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "kvhandoff-demo-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	p, err := StartProcs(bin, dir, d, logs)
+	if err != nil {
+		return nil, err
+	}
+	defer p.Stop()
+	concurrency := max(cfg.Concurrency, 1)
+	var injected []string
+	var fw sync.WaitGroup
+	runCtx, stopFaults := context.WithCancel(ctx)
+	third := make(chan struct{})
+	var finished sync.Mutex
+	count := 0
+	progress := func() {
+		finished.Lock()
+		count++
+		if count == len(w.Requests)/3 {
+			close(third)
+		}
+		finished.Unlock()
+		if cfg.Progress != nil {
+			cfg.Progress()
+		}
+	}
+	if cfg.Faults.Crash {
+		fw.Go(func() {
+			select {
+			case <-runCtx.Done():
+				return
+			case <-third:
+			}
+			if err := p.Crash(1 % d.Prefills); err != nil {
+				injected = append(injected, err.Error())
+				return
+			}
+			injected = append(injected, fmt.Sprintf("killed prefill-%d", 1%d.Prefills))
+			if err := p.Restart(1 % d.Prefills); err != nil {
+				injected = append(injected, err.Error())
+				return
+			}
+			injected = append(injected, fmt.Sprintf("restarted prefill-%d", 1%d.Prefills))
+		})
+	}
+	start := time.Now()
+	outs := Run(ctx, w, p, ClassifyHTTP, concurrency, progress)
+	elapsed := time.Since(start)
+	stopFaults()
+	fw.Wait()
+	left := p.PagesLeft(10 * time.Second)
+	rep, err := Check(w, outs, ref, left, elapsed)
+	if err != nil {
+		return nil, err
+	}
+	return &Result{Report: rep, Workload: w, Faults: injected}, nil
+}
