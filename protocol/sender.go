@@ -466,6 +466,9 @@ func (s *Sender) abort(id RequestID, q *sendRequest, why error) {
 			s.sendDone(id, q) // stops writing, but claims the transfer is complete
 			return
 		}
+		if q.completed != q.posted && s.cfg.Research.Has(research.AbortFreesSource) {
+			s.pool.Release(id, q.src) // the producer's timeout frees what posted WRITEs still read
+		}
 		q.phase = sendAborting
 		s.settle(id, q)
 	case sendFinished:

@@ -104,6 +104,26 @@ func TestEachSwitchBreaksAProperty(t *testing.T) {
 				l.violate("Conservation: request 2 lost its page: %v", err)
 			}
 		}, "Conservation"},
+		{"abort-frees-source+no-checksum", []research.Switch{research.AbortFreesSource, research.NoChecksum}, 4, func(l *link) {
+			l.submit(1, 4)
+			l.deliverOne()
+			l.backOne()    // WRITE 1 and Done posted, the WRITE not yet executed
+			l.s.Cancel(1)  // the producer gives up: with the bug its source page goes back now
+			l.submit(2, 4) // reuses it: the KV of request 2 overwrites it
+			l.deliverOne() // WRITE 1 ships request 2's KV
+			l.deliverOne() // Done: verified without a checksum
+			l.deliverOne() // Bootstrap 2
+			l.read(1)      // decode attends over request 2's KV as request 1's
+			l.n.Settle()
+		}, "Isolation"},
+		{"checksum-hangs", []research.Switch{research.ChecksumHangs}, 2, func(l *link) {
+			l.submit(1, 4)
+			l.deliverOne()
+			l.backOne()
+			l.n.CorruptNext(l.qp) // the WRITE is damaged in transit
+			l.run()               // the mismatch at Done fails nothing
+			l.n.Quiescent()       // nothing is left to happen, and request 1 has no outcome
+		}, "Termination"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -31,6 +31,12 @@ const (
 	LeakOnCancel
 	NoPeerCancel
 	DoubleFree
+	// AbortFreesSource: an aborted sender frees its source pages at once,
+	// not when the WRITEs reading them complete (vLLM #21570).
+	AbortFreesSource
+	// ChecksumHangs: a checksum mismatch at Done neither fails nor readies
+	// the request; it waits for a Done that has come (SGLang #39729).
+	ChecksumHangs
 	numSwitches = iota
 )
 
@@ -47,7 +53,8 @@ const (
 )
 
 var names = [numSwitches]string{"admit-finished", "abort-still-sends", "no-token-check", "eager-release",
-	"timeout-free", "prefill-early-free", "no-tag-check", "no-checksum", "leak-on-cancel", "no-peer-cancel", "double-free"}
+	"timeout-free", "prefill-early-free", "no-tag-check", "no-checksum", "leak-on-cancel", "no-peer-cancel", "double-free",
+	"abort-frees-source", "checksum-hangs"}
 
 func (s Switch) String() string {
 	for i, n := range names {
