@@ -1,13 +1,53 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
+	"strings"
+	"time"
 
 	"github.com/kvhandoff/kvhandoff/internal/preflight"
+	"github.com/kvhandoff/kvhandoff/node"
 )
+
+// fromEtcd is the deployment the running nodes registered: each member's
+// role, pool, page size, context and model, as node.Member records them.
+func fromEtcd(endpoints, prefix string) (preflight.Deployment, error) {
+	reg, err := node.NewEtcd(strings.Split(endpoints, ","), prefix, 5*time.Second, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		return preflight.Deployment{}, err
+	}
+	defer reg.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	changes, err := reg.Watch(ctx)
+	if err != nil {
+		return preflight.Deployment{}, err
+	}
+	var d preflight.Deployment
+	// Watch reports every registered member before it returns.
+	for {
+		select {
+		case c, ok := <-changes:
+			if !ok {
+				return d, nil
+			}
+			if c.Kind == node.Joined {
+				m := c.Member
+				d.Nodes = append(d.Nodes, preflight.Node{Name: m.Name, Role: string(m.Role), PoolPages: m.PoolPages, PageTokens: m.PageTokens,
+					PageBytes: m.PageBytes, Model: m.Model, ContextTokens: m.ContextTokens})
+			}
+			continue
+		default:
+		}
+		return d, nil
+	}
+}
 
 const preflightUsage = `usage: kvhandoff preflight [flags]
 
@@ -16,7 +56,7 @@ the context length, every pair of nodes whose page size or model differs (the
 check the 2026 incident lacked, docs/incident.md), then lists the machine's RDMA
 devices and ports. The deployment comes from --file (YAML or JSON: context_tokens
 and nodes of name, role, pool_tokens or pool_pages, page_tokens, page_bytes,
-model) or from the flags. Exit 0 iff no problem, 1 on any problem, 2 bad usage.
+model), from --etcd (what the running nodes registered), or from the flags. Exit 0 iff no problem, 1 on any problem, 2 bad usage.
 
 `
 
@@ -33,11 +73,24 @@ func runPreflight(args []string, stdout, stderr io.Writer) int {
 	pageTokens := fs.Int("page-tokens", 16, "tokens per KV page, every node")
 	modelID := fs.String("model", "kvhandoff-builtin", "the model every node serves")
 	asJSON := fs.Bool("json", false, "one JSON object: ok, problems, devices")
+	etcd := fs.String("etcd", "", "read the deployment from what the running nodes registered in this etcd cluster (host:port,...) instead")
+	etcdPrefix := fs.String("etcd-prefix", "/kvhandoff/nodes/", "the registry's key prefix in etcd")
 	if rc := parseFlags(fs, args, stderr); rc >= 0 {
 		return rc
 	}
 	var d preflight.Deployment
-	if *file != "" {
+	contextSet := false
+	fs.Visit(func(f *flag.Flag) { contextSet = contextSet || f.Name == "context-len" })
+	if *etcd != "" {
+		var err error
+		if d, err = fromEtcd(*etcd, *etcdPrefix); err != nil {
+			fmt.Fprintf(stderr, "kvhandoff preflight: %v\n", err)
+			return 2
+		}
+		if contextSet {
+			d.ContextTokens = *contextLen // else the largest any node advertises
+		}
+	} else if *file != "" {
 		data, err := os.ReadFile(*file)
 		if err != nil {
 			fmt.Fprintf(stderr, "kvhandoff preflight: %v\n", err)

@@ -2,11 +2,21 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"io"
+	"log/slog"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
+
+	"github.com/kvhandoff/kvhandoff/node"
 )
 
 func TestPreflightExitsNonZeroNamingTheShortPool(t *testing.T) {
@@ -52,5 +62,51 @@ func TestPreflightReadsAFileAndReportsJSON(t *testing.T) {
 	}
 	if rc := run([]string{"preflight", "--file", filepath.Join(t.TempDir(), "none")}, &out, &errb); rc != 2 {
 		t.Fatalf("missing file: exit %d, want 2", rc)
+	}
+}
+
+// preflight --etcd reads what the running nodes registered and names the
+// short pool among them.
+func TestPreflightReadsTheNodesRegisteredInEtcd(t *testing.T) {
+	cfg := embed.NewConfig()
+	cfg.Dir = t.TempDir()
+	cfg.Name = "preflight"
+	u, _ := url.Parse("http://127.0.0.1:0")
+	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{*u}, []url.URL{*u}
+	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*u}, []url.URL{*u}
+	cfg.InitialCluster = cfg.Name + "=" + u.String()
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
+	e, err := embed.StartEtcd(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	select {
+	case <-e.Server.ReadyNotify():
+	case <-time.After(30 * time.Second):
+		t.Fatal("etcd did not start")
+	}
+	addr := e.Clients[0].Addr().String()
+	reg, err := node.NewEtcd([]string{addr}, "/kvhandoff/nodes/", 5*time.Second, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for _, m := range []node.Member{
+		{Name: "prefill-0", Role: node.RolePrefill, Control: "127.0.0.1:1", PoolPages: 42580, PageTokens: 16, PageBytes: 4096, ContextTokens: 1048576, Model: "m"},
+		{Name: "decode-0", Role: node.RoleDecode, Control: "127.0.0.1:2", Transfer: "127.0.0.1:3", PoolPages: 131072, PageTokens: 16, PageBytes: 4096, ContextTokens: 1048576, Model: "m"},
+	} {
+		if _, err := reg.Register(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var out, errb bytes.Buffer
+	if rc := run([]string{"preflight", "--etcd", addr}, &out, &errb); rc != 1 {
+		t.Fatalf("exit %d, want 1; stdout %s stderr %s", rc, out.String(), errb.String())
+	}
+	if !strings.Contains(errb.String(), "prefill pool of prefill-0 holds 681,280 tokens, fewer than the context length of 1,048,576") || strings.Contains(errb.String(), "decode-0 holds") {
+		t.Fatalf("stderr does not name exactly the short pool:\n%s", errb.String())
 	}
 }
