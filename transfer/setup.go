@@ -11,9 +11,9 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"sync"
 	"time"
 
+	"github.com/kvhandoff/kvhandoff/internal/admission"
 	"github.com/kvhandoff/kvhandoff/protocol"
 	"github.com/kvhandoff/kvhandoff/rdma"
 )
@@ -36,8 +36,10 @@ type SetupConfig struct {
 	// Timeout bounds each step of the exchange (the TLS handshake, each
 	// message); 0 means 5 s.
 	Timeout time.Duration
-	// MaxHandshakes bounds the control connections Serve sets up at once;
-	// a new one beyond it evicts the oldest. 0 means 64.
+	// MaxHandshakes bounds the control connections Serve holds before
+	// their hello; a new one beyond it evicts the oldest of the source
+	// address holding the most (package internal/admission), so a flood
+	// from one address evicts only its own. 0 means 64.
 	MaxHandshakes int
 	// Log receives warnings (plaintext, refused peers); nil means slog.Default().
 	Log *slog.Logger
@@ -363,8 +365,8 @@ func (p *Prefill) Dial(ctx context.Context, peer, addr string, cfg SetupConfig) 
 // must name the node its hello says it is, the hellos, the queue pair to
 // RTS. Nothing is allocated for a peer before it has authenticated and sent
 // a hello that matches this node; a peer that stalls, or sends anything else,
-// is dropped after cfg.Timeout, or sooner when cfg.MaxHandshakes newer
-// connections evict it. Temporary accept errors (a full file table)
+// is dropped after cfg.Timeout, or sooner when the handshakes held reach
+// cfg.MaxHandshakes and its source address holds the most of them. Temporary accept errors (a full file table)
 // are waited out, not fatal. Serve returns when ctx ends or ln fails.
 func (d *Decode) Serve(ctx context.Context, ln net.Listener, cfg SetupConfig) error {
 	if err := cfg.check(); err != nil {
@@ -375,7 +377,8 @@ func (d *Decode) Serve(ctx context.Context, ln net.Listener, cfg SetupConfig) er
 	}
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stop()
-	pending := &handshakes{max: cfg.MaxHandshakes, at: map[net.Conn]int{}}
+	pending := admission.New(cfg.MaxHandshakes)
+	defer pending.Close()
 	backoff := time.Duration(0)
 	for {
 		raw, err := ln.Accept()
@@ -400,68 +403,20 @@ func (d *Decode) Serve(ctx context.Context, ln net.Listener, cfg SetupConfig) er
 		if tc, ok := raw.(*net.TCPConn); ok {
 			tc.SetKeepAliveConfig(keepAlive)
 		}
-		pending.add(raw)
+		if !pending.Admit(raw) {
+			raw.Close()
+			continue
+		}
 		go func() {
 			if err := d.accept(ctx, raw, &cfg, pending); err != nil {
 				cfg.Log.Warn("transfer: refused a prefill node", "remote", raw.RemoteAddr().String(), "err", err)
 			}
-			pending.remove(raw)
+			pending.Done(raw)
 		}()
 	}
 }
 
-// handshakes are the control connections not yet past their hello (TLS,
-// then a hello that names a node the certificate names), oldest first. When
-// there are max of them, a new one evicts the oldest (closes it): a flood of
-// connections that never finish cannot hold more than max goroutines and
-// sockets, nor keep out a real peer that connects after it for a whole
-// Timeout. A peer past its hello is out of the set and never evicted.
-type handshakes struct {
-	mu    sync.Mutex
-	max   int
-	order []net.Conn
-	at    map[net.Conn]int // in order, for removal
-	next  int
-}
-
-func (h *handshakes) add(c net.Conn) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for len(h.at) >= h.max && len(h.order) > 0 {
-		old := h.order[0]
-		h.order = h.order[1:]
-		if _, ok := h.at[old]; ok {
-			delete(h.at, old)
-			old.Close()
-		}
-	}
-	h.at[c] = h.next
-	h.next++
-	h.order = append(h.order, c)
-}
-
-// remove takes c out of the set: it finished its handshake (or failed). It
-// returns false if c was evicted.
-func (h *handshakes) remove(c net.Conn) bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if _, ok := h.at[c]; !ok {
-		return false
-	}
-	delete(h.at, c)
-	if len(h.order) > 2*h.max { // drop the entries of connections removed out of turn
-		kept := h.order[:0]
-		for _, o := range h.order {
-			if _, ok := h.at[o]; ok {
-				kept = append(kept, o)
-			}
-		}
-		h.order = kept
-	}
-	return true
-}
-
-func (d *Decode) accept(ctx context.Context, raw net.Conn, cfg *SetupConfig, pending *handshakes) error {
+func (d *Decode) accept(ctx context.Context, raw net.Conn, cfg *SetupConfig, pending *admission.Table) error {
 	conn, err := secure(ctx, raw, cfg, false, "")
 	if err != nil {
 		raw.Close()
@@ -479,7 +434,7 @@ func (d *Decode) accept(ctx context.Context, raw net.Conn, cfg *SetupConfig, pen
 		return fmt.Errorf("%w: hello: %w", ErrSetup, err)
 	}
 	// Authenticated and matching: no longer one that newer connections evict.
-	if !pending.remove(raw) {
+	if !pending.Done(raw) {
 		conn.Close()
 		return fmt.Errorf("%w: prefill node %q: evicted by newer connections before its hello", ErrSetup, h.name)
 	}

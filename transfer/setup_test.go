@@ -453,7 +453,7 @@ func TestReconnectAfterACutStartsAFreshQueuePair(t *testing.T) {
 // A flood of connections that never finish their handshake holds no more
 // than MaxHandshakes goroutines, and a real prefill node that connects while
 // they all stay open is served at once, not after their Timeout (a minute):
-// each new connection evicts the oldest unfinished one.
+// each new connection evicts the oldest unfinished one of its address.
 func TestSetupUnderAFloodOfIdleConnectionsServesARealPeer(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

@@ -26,8 +26,9 @@
 // the target's QPN and PSN, which only the out-of-band exchange tells (both
 // from crypto/rand), so a stranger cannot even address a queue pair. A
 // connection that arrives before its queue pair's Connect waits (at most
-// maxWaiting per queue pair) and is attached or dropped once Connect names
-// the peer: a stranger dialling first takes nothing over. Plaintext only with
+// maxWaiting per queue pair, one per identity, for at most
+// HandshakeTimeout) and is attached or dropped once Connect names the peer:
+// a stranger dialling first takes nothing over. Plaintext only with
 // Config.Insecure, which logs a warning.
 //
 // Nothing is allocated on a peer's word. A payload is streamed from the
@@ -35,7 +36,9 @@
 // and bounds check, or the posted receive), one buffer at a time, each under
 // the queue pair's placement lock; a 1 GiB header costs the responder
 // nothing. Connections that have not finished their handshake and hello are
-// at most Config.MaxPending (the oldest is dropped for a new one) and get
+// at most Config.MaxPending, and when they are that many a new one drops the
+// oldest of the source address holding the most (package internal/admission),
+// so a flood from one address evicts only its own; each gets
 // Config.HandshakeTimeout; once a frame has begun it must arrive whole within
 // Config.FrameTimeout plus what MinRate allows for its payload, and the
 // answers must be taken as promptly (a stalled or trickling peer breaks its
@@ -88,6 +91,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvhandoff/kvhandoff/internal/admission"
 	"github.com/kvhandoff/kvhandoff/internal/pki"
 	"github.com/kvhandoff/kvhandoff/rdma"
 	"github.com/kvhandoff/kvhandoff/rdma/internal/soft"
@@ -128,7 +132,9 @@ type Config struct {
 	// of n payload bytes must be in within FrameTimeout + n/MinRate
 	// seconds (default 10 s).
 	FrameTimeout time.Duration
-	// MaxPending bounds the connections not yet past their hello (default 128).
+	// MaxPending bounds the connections not yet past their hello (default
+	// 128); when full, a new one drops the oldest of the source address
+	// holding the most (see package internal/admission).
 	MaxPending int
 	// IdleTimeout bounds the silence between frames: each side sends a
 	// keepalive every IdleTimeout/4, and a connection
@@ -168,14 +174,13 @@ type Device struct {
 	client *tls.Config
 	done   chan struct{}
 
-	mu       sync.Mutex
-	qps      map[uint32]*QP
-	regions  soft.Regions
-	closed   bool
-	pending  map[net.Conn]uint64 // connections before their hello, by arrival
-	arrivals uint64
-	warned   time.Time // the last refusal logged
-	held     int       // refusals not logged since
+	mu      sync.Mutex
+	qps     map[uint32]*QP
+	regions soft.Regions
+	closed  bool
+	pending *admission.Table // connections before their hello
+	warned  time.Time        // the last refusal logged
+	held    int              // refusals not logged since
 }
 
 // Listen opens a device listening on network ("tcp", "unix") and address,
@@ -199,7 +204,7 @@ func Listen(network, address string, cfg Config) (*Device, error) {
 func Serve(ln net.Listener, cfg Config) (*Device, error) {
 	cfg.defaults()
 	d := &Device{ln: ln, cfg: cfg, name: ln.Addr().Network() + ":" + ln.Addr().String(),
-		qps: map[uint32]*QP{}, pending: map[net.Conn]uint64{}, done: make(chan struct{})}
+		qps: map[uint32]*QP{}, pending: admission.New(cfg.MaxPending), done: make(chan struct{})}
 	switch {
 	case cfg.TLS != nil:
 		node, err := pki.Name(cfg.TLS)
@@ -258,10 +263,8 @@ func (d *Device) Close() error {
 	for _, q := range d.qps {
 		qps = append(qps, q)
 	}
-	for c := range d.pending {
-		c.Close()
-	}
 	d.mu.Unlock()
+	d.pending.Close()
 	err := d.ln.Close()
 	for _, q := range qps {
 		q.ToError()
@@ -464,6 +467,13 @@ func (q *QP) fail(head *rdma.Status) {
 	if !q.FailLocked(first) {
 		return
 	}
+	// In the error state for good: nothing may address q any more, so the
+	// device forgets it (a device that reconnects keeps no dead entries).
+	q.d.mu.Lock()
+	if q.d.qps[q.qpn] == q {
+		delete(q.d.qps, q.qpn)
+	}
+	q.d.mu.Unlock()
 	for _, c := range []net.Conn{q.out, q.in} {
 		if c != nil {
 			c.Close()
@@ -597,7 +607,7 @@ func (d *Device) accept() {
 			continue
 		}
 		delay = 0
-		if !d.admit(conn) {
+		if !d.pending.Admit(conn) {
 			conn.Close()
 			continue
 		}
@@ -605,44 +615,11 @@ func (d *Device) accept() {
 	}
 }
 
-// admit counts conn among the connections before their hello, dropping the
-// oldest of them when there are MaxPending already: a flood of idle
-// connections holds at most MaxPending of them, for at most HandshakeTimeout
-// each, and a peer that completes its handshake promptly still gets in.
-func (d *Device) admit(conn net.Conn) bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
-		return false
-	}
-	if len(d.pending) >= d.cfg.MaxPending {
-		var oldest net.Conn
-		var at uint64
-		for c, n := range d.pending {
-			if oldest == nil || n < at {
-				oldest, at = c, n
-			}
-		}
-		delete(d.pending, oldest)
-		oldest.Close()
-	}
-	d.arrivals++
-	d.pending[conn] = d.arrivals
-	return true
-}
-
-// leave removes conn from the connections before their hello.
-func (d *Device) leave(conn net.Conn) {
-	d.mu.Lock()
-	delete(d.pending, conn)
-	d.mu.Unlock()
-}
-
 // serve authenticates a dialling peer, checks its hello and then executes its
 // requests on the queue pair it names, if that queue pair accepts it.
 func (d *Device) serve(raw net.Conn) {
 	a, q := d.greet(raw)
-	d.leave(raw)
+	d.pending.Done(raw)
 	if q == nil {
 		raw.Close()
 		return
@@ -651,11 +628,33 @@ func (d *Device) serve(raw net.Conn) {
 	if tc, ok := raw.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
 	}
-	if a.verdict != nil && !<-a.verdict {
+	if a.verdict != nil && !q.await(a) {
 		a.conn.Close()
 		return
 	}
 	q.respond(a.conn)
+}
+
+// await waits for the verdict on arrival a, waiting for q's Connect: at most
+// HandshakeTimeout, so that a connection nobody claims does not hold one of
+// q's waiting places for ever.
+func (q *QP) await(a *arrival) bool {
+	timer := time.NewTimer(q.d.cfg.HandshakeTimeout)
+	defer timer.Stop()
+	select {
+	case ok := <-a.verdict:
+		return ok
+	case <-timer.C:
+	}
+	q.Mu.Lock()
+	defer q.Mu.Unlock()
+	for i, w := range q.waiting {
+		if w == a {
+			q.waiting = append(q.waiting[:i], q.waiting[i+1:]...)
+			return false
+		}
+	}
+	return <-a.verdict // given while the timer fired
 }
 
 // greet runs the handshake and the hello within HandshakeTimeout and binds
@@ -680,6 +679,9 @@ func (d *Device) greet(raw net.Conn) (*arrival, *QP) {
 		return nil, nil
 	}
 	a.qpn, a.psn = binary.BigEndian.Uint32(hello[13:]), binary.BigEndian.Uint32(hello[17:])
+	if !d.pending.Done(raw) {
+		return nil, nil // evicted meanwhile: raw is closed
+	}
 	d.mu.Lock()
 	q := d.qps[binary.BigEndian.Uint32(hello[5:])]
 	d.mu.Unlock()
@@ -689,7 +691,16 @@ func (d *Device) greet(raw net.Conn) (*arrival, *QP) {
 		switch {
 		case q.QPState == rdma.StateRTS && q.in == nil && q.accepts(a):
 			q.in = a.conn
-		case q.QPState == rdma.StateReset && len(q.waiting) < maxWaiting:
+		case q.QPState == rdma.StateReset:
+			// One waiting place per identity: a newer arrival under the
+			// same one replaces the older, so an authenticated node that
+			// knows the QPN and PSN holds at most one of the places the
+			// genuine peer needs.
+			q.dropWaitingLocked(a.cert)
+			if len(q.waiting) >= maxWaiting {
+				ok = false
+				break
+			}
 			a.verdict = make(chan bool, 1)
 			q.waiting = append(q.waiting, a)
 		default:
@@ -706,6 +717,28 @@ func (d *Device) greet(raw net.Conn) (*arrival, *QP) {
 	// its first read breaks the queue pair it reaches.
 	a.conn.Write([]byte{0})
 	return a, q
+}
+
+// dropWaitingLocked drops the waiting arrival whose certificate names the
+// identity cert names, if any (none when insecure: there is no certificate
+// to tell peers apart). The caller holds Mu.
+func (q *QP) dropWaitingLocked(cert *x509.Certificate) {
+	if cert == nil {
+		return
+	}
+	for i, w := range q.waiting {
+		if w.cert != nil && identity(w.cert) == identity(cert) {
+			w.verdict <- false
+			q.waiting = append(q.waiting[:i], q.waiting[i+1:]...)
+			return
+		}
+	}
+}
+
+// identity is the node a certificate names: its DNS names (the node's
+// name is the first), whichever certificate of the authority carries them.
+func identity(cert *x509.Certificate) string {
+	return strings.Join(cert.DNSNames, "\x00")
 }
 
 // refused logs a connection refused before it reached a queue pair: at most
@@ -764,14 +797,15 @@ func (q *QP) respond(conn net.Conn) {
 			q.inboundLost(err) // half a frame: the stream is lost
 			return
 		}
+		// A peer that stops reading its answers is as stuck as one that
+		// stops sending: every write has a deadline too, the buffer's own
+		// flush when it fills as well as ours.
+		conn.SetWriteDeadline(time.Now().Add(q.d.cfg.FrameTimeout))
 		if err := w.WriteByte(byte(st)); err != nil {
 			q.ToError()
 			return
 		}
 		if r.Buffered() == 0 || st != rdma.Success {
-			// A peer that stops reading its answers is as stuck as one
-			// that stops sending: the write has a deadline too.
-			conn.SetWriteDeadline(time.Now().Add(q.d.cfg.FrameTimeout))
 			if err := w.Flush(); err != nil {
 				q.ToError()
 				return
