@@ -356,6 +356,12 @@ func (n *Decode) sweep(ctx context.Context) {
 				r.local = fmt.Errorf("%w: request %d verified, no prompt from the router within %v", ErrNoPrompt, id, n.cfg.Timeout)
 				orphans = append(orphans, id)
 			}
+			if r.call != nil && r.verified.IsZero() && now.Sub(r.started) > n.cfg.Timeout && r.local == nil {
+				// The router's call waits for a transfer that never came
+				// (its prefill node never bootstrapped it).
+				r.local = fmt.Errorf("%w: request %d: no transfer from prefill node %q within %v", protocol.ErrTimedOut, id, r.call.Prefill, n.cfg.Timeout)
+				orphans = append(orphans, id)
+			}
 		}
 		for id, e := range n.ended {
 			if now.Sub(e.at) > n.cfg.Timeout {
@@ -369,6 +375,15 @@ func (n *Decode) sweep(ctx context.Context) {
 		n.mu.Unlock()
 		for _, id := range orphans {
 			n.ep.Cancel(id)
+			// Cancelled before any Bootstrap: only a tombstone, no outcome
+			// event; the call is answered here.
+			if n.ep.Status(id) == protocol.StatusTombstone {
+				n.mu.Lock()
+				if r := n.reqs[id]; r != nil {
+					n.outcomeLocked(transfer.Event{Kind: transfer.Outcome, Request: id, Err: protocol.ErrCancelled}, r)
+				}
+				n.mu.Unlock()
+			}
 		}
 		for id, t := range fences {
 			if n.ep.Status(id) != protocol.StatusQuarantine {

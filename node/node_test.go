@@ -235,7 +235,7 @@ func counter(t *testing.T, m *Metrics, family, label, value string) float64 {
 // An over-long prompt is refused at the router with 400, the limit named
 // (the smallest pool: prefill's 40 pages of 16 tokens), and never reaches a node.
 func TestOverLongPromptIsRejectedWithTheLimitNamed(t *testing.T) {
-	l, err := StartLocal(LocalConfig{PrefillPages: 40, DecodePages: 64, PageTokens: 16, Model: model.Builtin(5), Log: quietLog()})
+	l, err := StartLocal(LocalConfig{PrefillPages: 40, DecodePages: 64, PageTokens: 16, Log: quietLog()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -372,6 +372,15 @@ func (rt *Router) effectsLocked() {
 	for _, o := range e.Outcomes {
 		if q := rt.pending[o.Request]; q != nil {
 			delete(rt.pending, o.Request)
+			if o.Err != nil {
+				// A failed request's legs end now, even one the router ended
+				// without a cancel (the decode leg of a lost prefill node,
+				// which never bootstrapped): its call closes, and the node
+				// cancels what it holds.
+				for _, stop := range q.legs {
+					stop()
+				}
+			}
 			q.done <- o.Err
 		}
 	}
