@@ -3,6 +3,7 @@ package model
 import (
 	"bytes"
 	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"strings"
@@ -99,8 +100,16 @@ type Refinement struct {
 }
 
 type wireOp struct {
-	op      protocol.Op
-	corrupt bool
+	op     protocol.Op
+	damage uint8 // what the corrupt fault damages in transit: spec.DamagedPayload, a tag field, or 0
+}
+
+// writeDamage is what a PostWrite variant damages (spec.Msg.Damage).
+func writeDamage(variant uint16) uint8 {
+	if variant&spec.Corrupt == 0 {
+		return 0
+	}
+	return uint8(variant>>2&3) + 1 // the two bits above Corrupt: payload, tag request, index, epoch
 }
 
 // ErrRefinement says the implementation and the spec parted ways.
@@ -344,8 +353,7 @@ func (h *Refinement) step(a spec.Action, impl func(popped *int) error) error {
 		sent = h.s.QP.Items()[kept:]
 	}
 	for _, msg := range sent {
-		corrupt := a.Kind == spec.PostWrite && a.Arg&spec.Corrupt != 0 && msg.Kind == spec.MWrite
-		if err := h.release(msg, corrupt); err != nil {
+		if err := h.release(msg, msg.Damage); err != nil {
 			return fmt.Errorf("%w after %v: %v", ErrRefinement, a, err)
 		}
 	}
@@ -382,7 +390,7 @@ func (h *Refinement) apply(a spec.Action, popped *int) error {
 		if a.Arg&spec.Late == 0 && len(h.wire) == 0 {
 			// Nothing ahead of it on the queue pair: the spec places it at once.
 			msg := spec.Msg{Kind: spec.MWrite, Req: a.Req, Index: int8(h.s.Req[r].S.Posted)}
-			if err := h.release(msg, a.Arg&spec.Corrupt != 0); err != nil {
+			if err := h.release(msg, writeDamage(a.Arg)); err != nil {
 				return fmt.Errorf("%w after %v: %v", ErrRefinement, a, err)
 			}
 			h.deliver()
@@ -482,7 +490,7 @@ func (h *Refinement) intake(r int) error {
 
 // release hands the Sender's next operation for msg's request to the wire:
 // it must be the operation the spec just sent.
-func (h *Refinement) release(msg spec.Msg, corrupt bool) error {
+func (h *Refinement) release(msg spec.Msg, damage uint8) error {
 	for i, op := range h.staged {
 		if requestOf(op) != id(int(msg.Req)) {
 			continue
@@ -491,7 +499,7 @@ func (h *Refinement) release(msg spec.Msg, corrupt bool) error {
 			return fmt.Errorf("the spec sent %v r%d[%d]; the sender's next for r%d is %s", msg.Kind, msg.Req, msg.Index, msg.Req, h.describe(op))
 		}
 		h.staged = append(h.staged[:i:i], h.staged[i+1:]...)
-		h.wire = append(h.wire, wireOp{op: op, corrupt: corrupt})
+		h.wire = append(h.wire, wireOp{op: op, damage: damage})
 		return nil
 	}
 	return fmt.Errorf("the spec sent %v r%d[%d]; the sender emitted nothing for r%d", msg.Kind, msg.Req, msg.Index, msg.Req)
@@ -531,10 +539,13 @@ func (h *Refinement) deliver() {
 	if wr := w.op.Write; wr != nil {
 		payload := h.dst.Payload(uint32(wr.Remote.Page))
 		copy(payload, h.src.Payload(uint32(wr.Source))) // the NIC reads the source page now
-		if w.corrupt {
+		if w.damage == spec.DamagedPayload {
 			payload[len(payload)/2] ^= 0x40
 		}
-		copy(h.dst.TagRecord(uint32(wr.Remote.Page)), wr.Tag)
+		record := h.dst.TagRecord(uint32(wr.Remote.Page))
+		copy(record, wr.Tag)
+		damageTag(record, w.damage) // after the MAC: the record no longer authenticates
+
 		if !h.crashed {
 			h.snd.Completed(wr.ID, nil)
 		}
@@ -752,7 +763,13 @@ func (h *Refinement) View() string {
 			o = fmt.Sprintf("r%d", int(owner)-1)
 		}
 		tag := "torn"
-		if t, err := protocol.ParseTag(h.dst.TagRecord(uint32(p)), refKey); err == nil {
+		t, err := protocol.ParseTag(h.dst.TagRecord(uint32(p)), refKey)
+		if err != nil && errors.Is(err, protocol.ErrTagMismatch) {
+			// Damaged in transit: the MAC fails, which is how the Receiver
+			// notices; the spec's tag is the fields, so the view shows them.
+			t, err = tagFields(h.dst.TagRecord(uint32(p))), nil
+		}
+		if err == nil {
 			req := fmt.Sprintf("r%d", int(t.Request)-1)
 			if t.Request == tenantID {
 				req = "tenant"
@@ -858,4 +875,37 @@ func SpecView(cfg spec.Config, s *spec.State) string {
 	}
 	writeRouterQueues(&b, s.ToPrefill.Items(), s.ToDecode.Items())
 	return b.String()
+}
+
+// Offsets of a tag record's fields (protocol.Tag's encoding: magic and
+// version, then request, epoch, index, tokens, sum, then the MAC).
+const (
+	tagRequestAt = 8
+	tagEpochAt   = 16
+	tagIndexAt   = 24
+)
+
+// damageTag damages one field of a tag record in transit, as the spec's
+// corrupt fault with DamageTag does: the request becomes the tenant's, or
+// the index or the epoch goes up by one. The MAC is left as it was.
+func damageTag(record []byte, damage uint8) {
+	switch damage {
+	case spec.DamagedTagReq:
+		binary.BigEndian.PutUint64(record[tagRequestAt:], uint64(tenantID))
+	case spec.DamagedTagIndex:
+		binary.BigEndian.PutUint32(record[tagIndexAt:], binary.BigEndian.Uint32(record[tagIndexAt:])+1)
+	case spec.DamagedTagEpoch:
+		binary.BigEndian.PutUint64(record[tagEpochAt:], binary.BigEndian.Uint64(record[tagEpochAt:])+1)
+	}
+}
+
+// tagFields reads a tag record's fields without checking its MAC.
+func tagFields(record []byte) protocol.Tag {
+	return protocol.Tag{
+		Request: protocol.RequestID(binary.BigEndian.Uint64(record[tagRequestAt:])),
+		Epoch:   binary.BigEndian.Uint64(record[tagEpochAt:]),
+		Index:   binary.BigEndian.Uint32(record[tagIndexAt:]),
+		Tokens:  binary.BigEndian.Uint32(record[28:]),
+		Sum:     binary.BigEndian.Uint64(record[32:]),
+	}
 }

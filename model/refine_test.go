@@ -104,7 +104,11 @@ func walkWith(cfg spec.Config, bugs research.Switches, seed uint64, variants uin
 	rng := rand.New(rand.NewPCG(seed, 7))
 	x, err := newRefinementRun(cfg, bugs, func(int) uint16 {
 		if rng.IntN(6) == 0 {
-			return uint16(1+rng.IntN(3)) & variants
+			v := uint16(1+rng.IntN(3)) & variants
+			if v&spec.Corrupt != 0 && cfg.Damage.Has(spec.DamageTag) {
+				v |= uint16(rng.IntN(4)) << 2 // the payload, or one field of the tag record
+			}
+			return v
 		}
 		return 0
 	})
@@ -141,6 +145,9 @@ func walkWith(cfg spec.Config, bugs research.Switches, seed uint64, variants uin
 		if strings.Contains(a, "+") {
 			walkCoverage["late or corrupt WRITE"]++
 		}
+		if strings.Contains(a, "-tag-") {
+			walkCoverage["tag damaged"]++
+		}
 	}
 	for r := range cfg.Prompts {
 		walkCoverage["outcome "+x.h.State().Req[r].Outcome.String()]++
@@ -169,6 +176,21 @@ func configs() []spec.Config {
 	return []spec.Config{narrow, def, multi, tight}
 }
 
+// damageConfigs are deployments where the corrupt fault may also damage a
+// field of a WRITE's tag record (spec.DamageTag): the harness damages the
+// field on the real record, after its MAC. They are walked with every
+// defense on only: with no-tag-check, the Receiver still cannot read the
+// sum of a record whose MAC fails, where the spec, which has no MAC, reads
+// it (the two part ways by design).
+func damageConfigs() []spec.Config {
+	def := spec.DefaultConfig()
+	def.Damage = spec.DamageTag
+	def.Faults[spec.FaultCorrupt] = 2
+	multi := spec.NewConfig(3, 6, 2)
+	multi.Prompts, multi.PrefillPages, multi.Damage = []int{4, 4, 9}, 4, spec.DamageTag
+	return []spec.Config{def, multi}
+}
+
 func TestImplementationRefinesTheSpecOnSeededWalks(t *testing.T) {
 	seeds := uint64(3000)
 	if testing.Short() {
@@ -176,7 +198,7 @@ func TestImplementationRefinesTheSpecOnSeededWalks(t *testing.T) {
 	}
 	clear(walkCoverage)
 	outOfBounds = 0
-	for i, cfg := range configs() {
+	for i, cfg := range append(configs(), damageConfigs()...) {
 		for seed := uint64(0); seed < seeds; seed++ {
 			if err := walk(cfg, research.Switches{}, seed); err != nil {
 				t.Fatalf("config %d, seed %d: %v", i, seed, err)
@@ -184,11 +206,11 @@ func TestImplementationRefinesTheSpecOnSeededWalks(t *testing.T) {
 		}
 	}
 	t.Logf("coverage: %v; %d walks left the spec's bounds", walkCoverage, outOfBounds)
-	if outOfBounds*100 > int(seeds)*len(configs()) {
+	if outOfBounds*100 > int(seeds)*(len(configs())+len(damageConfigs())) {
 		t.Errorf("%d walks left the spec's bounds: more than 1%%", outOfBounds)
 	}
 	for _, what := range []string{"Submit", "PrefillRecv", "PrefillRecvQP", "DecodeRecv", "DecodeRecvQP", "PostWrite", "DecodeRead",
-		"DetectCrash", "Cancel", "Crash", "Timeout", "Cut", "late or corrupt WRITE",
+		"DetectCrash", "Cancel", "Crash", "Timeout", "Cut", "late or corrupt WRITE", "tag damaged",
 		"outcome ok", "outcome rejected", "outcome cancelled", "outcome failed"} {
 		if walkCoverage[what] == 0 {
 			t.Errorf("no walk took %s", what)
