@@ -146,7 +146,7 @@ func TestCompletionsOverTheHandoffMatchAColocatedRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Stop()
-	requests, clients := 300, 16
+	requests, clients := 200, 16
 	if testing.Short() {
 		requests = 80
 	}
