@@ -111,3 +111,13 @@ func TestDemoAsProcessesLeaksNothing(t *testing.T) {
 		t.Fatalf("exit %d: %+v", rc, got)
 	}
 }
+
+// The pages check can fail: with leak-on-cancel the pages of cancelled
+// requests never come back, and the demo names them and exits 1.
+func TestDemoCatchesPagesLeakedOnCancel(t *testing.T) {
+	t.Parallel()
+	rc, got := runDemoJSON(t, "--requests", "150", "--bug", "leak-on-cancel")
+	if rc != 1 || got.PagesLeaked == 0 {
+		t.Fatalf("leak-on-cancel: exit %d, %+v: want pages leaked", rc, got)
+	}
+}
