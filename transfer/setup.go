@@ -403,12 +403,13 @@ func (d *Decode) Serve(ctx context.Context, ln net.Listener, cfg SetupConfig) er
 		if tc, ok := raw.(*net.TCPConn); ok {
 			tc.SetKeepAliveConfig(keepAlive)
 		}
-		if !pending.Admit(raw) {
+		watched, ok := pending.Admit(raw)
+		if !ok {
 			raw.Close()
 			continue
 		}
 		go func() {
-			if err := d.accept(ctx, raw, &cfg, pending); err != nil {
+			if err := d.accept(ctx, raw, watched, &cfg, pending); err != nil {
 				cfg.Log.Warn("transfer: refused a prefill node", "remote", raw.RemoteAddr().String(), "err", err)
 			}
 			pending.Done(raw)
@@ -416,8 +417,10 @@ func (d *Decode) Serve(ctx context.Context, ln net.Listener, cfg SetupConfig) er
 	}
 }
 
-func (d *Decode) accept(ctx context.Context, raw net.Conn, cfg *SetupConfig, pending *admission.Table) error {
-	conn, err := secure(ctx, raw, cfg, false, "")
+// accept sets up a queue pair with the prefill node on raw, reading it
+// through watched, so that pending learns when it speaks.
+func (d *Decode) accept(ctx context.Context, raw, watched net.Conn, cfg *SetupConfig, pending *admission.Table) error {
+	conn, err := secure(ctx, watched, cfg, false, "")
 	if err != nil {
 		raw.Close()
 		return fmt.Errorf("%w: TLS handshake: %w", ErrSetup, err)

@@ -3,6 +3,7 @@ package admission
 import (
 	"net"
 	"sync"
+	"sync/atomic"
 )
 
 // Table is the set of connections in their handshake. Its methods are safe
@@ -19,6 +20,7 @@ type Table struct {
 type entry struct {
 	source  string
 	arrival uint64 // admission order: lower is older
+	spoke   bool   // a byte of its handshake has arrived
 }
 
 // New returns a table holding at most limit connections (at least 1).
@@ -27,13 +29,14 @@ func New(limit int) *Table {
 }
 
 // Admit adds c to the table, closing and dropping another connection if the
-// table is full (see the package's policy). It returns false, and holds
-// nothing, once the table is closed.
-func (t *Table) Admit(c net.Conn) bool {
+// table is full (see the package's policy), and returns c as its handshake
+// should read it: the first byte read through it tells the table c has
+// spoken. It returns false, and holds nothing, once the table is closed.
+func (t *Table) Admit(c net.Conn) (net.Conn, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
-		return false
+		return nil, false
 	}
 	src := Source(c.RemoteAddr())
 	for len(t.conns) >= t.max {
@@ -42,23 +45,47 @@ func (t *Table) Admit(c net.Conn) bool {
 	t.arrivals++
 	t.conns[c] = entry{source: src, arrival: t.arrivals}
 	t.bySource[src]++
-	return true
+	return &watched{Conn: c, t: t}, true
+}
+
+// watched is an admitted connection that tells its table when it speaks.
+type watched struct {
+	net.Conn
+	t     *Table
+	spoke atomic.Bool
+}
+
+func (w *watched) Read(p []byte) (int, error) {
+	n, err := w.Conn.Read(p)
+	if n > 0 && !w.spoke.Load() && !w.spoke.Swap(true) {
+		w.t.mu.Lock()
+		if e, ok := w.t.conns[w.Conn]; ok {
+			e.spoke = true
+			w.t.conns[w.Conn] = e
+		}
+		w.t.mu.Unlock()
+	}
+	return n, err
 }
 
 // evictLocked closes and drops the connection to make room for a newcomer
-// from source src: the oldest of the source holding the most, the newcomer
-// counted with src.
+// from source src: one that has not spoken if there is one, and among
+// those, the oldest of the source holding the most, the newcomer counted
+// with src.
 func (t *Table) evictLocked(src string) {
 	var victim net.Conn
 	var vHeld int
 	var vArrival uint64
+	var vSpoke bool
 	for c, e := range t.conns {
 		held := t.bySource[e.source]
 		if e.source == src {
 			held++
 		}
-		if victim == nil || held > vHeld || (held == vHeld && e.arrival < vArrival) {
-			victim, vHeld, vArrival = c, held, e.arrival
+		better := victim == nil || (!e.spoke && vSpoke) ||
+			(e.spoke == vSpoke && (held > vHeld || (held == vHeld && e.arrival < vArrival)))
+		if better {
+			victim, vHeld, vArrival, vSpoke = c, held, e.arrival, e.spoke
 		}
 	}
 	t.dropLocked(victim)

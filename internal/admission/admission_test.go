@@ -15,6 +15,10 @@ type fakeConn struct {
 
 func (c *fakeConn) RemoteAddr() net.Addr { return c.addr }
 func (c *fakeConn) Close() error         { c.closed = true; return nil }
+func (c *fakeConn) Read(p []byte) (int, error) {
+	p[0] = 0x16 // a TLS record's first byte
+	return 1, nil
+}
 
 func from(ip string, port int) *fakeConn {
 	return &fakeConn{addr: &net.TCPAddr{IP: net.ParseIP(ip), Port: port}}
@@ -30,7 +34,7 @@ func TestFloodFromOneSourceEvictsOnlyItsOwn(t *testing.T) {
 	for i := range 10000 {
 		c := from("127.0.0.2", 1024+i)
 		flood = append(flood, c)
-		if !tab.Admit(c) {
+		if _, ok := tab.Admit(c); !ok {
 			t.Fatal("refused while open")
 		}
 		if tab.Len() > 8 {
@@ -47,6 +51,24 @@ func TestFloodFromOneSourceEvictsOnlyItsOwn(t *testing.T) {
 		if want := i < len(flood)-6; c.closed != want {
 			t.Fatalf("flood connection %d closed=%v, want %v", i, c.closed, want)
 		}
+	}
+}
+
+func TestSilentConnectionsGoBeforeOnesThatSpoke(t *testing.T) {
+	tab := New(4)
+	genuine := from("127.0.0.1", 1)
+	w, _ := tab.Admit(genuine)
+	if _, err := w.Read(make([]byte, 1)); err != nil {
+		t.Fatal(err)
+	}
+	// An idle flood from the genuine peer's own address and from many
+	// others: none of it evicts the handshake that has begun.
+	for i := range 1000 {
+		tab.Admit(from("127.0.0.1", 2+i))
+		tab.Admit(from(fmt.Sprintf("10.0.%d.%d", i/250, i%250+1), 1))
+	}
+	if genuine.closed || !tab.Done(genuine) {
+		t.Fatal("an idle flood evicted a handshake that had spoken")
 	}
 }
 
@@ -118,7 +140,7 @@ func TestCloseClosesTheHeldAndRefusesNew(t *testing.T) {
 	if !c.closed || tab.Len() != 0 {
 		t.Fatal("Close left a connection open")
 	}
-	if tab.Admit(from("10.0.0.1", 2)) {
+	if _, ok := tab.Admit(from("10.0.0.1", 2)); ok {
 		t.Fatal("admitted after Close")
 	}
 }

@@ -607,18 +607,20 @@ func (d *Device) accept() {
 			continue
 		}
 		delay = 0
-		if !d.pending.Admit(conn) {
+		watched, ok := d.pending.Admit(conn)
+		if !ok {
 			conn.Close()
 			continue
 		}
-		go d.serve(conn)
+		go d.serve(conn, watched)
 	}
 }
 
-// serve authenticates a dialling peer, checks its hello and then executes its
+// serve authenticates a dialling peer on raw, read through watched (see
+// admission.Table.Admit), checks its hello and then executes its
 // requests on the queue pair it names, if that queue pair accepts it.
-func (d *Device) serve(raw net.Conn) {
-	a, q := d.greet(raw)
+func (d *Device) serve(raw, watched net.Conn) {
+	a, q := d.greet(raw, watched)
 	d.pending.Done(raw)
 	if q == nil {
 		raw.Close()
@@ -662,11 +664,11 @@ func (q *QP) await(a *arrival) bool {
 // connected to this very peer, or waiting for its Connect. A nil queue pair
 // means refused; the refusal says nothing about why (no such queue pair,
 // wrong PSN, another peer), so it tells a stranger nothing.
-func (d *Device) greet(raw net.Conn) (*arrival, *QP) {
+func (d *Device) greet(raw, watched net.Conn) (*arrival, *QP) {
 	raw.SetDeadline(time.Now().Add(d.cfg.HandshakeTimeout))
-	a := &arrival{conn: raw}
+	a := &arrival{conn: watched} // reads through it tell d.pending raw has spoken
 	if d.server != nil {
-		tc := tls.Server(raw, d.server)
+		tc := tls.Server(watched, d.server)
 		if err := tc.Handshake(); err != nil {
 			d.refused(raw, "handshake", err)
 			return nil, nil
