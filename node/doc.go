@@ -38,7 +38,9 @@
 // the other. A node the registry loses: Router.NodeLost fails its requests
 // on every leg, and each decode node is told to cut its queue pair to a
 // lost prefill node: the cut is the fence for the pages it may still write
-// (they stay quarantined until then).
+// (they stay quarantined until then). A node whose control API stops
+// answering is lost to the router at once (not after its lease) and probed
+// until it answers again.
 //
 // The control API (control.go) is JSON over HTTPS with mutual TLS 1.3: a
 // node answers only a caller whose certificate names an allowed caller

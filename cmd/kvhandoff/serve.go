@@ -54,7 +54,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	listen := fs.String("listen", "127.0.0.1:8080", "router: the client API's address (HTTP)")
 	control := fs.String("control", "127.0.0.1:0", "prefill, decode: the control API's address (HTTPS, mutual TLS)")
 	transferAddr := fs.String("transfer", "127.0.0.1:0", "decode: the queue-pair setup listener's address")
-	rdmaAddr := fs.String("rdma", "127.0.0.1:0", "prefill, decode: the socket provider's address")
+	rdmaAddr := fs.String("rdma", "127.0.0.1:0", "prefill, decode: the socket provider's address; with --provider verbs, the device name (default: the first)")
 	metricsAddr := fs.String("metrics", "", "prefill, decode: a plaintext /metrics listener's address (the router serves /metrics on --listen)")
 	pages := fs.Int("pool-pages", 1024, "prefill, decode: KV pool pages")
 	pageTokens := fs.Int("page-tokens", 16, "tokens per page")
