@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"errors"
 	"math"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/kvhandoff/kvhandoff/rdma"
 )
@@ -51,10 +53,11 @@ func RunHostile(t *testing.T, h Hostile) {
 }
 
 // bystander is a well-behaved queue pair and its target, on the devices the
-// attack uses.
+// attack uses. Attacks running in parallel on the same devices share it.
 type bystander struct {
 	x        *Pair
 	src, dst rdma.MemoryRegion
+	mu       sync.Mutex // one WRITE at a time: src, dst and n are shared
 	n        uint64
 }
 
@@ -68,6 +71,8 @@ func newBystander(t *testing.T, a, b rdma.Device) *bystander {
 // served checks that the bystander's WRITE still lands, byte for byte.
 func (s *bystander) served(t *testing.T) {
 	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.n++
 	fill(s.src, byte(s.n))
 	if err := s.x.A.PostSend(rdma.WorkRequest{ID: s.n, Op: rdma.OpWrite, Local: rdma.SGE{MR: s.src, Length: 4096},
@@ -104,8 +109,16 @@ func refusedRemotely(t *testing.T, a, b rdma.Device, wr func(src, dst rdma.Memor
 
 func waitState(t *testing.T, qp rdma.QueuePair, want rdma.QPState) {
 	t.Helper()
-	if !eventually(func() bool { return qp.State() == want }) {
-		t.Fatalf("queue pair in state %d, want %d", qp.State(), want)
+	waitStateWithin(t, qp, want, 0)
+}
+
+// waitStateWithin waits for qp to reach state want, which a bound of the
+// provider's (a frame or idle bound) brings about: eventually, within the
+// bound and a generous guard after it, never at a precise time.
+func waitStateWithin(t *testing.T, qp rdma.QueuePair, want rdma.QPState, bound time.Duration) {
+	t.Helper()
+	if !eventuallyWithin(bound, func() bool { return qp.State() == want }) {
+		t.Fatalf("queue pair in state %d after its bound (%v) and %v more, want %d", qp.State(), bound, wait, want)
 	}
 }
 

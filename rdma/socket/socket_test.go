@@ -47,12 +47,20 @@ func nodeConfig(t testing.TB, name string) Config {
 // quiet takes the warnings of the devices under attack, which are expected.
 var quiet = slog.New(slog.DiscardHandler)
 
-// Short bounds for the hostile suite, so that its attacks end quickly.
+// Bounds for the hostile suite. They are short enough that its attacks end
+// in seconds, and long enough that the well-behaved queue pairs sharing the
+// attacked devices survive the scheduling stalls of a loaded 2-core CI
+// machine under -race (stalls near a second were seen): every bound also
+// governs those pairs, so a sub-second one made them fail at random (a
+// frame bound of 300 ms broke a bystander's frame; an idle bound of 1 s,
+// with keepalives every 250 ms, broke idle bystanders). The idle bound
+// tolerates a stall of three quarters of itself (keepalives go every
+// quarter), the frame bound one of itself.
 const (
-	testHandshake  = time.Second
-	testFrame      = 300 * time.Millisecond
+	testHandshake  = 3 * time.Second
+	testFrame      = 1500 * time.Millisecond
 	testMaxPending = 32
-	testIdle       = time.Second
+	testIdle       = 3 * time.Second
 )
 
 // devices opens two devices, nodes "a" and "b", each listening on its own
