@@ -368,10 +368,7 @@ func badRequests(t *testing.T, p Provider) {
 	}
 }
 
-// eventually polls cond until it holds or the guard against hangs runs out.
-func eventually(cond func() bool) bool { return eventuallyWithin(0, cond) }
-
-// eventuallyWithin waits for cond for bound, the provider's own bound on
+// eventuallyWithin polls cond until it holds: for bound, the provider's own bound on
 // what is awaited, and then wait more: the guard against hangs comes on top
 // of the bound, so that a loaded machine's scheduling stalls never fail a
 // test that waits for a bound to expire.
