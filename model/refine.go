@@ -433,6 +433,32 @@ func (h *Refinement) apply(a spec.Action, popped *int) error {
 		}
 	case spec.Cut:
 		h.cut()
+	case spec.CorruptSend:
+		if a.Arg&spec.SendBack != 0 {
+			g, ok := h.back[0].(*protocol.Grant)
+			if !ok {
+				return fmt.Errorf("%w after %v: the head of decode→prefill is %s, not a Grant", ErrRefinement, a, h.back[0].Type())
+			}
+			h.back = h.back[1:]
+			if err := h.snd.Step(decodePeer, damageGrant(g, a.Arg)); err != nil && !errors.Is(err, protocol.ErrUnknownRequest) {
+				return fmt.Errorf("%w after %v: the sender refused the damaged Grant: %v", ErrRefinement, a, err)
+			}
+			break
+		}
+		*popped = 1
+		w := h.wire[0]
+		d, ok := w.op.Msg.(*protocol.Done)
+		if !ok {
+			return fmt.Errorf("%w after %v: the head of the queue pair is %s, not a Done", ErrRefinement, a, h.describe(w.op))
+		}
+		h.wire = h.wire[1:]
+		damaged := *d
+		if a.Arg&spec.SendPages != 0 {
+			damaged.Pages++
+		} else {
+			damaged.Tokens++
+		}
+		h.recv.Step(prefillPeer, &damaged, time.Unix(0, 0)) // refusals come back as effects or are no-ops
 	}
 	return h.collect(a)
 }
@@ -821,8 +847,11 @@ func SpecView(cfg spec.Config, s *spec.State) string {
 			sp = "-" // the sender's intake refused it (too long, or no room): it keeps no record
 		}
 		why := q.Reason
-		if why == spec.Flushed {
+		switch why {
+		case spec.Flushed:
 			why = spec.PeerFailed // the implementation has one error for a fenced queue pair: ErrPeerFailed
+		case spec.GrantMismatch:
+			why = spec.TokenMismatch // and one for counts that differ, on a Grant as on a Done: ErrTokenMismatch
 		}
 		rp := q.R.Phase.String()
 		if q.R.Phase == spec.RNone || q.R.Phase == spec.RRejected || q.R.Phase == spec.RClosed && q.R.Reason == spec.NoCapacity && q.R.N == 0 {
@@ -908,4 +937,23 @@ func tagFields(record []byte) protocol.Tag {
 		Tokens:  binary.BigEndian.Uint32(record[28:]),
 		Sum:     binary.BigEndian.Uint64(record[32:]),
 	}
+}
+
+// damageGrant is a Grant as the spec's CorruptSend delivers it: its token
+// count one more, or one page more (a copy of its last page one number on,
+// so that the page count is what differs).
+func damageGrant(g *protocol.Grant, arg uint16) *protocol.Grant {
+	d := &protocol.Grant{Request: g.Request, Tokens: g.Tokens, Pages: append([]protocol.PageGrant(nil), g.Pages...)}
+	if arg&spec.SendPages == 0 {
+		d.Tokens++
+		return d
+	}
+	extra := protocol.PageGrant{Page: 0, Epoch: 1}
+	if n := len(d.Pages); n > 0 {
+		extra = d.Pages[n-1]
+		extra.Page++
+		extra.Addr += 1 << 20
+	}
+	d.Pages = append(d.Pages, extra)
+	return d
 }

@@ -188,7 +188,10 @@ func damageConfigs() []spec.Config {
 	def.Faults[spec.FaultCorrupt] = 2
 	multi := spec.NewConfig(3, 6, 2)
 	multi.Prompts, multi.PrefillPages, multi.Damage = []int{4, 4, 9}, 4, spec.DamageTag
-	return []spec.Config{def, multi}
+	send := spec.DefaultConfig()
+	send.Damage = spec.DamageTag | spec.DamageSend
+	send.Faults[spec.FaultCorrupt] = 2
+	return []spec.Config{def, multi, send}
 }
 
 func TestImplementationRefinesTheSpecOnSeededWalks(t *testing.T) {
@@ -210,7 +213,7 @@ func TestImplementationRefinesTheSpecOnSeededWalks(t *testing.T) {
 		t.Errorf("%d walks left the spec's bounds: more than 1%%", outOfBounds)
 	}
 	for _, what := range []string{"Submit", "PrefillRecv", "PrefillRecvQP", "DecodeRecv", "DecodeRecvQP", "PostWrite", "DecodeRead",
-		"DetectCrash", "Cancel", "Crash", "Timeout", "Cut", "late or corrupt WRITE", "tag damaged",
+		"DetectCrash", "Cancel", "Crash", "Timeout", "Cut", "late or corrupt WRITE", "tag damaged", "CorruptSend",
 		"outcome ok", "outcome rejected", "outcome cancelled", "outcome failed"} {
 		if walkCoverage[what] == 0 {
 			t.Errorf("no walk took %s", what)
