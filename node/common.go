@@ -49,6 +49,10 @@ type NodeConfig struct {
 	// node claims in the registry: the incident's deployment (kvhandoff
 	// demo --incident), whose router admits prompts the node cannot hold.
 	AdvertiseContext int
+	// CheckJoin makes Serve run CheckJoin against the registry before the
+	// node serves or registers anything, and return its ErrWouldBreak
+	// rather than join a deployment it would break (kvhandoff serve).
+	CheckJoin bool
 	// Timeout bounds a leg on this node: decode's wait for Done, and for the
 	// router's call after verification; 0 means 30 s.
 	Timeout time.Duration

@@ -401,6 +401,11 @@ func (n *Decode) sweep(ctx context.Context) {
 // /metrics), and its registration. When ctx ends it stops gracefully (see
 // Prefill.Serve) and returns once no page is owned or quarantined.
 func (n *Decode) Serve(ctx context.Context, control, transferLn net.Listener, grace time.Duration) error {
+	if n.cfg.CheckJoin {
+		if err := CheckJoin(ctx, n.cfg.Registry, n.Member(listenerAddr(control), listenerAddr(transferLn))); err != nil {
+			return err
+		}
+	}
 	run, stop := context.WithCancel(context.Background())
 	defer stop()
 	var wg sync.WaitGroup

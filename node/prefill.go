@@ -269,6 +269,11 @@ func (n *Prefill) dialer(ctx context.Context, changes <-chan Change) {
 // no new request, those in flight drained for up to grace then cancelled,
 // and it returns once every source page is free (or grace ran out twice).
 func (n *Prefill) Serve(ctx context.Context, control net.Listener, grace time.Duration) error {
+	if n.cfg.CheckJoin {
+		if err := CheckJoin(ctx, n.cfg.Registry, n.Member(listenerAddr(control))); err != nil {
+			return err
+		}
+	}
 	run, stop := context.WithCancel(context.Background())
 	defer stop()
 	var wg sync.WaitGroup

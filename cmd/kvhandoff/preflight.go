@@ -25,28 +25,11 @@ func fromEtcd(endpoints, prefix string) (preflight.Deployment, error) {
 	defer reg.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	changes, err := reg.Watch(ctx)
+	members, err := node.Registered(ctx, reg)
 	if err != nil {
 		return preflight.Deployment{}, err
 	}
-	var d preflight.Deployment
-	// Watch reports every registered member before it returns.
-	for {
-		select {
-		case c, ok := <-changes:
-			if !ok {
-				return d, nil
-			}
-			if c.Kind == node.Joined {
-				m := c.Member
-				d.Nodes = append(d.Nodes, preflight.Node{Name: m.Name, Role: string(m.Role), PoolPages: m.PoolPages, PageTokens: m.PageTokens,
-					PageBytes: m.PageBytes, Model: m.Model, ContextTokens: m.ContextTokens})
-			}
-			continue
-		default:
-		}
-		return d, nil
-	}
+	return node.Deployment(members), nil
 }
 
 const preflightUsage = `usage: kvhandoff preflight [flags]

@@ -30,6 +30,11 @@ the router on --control (mutual TLS) and serve /metrics on --metrics. Nodes
 find each other through --peers (static: name=host:port of each peer's
 control API) or --etcd (a registry under leases).
 
+At start-up a prefill or decode node reads what the registry holds, adds
+itself and runs kvhandoff preflight's check: if it would add a problem (its
+pool smaller than the context length, its page size or model differing from
+a registered node's) it refuses to start, exit 1, naming each problem.
+
 Every connection between nodes is mutual TLS 1.3 (--tls-cert, --tls-key,
 --tls-ca; kvhandoff certs makes them), unless --insecure. SIGTERM or SIGINT
 stops the node gracefully: no new request, those in flight drained for
@@ -192,7 +197,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		defer dev.Close()
 		cfg := node.NodeConfig{Name: *name, Device: dev, Pages: *pages, PageTokens: *pageTokens, PageBytes: *pageBytes,
 			ContextTokens: *contextTokens, Model: m, ModelID: *modelID, Security: sec, Callers: []string{*router},
-			Registry: reg, Metrics: node.NewMetrics(), Log: log, Timeout: *timeout}
+			Registry: reg, Metrics: node.NewMetrics(), Log: log, Timeout: *timeout, CheckJoin: true}
 		ctl, err := net.Listen("tcp", *control)
 		if err != nil {
 			return err
@@ -224,6 +229,10 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		}
 		return d.Serve(ctx, ctl, tl, *grace)
 	}()
+	if errors.Is(err, node.ErrWouldBreak) {
+		fmt.Fprintf(stderr, "kvhandoff serve: refusing to join: %v\n", err)
+		return 1
+	}
 	if err != nil && !errors.Is(err, context.Canceled) {
 		log.Error("serve: stopped", "err", err)
 		return 1

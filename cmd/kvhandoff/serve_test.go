@@ -3,10 +3,12 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"os"
@@ -24,6 +26,7 @@ import (
 
 	"github.com/kvhandoff/kvhandoff/engine/model"
 	"github.com/kvhandoff/kvhandoff/internal/pki"
+	"github.com/kvhandoff/kvhandoff/node"
 	"github.com/kvhandoff/kvhandoff/protocol"
 	"github.com/kvhandoff/kvhandoff/transfer"
 )
@@ -430,5 +433,43 @@ func TestServeProcessesSurviveAPrefillKill(t *testing.T) {
 		case <-time.After(30 * time.Second):
 			t.Errorf("%s did not stop after SIGTERM", n)
 		}
+	}
+}
+
+// kvhandoff serve checks the registry before it joins: a prefill node whose
+// page size differs from a registered decode node's exits 1 naming the
+// mismatch and leaves no record; so does one whose pool is smaller than the
+// context it advertises.
+func TestServeRefusesToJoinADeploymentItWouldBreak(t *testing.T) {
+	etcd := startEtcd(t)
+	reg, err := node.NewEtcd([]string{etcd}, "/kvhandoff/nodes/", 2*time.Second, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Close()
+	regCtx, deregister := context.WithCancel(context.Background())
+	defer deregister()
+	if _, err := reg.Register(regCtx, node.Member{Name: "decode-0", Role: node.RoleDecode, Control: "127.0.0.1:1", Transfer: "127.0.0.1:2",
+		PoolPages: 64, PageTokens: 16, PageBytes: 4096, ContextTokens: 512, Model: "kvhandoff-generated"}); err != nil {
+		t.Fatal(err)
+	}
+	args := func(extra ...string) []string {
+		return append([]string{"serve", "--role", "prefill", "--name", "prefill-0", "--insecure", "--etcd", etcd, "--lease", "2s",
+			"--model", "none", "--pool-pages", "64", "--context-tokens", "512", "--log-level", "error"}, extra...)
+	}
+	var out, errb bytes.Buffer
+	if rc := run(args("--page-tokens", "32"), &out, &errb); rc != 1 {
+		t.Fatalf("serve with another page size: exit %d, want 1; stderr: %s", rc, errb.String())
+	}
+	if msg := errb.String(); !strings.Contains(msg, "refusing to join") || !strings.Contains(msg, "page size differs: decode-0 has pages of 16 tokens") {
+		t.Fatalf("the refusal does not name the mismatch: %s", msg)
+	}
+	members, err := node.Registered(context.Background(), reg)
+	if err != nil || len(members) != 1 || members[0].Name != "decode-0" {
+		t.Fatalf("after the refusal the registry holds %+v (%v), want decode-0 alone", members, err)
+	}
+	errb.Reset()
+	if rc := run(args("--pool-pages", "16"), &out, &errb); rc != 1 || !strings.Contains(errb.String(), "prefill pool of prefill-0 holds 256 tokens, fewer than the context length of 512") {
+		t.Fatalf("serve with a short pool: exit %d, want 1 naming the short pool; stderr: %s", rc, errb.String())
 	}
 }

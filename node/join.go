@@ -1,0 +1,111 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/kvhandoff/kvhandoff/internal/preflight"
+)
+
+// ErrWouldBreak is a node refusing to join: its record would add a problem
+// to the deployment's preflight check (a pool smaller than the context
+// length, a page size or a model differing from a registered node's).
+var ErrWouldBreak = errors.New("node: joining would break the deployment")
+
+// Registered is every member reg holds now (a watch's initial Joined
+// events, then nothing more is waited for).
+func Registered(ctx context.Context, reg Registry) ([]Member, error) {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	changes, err := reg.Watch(wctx)
+	if err != nil {
+		return nil, err
+	}
+	byName := map[string]Member{}
+	var order []string
+	// Every registry reports its members present now before Watch returns
+	// (buffered), so reading until the channel is empty reads them all.
+	for {
+		select {
+		case c, ok := <-changes:
+			if !ok {
+				return members(byName, order), nil
+			}
+			switch c.Kind {
+			case Joined:
+				if _, seen := byName[c.Member.Name]; !seen {
+					order = append(order, c.Member.Name)
+				}
+				byName[c.Member.Name] = c.Member
+			case Lost:
+				delete(byName, c.Member.Name)
+			}
+			continue
+		default:
+		}
+		return members(byName, order), nil
+	}
+}
+
+func members(byName map[string]Member, order []string) []Member {
+	var out []Member
+	for _, n := range order {
+		if m, ok := byName[n]; ok {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// Deployment is members as internal/preflight checks them; the context
+// length is the largest any member advertises.
+func Deployment(members []Member) preflight.Deployment {
+	var d preflight.Deployment
+	for _, m := range members {
+		d.Nodes = append(d.Nodes, preflight.Node{Name: m.Name, Role: string(m.Role), PoolPages: m.PoolPages, PageTokens: m.PageTokens,
+			PageBytes: m.PageBytes, Model: m.Model, ContextTokens: m.ContextTokens})
+	}
+	return d
+}
+
+// CheckJoin is the start-up check of kvhandoff serve: it reads what reg
+// holds now, adds self (in place of a record of the same name: a node
+// restarting before its old lease expired), and runs preflight.Check on the
+// deployment without self and with it. A problem that only the deployment
+// with self has is one self would cause: CheckJoin then returns an error
+// matching ErrWouldBreak that names each such problem. Problems the
+// deployment already had are not self's to refuse on.
+func CheckJoin(ctx context.Context, reg Registry, self Member) error {
+	if err := self.validate(); err != nil {
+		return err
+	}
+	if self.Role == RoleRouter {
+		return nil // a router holds no KV
+	}
+	held, err := Registered(ctx, reg)
+	if err != nil {
+		return fmt.Errorf("node: reading the registry before joining: %w", err)
+	}
+	var others []Member
+	for _, m := range held {
+		if m.Name != self.Name {
+			others = append(others, m)
+		}
+	}
+	before := map[string]bool{}
+	for _, p := range preflight.Check(Deployment(others)) {
+		before[string(p.Kind)+"\x00"+p.Message] = true
+	}
+	var added []string
+	for _, p := range preflight.Check(Deployment(append(others, self))) {
+		if !before[string(p.Kind)+"\x00"+p.Message] {
+			added = append(added, p.Message)
+		}
+	}
+	if len(added) > 0 {
+		return fmt.Errorf("%w: %s would add %d problem(s): %s", ErrWouldBreak, self.Name, len(added), strings.Join(added, "; "))
+	}
+	return nil
+}

@@ -1,0 +1,134 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvhandoff/kvhandoff/rdma/inproc"
+)
+
+// registeredNames is the names etcd holds under prefix now.
+func registeredNames(t *testing.T, reg Registry) []string {
+	t.Helper()
+	ms, err := Registered(context.Background(), reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, m := range ms {
+		out = append(out, m.Name)
+	}
+	return out
+}
+
+// A node joining a deployment in etcd is checked against what the other
+// nodes registered: a good one registers; one whose pool is smaller than the
+// context, whose page size or model differs, or whose advertised context is
+// more than a registered pool holds, is refused with ErrWouldBreak naming
+// the problem, and leaves no record. Without CheckJoin the same bad node
+// registers (the check is what refuses it).
+func TestJoinIsRefusedWhereItWouldBreakTheDeployment(t *testing.T) {
+	addr := startEtcd(t)
+	reg, err := NewEtcd([]string{addr}, "/join/nodes", 2*time.Second, quietLog())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Close()
+	// The deployment already there: one decode node, a pool of 1,024 tokens
+	// in pages of 16, a context of 512, model m.
+	regCtx, deregister := context.WithCancel(context.Background())
+	defer deregister()
+	if _, err := reg.Register(regCtx, Member{Name: "decode-0", Role: RoleDecode, Control: "127.0.0.1:1", Transfer: "127.0.0.1:2",
+		PoolPages: 64, PageTokens: 16, PageBytes: 4096, ContextTokens: 512, Model: "m"}); err != nil {
+		t.Fatal(err)
+	}
+	fabric := inproc.NewFabric(fmt.Sprintf("join-%d", time.Now().UnixNano()))
+	cases := []struct {
+		name                       string
+		pages, pageTokens, context int
+		model                      string
+		noCheck                    bool
+		refused                    string // "" joins
+	}{
+		{name: "prefill-good", pages: 64, pageTokens: 16, context: 512, model: "m"},
+		{name: "prefill-pages", pages: 64, pageTokens: 32, context: 512, model: "m", refused: "page size differs: decode-0 has pages of 16 tokens (4,096 bytes), prefill-pages of 32 tokens"},
+		{name: "prefill-model", pages: 64, pageTokens: 16, context: 512, model: "other", refused: `model differs: decode-0 serves "m", prefill-model serves "other"`},
+		{name: "prefill-short", pages: 16, pageTokens: 16, context: 512, model: "m", refused: "prefill pool of prefill-short holds 256 tokens, fewer than the context length of 512"},
+		{name: "prefill-wide", pages: 256, pageTokens: 16, context: 2048, model: "m", refused: "decode pool of decode-0 holds 1,024 tokens, fewer than the context length of 2,048"},
+		{name: "prefill-unchecked", pages: 16, pageTokens: 16, context: 512, model: "m", noCheck: true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p, err := NewPrefill(NodeConfig{Name: c.name, Device: fabric.Device(c.name), Pages: c.pages, PageTokens: c.pageTokens, PageBytes: 4096,
+				ContextTokens: c.context, ModelID: c.model, Security: Security{Insecure: true}, Registry: reg, Log: quietLog(), CheckJoin: !c.noCheck})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctl, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, stop := context.WithCancel(context.Background())
+			defer stop()
+			served := make(chan error, 1)
+			go func() { served <- p.Serve(ctx, ctl, time.Second) }()
+			if c.refused != "" {
+				select {
+				case err := <-served:
+					if !errors.Is(err, ErrWouldBreak) || !strings.Contains(err.Error(), c.refused) {
+						t.Fatalf("Serve: %v; want ErrWouldBreak naming %q", err, c.refused)
+					}
+				case <-time.After(20 * time.Second):
+					t.Fatal("a node that would break the deployment is serving")
+				}
+				if names := registeredNames(t, reg); slices.Contains(names, c.name) {
+					t.Fatalf("the refused node is registered: %v", names)
+				}
+				return
+			}
+			deadline := time.Now().Add(20 * time.Second)
+			for !slices.Contains(registeredNames(t, reg), c.name) {
+				select {
+				case err := <-served:
+					t.Fatalf("a good node stopped: %v", err)
+				default:
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("a good node did not register")
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			stop()
+			if err := <-served; err != nil {
+				t.Fatalf("Serve: %v", err)
+			}
+		})
+	}
+}
+
+// CheckJoin refuses only problems the node adds: a deployment already
+// broken (a registered pool short of the context) does not stop a good node
+// joining, and a node's own stale record (a restart before its lease
+// expired) is replaced, not compared with.
+func TestJoinIgnoresProblemsTheDeploymentAlreadyHad(t *testing.T) {
+	reg, err := NewStatic(
+		Member{Name: "decode-0", Role: RoleDecode, Control: "a", Transfer: "b", PoolPages: 16, PageTokens: 16, PageBytes: 4096, ContextTokens: 512, Model: "m"},
+		Member{Name: "prefill-0", Role: RolePrefill, Control: "c", PoolPages: 64, PageTokens: 32, PageBytes: 4096, ContextTokens: 512, Model: "old"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	self := Member{Name: "prefill-0", Role: RolePrefill, Control: "c", PoolPages: 64, PageTokens: 16, PageBytes: 4096, ContextTokens: 512, Model: "m"}
+	if err := CheckJoin(context.Background(), reg, self); err != nil {
+		t.Fatalf("a good node refused: %v", err)
+	}
+	self.Model = "other"
+	if err := CheckJoin(context.Background(), reg, self); !errors.Is(err, ErrWouldBreak) || !strings.Contains(err.Error(), "model differs") {
+		t.Fatalf("CheckJoin: %v; want ErrWouldBreak, model differs", err)
+	}
+}
