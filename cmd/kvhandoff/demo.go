@@ -44,6 +44,7 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 	incident := fs.Bool("incident", false, "the incident's deployment: prefill pools smaller than the advertised context")
 	noFaults := fs.Bool("no-faults", false, "inject no faults")
 	procs := fs.Bool("procs", false, "run the nodes as separate kvhandoff serve processes over the socket provider (faults: a prefill node killed and restarted)")
+	etcd := fs.String("etcd", "", "with --procs: the nodes register in this running etcd cluster (host:port,...) instead of static peers")
 	asJSON := fs.Bool("json", false, "one JSON object on stdout instead of the table")
 	verbose := fs.Bool("v", false, "list the faults injected")
 	logLevel := fs.String("log", "", "the nodes' logs on stderr at this level: debug, info, warn, error (default none)")
@@ -59,7 +60,11 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "kvhandoff demo: --requests and --concurrency must be positive, --tenants at least 2")
 		return 2
 	}
-	cfg := demo.Config{Deployment: demo.Default(), Faults: demo.DefaultFaults(), Concurrency: *concurrency,
+	if *etcd != "" && !*procs {
+		fmt.Fprintln(stderr, "kvhandoff demo: --etcd needs --procs (the in-process deployment uses its own registry)")
+		return 2
+	}
+	cfg := demo.Config{Deployment: demo.Default(), Faults: demo.DefaultFaults(), Concurrency: *concurrency, Etcd: *etcd,
 		Workload: demo.Spec{Seed: *seed, Requests: *requests, Tenants: *tenants}}
 	if *incident {
 		cfg.Deployment = demo.Incident()
@@ -123,6 +128,9 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 		where := "in process"
 		if *procs {
 			where = "as serve processes over the socket provider"
+			if *etcd != "" {
+				where += ", registered in etcd"
+			}
 		}
 		fmt.Fprintf(stdout, "deployment: router, %d prefill and %d decode nodes %s (built-in model, pages of %d tokens), nodes taking %d tokens",
 			d.Prefills, d.Decodes, where, d.PageTokens, d.Limit())

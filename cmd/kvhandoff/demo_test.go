@@ -2,8 +2,14 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"strings"
 	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 )
 
 type demoJSON struct {
@@ -119,5 +125,52 @@ func TestDemoCatchesPagesLeakedOnCancel(t *testing.T) {
 	rc, got := runDemoJSON(t, "--requests", "150", "--bug", "leak-on-cancel")
 	if rc != 1 || got.PagesLeaked == 0 {
 		t.Fatalf("leak-on-cancel: exit %d, %+v: want pages leaked", rc, got)
+	}
+}
+
+// demo --procs --etcd: the same process deployment registered through a
+// running etcd cluster instead of static peers passes the same checks, and
+// the nodes did write their records there (a registration, and prefill-1's
+// again after its restart, each a revision of the cluster).
+func TestDemoAsProcessesThroughEtcdLeaksNothing(t *testing.T) {
+	t.Setenv("KVH_TEST_AS_KVHANDOFF", "1") // the nodes are this test binary
+	etcd := startEtcd(t)
+	rc, got := runDemoJSON(t, "--procs", "--etcd", etcd, "--requests", "150")
+	if rc != 0 || got.Leaks != 0 || got.Incoherent != 0 || got.PagesLeaked != 0 || got.OK == 0 || got.Rejected == 0 || got.Coherent != got.OK {
+		t.Fatalf("exit %d: %+v", rc, got)
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{etcd}, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	puts := 0
+	resp, err := cli.Get(ctx, "/kvhandoff/", clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rev := int64(2); rev <= resp.Header.Revision; rev++ {
+		r, err := cli.Get(ctx, "/kvhandoff/", clientv3.WithPrefix(), clientv3.WithRev(rev))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, kv := range r.Kvs {
+			if kv.ModRevision == rev {
+				puts++
+			}
+		}
+	}
+	if puts < 5 {
+		t.Fatalf("%d registrations in etcd; want the 4 nodes' and prefill-1's after its restart", puts)
+	}
+}
+
+// --etcd is for the process deployment only.
+func TestDemoEtcdNeedsProcs(t *testing.T) {
+	var out, errb bytes.Buffer
+	if rc := run([]string{"demo", "--etcd", "127.0.0.1:2379"}, &out, &errb); rc != 2 || !strings.Contains(errb.String(), "--etcd needs --procs") {
+		t.Fatalf("exit %d: %s", rc, errb.String())
 	}
 }

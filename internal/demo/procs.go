@@ -47,9 +47,11 @@ func freePort() (string, error) {
 }
 
 // StartProcs starts d as processes of bin (the kvhandoff binary) in dir;
-// the nodes' logs go to logs. Research switches are not available across
-// processes (serve takes none).
-func StartProcs(bin, dir string, d Deployment, logs io.Writer) (*Procs, error) {
+// the nodes' logs go to logs. With etcd (host:port,... of a running
+// cluster) the nodes register there, under a prefix of this run's own,
+// instead of finding each other through static --peers. Research switches
+// are not available across processes (serve takes none).
+func StartProcs(bin, dir string, d Deployment, etcd string, logs io.Writer) (*Procs, error) {
 	if d.Research.Any() || d.AdvertiseContext > 0 {
 		return nil, errors.New("demo: --bug and --incident run in process only (kvhandoff serve has no research switches)")
 	}
@@ -105,6 +107,22 @@ func StartProcs(bin, dir string, d Deployment, logs io.Writer) (*Procs, error) {
 	p.api = addr()
 	p.args["router"] = append(append([]string{"serve", "--role", "router", "--name", "router", "--listen", p.api, "--peers", strings.Join(allPeers, ",")},
 		common...), tls("router")...)
+	if etcd != "" {
+		// The same processes, registered in etcd: every static --peers
+		// gives way to the cluster, under a prefix no other run shares.
+		reg := []string{"--etcd", etcd, "--etcd-prefix", "/kvhandoff/" + filepath.Base(dir) + "/", "--lease", "2s"}
+		for name, args := range p.args {
+			var kept []string
+			for i := 0; i < len(args); i++ {
+				if args[i] == "--peers" {
+					i++
+					continue
+				}
+				kept = append(kept, args[i])
+			}
+			p.args[name] = append(kept, reg...)
+		}
+	}
 	for _, name := range append(names, "router") {
 		if err := p.start(name); err != nil {
 			p.Stop()
@@ -351,7 +369,7 @@ func RunProcs(ctx context.Context, bin string, cfg Config, logs io.Writer) (*Res
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	p, err := StartProcs(bin, dir, d, logs)
+	p, err := StartProcs(bin, dir, d, cfg.Etcd, logs)
 	if err != nil {
 		return nil, err
 	}

@@ -18,6 +18,9 @@ type Config struct {
 	Concurrency int
 	Progress    func() // once per finished request
 	Log         *slog.Logger
+	// Etcd, for RunProcs: the nodes register in this etcd cluster
+	// (host:port,...) instead of static peers.
+	Etcd string
 }
 
 // Result is a run's report and what was injected.
