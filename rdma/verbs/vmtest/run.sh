@@ -2,7 +2,8 @@
 # Real verbs on a machine without RDMA hardware: boot Debian's kernel under QEMU
 # (software emulation), create a Soft-RoCE (rxe) device on a dummy netdev, and run
 # over it the rdma conformance suite, the parts of the hostile-peer suite a NIC
-# answers for, the handoff tests and the verbs benchmark
+# answers for, the handoff tests, the serve topology (router, two prefill and two
+# decode processes, every queue pair on rxe0) and the verbs benchmark
 # against perftest's ib_write_bw. Exits 0 only if the guest prints the PASS marker.
 #
 #   rdma/verbs/vmtest/run.sh            # installs host packages if missing (root, apt)
@@ -54,6 +55,7 @@ MODDIR=$K/root/lib/modules/$KVER
 (cd "$ROOT" &&
   CGO_ENABLED=1 go test -tags verbs -c -o "$W/verbs.test" ./rdma/verbs &&
   CGO_ENABLED=1 go test -tags verbs -c -o "$W/transfer.test" ./transfer &&
+  CGO_ENABLED=1 go test -tags verbs -c -o "$W/kvhandoff.test" ./cmd/kvhandoff &&
   CGO_ENABLED=1 go build -tags verbs -o "$W/kvhandoff" ./cmd/kvhandoff)
 
 # 4. The initramfs: busybox, the modules (dependency order from modules.dep),
@@ -64,7 +66,7 @@ ln -s usr/bin "$R/bin"; ln -s usr/sbin "$R/sbin"; ln -s usr/lib "$R/lib"; ln -s 
 cp /bin/busybox "$R/usr/bin/busybox"
 for a in $("$R/usr/bin/busybox" --list); do [ -e "$R/usr/bin/$a" ] || ln -s busybox "$R/usr/bin/$a"; done
 cp "$HERE/init" "$R/init"; chmod +x "$R/init"
-cp "$W/verbs.test" "$W/transfer.test" "$W/kvhandoff" "$R/usr/bin/"
+cp "$W/verbs.test" "$W/transfer.test" "$W/kvhandoff.test" "$W/kvhandoff" "$R/usr/bin/"
 # crc32_generic: rxe needs the "crc32" crypto algorithm when a link is added,
 # and it is not among rdma_rxe's module dependencies.
 : > "$R/modules/order"
@@ -86,7 +88,7 @@ RXE=$(ls "$LIBIBV"/librxe-rdmav*.so | head -n1)
 cp "$RXE" "$R$LIBIBV/"
 cp /etc/libibverbs.d/rxe.driver "$R/etc/libibverbs.d/"
 for b in /usr/bin/ib_write_bw /usr/bin/rdma; do cp "$b" "$R$b"; done
-for f in /usr/bin/ib_write_bw /usr/bin/rdma "$RXE" "$R/usr/bin/verbs.test" "$R/usr/bin/transfer.test" "$R/usr/bin/kvhandoff"; do
+for f in /usr/bin/ib_write_bw /usr/bin/rdma "$RXE" "$R/usr/bin/verbs.test" "$R/usr/bin/transfer.test" "$R/usr/bin/kvhandoff.test" "$R/usr/bin/kvhandoff"; do
   ldd "$f" | awk '/=>/ {print $3} /^[ \t]*\/lib64\// {print $1}' | while read -r l; do
     [ -n "$l" ] || continue
     dest="$R/usr${l#/usr}"
@@ -105,7 +107,7 @@ echo "vmtest: booting $KVER ($ACCEL), modules: $(tr '\n' ' ' < "$R/modules/order
 LOG=$OUT/guest.log
 start=$SECONDS
 timeout --foreground "$TIMEOUT" qemu-system-x86_64 -nographic -no-reboot \
-  -machine q35 -accel "$ACCEL" -cpu max -smp 2 -m 1024 \
+  -machine q35 -accel "$ACCEL" -cpu max -smp 2 -m 2048 \
   -kernel "$K/root/boot/vmlinuz-$KVER" -initrd "$W/initrd.gz" -nic none \
   -append "console=ttyS0 quiet panic=-1" < /dev/null 2>&1 | tr -d '\r' | tee "$LOG" || true
 echo "vmtest: guest ran $((SECONDS - start)) s; log in $LOG"
