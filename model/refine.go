@@ -319,7 +319,7 @@ func (h *Refinement) step(a spec.Action, impl func(popped *int) error) error {
 		return fmt.Errorf("model: %v is not enabled", a)
 	}
 	h.Trace = append(h.Trace, a.String())
-	before := h.s.QP.Items()
+	before := h.s.QP[0][0].Items()
 	popped := 0
 	if err := impl(&popped); err != nil {
 		return err
@@ -345,12 +345,12 @@ func (h *Refinement) step(a spec.Action, impl func(popped *int) error) error {
 	// Whatever the spec put on the queue pair in this step, the harness hands
 	// from the Sender's backlog to the wire, in the same order.
 	var sent []spec.Msg
-	if h.s.QP.N > 0 {
+	if h.s.QP[0][0].N > 0 {
 		kept := len(before) - popped
-		if a.Kind == spec.Cut || int(h.s.QP.N) < kept {
+		if a.Kind == spec.Cut || int(h.s.QP[0][0].N) < kept {
 			kept = 0 // the queue pair was cleared
 		}
-		sent = h.s.QP.Items()[kept:]
+		sent = h.s.QP[0][0].Items()[kept:]
 	}
 	for _, msg := range sent {
 		if err := h.release(msg, msg.Damage); err != nil {
@@ -873,13 +873,13 @@ func SpecView(cfg spec.Config, s *spec.State) string {
 		b.WriteString(" | source")
 		if q.S.SrcHeld {
 			for i := 0; i < int(q.S.Pages); i++ {
-				fmt.Fprintf(&b, " %d:%v", i, s.Src[q.S.Src[i]].Data)
+				fmt.Fprintf(&b, " %d:%v", i, s.Src[0][q.S.Src[i]].Data)
 			}
 		}
 		b.WriteString("\n")
 	}
 	for p := 0; p < cfg.DecodePages; p++ {
-		pg := &s.Pages[p]
+		pg := &s.Pages[0][p]
 		o := "free"
 		if pg.Owner != spec.Free {
 			o = fmt.Sprintf("r%d", pg.Owner)
@@ -892,17 +892,17 @@ func SpecView(cfg spec.Config, s *spec.State) string {
 			pg.Data, req, pg.Tag.Index, pg.Tag.Epoch, pg.Tag.Sum)
 	}
 	b.WriteString("queue pair:")
-	for _, m := range s.QP.Items() {
+	for _, m := range s.QP[0][0].Items() {
 		fmt.Fprintf(&b, " %v r%d", m.Kind, m.Req)
 		if m.Kind == spec.MWrite {
 			fmt.Fprintf(&b, "[%d]", m.Index)
 		}
 	}
 	b.WriteString("\nback:")
-	for _, m := range s.QPBack.Items() {
+	for _, m := range s.QPBack[0][0].Items() {
 		fmt.Fprintf(&b, " %v r%d", m.Kind, m.Req)
 	}
-	writeRouterQueues(&b, s.ToPrefill.Items(), s.ToDecode.Items())
+	writeRouterQueues(&b, s.ToPrefill[0].Items(), s.ToDecode[0].Items())
 	return b.String()
 }
 

@@ -119,10 +119,16 @@ const (
 	FaultCut                  // the queue pair breaks: everything in flight is flushed
 	FaultLate                 // a posted WRITE stays in the network, placed arbitrarily later
 	FaultCorrupt              // a WRITE's payload is corrupted in transit
+	FaultLease                // a decode node's registry lease expires (the node may live on, unreachable)
 	NumFaults
 )
 
-var faultNames = [NumFaults]string{"cancel", "crash", "timeout", "cut", "late", "corrupt"}
+// numClassicFaults is the faults of the one-pair deployment: "all" means
+// these, and a budget prints the others only when they are not zero, so
+// that the one-pair runs read as they did before the topology existed.
+const numClassicFaults = FaultLease
+
+var faultNames = [NumFaults]string{"cancel", "crash", "timeout", "cut", "late", "corrupt", "lease"}
 
 func (f Fault) String() string {
 	if f >= 0 && f < NumFaults {
@@ -138,6 +144,9 @@ type Budget [NumFaults]uint8
 func (b Budget) String() string {
 	var parts []string
 	for f := Fault(0); f < NumFaults; f++ {
+		if f >= numClassicFaults && b[f] == 0 {
+			continue
+		}
 		parts = append(parts, fmt.Sprintf("%s=%d", f, b[f]))
 	}
 	return strings.Join(parts, ",")
@@ -154,7 +163,7 @@ func ParseFaults(list string) (Budget, error) {
 	case "none", "":
 		return b, nil
 	case "all":
-		for i := range b {
+		for i := range numClassicFaults {
 			b[i] = 1
 		}
 		return b, nil
@@ -241,7 +250,16 @@ type Config struct {
 	MaxFaults    int    // faults in one execution, all kinds together; 0 means only the budgets bound them
 	Damage       Damage // what the corrupt fault may damage besides a WRITE's payload
 	Bugs         Switches
+	// The deployment: Prefills prefill and Decodes decode nodes (0 means 1),
+	// each with the pools above, and a queue pair per (prefill, decode) pair.
+	Prefills, Decodes int
 }
+
+// NumPrefills is the number of prefill nodes.
+func (c *Config) NumPrefills() int { return max(1, c.Prefills) }
+
+// NumDecodes is the number of decode nodes.
+func (c *Config) NumDecodes() int { return max(1, c.Decodes) }
 
 // Bounds of the state encoding.
 const (
@@ -250,6 +268,8 @@ const (
 	MaxPrefillPages = 8
 	MaxSlots        = 4
 	MaxQueue        = 8
+	MaxPrefills     = 2
+	MaxDecodes      = 2
 )
 
 // DefaultConfig is the incident's deployment at the default bounds: three
@@ -278,7 +298,7 @@ func NewConfig(requests, decodePages, pageSize int) Config {
 	if requests > 0 {
 		c.Prompts = append(c.Prompts, prefillPages*pageSize+1)
 	}
-	for f := range c.Faults {
+	for f := range numClassicFaults {
 		c.Faults[f] = 1
 	}
 	return c
@@ -314,6 +334,10 @@ func (c *Config) Validate() error {
 		return bad("decode slots must be 1..%d, got %d", MaxSlots, c.DecodeSlots)
 	case c.MaxInFlight < 1:
 		return bad("max in-flight WRITEs must be at least 1")
+	case c.Prefills < 0 || c.Prefills > MaxPrefills:
+		return bad("prefill nodes must be 1..%d, got %d", MaxPrefills, c.Prefills)
+	case c.Decodes < 0 || c.Decodes > MaxDecodes:
+		return bad("decode nodes must be 1..%d, got %d", MaxDecodes, c.Decodes)
 	case c.ContextLimit < 1:
 		return bad("context limit must be at least 1 token")
 	}

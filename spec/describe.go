@@ -29,23 +29,54 @@ func msgString(msg Msg) string {
 	return fmt.Sprintf("%s{r%d}", msg.Kind, msg.Req)
 }
 
+// multi reports whether the deployment has more than one queue pair: only
+// then do descriptions name nodes.
+func (m *Model) multi() bool { return m.cfg.NumPrefills()*m.cfg.NumDecodes() > 1 }
+
+// prefillName and decodeName name a node in descriptions.
+func (m *Model) prefillName(p int) string {
+	if !m.multi() {
+		return "prefill"
+	}
+	return fmt.Sprintf("prefill p%d", p)
+}
+
+func (m *Model) decodeName(d int) string {
+	if !m.multi() {
+		return "decode"
+	}
+	return fmt.Sprintf("decode d%d", d)
+}
+
 func (m *Model) describeAction(s *State, a Action) string {
 	r := a.Req
+	var rp, rd int // the nodes of a's request, when it has one
+	if r >= 0 {
+		rp, rd = int(s.Req[r].P), int(s.Req[r].D)
+	}
+	ap, ad := int(a.Arg>>4), int(a.Arg&15) // a queue pair's nodes, for the actions that name one
 	switch a.Kind {
 	case Submit:
-		return fmt.Sprintf("client submits r%d (%d tokens; the router admits up to %d)", r, m.cfg.Prompts[r], m.cfg.ContextLimit)
+		out := fmt.Sprintf("client submits r%d (%d tokens; the router admits up to %d)", r, m.cfg.Prompts[r], m.cfg.ContextLimit)
+		if m.multi() && m.cfg.Prompts[r] <= m.cfg.ContextLimit {
+			if a.Arg == 0 && (s.CrashDetected[0] || s.DecodeLost[0]) {
+				return out + "; no live node of some role"
+			}
+			out += fmt.Sprintf("; the router picks %s and %s", m.prefillName(ap), m.decodeName(ad))
+		}
+		return out
 	case PrefillRecv:
-		return "prefill receives " + msgString(s.ToPrefill.Head()) + " from the router"
+		return m.prefillName(int(a.Arg)) + " receives " + msgString(s.ToPrefill[a.Arg].Head()) + " from the router"
 	case PrefillRecvQP:
-		return "prefill receives " + msgString(s.QPBack.Head()) + " from decode"
+		return m.prefillName(ap) + " receives " + msgString(s.QPBack[ap][ad].Head()) + " from " + m.decodeName(ad)
 	case DecodeRecv:
-		return "decode receives " + msgString(s.ToDecode.Head()) + " from the router"
+		return m.decodeName(int(a.Arg)) + " receives " + msgString(s.ToDecode[a.Arg].Head()) + " from the router"
 	case DecodeRecvQP:
-		h := s.QP.Head()
+		h := s.QP[rp][rd].Head()
 		if h.Kind == MWrite {
 			return fmt.Sprintf("the queue pair places WRITE r%d[%d] into page %d (granted at epoch %d)", h.Req, h.Index, h.Target.Page, h.Target.Epoch)
 		}
-		return "decode receives " + msgString(h) + " from prefill"
+		return m.decodeName(rd) + " receives " + msgString(h) + " from " + m.prefillName(rp)
 	case PostWrite:
 		snd := &s.Req[r].S
 		i := snd.Posted
@@ -60,21 +91,35 @@ func (m *Model) describeAction(s *State, a Action) string {
 	case DecodeRead:
 		return fmt.Sprintf("decode attends over r%d's pages and replies", r)
 	case DetectCrash:
+		if m.multi() {
+			return fmt.Sprintf("the router detects that prefill node p%d is gone (its lease expired)", a.Arg)
+		}
 		return "the router detects that the prefill node is gone"
 	case Cancel:
 		return fmt.Sprintf("[FAULT cancel] the client disconnects r%d", r)
 	case Crash:
+		if m.multi() {
+			return fmt.Sprintf("[FAULT crash] prefill node p%d crashes", a.Arg)
+		}
 		return "[FAULT crash] the prefill node crashes"
 	case Timeout:
-		return fmt.Sprintf("[FAULT timeout] decode's timer for r%d fires", r)
+		return fmt.Sprintf("[FAULT timeout] %s's timer for r%d fires", m.decodeName(rd), r)
 	case Cut:
+		if m.multi() {
+			return fmt.Sprintf("[FAULT cut] the queue pair p%d-d%d breaks: everything in flight on it is flushed", ap, ad)
+		}
 		return "[FAULT cut] the queue pair breaks: everything in flight is flushed"
+	case LeaseLost:
+		if a.Arg&DecodeNode != 0 {
+			return fmt.Sprintf("[FAULT lease] decode node d%d's registry lease expires (it lives on, unreachable)", a.Arg&15)
+		}
+		return fmt.Sprintf("[FAULT lease] prefill node p%d's registry lease expires (it lives on, unreachable)", a.Arg)
 	case CorruptSend:
 		field := [...]string{"token", "page"}[a.Arg&SendPages]
 		if a.Arg&SendBack != 0 {
-			return fmt.Sprintf("[FAULT corrupt] prefill receives %s from decode with its %s count damaged", msgString(s.QPBack.Head()), field)
+			return fmt.Sprintf("[FAULT corrupt] %s receives %s from %s with its %s count damaged", m.prefillName(rp), msgString(s.QPBack[rp][rd].Head()), m.decodeName(rd), field)
 		}
-		return fmt.Sprintf("[FAULT corrupt] decode receives %s from prefill with its %s count damaged", msgString(s.QP.Head()), field)
+		return fmt.Sprintf("[FAULT corrupt] %s receives %s from %s with its %s count damaged", m.decodeName(rd), msgString(s.QP[rp][rd].Head()), m.prefillName(rp), field)
 	}
 	return a.String()
 }
@@ -125,35 +170,58 @@ func (m *Model) changes(p *State, a Action, n *State) []string {
 			add("decode read for r%d: %s", r, strings.Join(got, ", "))
 		}
 	}
-	for i := 0; i < m.cfg.DecodePages; i++ {
-		pp, np := &p.Pages[i], &n.Pages[i]
-		if pp.Owner != np.Owner || pp.Epoch != np.Epoch || pp.Quarantined != np.Quarantined {
-			add("page %d: %s -> %s", i, ownerString(pp), ownerString(np))
+	for d := 0; d < m.cfg.NumDecodes(); d++ {
+		at := ""
+		if m.multi() {
+			at = fmt.Sprintf(" of d%d", d)
 		}
-		if pp.Data != np.Data || pp.Tag != np.Tag {
-			add("page %d now holds %s with tag record {r%d[%d]@%d, sum of %s}", i, np.Data, np.Tag.Req, np.Tag.Index, np.Tag.Epoch, np.Tag.Sum)
-		}
-	}
-	for i := 0; i < m.cfg.PrefillPages; i++ {
-		ps, ns := p.Src[i], n.Src[i]
-		if ps.Owner != ns.Owner {
-			add("prefill source page %d: %s -> %s", i, srcOwner(ps.Owner), srcOwner(ns.Owner))
-		}
-		if ps.Data != ns.Data {
-			add("prefill source page %d now holds %s", i, ns.Data)
+		for i := 0; i < m.cfg.DecodePages; i++ {
+			pp, np := &p.Pages[d][i], &n.Pages[d][i]
+			if pp.Owner != np.Owner || pp.Epoch != np.Epoch || pp.Quarantined != np.Quarantined {
+				add("page %d%s: %s -> %s", i, at, ownerString(pp), ownerString(np))
+			}
+			if pp.Data != np.Data || pp.Tag != np.Tag {
+				add("page %d%s now holds %s with tag record {r%d[%d]@%d, sum of %s}", i, at, np.Data, np.Tag.Req, np.Tag.Index, np.Tag.Epoch, np.Tag.Sum)
+			}
 		}
 	}
-	for _, q := range []struct {
-		name   string
-		before *Queue
-		after  *Queue
-		pop    bool
-	}{
-		{"router -> prefill", &p.ToPrefill, &n.ToPrefill, a.Kind == PrefillRecv},
-		{"router -> decode", &p.ToDecode, &n.ToDecode, a.Kind == DecodeRecv},
-		{"prefill -> decode", &p.QP, &n.QP, a.Kind == DecodeRecvQP},
-		{"decode -> prefill", &p.QPBack, &n.QPBack, a.Kind == PrefillRecvQP},
-	} {
+	for sp := 0; sp < m.cfg.NumPrefills(); sp++ {
+		name := m.prefillName(sp)
+		for i := 0; i < m.cfg.PrefillPages; i++ {
+			ps, ns := p.Src[sp][i], n.Src[sp][i]
+			if ps.Owner != ns.Owner {
+				add("%s source page %d: %s -> %s", name, i, srcOwner(ps.Owner), srcOwner(ns.Owner))
+			}
+			if ps.Data != ns.Data {
+				add("%s source page %d now holds %s", name, i, ns.Data)
+			}
+		}
+	}
+	type queueChange struct {
+		name          string
+		before, after *Queue
+		pop           bool
+	}
+	var queues []queueChange
+	ap, ad := int(a.Arg>>4), int(a.Arg&15)
+	var rp, rd int
+	if a.Req >= 0 {
+		rp, rd = int(p.Req[a.Req].P), int(p.Req[a.Req].D)
+	}
+	for sp := 0; sp < m.cfg.NumPrefills(); sp++ {
+		queues = append(queues, queueChange{"router -> " + m.prefillName(sp), &p.ToPrefill[sp], &n.ToPrefill[sp], a.Kind == PrefillRecv && int(a.Arg) == sp})
+	}
+	for d := 0; d < m.cfg.NumDecodes(); d++ {
+		queues = append(queues, queueChange{"router -> " + m.decodeName(d), &p.ToDecode[d], &n.ToDecode[d], a.Kind == DecodeRecv && int(a.Arg) == d})
+	}
+	for sp := 0; sp < m.cfg.NumPrefills(); sp++ {
+		for d := 0; d < m.cfg.NumDecodes(); d++ {
+			queues = append(queues,
+				queueChange{m.prefillName(sp) + " -> " + m.decodeName(d), &p.QP[sp][d], &n.QP[sp][d], a.Kind == DecodeRecvQP && rp == sp && rd == d},
+				queueChange{m.decodeName(d) + " -> " + m.prefillName(sp), &p.QPBack[sp][d], &n.QPBack[sp][d], a.Kind == PrefillRecvQP && ap == sp && ad == d})
+		}
+	}
+	for _, q := range queues {
 		kept := int(q.before.N)
 		if q.pop {
 			kept--
@@ -175,8 +243,14 @@ func (m *Model) changes(p *State, a Action, n *State) []string {
 	if g := &n.Ghost; g.Spurious && !p.Ghost.Spurious {
 		add("no fault has happened, and nothing in the state before this step gives r%d that outcome", g.SpuriousReq)
 	}
-	if !p.PrefillCrashed && n.PrefillCrashed {
-		add("prefill's memory and queues are gone; WRITEs already in the network can still land")
+	for sp := 0; sp < m.cfg.NumPrefills(); sp++ {
+		if !p.PrefillCrashed[sp] && n.PrefillCrashed[sp] {
+			if m.multi() {
+				add("prefill p%d's memory and queues are gone; WRITEs already in the network can still land", sp)
+			} else {
+				add("prefill's memory and queues are gone; WRITEs already in the network can still land")
+			}
+		}
 	}
 	return out
 }

@@ -7,7 +7,7 @@ import (
 )
 
 // The model checker holds the states still to explore (its frontier) encoded:
-// a State is 889 bytes, but a reachable state differs from the initial state in
+// a State is about 2 KB (every node of the largest deployment), but a reachable state differs from the initial state in
 // a few dozen. The encoding is the state's bytes XORed with the initial state's,
 // as runs: a uvarint count of equal bytes, a uvarint count of differing bytes,
 // then those bytes XORed; the trailing equal run is implied. It is exact, byte

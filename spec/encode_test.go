@@ -1,6 +1,7 @@
 package spec
 
 import (
+	"encoding/binary"
 	"errors"
 	"reflect"
 	"testing"
@@ -82,9 +83,9 @@ func TestDecodeRefusesMalformedEncodings(t *testing.T) {
 	m, _ := New(NewConfig(3, 4, 2))
 	var s State
 	for _, b := range [][]byte{
-		{0x80},                // a truncated uvarint
-		{0, 5, 1, 2},          // fewer literal bytes than announced
-		{0xff, 0x07, 1, 0xaa}, // a run past the end of the state
+		{0x80},       // a truncated uvarint
+		{0, 5, 1, 2}, // fewer literal bytes than announced
+		append(binary.AppendUvarint(nil, uint64(stateSize)), 1, 0xaa), // a run past the end of the state
 	} {
 		if err := m.DecodeState(b, &s); !errors.Is(err, ErrBadEncoding) {
 			t.Errorf("%x: got %v, want ErrBadEncoding", b, err)

@@ -61,14 +61,18 @@ func symmetries(prompts []int) [][]int8 {
 // free at epoch 0 and holding an earlier tenant's KV, every fault's budget full.
 func (m *Model) Initial() []State {
 	var s State
-	for i := range s.Pages {
-		s.Pages[i] = DecodePage{Owner: Free, Data: Label{Req: Tenant}, Tag: Tag{Req: Tenant, Sum: Label{Req: Tenant}}}
+	for d := range s.Pages {
+		for i := range s.Pages[d] {
+			s.Pages[d][i] = DecodePage{Owner: Free, Data: Label{Req: Tenant}, Tag: Tag{Req: Tenant, Sum: Label{Req: Tenant}}}
+		}
+		for i := range s.Slots[d] {
+			s.Slots[d][i] = Free
+		}
 	}
-	for i := range s.Src {
-		s.Src[i] = SourcePage{Owner: Free, Data: Label{Req: Tenant}}
-	}
-	for i := range s.Slots {
-		s.Slots[i] = Free
+	for p := range s.Src {
+		for i := range s.Src[p] {
+			s.Src[p][i] = SourcePage{Owner: Free, Data: Label{Req: Tenant}}
+		}
 	}
 	for r := range s.Req {
 		s.Req[r].R.Slot = -1
@@ -103,10 +107,15 @@ func (m *Model) AppendFingerprint(dst []byte, s *State) []byte {
 	return dst
 }
 
-// encode writes s with request r renamed perm[r] and pages renamed canonically.
+// encode writes s with request r renamed perm[r] and each decode node's pages
+// renamed canonically. A one-pair deployment leaves out the route and node
+// fields, which are all zero there.
 func (m *Model) encode(dst []byte, s *State, perm []int8) []byte {
-	nreq := len(m.cfg.Prompts)
-	npages := m.cfg.DecodePages
+	c := &m.cfg
+	nreq := len(c.Prompts)
+	npages := c.DecodePages
+	np, nd := c.NumPrefills(), c.NumDecodes()
+	multi := np*nd > 1
 	var inv [MaxRequests]int8 // new id -> old id
 	for old, nw := range perm {
 		inv[nw] = int8(old)
@@ -125,80 +134,96 @@ func (m *Model) encode(dst []byte, s *State, perm []int8) []byte {
 		site uint16
 		page int8
 	}
-	var keyArr [MaxDecodePages]key
-	keys := keyArr[:npages]
-	for p := 0; p < npages; p++ {
-		pg := &s.Pages[p]
-		keys[p] = key{rec: [12]byte{pg.Epoch, req(pg.Owner), b2b(pg.Quarantined), req(pg.Data.Req), byte(pg.Data.Index), b2b(pg.Data.Corrupt),
-			req(pg.Tag.Req), byte(pg.Tag.Index), pg.Tag.Epoch, req(pg.Tag.Sum.Req), byte(pg.Tag.Sum.Index), b2b(pg.Tag.Sum.Corrupt)}, site: 0xffff, page: int8(p)}
-	}
-	see := func(page int8, site uint16) {
-		if page >= 0 && int(page) < npages && site < keys[page].site {
-			keys[page].site = site
-		}
-	}
-	for nw := 0; nw < nreq; nw++ {
-		q := &s.Req[inv[nw]]
-		for i := 0; i < int(q.R.N); i++ {
-			see(q.R.Pages[i].Page, uint16(nw*32+i))
-		}
-		if q.S.Granted {
-			for i := 0; i < int(q.R.N); i++ {
-				see(q.S.Grant[i].Page, uint16(nw*32+16+i))
-			}
-		}
-	}
-	for i, msg := range s.QP.Items() {
-		if msg.Kind == MWrite {
-			see(msg.Target.Page, uint16(1000+i))
-		}
-	}
-	if s.Foreign.Happened {
-		see(s.Foreign.Page, 2000)
-	}
-	// At most MaxDecodePages keys, sorted for every transition the checker
-	// explores: an insertion sort on the keys packed as two integers.
 	type packed struct{ hi, lo uint64 }
-	var packedArr [MaxDecodePages]packed
-	for i := range keys {
-		k := &keys[i]
-		packedArr[i] = packed{binary.BigEndian.Uint64(k.rec[:8]), uint64(binary.BigEndian.Uint32(k.rec[8:]))<<16 | uint64(k.site)}
-	}
-	for i := 1; i < len(keys); i++ {
-		for j := i; j > 0; j-- {
-			a, b := packedArr[j], packedArr[j-1]
-			if a.hi > b.hi || a.hi == b.hi && a.lo >= b.lo {
-				break
+	var keyArr [MaxDecodes][MaxDecodePages]key
+	var rename [MaxDecodes][MaxDecodePages]int8
+	for d := 0; d < nd; d++ {
+		keys := keyArr[d][:npages]
+		for p := 0; p < npages; p++ {
+			pg := &s.Pages[d][p]
+			keys[p] = key{rec: [12]byte{pg.Epoch, req(pg.Owner), b2b(pg.Quarantined), req(pg.Data.Req), byte(pg.Data.Index), b2b(pg.Data.Corrupt),
+				req(pg.Tag.Req), byte(pg.Tag.Index), pg.Tag.Epoch, req(pg.Tag.Sum.Req), byte(pg.Tag.Sum.Index), b2b(pg.Tag.Sum.Corrupt)}, site: 0xffff, page: int8(p)}
+		}
+		see := func(page int8, site uint16) {
+			if page >= 0 && int(page) < npages && site < keys[page].site {
+				keys[page].site = site
 			}
-			packedArr[j], packedArr[j-1] = b, a
-			keys[j], keys[j-1] = keys[j-1], keys[j]
+		}
+		for nw := 0; nw < nreq; nw++ {
+			q := &s.Req[inv[nw]]
+			if int(q.D) != d {
+				continue
+			}
+			for i := 0; i < int(q.R.N); i++ {
+				see(q.R.Pages[i].Page, uint16(nw*32+i))
+			}
+			if q.S.Granted {
+				for i := 0; i < int(q.R.N); i++ {
+					see(q.S.Grant[i].Page, uint16(nw*32+16+i))
+				}
+			}
+		}
+		for p := 0; p < np; p++ {
+			for i, msg := range s.QP[p][d].Items() {
+				if msg.Kind == MWrite {
+					see(msg.Target.Page, uint16(1000+p*MaxQueue+i))
+				}
+			}
+		}
+		if s.Foreign.Happened && int(s.Foreign.Node) == d {
+			see(s.Foreign.Page, 2000)
+		}
+		// At most MaxDecodePages keys, sorted for every transition the checker
+		// explores: an insertion sort on the keys packed as two integers.
+		var packedArr [MaxDecodePages]packed
+		for i := range keys {
+			k := &keys[i]
+			packedArr[i] = packed{binary.BigEndian.Uint64(k.rec[:8]), uint64(binary.BigEndian.Uint32(k.rec[8:]))<<16 | uint64(k.site)}
+		}
+		for i := 1; i < len(keys); i++ {
+			for j := i; j > 0; j-- {
+				a, b := packedArr[j], packedArr[j-1]
+				if a.hi > b.hi || a.hi == b.hi && a.lo >= b.lo {
+					break
+				}
+				packedArr[j], packedArr[j-1] = b, a
+				keys[j], keys[j-1] = keys[j-1], keys[j]
+			}
+		}
+		for nw, k := range keys {
+			rename[d][k.page] = int8(nw)
 		}
 	}
-	var rename [MaxDecodePages]int8
-	for nw, k := range keys {
-		rename[k.page] = int8(nw)
-	}
-	page := func(p int8) byte {
+	page := func(d int8, p int8) byte {
 		if p < 0 || int(p) >= npages {
 			return byte(p)
 		}
-		return byte(rename[p])
+		return byte(rename[d][p])
 	}
 	label := func(b []byte, l Label) []byte { return append(b, req(l.Req), byte(l.Index), b2b(l.Corrupt)) }
 
-	for _, k := range keys {
-		dst = append(dst, k.rec[:]...)
+	for d := 0; d < nd; d++ {
+		for _, k := range keyArr[d][:npages] {
+			dst = append(dst, k.rec[:]...)
+		}
 	}
-	for p := 0; p < m.cfg.PrefillPages; p++ {
-		dst = append(dst, req(s.Src[p].Owner))
-		dst = label(dst, s.Src[p].Data)
+	for sp := 0; sp < np; sp++ {
+		for p := 0; p < c.PrefillPages; p++ {
+			dst = append(dst, req(s.Src[sp][p].Owner))
+			dst = label(dst, s.Src[sp][p].Data)
+		}
 	}
-	for i := 0; i < m.cfg.DecodeSlots; i++ {
-		dst = append(dst, req(s.Slots[i]))
+	for d := 0; d < nd; d++ {
+		for i := 0; i < c.DecodeSlots; i++ {
+			dst = append(dst, req(s.Slots[d][i]))
+		}
 	}
 	for nw := 0; nw < nreq; nw++ {
 		q := &s.Req[inv[nw]]
 		dst = append(dst, b2b(q.Submitted), byte(q.Outcome), byte(q.Reason))
+		if multi {
+			dst = append(dst, byte(q.P), byte(q.D))
+		}
 		sn := &q.S
 		dst = append(dst, byte(sn.Phase), b2b(sn.Placeholder), sn.Pages, b2b(sn.SrcHeld), b2b(sn.Granted), sn.Posted, sn.Completed)
 		for i := 0; i < int(sn.Pages); i++ {
@@ -206,30 +231,58 @@ func (m *Model) encode(dst []byte, s *State, perm []int8) []byte {
 		}
 		if sn.Granted {
 			for i := 0; i < int(q.R.N); i++ {
-				dst = append(dst, page(sn.Grant[i].Page), sn.Grant[i].Epoch)
+				dst = append(dst, page(q.D, sn.Grant[i].Page), sn.Grant[i].Epoch)
 			}
 		}
 		rc := &q.R
 		dst = append(dst, byte(rc.Phase), byte(rc.Reason), rc.N, byte(rc.Slot), b2b(rc.Released))
 		for i := 0; i < int(rc.N); i++ {
-			dst = append(dst, page(rc.Pages[i].Page), rc.Pages[i].Epoch)
+			dst = append(dst, page(q.D, rc.Pages[i].Page), rc.Pages[i].Epoch)
 		}
 		dst = append(dst, b2b(q.Read), q.ReadN)
 		for i := 0; i < int(q.ReadN); i++ {
 			dst = label(dst, q.ReadData[i])
 		}
 	}
-	for _, qu := range []*Queue{&s.ToPrefill, &s.ToDecode, &s.QP, &s.QPBack} {
+	queue := func(qu *Queue, d int8) {
 		dst = append(dst, qu.N)
 		for _, msg := range qu.Items() {
 			dst = append(dst, byte(msg.Kind), req(msg.Req), msg.Tokens, msg.Pages, byte(msg.Slot))
 			if msg.Kind == MWrite { // only a WRITE uses these; elsewhere they are zero, not request 0
-				dst = append(dst, byte(msg.Index), page(msg.Target.Page), msg.Target.Epoch, byte(msg.Src), msg.Damage)
+				dst = append(dst, byte(msg.Index), page(d, msg.Target.Page), msg.Target.Epoch, byte(msg.Src), msg.Damage)
 				dst = label(dst, msg.Sum)
+			}
+			if multi && msg.Kind == MPeerFailed {
+				dst = append(dst, byte(msg.Peer))
 			}
 		}
 	}
-	dst = append(dst, b2b(s.PrefillCrashed), b2b(s.CrashDetected), b2b(s.Overflow))
+	for sp := 0; sp < np; sp++ {
+		queue(&s.ToPrefill[sp], 0)
+	}
+	for d := 0; d < nd; d++ {
+		queue(&s.ToDecode[d], int8(d))
+	}
+	for sp := 0; sp < np; sp++ {
+		for d := 0; d < nd; d++ {
+			queue(&s.QP[sp][d], int8(d))
+			queue(&s.QPBack[sp][d], int8(d))
+		}
+	}
+	for sp := 0; sp < np; sp++ {
+		dst = append(dst, b2b(s.PrefillCrashed[sp]), b2b(s.CrashDetected[sp]))
+	}
+	if multi || c.Faults[FaultLease] > 0 {
+		// Without the lease fault a fenced queue pair's prefill end has
+		// crashed, never to return: the fence changes nothing then.
+		for d := 0; d < nd; d++ {
+			dst = append(dst, b2b(s.DecodeLost[d]))
+			for sp := 0; sp < np; sp++ {
+				dst = append(dst, b2b(s.Fenced[sp][d]))
+			}
+		}
+	}
+	dst = append(dst, b2b(s.Overflow))
 	// An unset ghost's request field is not request 0: it is left out.
 	if g := &s.Ghost; g.Changed {
 		dst = append(dst, 1, req(g.ChangedReq), byte(g.ChangedFrom))
@@ -243,7 +296,10 @@ func (m *Model) encode(dst []byte, s *State, perm []int8) []byte {
 	}
 	dst = append(dst, s.Budget[:]...)
 	if s.Foreign.Happened {
-		dst = append(dst, 1, req(s.Foreign.Req), page(s.Foreign.Page), req(s.Foreign.Owner))
+		dst = append(dst, 1, req(s.Foreign.Req), page(s.Foreign.Node, s.Foreign.Page), req(s.Foreign.Owner))
+		if multi {
+			dst = append(dst, byte(s.Foreign.Node))
+		}
 	} else {
 		dst = append(dst, 0)
 	}

@@ -100,12 +100,12 @@ func rejectedStaysOut(m *Model, s *State) bool {
 		if holds(&q.R) || q.S.Granted && q.S.Phase.Live() {
 			return false
 		}
-		for _, msg := range s.QP.Items() {
+		for _, msg := range s.QP[q.P][q.D].Items() {
 			if int(msg.Req) == r && (msg.Kind == MWrite || msg.Kind == MDone) {
 				return false
 			}
 		}
-		for _, msg := range s.QPBack.Items() {
+		for _, msg := range s.QPBack[q.P][q.D].Items() {
 			if int(msg.Req) == r && msg.Kind == MGrant {
 				return false
 			}
@@ -115,9 +115,11 @@ func rejectedStaysOut(m *Model, s *State) bool {
 }
 
 func conservation(m *Model, s *State) bool {
-	for p := 0; p < m.cfg.DecodePages; p++ {
-		if pg := &s.Pages[p]; pg.Quarantined && pg.Owner == Free {
-			return false
+	for d := 0; d < m.cfg.NumDecodes(); d++ {
+		for p := 0; p < m.cfg.DecodePages; p++ {
+			if pg := &s.Pages[d][p]; pg.Quarantined && pg.Owner == Free {
+				return false
+			}
 		}
 	}
 	for r := range m.cfg.Prompts {
@@ -127,7 +129,7 @@ func conservation(m *Model, s *State) bool {
 		}
 		for i := 0; i < int(rc.N); i++ {
 			ref := rc.Pages[i]
-			pg := &s.Pages[ref.Page]
+			pg := &s.Pages[s.Req[r].D][ref.Page]
 			if pg.Owner != int8(r) || pg.Epoch != ref.Epoch {
 				return false
 			}
@@ -148,22 +150,37 @@ func (m *Model) terminated(s *State) bool {
 }
 
 func noLeak(m *Model, s *State) bool {
-	if !m.terminated(s) || s.QP.N+s.QPBack.N+s.ToPrefill.N+s.ToDecode.N > 0 {
+	if !m.terminated(s) {
 		return false
 	}
-	for p := 0; p < m.cfg.DecodePages; p++ {
-		if s.Pages[p].Owner != Free || s.Pages[p].Quarantined {
+	for p := 0; p < m.cfg.NumPrefills(); p++ {
+		if s.ToPrefill[p].N > 0 {
 			return false
 		}
-	}
-	for p := 0; p < m.cfg.PrefillPages; p++ {
-		if s.Src[p].Owner != Free {
-			return false
+		for d := 0; d < m.cfg.NumDecodes(); d++ {
+			if s.QP[p][d].N+s.QPBack[p][d].N > 0 {
+				return false
+			}
+		}
+		for i := 0; i < m.cfg.PrefillPages; i++ {
+			if s.Src[p][i].Owner != Free {
+				return false
+			}
 		}
 	}
-	for i := 0; i < m.cfg.DecodeSlots; i++ {
-		if s.Slots[i] != Free {
+	for d := 0; d < m.cfg.NumDecodes(); d++ {
+		if s.ToDecode[d].N > 0 {
 			return false
+		}
+		for p := 0; p < m.cfg.DecodePages; p++ {
+			if s.Pages[d][p].Owner != Free || s.Pages[d][p].Quarantined {
+				return false
+			}
+		}
+		for i := 0; i < m.cfg.DecodeSlots; i++ {
+			if s.Slots[d][i] != Free {
+				return false
+			}
 		}
 	}
 	// Every record has ended (Termination) and gave back what it took: the

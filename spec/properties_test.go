@@ -77,7 +77,7 @@ func TestNoLeakCatchesASlotNeverReturned(t *testing.T) {
 		slot := s.Req[max(a.Req, 0)].R.Slot
 		step()
 		if a.Kind == DecodeRead && s.Req[a.Req].R.Phase == RFinished {
-			s.Slots[slot] = a.Req
+			s.Slots[0][slot] = a.Req
 		}
 	})
 	wantViolated(t, m, NoLeak)
@@ -113,15 +113,15 @@ func TestNoSpuriousFailureCatchesACapacityCheckOffByOne(t *testing.T) {
 	t.Run("decode", func(t *testing.T) {
 		m := mutant(t, exactlyFull(), func(a Action, s *State, step func()) {
 			hidden := int8(-1)
-			if h := s.QP.Head(); a.Kind == DecodeRecvQP && s.QP.N > 0 && h.Kind == MBootstrap {
-				if free := freePages(s, 2); len(free) == (int(h.Tokens)+1)/2 {
+			if h := s.QP[0][0].Head(); a.Kind == DecodeRecvQP && s.QP[0][0].N > 0 && h.Kind == MBootstrap {
+				if free := freePages(s, 0, 2); len(free) == (int(h.Tokens)+1)/2 {
 					hidden = free[0] // the check counts one page fewer than there is
-					s.Pages[hidden].Owner = MaxRequests
+					s.Pages[0][hidden].Owner = MaxRequests
 				}
 			}
 			step()
 			if hidden >= 0 {
-				s.Pages[hidden].Owner = Free
+				s.Pages[0][hidden].Owner = Free
 			}
 		})
 		wantViolated(t, m, NoSpuriousFailure)
@@ -129,13 +129,13 @@ func TestNoSpuriousFailureCatchesACapacityCheckOffByOne(t *testing.T) {
 	t.Run("prefill", func(t *testing.T) {
 		m := mutant(t, exactlyFull(), func(a Action, s *State, step func()) {
 			hidden := -1
-			if a.Kind == PrefillRecv && s.ToPrefill.Head().Kind == MPrefill && s.Src[0].Owner == Free && s.Src[1].Owner == Free {
+			if a.Kind == PrefillRecv && s.ToPrefill[0].Head().Kind == MPrefill && s.Src[0][0].Owner == Free && s.Src[0][1].Owner == Free {
 				hidden = 0
-				s.Src[0].Owner = MaxRequests
+				s.Src[0][0].Owner = MaxRequests
 			}
 			step()
 			if hidden >= 0 {
-				s.Src[hidden].Owner = Free
+				s.Src[0][hidden].Owner = Free
 			}
 		})
 		wantViolated(t, m, NoSpuriousFailure)
@@ -144,8 +144,8 @@ func TestNoSpuriousFailureCatchesACapacityCheckOffByOne(t *testing.T) {
 		m := mutant(t, exactlyFull(), func(a Action, s *State, step func()) {
 			step()
 			if a.Kind == Submit && exactlyFull().Prompts[a.Req] >= exactlyFull().ContextLimit { // > written as >=
-				s.ToPrefill.N-- // the Prefill message it just sent is not sent
-				s.ToPrefill.Buf[s.ToPrefill.N] = Msg{}
+				s.ToPrefill[0].N-- // the Prefill message it just sent is not sent
+				s.ToPrefill[0].Buf[s.ToPrefill[0].N] = Msg{}
 				s.Req[a.Req].Outcome, s.Req[a.Req].Reason = Rejected, OverLimit
 			}
 		})

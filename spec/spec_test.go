@@ -65,16 +65,16 @@ func (w *world) granted(r int) *world {
 func TestRouterAdmitsByAdvertisedContextAndPrefillRejectsOverLong(t *testing.T) {
 	w := newWorld(t, 0)
 	w.do(Submit, 2, 0)
-	if w.s.Req[2].Outcome != Pending || w.s.ToPrefill.N != 1 {
+	if w.s.Req[2].Outcome != Pending || w.s.ToPrefill[0].N != 1 {
 		t.Fatal("the router checks only the advertised context: the over-long prompt must pass it")
 	}
 	w.do(PrefillRecv, 2, 0)
 	q := &w.s.Req[2]
-	if q.Outcome != Rejected || q.Reason != OverLimit || q.S.Phase != SRejected || w.s.QP.N != 0 {
+	if q.Outcome != Rejected || q.Reason != OverLimit || q.S.Phase != SRejected || w.s.QP[0][0].N != 0 {
 		t.Fatalf("prefill intake must reject explicitly and never bootstrap: %+v", q)
 	}
-	for p := range w.s.Src {
-		if w.s.Src[p].Owner != Free {
+	for p := range w.s.Src[0] {
+		if w.s.Src[0][p].Owner != Free {
 			t.Fatal("a rejected request must hold no source pages")
 		}
 	}
@@ -84,7 +84,7 @@ func TestAdmitFinishedHandsOffPlaceholder(t *testing.T) {
 	w := newWorld(t, Switches(AdmitFinished))
 	w.do(Submit, 2, 0).do(PrefillRecv, 2, 0)
 	q := &w.s.Req[2]
-	if q.Outcome != Pending || !q.S.Placeholder || q.S.Pages != 1 || w.s.QP.Head().Kind != MBootstrap {
+	if q.Outcome != Pending || !q.S.Placeholder || q.S.Pages != 1 || w.s.QP[0][0].Head().Kind != MBootstrap {
 		t.Fatalf("admit-finished must keep the rejected request alive as a 1-page placeholder: %+v", q.S)
 	}
 }
@@ -93,11 +93,11 @@ func TestReserveAdvancesEveryEpoch(t *testing.T) {
 	w := newWorld(t, 0)
 	w.do(Submit, 0, 0).do(PrefillRecv, 0, 0).do(DecodeRecvQP, 0, 2)
 	rec := &w.s.Req[0].R
-	pg := &w.s.Pages[rec.Pages[0].Page]
+	pg := &w.s.Pages[0][rec.Pages[0].Page]
 	if rec.Phase != RReserved || rec.N != 1 || pg.Epoch != 1 || pg.Owner != 0 || rec.Pages[0].Epoch != 1 {
 		t.Fatalf("reservation: %+v page %+v", rec, pg)
 	}
-	if w.s.QPBack.Head().Kind != MGrant {
+	if w.s.QPBack[0][0].Head().Kind != MGrant {
 		t.Fatal("decode must grant the reserved pages")
 	}
 }
@@ -105,7 +105,7 @@ func TestReserveAdvancesEveryEpoch(t *testing.T) {
 func TestHandoffWithoutFaultsEndsOK(t *testing.T) {
 	w := newWorld(t, 0).granted(0)
 	w.do(PostWrite, 0, 0)
-	if w.s.Req[0].S.Phase != SFinished || w.s.QP.Head().Kind != MDone {
+	if w.s.Req[0].S.Phase != SFinished || w.s.QP[0][0].Head().Kind != MDone {
 		t.Fatal("the last WRITE is followed by Done on the same queue pair")
 	}
 	w.do(DecodeRecvQP, 0, 0).do(DecodeRead, 0, 0)
@@ -114,7 +114,7 @@ func TestHandoffWithoutFaultsEndsOK(t *testing.T) {
 		t.Fatalf("outcome %v read %v", q.Outcome, q.ReadData[0])
 	}
 	for p := 0; p < w.m.cfg.DecodePages; p++ {
-		if w.s.Pages[p].Owner != Free {
+		if w.s.Pages[0][p].Owner != Free {
 			t.Fatal("decode must release pages after reading")
 		}
 	}
@@ -142,7 +142,7 @@ func TestAbortQuarantinesUntilAbortAck(t *testing.T) {
 	w.do(PostWrite, 0, Late) // the WRITE stays in the network
 	w.do(Cancel, 0, 0).do(DecodeRecv, 0, 0)
 	page := w.s.Req[0].R.Pages[0].Page
-	if w.s.Req[0].R.Phase != RQuarantine || !w.s.Pages[page].Quarantined {
+	if w.s.Req[0].R.Phase != RQuarantine || !w.s.Pages[0][page].Quarantined {
 		t.Fatal("an abort with a WRITE in flight must quarantine the pages")
 	}
 	w.do(PrefillRecv, 0, 0) // prefill learns; its WRITE has not completed, so no AbortAck yet
@@ -154,11 +154,11 @@ func TestAbortQuarantinesUntilAbortAck(t *testing.T) {
 		t.Fatal("the WRITE lands in r0's own quarantined page, then the sender acks")
 	}
 	w.do(DecodeRecvQP, 0, 0) // Done (sent before the abort) fences r0
-	if w.s.Pages[page].Owner != Free || w.s.Req[0].R.Phase != RClosed {
+	if w.s.Pages[0][page].Owner != Free || w.s.Req[0].R.Phase != RClosed {
 		t.Fatal("the fence must free the quarantined pages")
 	}
 	w.do(DecodeRecvQP, 0, 0) // AbortAck: a second fence changes nothing
-	if w.s.Pages[page].Owner != Free || !w.holds(Conservation) {
+	if w.s.Pages[0][page].Owner != Free || !w.holds(Conservation) {
 		t.Fatal("a second fence must be idempotent")
 	}
 }
@@ -166,7 +166,7 @@ func TestAbortQuarantinesUntilAbortAck(t *testing.T) {
 func TestEagerReleaseFreesBeforeTheFence(t *testing.T) {
 	w := newWorld(t, Switches(EagerRelease)).granted(0)
 	w.do(PostWrite, 0, Late).do(Cancel, 0, 0).do(DecodeRecv, 0, 0)
-	if page := w.s.Req[0].R.Pages[0].Page; w.s.Pages[page].Owner != Free {
+	if page := w.s.Req[0].R.Pages[0].Page; w.s.Pages[0][page].Owner != Free {
 		t.Fatal("eager-release must free the page while the WRITE is in flight")
 	}
 }
@@ -179,7 +179,7 @@ func TestDoubleFreeFreesAnotherRequestsPage(t *testing.T) {
 	// Give r1 the page r0 had.
 	for c := uint16(0); ; c++ {
 		n := w.s
-		(&sys{m: w.m, s: &n}).decodeRecvQP(int(c))
+		(&sys{m: w.m, s: &n}).decodeRecvQP(0, 0, int(c))
 		if n.Req[1].R.Pages[0].Page == page {
 			w.do(DecodeRecvQP, 1, c)
 			break
@@ -187,7 +187,7 @@ func TestDoubleFreeFreesAnotherRequestsPage(t *testing.T) {
 	}
 	w.s.Req[0].Outcome = Pending // let the client still cancel r0
 	w.do(Cancel, 0, 0).do(PrefillRecv, 0, 0)
-	if w.s.QP.Head().Kind != MAbortAck {
+	if w.s.QP[0][0].Head().Kind != MAbortAck {
 		t.Fatal("a finished sender acks an abort")
 	}
 	w.do(DecodeRecvQP, 0, 0)
@@ -200,10 +200,10 @@ func TestCutFlushesAndFences(t *testing.T) {
 	w := newWorld(t, 0).granted(0)
 	w.do(PostWrite, 0, Late).do(Cut, -1, 0)
 	q := &w.s.Req[0]
-	if w.s.QP.N != 0 || q.Outcome != Failed || q.Reason != Flushed || q.R.Phase != RClosed || q.S.Phase != SFailed {
+	if w.s.QP[0][0].N != 0 || q.Outcome != Failed || q.Reason != Flushed || q.R.Phase != RClosed || q.S.Phase != SFailed {
 		t.Fatalf("a cut flushes and fails both legs: %+v", q)
 	}
-	if w.s.Pages[q.R.Pages[0].Page].Owner != Free {
+	if w.s.Pages[0][q.R.Pages[0].Page].Owner != Free {
 		t.Fatal("nothing can land after a cut, so the pages are free at once")
 	}
 }
@@ -215,7 +215,7 @@ func TestCrashIsFencedByCutAfterDetection(t *testing.T) {
 		t.Fatal("a crashed node does nothing")
 	}
 	w.do(DetectCrash, -1, 0)
-	if w.s.Req[0].Outcome != Failed || w.s.ToDecode.Head().Kind != MPeerFailed {
+	if w.s.Req[0].Outcome != Failed || w.s.ToDecode[0].Head().Kind != MPeerFailed {
 		t.Fatal("the router fails the request and tells decode")
 	}
 	w.do(DecodeRecv, -1, 0)
@@ -225,7 +225,7 @@ func TestCrashIsFencedByCutAfterDetection(t *testing.T) {
 
 	w = newWorld(t, Switches(NoPeerCancel)).granted(0)
 	w.do(Crash, -1, 0).do(DetectCrash, -1, 0)
-	if w.s.ToDecode.N != 0 {
+	if w.s.ToDecode[0].N != 0 {
 		t.Fatal("no-peer-cancel: decode is never told")
 	}
 }
@@ -233,12 +233,12 @@ func TestCrashIsFencedByCutAfterDetection(t *testing.T) {
 func TestTimeoutSendsPeerCancel(t *testing.T) {
 	w := newWorld(t, 0).granted(0)
 	w.do(Timeout, 0, 0)
-	if q := &w.s.Req[0]; q.Outcome != Failed || q.Reason != TimedOut || q.R.Phase != RQuarantine || w.s.QPBack.Head().Kind != MAbort {
+	if q := &w.s.Req[0]; q.Outcome != Failed || q.Reason != TimedOut || q.R.Phase != RQuarantine || w.s.QPBack[0][0].Head().Kind != MAbort {
 		t.Fatalf("timeout: %+v", q)
 	}
 	w = newWorld(t, Switches(NoPeerCancel)).granted(0)
 	w.do(Timeout, 0, 0)
-	if w.s.QPBack.N != 0 {
+	if w.s.QPBack[0][0].N != 0 {
 		t.Fatal("no-peer-cancel: the sender is not told")
 	}
 }
@@ -250,7 +250,7 @@ func TestTombstoneRefusesLateBootstrap(t *testing.T) {
 		t.Fatal("an abort for an unknown request leaves a tombstone")
 	}
 	w.do(DecodeRecvQP, 0, 0)
-	if w.s.Req[0].R.Phase != RTombstone || w.s.QPBack.Head().Kind != MAbort {
+	if w.s.Req[0].R.Phase != RTombstone || w.s.QPBack[0][0].Head().Kind != MAbort {
 		t.Fatal("a Bootstrap after the tombstone is refused, never reserved")
 	}
 }
@@ -267,8 +267,8 @@ func TestFingerprintIsCanonical(t *testing.T) {
 	}
 	// Reserving page 0 or page 3 is the same up to relabelling pages.
 	x, y := a, a
-	(&sys{m: w.m, s: &x}).decodeRecvQP(0)
-	(&sys{m: w.m, s: &y}).decodeRecvQP(3)
+	(&sys{m: w.m, s: &x}).decodeRecvQP(0, 0, 0)
+	(&sys{m: w.m, s: &y}).decodeRecvQP(0, 0, 3)
 	if x.Req[0].R.Pages[0].Page == y.Req[0].R.Pages[0].Page {
 		t.Fatal("choices 0 and 3 should pick different pages")
 	}
@@ -295,7 +295,7 @@ func TestEveryInvariantCanFail(t *testing.T) {
 		HonestOutcome:     func(s *State) { s.Req[0].Outcome = OK },
 		NoForeignWrite:    func(s *State) { s.Foreign = ForeignWrite{Happened: true, Req: 1, Page: 0, Owner: 0} },
 		RejectedStaysOut:  func(s *State) { s.Req[0].Outcome, s.Req[0].Reason = Rejected, OverLimit },
-		Conservation:      func(s *State) { s.Pages[s.Req[0].R.Pages[0].Page].Owner = Free },
+		Conservation:      func(s *State) { s.Pages[0][s.Req[0].R.Pages[0].Page].Owner = Free },
 		WithinBounds:      func(s *State) { s.Overflow = true },
 		OutcomeFinal:      func(s *State) { s.Ghost.Changed, s.Ghost.ChangedReq, s.Ghost.ChangedFrom = true, 0, OK },
 		NoSpuriousFailure: func(s *State) { s.Ghost.Spurious, s.Ghost.SpuriousReq = true, 0 },

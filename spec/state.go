@@ -175,6 +175,7 @@ type Receiver struct {
 // what decode read (a history variable for Isolation).
 type Request struct {
 	Submitted bool
+	P, D      int8 // the prefill and decode node the router chose (both 0 in a 1x1 deployment)
 	Outcome   Outcome
 	Reason    Reason
 	S         Sender
@@ -187,8 +188,8 @@ type Request struct {
 // MsgKind is a message or work request type.
 type MsgKind uint8
 
-// The messages. Router→prefill: Prefill, Abort. Router→decode: Abort,
-// PeerFailed. On the queue pair, prefill→decode: Bootstrap, Write, Done,
+// The messages. Router→prefill: Prefill, Abort, PeerFailed. Router→decode:
+// Abort, PeerFailed. On the queue pair, prefill→decode: Bootstrap, Write, Done,
 // AbortAck (RC: delivered in order); decode→prefill: Grant, Abort.
 const (
 	MPrefill MsgKind = iota
@@ -217,6 +218,7 @@ type Msg struct {
 	Tokens uint8   // Bootstrap, Grant, Done: token count
 	Pages  uint8   // Grant, Done: page count
 	Slot   int8    // Grant, Done: decode slot
+	Peer   int8    // PeerFailed: the lost node (a prefill node to a decode node, a decode node to a prefill node)
 }
 
 // What a corrupt fault damaged in a WRITE (Msg.Damage).
@@ -267,22 +269,27 @@ type ForeignWrite struct {
 	Req      int8 // the writer
 	Page     int8
 	Owner    int8 // the page's owner when it landed
+	Node     int8 // the decode node of the page
 }
 
-// State is the global state of the system.
+// State is the global state of the system: every node of the deployment
+// (Config.Prefills prefill and Config.Decodes decode nodes; arrays beyond them
+// stay zero) and a queue pair per (prefill, decode) pair.
 type State struct {
 	Req            [MaxRequests]Request
-	Pages          [MaxDecodePages]DecodePage
-	Src            [MaxPrefillPages]SourcePage
-	Slots          [MaxSlots]int8
-	ToPrefill      Queue // router → prefill
-	ToDecode       Queue // router → decode
-	QP             Queue // prefill → decode on the queue pair: WRITEs and SENDs, in order
-	QPBack         Queue // decode → prefill on the queue pair
-	PrefillCrashed bool
-	CrashDetected  bool
-	Budget         Budget // faults left
-	Overflow       bool   // a queue bound was hit: the bounds are too small (reported as a property)
+	Pages          [MaxDecodes][MaxDecodePages]DecodePage // each decode node's pool
+	Src            [MaxPrefills][MaxPrefillPages]SourcePage
+	Slots          [MaxDecodes][MaxSlots]int8
+	ToPrefill      [MaxPrefills]Queue             // router → prefill node
+	ToDecode       [MaxDecodes]Queue              // router → decode node
+	QP             [MaxPrefills][MaxDecodes]Queue // prefill → decode on their queue pair: WRITEs and SENDs, in order
+	QPBack         [MaxPrefills][MaxDecodes]Queue // decode → prefill on their queue pair
+	PrefillCrashed [MaxPrefills]bool
+	CrashDetected  [MaxPrefills]bool             // the prefill node's registry lease expired: the router knows it is gone
+	DecodeLost     [MaxDecodes]bool              // the decode node's registry lease expired (the node itself may live on)
+	Fenced         [MaxPrefills][MaxDecodes]bool // the queue pair was cut for good: one end was declared lost
+	Budget         Budget                        // faults left
+	Overflow       bool                          // a queue bound was hit: the bounds are too small (reported as a property)
 	Foreign        ForeignWrite
 	Ghost          Ghost
 }

@@ -23,6 +23,7 @@ const (
 	Timeout                          // fault: decode's timer for a reserved request fires
 	Cut                              // fault: the queue pair breaks and flushes
 	CorruptSend                      // fault: the SEND at the head of a queue-pair direction arrives with a count damaged (Arg: SendTokens or SendPages, plus SendBack for decode→prefill)
+	LeaseLost                        // fault: a live node's registry lease expires (Arg: the node, DecodeNode for a decode node)
 	NumActionKinds                   // the number of action kinds
 )
 
@@ -44,6 +45,16 @@ const (
 	SendPages  = 1 // the page count is damaged
 	SendBack   = 2 // the SEND is decode's Grant, not prefill's Done
 )
+
+// Node arguments. Submit's Arg is Route(p, d); PrefillRecv's, Crash's and
+// DetectCrash's the prefill node; DecodeRecv's the decode node;
+// PrefillRecvQP's and Cut's Route(p, d) of their queue pair; LeaseLost's the
+// prefill node or DecodeNode|d. Every other action's node follows from its
+// request's route. In a one-pair deployment every node argument is 0.
+const DecodeNode = 1 << 8
+
+// Route is the node argument of a (prefill p, decode d) pair.
+func Route(p, d int) uint16 { return uint16(p)<<4 | uint16(d) }
 
 // Action is one step: its kind, the request it concerns (or -1), and an argument
 // (the WRITE variant, or which free pages a reservation takes).
@@ -72,11 +83,24 @@ func (a Action) String() string {
 	if a.Kind == CorruptSend {
 		s += [...]string{"+tokens", "+pages"}[a.Arg&SendPages]
 	}
+	if a.Arg != 0 {
+		switch a.Kind {
+		case Submit, PrefillRecvQP, Cut:
+			s += fmt.Sprintf("@p%d-d%d", a.Arg>>4, a.Arg&15)
+		case PrefillRecv, Crash, DetectCrash:
+			s += fmt.Sprintf("@p%d", a.Arg)
+		case DecodeRecv:
+			s += fmt.Sprintf("@d%d", a.Arg)
+		}
+	}
+	if a.Kind == LeaseLost {
+		s += fmt.Sprintf("@%c%d", "pd"[a.Arg>>8], a.Arg&15)
+	}
 	return s
 }
 
 var actionNames = [NumActionKinds]string{"Submit", "PrefillRecv", "PrefillRecvQP", "DecodeRecv", "DecodeRecvQP",
-	"PostWrite", "DecodeRead", "DetectCrash", "Cancel", "Crash", "Timeout", "Cut", "CorruptSend"}
+	"PostWrite", "DecodeRead", "DetectCrash", "Cancel", "Crash", "Timeout", "Cut", "CorruptSend", "LeaseLost"}
 
 func (k ActionKind) String() string {
 	if k < NumActionKinds {
@@ -105,33 +129,64 @@ func (m *Model) Successors(s *State, emit func(Action, State)) {
 		m.observe(s, a, x.s)
 		emit(a, *x.s)
 	}
+	np, nd := c.NumPrefills(), c.NumDecodes()
 	for r := 0; r < nreq; r++ {
-		if !s.Req[r].Submitted {
-			do(Action{Submit, int8(r), 0}, func(x *sys) { x.submit(r) })
+		if s.Req[r].Submitted {
+			continue
+		}
+		// The router picks any live node of each role that takes the prompt
+		// (every node of a role has the same pools): protocol.Router's
+		// policy is one of these choices. Refused, the choice is moot.
+		routes := 0
+		if c.Prompts[r] <= c.ContextLimit {
+			for p := 0; p < np; p++ {
+				for d := 0; d < nd; d++ {
+					if !s.CrashDetected[p] && !s.DecodeLost[d] {
+						routes++
+						do(Action{Submit, int8(r), Route(p, d)}, func(x *sys) { x.submit(r, p, d) })
+					}
+				}
+			}
+		}
+		if routes == 0 {
+			do(Action{Submit, int8(r), 0}, func(x *sys) { x.submit(r, -1, -1) })
 		}
 	}
-	if !s.PrefillCrashed && s.ToPrefill.N > 0 {
-		do(Action{PrefillRecv, s.ToPrefill.Head().Req, 0}, (*sys).prefillRecv)
+	for p := 0; p < np; p++ {
+		if !s.PrefillCrashed[p] && s.ToPrefill[p].N > 0 {
+			do(Action{PrefillRecv, s.ToPrefill[p].Head().Req, uint16(p)}, func(x *sys) { x.prefillRecv(p) })
+		}
 	}
-	if !s.PrefillCrashed && s.QPBack.N > 0 {
-		do(Action{PrefillRecvQP, s.QPBack.Head().Req, 0}, (*sys).prefillRecvQP)
-	}
-	if s.ToDecode.N > 0 {
-		do(Action{DecodeRecv, s.ToDecode.Head().Req, 0}, (*sys).decodeRecv)
-	}
-	if s.QP.N > 0 {
-		h := s.QP.Head()
-		if choices := m.reservations(s, h); choices > 0 {
-			for i := 0; i < choices; i++ {
-				do(Action{DecodeRecvQP, h.Req, uint16(i)}, func(x *sys) { x.decodeRecvQP(i) })
+	for p := 0; p < np; p++ {
+		for d := 0; d < nd; d++ {
+			if !s.PrefillCrashed[p] && s.QPBack[p][d].N > 0 {
+				do(Action{PrefillRecvQP, s.QPBack[p][d].Head().Req, Route(p, d)}, func(x *sys) { x.prefillRecvQP(p, d) })
 			}
-		} else {
-			do(Action{DecodeRecvQP, h.Req, 0}, func(x *sys) { x.decodeRecvQP(0) })
+		}
+	}
+	for d := 0; d < nd; d++ {
+		if s.ToDecode[d].N > 0 {
+			do(Action{DecodeRecv, s.ToDecode[d].Head().Req, uint16(d)}, func(x *sys) { x.decodeRecv(d) })
+		}
+	}
+	for p := 0; p < np; p++ {
+		for d := 0; d < nd; d++ {
+			if s.QP[p][d].N == 0 {
+				continue
+			}
+			h := s.QP[p][d].Head()
+			if choices := m.reservations(s, d, h); choices > 0 {
+				for i := 0; i < choices; i++ {
+					do(Action{DecodeRecvQP, h.Req, uint16(i)}, func(x *sys) { x.decodeRecvQP(p, d, i) })
+				}
+			} else {
+				do(Action{DecodeRecvQP, h.Req, 0}, func(x *sys) { x.decodeRecvQP(p, d, 0) })
+			}
 		}
 	}
 	for r := 0; r < nreq; r++ {
 		snd := &s.Req[r].S
-		if s.PrefillCrashed || snd.Phase != SWriting || snd.Posted >= snd.Pages ||
+		if s.PrefillCrashed[s.Req[r].P] || snd.Phase != SWriting || snd.Posted >= snd.Pages ||
 			int(snd.Posted-snd.Completed) >= c.MaxInFlight {
 			continue
 		}
@@ -156,8 +211,10 @@ func (m *Model) Successors(s *State, emit func(Action, State)) {
 			do(Action{DecodeRead, int8(r), 0}, func(x *sys) { x.decodeRead(r) })
 		}
 	}
-	if s.PrefillCrashed && !s.CrashDetected {
-		do(Action{DetectCrash, -1, 0}, (*sys).detectCrash)
+	for p := 0; p < np; p++ {
+		if s.PrefillCrashed[p] && !s.CrashDetected[p] {
+			do(Action{DetectCrash, -1, uint16(p)}, func(x *sys) { x.detectLoss(p) })
+		}
 	}
 	// Faults.
 	if !m.faultAllowed(s) {
@@ -170,8 +227,10 @@ func (m *Model) Successors(s *State, emit func(Action, State)) {
 			}
 		}
 	}
-	if s.Budget[FaultCrash] > 0 && !s.PrefillCrashed {
-		do(Action{Crash, -1, 0}, (*sys).crash)
+	for p := 0; p < np; p++ {
+		if s.Budget[FaultCrash] > 0 && !s.PrefillCrashed[p] {
+			do(Action{Crash, -1, uint16(p)}, func(x *sys) { x.crash(p) })
+		}
 	}
 	if s.Budget[FaultTimeout] > 0 {
 		for r := 0; r < nreq; r++ {
@@ -180,23 +239,46 @@ func (m *Model) Successors(s *State, emit func(Action, State)) {
 			}
 		}
 	}
-	if s.Budget[FaultCut] > 0 && m.cutMatters(s) {
-		do(Action{Cut, -1, 0}, func(x *sys) {
-			x.s.Budget[FaultCut]--
-			x.cutQP(Flushed)
-		})
+	for p := 0; p < np; p++ {
+		for d := 0; d < nd; d++ {
+			if s.Budget[FaultCut] > 0 && m.cutMatters(s, p, d) {
+				do(Action{Cut, -1, Route(p, d)}, func(x *sys) {
+					x.s.Budget[FaultCut]--
+					x.cutQP(p, d, Flushed)
+				})
+			}
+		}
 	}
 	if s.Budget[FaultCorrupt] > 0 && c.Damage.Has(DamageSend) {
-		for _, back := range []bool{false, true} {
-			q, kind, arg := &s.QP, MDone, uint16(0)
-			if back {
-				q, kind, arg = &s.QPBack, MGrant, SendBack
+		for p := 0; p < np; p++ {
+			for d := 0; d < nd; d++ {
+				for _, back := range []bool{false, true} {
+					q, kind, arg := &s.QP[p][d], MDone, uint16(0)
+					if back {
+						q, kind, arg = &s.QPBack[p][d], MGrant, SendBack
+					}
+					if q.N == 0 || q.Head().Kind != kind || back && s.PrefillCrashed[p] {
+						continue
+					}
+					for _, field := range []uint16{SendTokens, SendPages} {
+						do(Action{CorruptSend, q.Head().Req, arg | field}, func(x *sys) { x.corruptSend(p, d, arg|field) })
+					}
+				}
 			}
-			if q.N == 0 || q.Head().Kind != kind || back && s.PrefillCrashed {
-				continue
+		}
+	}
+	if s.Budget[FaultLease] > 0 {
+		for p := 0; p < np; p++ {
+			if !s.PrefillCrashed[p] && !s.CrashDetected[p] {
+				do(Action{LeaseLost, -1, uint16(p)}, func(x *sys) {
+					x.s.Budget[FaultLease]--
+					x.detectLoss(p)
+				})
 			}
-			for _, field := range []uint16{SendTokens, SendPages} {
-				do(Action{CorruptSend, q.Head().Req, arg | field}, func(x *sys) { x.corruptSend(arg | field) })
+		}
+		for d := 0; d < nd; d++ {
+			if !s.DecodeLost[d] {
+				do(Action{LeaseLost, -1, DecodeNode | uint16(d)}, func(x *sys) { x.decodeLost(d) })
 			}
 		}
 	}
@@ -223,11 +305,11 @@ func (m *Model) hooked(s *State, a Action, f func(x *sys)) State {
 
 // corruptSend damages one count of the SEND at the head of a queue-pair
 // direction, then delivers it.
-func (x *sys) corruptSend(arg uint16) {
+func (x *sys) corruptSend(p, d int, arg uint16) {
 	x.s.Budget[FaultCorrupt]--
-	q := &x.s.QP
+	q := &x.s.QP[p][d]
 	if arg&SendBack != 0 {
-		q = &x.s.QPBack
+		q = &x.s.QPBack[p][d]
 	}
 	if arg&SendPages != 0 {
 		q.Buf[0].Pages++
@@ -235,9 +317,9 @@ func (x *sys) corruptSend(arg uint16) {
 		q.Buf[0].Tokens++
 	}
 	if arg&SendBack != 0 {
-		x.prefillRecvQP()
+		x.prefillRecvQP(p, d)
 	} else {
-		x.decodeRecvQP(0)
+		x.decodeRecvQP(p, d, 0)
 	}
 }
 
@@ -278,7 +360,8 @@ func (m *Model) justified(prev *State, a Action, r int, q *Request) bool {
 		case PrefillRecv:
 			return t > c.PrefillLimit()
 		case DecodeRecvQP:
-			return prev.QP.Head().Kind == MBootstrap && int(prev.QP.Head().Tokens) > c.DecodeLimit()
+			h := prev.QP[q.P][q.D].Head()
+			return h.Kind == MBootstrap && int(h.Tokens) > c.DecodeLimit()
 		}
 	case q.Outcome == Failed && q.Reason == NoCapacity:
 		switch a.Kind {
@@ -289,14 +372,14 @@ func (m *Model) justified(prev *State, a Action, r int, q *Request) bool {
 			}
 			free := 0
 			for p := 0; p < c.PrefillPages; p++ {
-				if prev.Src[p].Owner == Free {
+				if prev.Src[q.P][p].Owner == Free {
 					free++
 				}
 			}
 			return free < need
 		case DecodeRecvQP:
-			h := prev.QP.Head()
-			return h.Kind == MBootstrap && (freeSlot(prev, c.DecodeSlots) < 0 || len(freePages(prev, c.DecodePages)) < c.PagesFor(int(h.Tokens)))
+			h := prev.QP[q.P][q.D].Head()
+			return h.Kind == MBootstrap && (freeSlot(prev, int(q.D), c.DecodeSlots) < 0 || len(freePages(prev, int(q.D), c.DecodePages)) < c.PagesFor(int(h.Tokens)))
 		}
 	}
 	return false
@@ -318,14 +401,17 @@ func (m *Model) faultsUsed(s *State) int {
 	return used
 }
 
-// cutMatters reports whether breaking the queue pair would affect anything:
+// cutMatters reports whether breaking queue pair (p, d) would affect anything:
 // something in flight on it or a leg that uses it. Cutting an idle queue pair
 // only costs budget, so it is not explored.
-func (m *Model) cutMatters(s *State) bool {
-	if s.QP.N > 0 || s.QPBack.N > 0 {
+func (m *Model) cutMatters(s *State, p, d int) bool {
+	if s.QP[p][d].N > 0 || s.QPBack[p][d].N > 0 {
 		return true
 	}
 	for r := range m.cfg.Prompts {
+		if !s.Req[r].onPair(p, d) {
+			continue
+		}
 		if s.Req[r].S.Phase.Live() || s.Req[r].R.Phase == RReserved || s.Req[r].R.Phase == RQuarantine {
 			return true
 		}
@@ -336,17 +422,17 @@ func (m *Model) cutMatters(s *State) bool {
 // reservations returns how many ways decode can reserve pages for the Bootstrap
 // at the head of the queue pair (0 if the head is not a Bootstrap that reserves).
 // The spec lets the allocator pick any free pages, in any order.
-func (m *Model) reservations(s *State, h Msg) int {
+func (m *Model) reservations(s *State, d int, h Msg) int {
 	if h.Kind != MBootstrap {
 		return 0
 	}
 	r := h.Req
 	rec := &s.Req[r].R
-	if rec.Phase != RNone || int(h.Tokens) > m.cfg.DecodeLimit() || freeSlot(s, m.cfg.DecodeSlots) < 0 {
+	if rec.Phase != RNone || int(h.Tokens) > m.cfg.DecodeLimit() || freeSlot(s, d, m.cfg.DecodeSlots) < 0 {
 		return 0
 	}
 	n := m.cfg.PagesFor(int(h.Tokens))
-	free := freePages(s, m.cfg.DecodePages)
+	free := freePages(s, d, m.cfg.DecodePages)
 	if len(free) < n {
 		return 0
 	}
@@ -357,19 +443,22 @@ func (m *Model) reservations(s *State, h Msg) int {
 	return count
 }
 
-func freePages(s *State, n int) []int8 {
+// onPair reports whether the request was routed to queue pair (p, d).
+func (q *Request) onPair(p, d int) bool { return q.Submitted && int(q.P) == p && int(q.D) == d }
+
+func freePages(s *State, d, n int) []int8 {
 	var out []int8
 	for p := 0; p < n; p++ {
-		if s.Pages[p].Owner == Free {
+		if s.Pages[d][p].Owner == Free {
 			out = append(out, int8(p))
 		}
 	}
 	return out
 }
 
-func freeSlot(s *State, n int) int8 {
+func freeSlot(s *State, d, n int) int8 {
 	for i := 0; i < n; i++ {
-		if s.Slots[i] == Free {
+		if s.Slots[d][i] == Free {
 			return int8(i)
 		}
 	}
@@ -406,15 +495,39 @@ var scratch = sync.Pool{New: func() any { return &sys{s: new(State)} }}
 
 func (x *sys) bug(sw Switch) bool { return x.m.cfg.Bugs.Has(sw) }
 
+// The parts of the deployment request r was routed to.
+func (x *sys) qp(r int) *Queue     { q := &x.s.Req[r]; return &x.s.QP[q.P][q.D] }
+func (x *sys) qpBack(r int) *Queue { q := &x.s.Req[r]; return &x.s.QPBack[q.P][q.D] }
+func (x *sys) pool(r int) *[MaxDecodePages]DecodePage {
+	return &x.s.Pages[x.s.Req[r].D]
+}
+func (x *sys) srcPool(r int) *[MaxPrefillPages]SourcePage { return &x.s.Src[x.s.Req[r].P] }
+func (x *sys) slots(r int) *[MaxSlots]int8                { return &x.s.Slots[x.s.Req[r].D] }
+func (x *sys) crashed(r int) bool                         { return x.s.PrefillCrashed[x.s.Req[r].P] }
+
 func (x *sys) push(q *Queue, msg Msg) {
 	if !q.Push(msg) {
 		x.s.Overflow = true
 	}
 }
 
-// toPrefill sends to the prefill node; a crashed node drops everything.
-func (x *sys) toPrefill(q *Queue, msg Msg) {
-	if !x.s.PrefillCrashed {
+// toQP sends on r's queue pair to decode; a fenced queue pair flushes it.
+func (x *sys) toQP(r int, msg Msg) {
+	if q := &x.s.Req[r]; !x.s.Fenced[q.P][q.D] {
+		x.push(x.qp(r), msg)
+	}
+}
+
+// toQPBack sends on r's queue pair to prefill.
+func (x *sys) toQPBack(r int, msg Msg) {
+	if q := &x.s.Req[r]; !x.s.Fenced[q.P][q.D] {
+		x.toPrefill(int(q.P), x.qpBack(r), msg)
+	}
+}
+
+// toPrefill sends to prefill node p; a crashed node drops everything.
+func (x *sys) toPrefill(p int, q *Queue, msg Msg) {
+	if !x.s.PrefillCrashed[p] {
 		x.push(q, msg)
 	}
 }
@@ -429,7 +542,9 @@ func (x *sys) report(r int, o Outcome, why Reason) {
 
 // --- router ---
 
-func (x *sys) submit(r int) {
+// submit is the router's intake of r, dispatched to prefill node p and
+// decode node d (-1: no live node of some role).
+func (x *sys) submit(r, p, d int) {
 	q := &x.s.Req[r]
 	q.Submitted = true
 	t := x.m.cfg.Prompts[r]
@@ -437,43 +552,74 @@ func (x *sys) submit(r int) {
 	case t > x.m.cfg.ContextLimit:
 		x.hit(RouterOverLimit)
 		x.report(r, Rejected, OverLimit)
-	case x.s.CrashDetected:
+	case p < 0:
 		x.hit(RouterPeerDead)
 		x.report(r, Failed, PeerFailed)
 	default:
 		x.hit(RouterDispatch)
-		x.toPrefill(&x.s.ToPrefill, Msg{Kind: MPrefill, Req: int8(r), Tokens: uint8(t)})
+		q.P, q.D = int8(p), int8(d)
+		x.toPrefill(p, &x.s.ToPrefill[p], Msg{Kind: MPrefill, Req: int8(r), Tokens: uint8(t)})
 	}
 }
 
 func (x *sys) cancel(r int) {
 	x.s.Budget[FaultCancel]--
 	x.report(r, Cancelled, ClientCancelled)
-	x.toPrefill(&x.s.ToPrefill, Msg{Kind: MAbort, Req: int8(r)})
-	x.push(&x.s.ToDecode, Msg{Kind: MAbort, Req: int8(r)})
+	q := &x.s.Req[r]
+	x.toPrefill(int(q.P), &x.s.ToPrefill[q.P], Msg{Kind: MAbort, Req: int8(r)})
+	x.push(&x.s.ToDecode[q.D], Msg{Kind: MAbort, Req: int8(r)})
 }
 
-func (x *sys) detectCrash() {
-	x.s.CrashDetected = true
+// detectLoss is the router's reaction to prefill node p's expired lease
+// (it crashed, or it lives on unreachable): every request routed to it fails,
+// and each decode node is told, so that it cuts its queue pair to p, the
+// fence for whatever p may still write.
+func (x *sys) detectLoss(p int) {
+	x.s.CrashDetected[p] = true
 	for r := range x.m.cfg.Prompts {
-		if x.s.Req[r].Submitted {
+		if q := &x.s.Req[r]; q.Submitted && int(q.P) == p {
 			x.report(r, Failed, PeerFailed)
 		}
 	}
 	if !x.bug(NoPeerCancel) {
-		x.push(&x.s.ToDecode, Msg{Kind: MPeerFailed, Req: -1})
+		for d := 0; d < x.m.cfg.NumDecodes(); d++ {
+			x.push(&x.s.ToDecode[d], Msg{Kind: MPeerFailed, Req: -1, Peer: int8(p)})
+		}
+	}
+}
+
+// decodeLost is the router's reaction to decode node d's expired lease: the
+// node may live on, unreachable, so its pages are not touched. Every request
+// routed to it fails, its prefill leg is cancelled, and each prefill node is
+// told, so that it cuts its queue pair to d: until then the pages its
+// requests hold on d stay granted or quarantined.
+func (x *sys) decodeLost(d int) {
+	x.s.Budget[FaultLease]--
+	x.s.DecodeLost[d] = true
+	for r := range x.m.cfg.Prompts {
+		if q := &x.s.Req[r]; q.Submitted && int(q.D) == d && q.Outcome == Pending {
+			x.report(r, Failed, PeerFailed)
+			x.toPrefill(int(q.P), &x.s.ToPrefill[q.P], Msg{Kind: MAbort, Req: int8(r)})
+		}
+	}
+	if !x.bug(NoPeerCancel) {
+		for p := 0; p < x.m.cfg.NumPrefills(); p++ {
+			x.toPrefill(p, &x.s.ToPrefill[p], Msg{Kind: MPeerFailed, Req: -1, Peer: int8(d)})
+		}
 	}
 }
 
 // --- prefill (sender) ---
 
-func (x *sys) prefillRecv() {
-	msg := x.s.ToPrefill.Pop()
+func (x *sys) prefillRecv(p int) {
+	msg := x.s.ToPrefill[p].Pop()
 	switch msg.Kind {
 	case MPrefill:
 		x.prefillIntake(int(msg.Req))
 	case MAbort:
 		x.prefillAbort(int(msg.Req))
+	case MPeerFailed:
+		x.fenceQP(p, int(msg.Peer)) // the fence for a lost decode node
 	}
 }
 
@@ -495,11 +641,19 @@ func (x *sys) prefillIntake(r int) {
 		snd.Placeholder = true
 		pages = 1
 	}
+	src := x.srcPool(r)
 	var got []int8
 	for p := 0; p < c.PrefillPages && len(got) < pages; p++ {
-		if x.s.Src[p].Owner == Free {
+		if src[p].Owner == Free {
 			got = append(got, int8(p))
 		}
+	}
+	if q := &x.s.Req[r]; x.s.Fenced[q.P][q.D] {
+		// The queue pair to the chosen decode node was cut for good when
+		// one end was declared lost: the Bootstrap is flushed, so the leg fails.
+		snd.Phase = SFailed
+		x.report(r, Failed, Flushed)
+		return
 	}
 	if len(got) < pages {
 		x.hit(PrefillNoCapacity)
@@ -509,15 +663,15 @@ func (x *sys) prefillIntake(r int) {
 	}
 	x.hit(PrefillAccept)
 	for i, p := range got {
-		x.s.Src[p] = SourcePage{Owner: int8(r), Data: Label{Req: int8(r), Index: int8(i)}}
+		src[p] = SourcePage{Owner: int8(r), Data: Label{Req: int8(r), Index: int8(i)}}
 		snd.Src[i] = p
 	}
 	snd.Pages, snd.SrcHeld, snd.Phase = uint8(pages), true, SAwaitGrant
-	x.push(&x.s.QP, Msg{Kind: MBootstrap, Req: int8(r), Tokens: uint8(t)})
+	x.toQP(r, Msg{Kind: MBootstrap, Req: int8(r), Tokens: uint8(t)})
 }
 
-func (x *sys) prefillRecvQP() {
-	msg := x.s.QPBack.Pop()
+func (x *sys) prefillRecvQP(p, d int) {
+	msg := x.s.QPBack[p][d].Pop()
 	r := int(msg.Req)
 	switch msg.Kind {
 	case MGrant:
@@ -539,7 +693,7 @@ func (x *sys) admit(r int, g Msg) {
 			x.freeSrc(r)
 			snd.Phase = SFailed
 			x.report(r, Failed, GrantMismatch)
-			x.push(&x.s.QP, Msg{Kind: MAbortAck, Req: int8(r)})
+			x.toQP(r, Msg{Kind: MAbortAck, Req: int8(r)})
 			return
 		}
 		x.hit(AdmitGrant)
@@ -549,7 +703,7 @@ func (x *sys) admit(r int, g Msg) {
 	case SAborted, SFailed:
 		// Nothing was posted for r: tell decode it is fenced.
 		x.hit(AdmitEndedGrant)
-		x.push(&x.s.QP, Msg{Kind: MAbortAck, Req: int8(r)})
+		x.toQP(r, Msg{Kind: MAbortAck, Req: int8(r)})
 	}
 }
 
@@ -569,7 +723,7 @@ func (x *sys) prefillAbort(r int) {
 		x.abortSending(r)
 	case SFinished:
 		if snd.Granted {
-			x.push(&x.s.QP, Msg{Kind: MAbortAck, Req: int8(r)})
+			x.toQP(r, Msg{Kind: MAbortAck, Req: int8(r)})
 		}
 	}
 }
@@ -593,7 +747,7 @@ func (x *sys) postWrite(r int, variant uint16) {
 	snd := &x.s.Req[r].S
 	i := snd.Posted
 	w := Msg{Kind: MWrite, Req: int8(r), Index: int8(i), Target: snd.Grant[i], Src: snd.Src[i],
-		Sum: x.s.Src[snd.Src[i]].Data}
+		Sum: x.srcPool(r)[snd.Src[i]].Data}
 	if variant&Corrupt != 0 {
 		w.Damage = uint8(variant&corruptTagMask>>2) + 1
 	}
@@ -604,11 +758,11 @@ func (x *sys) postWrite(r int, variant uint16) {
 	switch {
 	case variant&Late != 0:
 		x.s.Budget[FaultLate]--
-		x.push(&x.s.QP, w)
-	case x.s.QP.N == 0:
+		x.toQP(r, w)
+	case x.qp(r).N == 0:
 		x.place(w) // nothing ahead of it on the queue pair: placed at once
 	default:
-		x.push(&x.s.QP, w)
+		x.toQP(r, w)
 	}
 	if snd.Posted == snd.Pages {
 		x.sendDone(r)
@@ -622,7 +776,7 @@ func (x *sys) sendDone(r int) {
 	if snd.Placeholder {
 		tokens = 1
 	}
-	x.push(&x.s.QP, Msg{Kind: MDone, Req: int8(r), Tokens: uint8(tokens), Pages: snd.Pages, Slot: x.s.Req[r].R.Slot})
+	x.toQP(r, Msg{Kind: MDone, Req: int8(r), Tokens: uint8(tokens), Pages: snd.Pages, Slot: x.s.Req[r].R.Slot})
 	snd.Phase = SSent
 	if x.bug(PrefillEarlyFree) {
 		x.freeSrc(r)
@@ -643,7 +797,7 @@ func (x *sys) senderProgress(r int) {
 	case SAborting:
 		x.freeSrc(r)
 		snd.Phase = SAborted
-		x.push(&x.s.QP, Msg{Kind: MAbortAck, Req: int8(r)})
+		x.toQP(r, Msg{Kind: MAbortAck, Req: int8(r)})
 	}
 }
 
@@ -653,26 +807,29 @@ func (x *sys) freeSrc(r int) {
 		return
 	}
 	for i := 0; i < int(snd.Pages); i++ {
-		x.s.Src[snd.Src[i]].Owner = Free
+		x.srcPool(r)[snd.Src[i]].Owner = Free
 	}
 	snd.SrcHeld = false
 }
 
-func (x *sys) crash() {
+func (x *sys) crash(p int) {
 	x.s.Budget[FaultCrash]--
-	x.s.PrefillCrashed = true
+	x.s.PrefillCrashed[p] = true
 	for r := range x.m.cfg.Prompts {
-		snd := &x.s.Req[r].S
-		if snd.Phase.Live() {
-			snd.Phase = SFailed
+		if q := &x.s.Req[r]; q.Submitted && int(q.P) == p {
+			if q.S.Phase.Live() {
+				q.S.Phase = SFailed
+			}
+			q.S.SrcHeld = false
 		}
-		snd.SrcHeld = false
 	}
-	for p := range x.s.Src {
-		x.s.Src[p].Owner = Free // the node's memory is gone; what the NIC already read is in flight
+	for i := range x.s.Src[p] {
+		x.s.Src[p][i].Owner = Free // the node's memory is gone; what the NIC already read is in flight
 	}
-	x.s.ToPrefill.Clear()
-	x.s.QPBack.Clear()
+	x.s.ToPrefill[p].Clear()
+	for d := range x.s.QPBack[p] {
+		x.s.QPBack[p][d].Clear()
+	}
 }
 
 // --- the queue pair ---
@@ -680,7 +837,8 @@ func (x *sys) crash() {
 // place lands a WRITE: payload first, then its tag record (RC order). The NIC
 // reads the source page now, so a source page reused early ships its new content.
 func (x *sys) place(w Msg) {
-	pg := &x.s.Pages[w.Target.Page]
+	r := int(w.Req)
+	pg := &x.pool(r)[w.Target.Page]
 	switch pg.Owner {
 	case w.Req:
 		x.hit(WriteLanded)
@@ -689,10 +847,10 @@ func (x *sys) place(w Msg) {
 	default:
 		x.hit(WriteLandedForeign)
 		if !x.s.Foreign.Happened {
-			x.s.Foreign = ForeignWrite{Happened: true, Req: w.Req, Page: w.Target.Page, Owner: pg.Owner}
+			x.s.Foreign = ForeignWrite{Happened: true, Req: w.Req, Page: w.Target.Page, Owner: pg.Owner, Node: x.s.Req[r].D}
 		}
 	}
-	data := x.s.Src[w.Src].Data
+	data := x.srcPool(r)[w.Src].Data
 	data.Corrupt = data.Corrupt || w.Damage == DamagedPayload
 	pg.Data = data
 	pg.Tag = Tag{Req: w.Req, Index: w.Index, Epoch: w.Target.Epoch, Sum: w.Sum}
@@ -704,18 +862,22 @@ func (x *sys) place(w Msg) {
 	case DamagedTagEpoch:
 		pg.Tag.Epoch++
 	}
-	if !x.s.PrefillCrashed {
+	if !x.crashed(r) {
 		x.s.Req[w.Req].S.Completed++
 		x.senderProgress(int(w.Req))
 	}
 }
 
-// cutQP moves the queue pair to the error state: everything in flight on it is
-// flushed and nothing more can land, so every request that used it is fenced.
-func (x *sys) cutQP(why Reason) {
-	x.s.QP.Clear()
-	x.s.QPBack.Clear()
+// cutQP moves queue pair (p, d) to the error state: everything in flight on
+// it is flushed and nothing more can land, so every request that used it is
+// fenced. Requests on other queue pairs are untouched.
+func (x *sys) cutQP(p, d int, why Reason) {
+	x.s.QP[p][d].Clear()
+	x.s.QPBack[p][d].Clear()
 	for r := range x.m.cfg.Prompts {
+		if !x.s.Req[r].onPair(p, d) {
+			continue
+		}
 		if snd := &x.s.Req[r].S; snd.Phase.Live() {
 			x.hit(CutFails)
 			x.freeSrc(r)
@@ -734,10 +896,18 @@ func (x *sys) cutQP(why Reason) {
 	}
 }
 
+// fenceQP cuts queue pair (p, d) for good, because one end was declared
+// lost: it stays in error, so nothing the lost node (still alive, perhaps)
+// posts afterwards can land or be answered.
+func (x *sys) fenceQP(p, d int) {
+	x.s.Fenced[p][d] = true
+	x.cutQP(p, d, PeerFailed)
+}
+
 // --- decode (receiver) ---
 
-func (x *sys) decodeRecvQP(choice int) {
-	msg := x.s.QP.Pop()
+func (x *sys) decodeRecvQP(p, d, choice int) {
+	msg := x.s.QP[p][d].Pop()
 	r := int(msg.Req)
 	switch msg.Kind {
 	case MWrite:
@@ -753,7 +923,7 @@ func (x *sys) decodeRecvQP(choice int) {
 
 func (x *sys) peerCancel(r int) {
 	if !x.bug(NoPeerCancel) {
-		x.toPrefill(&x.s.QPBack, Msg{Kind: MAbort, Req: int8(r)})
+		x.toQPBack(r, Msg{Kind: MAbort, Req: int8(r)})
 	}
 }
 
@@ -765,7 +935,7 @@ func (x *sys) reserve(r int, b Msg, choice int) {
 	case RTombstone:
 		// Cancelled before it arrived: refuse, so the sender stops.
 		x.hit(DecodeTombstone)
-		x.toPrefill(&x.s.QPBack, Msg{Kind: MAbort, Req: int8(r)})
+		x.toQPBack(r, Msg{Kind: MAbort, Req: int8(r)})
 		return
 	case RNone:
 	default:
@@ -781,8 +951,9 @@ func (x *sys) reserve(r int, b Msg, choice int) {
 		return
 	}
 	n := c.PagesFor(t)
-	slot := freeSlot(x.s, c.DecodeSlots)
-	free := freePages(x.s, c.DecodePages)
+	d := int(x.s.Req[r].D)
+	slot := freeSlot(x.s, d, c.DecodeSlots)
+	free := freePages(x.s, d, c.DecodePages)
 	if slot < 0 || len(free) < n {
 		if slot < 0 {
 			x.hit(DecodeNoSlot)
@@ -799,14 +970,14 @@ func (x *sys) reserve(r int, b Msg, choice int) {
 		x.hit(DecodeExactlyFull)
 	}
 	for q := range c.Prompts {
-		if q != r && x.s.Req[q].R.Slot == slot && x.s.Req[q].R.Phase != RNone {
+		if q != r && x.s.Req[q].D == int8(d) && x.s.Req[q].R.Slot == slot && x.s.Req[q].R.Phase != RNone {
 			x.hit(DecodeReusedSlot)
 			break
 		}
 	}
 	reused := false
 	for i, p := range nthTuple(free, n, choice) {
-		pg := &x.s.Pages[p]
+		pg := &x.pool(r)[p]
 		reused = reused || pg.Epoch > 0
 		pg.Epoch++
 		pg.Owner, pg.Quarantined = int8(r), false
@@ -816,8 +987,8 @@ func (x *sys) reserve(r int, b Msg, choice int) {
 		x.hit(DecodeReusedPage)
 	}
 	rec.N, rec.Slot, rec.Phase = uint8(n), slot, RReserved
-	x.s.Slots[slot] = int8(r)
-	x.toPrefill(&x.s.QPBack, Msg{Kind: MGrant, Req: int8(r), Tokens: uint8(t), Pages: uint8(n), Slot: slot})
+	x.slots(r)[slot] = int8(r)
+	x.toQPBack(r, Msg{Kind: MGrant, Req: int8(r), Tokens: uint8(t), Pages: uint8(n), Slot: slot})
 }
 
 // done handles Done (step 6). RC ordering means every WRITE posted before it has
@@ -828,7 +999,7 @@ func (x *sys) done(d Msg) {
 		// Matched by slot: whoever holds the slot now gets it.
 		r = -1
 		if d.Slot >= 0 && int(d.Slot) < x.m.cfg.DecodeSlots {
-			r = int(x.s.Slots[d.Slot])
+			r = int(x.slots(int(d.Req))[d.Slot])
 		}
 		if r < 0 {
 			return
@@ -870,7 +1041,7 @@ func (x *sys) verify(r int, d Msg) Reason {
 	}
 	for i := 0; i < int(rec.N); i++ {
 		ref := rec.Pages[i]
-		pg := &x.s.Pages[ref.Page]
+		pg := &x.pool(r)[ref.Page]
 		if !x.bug(NoTagCheck) {
 			switch {
 			case pg.Epoch != ref.Epoch:
@@ -931,8 +1102,8 @@ func (x *sys) closeReceiver(r int, why Reason) {
 
 func (x *sys) freeSlotOf(r int) {
 	rec := &x.s.Req[r].R
-	if rec.Slot >= 0 && x.s.Slots[rec.Slot] == int8(r) {
-		x.s.Slots[rec.Slot] = Free
+	if rec.Slot >= 0 && x.slots(r)[rec.Slot] == int8(r) {
+		x.slots(r)[rec.Slot] = Free
 	}
 }
 
@@ -943,7 +1114,7 @@ func (x *sys) release(r int) {
 	if rec.Released {
 		if x.bug(DoubleFree) {
 			for i := 0; i < int(rec.N); i++ {
-				pg := &x.s.Pages[rec.Pages[i].Page]
+				pg := &x.pool(r)[rec.Pages[i].Page]
 				pg.Owner, pg.Quarantined = Free, false
 			}
 		}
@@ -951,7 +1122,7 @@ func (x *sys) release(r int) {
 	}
 	for i := 0; i < int(rec.N); i++ {
 		ref := rec.Pages[i]
-		pg := &x.s.Pages[ref.Page]
+		pg := &x.pool(r)[ref.Page]
 		if pg.Owner == int8(r) && pg.Epoch == ref.Epoch {
 			pg.Owner, pg.Quarantined = Free, false
 		}
@@ -985,7 +1156,7 @@ func (x *sys) abortDecode(r int, why Reason, cancelled, early bool) {
 			return
 		}
 		for i := 0; i < int(rec.N); i++ {
-			if pg := &x.s.Pages[rec.Pages[i].Page]; pg.Owner == int8(r) {
+			if pg := &x.pool(r)[rec.Pages[i].Page]; pg.Owner == int8(r) {
 				pg.Quarantined = true
 			}
 		}
@@ -1003,13 +1174,13 @@ func (x *sys) abortDecode(r int, why Reason, cancelled, early bool) {
 	}
 }
 
-func (x *sys) decodeRecv() {
-	msg := x.s.ToDecode.Pop()
+func (x *sys) decodeRecv(d int) {
+	msg := x.s.ToDecode[d].Pop()
 	switch msg.Kind {
 	case MAbort:
 		x.abortDecode(int(msg.Req), ClientCancelled, true, x.bug(EagerRelease))
 	case MPeerFailed:
-		x.cutQP(PeerFailed) // the fence for a dead peer: move the queue pair to error
+		x.fenceQP(int(msg.Peer), d) // the fence for a lost prefill node: move the queue pair to it to error
 	}
 }
 
@@ -1026,7 +1197,7 @@ func (x *sys) decodeRead(r int) {
 	rec := &q.R
 	if !x.bug(NoTagCheck) {
 		for i := 0; i < int(rec.N); i++ {
-			if ref := rec.Pages[i]; x.s.Pages[ref.Page].Epoch != ref.Epoch {
+			if ref := rec.Pages[i]; x.pool(r)[ref.Page].Epoch != ref.Epoch {
 				x.hit(ReadEpoch)
 				x.closeReceiver(r, TagMismatch)
 				x.report(r, Failed, TagMismatch)
@@ -1035,7 +1206,7 @@ func (x *sys) decodeRead(r int) {
 		}
 	}
 	for i := 0; i < int(rec.N); i++ {
-		q.ReadData[i] = x.s.Pages[rec.Pages[i].Page].Data
+		q.ReadData[i] = x.pool(r)[rec.Pages[i].Page].Data
 	}
 	x.hit(ReadOK)
 	q.Read, q.ReadN = true, rec.N

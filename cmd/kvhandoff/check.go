@@ -47,6 +47,7 @@ type checkFlags struct {
 	contextLimit              int
 	damage                    string
 	coverage                  bool
+	prefills, decodes         int
 }
 
 func runCheck(args []string, stdout, stderr io.Writer) int {
@@ -57,7 +58,9 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&f.pageSize, "page-size", 2, "tokens per page")
 	fs.StringVar(&f.prompts, "prompts", "", "prompt lengths in tokens, comma-separated (overrides --requests), e.g. 4,4,9")
 	fs.IntVar(&f.prefillPages, "prefill-pages", 0, "prefill pool pages (0: half of --pages); its intake rejects longer prompts")
-	fs.StringVar(&f.faults, "faults", "all", `fault budgets: "all", "none" or name[=N],... of cancel, crash, timeout, cut, late, corrupt`)
+	fs.StringVar(&f.faults, "faults", "all", `fault budgets: "all" (every one but lease), "none" or name[=N],... of cancel, crash, timeout, cut, late, corrupt, lease`)
+	fs.IntVar(&f.prefills, "prefills", 1, fmt.Sprintf("prefill nodes, each with the prefill pool (1..%d)", spec.MaxPrefills))
+	fs.IntVar(&f.decodes, "decodes", 1, fmt.Sprintf("decode nodes, each with the decode pool and slots (1..%d); a queue pair per (prefill, decode) pair", spec.MaxDecodes))
 	fs.IntVar(&f.maxFaults, "max-faults", 0, "faults in one execution, all kinds together (0: only the budgets bound them; with --matrix the default is 2)")
 	fs.StringVar(&f.bugs, "bug", "", "switches of the bug catalogue to turn on, comma-separated")
 	fs.BoolVar(&f.needAll, "need-all", false, "report only counterexamples that need every --bug switch (the matrix's rule): replayed with any one of them off, they no longer fail")
@@ -206,6 +209,10 @@ func (f *checkFlags) config() (spec.Config, error) {
 		return cfg, err
 	}
 	cfg.MaxFaults = f.maxFaults
+	cfg.Prefills, cfg.Decodes = f.prefills, f.decodes
+	if f.prefills < 1 || f.decodes < 1 {
+		return cfg, fmt.Errorf("--prefills and --decodes must be at least 1")
+	}
 	return cfg, cfg.Validate()
 }
 
@@ -218,7 +225,11 @@ func describeConfig(c spec.Config) string {
 	if c.MaxFaults > 0 {
 		limit = fmt.Sprintf("at most %d per execution", c.MaxFaults)
 	}
-	return fmt.Sprintf("%d requests (prompts %s tokens), page size %d, decode pool %d pages, prefill pool %d pages (%d tokens), context limit %d, %d decode slots; faults %s, %s; bugs: %s",
+	topology := ""
+	if c.NumPrefills()*c.NumDecodes() > 1 {
+		topology = fmt.Sprintf("%d prefill x %d decode nodes, ", c.NumPrefills(), c.NumDecodes())
+	}
+	return topology + fmt.Sprintf("%d requests (prompts %s tokens), page size %d, decode pool %d pages, prefill pool %d pages (%d tokens), context limit %d, %d decode slots; faults %s, %s; bugs: %s",
 		len(c.Prompts), strings.Join(prompts, ","), c.PageSize, c.DecodePages, c.PrefillPages, c.PrefillLimit(), c.ContextLimit, c.DecodeSlots, c.Faults, limit, c.Bugs)
 }
 
