@@ -155,6 +155,14 @@ func (n *Decode) decode(ctx context.Context, c *decodeCall) (any, error) {
 	if c.MaxTokens < 1 {
 		return nil, fmt.Errorf("%w: max_tokens %d", ErrBadRequest, c.MaxTokens)
 	}
+	// max_tokens sizes what this node allocates and generates: it is bounded
+	// by the node's own context (or its pool), never by the caller's word, as
+	// a model's generation already stops at its context.
+	limit := n.cfg.ContextTokens
+	if limit == 0 {
+		limit = n.cfg.Pages * n.cfg.PageTokens
+	}
+	c.MaxTokens = min(c.MaxTokens, limit)
 	n.mu.Lock()
 	if e, ok := n.ended[c.ID]; ok {
 		// The leg ended before the router's call came (it failed early).

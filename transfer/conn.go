@@ -153,8 +153,13 @@ func (c *conn) received(wc rdma.Completion) (protocol.Message, error) {
 	if wc.Bytes > 0 {
 		var err error
 		off := slot * c.inSlot
-		if m, _, err = protocol.DecodeMessage(c.bufs.in.Bytes()[off : off+wc.Bytes]); err != nil {
+		var used int
+		if m, used, err = protocol.DecodeMessage(c.bufs.in.Bytes()[off : off+wc.Bytes]); err != nil {
 			return nil, fmt.Errorf("transfer: from peer %q: %w", c.name, err)
+		}
+		if used != wc.Bytes {
+			// One SEND carries one frame: bytes after it are not ignored.
+			return nil, fmt.Errorf("transfer: from peer %q: %w: %d bytes after a %d-byte frame", c.name, protocol.ErrMalformed, wc.Bytes-used, used)
 		}
 	}
 	if c.repost(slot) == nil {

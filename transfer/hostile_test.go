@@ -27,7 +27,7 @@ func rawSend(t *testing.T, p *Prefill, peer string, payload []byte, imm uint32) 
 }
 
 // A prefill node that breaks the queue pair's own protocol (a frame that does
-// not decode, credits it was never owed) loses its queue pair; the decode node
+// not decode, bytes after a frame, credits it was never owed) loses its queue pair; the decode node
 // keeps serving its other prefill peer.
 func TestAPeerThatBreaksTheQueuePairLosesOnlyItsOwn(t *testing.T) {
 	frame, err := protocol.AppendMessage(nil, &protocol.AbortAck{Request: 7})
@@ -41,6 +41,7 @@ func TestAPeerThatBreaksTheQueuePairLosesOnlyItsOwn(t *testing.T) {
 		"garbage frame":         {[]byte("\x01\x09garbage, not a frame"), 0},
 		"frame of unknown type": {append([]byte{protocol.Version, 99}, frame[2:]...), 0},
 		"credits never owed":    {frame, RecvSlots + 1},
+		"bytes after a frame":   {append(append([]byte{}, frame...), "junk"...), 0},
 	} {
 		t.Run(name, func(t *testing.T) {
 			for _, provider := range providerNames() {
