@@ -5,6 +5,7 @@ package verbs
 import (
 	"os"
 	"testing"
+	"time"
 
 	"github.com/kvhandoff/kvhandoff/rdma"
 	"github.com/kvhandoff/kvhandoff/rdma/rdmatest"
@@ -61,13 +62,20 @@ func TestDeviceListingPortAndCounters(t *testing.T) {
 	if c := x.ASend.Wait(1, 10e9); len(c) != 1 || c[0].Status != rdma.Success {
 		t.Fatalf("WRITE: %+v", c)
 	}
-	after, _ := d.Counters()
+	// The kernel caches a port's hw_counters for their "lifespan" (about
+	// 10 ms), so a read right after the WRITE may still show the old values:
+	// read again until one moves, with a generous bound.
+	var after map[string]uint64
 	moved := false
-	for name, v := range after {
-		moved = moved || v > before[name]
+	for deadline := time.Now().Add(5 * time.Second); !moved && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+		after, _ = d.Counters()
+		for name, v := range after {
+			moved = moved || v > before[name]
+		}
 	}
 	if !moved {
-		t.Fatalf("no counter moved after a 64 KiB WRITE: %v", after)
+		t.Fatalf("no counter moved within 5 s of a 64 KiB WRITE: %v", after)
 	}
 	t.Logf("device %s, GID index %d, %d counters", d.Name(), d.GIDIndex(), len(after))
 }
