@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net"
 	"sync"
@@ -12,6 +13,7 @@ import (
 	"github.com/kvhandoff/kvhandoff/engine/cpu"
 	"github.com/kvhandoff/kvhandoff/engine/model"
 	"github.com/kvhandoff/kvhandoff/internal/research"
+	"github.com/kvhandoff/kvhandoff/protocol"
 	"github.com/kvhandoff/kvhandoff/rdma"
 	"github.com/kvhandoff/kvhandoff/transfer"
 )
@@ -131,6 +133,38 @@ func (f *flight) drain() <-chan struct{} {
 		f.idle = ch
 	}
 	return ch
+}
+
+// waitForStop blocks until the node should stop: ctx ends, its control API
+// stops serving, or its registration is lost. The error says which, nil for ctx.
+func waitForStop(ctx context.Context, served <-chan error, lease <-chan struct{}) error {
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-served:
+		if err == nil {
+			err = errors.New("node: control API stopped")
+		}
+		return err
+	case <-lease:
+		return errors.New("node: the registration was lost")
+	}
+}
+
+// drainOrCancel stops intake and gives the calls in flight grace to end;
+// past it, every request held() still names is cancelled. It returns how
+// many were.
+func (f *flight) drainOrCancel(grace time.Duration, held func() []protocol.RequestID, cancel func(protocol.RequestID)) int {
+	select {
+	case <-f.drain():
+		return 0
+	case <-time.After(grace):
+	}
+	ids := held()
+	for _, id := range ids {
+		cancel(id)
+	}
+	return len(ids)
 }
 
 // listenerAddr is the address peers reach ln at.

@@ -5,8 +5,10 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -441,15 +443,7 @@ func (n *Decode) Serve(ctx context.Context, control, transferLn net.Listener, gr
 		return err
 	}
 	n.cfg.Log.Info("decode node up", "decode", n.cfg.Name, "control", listenerAddr(control), "transfer", listenerAddr(transferLn), "pages", n.cfg.Pages, "page_tokens", n.cfg.PageTokens)
-	select {
-	case <-ctx.Done():
-	case err = <-served:
-		if err == nil {
-			err = errors.New("node: control API stopped")
-		}
-	case <-lease:
-		err = errors.New("node: the registration was lost")
-	}
+	err = waitForStop(ctx, served, lease)
 	n.shutdown(grace)
 	deregister()
 	stopSetup()
@@ -461,20 +455,13 @@ func (n *Decode) Serve(ctx context.Context, control, transferLn net.Listener, gr
 }
 
 func (n *Decode) shutdown(grace time.Duration) {
-	idle := n.flight.drain()
-	select {
-	case <-idle:
-	case <-time.After(grace):
+	held := func() []protocol.RequestID {
 		n.mu.Lock()
-		var ids []protocol.RequestID
-		for id := range n.reqs {
-			ids = append(ids, id)
-		}
-		n.mu.Unlock()
-		for _, id := range ids {
-			n.ep.Cancel(id)
-		}
-		n.cfg.Log.Warn("decode: cancelled requests at shutdown", "decode", n.cfg.Name, "requests", len(ids))
+		defer n.mu.Unlock()
+		return slices.Collect(maps.Keys(n.reqs))
+	}
+	if k := n.flight.drainOrCancel(grace, held, n.ep.Cancel); k > 0 {
+		n.cfg.Log.Warn("decode: cancelled requests at shutdown", "decode", n.cfg.Name, "requests", k)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()

@@ -2,11 +2,12 @@ package node
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -300,15 +301,7 @@ func (n *Prefill) Serve(ctx context.Context, control net.Listener, grace time.Du
 		return err
 	}
 	n.cfg.Log.Info("prefill node up", "prefill", n.cfg.Name, "control", listenerAddr(control), "pages", n.cfg.Pages, "page_tokens", n.cfg.PageTokens)
-	select {
-	case <-ctx.Done():
-	case err = <-served:
-		if err == nil {
-			err = errors.New("node: control API stopped")
-		}
-	case <-lease:
-		err = errors.New("node: the registration was lost")
-	}
+	err = waitForStop(ctx, served, lease)
 	n.shutdown(grace)
 	deregister()
 	stopServe()
@@ -321,20 +314,13 @@ func (n *Prefill) Serve(ctx context.Context, control net.Listener, grace time.Du
 // shutdown stops intake and drains: calls in flight get grace to end, then
 // every request still on the node is cancelled; it waits for the pages.
 func (n *Prefill) shutdown(grace time.Duration) {
-	idle := n.flight.drain()
-	select {
-	case <-idle:
-	case <-time.After(grace):
+	held := func() []protocol.RequestID {
 		n.mu.Lock()
-		var ids []protocol.RequestID
-		for id := range n.waiters {
-			ids = append(ids, id)
-		}
-		n.mu.Unlock()
-		for _, id := range ids {
-			n.ep.Cancel(id)
-		}
-		n.cfg.Log.Warn("prefill: cancelled requests at shutdown", "prefill", n.cfg.Name, "requests", len(ids))
+		defer n.mu.Unlock()
+		return slices.Collect(maps.Keys(n.waiters))
+	}
+	if k := n.flight.drainOrCancel(grace, held, n.ep.Cancel); k > 0 {
+		n.cfg.Log.Warn("prefill: cancelled requests at shutdown", "prefill", n.cfg.Name, "requests", k)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
