@@ -2,44 +2,22 @@ package node
 
 import (
 	"context"
-	"net/url"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 
+	"github.com/kvhandoff/kvhandoff/internal/etcdtest"
 	"github.com/kvhandoff/kvhandoff/protocol"
 	"github.com/kvhandoff/kvhandoff/transfer"
 )
 
 // startEtcd starts a real etcd server on 127.0.0.1 for the test and returns
 // its client address.
-func startEtcd(t *testing.T) string {
-	t.Helper()
-	cfg := embed.NewConfig()
-	cfg.Dir = t.TempDir()
-	cfg.Name = "test"
-	u, _ := url.Parse("http://127.0.0.1:0")
-	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{*u}, []url.URL{*u}
-	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*u}, []url.URL{*u}
-	cfg.InitialCluster = cfg.Name + "=" + u.String()
-	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
-	e, err := embed.StartEtcd(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.Close)
-	select {
-	case <-e.Server.ReadyNotify():
-	case <-time.After(30 * time.Second):
-		t.Fatal("etcd did not start")
-	}
-	return e.Clients[0].Addr().String()
-}
+func startEtcd(t *testing.T) string { return etcdtest.Start(t) }
 
 // holdKV blocks FillKV of the requests it is armed for until released.
 type holdKV struct {

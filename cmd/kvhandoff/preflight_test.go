@@ -6,16 +6,13 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"go.etcd.io/etcd/server/v3/embed"
-	"go.uber.org/zap"
-
+	"github.com/kvhandoff/kvhandoff/internal/etcdtest"
 	"github.com/kvhandoff/kvhandoff/node"
 )
 
@@ -68,25 +65,7 @@ func TestPreflightReadsAFileAndReportsJSON(t *testing.T) {
 // preflight --etcd reads what the running nodes registered and names the
 // short pool among them.
 func TestPreflightReadsTheNodesRegisteredInEtcd(t *testing.T) {
-	cfg := embed.NewConfig()
-	cfg.Dir = t.TempDir()
-	cfg.Name = "preflight"
-	u, _ := url.Parse("http://127.0.0.1:0")
-	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{*u}, []url.URL{*u}
-	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*u}, []url.URL{*u}
-	cfg.InitialCluster = cfg.Name + "=" + u.String()
-	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
-	e, err := embed.StartEtcd(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
-	select {
-	case <-e.Server.ReadyNotify():
-	case <-time.After(30 * time.Second):
-		t.Fatal("etcd did not start")
-	}
-	addr := e.Clients[0].Addr().String()
+	addr := etcdtest.Start(t)
 	reg, err := node.NewEtcd([]string{addr}, "/kvhandoff/nodes/", 5*time.Second, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)

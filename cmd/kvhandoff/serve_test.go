@@ -10,7 +10,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,38 +20,15 @@ import (
 	"testing"
 	"time"
 
-	"go.etcd.io/etcd/server/v3/embed"
-	"go.uber.org/zap"
-
 	"github.com/kvhandoff/kvhandoff/engine/model"
+	"github.com/kvhandoff/kvhandoff/internal/etcdtest"
 	"github.com/kvhandoff/kvhandoff/internal/pki"
 	"github.com/kvhandoff/kvhandoff/node"
 	"github.com/kvhandoff/kvhandoff/protocol"
 	"github.com/kvhandoff/kvhandoff/transfer"
 )
 
-func startEtcd(t *testing.T) string {
-	t.Helper()
-	cfg := embed.NewConfig()
-	cfg.Dir = t.TempDir()
-	cfg.Name = "test"
-	u, _ := url.Parse("http://127.0.0.1:0")
-	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{*u}, []url.URL{*u}
-	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*u}, []url.URL{*u}
-	cfg.InitialCluster = cfg.Name + "=" + u.String()
-	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
-	e, err := embed.StartEtcd(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.Close)
-	select {
-	case <-e.Server.ReadyNotify():
-	case <-time.After(30 * time.Second):
-		t.Fatal("etcd did not start")
-	}
-	return e.Clients[0].Addr().String()
-}
+func startEtcd(t *testing.T) string { return etcdtest.Start(t) }
 
 // proc is a kvhandoff serve child process (this test binary standing in).
 type proc struct {
