@@ -55,7 +55,12 @@ func (g Geometry) ValueOffset(layer, token int) int {
 }
 
 // PagesFor is how many pages hold tokens positions.
-func (g Geometry) PagesFor(tokens int) int { return (tokens + g.PageTokens - 1) / g.PageTokens }
+func (g Geometry) PagesFor(tokens int) int {
+	if tokens <= 0 {
+		return 0
+	}
+	return protocol.PagesFor(uint32(tokens), g.PageTokens) // one arithmetic with the wire
+}
 
 // Table is a request's page table: the tags it holds, in position order.
 // Entry i holds positions [i*PageTokens, (i+1)*PageTokens).
