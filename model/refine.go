@@ -227,7 +227,7 @@ func (h *Refinement) Model() *spec.Model { return h.m }
 func (h *Refinement) Enabled() []spec.Action {
 	var out []spec.Action
 	seen := map[spec.Action]bool{}
-	h.m.Successors(&h.s, func(a spec.Action, _ spec.State) {
+	h.m.Successors(&h.s, func(a spec.Action, _ *spec.State) {
 		if a.Kind == spec.PostWrite {
 			return
 		}
@@ -297,7 +297,7 @@ func (h *Refinement) postBacklog(a spec.Action) error {
 // enables now.
 func (h *Refinement) postsEnabled() map[spec.Action]bool {
 	out := map[spec.Action]bool{}
-	h.m.Successors(&h.s, func(b spec.Action, _ spec.State) {
+	h.m.Successors(&h.s, func(b spec.Action, _ *spec.State) {
 		if b.Kind == spec.PostWrite {
 			out[b] = true
 		}
@@ -310,9 +310,9 @@ func (h *Refinement) postsEnabled() map[spec.Action]bool {
 // are handed from the Sender's backlog to the wire, and the views compared.
 func (h *Refinement) step(a spec.Action, impl func(popped *int) error) error {
 	var next []spec.State
-	h.m.Successors(&h.s, func(b spec.Action, n spec.State) {
+	h.m.Successors(&h.s, func(b spec.Action, n *spec.State) {
 		if b == a || a.Kind == spec.DecodeRecvQP && b.Kind == spec.DecodeRecvQP {
-			next = append(next, n)
+			next = append(next, *n)
 		}
 	})
 	if len(next) == 0 {

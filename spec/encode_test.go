@@ -51,7 +51,7 @@ func reachable(t *testing.T, cfg Config, limit int) (*Model, []State) {
 		}
 		seen[s] = true
 		out = append(out, s)
-		m.Successors(&s, func(_ Action, n State) { queue = append(queue, n) })
+		m.Successors(&s, func(_ Action, n *State) { queue = append(queue, *n) })
 	}
 	return m, out
 }

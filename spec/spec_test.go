@@ -29,9 +29,9 @@ func (w *world) do(k ActionKind, r int, arg uint16) *world {
 	w.t.Helper()
 	found := false
 	cur := w.s
-	w.m.Successors(&cur, func(a Action, n State) {
+	w.m.Successors(&cur, func(a Action, n *State) {
 		if !found && a.Kind == k && int(a.Req) == r && a.Arg == arg {
-			w.s, found = n, true
+			w.s, found = *n, true
 		}
 	})
 	if !found {
@@ -43,7 +43,7 @@ func (w *world) do(k ActionKind, r int, arg uint16) *world {
 func (w *world) enabled(k ActionKind, r int) bool {
 	ok := false
 	cur := w.s
-	w.m.Successors(&cur, func(a Action, _ State) { ok = ok || a.Kind == k && int(a.Req) == r })
+	w.m.Successors(&cur, func(a Action, _ *State) { ok = ok || a.Kind == k && int(a.Req) == r })
 	return ok
 }
 

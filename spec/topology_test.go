@@ -33,7 +33,7 @@ func newTopologyWorld(t *testing.T, cfg Config) *world {
 func (w *world) submitRoutes(r int) []uint16 {
 	var out []uint16
 	cur := w.s
-	w.m.Successors(&cur, func(a Action, _ State) {
+	w.m.Successors(&cur, func(a Action, _ *State) {
 		if a.Kind == Submit && int(a.Req) == r {
 			out = append(out, a.Arg)
 		}

@@ -19,8 +19,10 @@ type Model[S any, A comparable] interface {
 	// Initial returns the initial states.
 	Initial() []S
 	// Successors calls emit once for every enabled action and the state it leads
-	// to. It must not modify *s and must be deterministic.
-	Successors(s *S, emit func(a A, next S))
+	// to. It must not modify *s and must be deterministic. *next need only
+	// last until emit returns (a model may reuse one scratch state): emit
+	// copies what it keeps.
+	Successors(s *S, emit func(a A, next *S))
 	// AppendFingerprint appends a canonical encoding of *s to dst. States with
 	// equal encodings are treated as the same state.
 	AppendFingerprint(dst []byte, s *S) []byte
@@ -638,10 +640,9 @@ func (c *run[S, A]) expandWave(blocks []*block[S], outs []*expansion[S]) {
 type worker[S any, A comparable] struct {
 	c     *run[S, A]
 	state S // the state being expanded
-	next  S // the successor being looked at
 	fbuf  []byte
 	ebuf  []byte
-	emit  func(a A, succ S) // looks at one successor of the state being expanded
+	emit  func(a A, succ *S) // looks at one successor of the state being expanded
 
 	out    *expansion[S] // where successors go
 	parent int32         // the number of the state being expanded
@@ -695,7 +696,7 @@ func (w *worker[S, A]) expand(b *block[S], out *expansion[S]) {
 }
 
 // successor looks at the next successor of the state being expanded.
-func (w *worker[S, A]) successor(a A, succ S) {
+func (w *worker[S, A]) successor(a A, next *S) {
 	c, out := w.c, w.out
 	k := w.n
 	w.n++
@@ -703,10 +704,6 @@ func (w *worker[S, A]) successor(a A, succ S) {
 		out.err = fmt.Errorf("checker: a state has more than %d successors", maxSuccessors)
 		return
 	}
-	// Work on a copy in the worker's scratch: the address of succ would make
-	// every call allocate it.
-	w.next = succ
-	next := &w.next
 	w.fbuf = c.m.AppendFingerprint(w.fbuf[:0], next)
 	fp := fingerprintOf(w.fbuf)
 	fault := c.m.IsFault(a)
@@ -822,9 +819,9 @@ func (c *run[S, A]) rebuild(idx int32) ([]Step[S, A], error) {
 		var next S
 		var action A
 		n, ok := 0, false
-		c.m.Successors(&cur, func(a A, s S) {
+		c.m.Successors(&cur, func(a A, s *S) {
 			if n == want {
-				next, action, ok = s, a, true
+				next, action, ok = *s, a, true
 			}
 			n++
 		})

@@ -10,6 +10,12 @@ import (
 	"github.com/kvhandoff/kvhandoff/spec/checker"
 )
 
+// byValue adapts a test model's successor code, which emits new values, to
+// the checker's emit, which takes the successor by pointer.
+func byValue[S any, A comparable](emit func(A, *S)) func(A, S) {
+	return func(a A, s S) { emit(a, &s) }
+}
+
 // --- a counter: 0..N by +1, with a fault that resets it ---
 
 type counter struct {
@@ -18,7 +24,8 @@ type counter struct {
 }
 
 func (c counter) Initial() []int { return []int{0} }
-func (c counter) Successors(s *int, emit func(string, int)) {
+func (c counter) Successors(s *int, next func(string, *int)) {
+	emit := byValue(next)
 	if *s < c.n {
 		emit("inc", *s+1)
 	}
@@ -73,7 +80,8 @@ type mutexState struct {
 type mutex struct{ racy bool }
 
 func (m mutex) Initial() []mutexState { return []mutexState{{}} }
-func (m mutex) Successors(s *mutexState, emit func(string, mutexState)) {
+func (m mutex) Successors(s *mutexState, next func(string, *mutexState)) {
+	emit := byValue(next)
 	for p := 0; p < 2; p++ {
 		n := *s
 		switch s.pc[p] {
@@ -137,7 +145,8 @@ type locksState struct{ pc [2]uint8 } // 0 none, 1 first lock, 2 both, 3 done
 type locks struct{}
 
 func (locks) Initial() []locksState { return []locksState{{}} }
-func (locks) Successors(s *locksState, emit func(string, locksState)) {
+func (locks) Successors(s *locksState, next func(string, *locksState)) {
+	emit := byValue(next)
 	held := func(lock int) bool {
 		// process 0 takes A then B; process 1 takes B then A.
 		for p := 0; p < 2; p++ {
@@ -198,7 +207,8 @@ type retryState struct {
 type retry struct{ stuckLoops bool }
 
 func (retry) Initial() []retryState { return []retryState{{}} }
-func (r retry) Successors(s *retryState, emit func(string, retryState)) {
+func (r retry) Successors(s *retryState, next func(string, *retryState)) {
+	emit := byValue(next)
 	switch s.at {
 	case 0:
 		emit("start", retryState{at: 1})
@@ -234,10 +244,10 @@ func TestLivenessCycleThatCanStillFinishHolds(t *testing.T) {
 // retryNoBreak is retry without its fault.
 type retryNoBreak struct{ retry }
 
-func (r retryNoBreak) Successors(s *retryState, emit func(string, retryState)) {
-	r.retry.Successors(s, func(a string, n retryState) {
+func (r retryNoBreak) Successors(s *retryState, next func(string, *retryState)) {
+	r.retry.Successors(s, func(a string, n *retryState) {
 		if a != "break" {
-			emit(a, n)
+			next(a, n)
 		}
 	})
 }
@@ -277,7 +287,8 @@ type tokens struct {
 }
 
 func (t tokens) Initial() []string { return []string{string(make([]byte, t.k))} }
-func (t tokens) Successors(s *string, emit func(int, string)) {
+func (t tokens) Successors(s *string, next func(int, *string)) {
+	emit := byValue(next)
 	for i := 0; i < t.k; i++ {
 		if (*s)[i] < 2 {
 			b := []byte(*s)
@@ -378,7 +389,8 @@ func TestMaxStates(t *testing.T) {
 type flaky struct{}
 
 func (flaky) Initial() []int { return []int{0} }
-func (flaky) Successors(s *int, emit func(string, int)) {
+func (flaky) Successors(s *int, next func(string, *int)) {
+	emit := byValue(next)
 	if *s < 3 {
 		emit("step", *s+1+10*rand.IntN(1000))
 	}

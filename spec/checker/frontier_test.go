@@ -31,7 +31,8 @@ func (encodedTwoPhase) DecodeState(src []byte, s *uint32) error {
 type wideModel struct{ twoPhase }
 
 func (wideModel) Initial() []uint32 { return []uint32{0} }
-func (wideModel) Successors(s *uint32, emit func(string, uint32)) {
+func (wideModel) Successors(s *uint32, next func(string, *uint32)) {
+	emit := byValue(next)
 	for i := 0; i < 6; i++ {
 		if d := *s >> (3 * i) & 7; d < 5 {
 			emit("inc", *s+1<<(3*i))
@@ -42,8 +43,10 @@ func (wideModel) Successors(s *uint32, emit func(string, uint32)) {
 // encodedWide is wideModel with an Encoder.
 type encodedWide struct{ encodedTwoPhase }
 
-func (encodedWide) Initial() []uint32                               { return wideModel{}.Initial() }
-func (encodedWide) Successors(s *uint32, emit func(string, uint32)) { wideModel{}.Successors(s, emit) }
+func (encodedWide) Initial() []uint32 { return wideModel{}.Initial() }
+func (encodedWide) Successors(s *uint32, next func(string, *uint32)) {
+	wideModel{}.Successors(s, next)
+}
 func (encodedWide) AppendFingerprint(dst []byte, s *uint32) []byte {
 	return wideModel{}.AppendFingerprint(dst, s)
 }
@@ -110,7 +113,8 @@ func TestMemoryLimitStopsWithHowFarItGot(t *testing.T) {
 // manyCounters has 8^8 states: more than 4 MiB of heap holds.
 type manyCounters struct{ wideModel }
 
-func (manyCounters) Successors(s *uint32, emit func(string, uint32)) {
+func (manyCounters) Successors(s *uint32, next func(string, *uint32)) {
+	emit := byValue(next)
 	for i := 0; i < 8; i++ {
 		if *s>>(3*i)&7 < 7 {
 			emit("inc", *s+1<<(3*i))

@@ -20,7 +20,8 @@ type jugs struct{ small, big uint8 }
 type dieHard struct{}
 
 func (dieHard) Initial() []jugs { return []jugs{{}} }
-func (dieHard) Successors(s *jugs, emit func(string, jugs)) {
+func (dieHard) Successors(s *jugs, next func(string, *jugs)) {
+	emit := byValue(next)
 	emit("FillSmall", jugs{3, s.big})
 	emit("FillBig", jugs{s.small, 5})
 	emit("EmptySmall", jugs{0, s.big})
@@ -85,7 +86,8 @@ func (m tcommit) all(s uint32, ok func(uint8) bool) bool {
 	}
 	return true
 }
-func (m tcommit) Successors(s *uint32, emit func(string, uint32)) {
+func (m tcommit) Successors(s *uint32, next func(string, *uint32)) {
+	emit := byValue(next)
 	canCommit := m.all(*s, func(v uint8) bool { return v == prepared || v == committed })
 	notCommitted := m.all(*s, func(v uint8) bool { return v != committed })
 	for r := 0; r < m.rms; r++ {
@@ -146,7 +148,8 @@ const (
 )
 
 func (m twoPhase) Initial() []uint32 { return []uint32{0} }
-func (m twoPhase) Successors(s *uint32, emit func(string, uint32)) {
+func (m twoPhase) Successors(s *uint32, next func(string, *uint32)) {
+	emit := byValue(next)
 	v := *s
 	allPrepared := true
 	for r := 0; r < m.rms; r++ {
@@ -208,7 +211,8 @@ func (p philosophers) forkFree(s uint32, f int) bool {
 	// fork f is philosopher f's left fork and philosopher f-1's right fork.
 	return p.phil(s, f) == 0 && p.phil(s, f-1) != 2
 }
-func (p philosophers) Successors(s *uint32, emit func(int, uint32)) {
+func (p philosophers) Successors(s *uint32, next func(int, *uint32)) {
+	emit := byValue(next)
 	v := *s
 	for i := 0; i < p.n; i++ {
 		set := func(x uint32) uint32 { return v&^(3<<(2*i)) | x<<(2*i) }
@@ -300,7 +304,7 @@ func TestSimulateReportsDeadlockReachedWhileDraining(t *testing.T) {
 	}
 	for i := 1; i < len(tr); i++ {
 		found := false
-		philosophers{5}.Successors(&tr[i-1].State, func(a int, n uint32) { found = found || a == tr[i].Action && n == tr[i].State })
+		philosophers{5}.Successors(&tr[i-1].State, func(a int, n *uint32) { found = found || a == tr[i].Action && *n == tr[i].State })
 		if !found {
 			t.Fatalf("step %d is not a transition of the model", i)
 		}

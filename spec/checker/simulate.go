@@ -92,15 +92,15 @@ func Simulate[S any, A comparable](m Model[S, A], props Properties[S], opt SimOp
 			draining := step >= faultsUntil
 			succs, faults = succs[:0], faults[:0]
 			enabledFaults := 0 // counted while draining too: a deadlock is judged on every action
-			m.Successors(&cur, func(a A, n S) {
+			m.Successors(&cur, func(a A, n *S) {
 				if m.IsFault(a) {
 					enabledFaults++
 					if !draining {
-						faults = append(faults, succ{a, n})
+						faults = append(faults, succ{a, *n})
 					}
 					return
 				}
-				succs = append(succs, succ{a, n})
+				succs = append(succs, succ{a, *n})
 			})
 			if len(succs)+enabledFaults == 0 && !m.Finished(&cur) {
 				return fail(deadlockName, Deadlock)

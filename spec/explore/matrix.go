@@ -254,9 +254,9 @@ func stillViolates(mw *spec.Model, v checker.Violation[spec.State, spec.Action])
 	for _, st := range v.Trace[1:] {
 		var next spec.State
 		found := false
-		mw.Successors(&cur, func(a spec.Action, n spec.State) {
+		mw.Successors(&cur, func(a spec.Action, n *spec.State) {
 			if !found && a == st.Action {
-				next, found = n, true
+				next, found = *n, true
 			}
 		})
 		if !found {
@@ -295,14 +295,14 @@ func goalReachable(m *spec.Model, s *spec.State, goal func(*spec.State) bool) bo
 		if goal(&cur) {
 			return true
 		}
-		m.Successors(&cur, func(a spec.Action, n spec.State) {
+		m.Successors(&cur, func(a spec.Action, n *spec.State) {
 			if a.IsFault() {
 				return
 			}
-			buf = m.AppendFingerprint(buf[:0], &n)
+			buf = m.AppendFingerprint(buf[:0], n)
 			if !seen[string(buf)] {
 				seen[string(buf)] = true
-				queue = append(queue, n)
+				queue = append(queue, *n)
 			}
 		})
 	}
