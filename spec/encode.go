@@ -1,8 +1,10 @@
 package spec
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
+	"math/bits"
 	"unsafe"
 )
 
@@ -27,39 +29,46 @@ var encodingBase = (&Model{}).Initial()[0]
 
 // AppendState appends the compact, lossless encoding of s to dst.
 func (m *Model) AppendState(dst []byte, s *State) []byte {
-	var x [stateSize]byte // s XOR the base, computed a word at a time
 	cur, base := stateBytes(s), stateBytes(&encodingBase)
-	w := 0
-	for ; w+8 <= stateSize; w += 8 {
-		binary.LittleEndian.PutUint64(x[w:], binary.LittleEndian.Uint64(cur[w:])^binary.LittleEndian.Uint64(base[w:]))
-	}
-	for ; w < stateSize; w++ {
-		x[w] = cur[w] ^ base[w]
-	}
-	i := 0
-	for i < stateSize {
-		eq := i
-		for eq+8 <= stateSize && binary.LittleEndian.Uint64(x[eq:]) == 0 {
-			eq += 8
-		}
-		for eq < stateSize && x[eq] == 0 {
-			eq++
-		}
+	for i := 0; ; {
+		eq := firstDifference(cur, base, i)
 		if eq == stateSize {
-			break
+			return dst
 		}
 		// A differing run ends at two equal bytes in a row: one equal byte costs
 		// less as a literal than as a new run.
 		diff := eq + 1
-		for diff < stateSize && (x[diff] != 0 || diff+1 < stateSize && x[diff+1] != 0) {
+		for diff < stateSize && (cur[diff] != base[diff] || diff+1 < stateSize && cur[diff+1] != base[diff+1]) {
 			diff++
 		}
 		dst = binary.AppendUvarint(dst, uint64(eq-i))
 		dst = binary.AppendUvarint(dst, uint64(diff-eq))
-		dst = append(dst, x[eq:diff]...)
+		for j := eq; j < diff; j++ {
+			dst = append(dst, cur[j]^base[j])
+		}
 		i = diff
 	}
-	return dst
+}
+
+// firstDifference returns the first index at or after i where a and b (of
+// equal length) differ, or len(a). Most of a state equals the base (empty
+// queues, unused nodes), so it compares 32 bytes at a time, then words.
+func firstDifference(a, b []byte, i int) int {
+	b = b[:len(a)]
+	for i+64 <= len(a) && bytes.Equal(a[i:i+64], b[i:i+64]) {
+		i += 64
+	}
+	for ; i+8 <= len(a); i += 8 {
+		if x := binary.LittleEndian.Uint64(a[i:]) ^ binary.LittleEndian.Uint64(b[i:]); x != 0 {
+			return i + bits.TrailingZeros64(x)/8
+		}
+	}
+	for ; i < len(a); i++ {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return len(a)
 }
 
 // DecodeState sets *s to the state src encodes.

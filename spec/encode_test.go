@@ -1,6 +1,7 @@
 package spec
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"reflect"
@@ -90,5 +91,75 @@ func TestDecodeRefusesMalformedEncodings(t *testing.T) {
 		if err := m.DecodeState(b, &s); !errors.Is(err, ErrBadEncoding) {
 			t.Errorf("%x: got %v, want ErrBadEncoding", b, err)
 		}
+	}
+}
+
+// fullMinimum is the canonical form by definition: the smallest encoding over
+// every request symmetry. AppendFingerprint must identify exactly the states
+// it identifies.
+func fullMinimum(m *Model, s *State) string {
+	var best []byte
+	for _, p := range m.perms {
+		if e := m.encode(nil, s, p); best == nil || bytes.Compare(e, best) < 0 {
+			best = e
+		}
+	}
+	return string(best)
+}
+
+func TestFingerprintIdentifiesExactlyTheSymmetricStates(t *testing.T) {
+	faults := func(c Config, fs ...Fault) Config {
+		c.Faults = Budget{}
+		for _, f := range fs {
+			c.Faults[f] = 1
+		}
+		return c
+	}
+	threeEqual := NewConfig(3, 4, 2)
+	threeEqual.Prompts = []int{2, 2, 2}
+	twoPage := NewConfig(3, 6, 2)
+	twoPage.Prompts, twoPage.PrefillPages = []int{4, 4, 9}, 4
+	twoByTwo := NewConfig(3, 4, 2)
+	twoByTwo.Prefills, twoByTwo.Decodes = 2, 2
+	for _, cfg := range []Config{
+		faults(NewConfig(3, 4, 2), FaultCancel, FaultCrash),
+		faults(threeEqual, FaultCancel, FaultTimeout),
+		faults(twoPage, FaultCancel),
+		faults(twoByTwo, FaultCrash),
+	} {
+		m, err := New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A breadth-first search reduced by the fingerprint, which compares it
+		// with fullMinimum on every successor it generates.
+		fpOf, fullOf := map[string]string{}, map[string]string{}
+		queue := m.Initial()
+		merged := 0
+		see := func(s *State) bool {
+			fp, full := string(m.AppendFingerprint(nil, s)), fullMinimum(m, s)
+			prevFull, seen := fullOf[fp]
+			if seen && prevFull != full {
+				t.Fatalf("%v: two states of different symmetry classes share a fingerprint", cfg.Prompts)
+			}
+			if prevFP, ok := fpOf[full]; ok && prevFP != fp {
+				t.Fatalf("%v: two symmetric states have different fingerprints", cfg.Prompts)
+			}
+			fullOf[fp], fpOf[full] = full, fp
+			return !seen
+		}
+		see(&queue[0])
+		for len(queue) > 0 {
+			s := queue[0]
+			queue = queue[1:]
+			m.Successors(&s, func(_ Action, n *State) {
+				if see(n) {
+					queue = append(queue, *n)
+				} else {
+					merged++
+				}
+			})
+		}
+		t.Logf("%v: %d classes, %d successors reached a known one", cfg.Prompts, len(fpOf), merged)
 	}
 }

@@ -1,7 +1,9 @@
 package checker_test
 
 import (
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/kvhandoff/kvhandoff/spec"
 	"github.com/kvhandoff/kvhandoff/spec/checker"
@@ -20,8 +22,17 @@ func specProperties(m *spec.Model) checker.Properties[spec.State] {
 	return p
 }
 
+// cpuTime is this process's user and system time: on a shared machine, CPU
+// per state is steadier than wall time, and states/s on n cores is at most n
+// seconds over the CPU seconds per state.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
 // BenchmarkCheckDefaultBounds explores the spec at kvhandoff check's default
-// bounds and reports states/s and heap bytes per visited state.
+// bounds and reports states/s, CPU per state and heap bytes per visited state.
 func BenchmarkCheckDefaultBounds(b *testing.B) {
 	m, err := spec.New(spec.NewConfig(3, 4, 2))
 	if err != nil {
@@ -30,6 +41,7 @@ func BenchmarkCheckDefaultBounds(b *testing.B) {
 	props := specProperties(m)
 	var states int
 	var heapPerState float64
+	start := cpuTime()
 	for b.Loop() {
 		res, err := checker.Check(m, props, checker.Options{DeadlockName: spec.Termination})
 		if err != nil {
@@ -42,6 +54,7 @@ func BenchmarkCheckDefaultBounds(b *testing.B) {
 		heapPerState = float64(res.Stats.PeakHeap) / float64(res.Stats.States)
 	}
 	b.ReportMetric(float64(states)/b.Elapsed().Seconds(), "states/s")
+	b.ReportMetric(float64(cpuTime()-start)/float64(states), "cpu-ns/state")
 	b.ReportMetric(heapPerState, "heap-B/state")
 }
 
@@ -60,6 +73,7 @@ func BenchmarkCheckTwoPageBounds(b *testing.B) {
 	props := specProperties(m)
 	var states int
 	var heapPerState float64
+	start := cpuTime()
 	for b.Loop() {
 		res, err := checker.Check(m, props, checker.Options{DeadlockName: spec.Termination})
 		if err != nil {
@@ -72,5 +86,6 @@ func BenchmarkCheckTwoPageBounds(b *testing.B) {
 		heapPerState = float64(res.Stats.PeakHeap) / float64(res.Stats.States)
 	}
 	b.ReportMetric(float64(states)/b.Elapsed().Seconds(), "states/s")
+	b.ReportMetric(float64(cpuTime()-start)/float64(states), "cpu-ns/state")
 	b.ReportMetric(heapPerState, "heap-B/state")
 }
