@@ -129,15 +129,15 @@ func (m *Model) AppendFingerprint(dst []byte, s *State) []byte {
 // decode page: it is the same for the request under any renaming of requests
 // or relabelling of pages. Any such function keeps AppendFingerprint
 // canonical; one that tells more states apart saves more encodings. (Keys of
-// different records may collide: that only makes a tie.)
+// different records may collide, as fields are cut to 4 bits: that only
+// makes a tie.)
 func requestKey(q *Request) uint64 {
-	var k uint64
-	for _, f := range [...]uint8{b2b(q.Submitted), uint8(q.P), uint8(q.D), uint8(q.Outcome), uint8(q.Reason),
-		uint8(q.S.Phase), b2b(q.S.Placeholder), q.S.Pages, b2b(q.S.SrcHeld), b2b(q.S.Granted), q.S.Posted, q.S.Completed,
-		uint8(q.R.Phase), uint8(q.R.Reason), q.R.N, uint8(q.R.Slot), b2b(q.R.Released), b2b(q.Read), q.ReadN} {
-		k = k*131 + uint64(f)
-	}
-	return k
+	flags := b2b(q.Submitted) | b2b(q.S.Placeholder)<<1 | b2b(q.S.SrcHeld)<<2 | b2b(q.S.Granted)<<3 |
+		b2b(q.R.Released)<<4 | b2b(q.Read)<<5
+	return uint64(flags) | uint64(q.P&3)<<6 | uint64(q.D&3)<<8 | uint64(q.Outcome&15)<<10 | uint64(q.Reason&15)<<14 |
+		uint64(q.S.Phase&15)<<18 | uint64(q.S.Pages&15)<<22 | uint64(q.S.Posted&15)<<26 | uint64(q.S.Completed&15)<<30 |
+		uint64(q.R.Phase&15)<<34 | uint64(q.R.Reason&15)<<38 | uint64(q.R.N&15)<<42 | uint64(q.R.Slot&15)<<46 |
+		uint64(q.ReadN&15)<<50
 }
 
 // sortsByKey reports whether renaming requests by perm lists each prompt
