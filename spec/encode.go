@@ -1,7 +1,6 @@
 package spec
 
 import (
-	"bytes"
 	"encoding/binary"
 	"errors"
 	"math/bits"
@@ -55,8 +54,15 @@ func (m *Model) AppendState(dst []byte, s *State) []byte {
 // queues, unused nodes), so it compares 32 bytes at a time, then words.
 func firstDifference(a, b []byte, i int) int {
 	b = b[:len(a)]
-	for i+64 <= len(a) && bytes.Equal(a[i:i+64], b[i:i+64]) {
-		i += 64
+	le := binary.LittleEndian
+	for ; i+64 <= len(a); i += 64 {
+		x, y := a[i:i+64], b[i:i+64]
+		if (le.Uint64(x)^le.Uint64(y))|(le.Uint64(x[8:])^le.Uint64(y[8:]))|
+			(le.Uint64(x[16:])^le.Uint64(y[16:]))|(le.Uint64(x[24:])^le.Uint64(y[24:]))|
+			(le.Uint64(x[32:])^le.Uint64(y[32:]))|(le.Uint64(x[40:])^le.Uint64(y[40:]))|
+			(le.Uint64(x[48:])^le.Uint64(y[48:]))|(le.Uint64(x[56:])^le.Uint64(y[56:])) != 0 {
+			break
+		}
 	}
 	for ; i+8 <= len(a); i += 8 {
 		if x := binary.LittleEndian.Uint64(a[i:]) ^ binary.LittleEndian.Uint64(b[i:]); x != 0 {
