@@ -51,7 +51,7 @@ func (m *Model) AppendState(dst []byte, s *State) []byte {
 
 // firstDifference returns the first index at or after i where a and b (of
 // equal length) differ, or len(a). Most of a state equals the base (empty
-// queues, unused nodes), so it compares 32 bytes at a time, then words.
+// queues, unused nodes), so it compares 64 bytes at a time, then words.
 func firstDifference(a, b []byte, i int) int {
 	b = b[:len(a)]
 	le := binary.LittleEndian
