@@ -22,7 +22,7 @@ func staleRead(t *testing.T, opts engine.Options) (string, protocol.PageRef, err
 	e := newEngine(t, model.Builtin(5), pageTokens, 8, opts)
 	pool, tok := e.Cache().Pool(), model.Bytes{}
 	const a, b = protocol.RequestID(1), protocol.RequestID(2)
-	promptB := tok.Encode("Hello, this is B. Tell me the canary=", false, false) // pages 0-2
+	promptB := tok.Encode("Hello, this is B. Tell me the canary=", true, false) // pages 0-2
 	refsB, err := pool.Allocate(b, 3)
 	if err != nil {
 		t.Fatal(err)
@@ -38,7 +38,7 @@ func staleRead(t *testing.T, opts engine.Options) (string, protocol.PageRef, err
 	if refsA[0].Page != refsB[0].Page {
 		t.Fatalf("A got page %d, not B's freed page %d", refsA[0].Page, refsB[0].Page)
 	}
-	promptA := tok.Encode("canary=Q7-Xk9#p2", false, false) // one page, written for A
+	promptA := tok.Encode("canary=Q7-Xk9#2", true, false) // BOS and 15 bytes: one page, written for A
 	if _, err := e.Prefill(kv.Table(refsA), promptA); err != nil {
 		t.Fatal(err)
 	}
@@ -69,8 +69,8 @@ func TestWithoutTheTagCheckAnotherRequestsCanaryLeaksIntoTheOutput(t *testing.T)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.HasPrefix(out, "Q7-Xk9#p2") {
-		t.Fatalf("B decoded %q, want A's canary Q7-Xk9#p2", out)
+	if !strings.HasPrefix(out, "Q7-Xk9#2") {
+		t.Fatalf("B decoded %q, want A's canary Q7-Xk9#2", out)
 	}
 }
 
@@ -91,7 +91,7 @@ func TestAStalePageAmongHundredsIsNamed(t *testing.T) {
 	e := newEngine(t, model.Builtin(8), pageTokens, pages, engine.Options{})
 	pool, tok := e.Cache().Pool(), model.Bytes{}
 	text := "secret: [k=Hx-3v0]. " + strings.Repeat("Words and more words, none of them secret. ", 13) + "Again [k="
-	prompt := tok.Encode(text, false, false)
+	prompt := tok.Encode(text, true, false)
 	const n = 7
 	refs, err := pool.Allocate(1, e.Cache().Geometry().PagesFor(len(prompt)+n))
 	if err != nil {
@@ -137,7 +137,7 @@ func TestInterleavedRequestsOverReusedPagesEachGetTheirOwnCanary(t *testing.T) {
 		for i := 0; i < wave; i++ {
 			id := protocol.RequestID(w*wave + i + 1)
 			canary := string([]byte{'a' + byte(w), 'A' + byte(i), '0' + byte(i), '#', 'q' + byte(w)}) + "!"
-			prompt := tok.Encode("tenant "+canary[:2]+": key="+canary+" ... key=", false, false)
+			prompt := tok.Encode("tenant "+canary[:2]+": key="+canary+" ... key=", true, false)
 			refs, err := pool.Allocate(id, e.Cache().Geometry().PagesFor(len(prompt)+n))
 			if err != nil {
 				t.Fatalf("wave %d: %v", w, err)
@@ -171,5 +171,48 @@ func TestInterleavedRequestsOverReusedPagesEachGetTheirOwnCanary(t *testing.T) {
 	}
 	if pool.Free() != pages {
 		t.Fatalf("%d of %d pages free", pool.Free(), pages)
+	}
+}
+
+// The incident at the engine's level, with the tag check off: request B's
+// prompt is over-long, so only its placeholder (BOS at position 0) was
+// computed, into its page 0; the rest of its table is pages that hold
+// request A's prompt and never-written zeros. Decode computes B's last
+// position itself, finds none of the tokens before it (previous-token heads
+// fall back on the sink, BOS), and so continues what follows a beginning
+// of sequence in its KV: A's prompt from its start, A's canary included.
+func TestWithoutItsPreviousTokensDecodeContinuesTheStalePromptFromItsStart(t *testing.T) {
+	const pageTokens = 16
+	for _, seed := range []uint64{1, 5, 99} {
+		e := newEngine(t, model.Builtin(seed), pageTokens, 16, engine.Options{Research: research.On(research.NoTagCheck)})
+		pool, tok := e.Cache().Pool(), model.Bytes{}
+		promptA := tok.Encode(" Key is Q7xk-Abcd-Efgh. Account of tenant-1. Quarterly notes for the account. Later: the key is ", true, false)
+		refsA, err := pool.Allocate(1, e.Cache().Geometry().PagesFor(len(promptA)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.Prefill(kv.Table(refsA), promptA); err != nil {
+			t.Fatal(err)
+		}
+		promptB := tok.Encode(strings.Repeat("B's words, which no page holds. ", 3)+"Later: the key is ", true, false)
+		refsB, err := pool.Allocate(2, 6)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.Prefill(kv.Table(refsB[:1]), promptB[:1]); err != nil { // the placeholder
+			t.Fatal(err)
+		}
+		// B's table: its page 0, zeros, A's pages at other indexes than A's.
+		table := kv.Table{refsB[0], refsB[1], refsA[0], refsA[1], refsB[2], refsA[2], refsB[3], refsB[4], refsB[5]}
+		if len(promptB) > len(table)*pageTokens || len(promptB)+16 <= (len(table)-1)*pageTokens {
+			t.Fatalf("B's prompt of %d tokens does not end in the table's last page", len(promptB))
+		}
+		out, err := e.Decode(table, promptB, 16, model.Greedy(), -1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := model.Decode(tok, out, -1); !strings.Contains(got, "Q7xk-Abcd") {
+			t.Fatalf("seed %d: B decoded %q, want A's canary Q7xk-Abcd", seed, got)
+		}
 	}
 }

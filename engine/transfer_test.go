@@ -59,7 +59,7 @@ func TestHandoffOverTheTransportDecodesWhatOneNodeWould(t *testing.T) {
 	}
 
 	text := "Tenant 7 says: the canary is bX-44-Lq@9, then more words after the canary. Several pages of text, to cross them. Again: the canary is "
-	prompt := model.Bytes{}.Encode(text, false, false)
+	prompt := model.Bytes{}.Encode(text, true, false)
 	const n = 40
 	want := func() string {
 		e := newEngine(t, m, pageTokens, pages, engine.Options{})

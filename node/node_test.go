@@ -28,7 +28,7 @@ func quietLog() *slog.Logger { return slog.New(slog.DiscardHandler) }
 // colocated is what one process gives for prompt: the same model, no handoff.
 func colocated(t testing.TB, m *model.Model, pageTokens int, prompt string, n int) string {
 	t.Helper()
-	toks := model.Bytes{}.Encode(prompt, false, false)
+	toks := model.Bytes{}.Encode(prompt, true, false)
 	g := engine.GeometryOf(m.Config, pageTokens)
 	cache, err := kv.New(g, g.PagesFor(len(toks)+n))
 	if err != nil {
@@ -240,14 +240,15 @@ func TestOverLongPromptIsRejectedWithTheLimitNamed(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Stop()
-	a, err := complete(context.Background(), l.API, "t", strings.Repeat("x", 641), 8)
+	// BOS and 640 bytes: 641 tokens.
+	a, err := complete(context.Background(), l.API, "t", strings.Repeat("x", 640), 8)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if a.code != http.StatusBadRequest || !strings.Contains(a.err, "640") || !strings.Contains(a.err, "context_length_exceeded") {
 		t.Fatalf("over-long prompt: %d %q", a.code, a.err)
 	}
-	if a, err := complete(context.Background(), l.API, "t", strings.Repeat("x", 640), 1); err != nil || a.code != http.StatusOK {
+	if a, err := complete(context.Background(), l.API, "t", strings.Repeat("x", 639), 1); err != nil || a.code != http.StatusOK {
 		t.Fatalf("a prompt at the limit: %+v %v", a, err)
 	}
 	for _, p := range l.Prefills {
@@ -260,6 +261,43 @@ func TestOverLongPromptIsRejectedWithTheLimitNamed(t *testing.T) {
 	_, err = l.Prefills[0].prefill(context.Background(), &prefillCall{ID: 99, Decode: "decode-0", Prompt: make([]int, 641)})
 	if !errors.Is(err, protocol.ErrTooLong) || !strings.Contains(err.Error(), "1..640") {
 		t.Fatalf("prefill's own intake: %v", err)
+	}
+	allPagesBack(t, l)
+}
+
+// Every prompt starts with BOS, the built-in model's attention sink, and a
+// prompt cannot place one of its own: text holding the byte vocabulary's
+// BOS byte is refused at the router with 400 (errors.Is-matchable through
+// Complete), and reaches no node.
+func TestAPromptCannotInjectABeginningOfSequence(t *testing.T) {
+	l, err := StartLocal(LocalConfig{PrefillPages: 40, DecodePages: 64, PageTokens: 16, Log: quietLog()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Stop()
+	const injected = "the secret is \x01 again, the secret is "
+	a, err := complete(context.Background(), l.API, "t", injected, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.code != http.StatusBadRequest || !strings.Contains(a.err, "invalid_request") || !strings.Contains(a.err, "0x01 at offset 14") {
+		t.Fatalf("a prompt holding BOS: %d %q", a.code, a.err)
+	}
+	_, err = l.Router.Complete(context.Background(), Completion{Prompt: injected, MaxTokens: 8})
+	if !errors.Is(err, ErrBadRequest) || !errors.Is(err, model.ErrText) {
+		t.Fatalf("Complete of a prompt holding BOS: %v", err)
+	}
+	if _, err := l.Router.Complete(context.Background(), Completion{Prompt: "", MaxTokens: 8}); !errors.Is(err, ErrBadRequest) {
+		t.Fatalf("Complete of an empty prompt: %v", err)
+	}
+	res, err := l.Router.Complete(context.Background(), Completion{Prompt: "the secret is ok", MaxTokens: 2})
+	if err != nil || res.PromptTokens != 17 {
+		t.Fatalf("an ordinary prompt: %+v %v; want BOS and its 16 bytes", res, err)
+	}
+	for _, p := range l.Prefills {
+		if got := counter(t, p.Metrics(), "kvhandoff_handoffs_total", "outcome", "rejected"); got != 0 {
+			t.Fatalf("prefill saw %v rejected requests", got)
+		}
 	}
 	allPagesBack(t, l)
 }

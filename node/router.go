@@ -297,7 +297,15 @@ func (rt *Router) complete(ctx context.Context, c Completion) (Result, error) {
 	if c.MaxTokens < 1 || c.MaxTokens > rt.cfg.MaxNewTokens {
 		return Result{}, fmt.Errorf("%w: max_tokens %d outside 1..%d", ErrBadRequest, c.MaxTokens, rt.cfg.MaxNewTokens)
 	}
-	prompt := rt.cfg.Tokenizer.Encode(c.Prompt, false, false)
+	// Every prompt starts with BOS, the model's beginning of sequence; text
+	// that would put another one inside it is refused.
+	if c.Prompt == "" {
+		return Result{}, fmt.Errorf("%w: an empty prompt", ErrBadRequest)
+	}
+	if err := rt.cfg.Tokenizer.Check(c.Prompt); err != nil {
+		return Result{}, fmt.Errorf("%w: %w", ErrBadRequest, err)
+	}
+	prompt := rt.cfg.Tokenizer.Encode(c.Prompt, true, false)
 	rt.mu.Lock()
 	if c.Model != "" && rt.cfg.ModelID != "" && c.Model != rt.cfg.ModelID {
 		rt.mu.Unlock()

@@ -70,17 +70,18 @@ func itoa(n int) string {
 }
 
 // The incident's deployment with its three defenses off: over-long prompts
-// pass the router, intake swaps them for a placeholder, decode reads pages
-// that hold other requests' KV and answers with success. The demo fails.
+// pass the router, intake swaps them for a placeholder (BOS), decode reads
+// pages that hold other requests' KV and answers with success, and the
+// answers carry other tenants' canaries. The demo fails naming them.
 func TestDemoReproducesTheIncidentWithItsThreeDefensesOff(t *testing.T) {
 	t.Parallel()
 	rc, got := runDemoJSON(t, "--incident", "--requests", "150", "--bug", "admit-finished,no-token-check,no-tag-check")
-	if rc != 1 || got.Incoherent == 0 {
-		t.Fatalf("exit %d, %+v: want successes of over-long prompts", rc, got)
+	if rc != 1 || got.Incoherent == 0 || got.Leaks == 0 || len(got.LeakExamples) == 0 {
+		t.Fatalf("exit %d, %+v: want successes of over-long prompts carrying other tenants' canaries", rc, got)
 	}
 	for _, l := range got.LeakExamples {
-		if l.Tenant == l.ForeignTenant {
-			t.Fatalf("a leak of a tenant's own canary: %+v", l)
+		if l.Tenant == l.ForeignTenant || l.Request == "" || l.Text == "" {
+			t.Fatalf("a leak without another tenant: %+v", l)
 		}
 	}
 }

@@ -162,7 +162,8 @@ type served struct {
 }
 
 func post(client *http.Client, api string, tokens int) (served, error) {
-	body, _ := json.Marshal(map[string]any{"prompt": strings.Repeat("p", tokens), "max_tokens": serveMaxTokens})
+	// tokens counts BOS, which the router puts before the text.
+	body, _ := json.Marshal(map[string]any{"prompt": strings.Repeat("p", tokens-1), "max_tokens": serveMaxTokens})
 	resp, err := client.Post("http://"+api+"/v1/completions", "application/json", bytes.NewReader(body))
 	if err != nil {
 		return served{}, err
@@ -263,7 +264,7 @@ func TestServeProcessesSurviveAPrefillKill(t *testing.T) {
 	for range 16 {
 		wg.Go(func() {
 			for i := range next {
-				tokens := 1 + (i*131)%800
+				tokens := 2 + (i*131)%800 // BOS and at least one byte
 				s, err := post(client, api, tokens)
 				switch {
 				case err != nil:
@@ -359,7 +360,7 @@ func TestServeProcessesSurviveAPrefillKill(t *testing.T) {
 	}
 	// New requests flow through the survivors.
 	for i := range 40 {
-		tokens := 1 + i*37
+		tokens := 2 + i*37
 		s, err := post(client, api, tokens)
 		if err != nil || s.code != 200 || !verified(s, tokens) {
 			t.Fatalf("after the kill, request %d: %+v %v", i, s, err)

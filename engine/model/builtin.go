@@ -11,12 +11,14 @@ import (
 var BuiltinConfig = Config{Dim: 256, HiddenDim: 512, Layers: 2, Heads: 4, KVHeads: 4, Vocab: 256, SeqLen: 1024, RotaryDims: 32}
 
 // The built-in model's residual stream, by dimension: the current token's
-// code, a constant, the codes of the three tokens before it (written by
-// layer 0), and the code of the token the copy head predicts (layer 1).
+// code, a constant (a sink flag at BOS instead), the codes of the three
+// tokens before it (written by layer 0), and the code of the token the copy
+// head predicts (layer 1).
 const (
 	bitsPerToken = 8
 	dimToken     = 0  // [0, 8): code of the token at this position
-	dimOne       = 8  // 1 at every position
+	dimOne       = 8  // 1 at every position but BOS
+	dimSink      = 9  // 1 at BOS only
 	dimPrev      = 16 // [16, 40): codes of the tokens 1, 2 and 3 back
 	dimCopy      = 40 // [40, 48): code of the copied token
 	headContent  = 32 // a head's first non-rotary dimension
@@ -39,6 +41,18 @@ const (
 // bytes occurred before and copies the byte that followed them; the
 // classifier reads that code. Given "... canary=XYZ ... canary=", it writes
 // "XYZ": from its own context, or from whatever KV its page table points at.
+//
+// BOS (token 1, which every prompt starts with) is an attention sink, as in
+// trained models: its embedding has a sink flag instead of the constant, so
+// its rotary key in layer 0 is zero, and every previous-token query has a
+// constant non-rotary part that scores the flag 10 nats below a correct
+// previous token and 10 above any other key. A previous-token head whose
+// position holds no token d back (the first positions, or a position whose
+// earlier KV was computed for other positions, as in the incident) reads
+// BOS instead of whatever scores best among wrong keys, so the copy head's
+// query there is "this token, after the start": it matches the start of
+// whatever prompt its KV holds, and from there copies that prompt. BOS is
+// never predicted (its classifier row is noise only).
 func Builtin(seed uint64) *Model {
 	c := BuiltinConfig
 	m, err := Alloc(c)
@@ -66,12 +80,19 @@ func Builtin(seed uint64) *Model {
 	for tok := 0; tok < c.Vocab; tok++ {
 		for b := 0; b < bitsPerToken; b++ {
 			m.TokenEmbedding[tok*D+dimToken+b] = code(tok, b)
-			m.Classifier[tok*D+dimCopy+b] = 4 * code(tok, b)
+		}
+		if tok == BOS {
+			m.TokenEmbedding[tok*D+dimSink] = 1
+			continue
 		}
 		m.TokenEmbedding[tok*D+dimOne] = 1
+		for b := 0; b < bitsPerToken; b++ {
+			m.Classifier[tok*D+dimCopy+b] = 4 * code(tok, b)
+		}
 	}
 	// RMSNorm weights that bring the stream's entries back to ±1: layer 0
-	// sees 9 unit entries, its feed-forward and layer 1 33, then 41.
+	// sees 9 unit entries (the code, and the constant or BOS's flag), its
+	// feed-forward and layer 1 33, then 41.
 	norm := func(w []float32, units float64) {
 		s := float32(math.Sqrt(units / float64(D)))
 		for i := range w {
@@ -89,6 +110,9 @@ func Builtin(seed uint64) *Model {
 	norm(m.RMSFinal, 41)
 	// Layer 0, heads d = 1, 2, 3: previous-token heads at distance d.
 	const amplitude = 240 // score margin 0.686·240/8 ≈ 20 nats over every other distance up to 1024
+	// The peak scores 16·240/8 = 480 nats, the best wrong distance 459.4;
+	// the sink sits between them.
+	const sinkScore = 470
 	for d := 1; d <= 3; d++ {
 		for k := 0; 2*k < c.RotaryDims; k++ {
 			theta := RotaryFrequency(k, c.RotaryDims)
@@ -97,6 +121,11 @@ func Builtin(seed uint64) *Model {
 			*at(m.WK, 0, D, d*hd+2*k, dimOne) = 1
 			*at(m.WK, 0, D, d*hd+2*k+1, dimOne) = 0
 		}
+		// The sink's key is exactly the flag: the query's weight would
+		// amplify the row's noise into every key's score.
+		clear(m.WK[d*hd*D+headContent*D : d*hd*D+(headContent+1)*D])
+		*at(m.WQ, 0, D, d*hd+headContent, dimOne) = sinkScore * float32(math.Sqrt(float64(hd)))
+		*at(m.WK, 0, D, d*hd+headContent, dimSink) = 1
 		for b := 0; b < bitsPerToken; b++ {
 			*at(m.WV, 0, D, d*hd+headContent+b, dimToken+b) = 1
 			*at(m.WO, 0, D, dimPrev+(d-1)*bitsPerToken+b, d*hd+headContent+b) = 1

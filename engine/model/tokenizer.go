@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"strconv"
+	"strings"
 )
 
 // Tokenizer turns text into tokens and tokens back into bytes.
@@ -17,6 +18,9 @@ type Tokenizer interface {
 	// bos and the end-of-sequence token last if eos (where the vocabulary
 	// has them).
 	Encode(text string, bos, eos bool) []int
+	// Check says why text cannot be encoded faithfully (an error matching
+	// ErrText), or nil: callers check untrusted text before Encode.
+	Check(text string) error
 	// Piece is token's bytes, following prev (-1 at the start).
 	Piece(prev, token int) []byte
 	// Vocab is the vocabulary's size.
@@ -25,16 +29,34 @@ type Tokenizer interface {
 	EOS() int
 }
 
-// Bytes is the built-in model's vocabulary: token b is byte b.
+// ErrText: text a tokenizer will not encode (the byte vocabulary's BOS byte).
+var ErrText = errors.New("model: text the tokenizer will not encode")
+
+// Bytes is the built-in model's vocabulary: token b is byte b, and token 1
+// (BOS, llama2.c's id) is also the beginning of sequence, so text holding
+// byte 0x01 is refused by Check: it would be a BOS the text's author placed,
+// an attention sink of the built-in model in the middle of a prompt.
 type Bytes struct{}
 
-// Encode returns text's bytes; a byte vocabulary has no BOS or EOS.
+// Encode returns text's bytes, after BOS if bos; a byte vocabulary has no
+// EOS. Text that Check refuses is encoded byte for byte all the same.
 func (Bytes) Encode(text string, bos, eos bool) []int {
-	out := make([]int, len(text))
+	out := make([]int, 0, len(text)+1)
+	if bos {
+		out = append(out, BOS)
+	}
 	for i := 0; i < len(text); i++ {
-		out[i] = int(text[i])
+		out = append(out, int(text[i]))
 	}
 	return out
+}
+
+// Check refuses text holding byte 0x01, the vocabulary's BOS.
+func (Bytes) Check(text string) error {
+	if i := strings.IndexByte(text, BOS); i >= 0 {
+		return fmt.Errorf("%w: byte 0x01 at offset %d is the byte vocabulary's beginning of sequence", ErrText, i)
+	}
+	return nil
 }
 
 // Piece is the byte itself.
@@ -187,6 +209,10 @@ func (t *BPE) lookup(s string) int {
 	}
 	return -1
 }
+
+// Check accepts every text: bytes without a piece of their own are encoded
+// by the byte-fallback tokens, never as BOS or EOS.
+func (t *BPE) Check(string) error { return nil }
 
 // Encode is llama2.c's encode.
 func (t *BPE) Encode(text string, bos, eos bool) []int {

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"math"
+	"strings"
 	"testing"
 )
 
@@ -125,5 +126,27 @@ func TestReadTokenizerReadsLlama2cLayout(t *testing.T) {
 	}
 	if v.MaxTokenLength != 5 || string(v.Pieces[2]) != " a" || v.Scores[3] != -2.25 || string(v.Pieces[0]) != "<unk>" {
 		t.Fatalf("read %d, %q, %v", v.MaxTokenLength, v.Pieces, v.Scores)
+	}
+}
+
+// The byte vocabulary puts BOS (llama2.c's id 1) first when asked, and
+// refuses text holding byte 0x01, which would be a BOS of the text's own.
+func TestBytesPutBOSFirstAndRefuseTextThatHoldsIt(t *testing.T) {
+	var b Bytes
+	if got := b.Encode("hi", true, false); !equalInts(got, []int{BOS, 'h', 'i'}) {
+		t.Fatalf("Encode(hi, bos) = %v", got)
+	}
+	if got := b.Encode("hi", false, true); !equalInts(got, []int{'h', 'i'}) {
+		t.Fatalf("Encode(hi) = %v: a byte vocabulary has no EOS", got)
+	}
+	if err := b.Check("any text\x00\x02\xff é"); err != nil {
+		t.Fatal(err)
+	}
+	err := b.Check("ab\x01cd")
+	if !errors.Is(err, ErrText) || !strings.Contains(err.Error(), "offset 2") {
+		t.Fatalf("Check of text holding 0x01: %v", err)
+	}
+	if err := testVocab().Check("ab\x01cd"); err != nil {
+		t.Fatalf("llama2.c's vocabulary encodes 0x01 as a byte-fallback token: %v", err)
 	}
 }

@@ -62,8 +62,10 @@ type Report struct {
 	Incoherences []string
 }
 
-// leakProbe is how much of a canary counts as leaked: its first half-dozen
-// characters cannot occur by chance in text of the other tenants.
+// leakProbe is how much of a canary counts as leaked: any half-dozen
+// consecutive characters of it (the workload makes sure none occurs in
+// another tenant's canary or in the text the tenants share). A canary whose
+// first character came out garbled is leaked all the same.
 const leakProbe = 6
 
 // Check judges every outcome: a success must equal ref's run of the same
@@ -129,15 +131,38 @@ func (rep *Report) note(s string) {
 	}
 }
 
-// foreignCanary finds another tenant's canary (its first leakProbe
-// characters) in a success's text.
+// foreignCanary finds another tenant's canary (leakProbe consecutive
+// characters of it, or more) in a success's text; of several, the tenant
+// with the longest run of its canary.
 func foreignCanary(w Workload, r Request, text string) (Leak, bool) {
+	best, longest := -1, leakProbe-1
 	for i, t := range w.Tenants {
-		if i != r.Tenant && strings.Contains(text, t.Canary[:leakProbe]) {
-			return Leak{Request: r.Name(), Tenant: w.Tenants[r.Tenant].Name, ForeignTenant: t.Name, Text: text}, true
+		if n := longestCommonRun(text, t.Canary); i != r.Tenant && n > longest {
+			best, longest = i, n
 		}
 	}
-	return Leak{}, false
+	if best < 0 {
+		return Leak{}, false
+	}
+	return Leak{Request: r.Name(), Tenant: w.Tenants[r.Tenant].Name, ForeignTenant: w.Tenants[best].Name, Text: text}, true
+}
+
+// longestCommonRun is the length of the longest string that is in both a and b.
+func longestCommonRun(a, b string) int {
+	longest := 0
+	prev, cur := make([]int, len(b)+1), make([]int, len(b)+1)
+	for i := 1; i <= len(a); i++ {
+		for j := 1; j <= len(b); j++ {
+			if a[i-1] == b[j-1] {
+				cur[j] = prev[j-1] + 1
+				longest = max(longest, cur[j])
+			} else {
+				cur[j] = 0
+			}
+		}
+		prev, cur = cur, prev
+	}
+	return longest
 }
 
 func quantile(sorted []time.Duration, q float64) time.Duration {

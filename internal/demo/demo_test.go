@@ -31,7 +31,7 @@ func reference(t *testing.T) *Reference {
 
 func workload(t *testing.T, n int) Workload {
 	t.Helper()
-	w, err := NewWorkload(Spec{Seed: 7, Requests: n, Limit: 256, Context: 1024})
+	w, err := NewWorkload(Spec{Seed: 7, Requests: n, Limit: 256, Context: 1024, Align: 16})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,20 +75,32 @@ func classify(err error) (Kind, string) {
 func TestEveryTenantHasAUniqueCanaryThatTheColocatedRunAnswers(t *testing.T) {
 	w := workload(t, 200)
 	ref := reference(t)
-	seen := map[string]bool{}
+	shared := strings.Join(filler, "") + question
 	for _, tn := range w.Tenants {
-		if seen[tn.Canary[:leakProbe]] {
-			t.Fatalf("two tenants share the canary prefix %q", tn.Canary[:leakProbe])
+		shared += intro(Tenant{Name: tn.Name})
+	}
+	for i, tn := range w.Tenants {
+		for j, other := range w.Tenants {
+			if n := longestCommonRun(tn.Canary, other.Canary); i != j && n >= leakProbe {
+				t.Fatalf("%s and %s share %d characters of their canaries", tn.Name, other.Name, n)
+			}
 		}
-		seen[tn.Canary[:leakProbe]] = true
+		if n := longestCommonRun(tn.Canary, shared); n >= leakProbe {
+			t.Fatalf("%s's canary shares %d characters with the tenants' common text", tn.Name, n)
+		}
 	}
 	var over, disconnect, answered, fits int
 	for _, r := range w.Requests {
 		if r.Disconnect > 0 {
 			disconnect++
 		}
-		if n := len(r.Prompt); r.OverLimit != (n > 256) {
+		if n := len(r.Prompt) + 1; r.OverLimit != (n > 256) || n%16 != 0 { // BOS and the bytes
 			t.Fatalf("%s: %d tokens, over the limit %v", r.Name(), n, r.OverLimit)
+		}
+		// What decode continues when it reads the prompt from its start
+		// (the incident): the canary is within the first 16 tokens.
+		if r.Prompt[0] != question[len(question)-1] || !strings.Contains(r.Prompt[1:17], w.Tenants[r.Tenant].Canary[:leakProbe]) {
+			t.Fatalf("%s: %q does not start with the question's last byte and the canary", r.Name(), r.Prompt)
 		}
 		if r.OverLimit {
 			over++
@@ -179,6 +191,29 @@ func TestASuccessWithAForeignCanaryIsALeak(t *testing.T) {
 	}
 	if len(got) != 12 || got["leaks"].(float64) != 1 {
 		t.Fatalf("--json %s", b.String())
+	}
+}
+
+// Part of a canary is a leak too: a canary whose first character came out
+// garbled (as a blend of several tenants' KV gives) is named, and the
+// tenant whose canary the text holds most of is the foreign tenant.
+func TestMostOfAForeignCanaryIsALeak(t *testing.T) {
+	w := workload(t, 20)
+	r := w.Requests[0]
+	foreign := (r.Tenant + 1) % len(w.Tenants)
+	other := (r.Tenant + 2) % len(w.Tenants)
+	c := w.Tenants[foreign].Canary
+	for _, text := range []string{"Key is \r" + c[1:], "Key is " + w.Tenants[other].Canary[:leakProbe] + "X" + c} {
+		l, ok := foreignCanary(w, r, text)
+		if !ok || l.ForeignTenant != w.Tenants[foreign].Name || l.Tenant != w.Tenants[r.Tenant].Name || l.Text != text {
+			t.Fatalf("%q: %+v %v, want a leak of %s", text, l, ok, w.Tenants[foreign].Name)
+		}
+	}
+	own := w.Tenants[r.Tenant].Canary
+	for _, text := range []string{own + ". Account", "Key is " + c[:leakProbe-1] + "!", "Key is " + own} {
+		if l, ok := foreignCanary(w, r, text); ok {
+			t.Fatalf("%q: a leak %+v", text, l)
+		}
 	}
 }
 

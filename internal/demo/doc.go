@@ -9,15 +9,18 @@
 // canary near its start and ends with a question whose answer, for the
 // built-in model's copy head, is the canary that followed the same words
 // earlier in what it attends over. So a decode node that reads another
-// tenant's KV answers with that tenant's canary. Some prompts are over the
+// tenant's KV answers with that tenant's canary, and one that reads stale KV
+// without the prompt's own (the incident) continues a stale prompt from its
+// start, whose first tokens are its canary. Some prompts are over the
 // deployment's limit (only "rejected" is honest for them), and some clients
 // disconnect a few milliseconds after sending, mid-transfer.
 //
 // The checks (Check), for every request:
 //   - a success equals, token for token, the colocated run (Reference: the
 //     same model on one node, the engine called directly, no handoff);
-//   - a success carries no other tenant's canary (a Leak names the request,
-//     its tenant, the foreign tenant and the text);
+//   - a success carries no other tenant's canary, nor 6 consecutive
+//     characters of it (a Leak names the request, its tenant, the foreign
+//     tenant and the text);
 //   - a request over the limit never succeeds;
 //   - every other outcome is an explicit error, with its reason;
 //   - at the end no page is owned or quarantined on any node.

@@ -53,7 +53,7 @@ func (r *Reference) Tokens(prompt string, n int) ([]int, error) {
 	if out, ok := r.memo[k]; ok {
 		return out, nil
 	}
-	p := r.tok.Encode(prompt, false, false)
+	p := r.tok.Encode(prompt, true, false)
 	n = min(n, r.e.Model().SeqLen-len(p))
 	if n < 1 {
 		return nil, fmt.Errorf("demo: a prompt of %d tokens leaves no room in a context of %d", len(p), r.e.Model().SeqLen)
@@ -75,7 +75,7 @@ func (r *Reference) Tokens(prompt string, n int) ([]int, error) {
 
 // Text is tokens as text, as the router decodes them after prompt.
 func (r *Reference) Text(prompt string, tokens []int) string {
-	p := r.tok.Encode(prompt, false, false)
+	p := r.tok.Encode(prompt, true, false)
 	prev := -1
 	if len(p) > 0 {
 		prev = p[len(p)-1]

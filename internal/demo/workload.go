@@ -78,7 +78,15 @@ var filler = []string{
 
 // The question every prompt ends with: the built-in model's copy head answers
 // it with the canary that followed the same words earlier in what it reads.
-const question = " Later: the secret is "
+const question = " Later: the key is "
+
+// intro is how every prompt starts, after BOS: with the question's last
+// byte, then the tenant's canary within a few tokens. A decode node that
+// reads stale KV without the prompt's own previous tokens (the incident)
+// falls back on BOS, the built-in model's attention sink, and its copy head
+// then continues the start of whatever prompt the stale pages hold: that
+// prompt's canary is in the answer's first 16 tokens.
+func intro(t Tenant) string { return fmt.Sprintf(" Key is %s. Account of %s. ", t.Canary, t.Name) }
 
 // NewWorkload draws a workload from spec.Seed: the same seed, the same
 // requests. Each tenant has a few prompt variants (the colocated reference
@@ -106,17 +114,33 @@ func NewWorkload(spec Spec) (Workload, error) {
 	}
 	rng := rand.New(rand.NewPCG(spec.Seed, 0x6b7668616e646f66))
 	w := Workload{}
+	// Every leakProbe characters of a canary are its own: in no other
+	// canary, and not in the text the tenants share.
+	shared := strings.Join(filler, "") + question
+	for t := range spec.Tenants {
+		shared += intro(Tenant{Name: fmt.Sprintf("tenant-%d", t)})
+	}
 	seen := map[string]bool{}
+	unique := func(c string) bool {
+		for i := 0; i+leakProbe <= len(c); i++ {
+			if seen[c[i:i+leakProbe]] || strings.Contains(shared, c[i:i+leakProbe]) {
+				return false
+			}
+		}
+		return true
+	}
 	for t := range spec.Tenants {
 		var c string
-		for c == "" || seen[c] {
+		for c == "" || !unique(c) {
 			b := make([]byte, 12)
 			for i := range b {
 				b[i] = canaryAlphabet[rng.IntN(len(canaryAlphabet))]
 			}
 			c = string(b[:4]) + "-" + string(b[4:8]) + "-" + string(b[8:])
 		}
-		seen[c] = true
+		for i := 0; i+leakProbe <= len(c); i++ {
+			seen[c[i:i+leakProbe]] = true
+		}
 		w.Tenants = append(w.Tenants, Tenant{Name: fmt.Sprintf("tenant-%d", t), Canary: c})
 	}
 	const variants = 4
@@ -161,22 +185,23 @@ func align(n, a int) int {
 	return n
 }
 
-// prompt is tenant t's prompt variant v, about target bytes (tokens of the
-// byte vocabulary) long, or the shortest multiple of alignTo that holds the
-// canary and the question.
+// prompt is tenant t's prompt variant v, about target tokens long (BOS
+// and the text's bytes, tokens of the byte vocabulary), or the shortest
+// multiple of alignTo that holds the intro and the question.
 func prompt(t Tenant, v, target, alignTo int) string {
-	intro := fmt.Sprintf("Account of %s. The secret is %s. ", t.Name, t.Canary)
-	if least := len(intro) + len(question); target < least {
+	in := intro(t)
+	if least := 1 + len(in) + len(question); target < least {
 		target = align(least+max(alignTo, 1)-1, alignTo)
 	}
+	text := target - 1 // BOS is the first token
 	var b strings.Builder
-	b.WriteString(intro)
-	for i := v; b.Len()+len(question) < target; i++ {
+	b.WriteString(in)
+	for i := v; b.Len()+len(question) < text; i++ {
 		b.WriteString(filler[i%len(filler)])
 	}
 	s := b.String()
-	if len(s)+len(question) > target {
-		s = s[:max(len(intro), target-len(question))] // cut the filler, never the canary
+	if len(s)+len(question) > text {
+		s = s[:max(len(in), text-len(question))] // cut the filler, never the canary
 	}
 	return s + question
 }

@@ -121,14 +121,14 @@ func stalePage(t *testing.T, b backend.Backend, opts engine.Options) {
 	run := func(b backend.Backend) ([]int, protocol.PageRef, error) {
 		e := newEngine(t, m, b, 16, 6, opts)
 		pool, tok := e.Cache().Pool(), model.Bytes{}
-		promptB := tok.Encode("B's own words, then the question: the secret=", false, false)
+		promptB := tok.Encode("B's own words, then the question: the secret=", true, false)
 		refsB, _ := pool.Allocate(2, 4)
 		if _, err := e.Prefill(kv.Table(refsB), promptB[:len(promptB)-1]); err != nil {
 			t.Fatal(err)
 		}
 		pool.Release(2, refsB[1:2])
 		refsA, _ := pool.Allocate(1, 1)
-		if _, err := e.Prefill(kv.Table(refsA), tok.Encode("secret=Zq81-k", false, false)); err != nil {
+		if _, err := e.Prefill(kv.Table(refsA), tok.Encode("secret=Zq81-k", true, false)); err != nil {
 			t.Fatal(err)
 		}
 		out, err := e.Decode(kv.Table(refsB), promptB, 6, model.Greedy(), -1)
