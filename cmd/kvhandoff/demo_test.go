@@ -73,17 +73,30 @@ func itoa(n int) string {
 // pass the router, intake swaps them for a placeholder (BOS), decode reads
 // pages that hold other requests' KV and answers with success, and the
 // answers carry other tenants' canaries. The demo fails naming them.
+//
+// Whose KV an over-long prompt's stale pages hold depends on the schedule,
+// and a run of 150 requests has only a dozen such successes, some of them
+// continuing a prompt of their own tenant; so up to three workloads (seeds)
+// are tried for a leak, and every one of them must fail with incoherent
+// successes.
 func TestDemoReproducesTheIncidentWithItsThreeDefensesOff(t *testing.T) {
 	t.Parallel()
-	rc, got := runDemoJSON(t, "--incident", "--requests", "150", "--bug", "admit-finished,no-token-check,no-tag-check")
-	if rc != 1 || got.Incoherent == 0 || got.Leaks == 0 || len(got.LeakExamples) == 0 {
-		t.Fatalf("exit %d, %+v: want successes of over-long prompts carrying other tenants' canaries", rc, got)
-	}
-	for _, l := range got.LeakExamples {
-		if l.Tenant == l.ForeignTenant || l.Request == "" || l.Text == "" {
-			t.Fatalf("a leak without another tenant: %+v", l)
+	for seed := 1; seed <= 3; seed++ {
+		rc, got := runDemoJSON(t, "--incident", "--requests", "150", "--seed", strconv.Itoa(seed), "--bug", "admit-finished,no-token-check,no-tag-check")
+		if rc != 1 || got.Incoherent == 0 || len(got.LeakExamples) != min(got.Leaks, 10) {
+			t.Fatalf("seed %d: exit %d, %+v: want successes of over-long prompts", seed, rc, got)
 		}
+		for _, l := range got.LeakExamples {
+			if l.Tenant == l.ForeignTenant || l.Request == "" || !strings.HasPrefix(l.Text, "Key is ") {
+				t.Fatalf("seed %d: a leak that is not another tenant's prompt: %+v", seed, l)
+			}
+		}
+		if got.Leaks > 0 {
+			return
+		}
+		t.Logf("seed %d: %d incoherent successes, none carrying another tenant's canary", seed, got.Incoherent)
 	}
+	t.Fatal("no run of the incident leaked another tenant's canary")
 }
 
 // Each of the three defenses, switched back on alone, stops the incident:
