@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"runtime"
-	"runtime/debug"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -176,6 +175,7 @@ type Options struct {
 	// measured with runtime/metrics, exceeds this many bytes; 0 means no limit.
 	// While it runs, Check also sets it as the runtime's soft memory limit
 	// (debug.SetMemoryLimit), so the collector works harder before giving up.
+	// (Check also lowers the collector's GOGC while it runs: see tuneCollector.)
 	MaxMemory uint64
 	// FrontierMemory is how many bytes of encoded frontier are held in memory
 	// before the oldest blocks are spilled to a file in SpillDir (only for a
@@ -421,9 +421,7 @@ func (c *run[S, A]) stats() Stats {
 }
 
 func (c *run[S, A]) run() (*Result[S, A], error) {
-	if c.opt.MaxMemory > 0 {
-		defer debug.SetMemoryLimit(debug.SetMemoryLimit(int64(min(c.opt.MaxMemory, 1<<62))))
-	}
+	defer tuneCollector(c.opt.MaxMemory)()
 	cur := c.newFrontier()
 	defer func() { cur.close() }()
 	c.inits = c.m.Initial()

@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"runtime/debug"
 	"slices"
+	"sync"
 	"testing"
 
 	"github.com/kvhandoff/kvhandoff/spec/checker"
@@ -452,5 +454,55 @@ func TestAcyclicIsUnknownUnlessComputed(t *testing.T) {
 	res, err = checker.Check[int, string](counter{n: 3}, reached, checker.Options{})
 	if err != nil || res.OK() || res.Stats.Acyclic != checker.Unknown {
 		t.Fatalf("stopped at a violation: acyclic=%v err=%v, want unknown", res.Stats.Acyclic, err)
+	}
+}
+
+// --- the collector's settings around concurrent explorations ---
+
+// rendezvous is a counter whose Initial waits until every exploration of a
+// group has started, and records the collector's settings seen then.
+type rendezvous struct {
+	counter
+	started *sync.WaitGroup
+	seen    chan [2]int64 // GOGC and the soft memory limit, read inside the run
+}
+
+func (r rendezvous) Initial() []int {
+	r.started.Done()
+	r.started.Wait()
+	p := debug.SetGCPercent(-1)
+	debug.SetGCPercent(p)
+	r.seen <- [2]int64{int64(p), debug.SetMemoryLimit(-1)}
+	return r.counter.Initial()
+}
+
+func TestCheckRestoresTheCollectorSettingsAfterConcurrentRuns(t *testing.T) {
+	const programPercent, programLimit = 150, int64(1 << 40)
+	defer debug.SetGCPercent(debug.SetGCPercent(programPercent))
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(programLimit))
+	var started, done sync.WaitGroup
+	started.Add(2)
+	seen := make(chan [2]int64, 2)
+	limits := []uint64{1 << 34, 1 << 33}
+	for _, limit := range limits {
+		done.Add(1)
+		go func() {
+			defer done.Done()
+			m := rendezvous{counter{n: 3}, &started, seen}
+			if _, err := checker.Check(m, checker.Properties[int]{}, checker.Options{MaxMemory: limit}); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	done.Wait()
+	for range limits {
+		got := <-seen
+		if got[0] >= programPercent || got[1] > int64(limits[0]) {
+			t.Errorf("inside a run: GOGC %d and memory limit %d, want GOGC lowered and the limit at most %d", got[0], got[1], limits[0])
+		}
+	}
+	p := debug.SetGCPercent(programPercent)
+	if l := debug.SetMemoryLimit(-1); p != programPercent || l != programLimit {
+		t.Errorf("after both runs: GOGC %d and memory limit %d, want the program's %d and %d back", p, l, programPercent, programLimit)
 	}
 }

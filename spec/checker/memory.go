@@ -3,7 +3,9 @@ package checker
 import (
 	"errors"
 	"runtime"
+	"runtime/debug"
 	"runtime/metrics"
+	"sync"
 	"unsafe"
 )
 
@@ -55,4 +57,49 @@ func (h *heap) over(limit uint64) (bool, uint64) {
 	runtime.GC()
 	_, live := h.read()
 	return live > limit, live
+}
+
+// gcPercent is the collector's GOGC while explorations run. With the
+// default of 100 the heap grows to twice what was live at the last
+// collection before the next one: the model's steps leave garbage behind
+// every transition, so the peak was twice the live heap (50 bytes per state
+// live, 100 at the peak, at the two-page bounds). The checker's own memory is
+// large pointer-free arrays, which the collector does not scan, so
+// collecting four times as often costs little.
+const gcPercent = 25
+
+// collector is the program's collector settings, kept while explorations
+// run (the defense matrix runs one per core) and restored when the last ends.
+var collector struct {
+	sync.Mutex
+	running int
+	percent int   // the program's GOGC
+	limit   int64 // the program's soft memory limit
+}
+
+// tuneCollector lowers GOGC to gcPercent (never raising it, nor turning a
+// disabled collector on) and the soft memory limit to maxMemory (0: none)
+// for one exploration; the returned function ends it.
+func tuneCollector(maxMemory uint64) (restore func()) {
+	collector.Lock()
+	defer collector.Unlock()
+	if collector.running == 0 {
+		collector.percent = debug.SetGCPercent(gcPercent)
+		if collector.percent < gcPercent {
+			debug.SetGCPercent(collector.percent)
+		}
+		collector.limit = debug.SetMemoryLimit(-1)
+	}
+	collector.running++
+	if maxMemory > 0 {
+		debug.SetMemoryLimit(min(debug.SetMemoryLimit(-1), int64(min(maxMemory, 1<<62))))
+	}
+	return func() {
+		collector.Lock()
+		defer collector.Unlock()
+		if collector.running--; collector.running == 0 {
+			debug.SetGCPercent(collector.percent)
+			debug.SetMemoryLimit(collector.limit)
+		}
+	}
 }
