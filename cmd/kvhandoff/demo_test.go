@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -100,24 +101,43 @@ func TestDemoReproducesTheIncidentWithItsThreeDefensesOff(t *testing.T) {
 }
 
 // Each of the three defenses, switched back on alone, stops the incident:
-// the over-long prompts end with an explicit error, nothing else changes.
+// the over-long prompts end with the explicit error of that defense,
+// nothing leaks, every success is the colocated run's, and the demo passes.
 func TestDemoEachSingleDefenseStopsTheIncident(t *testing.T) {
 	for _, c := range []struct {
 		defense, bugs string
-		rejected      bool // the prompts end rejected at intake, not failed at decode
+		kind, reason  string // where every over-long prompt ends
+		message       string // what its error says
 	}{
-		{"admission refuses a rejected request", "no-token-check,no-tag-check", true},
-		{"decode checks Done's token and page counts", "admit-finished,no-tag-check", false},
-		{"decode checks every page's tag", "admit-finished,no-token-check", false},
+		{"admission refuses a rejected request", "no-token-check,no-tag-check", "rejected", "rejected", `prompt too long: 768 tokens, prefill node "prefill-0" takes 1..512`},
+		{"decode checks Done's token and page counts", "admit-finished,no-tag-check", "failed", "tokens", "Done says 1 tokens in 1 pages, the reservation is 768 tokens in 48 pag"},
+		{"decode checks every page's tag", "admit-finished,no-token-check", "failed", "tokens", "holds 1 tokens, expected 16"},
 	} {
 		t.Run(c.defense, func(t *testing.T) {
 			t.Parallel()
-			rc, got := runDemoJSON(t, "--incident", "--requests", "150", "--bug", c.bugs)
-			if rc != 0 || got.Incoherent != 0 || got.Leaks != 0 || got.PagesLeaked != 0 {
-				t.Fatalf("with %s on: exit %d, %+v", c.defense, rc, got)
+			var out, errb bytes.Buffer
+			rc := run([]string{"demo", "--incident", "--requests", "150", "--bug", c.bugs}, &out, &errb)
+			table := out.String()
+			count := func(label string) int {
+				m := regexp.MustCompile(`(?m)^\s*` + regexp.QuoteMeta(label) + `\s+(\d+)`).FindStringSubmatch(table)
+				if m == nil {
+					t.Fatalf("with %s on: no %q line in\n%s", c.defense, label, table)
+				}
+				n, _ := strconv.Atoi(m[1])
+				return n
 			}
-			if (c.rejected && got.Rejected == 0) || (!c.rejected && (got.Failed == 0 || got.Rejected != 0)) {
-				t.Fatalf("the over-long prompts did not end where %s stops them: %+v", c.defense, got)
+			if rc != 0 || count("incoherent") != 0 || count("leaks (another tenant's canary)") != 0 || count("pages leaked") != 0 || count("coherent (= colocated run)") != count("ok") {
+				t.Fatalf("with %s on: exit %d\n%s%s", c.defense, rc, table, errb.String())
+			}
+			// Besides, a request may find the decode pool full for longer
+			// than the router retries (failed/pages): explicit too.
+			noRoom := 0
+			if strings.Contains(table, "failed/pages") {
+				noRoom = count("failed/pages")
+			}
+			ended := count(c.kind + "/" + c.reason)
+			if ended == 0 || count("rejected")+count("failed") != ended+noRoom || !strings.Contains(table, c.message) {
+				t.Fatalf("the over-long prompts did not all end where %s stops them (%q):\n%s", c.defense, c.message, table)
 			}
 		})
 	}
