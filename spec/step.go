@@ -122,14 +122,18 @@ func (m *Model) Successors(s *State, emit func(Action, *State)) {
 	x := scratch.Get().(*sys)
 	defer scratch.Put(x)
 	x.m = m
-	do := func(a Action, f func(x *sys)) {
+	// Each step gets the request, nodes and choice it is about (those it does
+	// not use are 0) as arguments, never captured: a closure that captures
+	// them reaches the tests' hook, escapes, and costs an allocation per
+	// transition (a sixth of the checker's time).
+	do := func(a Action, r, p, d, n int, f step) {
 		if m.cov != nil || m.mutate != nil {
-			m.hooked(x, s, a, f)
+			m.hooked(x, s, a, func() { f(x, r, p, d, n) })
 			emit(a, x.s)
 			return
 		}
 		*x.s = *s
-		f(x)
+		f(x, r, p, d, n)
 		m.observe(s, a, x.s)
 		emit(a, x.s)
 	}
@@ -147,30 +151,30 @@ func (m *Model) Successors(s *State, emit func(Action, *State)) {
 				for d := 0; d < nd; d++ {
 					if !s.CrashDetected[p] && !s.DecodeLost[d] {
 						routes++
-						do(Action{Submit, int8(r), Route(p, d)}, func(x *sys) { x.submit(r, p, d) })
+						do(Action{Submit, int8(r), Route(p, d)}, r, p, d, 0, func(x *sys, r, p, d, _ int) { x.submit(r, p, d) })
 					}
 				}
 			}
 		}
 		if routes == 0 {
-			do(Action{Submit, int8(r), 0}, func(x *sys) { x.submit(r, -1, -1) })
+			do(Action{Submit, int8(r), 0}, r, 0, 0, 0, func(x *sys, r, _, _, _ int) { x.submit(r, -1, -1) })
 		}
 	}
 	for p := 0; p < np; p++ {
 		if !s.PrefillCrashed[p] && s.ToPrefill[p].N > 0 {
-			do(Action{PrefillRecv, s.ToPrefill[p].Head().Req, uint16(p)}, func(x *sys) { x.prefillRecv(p) })
+			do(Action{PrefillRecv, s.ToPrefill[p].Head().Req, uint16(p)}, 0, p, 0, 0, func(x *sys, _, p, _, _ int) { x.prefillRecv(p) })
 		}
 	}
 	for p := 0; p < np; p++ {
 		for d := 0; d < nd; d++ {
 			if !s.PrefillCrashed[p] && s.QPBack[p][d].N > 0 {
-				do(Action{PrefillRecvQP, s.QPBack[p][d].Head().Req, Route(p, d)}, func(x *sys) { x.prefillRecvQP(p, d) })
+				do(Action{PrefillRecvQP, s.QPBack[p][d].Head().Req, Route(p, d)}, 0, p, d, 0, func(x *sys, _, p, d, _ int) { x.prefillRecvQP(p, d) })
 			}
 		}
 	}
 	for d := 0; d < nd; d++ {
 		if s.ToDecode[d].N > 0 {
-			do(Action{DecodeRecv, s.ToDecode[d].Head().Req, uint16(d)}, func(x *sys) { x.decodeRecv(d) })
+			do(Action{DecodeRecv, s.ToDecode[d].Head().Req, uint16(d)}, 0, 0, d, 0, func(x *sys, _, _, d, _ int) { x.decodeRecv(d) })
 		}
 	}
 	for p := 0; p < np; p++ {
@@ -181,10 +185,10 @@ func (m *Model) Successors(s *State, emit func(Action, *State)) {
 			h := s.QP[p][d].Head()
 			if choices := m.reservations(s, d, h); choices > 0 {
 				for i := 0; i < choices; i++ {
-					do(Action{DecodeRecvQP, h.Req, uint16(i)}, func(x *sys) { x.decodeRecvQP(p, d, i) })
+					do(Action{DecodeRecvQP, h.Req, uint16(i)}, 0, p, d, i, func(x *sys, _, p, d, i int) { x.decodeRecvQP(p, d, i) })
 				}
 			} else {
-				do(Action{DecodeRecvQP, h.Req, 0}, func(x *sys) { x.decodeRecvQP(p, d, 0) })
+				do(Action{DecodeRecvQP, h.Req, 0}, 0, p, d, 0, func(x *sys, _, p, d, _ int) { x.decodeRecvQP(p, d, 0) })
 			}
 		}
 	}
@@ -207,17 +211,17 @@ func (m *Model) Successors(s *State, emit func(Action, *State)) {
 			if v&Late != 0 && s.Budget[FaultLate] == 0 || v&Corrupt != 0 && s.Budget[FaultCorrupt] == 0 {
 				continue
 			}
-			do(Action{PostWrite, int8(r), v}, func(x *sys) { x.postWrite(r, v) })
+			do(Action{PostWrite, int8(r), v}, r, 0, 0, int(v), func(x *sys, r, _, _, v int) { x.postWrite(r, uint16(v)) })
 		}
 	}
 	for r := 0; r < nreq; r++ {
 		if s.Req[r].R.Phase == RReady {
-			do(Action{DecodeRead, int8(r), 0}, func(x *sys) { x.decodeRead(r) })
+			do(Action{DecodeRead, int8(r), 0}, r, 0, 0, 0, func(x *sys, r, _, _, _ int) { x.decodeRead(r) })
 		}
 	}
 	for p := 0; p < np; p++ {
 		if s.PrefillCrashed[p] && !s.CrashDetected[p] {
-			do(Action{DetectCrash, -1, uint16(p)}, func(x *sys) { x.detectLoss(p) })
+			do(Action{DetectCrash, -1, uint16(p)}, 0, p, 0, 0, func(x *sys, _, p, _, _ int) { x.detectLoss(p) })
 		}
 	}
 	// Faults.
@@ -227,26 +231,26 @@ func (m *Model) Successors(s *State, emit func(Action, *State)) {
 	if s.Budget[FaultCancel] > 0 {
 		for r := 0; r < nreq; r++ {
 			if s.Req[r].Submitted && s.Req[r].Outcome == Pending {
-				do(Action{Cancel, int8(r), 0}, func(x *sys) { x.cancel(r) })
+				do(Action{Cancel, int8(r), 0}, r, 0, 0, 0, func(x *sys, r, _, _, _ int) { x.cancel(r) })
 			}
 		}
 	}
 	for p := 0; p < np; p++ {
 		if s.Budget[FaultCrash] > 0 && !s.PrefillCrashed[p] {
-			do(Action{Crash, -1, uint16(p)}, func(x *sys) { x.crash(p) })
+			do(Action{Crash, -1, uint16(p)}, 0, p, 0, 0, func(x *sys, _, p, _, _ int) { x.crash(p) })
 		}
 	}
 	if s.Budget[FaultTimeout] > 0 {
 		for r := 0; r < nreq; r++ {
 			if s.Req[r].R.Phase == RReserved {
-				do(Action{Timeout, int8(r), 0}, func(x *sys) { x.timeout(r) })
+				do(Action{Timeout, int8(r), 0}, r, 0, 0, 0, func(x *sys, r, _, _, _ int) { x.timeout(r) })
 			}
 		}
 	}
 	for p := 0; p < np; p++ {
 		for d := 0; d < nd; d++ {
 			if s.Budget[FaultCut] > 0 && m.cutMatters(s, p, d) {
-				do(Action{Cut, -1, Route(p, d)}, func(x *sys) {
+				do(Action{Cut, -1, Route(p, d)}, 0, p, d, 0, func(x *sys, _, p, d, _ int) {
 					x.s.Budget[FaultCut]--
 					x.cutQP(p, d, Flushed)
 				})
@@ -265,7 +269,7 @@ func (m *Model) Successors(s *State, emit func(Action, *State)) {
 						continue
 					}
 					for _, field := range []uint16{SendTokens, SendPages} {
-						do(Action{CorruptSend, q.Head().Req, arg | field}, func(x *sys) { x.corruptSend(p, d, arg|field) })
+						do(Action{CorruptSend, q.Head().Req, arg | field}, 0, p, d, int(arg|field), func(x *sys, _, p, d, n int) { x.corruptSend(p, d, uint16(n)) })
 					}
 				}
 			}
@@ -274,7 +278,7 @@ func (m *Model) Successors(s *State, emit func(Action, *State)) {
 	if s.Budget[FaultLease] > 0 {
 		for p := 0; p < np; p++ {
 			if !s.PrefillCrashed[p] && !s.CrashDetected[p] {
-				do(Action{LeaseLost, -1, uint16(p)}, func(x *sys) {
+				do(Action{LeaseLost, -1, uint16(p)}, 0, p, 0, 0, func(x *sys, _, p, _, _ int) {
 					x.s.Budget[FaultLease]--
 					x.detectLoss(p)
 				})
@@ -282,24 +286,28 @@ func (m *Model) Successors(s *State, emit func(Action, *State)) {
 		}
 		for d := 0; d < nd; d++ {
 			if !s.DecodeLost[d] {
-				do(Action{LeaseLost, -1, DecodeNode | uint16(d)}, func(x *sys) { x.decodeLost(d) })
+				do(Action{LeaseLost, -1, DecodeNode | uint16(d)}, 0, 0, d, 0, func(x *sys, _, _, d, _ int) { x.decodeLost(d) })
 			}
 		}
 	}
 }
 
+// A step is one action's effect on x.s, given the request r, the prefill and
+// decode nodes p and d, and the choice or variant n it is about.
+type step func(x *sys, r, p, d, n int)
+
 // hooked is one step, on x's scratch state, with coverage counted or under
 // the tests' mutate hook. It is apart from Successors' step so that the step
 // stays small enough to be inlined at each action.
-func (m *Model) hooked(x *sys, s *State, a Action, f func(x *sys)) {
+func (m *Model) hooked(x *sys, s *State, a Action, f func()) {
 	if m.cov != nil {
 		m.cov.actions[a.Kind].Add(1)
 	}
 	*x.s = *s
 	if m.mutate != nil {
-		m.mutate(a, x.s, func() { f(x) })
+		m.mutate(a, x.s, f)
 	} else {
-		f(x)
+		f()
 	}
 	m.observe(s, a, x.s)
 }
