@@ -217,8 +217,24 @@ type Faults interface {
 	Pause()
 	// Resume lets the held work requests run, in order.
 	Resume()
-	// CorruptNext damages the payload of the next WRITE in transit.
+	// CorruptNext damages the payload of the next WRITE in transit, as
+	// Damage does.
 	CorruptNext()
+}
+
+// DamageSpan is how many bytes CorruptNext damages: a burst, as a garbled
+// PCIe transaction of 256 bytes or a run of cache lines would, rather than
+// one flipped byte, which in a page of float32 KV most often lands in
+// mantissa bits that change no answer.
+const DamageSpan = 256
+
+// Damage is what every provider's CorruptNext does to a payload in transit:
+// DamageSpan bytes from its middle (fewer where the payload ends first),
+// each XORed with 0x5A.
+func Damage(payload []byte) {
+	for i := len(payload) / 2; i < min(len(payload), len(payload)/2+DamageSpan); i++ {
+		payload[i] ^= 0x5A
+	}
 }
 
 // Errors of posting and connecting; errors of execution arrive as completions.

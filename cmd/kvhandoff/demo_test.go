@@ -174,6 +174,34 @@ func TestDemoCatchesPagesLeakedOnCancel(t *testing.T) {
 	t.Fatalf("leak-on-cancel: exit %d, %+v: want pages leaked", rc, got)
 }
 
+// The checksum is what catches corruption in transit: with no-checksum the
+// corrupted pages (a burst of rdma.DamageSpan bytes each) are accepted and
+// answers change, so the demo fails on incoherent successes; the same
+// workload and faults with the checksum on end those requests
+// failed/checksum and pass. A corruption that lands on a tag record fails
+// its MAC either way, so up to three workloads (seeds) are tried.
+func TestDemoCatchesCorruptedKVAcceptedWithoutTheChecksum(t *testing.T) {
+	t.Parallel()
+	for seed := 1; seed <= 3; seed++ {
+		args := []string{"--requests", "200", "--seed", strconv.Itoa(seed)}
+		rc, got := runDemoJSON(t, append(args, "--bug", "no-checksum")...)
+		if rc == 0 || got.Incoherent == 0 {
+			t.Logf("seed %d: exit %d, %+v: no corrupted page changed an answer", seed, rc, got)
+			continue
+		}
+		if got.PagesLeaked != 0 {
+			t.Fatalf("seed %d, no-checksum: %+v", seed, got)
+		}
+		var out, errb bytes.Buffer
+		rc = run(append([]string{"demo"}, args...), &out, &errb)
+		if rc != 0 || !strings.Contains(out.String(), "failed/checksum") {
+			t.Fatalf("seed %d with the checksum on: exit %d, want the corruptions failed/checksum:\n%s%s", seed, rc, out.String(), errb.String())
+		}
+		return
+	}
+	t.Fatal("no-checksum: no run had an incoherent success")
+}
+
 // demo --procs --etcd: the same process deployment registered through a
 // running etcd cluster instead of static peers passes the same checks, and
 // the nodes did write their records there (a registration, and prefill-1's

@@ -233,8 +233,8 @@ func (q *QP) step() bool {
 			}
 		}
 		copy(dst, src)
-		if corrupt && len(src) > 0 {
-			dst[len(src)/2] ^= 0x5A
+		if corrupt {
+			rdma.Damage(dst[:len(src)])
 		}
 		if wr.Op == rdma.OpWriteImm {
 			r.RecvCQ().Push(rdma.Completion{WRID: recv.ID, Op: rdma.OpRecvImm, Imm: wr.Imm, HasImm: true})

@@ -341,8 +341,10 @@ func corruptNext(t *testing.T, p Provider) {
 		}
 	}
 	expect(t, x.ASend, 2, rdma.Success)
-	if bytes.Equal(dst.Bytes()[:64], src.Bytes()) || !bytes.Equal(dst.Bytes()[64:], src.Bytes()) {
-		t.Fatal("CorruptNext must damage exactly the next WRITE")
+	want := bytes.Clone(src.Bytes())
+	rdma.Damage(want)
+	if !bytes.Equal(dst.Bytes()[:64], want) || !bytes.Equal(dst.Bytes()[64:], src.Bytes()) {
+		t.Fatal("CorruptNext must damage exactly the next WRITE, as rdma.Damage does")
 	}
 	if src.Bytes()[32] != 1+byte(32*7) {
 		t.Fatal("CorruptNext damaged the source, not the payload in transit")

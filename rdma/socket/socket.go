@@ -530,7 +530,7 @@ func (q *QP) transmit(conn net.Conn) {
 			payload := wr.Local.MR.Bytes()[wr.Local.Offset : wr.Local.Offset+wr.Local.Length]
 			if corrupt && len(payload) > 0 {
 				payload = append([]byte(nil), payload...)
-				payload[len(payload)/2] ^= 0x5A
+				rdma.Damage(payload)
 			}
 			hdr[0] = byte(wr.Op)
 			hdr[1] = 0

@@ -662,7 +662,7 @@ func (q *QP) postSendLocked(wr rdma.WorkRequest) error {
 				return err
 			}
 			copy(b.Bytes(), m.buf[wr.Local.Offset:wr.Local.Offset+wr.Local.Length])
-			b.Bytes()[wr.Local.Length/2] ^= 0x5A
+			rdma.Damage(b.Bytes()[:wr.Local.Length])
 			addr, lkey = b.Addr(), b.LKey()
 		}
 	}
