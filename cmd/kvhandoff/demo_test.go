@@ -129,14 +129,17 @@ func TestDemoEachSingleDefenseStopsTheIncident(t *testing.T) {
 			if rc != 0 || count("incoherent") != 0 || count("leaks (another tenant's canary)") != 0 || count("pages leaked") != 0 || count("coherent (= colocated run)") != count("ok") {
 				t.Fatalf("with %s on: exit %d\n%s%s", c.defense, rc, table, errb.String())
 			}
-			// Besides, a request may find the decode pool full for longer
-			// than the router retries (failed/pages): explicit too.
-			noRoom := 0
-			if strings.Contains(table, "failed/pages") {
-				noRoom = count("failed/pages")
+			// Besides, on a loaded machine a request may find the decode
+			// pool full for longer than the router retries (failed/pages)
+			// or time out (failed/timeout): explicit too.
+			load := 0
+			for _, r := range []string{"failed/pages", "failed/timeout"} {
+				if strings.Contains(table, r) {
+					load += count(r)
+				}
 			}
 			ended := count(c.kind + "/" + c.reason)
-			if ended == 0 || count("rejected")+count("failed") != ended+noRoom || !strings.Contains(table, c.message) {
+			if ended == 0 || count("rejected")+count("failed") != ended+load || !strings.Contains(table, c.message) {
 				t.Fatalf("the over-long prompts did not all end where %s stops them (%q):\n%s", c.defense, c.message, table)
 			}
 		})
@@ -177,29 +180,34 @@ func TestDemoCatchesPagesLeakedOnCancel(t *testing.T) {
 // The checksum is what catches corruption in transit: with no-checksum the
 // corrupted pages (a burst of rdma.DamageSpan bytes each) are accepted and
 // answers change, so the demo fails on incoherent successes; the same
-// workload and faults with the checksum on end those requests
-// failed/checksum and pass. A corruption that lands on a tag record fails
-// its MAC either way, so up to three workloads (seeds) are tried.
+// workload and faults with the checksum on pass, the corruptions ending
+// failed/checksum. Whether a corruption lands on a payload that is read
+// depends on the schedule (one on a tag record fails its MAC either way; one
+// marked on a queue pair that is cut first never happens), so up to three
+// workloads (seeds) are tried for each side, and every checksum-on run must
+// pass.
 func TestDemoCatchesCorruptedKVAcceptedWithoutTheChecksum(t *testing.T) {
 	t.Parallel()
-	for seed := 1; seed <= 3; seed++ {
+	caught, checked := false, false
+	for seed := 1; seed <= 3 && !(caught && checked); seed++ {
 		args := []string{"--requests", "200", "--seed", strconv.Itoa(seed)}
-		rc, got := runDemoJSON(t, append(args, "--bug", "no-checksum")...)
-		if rc == 0 || got.Incoherent == 0 {
-			t.Logf("seed %d: exit %d, %+v: no corrupted page changed an answer", seed, rc, got)
-			continue
+		if !caught {
+			rc, got := runDemoJSON(t, append(args, "--bug", "no-checksum")...)
+			caught = rc == 1 && got.Incoherent > 0 && got.PagesLeaked == 0
+			t.Logf("seed %d, no-checksum: exit %d, %d incoherent", seed, rc, got.Incoherent)
 		}
-		if got.PagesLeaked != 0 {
-			t.Fatalf("seed %d, no-checksum: %+v", seed, got)
+		if !checked {
+			var out, errb bytes.Buffer
+			rc := run(append([]string{"demo"}, args...), &out, &errb)
+			if rc != 0 {
+				t.Fatalf("seed %d with the checksum on: exit %d:\n%s%s", seed, rc, out.String(), errb.String())
+			}
+			checked = strings.Contains(out.String(), "failed/checksum")
 		}
-		var out, errb bytes.Buffer
-		rc = run(append([]string{"demo"}, args...), &out, &errb)
-		if rc != 0 || !strings.Contains(out.String(), "failed/checksum") {
-			t.Fatalf("seed %d with the checksum on: exit %d, want the corruptions failed/checksum:\n%s%s", seed, rc, out.String(), errb.String())
-		}
-		return
 	}
-	t.Fatal("no-checksum: no run had an incoherent success")
+	if !caught || !checked {
+		t.Fatalf("no-checksum caught %v, the checksum caught a corruption %v: want both within three workloads", caught, checked)
+	}
 }
 
 // demo --procs --etcd: the same process deployment registered through a

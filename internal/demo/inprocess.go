@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -127,43 +128,50 @@ func ClassifyNode(err error) (Kind, string) {
 	return Failed, reason
 }
 
-// Inject runs faults at random moments over about span, until ctx ends or
-// they are all done; it returns what it did, one line each.
-func (p *InProcess) Inject(ctx context.Context, f Faults, seed uint64, span time.Duration) []string {
+// Inject runs faults at seeded points of the workload, each once finished()
+// (the requests done so far) reaches its point, over the middle of total
+// requests, until ctx ends or they are all done; it returns what it did, one
+// line each. Points in requests rather than in time spread the faults over
+// the whole run however fast the machine is. The crash comes a third of the
+// way in, and the node comes back a twelfth of the requests later.
+func (p *InProcess) Inject(ctx context.Context, f Faults, seed uint64, total int, finished func() int) []string {
 	rng := rand.New(rand.NewPCG(seed, 0x6661756c7473))
 	type fault struct {
-		at   time.Duration
+		at   int // requests finished
 		kind string
 	}
 	var plan []fault
 	add := func(n int, kind string) {
 		for range n {
-			plan = append(plan, fault{time.Duration(rng.Int64N(int64(span))), kind})
+			plan = append(plan, fault{total/20 + rng.IntN(max(1, total*9/10)), kind})
 		}
 	}
 	add(f.Cuts, "cut")
 	add(f.Late, "late")
 	add(f.Corruptions, "corrupt")
 	if f.Crash {
-		plan = append(plan, fault{span / 3, "crash"})
+		plan = append(plan, fault{total / 3, "crash"})
 	}
-	sortFaults := func(a, b int) bool { return plan[a].at < plan[b].at }
-	for i := range plan {
-		for j := i + 1; j < len(plan); j++ {
-			if sortFaults(j, i) {
-				plan[i], plan[j] = plan[j], plan[i]
+	slices.SortStableFunc(plan, func(a, b fault) int { return a.at - b.at })
+	// reached waits until at requests are finished, or ctx ends.
+	reached := func(at int) bool {
+		tick := time.NewTicker(2 * time.Millisecond)
+		defer tick.Stop()
+		for finished() < at {
+			select {
+			case <-ctx.Done():
+				return false
+			case <-tick.C:
 			}
 		}
+		return true
 	}
 	var done []string
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	start := time.Now()
 	for _, ft := range plan {
-		select {
-		case <-ctx.Done():
+		if !reached(ft.at) {
 			return done
-		case <-time.After(time.Until(start.Add(ft.at))):
 		}
 		pi := rng.IntN(len(p.Local.Prefills))
 		di := rng.IntN(len(p.Local.Decodes))
@@ -196,10 +204,8 @@ func (p *InProcess) Inject(ctx context.Context, f Faults, seed uint64, span time
 				continue
 			}
 			done = append(done, fmt.Sprintf("crashed %s", pname))
-			select {
-			case <-ctx.Done():
+			if !reached(ft.at + max(1, total/12)) {
 				return done
-			case <-time.After(span / 6):
 			}
 			if err := p.Local.RestartPrefill(pi); err != nil {
 				done = append(done, fmt.Sprintf("restarting %s: %v", pname, err))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvhandoff/kvhandoff/engine/model"
@@ -46,12 +47,20 @@ func RunInProcess(ctx context.Context, cfg Config) (*Result, error) {
 	concurrency := cfg.Concurrency
 	runCtx, stopFaults := context.WithCancel(ctx)
 	faultsDone := make(chan []string, 1)
-	// The faults are spread over about the time the workload takes at the
-	// demo's usual rate; any still planned when it ends are dropped.
-	span := time.Duration(len(w.Requests)) * 40 * time.Millisecond / time.Duration(concurrency)
-	go func() { faultsDone <- p.Inject(runCtx, cfg.Faults, cfg.Workload.Seed, max(span, time.Second)) }()
+	// The faults come at points of the workload (requests finished); any
+	// still planned when it ends are dropped.
+	var finished atomic.Int64
+	progress := func() {
+		finished.Add(1)
+		if cfg.Progress != nil {
+			cfg.Progress()
+		}
+	}
+	go func() {
+		faultsDone <- p.Inject(runCtx, cfg.Faults, cfg.Workload.Seed, len(w.Requests), func() int { return int(finished.Load()) })
+	}()
 	start := time.Now()
-	outs := Run(ctx, w, p, ClassifyNode, concurrency, cfg.Progress)
+	outs := Run(ctx, w, p, ClassifyNode, concurrency, progress)
 	elapsed := time.Since(start)
 	stopFaults()
 	injected := <-faultsDone
