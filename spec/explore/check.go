@@ -25,7 +25,6 @@ type Report struct {
 	Violated   []string // every property found violated (first occurrences)
 	Stats      checker.Stats
 	Trace      []Step
-	Truncated  bool // the counterexample filter gave up on some property
 	Simulation *SimStats
 	Coverage   *spec.Coverage // what the exploration took, if Options.Coverage was set
 }
@@ -87,7 +86,7 @@ func Check(cfg spec.Config, opt Options) (*Report, error) {
 }
 
 func report(m *spec.Model, res *checker.Result[spec.State, spec.Action]) *Report {
-	r := &Report{Bugs: m.Config().Bugs, OK: res.OK(), Stats: res.Stats, Truncated: res.Truncated}
+	r := &Report{Bugs: m.Config().Bugs, OK: res.OK(), Stats: res.Stats}
 	for _, v := range res.Violations {
 		r.Violated = append(r.Violated, v.Property)
 	}

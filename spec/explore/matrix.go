@@ -1,6 +1,7 @@
 package explore
 
 import (
+	"math"
 	"slices"
 	"sort"
 	"sync"
@@ -26,9 +27,6 @@ type Matrix struct {
 	Rows    []MatrixRow
 	MaxSize int
 	Runs    int // explorations performed
-	// Truncated lists combinations whose counterexample search gave up (the
-	// necessity filter refused too many candidates): their "holds" is not conclusive.
-	Truncated []spec.Switches
 	// Combos holds the report of every combination that exposed something,
 	// keyed by its switches.
 	Combos map[spec.Switches]*Report
@@ -93,9 +91,6 @@ func DefenseMatrix(cfg spec.Config, maxSize int, opt Options, progress func(set 
 		for i, set := range sets {
 			if !results[i].OK {
 				x.Combos[set] = results[i]
-			}
-			if results[i].Truncated {
-				x.Truncated = append(x.Truncated, set)
 			}
 		}
 		for _, s := range all {
@@ -205,6 +200,12 @@ func runAll(cfg spec.Config, sets []spec.Switches, opt Options, progress func(sp
 // CheckNeeding explores cfg and reports only counterexamples that need every
 // switch in cfg.Bugs (see the package documentation). It runs on one core;
 // of opt, only MaxStates and MaxMemory apply.
+//
+// The search never gives up: every bad state the exploration reaches is offered
+// to the filter, however many are refused, so "holds" is a verdict and not a
+// budget running out. (A partner switch that fails on its own makes hundreds of
+// thousands of refused candidates: 361,586 for
+// admit-finished,no-token-check,leak-on-cancel at the matrix's bounds.)
 func CheckNeeding(cfg spec.Config, opt Options) (*Report, error) {
 	m, err := spec.New(cfg)
 	if err != nil {
@@ -214,7 +215,9 @@ func CheckNeeding(cfg spec.Config, opt Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	res, err := checker.CheckAccepting(m, Properties(m), checkerOptions(Options{Workers: 1, MaxStates: opt.MaxStates, MaxMemory: opt.MaxMemory}), accept)
+	copt := checkerOptions(Options{Workers: 1, MaxStates: opt.MaxStates, MaxMemory: opt.MaxMemory})
+	copt.MaxRejects = math.MaxInt
+	res, err := checker.CheckAccepting(m, Properties(m), copt, accept)
 	if err != nil {
 		return nil, err
 	}
