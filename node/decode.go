@@ -435,7 +435,7 @@ func (n *Decode) Serve(ctx context.Context, control, transferLn net.Listener, gr
 	n.mu.Lock()
 	n.self = n.Member(listenerAddr(control), listenerAddr(transferLn))
 	n.mu.Unlock()
-	lease, err := n.cfg.Registry.Register(regCtx, n.self)
+	lease, err := Join(regCtx, n.cfg.Registry, n.self, n.cfg.CheckJoin)
 	if err != nil {
 		deregister()
 		stopServe()

@@ -22,6 +22,9 @@ type Etcd struct {
 	prefix string
 	ttl    time.Duration
 	log    *slog.Logger
+	// beforeCommit, set only by tests, runs in RegisterChecked between the
+	// check and the transaction that depends on it.
+	beforeCommit func()
 }
 
 // NewEtcd connects to the etcd cluster at endpoints. ttl is the lease a
@@ -51,6 +54,31 @@ func (e *Etcd) Close() error { return e.cli.Close() }
 // kept alive until ctx ends (the lease is then revoked, so watchers see the
 // node leave at once) or the lease is lost.
 func (e *Etcd) Register(ctx context.Context, m Member) (<-chan struct{}, error) {
+	return e.RegisterChecked(ctx, m, nil)
+}
+
+// maxJoinAttempts bounds RegisterChecked's retries: each one failed because
+// another record under the prefix was put between the read and the commit,
+// so this many in a row means the registry is changing faster than a node
+// can join it.
+const maxJoinAttempts = 16
+
+// ErrJoinContended is RegisterChecked giving up: the registry changed
+// between every read and the put that depended on it.
+var ErrJoinContended = errors.New("node: the registry kept changing while joining")
+
+// RegisterChecked is Register, but the record is put only if check, run on
+// the members the registry holds, returns nil, and only if no record under
+// the prefix was put (joined or changed) between that read and the put: one
+// etcd transaction compares every key's modification revision with the
+// read's revision and puts m only if none is newer. If one is, the read and
+// the check run again on what is there now. So of two nodes that would
+// conflict, joining at once, the second to commit sees the first: at most
+// one joins. (A record deleted meanwhile does not abort the put: a member
+// leaving can only take problems away from the deployment.) check's error
+// is returned as it is, and nothing is left registered. A nil check puts m
+// unconditionally.
+func (e *Etcd) RegisterChecked(ctx context.Context, m Member, check func(held []Member) error) (<-chan struct{}, error) {
 	if err := m.validate(); err != nil {
 		return nil, err
 	}
@@ -64,8 +92,12 @@ func (e *Etcd) Register(ctx context.Context, m Member) (<-chan struct{}, error) 
 	if err != nil {
 		return nil, fmt.Errorf("node: etcd lease: %w", err)
 	}
-	if _, err := e.cli.Put(gctx, e.prefix+m.Name, string(b), clientv3.WithLease(lease.ID)); err != nil {
-		return nil, fmt.Errorf("node: etcd put: %w", err)
+	put := clientv3.OpPut(e.prefix+m.Name, string(b), clientv3.WithLease(lease.ID))
+	if err := e.commit(gctx, put, check); err != nil {
+		rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		e.cli.Revoke(rctx, lease.ID) // the lease holds nothing; do not leave it to expire
+		return nil, err
 	}
 	kctx, stopKeep := context.WithCancel(ctx)
 	ka, err := e.cli.KeepAlive(kctx, lease.ID)
@@ -88,6 +120,46 @@ func (e *Etcd) Register(ctx context.Context, m Member) (<-chan struct{}, error) 
 		e.log.Error("node: the etcd lease was lost", "node", m.Name, "lease", fmt.Sprintf("%x", int64(lease.ID)))
 	}()
 	return done, nil
+}
+
+// commit runs put: at once without a check, else read, check, and put in a
+// transaction that holds only if nothing under the prefix was put since the
+// read, retried on conflict.
+func (e *Etcd) commit(ctx context.Context, put clientv3.Op, check func([]Member) error) error {
+	if check == nil {
+		if _, err := e.cli.Do(ctx, put); err != nil {
+			return fmt.Errorf("node: etcd put: %w", err)
+		}
+		return nil
+	}
+	for range maxJoinAttempts {
+		resp, err := e.cli.Get(ctx, e.prefix, clientv3.WithPrefix())
+		if err != nil {
+			return fmt.Errorf("node: reading the registry before joining: %w", err)
+		}
+		var held []Member
+		for _, kv := range resp.Kvs {
+			if m, err := e.member(kv.Key, kv.Value); err == nil {
+				held = append(held, m)
+			}
+		}
+		if err := check(held); err != nil {
+			return err
+		}
+		if e.beforeCommit != nil {
+			e.beforeCommit()
+		}
+		unchanged := clientv3.Compare(clientv3.ModRevision(e.prefix).WithPrefix(), "<", resp.Header.Revision+1)
+		txn, err := e.cli.Txn(ctx).If(unchanged).Then(put).Commit()
+		if err != nil {
+			return fmt.Errorf("node: etcd put: %w", err)
+		}
+		if txn.Succeeded {
+			return nil
+		}
+		e.log.Info("node: the registry changed while joining; checking again", "key", string(put.KeyBytes()))
+	}
+	return fmt.Errorf("%w: %d attempts", ErrJoinContended, maxJoinAttempts)
 }
 
 // Watch implements Registry.

@@ -77,6 +77,9 @@ func Deployment(members []Member) preflight.Deployment {
 // with self has is one self would cause: CheckJoin then returns an error
 // matching ErrWouldBreak that names each such problem. Problems the
 // deployment already had are not self's to refuse on.
+//
+// CheckJoin only reads: another node may register between it and self's
+// own registration. Join closes that gap where the registry can.
 func CheckJoin(ctx context.Context, reg Registry, self Member) error {
 	if err := self.validate(); err != nil {
 		return err
@@ -88,6 +91,41 @@ func CheckJoin(ctx context.Context, reg Registry, self Member) error {
 	if err != nil {
 		return fmt.Errorf("node: reading the registry before joining: %w", err)
 	}
+	return joinProblems(held, self)
+}
+
+// checkedRegistry is a registry that can put a record on the condition
+// that a check of what it holds passes and still holds when the record is
+// put (Etcd).
+type checkedRegistry interface {
+	RegisterChecked(ctx context.Context, m Member, check func(held []Member) error) (<-chan struct{}, error)
+}
+
+// Join registers self in reg, as Registry.Register; with check, only if
+// CheckJoin's check passes. In etcd the check and the put are one
+// transaction (Etcd.RegisterChecked): two nodes that would conflict,
+// joining at once, cannot both pass. Other registries run CheckJoin, then
+// Register: in a Static registry every member is one process's, and a
+// PeerList registers nothing shared (docs/nodes.md says what its check
+// covers).
+func Join(ctx context.Context, reg Registry, self Member, check bool) (<-chan struct{}, error) {
+	if !check || self.Role == RoleRouter {
+		return reg.Register(ctx, self)
+	}
+	if err := self.validate(); err != nil {
+		return nil, err
+	}
+	if cr, ok := reg.(checkedRegistry); ok {
+		return cr.RegisterChecked(ctx, self, func(held []Member) error { return joinProblems(held, self) })
+	}
+	if err := CheckJoin(ctx, reg, self); err != nil {
+		return nil, err
+	}
+	return reg.Register(ctx, self)
+}
+
+// joinProblems is CheckJoin's judgement of self against the members held.
+func joinProblems(held []Member, self Member) error {
 	var others []Member
 	for _, m := range held {
 		if m.Name != self.Name {

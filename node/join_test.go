@@ -132,3 +132,124 @@ func TestJoinIgnoresProblemsTheDeploymentAlreadyHad(t *testing.T) {
 		t.Fatalf("CheckJoin: %v; want ErrWouldBreak, model differs", err)
 	}
 }
+
+// decodeMember is a decode node's record with pages of pageTokens tokens.
+func decodeMember(name string, pageTokens int) Member {
+	return Member{Name: name, Role: RoleDecode, Control: "127.0.0.1:1", Transfer: "127.0.0.1:2",
+		PoolPages: 64, PageTokens: pageTokens, PageBytes: 4096, ContextTokens: 512, Model: "m"}
+}
+
+// twoEtcdClients is two nodes' registries on one etcd, under one prefix.
+func twoEtcdClients(t *testing.T, prefix string) (a, b *Etcd) {
+	t.Helper()
+	addr := startEtcd(t)
+	for _, r := range []**Etcd{&a, &b} {
+		reg, err := NewEtcd([]string{addr}, prefix, 2*time.Second, quietLog())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { reg.Close() })
+		*r = reg
+	}
+	return a, b
+}
+
+// Two nodes that conflict (their page sizes differ) join an empty etcd
+// registry at once: A reads the registry and passes its check, then, before
+// A's put, B joins whole. A's put is a transaction conditioned on nothing
+// under the prefix having changed since its read, so it fails; A checks
+// again, now against B, and is refused. Exactly one of them joins.
+func TestConflictingJoinsRacingInEtcdAdmitOnlyOne(t *testing.T) {
+	regA, regB := twoEtcdClients(t, "/race/nodes")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var errB error
+	hooks := 0
+	regA.beforeCommit = func() {
+		hooks++
+		if hooks == 1 {
+			_, errB = Join(ctx, regB, decodeMember("decode-b", 32), true)
+		}
+	}
+	_, errA := Join(ctx, regA, decodeMember("decode-a", 16), true)
+	if errB != nil {
+		t.Fatalf("B, joining first: %v", errB)
+	}
+	if !errors.Is(errA, ErrWouldBreak) || !strings.Contains(errA.Error(), "page size differs") {
+		t.Fatalf("A, joining second: %v; want ErrWouldBreak, page size differs", errA)
+	}
+	if hooks != 1 {
+		t.Fatalf("A passed its check %d times; want once (its second check sees B and refuses)", hooks)
+	}
+	if names := registeredNames(t, regA); !slices.Equal(names, []string{"decode-b"}) {
+		t.Fatalf("registered: %v; want only decode-b", names)
+	}
+}
+
+// The gap the transaction closes: CheckJoin then Register, with B joining
+// in between, lets both conflicting nodes in.
+func TestCheckThenRegisterLetsConflictingNodesBothIn(t *testing.T) {
+	regA, regB := twoEtcdClients(t, "/gap/nodes")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := CheckJoin(ctx, regA, decodeMember("decode-a", 16)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Join(ctx, regB, decodeMember("decode-b", 32), true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := regA.Register(ctx, decodeMember("decode-a", 16)); err != nil {
+		t.Fatal(err)
+	}
+	if names := registeredNames(t, regA); len(names) != 2 {
+		t.Fatalf("registered: %v; want both (this is the race Join closes)", names)
+	}
+}
+
+// Two compatible nodes racing both join: A's put fails once, its second
+// check passes against B, and its second put commits.
+func TestCompatibleJoinsRacingInEtcdBothJoin(t *testing.T) {
+	regA, regB := twoEtcdClients(t, "/both/nodes")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	hooks := 0
+	var errB error
+	regA.beforeCommit = func() {
+		hooks++
+		if hooks == 1 {
+			_, errB = Join(ctx, regB, decodeMember("decode-b", 16), true)
+		}
+	}
+	if _, err := Join(ctx, regA, decodeMember("decode-a", 16), true); err != nil || errB != nil {
+		t.Fatalf("A: %v, B: %v; want both joined", err, errB)
+	}
+	if hooks != 2 {
+		t.Fatalf("A checked %d times; want twice (its first put lost the race)", hooks)
+	}
+	if names := registeredNames(t, regA); !slices.Equal(names, []string{"decode-a", "decode-b"}) {
+		t.Fatalf("registered: %v; want decode-a and decode-b", names)
+	}
+}
+
+// A registry that changes between every check and put makes Join give up
+// after a bounded number of attempts with ErrJoinContended, leaving no
+// record behind.
+func TestJoinGivesUpOnARegistryThatKeepsChanging(t *testing.T) {
+	regA, regB := twoEtcdClients(t, "/busy/nodes")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	hooks := 0
+	regA.beforeCommit = func() {
+		hooks++
+		if _, err := regB.Register(ctx, decodeMember(fmt.Sprintf("decode-%d", hooks), 16)); err != nil {
+			t.Error(err)
+		}
+	}
+	_, err := Join(ctx, regA, decodeMember("decode-a", 16), true)
+	if !errors.Is(err, ErrJoinContended) || hooks != maxJoinAttempts {
+		t.Fatalf("Join: %v after %d checks; want ErrJoinContended after %d", err, hooks, maxJoinAttempts)
+	}
+	if names := registeredNames(t, regA); slices.Contains(names, "decode-a") {
+		t.Fatalf("registered: %v; want no decode-a", names)
+	}
+}

@@ -294,7 +294,7 @@ func (n *Prefill) Serve(ctx context.Context, control net.Listener, grace time.Du
 	n.mu.Lock()
 	n.self = n.Member(listenerAddr(control))
 	n.mu.Unlock()
-	lease, err := n.cfg.Registry.Register(regCtx, n.self)
+	lease, err := Join(regCtx, n.cfg.Registry, n.self, n.cfg.CheckJoin)
 	if err != nil {
 		deregister()
 		stopServe()
