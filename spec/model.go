@@ -175,25 +175,30 @@ func (m *Model) encode(dst []byte, s *State, perm []int8) []byte {
 	}
 	// Each page's sort key: its content, then the first place that refers to it.
 	// Places are distinct per page, so only unreferenced pages with equal content
-	// tie, and those are interchangeable.
+	// tie, and those are interchangeable. The content is 12 bytes, packed big
+	// endian into hi and the top of lo (the fingerprint writes them in that
+	// order); the place is lo's low 16 bits.
 	type key struct {
-		rec  [12]byte
-		site uint16
-		page int8
+		hi, lo uint64
+		page   int8
 	}
-	type packed struct{ hi, lo uint64 }
+	const noSite = 0xffff
 	var keyArr [MaxDecodes][MaxDecodePages]key
 	var rename [MaxDecodes][MaxDecodePages]int8
 	for d := 0; d < nd; d++ {
 		keys := keyArr[d][:npages]
 		for p := 0; p < npages; p++ {
 			pg := &s.Pages[d][p]
-			keys[p] = key{rec: [12]byte{pg.Epoch, req(pg.Owner), b2b(pg.Quarantined), req(pg.Data.Req), byte(pg.Data.Index), b2b(pg.Data.Corrupt),
-				req(pg.Tag.Req), byte(pg.Tag.Index), pg.Tag.Epoch, req(pg.Tag.Sum.Req), byte(pg.Tag.Sum.Index), b2b(pg.Tag.Sum.Corrupt)}, site: 0xffff, page: int8(p)}
+			hi := uint64(pg.Epoch)<<56 | uint64(req(pg.Owner))<<48 | uint64(b2b(pg.Quarantined))<<40 |
+				uint64(req(pg.Data.Req))<<32 | uint64(byte(pg.Data.Index))<<24 | uint64(b2b(pg.Data.Corrupt))<<16 |
+				uint64(req(pg.Tag.Req))<<8 | uint64(byte(pg.Tag.Index))
+			lo := uint64(pg.Tag.Epoch)<<56 | uint64(req(pg.Tag.Sum.Req))<<48 | uint64(byte(pg.Tag.Sum.Index))<<40 |
+				uint64(b2b(pg.Tag.Sum.Corrupt))<<32 | noSite
+			keys[p] = key{hi: hi, lo: lo, page: int8(p)}
 		}
 		see := func(page int8, site uint16) {
-			if page >= 0 && int(page) < npages && site < keys[page].site {
-				keys[page].site = site
+			if page >= 0 && int(page) < npages && uint64(site) < keys[page].lo&noSite {
+				keys[page].lo = keys[page].lo&^noSite | uint64(site)
 			}
 		}
 		for nw := 0; nw < nreq; nw++ {
@@ -221,20 +226,14 @@ func (m *Model) encode(dst []byte, s *State, perm []int8) []byte {
 			see(s.Foreign.Page, 2000)
 		}
 		// At most MaxDecodePages keys, sorted for every transition the checker
-		// explores: an insertion sort on the keys packed as two integers.
-		var packedArr [MaxDecodePages]packed
-		for i := range keys {
-			k := &keys[i]
-			packedArr[i] = packed{binary.BigEndian.Uint64(k.rec[:8]), uint64(binary.BigEndian.Uint32(k.rec[8:]))<<16 | uint64(k.site)}
-		}
+		// explores: an insertion sort.
 		for i := 1; i < len(keys); i++ {
 			for j := i; j > 0; j-- {
-				a, b := packedArr[j], packedArr[j-1]
+				a, b := &keys[j], &keys[j-1]
 				if a.hi > b.hi || a.hi == b.hi && a.lo >= b.lo {
 					break
 				}
-				packedArr[j], packedArr[j-1] = b, a
-				keys[j], keys[j-1] = keys[j-1], keys[j]
+				*a, *b = *b, *a
 			}
 		}
 		for nw, k := range keys {
@@ -251,7 +250,8 @@ func (m *Model) encode(dst []byte, s *State, perm []int8) []byte {
 
 	for d := 0; d < nd; d++ {
 		for _, k := range keyArr[d][:npages] {
-			dst = append(dst, k.rec[:]...)
+			dst = binary.BigEndian.AppendUint64(dst, k.hi)
+			dst = binary.BigEndian.AppendUint32(dst, uint32(k.lo>>32))
 		}
 	}
 	for sp := 0; sp < np; sp++ {
