@@ -72,8 +72,8 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 		// half-written pages the checksums would catch first), a warm-up
 		// that leaves every decode page holding some tenant's KV, then
 		// more over-long prompts.
-		// Answers of 24 tokens: a leaked prompt's start ("Key is " and the
-		// canary) shows whole.
+		// Answers of 24 tokens: a leaked prompt's start ("Key is ", the
+		// tag and the canary) shows whole.
 		cfg.Workload.OverLimit, cfg.Workload.Disconnect, cfg.Workload.WarmUp = 0.15, -1, min(*requests/5, 50)
 		cfg.Workload.MaxTokens = 24
 		*noFaults = true

@@ -75,9 +75,9 @@ func classify(err error) (Kind, string) {
 func TestEveryTenantHasAUniqueCanaryThatTheColocatedRunAnswers(t *testing.T) {
 	w := workload(t, 200)
 	ref := reference(t)
-	shared := strings.Join(filler, "") + question
+	shared := strings.Join(filler, "")
 	for _, tn := range w.Tenants {
-		shared += intro(Tenant{Name: tn.Name})
+		shared += intro(Tenant{Name: tn.Name, Tag: tn.Tag}) + question(tn)
 	}
 	for i, tn := range w.Tenants {
 		for j, other := range w.Tenants {
@@ -98,8 +98,8 @@ func TestEveryTenantHasAUniqueCanaryThatTheColocatedRunAnswers(t *testing.T) {
 			t.Fatalf("%s: %d tokens, over the limit %v", r.Name(), n, r.OverLimit)
 		}
 		// What decode continues when it reads the prompt from its start
-		// (the incident): the canary is within the first 16 tokens.
-		if r.Prompt[0] != question[len(question)-1] || !strings.Contains(r.Prompt[1:17], w.Tenants[r.Tenant].Canary[:leakProbe]) {
+		// (the incident): the canary is within the first 24 tokens.
+		if q := question(w.Tenants[r.Tenant]); r.Prompt[0] != q[len(q)-1] || !strings.Contains(r.Prompt[1:25], w.Tenants[r.Tenant].Canary) {
 			t.Fatalf("%s: %q does not start with the question's last byte and the canary", r.Name(), r.Prompt)
 		}
 		if r.OverLimit {

@@ -12,6 +12,9 @@ import (
 type Tenant struct {
 	Name   string
 	Canary string
+	// Tag is a character of the tenant's own, just before its canary in
+	// its prompts and in its question.
+	Tag byte
 }
 
 // Request is one client request of the workload.
@@ -76,17 +79,23 @@ var filler = []string{
 	"Reminder: rotate the keys before the audit and archive the old logs. ",
 }
 
-// The question every prompt ends with: the built-in model's copy head answers
-// it with the canary that followed the same words earlier in what it reads.
-const question = " Later: the key is "
+// question is what every prompt of t ends with: the built-in model's copy
+// head answers it with the canary that followed the same three bytes (the
+// tenant's tag between spaces) earlier in what it reads.
+func question(t Tenant) string { return fmt.Sprintf(" Later: the key is %c ", t.Tag) }
 
 // intro is how every prompt starts, after BOS: with the question's last
-// byte, then the tenant's canary within a few tokens. A decode node that
+// byte, then the tag and the canary within a few tokens. A decode node that
 // reads stale KV without the prompt's own previous tokens (the incident)
 // falls back on BOS, the built-in model's attention sink, and its copy head
-// then continues the start of whatever prompt the stale pages hold: that
-// prompt's canary is in the answer's first 16 tokens.
-func intro(t Tenant) string { return fmt.Sprintf(" Key is %s. Account of %s. ", t.Canary, t.Name) }
+// then continues the start of whatever prompt the stale pages hold. Where
+// they hold several tenants' prompts, their codes blend at the first byte
+// that differs, the tag, which may come out garbled; the next three steps
+// still see it and follow the one tenant whose tag is nearest, so the
+// canary after it comes out whole, in the answer's first 24 tokens.
+func intro(t Tenant) string {
+	return fmt.Sprintf(" Key is %c %s. Account of %s. ", t.Tag, t.Canary, t.Name)
+}
 
 // NewWorkload draws a workload from spec.Seed: the same seed, the same
 // requests. Each tenant has a few prompt variants (the colocated reference
@@ -116,12 +125,16 @@ func NewWorkload(spec Spec) (Workload, error) {
 	w := Workload{}
 	// Every leakProbe characters of a canary are its own: in no other
 	// canary, and not in the text the tenants share.
-	shared := strings.Join(filler, "") + question
+	shared := strings.Join(filler, "")
 	for t := range spec.Tenants {
-		shared += intro(Tenant{Name: fmt.Sprintf("tenant-%d", t)})
+		tn := Tenant{Name: fmt.Sprintf("tenant-%d", t), Tag: canaryAlphabet[t%len(canaryAlphabet)]}
+		shared += intro(tn) + question(tn)
 	}
 	seen := map[string]bool{}
 	unique := func(c string) bool {
+		if seen[c[:2]] { // the copy head tells canaries apart by two bytes
+			return false
+		}
 		for i := 0; i+leakProbe <= len(c); i++ {
 			if seen[c[i:i+leakProbe]] || strings.Contains(shared, c[i:i+leakProbe]) {
 				return false
@@ -138,10 +151,11 @@ func NewWorkload(spec Spec) (Workload, error) {
 			}
 			c = string(b[:4]) + "-" + string(b[4:8]) + "-" + string(b[8:])
 		}
+		seen[c[:2]] = true
 		for i := 0; i+leakProbe <= len(c); i++ {
 			seen[c[i:i+leakProbe]] = true
 		}
-		w.Tenants = append(w.Tenants, Tenant{Name: fmt.Sprintf("tenant-%d", t), Canary: c})
+		w.Tenants = append(w.Tenants, Tenant{Name: fmt.Sprintf("tenant-%d", t), Canary: c, Tag: canaryAlphabet[t%len(canaryAlphabet)]})
 	}
 	const variants = 4
 	fits := spec.Limit - spec.MaxTokens // the generation stays inside the decode node's context too
@@ -189,19 +203,19 @@ func align(n, a int) int {
 // and the text's bytes, tokens of the byte vocabulary), or the shortest
 // multiple of alignTo that holds the intro and the question.
 func prompt(t Tenant, v, target, alignTo int) string {
-	in := intro(t)
-	if least := 1 + len(in) + len(question); target < least {
+	in, q := intro(t), question(t)
+	if least := 1 + len(in) + len(q); target < least {
 		target = align(least+max(alignTo, 1)-1, alignTo)
 	}
 	text := target - 1 // BOS is the first token
 	var b strings.Builder
 	b.WriteString(in)
-	for i := v; b.Len()+len(question) < text; i++ {
+	for i := v; b.Len()+len(q) < text; i++ {
 		b.WriteString(filler[i%len(filler)])
 	}
 	s := b.String()
-	if len(s)+len(question) > text {
-		s = s[:max(len(in), text-len(question))] // cut the filler, never the canary
+	if len(s)+len(q) > text {
+		s = s[:max(len(in), text-len(q))] // cut the filler, never the canary
 	}
-	return s + question
+	return s + q
 }
