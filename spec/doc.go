@@ -30,7 +30,8 @@
 // # The usage loop
 //
 // [New] validates a configuration. [Model.Initial] gives the initial state;
-// [Model.Successors] calls back once per enabled [Action] with the next state;
+// [Model.Successors] calls back once per enabled [Action] with the next state
+// (a scratch state, valid during the call: copy it to keep it);
 // [Model.AppendFingerprint] gives a canonical encoding for the checker, with
 // symmetry reduction (requests of equal length are interchangeable, and so
 // are decode pages: a page's identity is its content and who refers to it);
