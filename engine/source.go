@@ -74,7 +74,8 @@ func (s *Source) FillKV(id protocol.RequestID, tokens int, pages [][]byte) error
 	if need := s.e.cache.Geometry().PagesFor(len(prompt)); len(table) < need {
 		// Only the incident's bug hands fewer source pages than the prompt
 		// needs: the sender marked the prompt rejected and swapped in a
-		// one-token placeholder (admit-finished), whose KV is computed.
+		// one-token placeholder (admit-finished), whose KV is computed: the
+		// prompt's first token, BOS (every prompt starts with it).
 		if !s.e.opts.Research.Has(research.AdmitFinished) {
 			return fmt.Errorf("%w: request %d: %d source pages for a prompt of %d tokens (%d pages)", ErrBadRequest, id, len(table), len(prompt), need)
 		}

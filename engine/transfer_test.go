@@ -1,6 +1,7 @@
 package engine_test
 
 import (
+	"bytes"
 	"errors"
 	"testing"
 	"time"
@@ -185,10 +186,11 @@ func TestSourceComputesThePlaceholderOnlyUnderAdmitFinished(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	prompt := make([]int, 40) // 3 pages
+	prompt := make([]int, 40) // 3 pages, BOS first as every prompt
 	for i := range prompt {
 		prompt[i] = 'a' + i%26
 	}
+	prompt[0] = model.BOS
 	for _, bug := range []bool{false, true} {
 		opts := engine.Options{}
 		if bug {
@@ -211,8 +213,25 @@ func TestSourceComputesThePlaceholderOnlyUnderAdmitFinished(t *testing.T) {
 		if err != nil {
 			t.Fatalf("admit-finished: %v", err)
 		}
-		if c.Floats(0)[0] == 0 {
-			t.Fatal("the placeholder's KV was not computed")
+		// The placeholder is BOS: the page holds exactly BOS's KV at position 0.
+		want := [][]byte{make([]byte, g.PageBytes())}
+		rc, err := kv.OverPages(g, want, kv.Unversioned)
+		if err != nil {
+			t.Fatal(err)
+		}
+		re, err := engine.New(m, cpu.New(), rc, engine.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		table, err := rc.Lookup(want)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := re.Prefill(table, []int{model.BOS}); err != nil {
+			t.Fatal(err)
+		}
+		if c.Floats(0)[0] == 0 || !bytes.Equal(mine[0], want[0]) {
+			t.Fatal("the placeholder's KV is not BOS's")
 		}
 	}
 }
