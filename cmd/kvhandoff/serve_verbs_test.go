@@ -95,7 +95,7 @@ func TestServeProcessesOverVerbsAnswerVerifiedRequests(t *testing.T) {
 	for range 8 {
 		wg.Go(func() {
 			for i := range next {
-				tokens := 1 + (i*131)%800
+				tokens := 2 + (i*131)%800 // BOS and at least one byte
 				s, err := post(client, api, tokens)
 				switch {
 				case err != nil:
