@@ -173,9 +173,11 @@ type Options struct {
 	SkipLiveness bool
 	// MaxMemory stops exploration with ErrMemoryLimit when the live Go heap,
 	// measured with runtime/metrics, exceeds this many bytes; 0 means no limit.
-	// While it runs, Check also sets it as the runtime's soft memory limit
-	// (debug.SetMemoryLimit), so the collector works harder before giving up.
-	// (Check also lowers the collector's GOGC while it runs: see tuneCollector.)
+	// While it runs, Check also lowers the runtime's soft memory limit
+	// (debug.SetMemoryLimit) to it, so the collector works harder before
+	// giving up; with concurrent explorations the limit is the smallest of
+	// theirs. Check also lowers GOGC to 25 while it runs (see gcPercent); the
+	// program's settings come back when the last exploration ends.
 	MaxMemory uint64
 	// FrontierMemory is how many bytes of encoded frontier are held in memory
 	// before the oldest blocks are spilled to a file in SpillDir (only for a
