@@ -101,13 +101,19 @@ type checkedRegistry interface {
 	RegisterChecked(ctx context.Context, m Member, check func(held []Member) error) (<-chan struct{}, error)
 }
 
+// ErrPeersUnanswered is Join refusing to start in a static deployment: a
+// listed peer did not answer, so the join check could not cover it.
+var ErrPeersUnanswered = errors.New("node: listed peers did not answer")
+
 // Join registers self in reg, as Registry.Register; with check, only if
 // CheckJoin's check passes. In etcd the check and the put are one
 // transaction (Etcd.RegisterChecked): two nodes that would conflict,
-// joining at once, cannot both pass. Other registries run CheckJoin, then
-// Register: in a Static registry every member is one process's, and a
-// PeerList registers nothing shared (docs/nodes.md says what its check
-// covers).
+// joining at once, cannot both pass. In a PeerList (static --peers) it
+// first waits up to JoinWait for every listed peer to answer, so that the
+// check covers them all, and fails with ErrPeersUnanswered naming those
+// that did not. Call it once the node's control API answers: its peers
+// read its record there. Other registries run CheckJoin, then Register (in
+// a Static registry every member is one process's).
 func Join(ctx context.Context, reg Registry, self Member, check bool) (<-chan struct{}, error) {
 	if !check || self.Role == RoleRouter {
 		return reg.Register(ctx, self)
@@ -117,6 +123,21 @@ func Join(ctx context.Context, reg Registry, self Member, check bool) (<-chan st
 	}
 	if cr, ok := reg.(checkedRegistry); ok {
 		return cr.RegisterChecked(ctx, self, func(held []Member) error { return joinProblems(held, self) })
+	}
+	if pl, ok := reg.(*PeerList); ok {
+		wctx, cancel := context.WithTimeout(ctx, pl.JoinWait)
+		missing := pl.awaitPeers(wctx)
+		cancel()
+		if len(missing) > 0 {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			var names []string
+			for _, p := range missing {
+				names = append(names, p.Name+" ("+p.Control+")")
+			}
+			return nil, fmt.Errorf("%w: %s did not answer within %v, so joining could not be checked against them", ErrPeersUnanswered, strings.Join(names, ", "), pl.JoinWait)
+		}
 	}
 	if err := CheckJoin(ctx, reg, self); err != nil {
 		return nil, err

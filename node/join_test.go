@@ -253,3 +253,60 @@ func TestJoinGivesUpOnARegistryThatKeepsChanging(t *testing.T) {
 		t.Fatalf("registered: %v; want no decode-a", names)
 	}
 }
+
+// With static --peers, Join waits for every listed peer to answer before it
+// checks: started at the moment the peer list is (no peer read yet), a node
+// whose page size differs from a listed decode node's is still refused, a
+// compatible one joins, and one whose listed peer never answers refuses to
+// start, naming that peer.
+func TestStaticJoinChecksEveryListedPeer(t *testing.T) {
+	l, err := StartLocal(LocalConfig{Log: quietLog()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Stop()
+	pre, dec := l.Prefills[0], l.Decodes[0]
+	dec.mu.Lock()
+	decode := dec.self
+	dec.mu.Unlock()
+	gone, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ghost := gone.Addr().String()
+	gone.Close() // nothing answers there
+	self := Member{Name: "prefill-9", Role: RolePrefill, Control: "127.0.0.1:1", PoolPages: decode.PoolPages, PageTokens: decode.PageTokens,
+		PageBytes: decode.PageBytes, ContextTokens: decode.ContextTokens, Model: decode.Model}
+	wide := self
+	wide.PageTokens *= 2
+	cases := []struct {
+		name  string
+		peers []Peer
+		self  Member
+		want  error // nil: joins
+	}{
+		{"conflicting", []Peer{{Name: decode.Name, Control: decode.Control}}, wide, ErrWouldBreak},
+		{"compatible", []Peer{{Name: decode.Name, Control: decode.Control}}, self, nil},
+		{"unanswered", []Peer{{Name: decode.Name, Control: decode.Control}, {Name: "decode-9", Control: ghost}}, self, ErrPeersUnanswered},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			list := NewPeerList(ctx, c.peers, pre.cfg.Security, quietLog())
+			list.JoinWait = time.Second
+			_, err := Join(ctx, list, c.self, true)
+			switch {
+			case c.want == nil && err != nil:
+				t.Fatalf("Join: %v; want joined", err)
+			case c.want != nil && !errors.Is(err, c.want):
+				t.Fatalf("Join: %v; want %v", err, c.want)
+			case c.want == ErrPeersUnanswered && !strings.Contains(err.Error(), "decode-9 ("+ghost+")"):
+				t.Fatalf("Join: %v; want it to name decode-9 at %s", err, ghost)
+			}
+			if err != nil {
+				t.Logf("refused: %v", err)
+			}
+		})
+	}
+}

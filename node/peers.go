@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -38,13 +39,32 @@ func ParsePeers(s string) ([]Peer, error) {
 // failed calls, each an explicit error.
 type PeerList struct {
 	*Static
+	peers []Peer
+	// JoinWait is how long Join waits for every listed peer to answer before
+	// it checks the deployment; NewPeerList sets DefaultJoinWait.
+	JoinWait time.Duration
+	mu       sync.Mutex
+	answered map[string]bool
+	distinct int           // peers by name
+	all      chan struct{} // closed when every peer has answered
 }
+
+// DefaultJoinWait is PeerList.JoinWait unless set.
+const DefaultJoinWait = 30 * time.Second
 
 // NewPeerList resolves peers in the background until ctx ends: each joins
 // the registry when its control API first answers with a record that
 // carries its name.
 func NewPeerList(ctx context.Context, peers []Peer, sec Security, log *slog.Logger) *PeerList {
 	s, _ := NewStatic()
+	l := &PeerList{Static: s, peers: peers, JoinWait: DefaultJoinWait, answered: map[string]bool{}, all: make(chan struct{})}
+	names := map[string]bool{}
+	for _, p := range peers {
+		names[p.Name] = true
+	}
+	if l.distinct = len(names); l.distinct == 0 {
+		close(l.all)
+	}
 	client := newControlClient(sec)
 	for _, p := range peers {
 		go func() {
@@ -61,6 +81,7 @@ func NewPeerList(ctx context.Context, peers []Peer, sec Security, log *slog.Logg
 					m.Control = p.Control
 					if err = m.validate(); err == nil {
 						s.Register(ctx, m)
+						l.answer(p.Name)
 						return
 					}
 				}
@@ -73,7 +94,38 @@ func NewPeerList(ctx context.Context, peers []Peer, sec Security, log *slog.Logg
 			}
 		}()
 	}
-	return &PeerList{Static: s}
+	return l
+}
+
+func (l *PeerList) answer(name string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.answered[name] {
+		return
+	}
+	l.answered[name] = true
+	if len(l.answered) == l.distinct {
+		close(l.all)
+	}
+}
+
+// awaitPeers waits until every listed peer has answered or ctx ends, and
+// returns the peers that have not.
+func (l *PeerList) awaitPeers(ctx context.Context) []Peer {
+	select {
+	case <-l.all:
+		return nil
+	case <-ctx.Done():
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var missing []Peer
+	for _, p := range l.peers {
+		if !l.answered[p.Name] {
+			missing = append(missing, p)
+		}
+	}
+	return missing
 }
 
 // Register implements Registry: this process's own record stays local.
