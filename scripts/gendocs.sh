@@ -43,6 +43,7 @@ fi
 for sw in admit-finished eager-release timeout-free no-checksum leak-on-cancel no-peer-cancel double-free checksum-hangs; do
   { echo '```'; output check --bug "$sw" | grep -E '^(VIOLATION|  *[0-9]+\. )'; echo '```'; } | fill docs/spec.md "trace-$sw"
 done
+{ echo '```'; output check --bug peer-by-name --restarts 1 | grep -E '^(VIOLATION|  *[0-9]+\. )'; echo '```'; } | fill docs/spec.md trace-peer-by-name
 for combo in abort-still-sends,no-tag-check prefill-early-free,no-checksum done-unmatched,no-tag-check abort-frees-source,no-checksum; do
   { echo '```'; output check --bug "$combo" --need-all | grep -E '^(VIOLATION|  *[0-9]+\. )'; echo '```'; } | fill docs/spec.md "trace-$combo"
 done

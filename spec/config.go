@@ -29,13 +29,14 @@ const (
 	DoubleFree                          // a page can be freed twice
 	AbortFreesSource                    // an aborted sender frees its source pages before its posted WRITEs complete (vLLM #21570)
 	ChecksumHangs                       // a checksum mismatch at Done neither fails nor readies the request (SGLang #39729)
+	PeerByName                          // a restarted prefill node is matched by its name only, not name and incarnation: its old queue pairs and requests carry on
 	numSwitches      = iota
 )
 
 var switchNames = [numSwitches]string{
 	"admit-finished", "abort-still-sends", "no-token-check", "eager-release", "timeout-free",
 	"prefill-early-free", "done-unmatched", "no-tag-check", "no-checksum", "leak-on-cancel",
-	"no-peer-cancel", "double-free", "abort-frees-source", "checksum-hangs",
+	"no-peer-cancel", "double-free", "abort-frees-source", "checksum-hangs", "peer-by-name",
 }
 
 // AllSwitches lists every switch in catalogue order.
@@ -83,6 +84,17 @@ func (s Switches) String() string {
 	return strings.Join(s.Names(), ",")
 }
 
+// Faults is the budget b widened by what the switches need to act at all:
+// peer-by-name acts only at a restart, which needs a crash, so a check of it
+// (the defense matrix's, say) gives each of them at least 1. Every other
+// switch acts under the one-pair deployment's faults, and b is returned as is.
+func (s Switches) Faults(b Budget) Budget {
+	if s.Has(PeerByName) {
+		b[FaultCrash], b[FaultRestart] = max(b[FaultCrash], 1), max(b[FaultRestart], 1)
+	}
+	return b
+}
+
 // ErrUnknownSwitch is returned for a switch name not in the catalogue.
 var ErrUnknownSwitch = errors.New("unknown switch")
 
@@ -119,7 +131,8 @@ const (
 	FaultCut                  // the queue pair breaks: everything in flight is flushed
 	FaultLate                 // a posted WRITE stays in the network, placed arbitrarily later
 	FaultCorrupt              // a WRITE's payload is corrupted in transit
-	FaultLease                // a decode node's registry lease expires (the node may live on, unreachable)
+	FaultLease                // a node's registry lease expires (the node may live on, unreachable)
+	FaultRestart              // a crashed prefill node comes back under a new incarnation
 	NumFaults
 )
 
@@ -128,7 +141,7 @@ const (
 // that the one-pair runs read as they did before the topology existed.
 const numClassicFaults = FaultLease
 
-var faultNames = [NumFaults]string{"cancel", "crash", "timeout", "cut", "late", "corrupt", "lease"}
+var faultNames = [NumFaults]string{"cancel", "crash", "timeout", "cut", "late", "corrupt", "lease", "restart"}
 
 func (f Fault) String() string {
 	if f >= 0 && f < NumFaults {
@@ -156,7 +169,8 @@ func (b Budget) String() string {
 var ErrBadFaults = errors.New("bad fault list")
 
 // ParseFaults parses "name[=N],..." (a bare name means N=1); "none" is no faults;
-// "all" is every fault once. Faults not named get budget 0.
+// "all" is every fault of the one-pair deployment once (not lease, not
+// restart), alone or in a list ("all,restart"). Faults not named get budget 0.
 func ParseFaults(list string) (Budget, error) {
 	var b Budget
 	switch list {
@@ -169,6 +183,12 @@ func ParseFaults(list string) (Budget, error) {
 		return b, nil
 	}
 	for _, item := range strings.Split(list, ",") {
+		if strings.TrimSpace(item) == "all" { // within a list: the classic faults once, then the rest as named
+			for i := range numClassicFaults {
+				b[i] = max(b[i], 1)
+			}
+			continue
+		}
 		name, num, hasNum := strings.Cut(strings.TrimSpace(item), "=")
 		n := 1
 		if hasNum {
@@ -340,6 +360,8 @@ func (c *Config) Validate() error {
 		return bad("decode nodes must be 1..%d, got %d", MaxDecodes, c.Decodes)
 	case c.ContextLimit < 1:
 		return bad("context limit must be at least 1 token")
+	case c.Faults[FaultRestart] > 0 && c.Faults[FaultCrash] == 0:
+		return bad("a restart brings back a crashed prefill node: give the crash fault a budget too")
 	}
 	for i, t := range c.Prompts {
 		if t < 1 || t > 127 {

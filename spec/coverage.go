@@ -11,48 +11,51 @@ type Branch uint8
 // The branches, grouped by the node that takes them. Defense reports which are
 // the protocol's defenses: the checks that refuse a request or a message.
 const (
-	RouterOverLimit     Branch = iota // router: the prompt is over the advertised context: rejected
-	RouterPeerDead                    // router: the prefill node is known dead: failed at once
-	RouterDispatch                    // router: dispatched to prefill
-	PrefillOverLimit                  // prefill intake: over its pool: rejected
-	PrefillPlaceholder                // prefill intake, admit-finished: a rejected prompt handed off as a placeholder
-	PrefillNoCapacity                 // prefill intake: too few free source pages: failed
-	PrefillAccept                     // prefill intake: source pages taken, Bootstrap sent
-	AdmitGrantMismatch                // prefill admission: the grant differs from the sender's view: failed
-	AdmitGrant                        // prefill admission: the grant matches: writing
-	AdmitEndedGrant                   // prefill admission: a grant for an ended leg: answered with AbortAck
-	DecodeTombstone                   // decode intake: a Bootstrap for a request cancelled first: refused
-	DecodeDuplicate                   // decode intake: a second Bootstrap: ignored
-	DecodeOverLimit                   // decode intake: over its pool: rejected
-	DecodeNoSlot                      // decode intake: no free slot: failed
-	DecodeNoPages                     // decode intake: too few free pages: failed
-	DecodeReserve                     // decode intake: pages and a slot reserved, Grant sent
-	DecodeExactlyFull                 // decode intake: the reservation takes every free page
-	DecodeReusedSlot                  // decode intake: the slot was held by an earlier request
-	DecodeReusedPage                  // decode intake: a page was held by an earlier request (epoch past 1)
-	DoneFence                         // Done for a request not waiting for one: a fence
-	VerifyTokens                      // verification: Done's token count differs from the reservation
-	VerifyPages                       // verification: Done's page count differs from the reservation
-	VerifyPageEpoch                   // verification: the pool's page epoch is not the granted one
-	VerifyTagRequest                  // verification: a tag record names another request
-	VerifyTagIndex                    // verification: a tag record names another page index
-	VerifyTagEpoch                    // verification: a tag record carries another epoch
-	VerifyChecksumFirst               // verification: the first page's payload does not match its checksum
-	VerifyChecksumLater               // verification: a later page's payload does not match its checksum
-	VerifyOK                          // verification: every check passed: ready
-	ReadEpoch                         // read: a page's epoch changed since the grant: failed
-	ReadOK                            // read: served ok
-	FenceQuarantine                   // fence: quarantined pages released
-	FenceReserved                     // fence: a request still waiting for Done ends (the sender gave up)
-	FenceEnded                        // fence: for an ended request: nothing changes
-	AbortQuarantine                   // decode abort: pages quarantined until the fence
-	AbortReady                        // decode abort of a verified request: pages released at once
-	AbortTombstone                    // decode abort of a request it has not heard of: tombstone
-	WriteLanded                       // a WRITE placed in a page its request owns
-	WriteLandedFree                   // a WRITE placed in a free page (its request ended)
-	WriteLandedForeign                // a WRITE placed in another request's page
-	SenderAbortWaits                  // sender abort: waits for posted WRITEs before AbortAck
-	CutFails                          // cut: a live request failed
+	RouterOverLimit       Branch = iota // router: the prompt is over the advertised context: rejected
+	RouterPeerDead                      // router: the prefill node is known dead: failed at once
+	RouterDispatch                      // router: dispatched to prefill
+	PrefillOverLimit                    // prefill intake: over its pool: rejected
+	PrefillPlaceholder                  // prefill intake, admit-finished: a rejected prompt handed off as a placeholder
+	PrefillNoCapacity                   // prefill intake: too few free source pages: failed
+	PrefillAccept                       // prefill intake: source pages taken, Bootstrap sent
+	AdmitGrantMismatch                  // prefill admission: the grant differs from the sender's view: failed
+	AdmitGrant                          // prefill admission: the grant matches: writing
+	AdmitEndedGrant                     // prefill admission: a grant for an ended leg: answered with AbortAck
+	DecodeTombstone                     // decode intake: a Bootstrap for a request cancelled first: refused
+	DecodeDuplicate                     // decode intake: a second Bootstrap: ignored
+	DecodeOverLimit                     // decode intake: over its pool: rejected
+	DecodeNoSlot                        // decode intake: no free slot: failed
+	DecodeNoPages                       // decode intake: too few free pages: failed
+	DecodeReserve                       // decode intake: pages and a slot reserved, Grant sent
+	DecodeExactlyFull                   // decode intake: the reservation takes every free page
+	DecodeReusedSlot                    // decode intake: the slot was held by an earlier request
+	DecodeReusedPage                    // decode intake: a page was held by an earlier request (epoch past 1)
+	DoneFence                           // Done for a request not waiting for one: a fence
+	VerifyTokens                        // verification: Done's token count differs from the reservation
+	VerifyPages                         // verification: Done's page count differs from the reservation
+	VerifyPageEpoch                     // verification: the pool's page epoch is not the granted one
+	VerifyTagRequest                    // verification: a tag record names another request
+	VerifyTagIndex                      // verification: a tag record names another page index
+	VerifyTagEpoch                      // verification: a tag record carries another epoch
+	VerifyChecksumFirst                 // verification: the first page's payload does not match its checksum
+	VerifyChecksumLater                 // verification: a later page's payload does not match its checksum
+	VerifyOK                            // verification: every check passed: ready
+	ReadEpoch                           // read: a page's epoch changed since the grant: failed
+	ReadOK                              // read: served ok
+	FenceQuarantine                     // fence: quarantined pages released
+	FenceReserved                       // fence: a request still waiting for Done ends (the sender gave up)
+	FenceEnded                          // fence: for an ended request: nothing changes
+	AbortQuarantine                     // decode abort: pages quarantined until the fence
+	AbortReady                          // decode abort of a verified request: pages released at once
+	AbortTombstone                      // decode abort of a request it has not heard of: tombstone
+	WriteLanded                         // a WRITE placed in a page its request owns
+	WriteLandedFree                     // a WRITE placed in a free page (its request ended)
+	WriteLandedForeign                  // a WRITE placed in another request's page
+	SenderAbortWaits                    // sender abort: waits for posted WRITEs before AbortAck
+	CutFails                            // cut: a live request failed
+	PrefillOldIncarnation               // prefill: a message for a request of an incarnation it replaced: no record, ignored
+	RestartLoss                         // restart: the new registration tells the router the old incarnation is lost
+	RestartFence                        // decode: the queue pair of a replaced incarnation cut before the new one's is accepted
 	NumBranches
 )
 
@@ -70,6 +73,7 @@ var branchNames = [NumBranches]string{
 	"abort-quarantine", "abort-ready", "abort-tombstone",
 	"write-landed", "write-landed-free", "write-landed-foreign",
 	"sender-abort-waits", "cut-fails",
+	"prefill-old-incarnation", "restart-loss", "restart-fence",
 }
 
 func (b Branch) String() string {
@@ -81,13 +85,14 @@ func (b Branch) String() string {
 
 // Defense reports whether b is one of the protocol's refusing checks that a
 // run of the correct protocol can reach: an intake rejection, a capacity
-// refusal, a verification check, or the grant check at admission. A coverage
+// refusal, a verification check, the grant check at admission, or the fence
+// of a replaced incarnation's queue pair. A coverage
 // gate requires each to fire.
 func (b Branch) Defense() bool {
 	switch b {
 	case RouterOverLimit, PrefillOverLimit, PrefillNoCapacity, AdmitGrantMismatch, DecodeOverLimit,
 		DecodeNoSlot, DecodeNoPages, VerifyTokens, VerifyPages, VerifyTagRequest,
-		VerifyTagIndex, VerifyTagEpoch, VerifyChecksumFirst, VerifyChecksumLater:
+		VerifyTagIndex, VerifyTagEpoch, VerifyChecksumFirst, VerifyChecksumLater, RestartFence:
 		return true
 	}
 	return false

@@ -25,6 +25,8 @@ func msgString(msg Msg) string {
 		return fmt.Sprintf("WRITE r%d[%d] -> page %d@%d", msg.Req, msg.Index, msg.Target.Page, msg.Target.Epoch)
 	case MPeerFailed:
 		return "PeerFailed{prefill}"
+	case MPeerRestarted:
+		return fmt.Sprintf("PeerRestarted{p%d, incarnation %d}", msg.Peer, msg.Inc)
 	}
 	return fmt.Sprintf("%s{r%d}", msg.Kind, msg.Req)
 }
@@ -114,6 +116,8 @@ func (m *Model) describeAction(s *State, a Action) string {
 			return fmt.Sprintf("[FAULT lease] decode node d%d's registry lease expires (it lives on, unreachable)", a.Arg&15)
 		}
 		return fmt.Sprintf("[FAULT lease] prefill node p%d's registry lease expires (it lives on, unreachable)", a.Arg)
+	case Restart:
+		return fmt.Sprintf("[FAULT restart] %s comes back as incarnation %d (fresh pools, no records) and registers under its name", m.prefillName(int(a.Arg)), s.Inc[a.Arg]+1)
 	case CorruptSend:
 		field := [...]string{"token", "page"}[a.Arg&SendPages]
 		if a.Arg&SendBack != 0 {
@@ -240,10 +244,22 @@ func (m *Model) changes(p *State, a Action, n *State) []string {
 	if g := &n.Ghost; g.Changed && !p.Ghost.Changed {
 		add("r%d's outcome had already been given to the client as %s: it changed", g.ChangedReq, g.ChangedFrom)
 	}
+	if g := &n.Ghost; g.OldInc && !p.Ghost.OldInc {
+		if g.OldIncWhat == OldIncOK {
+			add("r%d was dispatched to an incarnation of %s that has been replaced, and it is ok", g.OldIncReq, m.prefillName(int(n.Req[g.OldIncReq].P)))
+		} else {
+			add("that message was sent by a replaced incarnation of %s, on the queue pair decode now holds for its successor", m.prefillName(int(n.Req[g.OldIncReq].P)))
+		}
+	}
 	if g := &n.Ghost; g.Spurious && !p.Ghost.Spurious {
 		add("no fault has happened, and nothing in the state before this step gives r%d that outcome", g.SpuriousReq)
 	}
 	for sp := 0; sp < m.cfg.NumPrefills(); sp++ {
+		for d := 0; d < m.cfg.NumDecodes(); d++ {
+			if p.QPInc[sp][d] != n.QPInc[sp][d] {
+				add("%s now holds a queue pair to incarnation %d of %s", m.decodeName(d), n.QPInc[sp][d], m.prefillName(sp))
+			}
+		}
 		if !p.PrefillCrashed[sp] && n.PrefillCrashed[sp] {
 			if m.multi() {
 				add("prefill p%d's memory and queues are gone; WRITEs already in the network can still land", sp)

@@ -163,6 +163,9 @@ func (m *Model) encode(dst []byte, s *State, perm []int8) []byte {
 	npages := c.DecodePages
 	np, nd := c.NumPrefills(), c.NumDecodes()
 	multi := np*nd > 1
+	// Incarnations change only at a restart: without the fault they are all
+	// 0 and left out.
+	restarts := c.Faults[FaultRestart] > 0
 	var inv [MaxRequests]int8 // new id -> old id
 	for old, nw := range perm {
 		inv[nw] = int8(old)
@@ -271,6 +274,9 @@ func (m *Model) encode(dst []byte, s *State, perm []int8) []byte {
 		if multi {
 			dst = append(dst, byte(q.P), byte(q.D))
 		}
+		if restarts {
+			dst = append(dst, q.PInc)
+		}
 		sn := &q.S
 		dst = append(dst, byte(sn.Phase), b2b(sn.Placeholder), sn.Pages, b2b(sn.SrcHeld), b2b(sn.Granted), sn.Posted, sn.Completed)
 		for i := 0; i < int(sn.Pages); i++ {
@@ -302,6 +308,12 @@ func (m *Model) encode(dst []byte, s *State, perm []int8) []byte {
 			if multi && msg.Kind == MPeerFailed {
 				dst = append(dst, byte(msg.Peer))
 			}
+			if restarts {
+				dst = append(dst, msg.Inc)
+				if msg.Kind == MPeerRestarted {
+					dst = append(dst, byte(msg.Peer))
+				}
+			}
 		}
 	}
 	for sp := 0; sp < np; sp++ {
@@ -318,6 +330,12 @@ func (m *Model) encode(dst []byte, s *State, perm []int8) []byte {
 	}
 	for sp := 0; sp < np; sp++ {
 		dst = append(dst, b2b(s.PrefillCrashed[sp]), b2b(s.CrashDetected[sp]))
+		if restarts {
+			dst = append(dst, s.Inc[sp])
+			for d := 0; d < nd; d++ {
+				dst = append(dst, s.QPInc[sp][d])
+			}
+		}
 	}
 	if multi || c.Faults[FaultLease] > 0 {
 		// Without the lease fault a fenced queue pair's prefill end has
@@ -339,6 +357,11 @@ func (m *Model) encode(dst []byte, s *State, perm []int8) []byte {
 	if g := &s.Ghost; g.Spurious {
 		dst = append(dst, 1, req(g.SpuriousReq))
 	} else {
+		dst = append(dst, 0)
+	}
+	if g := &s.Ghost; g.OldInc {
+		dst = append(dst, 1, req(g.OldIncReq), g.OldIncWhat)
+	} else if restarts {
 		dst = append(dst, 0)
 	}
 	dst = append(dst, s.Budget[:]...)

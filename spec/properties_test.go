@@ -162,3 +162,44 @@ func TestNoSpuriousFailureAllowsFailuresAfterAFault(t *testing.T) {
 		t.Fatalf("a checksum failure after a corrupt fault is explained: %+v %+v", w.s.Req[0], w.s.Ghost)
 	}
 }
+
+// restarts is a one-pair deployment whose prefill node may crash and come
+// back once under a new incarnation.
+func restarts() Config {
+	c := NewConfig(2, 2, 2)
+	c.Faults = Budget{}
+	c.Faults[FaultCrash], c.Faults[FaultRestart], c.Faults[FaultLate] = 1, 1, 1
+	return c
+}
+
+// A decode node that accepts the new incarnation's queue pair but keeps what
+// the old one had in flight on it (at the router's PeerFailed, and again at
+// the news of the restart) lets the old incarnation's messages land.
+func TestNoOldIncarnationCatchesAQueuePairKeptAcrossARestart(t *testing.T) {
+	m := mutant(t, restarts(), func(a Action, s *State, step func()) {
+		restarted := a.Kind == DecodeRecv && s.ToDecode[a.Arg].Head().Kind != MAbort
+		kept := s.QP[0][0]
+		step()
+		if restarted {
+			s.QP[0][0] = kept // the cut forgot the queue
+		}
+	})
+	wantViolated(t, m, NoOldIncarnation)
+}
+
+// A router that does not fail the requests of the incarnation a restart
+// replaced lets one of them reach the client as ok.
+func TestNoOldIncarnationCatchesARequestOfTheOldIncarnationServed(t *testing.T) {
+	m := mutant(t, restarts(), func(a Action, s *State, step func()) {
+		before := s.Req
+		step()
+		if a.Kind == Restart {
+			for r := range s.Req {
+				if before[r].Outcome == Pending {
+					s.Req[r].Outcome, s.Req[r].Reason = Pending, NoReason
+				}
+			}
+		}
+	})
+	wantViolated(t, m, NoOldIncarnation)
+}

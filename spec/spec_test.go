@@ -299,6 +299,7 @@ func TestEveryInvariantCanFail(t *testing.T) {
 		WithinBounds:      func(s *State) { s.Overflow = true },
 		OutcomeFinal:      func(s *State) { s.Ghost.Changed, s.Ghost.ChangedReq, s.Ghost.ChangedFrom = true, 0, OK },
 		NoSpuriousFailure: func(s *State) { s.Ghost.Spurious, s.Ghost.SpuriousReq = true, 0 },
+		NoOldIncarnation:  func(s *State) { s.Ghost.OldInc, s.Ghost.OldIncReq, s.Ghost.OldIncWhat = true, 0, OldIncPlaced },
 	}
 	for _, inv := range Invariants {
 		if !inv.Holds(w.m, &ready) {
@@ -326,12 +327,27 @@ func TestParseSwitchesAndFaults(t *testing.T) {
 	if _, err := ParseSwitches("admit-finishd"); !errors.Is(err, ErrUnknownSwitch) {
 		t.Fatalf("want ErrUnknownSwitch, got %v", err)
 	}
-	if len(AllSwitches()) != 14 {
-		t.Fatal("the catalogue has 14 switches")
+	if len(AllSwitches()) != 15 {
+		t.Fatal("the catalogue has 15 switches")
 	}
 	b, err := ParseFaults("cancel=2,late")
 	if err != nil || b[FaultCancel] != 2 || b[FaultLate] != 1 || b[FaultCrash] != 0 {
 		t.Fatalf("%v %v", b, err)
+	}
+	// "all" in a list is the one-pair faults once, beside the others named.
+	b, err = ParseFaults("all,restart=2")
+	if err != nil || b[FaultCrash] != 1 || b[FaultCorrupt] != 1 || b[FaultLease] != 0 || b[FaultRestart] != 2 || b.String() != "cancel=1,crash=1,timeout=1,cut=1,late=1,corrupt=1,restart=2" {
+		t.Fatalf("%v %v", b, err)
+	}
+	if all, _ := ParseFaults("all"); all[FaultRestart] != 0 || all[FaultLease] != 0 {
+		t.Fatalf("all is the one-pair faults, not restart or lease: %v", all)
+	}
+	// peer-by-name acts only at a restart: a check of it gets a crash and a restart.
+	if w := (Switches(0).With(PeerByName)).Faults(Budget{}); w[FaultCrash] != 1 || w[FaultRestart] != 1 {
+		t.Fatalf("peer-by-name's budget: %v", w)
+	}
+	if w := (Switches(0).With(NoChecksum)).Faults(Budget{}); w != (Budget{}) {
+		t.Fatalf("no-checksum needs no fault of its own: %v", w)
 	}
 	for _, bad := range []string{"cancel=x", "cancel=9", "meteor"} {
 		if _, err := ParseFaults(bad); !errors.Is(err, ErrBadFaults) {
@@ -349,6 +365,9 @@ func TestValidateRejectsConfigsOutsideTheEncoding(t *testing.T) {
 		"empty prompt":  func(c *Config) { c.Prompts[0] = 0 },
 		"slots":         func(c *Config) { c.DecodeSlots = 0 },
 		"prefill pages": func(c *Config) { c.PrefillPages = 0 },
+		"restart without a crash": func(c *Config) {
+			c.Faults[FaultCrash], c.Faults[FaultRestart] = 0, 1
+		},
 	} {
 		c := DefaultConfig()
 		mutate(&c)

@@ -175,7 +175,8 @@ type Receiver struct {
 // what decode read (a history variable for Isolation).
 type Request struct {
 	Submitted bool
-	P, D      int8 // the prefill and decode node the router chose (both 0 in a 1x1 deployment)
+	P, D      int8  // the prefill and decode node the router chose (both 0 in a 1x1 deployment)
+	PInc      uint8 // the incarnation of prefill node P the request was dispatched to
 	Outcome   Outcome
 	Reason    Reason
 	S         Sender
@@ -189,7 +190,8 @@ type Request struct {
 type MsgKind uint8
 
 // The messages. Router→prefill: Prefill, Abort, PeerFailed. Router→decode:
-// Abort, PeerFailed. On the queue pair, prefill→decode: Bootstrap, Write, Done,
+// Abort, PeerFailed, PeerRestarted (the registry's news of a prefill node's
+// new incarnation). On the queue pair, prefill→decode: Bootstrap, Write, Done,
 // AbortAck (RC: delivered in order); decode→prefill: Grant, Abort.
 const (
 	MPrefill MsgKind = iota
@@ -200,10 +202,11 @@ const (
 	MDone
 	MAbortAck
 	MGrant
+	MPeerRestarted
 )
 
 func (k MsgKind) String() string {
-	return [...]string{"Prefill", "Abort", "PeerFailed", "Bootstrap", "WRITE", "Done", "AbortAck", "Grant"}[k]
+	return [...]string{"Prefill", "Abort", "PeerFailed", "Bootstrap", "WRITE", "Done", "AbortAck", "Grant", "PeerRestarted"}[k]
 }
 
 // Msg is a message in flight or a posted WRITE not yet placed.
@@ -218,7 +221,8 @@ type Msg struct {
 	Tokens uint8   // Bootstrap, Grant, Done: token count
 	Pages  uint8   // Grant, Done: page count
 	Slot   int8    // Grant, Done: decode slot
-	Peer   int8    // PeerFailed: the lost node (a prefill node to a decode node, a decode node to a prefill node)
+	Peer   int8    // PeerFailed: the lost node (a prefill node to a decode node, a decode node to a prefill node); PeerRestarted: the prefill node
+	Inc    uint8   // on the queue pair prefill→decode: the incarnation of the prefill node that sent it; PeerRestarted: the new incarnation
 }
 
 // What a corrupt fault damaged in a WRITE (Msg.Damage).
@@ -285,11 +289,13 @@ type State struct {
 	QP             [MaxPrefills][MaxDecodes]Queue // prefill → decode on their queue pair: WRITEs and SENDs, in order
 	QPBack         [MaxPrefills][MaxDecodes]Queue // decode → prefill on their queue pair
 	PrefillCrashed [MaxPrefills]bool
-	CrashDetected  [MaxPrefills]bool             // the prefill node's registry lease expired: the router knows it is gone
-	DecodeLost     [MaxDecodes]bool              // the decode node's registry lease expired (the node itself may live on)
-	Fenced         [MaxPrefills][MaxDecodes]bool // the queue pair was cut for good: one end was declared lost
-	Budget         Budget                        // faults left
-	Overflow       bool                          // a queue bound was hit: the bounds are too small (reported as a property)
+	CrashDetected  [MaxPrefills]bool              // the prefill node's registry lease expired: the router knows it is gone
+	DecodeLost     [MaxDecodes]bool               // the decode node's registry lease expired (the node itself may live on)
+	Fenced         [MaxPrefills][MaxDecodes]bool  // the queue pair was cut for good: one end was declared lost
+	Inc            [MaxPrefills]uint8             // each prefill node's incarnation: advanced at every restart
+	QPInc          [MaxPrefills][MaxDecodes]uint8 // the incarnation of prefill node p whose queue pair decode node d holds
+	Budget         Budget                         // faults left
+	Overflow       bool                           // a queue bound was hit: the bounds are too small (reported as a property)
 	Foreign        ForeignWrite
 	Ghost          Ghost
 }
@@ -303,4 +309,13 @@ type Ghost struct {
 	ChangedFrom Outcome // the outcome the client had already seen
 	Spurious    bool    // NoSpuriousFailure: in a run without faults, a request ended other than ok for no reason the state gave
 	SpuriousReq int8
+	OldInc      bool // NoOldIncarnation: something of a replaced incarnation completed or landed
+	OldIncReq   int8
+	OldIncWhat  uint8 // OldIncOK, OldIncPlaced
 }
+
+// What a NoOldIncarnation violation was (Ghost.OldIncWhat).
+const (
+	OldIncOK     = 1 // a request of a replaced incarnation reached the client as ok
+	OldIncPlaced = 2 // a WRITE or SEND of a replaced incarnation landed on a decode node that had accepted its successor
+)

@@ -24,6 +24,7 @@ const (
 	Cut                              // fault: the queue pair breaks and flushes
 	CorruptSend                      // fault: the SEND at the head of a queue-pair direction arrives with a count damaged (Arg: SendTokens or SendPages, plus SendBack for decode→prefill)
 	LeaseLost                        // fault: a live node's registry lease expires (Arg: the node, DecodeNode for a decode node)
+	Restart                          // fault: a crashed prefill node comes back under a new incarnation (Arg: the node)
 	NumActionKinds                   // the number of action kinds
 )
 
@@ -46,8 +47,8 @@ const (
 	SendBack   = 2 // the SEND is decode's Grant, not prefill's Done
 )
 
-// Node arguments. Submit's Arg is Route(p, d); PrefillRecv's, Crash's and
-// DetectCrash's the prefill node; DecodeRecv's the decode node;
+// Node arguments. Submit's Arg is Route(p, d); PrefillRecv's, Crash's,
+// Restart's and DetectCrash's the prefill node; DecodeRecv's the decode node;
 // PrefillRecvQP's and Cut's Route(p, d) of their queue pair; LeaseLost's the
 // prefill node or DecodeNode|d. Every other action's node follows from its
 // request's route. In a one-pair deployment every node argument is 0.
@@ -87,7 +88,7 @@ func (a Action) String() string {
 		switch a.Kind {
 		case Submit, PrefillRecvQP, Cut:
 			s += fmt.Sprintf("@p%d-d%d", a.Arg>>4, a.Arg&15)
-		case PrefillRecv, Crash, DetectCrash:
+		case PrefillRecv, Crash, DetectCrash, Restart:
 			s += fmt.Sprintf("@p%d", a.Arg)
 		case DecodeRecv:
 			s += fmt.Sprintf("@d%d", a.Arg)
@@ -100,7 +101,7 @@ func (a Action) String() string {
 }
 
 var actionNames = [NumActionKinds]string{"Submit", "PrefillRecv", "PrefillRecvQP", "DecodeRecv", "DecodeRecvQP",
-	"PostWrite", "DecodeRead", "DetectCrash", "Cancel", "Crash", "Timeout", "Cut", "CorruptSend", "LeaseLost"}
+	"PostWrite", "DecodeRead", "DetectCrash", "Cancel", "Crash", "Timeout", "Cut", "CorruptSend", "LeaseLost", "Restart"}
 
 func (k ActionKind) String() string {
 	if k < NumActionKinds {
@@ -275,6 +276,13 @@ func (m *Model) Successors(s *State, emit func(Action, *State)) {
 			}
 		}
 	}
+	if s.Budget[FaultRestart] > 0 {
+		for p := 0; p < np; p++ {
+			if s.PrefillCrashed[p] {
+				do(Action{Restart, -1, uint16(p)}, 0, p, 0, 0, func(x *sys, _, p, _, _ int) { x.restart(p) })
+			}
+		}
+	}
 	if s.Budget[FaultLease] > 0 {
 		for p := 0; p < np; p++ {
 			if !s.PrefillCrashed[p] && !s.CrashDetected[p] {
@@ -338,10 +346,23 @@ func (x *sys) corruptSend(p, d int, arg uint16) {
 // justify.
 func (m *Model) observe(prev *State, a Action, next *State) {
 	faultless := !a.IsFault() && m.faultsUsed(prev) == 0
+	restarts := m.cfg.Faults[FaultRestart] > 0
+	if restarts && !next.Ghost.OldInc && a.Req >= 0 && (a.Kind == DecodeRecvQP || a.Kind == CorruptSend && a.Arg&SendBack == 0) {
+		// What decode takes off a queue pair was sent by an incarnation of
+		// its prefill node: an earlier one than the queue pair decode has
+		// accepted since is one whose queue pair should have been fenced.
+		q := &prev.Req[a.Req]
+		if h := prev.QP[q.P][q.D].Head(); h.Inc < prev.QPInc[q.P][q.D] {
+			next.Ghost.OldInc, next.Ghost.OldIncReq, next.Ghost.OldIncWhat = true, h.Req, OldIncPlaced
+		}
+	}
 	for r := range m.cfg.Prompts {
 		p, n := &prev.Req[r], &next.Req[r]
 		if p.Outcome == n.Outcome && p.Reason == n.Reason {
 			continue
+		}
+		if restarts && n.Outcome == OK && p.PInc != prev.Inc[p.P] && !next.Ghost.OldInc {
+			next.Ghost.OldInc, next.Ghost.OldIncReq, next.Ghost.OldIncWhat = true, int8(r), OldIncOK
 		}
 		if p.Outcome != Pending {
 			if !next.Ghost.Changed {
@@ -512,7 +533,17 @@ func (x *sys) pool(r int) *[MaxDecodePages]DecodePage {
 }
 func (x *sys) srcPool(r int) *[MaxPrefillPages]SourcePage { return &x.s.Src[x.s.Req[r].P] }
 func (x *sys) slots(r int) *[MaxSlots]int8                { return &x.s.Slots[x.s.Req[r].D] }
-func (x *sys) crashed(r int) bool                         { return x.s.PrefillCrashed[x.s.Req[r].P] }
+
+// crashed reports whether r's prefill leg is gone: its node crashed, or
+// came back under a new incarnation that has no record of r.
+func (x *sys) crashed(r int) bool {
+	q := &x.s.Req[r]
+	return x.s.PrefillCrashed[q.P] || q.PInc != x.s.Inc[q.P]
+}
+
+// oldIncarnation reports whether r was dispatched to an incarnation of its
+// prefill node that has since been replaced.
+func (x *sys) oldIncarnation(r int) bool { q := &x.s.Req[r]; return q.PInc != x.s.Inc[q.P] }
 
 func (x *sys) push(q *Queue, msg Msg) {
 	if !q.Push(msg) {
@@ -520,16 +551,21 @@ func (x *sys) push(q *Queue, msg Msg) {
 	}
 }
 
-// toQP sends on r's queue pair to decode; a fenced queue pair flushes it.
+// toQP sends on r's queue pair to decode, stamped with the incarnation of
+// the prefill node that sends it; a fenced queue pair flushes it, and so does
+// one that decode holds for another incarnation (there is none yet for this one).
 func (x *sys) toQP(r int, msg Msg) {
-	if q := &x.s.Req[r]; !x.s.Fenced[q.P][q.D] {
+	q := &x.s.Req[r]
+	msg.Inc = x.s.Inc[q.P]
+	if !x.s.Fenced[q.P][q.D] && x.s.QPInc[q.P][q.D] == msg.Inc {
 		x.push(x.qp(r), msg)
 	}
 }
 
-// toQPBack sends on r's queue pair to prefill.
+// toQPBack sends on r's queue pair to prefill: only while the queue pair
+// decode holds is the live incarnation's (the other end of an older one is gone).
 func (x *sys) toQPBack(r int, msg Msg) {
-	if q := &x.s.Req[r]; !x.s.Fenced[q.P][q.D] {
+	if q := &x.s.Req[r]; !x.s.Fenced[q.P][q.D] && x.s.QPInc[q.P][q.D] == x.s.Inc[q.P] {
 		x.toPrefill(int(q.P), x.qpBack(r), msg)
 	}
 }
@@ -566,7 +602,7 @@ func (x *sys) submit(r, p, d int) {
 		x.report(r, Failed, PeerFailed)
 	default:
 		x.hit(RouterDispatch)
-		q.P, q.D = int8(p), int8(d)
+		q.P, q.D, q.PInc = int8(p), int8(d), x.s.Inc[p]
 		x.toPrefill(p, &x.s.ToPrefill[p], Msg{Kind: MPrefill, Req: int8(r), Tokens: uint8(t)})
 	}
 }
@@ -622,6 +658,12 @@ func (x *sys) decodeLost(d int) {
 
 func (x *sys) prefillRecv(p int) {
 	msg := x.s.ToPrefill[p].Pop()
+	if msg.Req >= 0 && x.oldIncarnation(int(msg.Req)) {
+		// An Abort for a request of an earlier incarnation: this one has
+		// no record of it.
+		x.hit(PrefillOldIncarnation)
+		return
+	}
 	switch msg.Kind {
 	case MPrefill:
 		x.prefillIntake(int(msg.Req))
@@ -657,9 +699,10 @@ func (x *sys) prefillIntake(r int) {
 			got = append(got, int8(p))
 		}
 	}
-	if q := &x.s.Req[r]; x.s.Fenced[q.P][q.D] {
+	if q := &x.s.Req[r]; x.s.Fenced[q.P][q.D] || x.s.QPInc[q.P][q.D] != x.s.Inc[q.P] {
 		// The queue pair to the chosen decode node was cut for good when
-		// one end was declared lost: the Bootstrap is flushed, so the leg fails.
+		// one end was declared lost, or this incarnation has none yet
+		// (decode has not accepted it): the Bootstrap is flushed, so the leg fails.
 		snd.Phase = SFailed
 		x.report(r, Failed, Flushed)
 		return
@@ -682,6 +725,10 @@ func (x *sys) prefillIntake(r int) {
 func (x *sys) prefillRecvQP(p, d int) {
 	msg := x.s.QPBack[p][d].Pop()
 	r := int(msg.Req)
+	if x.oldIncarnation(r) {
+		x.hit(PrefillOldIncarnation) // unknown to this incarnation
+		return
+	}
 	switch msg.Kind {
 	case MGrant:
 		x.admit(r, msg)
@@ -819,6 +866,28 @@ func (x *sys) freeSrc(r int) {
 		x.srcPool(r)[snd.Src[i]].Owner = Free
 	}
 	snd.SrcHeld = false
+}
+
+// restart brings crashed prefill node p back under a new incarnation, with
+// fresh pools and no records (its memory went at the crash). It registers
+// under the same name, and the registry's new record tells the router that
+// the old incarnation is gone, as an expired lease would (unless that was
+// already detected), and each decode node that p is back, so that it cuts
+// the old incarnation's queue pair before it accepts the new one's. With
+// peer-by-name the router knows p by name only: the new record is the same
+// node, nothing of the old incarnation fails.
+func (x *sys) restart(p int) {
+	x.s.Budget[FaultRestart]--
+	x.s.Inc[p]++
+	x.s.PrefillCrashed[p] = false
+	if !x.s.CrashDetected[p] && !x.bug(PeerByName) {
+		x.hit(RestartLoss)
+		x.detectLoss(p)
+	}
+	x.s.CrashDetected[p] = false
+	for d := 0; d < x.m.cfg.NumDecodes(); d++ {
+		x.push(&x.s.ToDecode[d], Msg{Kind: MPeerRestarted, Req: -1, Peer: int8(p), Inc: x.s.Inc[p]})
+	}
 }
 
 func (x *sys) crash(p int) {
@@ -1190,7 +1259,23 @@ func (x *sys) decodeRecv(d int) {
 		x.abortDecode(int(msg.Req), ClientCancelled, true, x.bug(EagerRelease))
 	case MPeerFailed:
 		x.fenceQP(int(msg.Peer), d) // the fence for a lost prefill node: move the queue pair to it to error
+	case MPeerRestarted:
+		x.acceptIncarnation(int(msg.Peer), d, msg.Inc)
 	}
+}
+
+// acceptIncarnation is decode node d's reaction to prefill node p's new
+// incarnation inc (the registry's new record, or the hello of its new
+// connection): it cuts the queue pair of the old incarnation, failing its
+// requests and fencing what the old one posted, and only then holds a
+// queue pair for the new one. With peer-by-name it knows p by name only: the
+// new connection inherits the old queue pair, and what is in flight on it.
+func (x *sys) acceptIncarnation(p, d int, inc uint8) {
+	if !x.bug(PeerByName) {
+		x.hit(RestartFence)
+		x.cutQP(p, d, PeerFailed)
+	}
+	x.s.QPInc[p][d], x.s.Fenced[p][d] = inc, false
 }
 
 func (x *sys) timeout(r int) {

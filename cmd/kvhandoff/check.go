@@ -48,6 +48,7 @@ type checkFlags struct {
 	damage                    string
 	coverage                  bool
 	prefills, decodes         int
+	restarts                  int
 }
 
 func runCheck(args []string, stdout, stderr io.Writer) int {
@@ -58,9 +59,10 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&f.pageSize, "page-size", 2, "tokens per page")
 	fs.StringVar(&f.prompts, "prompts", "", "prompt lengths in tokens, comma-separated (overrides --requests), e.g. 4,4,9")
 	fs.IntVar(&f.prefillPages, "prefill-pages", 0, "prefill pool pages (0: half of --pages); its intake rejects longer prompts")
-	fs.StringVar(&f.faults, "faults", "all", `fault budgets: "all" (every one but lease), "none" or name[=N],... of cancel, crash, timeout, cut, late, corrupt, lease`)
+	fs.StringVar(&f.faults, "faults", "all", `fault budgets: "all" (every one but lease and restart), "none" or name[=N],... of all, cancel, crash, timeout, cut, late, corrupt, lease, restart`)
 	fs.IntVar(&f.prefills, "prefills", 1, fmt.Sprintf("prefill nodes, each with the prefill pool (1..%d)", spec.MaxPrefills))
 	fs.IntVar(&f.decodes, "decodes", 1, fmt.Sprintf("decode nodes, each with the decode pool and slots (1..%d); a queue pair per (prefill, decode) pair", spec.MaxDecodes))
+	fs.IntVar(&f.restarts, "restarts", -1, "restarts of a crashed prefill node under a new incarnation (0..3; the same as restart=N in --faults, which it overrides; needs a crash budget)")
 	fs.IntVar(&f.maxFaults, "max-faults", 0, "faults in one execution, all kinds together (0: only the budgets bound them; with --matrix the default is 2)")
 	fs.StringVar(&f.bugs, "bug", "", "switches of the bug catalogue to turn on, comma-separated")
 	fs.BoolVar(&f.needAll, "need-all", false, "report only counterexamples that need every --bug switch (the matrix's rule): replayed with any one of them off, they no longer fail")
@@ -201,6 +203,12 @@ func (f *checkFlags) config() (spec.Config, error) {
 	var err error
 	if cfg.Faults, err = spec.ParseFaults(f.faults); err != nil {
 		return cfg, err
+	}
+	switch {
+	case f.restarts > 3:
+		return cfg, fmt.Errorf("--restarts must be 0..3, got %d", f.restarts)
+	case f.restarts >= 0:
+		cfg.Faults[spec.FaultRestart] = uint8(f.restarts)
 	}
 	if cfg.Bugs, err = spec.ParseSwitches(f.bugs); err != nil {
 		return cfg, err

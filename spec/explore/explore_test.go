@@ -55,6 +55,7 @@ func TestEverySwitchIsExposed(t *testing.T) {
 		{"double-free", []string{spec.Conservation}},
 		{"abort-frees-source,no-checksum", []string{spec.Isolation, spec.HonestOutcome}}, // vLLM #21570
 		{"checksum-hangs", []string{spec.Termination}},                                   // SGLang #39729
+		{"peer-by-name", []string{spec.NoOldIncarnation}},                                // vLLM/Mooncake reconnects: a restarted peer known by name only
 	}
 	covered := spec.Switches(0)
 	for name, base := range map[string]spec.Config{"default": spec.DefaultConfig(), "multi-page": multiPage()} {
@@ -63,6 +64,7 @@ func TestEverySwitchIsExposed(t *testing.T) {
 				cfg := base
 				cfg.MaxFaults = 2
 				cfg.Bugs = bugs(t, c.bugs)
+				cfg.Faults = cfg.Bugs.Faults(cfg.Faults)
 				covered |= cfg.Bugs
 				r, err := CheckNeeding(cfg, Options{})
 				if err != nil {
