@@ -9,7 +9,9 @@
 // WRITEs and SENDs placed in order per queue pair but at random points, and
 // faults: client cancels that reach the two legs in either order, WRITEs
 // corrupted in transit, queue-pair cuts, prefill crashes that the router
-// detects later, and clock jumps past every timeout. After every step it
+// detects later, restarts of a crashed prefill node under a new incarnation
+// (before or after the router detected the crash), and clock jumps past
+// every timeout. After every step it
 // checks the spec's safety properties on the real state. NoForeignWrite is
 // checked at every placement, Isolation and HonestOutcome at every read,
 // Conservation on both pools, and every node reports every request exactly once.
@@ -25,7 +27,10 @@
 // only failures are kept (the smallest failing seed with its trace).
 //
 // Refinement holds the implementation to the spec's transitions: it runs the
-// Router, the Sender and the Receiver beside package spec, one spec action at a time, maps
+// Router, a Sender per prefill node and a Receiver per decode node of the
+// spec's deployment (up to two of each, a queue pair per pair, crashes,
+// restarts under a new incarnation, a prefill node's lease) beside package
+// spec, one spec action at a time, maps
 // the implementation's state into the spec's terms after every step (View,
 // SpecView) and fails on any difference; the spec's properties are then checked
 // on the spec state the mapping has shown equal. refine_test.go drives it with

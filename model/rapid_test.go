@@ -248,6 +248,7 @@ var matrixCombinations = []struct {
 	{bugs: []research.Switch{research.DoubleFree}, want: []string{"Conservation", "NoForeignWrite", "Isolation"}},
 	{bugs: []research.Switch{research.AbortFreesSource, research.NoChecksum}, want: []string{"Isolation"}},
 	{bugs: []research.Switch{research.ChecksumHangs}, want: []string{"Termination"}},
+	{bugs: []research.Switch{research.PeerByName}, want: []string{"NoOldIncarnation"}},
 }
 
 // Every implementation switch, in its matrix combination, is caught by the

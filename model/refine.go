@@ -17,46 +17,58 @@ import (
 )
 
 // Refinement runs the implementation beside the spec, one spec action at a
-// time: the real protocol.Router, protocol.Sender (one prefill node) and
-// protocol.Receiver (the decode node), over an in-memory queue pair and
-// in-memory RDMA whose every placement the harness performs, and in-memory
-// queues from the router to each node. After every step it maps the
-// implementation's state to the spec's (View) and fails on any difference;
-// the spec's properties are then evaluated on the spec state, which the
-// mapping has just shown equal.
+// time: the real protocol.Router, a protocol.Sender per prefill node and a
+// protocol.Receiver per decode node of the spec's deployment
+// (Config.Prefills × Config.Decodes), over an in-memory queue pair per
+// (prefill, decode) pair and in-memory RDMA whose every placement the
+// harness performs, and in-memory queues from the router to each node.
+// After every step it maps the implementation's state to the spec's (View)
+// and fails on any difference; the spec's properties are then evaluated on
+// the spec state, which the mapping has just shown equal.
 //
 // The router's part of the view is each request's client-visible outcome
 // and reason (Router.Request) and the router's messages to each node in
 // order (Dispatch as the spec's Prefill, CancelLeg as Abort, PeerLost as
 // PeerFailed). The spec's router checks only the advertised context length,
-// so the harness advertises both nodes as taking ContextLimit tokens: the
+// so the harness advertises every node as taking ContextLimit tokens: the
 // Router's intake then decides exactly what the spec's does, and each node's
-// own intake is exercised as in the incident. One thing the Router does that
-// the spec's router does not: on a failed leg (or a lost node) it also
-// cancels the other leg, a second path beside the legs' own Abort and
-// AbortAck. The harness checks that each such cancel names a leg of a
-// request that has just failed, and does not deliver it (the spec has no
-// action for it); the simulation delivers them.
+// own intake is exercised as in the incident. The spec's router may route a
+// request to any live pair; the Router's policy picks one, and the harness
+// takes the spec's Submit for that route (one the spec does not allow parts
+// ways). One thing the Router does that the spec's router does not: on a
+// failed leg (or a lost node) it also cancels the other leg, a second path
+// beside the legs' own Abort and AbortAck. The harness checks that each such
+// cancel names a leg of a request that has just failed, and does not deliver
+// it (the spec has no action for it); the simulation delivers them.
 //
 // The correspondence, action by action:
 //
-//	Submit        Router.Submit; its Dispatch on the router→prefill queue
+//	Submit        Router.Submit; its Dispatch on the router→prefill queue of the node it chose
 //	PrefillRecv   Sender.Submit, the KV computed, Sender.Computed (or Sender.Cancel for an Abort)
-//	PrefillRecvQP Sender.Step with the Grant or Abort at the head of decode→prefill
+//	PrefillRecvQP Sender.Step with the Grant or Abort at the head of the pair's decode→prefill
 //	PostWrite     the next WRITE of the request the sender emitted is handed to the wire
-//	DecodeRecvQP  the head of the wire: a WRITE placed (payload, then tag record) and
+//	DecodeRecvQP  the head of the pair's wire: a WRITE placed (payload, then tag record) and
 //	              Sender.Completed, or a SEND given to Receiver.Step
-//	DecodeRecv    Receiver.Cancel, or Receiver.PeerFailed and the cut it asks for
+//	DecodeRecv    Receiver.Cancel; Receiver.PeerFailed and the cut it asks for; or, for
+//	              the news of a restart, the cut of the old incarnation's queue pair
 //	DecodeRead    Receiver.Acquire, the pages read and checked, Receiver.Finish
-//	DetectCrash   Router.NodeLost; its PeerLost on the router→decode queue
+//	DetectCrash   Router.NodeLost; its PeerLost on the router→decode queues
+//	LeaseLost     of a prefill node: Router.NodeLost, the node living on
 //	Cancel        Router.Cancel; its CancelLegs on both queues
 //	Timeout       Receiver.Expire
 //	Cut           both ends fenced: Receiver.QueuePairFenced, Sender.Flushed
 //	Crash         the sender is dropped: it is never called again
+//	Restart       a new Sender over the same source memory; Router.AddNode with the
+//	              next Incarnation; the registry's news on every router→decode queue
 //
-// Two differences of granularity are mapped, not hidden. The Sender emits a
+// A decode node's lease (LeaseLost of a decode node) is not mapped: the
+// spec's router tells every prefill node to cut its queue pair to it, where
+// the Router cancels legs and leaves the cut to the prefill nodes' own
+// registry watch. Drivers do not take it (Enabled leaves it out).
+//
+// Two differences of granularity are mapped, not hidden. A Sender emits a
 // whole window of WRITEs (and Done behind them) in one step, where the spec
-// posts one WRITE per PostWrite: the harness keeps what the Sender emitted as
+// posts one WRITE per PostWrite: the harness keeps what each Sender emitted as
 // its send backlog and hands each operation to the wire when the spec posts
 // it, failing if the spec posts something the Sender did not emit, or if the
 // Sender emitted a message (not a WRITE, nor what queues behind one) that the
@@ -71,21 +83,17 @@ type Refinement struct {
 	cfg    spec.Config
 	s      spec.State
 	router *protocol.Router
-	snd    *protocol.Sender
-	recv   *protocol.Receiver
-	src    *protocoltest.Memory
-	dst    *protocoltest.Memory
+	pre    []*prefillEnd
+	dec    []*decodeEnd
+	pairs  [][]*pairEnd // [prefill][decode]
 	size   int
 
-	crashed    bool
-	staged     []protocol.Op // emitted by the Sender, not yet on the wire
-	wire       []wireOp      // prefill→decode on the queue pair: the spec's QP
-	back       []protocol.Message
-	toPrefill  []spec.Msg // the router's messages, as the spec's
-	toDecode   []spec.Msg
 	srcPages   [spec.MaxRequests][]uint32
 	granted    [spec.MaxRequests][]protocol.PageRef
 	readLabels [spec.MaxRequests][]string
+	// gone is the sender's phase of a request whose prefill node crashed,
+	// as it stood then: no Sender holds it any more.
+	gone [spec.MaxRequests]string
 	// refused: decode's intake refused the request, which leaves no record there.
 	refused [spec.MaxRequests]bool
 	sums    map[uint64]spec.Label
@@ -99,9 +107,37 @@ type Refinement struct {
 	Trace []string
 }
 
+// prefillEnd is one prefill node: its Sender (replaced at a restart), its
+// source memory, and what is addressed to it.
+type prefillEnd struct {
+	snd       *protocol.Sender
+	cfg       protocol.SenderConfig
+	src       *protocoltest.Memory
+	crashed   bool
+	inc       uint64        // its incarnation: restarts so far
+	staged    []protocol.Op // emitted by the Sender, not yet on the wire
+	toPrefill []spec.Msg    // the router's messages, as the spec's
+}
+
+// decodeEnd is one decode node.
+type decodeEnd struct {
+	recv     *protocol.Receiver
+	dst      *protocoltest.Memory
+	toDecode []spec.Msg
+}
+
+// pairEnd is the queue pair between a prefill and a decode node.
+type pairEnd struct {
+	wire   []wireOp // prefill→decode: the spec's QP
+	back   []protocol.Message
+	inc    uint64 // the incarnation of the prefill node decode holds it for
+	fenced bool   // cut for good: one end was declared lost
+}
+
 type wireOp struct {
 	op     protocol.Op
-	damage uint8 // what the corrupt fault damages in transit: spec.DamagedPayload, a tag field, or 0
+	damage uint8  // what the corrupt fault damages in transit: spec.DamagedPayload, a tag field, or 0
+	inc    uint64 // the incarnation of the prefill node that posted it
 }
 
 // writeDamage is what a PostWrite variant damages (spec.Msg.Damage).
@@ -120,11 +156,17 @@ var ErrRefinement = errors.New("refinement mapping differs")
 // WithinBounds. It is a limit of the model, not a difference: the run ends.
 var ErrOutOfBounds = errors.New("the spec's queue bound was reached")
 
-// The nodes' names: the Router's, and each end's for the other.
+// The nodes' names: the Router's, and each end's for the other. Prefill
+// node p is prefillID(p), decode node d decodeID(d).
 const (
 	prefillPeer = protocol.PeerID(1)
-	decodePeer  = protocol.PeerID(2)
+	decodePeer  = protocol.PeerID(11)
 )
+
+func prefillID(p int) protocol.PeerID  { return prefillPeer + protocol.PeerID(p) }
+func decodeID(d int) protocol.PeerID   { return decodePeer + protocol.PeerID(d) }
+func prefillOf(id protocol.PeerID) int { return int(id - prefillPeer) }
+func decodeOf(id protocol.PeerID) int  { return int(id - decodePeer) }
 
 // id maps a spec request to the implementation's request ID.
 func id(r int) protocol.RequestID { return protocol.RequestID(r + 1) }
@@ -149,34 +191,52 @@ func NewRefinementWith(cfg spec.Config, bugs research.Switches) (*Refinement, er
 	}
 	const size = 64
 	h := &Refinement{m: m, cfg: cfg, s: m.Initial()[0], size: size, sums: map[uint64]spec.Label{}}
-	h.src = protocoltest.NewMemory(cfg.PrefillPages, size)
-	h.dst = protocoltest.NewMemory(cfg.DecodePages, size)
-	tenant := spec.Label{Req: spec.Tenant}
-	for p := 0; p < cfg.DecodePages; p++ { // an earlier tenant's KV and tag record: pages are never zeroed
-		h.fill(h.dst.Payload(uint32(p)), tenant)
-		copy(h.dst.TagRecord(uint32(p)), protocol.Tag{Request: tenantID, Tokens: 1, Sum: checksum.Sum(h.dst.Payload(uint32(p)))}.Append(nil, refKey))
-	}
-	// Both nodes advertise what the spec's router trusts: ContextLimit tokens.
+	// Every node advertises what the spec's router trusts: ContextLimit tokens.
 	advertised := protocol.PagesFor(uint32(cfg.ContextLimit), cfg.PageSize)
 	h.router = protocol.NewRouter(protocol.RouterConfig{Research: bugs})
-	for _, n := range []protocol.NodeInfo{
-		{ID: prefillPeer, Role: protocol.RolePrefill, ContextTokens: cfg.ContextLimit, PoolPages: advertised, PageTokens: cfg.PageSize},
-		{ID: decodePeer, Role: protocol.RoleDecode, ContextTokens: cfg.ContextLimit, PoolPages: advertised, PageTokens: cfg.PageSize},
-	} {
-		if err := h.router.AddNode(n); err != nil {
+	for p := 0; p < cfg.NumPrefills(); p++ {
+		if err := h.router.AddNode(h.prefillInfo(p, 0)); err != nil {
 			return nil, err
 		}
+		src := protocoltest.NewMemory(cfg.PrefillPages, size)
+		sc := protocol.SenderConfig{Pages: cfg.PrefillPages, PageTokens: cfg.PageSize,
+			MaxInFlight: cfg.MaxInFlight, Memory: src, TagKeys: refKeys, Research: bugs}
+		snd, err := protocol.NewSender(sc)
+		if err != nil {
+			return nil, err
+		}
+		h.pre = append(h.pre, &prefillEnd{snd: snd, cfg: sc, src: src})
+		h.pairs = append(h.pairs, make([]*pairEnd, cfg.NumDecodes()))
+		for d := range h.pairs[p] {
+			h.pairs[p][d] = &pairEnd{}
+		}
 	}
-	if h.snd, err = protocol.NewSender(protocol.SenderConfig{Pages: cfg.PrefillPages, PageTokens: cfg.PageSize,
-		MaxInFlight: cfg.MaxInFlight, Memory: h.src, TagKeys: refKeys, Research: bugs}); err != nil {
-		return nil, err
-	}
-	if h.recv, err = protocol.NewReceiver(protocol.ReceiverConfig{Pages: cfg.DecodePages, PageTokens: cfg.PageSize,
-		MaxTokens: cfg.DecodeLimit(), Slots: cfg.DecodeSlots, Memory: h.dst, TagKeys: refKeys,
-		Region: func(p uint32) (uint64, uint32) { return uint64(p) << 20, 0x1000 }, Research: bugs}); err != nil {
-		return nil, err
+	tenant := spec.Label{Req: spec.Tenant}
+	for d := 0; d < cfg.NumDecodes(); d++ {
+		if err := h.router.AddNode(protocol.NodeInfo{ID: decodeID(d), Role: protocol.RoleDecode, ContextTokens: cfg.ContextLimit,
+			PoolPages: advertised, PageTokens: cfg.PageSize}); err != nil {
+			return nil, err
+		}
+		dst := protocoltest.NewMemory(cfg.DecodePages, size)
+		for p := 0; p < cfg.DecodePages; p++ { // an earlier tenant's KV and tag record: pages are never zeroed
+			h.fill(dst.Payload(uint32(p)), tenant)
+			copy(dst.TagRecord(uint32(p)), protocol.Tag{Request: tenantID, Tokens: 1, Sum: checksum.Sum(dst.Payload(uint32(p)))}.Append(nil, refKey))
+		}
+		recv, err := protocol.NewReceiver(protocol.ReceiverConfig{Pages: cfg.DecodePages, PageTokens: cfg.PageSize,
+			MaxTokens: cfg.DecodeLimit(), Slots: cfg.DecodeSlots, Memory: dst, TagKeys: refKeys,
+			Region: func(p uint32) (uint64, uint32) { return uint64(p) << 20, 0x1000 }, Research: bugs})
+		if err != nil {
+			return nil, err
+		}
+		h.dec = append(h.dec, &decodeEnd{recv: recv, dst: dst})
 	}
 	return h, h.compare("initial state")
+}
+
+// prefillInfo is prefill node p's registration as its incarnation inc.
+func (h *Refinement) prefillInfo(p int, inc uint64) protocol.NodeInfo {
+	return protocol.NodeInfo{ID: prefillID(p), Role: protocol.RolePrefill, ContextTokens: h.cfg.ContextLimit,
+		PoolPages: protocol.PagesFor(uint32(h.cfg.ContextLimit), h.cfg.PageSize), PageTokens: h.cfg.PageSize, Incarnation: inc}
 }
 
 const tenantID = protocol.RequestID(1 << 40)
@@ -221,17 +281,21 @@ func (h *Refinement) State() *spec.State { return &h.s }
 // Model is the spec model.
 func (h *Refinement) Model() *spec.Model { return h.m }
 
+// The nodes of request r's route (the spec's, set at Submit).
+func (h *Refinement) routeOf(r int) (p, d int) { return int(h.s.Req[r].P), int(h.s.Req[r].D) }
+
 // Enabled lists the spec's enabled actions that a driver chooses: not
-// PostWrite, which follows the Sender (see Step), and for a reservation one
-// action only, since the pool chooses the pages.
+// PostWrite, which follows the Sender (see Step); for a Submit and a
+// reservation one action only, since the Router chooses the route and the
+// pool the pages; and not a decode node's lease (see Refinement).
 func (h *Refinement) Enabled() []spec.Action {
 	var out []spec.Action
 	seen := map[spec.Action]bool{}
 	h.m.Successors(&h.s, func(a spec.Action, _ *spec.State) {
-		if a.Kind == spec.PostWrite {
+		switch {
+		case a.Kind == spec.PostWrite, a.Kind == spec.LeaseLost && a.Arg&spec.DecodeNode != 0:
 			return
-		}
-		if a.Kind == spec.DecodeRecvQP {
+		case a.Kind == spec.DecodeRecvQP, a.Kind == spec.Submit:
 			a.Arg = 0
 		}
 		if !seen[a] {
@@ -243,21 +307,39 @@ func (h *Refinement) Enabled() []spec.Action {
 }
 
 // Step applies a to both the spec and the implementation and compares them;
-// then, for every WRITE the Sender emitted, it takes the spec's PostWrite
-// (with the fault variant Faults picks) and compares again. The Sender posts
+// then, for every WRITE a Sender emitted, it takes the spec's PostWrite
+// (with the fault variant Faults picks) and compares again. A Sender posts
 // eagerly, as soon as its window allows: that is one of the schedules the
 // spec allows, so refinement holds if every such step is a spec step.
 func (h *Refinement) Step(a spec.Action) error {
-	if a.Kind == spec.PostWrite {
+	switch a.Kind {
+	case spec.PostWrite:
 		return fmt.Errorf("model: PostWrite follows the sender; drive the other actions")
+	case spec.LeaseLost:
+		if a.Arg&spec.DecodeNode != 0 {
+			return fmt.Errorf("model: a decode node's lease is not mapped (see Refinement)")
+		}
+	case spec.Submit:
+		// The Router chooses the route; the spec's Submit is the one for it.
+		r := int(a.Req)
+		d, err := h.router.Submit(id(r), h.cfg.Prompts[r], time.Unix(0, 0)) // a refusal is the request's state at the router
+		a.Arg = 0
+		if err == nil {
+			a.Arg = spec.Route(prefillOf(d.Prefill), decodeOf(d.Decode))
+		}
+		enabled := false
+		h.m.Successors(&h.s, func(b spec.Action, _ *spec.State) { enabled = enabled || b == a })
+		if !enabled {
+			return fmt.Errorf("%w: the router's intake of r%d (%+v, %v) is no Submit the spec allows now", ErrRefinement, r, d, err)
+		}
 	}
-	if err := h.step(a, func(popped *int) error { return h.apply(a, popped) }); err != nil {
+	if err := h.step(a, func(popped *[spec.MaxPrefills][spec.MaxDecodes]int) error { return h.apply(a, popped) }); err != nil {
 		return err
 	}
 	if err := h.postBacklog(a); err != nil {
 		return err
 	}
-	// The Sender posts as soon as it may: a WRITE the spec could post now and
+	// A Sender posts as soon as it may: a WRITE the spec could post now and
 	// the Sender has not emitted is a sender that lags behind the spec.
 	posts := h.postsEnabled()
 	for r := range h.cfg.Prompts {
@@ -268,26 +350,28 @@ func (h *Refinement) Step(a spec.Action) error {
 	return nil
 }
 
-// postBacklog takes the spec's PostWrite for every WRITE the Sender emitted.
+// postBacklog takes the spec's PostWrite for every WRITE a Sender emitted.
 func (h *Refinement) postBacklog(a spec.Action) error {
-	for len(h.staged) > 0 {
-		op := h.staged[0]
-		if op.Write == nil {
-			return fmt.Errorf("%w after %v: the sender sent %s, which the spec did not", ErrRefinement, a, h.describe(op))
-		}
-		r := int(op.Write.Request) - 1
-		enabled := h.postsEnabled()
-		post := spec.Action{Kind: spec.PostWrite, Req: int8(r)}
-		if h.Faults != nil {
-			if v := h.Faults(r); enabled[spec.Action{Kind: spec.PostWrite, Req: int8(r), Arg: v}] {
-				post.Arg = v
+	for _, pe := range h.pre {
+		for len(pe.staged) > 0 {
+			op := pe.staged[0]
+			if op.Write == nil {
+				return fmt.Errorf("%w after %v: the sender sent %s, which the spec did not", ErrRefinement, a, h.describe(op))
 			}
-		}
-		if !enabled[post] {
-			return fmt.Errorf("%w after %v: the sender posted %s, which the spec does not allow now", ErrRefinement, a, h.describe(op))
-		}
-		if err := h.step(post, func(popped *int) error { return h.apply(post, popped) }); err != nil {
-			return err
+			r := int(op.Write.Request) - 1
+			enabled := h.postsEnabled()
+			post := spec.Action{Kind: spec.PostWrite, Req: int8(r)}
+			if h.Faults != nil {
+				if v := h.Faults(r); enabled[spec.Action{Kind: spec.PostWrite, Req: int8(r), Arg: v}] {
+					post.Arg = v
+				}
+			}
+			if !enabled[post] {
+				return fmt.Errorf("%w after %v: the sender posted %s, which the spec does not allow now", ErrRefinement, a, h.describe(op))
+			}
+			if err := h.step(post, func(popped *[spec.MaxPrefills][spec.MaxDecodes]int) error { return h.apply(post, popped) }); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -307,11 +391,11 @@ func (h *Refinement) postsEnabled() map[spec.Action]bool {
 
 // step is one spec step beside its implementation part: the successor taken
 // is the one the implementation's choice matches, the messages the spec sent
-// are handed from the Sender's backlog to the wire, and the views compared.
-func (h *Refinement) step(a spec.Action, impl func(popped *int) error) error {
+// are handed from the Senders' backlogs to the wires, and the views compared.
+func (h *Refinement) step(a spec.Action, impl func(popped *[spec.MaxPrefills][spec.MaxDecodes]int) error) error {
 	var next []spec.State
 	h.m.Successors(&h.s, func(b spec.Action, n *spec.State) {
-		if b == a || a.Kind == spec.DecodeRecvQP && b.Kind == spec.DecodeRecvQP {
+		if b == a || a.Kind == spec.DecodeRecvQP && b.Kind == spec.DecodeRecvQP && b.Req == a.Req {
 			next = append(next, *n)
 		}
 	})
@@ -319,8 +403,13 @@ func (h *Refinement) step(a spec.Action, impl func(popped *int) error) error {
 		return fmt.Errorf("model: %v is not enabled", a)
 	}
 	h.Trace = append(h.Trace, a.String())
-	before := h.s.QP[0][0].Items()
-	popped := 0
+	var before [spec.MaxPrefills][spec.MaxDecodes][]spec.Msg
+	for p := range h.pre {
+		for d := range h.dec {
+			before[p][d] = append([]spec.Msg(nil), h.s.QP[p][d].Items()...)
+		}
+	}
+	var popped [spec.MaxPrefills][spec.MaxDecodes]int
 	if err := impl(&popped); err != nil {
 		return err
 	}
@@ -342,76 +431,112 @@ func (h *Refinement) step(a spec.Action, impl func(popped *int) error) error {
 	if h.s.Overflow {
 		return fmt.Errorf("%w after %v (spec.MaxQueue %d)", ErrOutOfBounds, a, spec.MaxQueue)
 	}
-	// Whatever the spec put on the queue pair in this step, the harness hands
-	// from the Sender's backlog to the wire, in the same order.
-	var sent []spec.Msg
-	if h.s.QP[0][0].N > 0 {
-		kept := len(before) - popped
-		if a.Kind == spec.Cut || int(h.s.QP[0][0].N) < kept {
-			kept = 0 // the queue pair was cleared
+	// Whatever the spec put on a queue pair in this step, the harness hands
+	// from the Sender's backlog to the wire, in the same order. A queue
+	// that no longer starts with what was left of it was cleared (a cut).
+	for p := range h.pre {
+		for d := range h.dec {
+			after, left := h.s.QP[p][d].Items(), before[p][d][popped[p][d]:]
+			sent := after
+			if len(after) >= len(left) && slicesEqual(after[:len(left)], left) {
+				sent = after[len(left):]
+			}
+			for _, msg := range sent {
+				if err := h.release(p, msg, msg.Damage); err != nil {
+					return fmt.Errorf("%w after %v: %v", ErrRefinement, a, err)
+				}
+			}
 		}
-		sent = h.s.QP[0][0].Items()[kept:]
 	}
-	for _, msg := range sent {
-		if err := h.release(msg, msg.Damage); err != nil {
-			return fmt.Errorf("%w after %v: %v", ErrRefinement, a, err)
+	for _, pe := range h.pre {
+		if len(pe.staged) > 0 {
+			return nil // a Sender ran ahead: compared once the spec has posted what it emitted
 		}
-	}
-	if len(h.staged) > 0 {
-		return nil // the Sender ran ahead: compared once the spec has posted what it emitted
 	}
 	return h.compare(a.String())
 }
 
-// apply does a's part on the implementation's side.
-func (h *Refinement) apply(a spec.Action, popped *int) error {
+func slicesEqual(a, b []spec.Msg) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// apply does a's part on the implementation's side. popped counts what it
+// took off the head of each pair's wire.
+func (h *Refinement) apply(a spec.Action, popped *[spec.MaxPrefills][spec.MaxDecodes]int) error {
 	r := int(a.Req)
+	ap, ad := int(a.Arg>>4), int(a.Arg&15) // the pair of the actions that name one
 	switch a.Kind {
 	case spec.Submit:
-		h.router.Submit(id(r), h.cfg.Prompts[r], time.Unix(0, 0)) // a refusal is the request's state at the router
-		h.routerEffects(a, false)
-	case spec.PrefillRecv:
-		msg := h.toPrefill[0]
-		h.toPrefill = h.toPrefill[1:]
-		if msg.Kind == spec.MAbort {
-			h.snd.Cancel(id(int(msg.Req)))
-			break
+		// Router.Submit ran in Step, which chose this action by its route.
+		if err := h.routerEffects(a, false); err != nil {
+			return err
 		}
-		if err := h.intake(int(msg.Req)); err != nil {
-			return fmt.Errorf("%w after %v: %v", ErrRefinement, a, err)
+	case spec.PrefillRecv:
+		pe := h.pre[a.Arg]
+		msg := pe.toPrefill[0]
+		pe.toPrefill = pe.toPrefill[1:]
+		switch msg.Kind {
+		case spec.MAbort:
+			pe.snd.Cancel(id(int(msg.Req)))
+		case spec.MPeerFailed: // a lost decode node: the fence is the cut, for good
+			h.pairs[a.Arg][msg.Peer].fenced = true
+			h.cut(int(a.Arg), int(msg.Peer))
+		default:
+			if err := h.intake(int(a.Arg), int(msg.Req)); err != nil {
+				return fmt.Errorf("%w after %v: %v", ErrRefinement, a, err)
+			}
 		}
 	case spec.PrefillRecvQP:
-		msg := h.back[0]
-		h.back = h.back[1:]
-		if err := h.snd.Step(decodePeer, msg); err != nil && !errors.Is(err, protocol.ErrUnknownRequest) {
+		pr := h.pairs[ap][ad]
+		msg := pr.back[0]
+		pr.back = pr.back[1:]
+		if err := h.pre[ap].snd.Step(decodeID(ad), msg); err != nil && !errors.Is(err, protocol.ErrUnknownRequest) {
 			return fmt.Errorf("%w after %v: the sender refused %s: %v", ErrRefinement, a, msg.Type(), err)
 		}
 	case spec.PostWrite:
-		if a.Arg&spec.Late == 0 && len(h.wire) == 0 {
+		p, d := h.routeOf(r)
+		if a.Arg&spec.Late == 0 && len(h.pairs[p][d].wire) == 0 {
 			// Nothing ahead of it on the queue pair: the spec places it at once.
 			msg := spec.Msg{Kind: spec.MWrite, Req: a.Req, Index: int8(h.s.Req[r].S.Posted)}
-			if err := h.release(msg, writeDamage(a.Arg)); err != nil {
+			if err := h.release(p, msg, writeDamage(a.Arg)); err != nil {
 				return fmt.Errorf("%w after %v: %v", ErrRefinement, a, err)
 			}
-			h.deliver()
+			h.deliver(p, d)
 		}
 	case spec.DecodeRecvQP:
-		*popped = 1
-		h.deliver()
+		p, d := h.routeOf(r)
+		popped[p][d] = 1
+		h.deliver(p, d)
 	case spec.DecodeRecv:
-		msg := h.toDecode[0]
-		h.toDecode = h.toDecode[1:]
-		if msg.Kind == spec.MAbort {
-			h.recv.Cancel(id(int(msg.Req)))
-		} else {
-			h.recv.PeerFailed(prefillPeer)
+		de := h.dec[a.Arg]
+		msg := de.toDecode[0]
+		de.toDecode = de.toDecode[1:]
+		switch msg.Kind {
+		case spec.MAbort:
+			de.recv.Cancel(id(int(msg.Req)))
+		case spec.MPeerFailed:
+			de.recv.PeerFailed(prefillID(int(msg.Peer)))
+		case spec.MPeerRestarted:
+			// The old incarnation's queue pair is cut before the new one's
+			// is accepted (a reconnect is a new queue pair in transfer).
+			p, d := int(msg.Peer), int(a.Arg)
+			h.cut(p, d)
+			h.pairs[p][d].inc, h.pairs[p][d].fenced = uint64(msg.Inc), false
 		}
 	case spec.DecodeRead:
 		if err := h.read(r); err != nil {
 			return fmt.Errorf("%w after %v: %v", ErrRefinement, a, err)
 		}
-	case spec.DetectCrash:
-		if err := h.router.NodeLost(prefillPeer); err != nil {
+	case spec.DetectCrash, spec.LeaseLost:
+		if err := h.router.NodeLost(prefillID(int(a.Arg))); err != nil {
 			return fmt.Errorf("%w after %v: %v", ErrRefinement, a, err)
 		}
 		if err := h.routerEffects(a, false); err != nil {
@@ -425,40 +550,74 @@ func (h *Refinement) apply(a spec.Action, popped *int) error {
 			return err
 		}
 	case spec.Crash:
-		h.crashed = true
-		h.staged, h.back, h.toPrefill = nil, nil, nil
+		p := int(a.Arg)
+		pe := h.pre[p]
+		for q := range h.cfg.Prompts {
+			if h.s.Req[q].Submitted && int(h.s.Req[q].P) == p && h.gone[q] == "" {
+				h.gone[q] = h.senderView(q) // the records die with the node
+				if st := h.gone[q]; st != "finished" && st != "aborted" && st != "-" {
+					h.gone[q] = "failed"
+				}
+			}
+		}
+		pe.crashed = true
+		pe.staged, pe.toPrefill = nil, nil
+		for _, pr := range h.pairs[p] {
+			pr.back = nil
+		}
+	case spec.Restart:
+		p := int(a.Arg)
+		pe := h.pre[p]
+		snd, err := protocol.NewSender(pe.cfg) // fresh pools and records, over the same memory
+		if err != nil {
+			return err
+		}
+		pe.snd, pe.crashed = snd, false
+		pe.inc++
+		if err := h.router.AddNode(h.prefillInfo(p, pe.inc)); err != nil {
+			return fmt.Errorf("%w after %v: the router refused the new incarnation: %v", ErrRefinement, a, err)
+		}
+		if err := h.routerEffects(a, false); err != nil {
+			return err
+		}
+		for _, de := range h.dec { // the registry's news, to every decode node
+			de.toDecode = append(de.toDecode, spec.Msg{Kind: spec.MPeerRestarted, Req: -1, Peer: int8(p), Inc: uint8(pe.inc)})
+		}
 	case spec.Timeout:
-		if err := h.recv.Expire(id(r)); err != nil {
+		_, d := h.routeOf(r)
+		if err := h.dec[d].recv.Expire(id(r)); err != nil {
 			return fmt.Errorf("%w after %v: %v", ErrRefinement, a, err)
 		}
 	case spec.Cut:
-		h.cut()
+		h.cut(ap, ad)
 	case spec.CorruptSend:
+		p, d := h.routeOf(r)
+		pr := h.pairs[p][d]
 		if a.Arg&spec.SendBack != 0 {
-			g, ok := h.back[0].(*protocol.Grant)
+			g, ok := pr.back[0].(*protocol.Grant)
 			if !ok {
-				return fmt.Errorf("%w after %v: the head of decode→prefill is %s, not a Grant", ErrRefinement, a, h.back[0].Type())
+				return fmt.Errorf("%w after %v: the head of decode→prefill is %s, not a Grant", ErrRefinement, a, pr.back[0].Type())
 			}
-			h.back = h.back[1:]
-			if err := h.snd.Step(decodePeer, damageGrant(g, a.Arg)); err != nil && !errors.Is(err, protocol.ErrUnknownRequest) {
+			pr.back = pr.back[1:]
+			if err := h.pre[p].snd.Step(decodeID(d), damageGrant(g, a.Arg)); err != nil && !errors.Is(err, protocol.ErrUnknownRequest) {
 				return fmt.Errorf("%w after %v: the sender refused the damaged Grant: %v", ErrRefinement, a, err)
 			}
 			break
 		}
-		*popped = 1
-		w := h.wire[0]
-		d, ok := w.op.Msg.(*protocol.Done)
+		popped[p][d] = 1
+		w := pr.wire[0]
+		dn, ok := w.op.Msg.(*protocol.Done)
 		if !ok {
 			return fmt.Errorf("%w after %v: the head of the queue pair is %s, not a Done", ErrRefinement, a, h.describe(w.op))
 		}
-		h.wire = h.wire[1:]
-		damaged := *d
+		pr.wire = pr.wire[1:]
+		damaged := *dn
 		if a.Arg&spec.SendPages != 0 {
 			damaged.Pages++
 		} else {
 			damaged.Tokens++
 		}
-		h.recv.Step(prefillPeer, &damaged, time.Unix(0, 0)) // refusals come back as effects or are no-ops
+		h.dec[d].recv.Step(prefillID(p), &damaged, time.Unix(0, 0)) // refusals come back as effects or are no-ops
 	}
 	return h.collect(a)
 }
@@ -471,11 +630,12 @@ func (h *Refinement) apply(a spec.Action, popped *int) error {
 func (h *Refinement) routerEffects(a spec.Action, client bool) error {
 	e := h.router.Effects()
 	for _, d := range e.Dispatches {
-		if d.Prefill != prefillPeer || d.Decode != decodePeer {
+		p, dn := prefillOf(d.Prefill), decodeOf(d.Decode)
+		if a.Kind != spec.Submit || a.Arg != spec.Route(p, dn) {
 			return fmt.Errorf("%w after %v: the router dispatched r%d to nodes %d and %d", ErrRefinement, a, int(d.Request)-1, d.Prefill, d.Decode)
 		}
-		if !h.crashed {
-			h.toPrefill = append(h.toPrefill, spec.Msg{Kind: spec.MPrefill, Req: int8(d.Request - 1)})
+		if !h.pre[p].crashed {
+			h.pre[p].toPrefill = append(h.pre[p].toPrefill, spec.Msg{Kind: spec.MPrefill, Req: int8(d.Request - 1)})
 		}
 	}
 	for _, c := range e.Cancels {
@@ -485,47 +645,62 @@ func (h *Refinement) routerEffects(a spec.Action, client bool) error {
 			if st := h.router.Request(c.Request); st.Status == protocol.RouteRunning || st.Err == nil {
 				return fmt.Errorf("%w after %v: the router cancelled a leg of r%d, which has not failed (%v)", ErrRefinement, a, msg.Req, st.Status)
 			}
-		case c.Node == decodePeer:
-			h.toDecode = append(h.toDecode, msg)
-		case !h.crashed:
-			h.toPrefill = append(h.toPrefill, msg)
+		case c.Node >= decodePeer:
+			h.dec[decodeOf(c.Node)].toDecode = append(h.dec[decodeOf(c.Node)].toDecode, msg)
+		case !h.pre[prefillOf(c.Node)].crashed:
+			h.pre[prefillOf(c.Node)].toPrefill = append(h.pre[prefillOf(c.Node)].toPrefill, msg)
 		}
 	}
 	for _, l := range e.PeerLost {
-		if l.Node != decodePeer || l.Peer != prefillPeer {
+		if l.Node < decodePeer || l.Peer >= decodePeer {
 			return fmt.Errorf("%w after %v: the router told node %d that %d is lost", ErrRefinement, a, l.Node, l.Peer)
 		}
-		h.toDecode = append(h.toDecode, spec.Msg{Kind: spec.MPeerFailed, Req: -1})
+		de := h.dec[decodeOf(l.Node)]
+		de.toDecode = append(de.toDecode, spec.Msg{Kind: spec.MPeerFailed, Req: -1, Peer: int8(prefillOf(l.Peer))})
 	}
 	return nil // outcomes are the router's state, compared in the view
 }
 
-// intake is the prefill node taking request r: admission, the KV computed.
-// Its refusal is its leg's outcome, relayed to the router.
-func (h *Refinement) intake(r int) error {
-	pages, err := h.snd.Submit(id(r), decodePeer, h.cfg.Prompts[r])
+// intake is prefill node p taking request r: admission, the KV computed.
+// Its refusal is its leg's outcome, relayed to the router. Over a queue pair
+// fenced for good, or one decode holds for another incarnation, there is no
+// queue pair to send on: the leg fails there (transfer refuses the Submit).
+func (h *Refinement) intake(p, r int) error {
+	pe := h.pre[p]
+	_, d := h.routeOf(r)
+	if pr := h.pairs[p][d]; pr.fenced || pr.inc != pe.inc {
+		if h.cfg.Prompts[r] > h.cfg.PrefillLimit() && !h.cfg.Bugs.Has(spec.AdmitFinished) {
+			// The node's own intake refuses it first.
+			_, err := pe.snd.Submit(id(r), decodeID(d), h.cfg.Prompts[r])
+			return h.router.LegEnded(prefillID(p), id(r), err)
+		}
+		return h.router.LegEnded(prefillID(p), id(r), fmt.Errorf("%w: no queue pair to decode node %d", protocol.ErrPeerFailed, d))
+	}
+	pages, err := pe.snd.Submit(id(r), decodeID(d), h.cfg.Prompts[r])
 	if err != nil {
-		return h.router.LegEnded(prefillPeer, id(r), err)
+		return h.router.LegEnded(prefillID(p), id(r), err)
 	}
 	h.srcPages[r] = pages
-	for i, p := range pages {
-		h.fill(h.src.Payload(uint32(p)), spec.Label{Req: int8(r), Index: int8(i)})
+	for i, pg := range pages {
+		h.fill(pe.src.Payload(uint32(pg)), spec.Label{Req: int8(r), Index: int8(i)})
 	}
-	return h.snd.Computed(id(r))
+	return pe.snd.Computed(id(r))
 }
 
-// release hands the Sender's next operation for msg's request to the wire:
-// it must be the operation the spec just sent.
-func (h *Refinement) release(msg spec.Msg, damage uint8) error {
-	for i, op := range h.staged {
+// release hands prefill node p's next operation for msg's request to the
+// wire: it must be the operation the spec just sent.
+func (h *Refinement) release(p int, msg spec.Msg, damage uint8) error {
+	pe := h.pre[p]
+	for i, op := range pe.staged {
 		if requestOf(op) != id(int(msg.Req)) {
 			continue
 		}
 		if kindOf(op) != msg.Kind || msg.Kind == spec.MWrite && int(op.Write.Index) != int(msg.Index) {
 			return fmt.Errorf("the spec sent %v r%d[%d]; the sender's next for r%d is %s", msg.Kind, msg.Req, msg.Index, msg.Req, h.describe(op))
 		}
-		h.staged = append(h.staged[:i:i], h.staged[i+1:]...)
-		h.wire = append(h.wire, wireOp{op: op, damage: damage})
+		pe.staged = append(pe.staged[:i:i], pe.staged[i+1:]...)
+		pr := h.pairs[p][decodeOf(op.Peer)]
+		pr.wire = append(pr.wire, wireOp{op: op, damage: damage, inc: pe.inc})
 		return nil
 	}
 	return fmt.Errorf("the spec sent %v r%d[%d]; the sender emitted nothing for r%d", msg.Kind, msg.Req, msg.Index, msg.Req)
@@ -558,93 +733,119 @@ func kindOf(op protocol.Op) spec.MsgKind {
 	return spec.MWrite
 }
 
-// deliver places the WRITE, or delivers the SEND, at the head of the wire.
-func (h *Refinement) deliver() {
-	w := h.wire[0]
-	h.wire = h.wire[1:]
+// deliver places the WRITE, or delivers the SEND, at the head of pair (p, d).
+func (h *Refinement) deliver(p, d int) {
+	pr, pe, de := h.pairs[p][d], h.pre[p], h.dec[d]
+	w := pr.wire[0]
+	pr.wire = pr.wire[1:]
 	if wr := w.op.Write; wr != nil {
-		payload := h.dst.Payload(uint32(wr.Remote.Page))
-		copy(payload, h.src.Payload(uint32(wr.Source))) // the NIC reads the source page now
+		payload := de.dst.Payload(uint32(wr.Remote.Page))
+		copy(payload, pe.src.Payload(uint32(wr.Source))) // the NIC reads the source page now
 		if w.damage == spec.DamagedPayload {
 			payload[len(payload)/2] ^= 0x40
 		}
-		record := h.dst.TagRecord(uint32(wr.Remote.Page))
+		record := de.dst.TagRecord(uint32(wr.Remote.Page))
 		copy(record, wr.Tag)
 		damageTag(record, w.damage) // after the MAC: the record no longer authenticates
 
-		if !h.crashed {
-			h.snd.Completed(wr.ID, nil)
+		if !pe.crashed && w.inc == pe.inc { // the incarnation that posted it is the one alive
+			pe.snd.Completed(wr.ID, nil)
 		}
 		return
 	}
-	h.recv.Step(prefillPeer, w.op.Msg, time.Unix(0, 0)) // refusals come back as effects or are no-ops
+	de.recv.Step(prefillID(p), w.op.Msg, time.Unix(0, 0)) // refusals come back as effects or are no-ops
 }
 
 // read is decode attending over r's pages: Acquire, a check of every byte
 // against the KV r's prefill computed, Finish.
 func (h *Refinement) read(r int) error {
-	refs, err := h.recv.Acquire(id(r))
+	_, d := h.routeOf(r)
+	de := h.dec[d]
+	refs, err := de.recv.Acquire(id(r))
 	if err != nil {
 		return nil // an explicit failure: its outcome comes through the effects
 	}
 	for _, ref := range refs { // what decode read, compared with what the spec says it read
-		h.readLabels[r] = append(h.readLabels[r], h.labelOf(h.dst.Payload(uint32(ref.Page))))
+		h.readLabels[r] = append(h.readLabels[r], h.labelOf(de.dst.Payload(uint32(ref.Page))))
 	}
-	return h.recv.Finish(id(r))
+	return de.recv.Finish(id(r))
 }
 
-// cut breaks the queue pair: both directions and the sender's backlog flush,
-// both ends learn.
-func (h *Refinement) cut() {
-	h.wire, h.back, h.staged = nil, nil, nil
-	h.recv.QueuePairFenced(prefillPeer)
-	if !h.crashed {
-		h.snd.Flushed(decodePeer)
+// cut breaks queue pair (p, d): both directions and prefill's backlog for
+// it flush, both ends learn.
+func (h *Refinement) cut(p, d int) {
+	pr, pe := h.pairs[p][d], h.pre[p]
+	pr.wire, pr.back = nil, nil
+	kept := pe.staged[:0]
+	for _, op := range pe.staged {
+		if op.Peer != decodeID(d) {
+			kept = append(kept, op)
+		}
+	}
+	pe.staged = kept
+	h.dec[d].recv.QueuePairFenced(prefillID(p))
+	if !pe.crashed {
+		pe.snd.Flushed(decodeID(d))
 	}
 }
 
-// collect carries effects: the sender's operations into its backlog, the
-// receiver's messages onto decode→prefill, cuts, and both nodes' outcomes
+// collect carries effects: each Sender's operations into its backlog, each
+// Receiver's messages onto decode→prefill, cuts, and every node's outcomes
 // to the router, whose effects it then carries.
 func (h *Refinement) collect(a spec.Action) error {
 	for {
-		se := h.snd.Effects()
-		if !h.crashed {
-			h.staged = append(h.staged, se.Ops...)
+		for p, pe := range h.pre {
+			se := pe.snd.Effects()
+			if pe.crashed {
+				continue
+			}
+			for _, op := range se.Ops {
+				if pr := h.pairs[p][decodeOf(op.Peer)]; !pr.fenced && pr.inc == pe.inc {
+					pe.staged = append(pe.staged, op) // else there is no queue pair to post on: flushed
+				}
+			}
 			for _, o := range se.Outcomes {
-				if err := h.router.LegEnded(prefillPeer, o.Request, o.Err); err != nil {
+				if err := h.router.LegEnded(prefillID(p), o.Request, o.Err); err != nil {
 					return fmt.Errorf("%w after %v: the router refused prefill's outcome for r%d: %v", ErrRefinement, a, int(o.Request)-1, err)
 				}
 			}
 		}
-		re := h.recv.Effects()
-		for _, s := range re.Sends {
-			if g, ok := s.Msg.(*protocol.Grant); ok {
-				r := int(g.Request) - 1
-				h.granted[r] = nil
-				for _, p := range g.Pages {
-					h.granted[r] = append(h.granted[r], protocol.PageRef{Page: p.Page, Epoch: p.Epoch})
+		cuts := false
+		for d, de := range h.dec {
+			re := de.recv.Effects()
+			for _, s := range re.Sends {
+				if g, ok := s.Msg.(*protocol.Grant); ok {
+					r := int(g.Request) - 1
+					h.granted[r] = nil
+					for _, p := range g.Pages {
+						h.granted[r] = append(h.granted[r], protocol.PageRef{Page: p.Page, Epoch: p.Epoch})
+					}
+				}
+				p := prefillOf(s.Peer)
+				if pr := h.pairs[p][d]; !h.pre[p].crashed && !pr.fenced && pr.inc == h.pre[p].inc {
+					pr.back = append(pr.back, s.Msg)
 				}
 			}
-			if !h.crashed {
-				h.back = append(h.back, s.Msg)
+			for _, o := range re.Outcomes {
+				if de.recv.Status(o.Request) == protocol.StatusNone {
+					h.refused[int(o.Request)-1] = true // decode's intake refused it and kept no record
+				}
+				if err := h.router.LegEnded(decodeID(d), o.Request, o.Err); err != nil {
+					return fmt.Errorf("%w after %v: the router refused decode's outcome for r%d: %v", ErrRefinement, a, int(o.Request)-1, err)
+				}
 			}
-		}
-		for _, o := range re.Outcomes {
-			if h.recv.Status(o.Request) == protocol.StatusNone {
-				h.refused[int(o.Request)-1] = true // decode's intake refused it and kept no record
-			}
-			if err := h.router.LegEnded(decodePeer, o.Request, o.Err); err != nil {
-				return fmt.Errorf("%w after %v: the router refused decode's outcome for r%d: %v", ErrRefinement, a, int(o.Request)-1, err)
+			for _, peer := range re.Cuts { // a lost prefill node: the cut is for good
+				h.pairs[prefillOf(peer)][d].fenced = true
+				h.cut(prefillOf(peer), d)
+				cuts = true
 			}
 		}
 		if err := h.routerEffects(a, false); err != nil {
 			return err
 		}
-		if len(re.Cuts) == 0 {
+		if !cuts {
 			return nil
 		}
-		h.cut()
 	}
 }
 
@@ -732,7 +933,20 @@ var senderPhase = map[protocol.SenderStatus]string{
 	protocol.SendStatusAborted: "aborted", protocol.SendStatusFailed: "failed",
 }
 
-// refKey is the tag key of the refinement's one queue pair, from a fixed
+// senderView is request r's sender state: its prefill node's Sender's, or
+// what it was when that node crashed.
+func (h *Refinement) senderView(r int) string {
+	if h.gone[r] != "" {
+		return h.gone[r]
+	}
+	p, _ := h.routeOf(r)
+	if !h.s.Req[r].Submitted {
+		p = 0
+	}
+	return senderPhase[h.pre[p].snd.Status(id(r))]
+}
+
+// refKey is the tag key of the refinement's queue pairs, from a fixed
 // secret so that every run replays.
 var refKey = func() *protocol.TagKey {
 	secret := sha256.Sum256([]byte("kvhandoff refinement queue pair"))
@@ -745,20 +959,37 @@ var refKey = func() *protocol.TagKey {
 
 func refKeys(protocol.PeerID) *protocol.TagKey { return refKey }
 
+// multi reports whether cfg's deployment has more than one queue pair: only
+// then do views name nodes.
+func multi(cfg spec.Config) bool { return cfg.NumPrefills()*cfg.NumDecodes() > 1 }
+
+// pageName is how a view names page p of decode node d.
+func pageName(cfg spec.Config, d, p int) string {
+	if !multi(cfg) {
+		return fmt.Sprintf("page %d", p)
+	}
+	return fmt.Sprintf("page d%d/%d", d, p)
+}
+
+// pairName is how a view names queue pair (p, d) and its state.
+func pairName(cfg spec.Config, p, d int, inc uint64, fenced bool) string {
+	if !multi(cfg) && cfg.Faults[spec.FaultRestart] == 0 && cfg.Faults[spec.FaultLease] == 0 {
+		return "queue pair"
+	}
+	return fmt.Sprintf("queue pair p%d-d%d (incarnation %d, fenced %v)", p, d, inc, fenced)
+}
+
 // View is the implementation's state in the spec's terms: per request the
 // client's outcome, both legs' states, the granted pages and the labels of
 // the source pages it holds; per decode page its owner, epoch, quarantine,
-// content and tag record; the queue pair's content in order.
+// content and tag record; each queue pair's content in order.
 func (h *Refinement) View() string {
 	var b strings.Builder
-	pool := h.recv.Pool()
 	for r := range h.cfg.Prompts {
 		o, why := h.clientView(r)
-		sp := senderPhase[h.snd.Status(id(r))]
-		if h.crashed && sp != "finished" && sp != "aborted" && sp != "-" {
-			sp = "failed"
-		}
-		st := h.recv.Status(id(r))
+		sp := h.senderView(r)
+		p, d := h.routeOf(r)
+		st := h.dec[d].recv.Status(id(r))
 		rp := st.String()
 		if st == protocol.StatusNone || h.refused[r] && st == protocol.StatusTombstone {
 			rp = "-" // never bootstrapped, or refused at intake (a later cancel leaves a tombstone)
@@ -773,68 +1004,84 @@ func (h *Refinement) View() string {
 			fmt.Fprintf(&b, " | read %s", strings.Join(h.readLabels[r], " "))
 		}
 		b.WriteString(" | source")
-		if !h.crashed && sp != "-" {
-			for i, p := range h.srcPages[r] {
-				if pool := h.snd.Pool(); pool.Holds(id(r), protocol.PageRef{Page: p, Epoch: pool.Epoch(p)}) {
-					fmt.Fprintf(&b, " %d:%s", i, h.labelOf(h.src.Payload(uint32(p))))
+		if pe := h.pre[p]; h.gone[r] == "" && !pe.crashed && sp != "-" {
+			for i, pg := range h.srcPages[r] {
+				if pool := pe.snd.Pool(); pool.Holds(id(r), protocol.PageRef{Page: pg, Epoch: pool.Epoch(pg)}) {
+					fmt.Fprintf(&b, " %d:%s", i, h.labelOf(pe.src.Payload(uint32(pg))))
 				}
 			}
 		}
 		b.WriteString("\n")
 	}
-	for p := 0; p < h.cfg.DecodePages; p++ {
-		owner, quarantined, free := pool.Owner(uint32(p))
-		o := "free"
-		if !free {
-			o = fmt.Sprintf("r%d", int(owner)-1)
-		}
-		tag := "torn"
-		t, err := protocol.ParseTag(h.dst.TagRecord(uint32(p)), refKey)
-		if err != nil && errors.Is(err, protocol.ErrTagMismatch) {
-			// Damaged in transit: the MAC fails, which is how the Receiver
-			// notices; the spec's tag is the fields, so the view shows them.
-			t, err = tagFields(h.dst.TagRecord(uint32(p))), nil
-		}
-		if err == nil {
-			req := fmt.Sprintf("r%d", int(t.Request)-1)
-			if t.Request == tenantID {
-				req = "tenant"
+	for d, de := range h.dec {
+		pool := de.recv.Pool()
+		for p := 0; p < h.cfg.DecodePages; p++ {
+			owner, quarantined, free := pool.Owner(uint32(p))
+			o := "free"
+			if !free {
+				o = fmt.Sprintf("r%d", int(owner)-1)
 			}
-			tag = fmt.Sprintf("%s[%d]@%d sum %v", req, t.Index, t.Epoch, h.sums[t.Sum])
+			tag := "torn"
+			t, err := protocol.ParseTag(de.dst.TagRecord(uint32(p)), refKey)
+			if err != nil && errors.Is(err, protocol.ErrTagMismatch) {
+				// Damaged in transit: the MAC fails, which is how the Receiver
+				// notices; the spec's tag is the fields, so the view shows them.
+				t, err = tagFields(de.dst.TagRecord(uint32(p))), nil
+			}
+			if err == nil {
+				req := fmt.Sprintf("r%d", int(t.Request)-1)
+				if t.Request == tenantID {
+					req = "tenant"
+				}
+				tag = fmt.Sprintf("%s[%d]@%d sum %v", req, t.Index, t.Epoch, h.sums[t.Sum])
+			}
+			fmt.Fprintf(&b, "%s: %s epoch %d quarantined %v holds %s tag %s\n", pageName(h.cfg, d, p), o, pool.Epoch(uint32(p)), quarantined,
+				h.labelOf(de.dst.Payload(uint32(p))), tag)
 		}
-		fmt.Fprintf(&b, "page %d: %s epoch %d quarantined %v holds %s tag %s\n", p, o, pool.Epoch(uint32(p)), quarantined,
-			h.labelOf(h.dst.Payload(uint32(p))), tag)
 	}
-	b.WriteString("queue pair:")
-	for _, w := range h.wire {
-		fmt.Fprintf(&b, " %v r%d", kindOf(w.op), int(requestOf(w.op))-1)
-		if w.op.Write != nil {
-			fmt.Fprintf(&b, "[%d]", w.op.Write.Index)
+	for p := range h.pre {
+		for d := range h.dec {
+			pr := h.pairs[p][d]
+			b.WriteString(pairName(h.cfg, p, d, pr.inc, pr.fenced) + ":")
+			for _, w := range pr.wire {
+				fmt.Fprintf(&b, " %v r%d", kindOf(w.op), int(requestOf(w.op))-1)
+				if w.op.Write != nil {
+					fmt.Fprintf(&b, "[%d]", w.op.Write.Index)
+				}
+			}
+			b.WriteString("\nback:")
+			for _, m := range pr.back {
+				k := spec.MGrant
+				if _, ok := m.(*protocol.Abort); ok {
+					k = spec.MAbort
+				}
+				fmt.Fprintf(&b, " %v r%d", k, int(protocol.RequestOf(m))-1)
+			}
+			b.WriteString("\n")
 		}
 	}
-	b.WriteString("\nback:")
-	for _, m := range h.back {
-		k := spec.MGrant
-		if _, ok := m.(*protocol.Abort); ok {
-			k = spec.MAbort
-		}
-		fmt.Fprintf(&b, " %v r%d", k, int(protocol.RequestOf(m))-1)
+	for p, pe := range h.pre {
+		writeRouterQueue(&b, "router to prefill", p, h.cfg.NumPrefills(), pe.toPrefill)
 	}
-	writeRouterQueues(&b, h.toPrefill, h.toDecode)
+	for d, de := range h.dec {
+		writeRouterQueue(&b, "router to decode", d, h.cfg.NumDecodes(), de.toDecode)
+	}
 	return b.String()
 }
 
-// writeRouterQueues is the view of the router's messages to each node.
-func writeRouterQueues(b *strings.Builder, toPrefill, toDecode []spec.Msg) {
-	for _, q := range []struct {
-		name string
-		msgs []spec.Msg
-	}{{"\nrouter to prefill:", toPrefill}, {"\nrouter to decode:", toDecode}} {
-		b.WriteString(q.name)
-		for _, m := range q.msgs {
-			fmt.Fprintf(b, " %v r%d", m.Kind, m.Req)
+// writeRouterQueue is the view of the router's messages to one node.
+func writeRouterQueue(b *strings.Builder, name string, node, of int, msgs []spec.Msg) {
+	if of > 1 {
+		name += fmt.Sprint(" ", node)
+	}
+	b.WriteString(name + ":")
+	for _, m := range msgs {
+		fmt.Fprintf(b, " %v r%d", m.Kind, m.Req)
+		if m.Kind == spec.MPeerFailed || m.Kind == spec.MPeerRestarted {
+			fmt.Fprintf(b, " of %d@%d", m.Peer, m.Inc)
 		}
 	}
+	b.WriteString("\n")
 }
 
 // SpecView is View for a spec state.
@@ -873,36 +1120,48 @@ func SpecView(cfg spec.Config, s *spec.State) string {
 		b.WriteString(" | source")
 		if q.S.SrcHeld {
 			for i := 0; i < int(q.S.Pages); i++ {
-				fmt.Fprintf(&b, " %d:%v", i, s.Src[0][q.S.Src[i]].Data)
+				fmt.Fprintf(&b, " %d:%v", i, s.Src[q.P][q.S.Src[i]].Data)
 			}
 		}
 		b.WriteString("\n")
 	}
-	for p := 0; p < cfg.DecodePages; p++ {
-		pg := &s.Pages[0][p]
-		o := "free"
-		if pg.Owner != spec.Free {
-			o = fmt.Sprintf("r%d", pg.Owner)
-		}
-		req := fmt.Sprintf("r%d", pg.Tag.Req)
-		if pg.Tag.Req == spec.Tenant {
-			req = "tenant"
-		}
-		fmt.Fprintf(&b, "page %d: %s epoch %d quarantined %v holds %v tag %s[%d]@%d sum %v\n", p, o, pg.Epoch, pg.Quarantined,
-			pg.Data, req, pg.Tag.Index, pg.Tag.Epoch, pg.Tag.Sum)
-	}
-	b.WriteString("queue pair:")
-	for _, m := range s.QP[0][0].Items() {
-		fmt.Fprintf(&b, " %v r%d", m.Kind, m.Req)
-		if m.Kind == spec.MWrite {
-			fmt.Fprintf(&b, "[%d]", m.Index)
+	for d := 0; d < cfg.NumDecodes(); d++ {
+		for p := 0; p < cfg.DecodePages; p++ {
+			pg := &s.Pages[d][p]
+			o := "free"
+			if pg.Owner != spec.Free {
+				o = fmt.Sprintf("r%d", pg.Owner)
+			}
+			req := fmt.Sprintf("r%d", pg.Tag.Req)
+			if pg.Tag.Req == spec.Tenant {
+				req = "tenant"
+			}
+			fmt.Fprintf(&b, "%s: %s epoch %d quarantined %v holds %v tag %s[%d]@%d sum %v\n", pageName(cfg, d, p), o, pg.Epoch, pg.Quarantined,
+				pg.Data, req, pg.Tag.Index, pg.Tag.Epoch, pg.Tag.Sum)
 		}
 	}
-	b.WriteString("\nback:")
-	for _, m := range s.QPBack[0][0].Items() {
-		fmt.Fprintf(&b, " %v r%d", m.Kind, m.Req)
+	for p := 0; p < cfg.NumPrefills(); p++ {
+		for d := 0; d < cfg.NumDecodes(); d++ {
+			b.WriteString(pairName(cfg, p, d, uint64(s.QPInc[p][d]), s.Fenced[p][d]) + ":")
+			for _, m := range s.QP[p][d].Items() {
+				fmt.Fprintf(&b, " %v r%d", m.Kind, m.Req)
+				if m.Kind == spec.MWrite {
+					fmt.Fprintf(&b, "[%d]", m.Index)
+				}
+			}
+			b.WriteString("\nback:")
+			for _, m := range s.QPBack[p][d].Items() {
+				fmt.Fprintf(&b, " %v r%d", m.Kind, m.Req)
+			}
+			b.WriteString("\n")
+		}
 	}
-	writeRouterQueues(&b, s.ToPrefill[0].Items(), s.ToDecode[0].Items())
+	for p := 0; p < cfg.NumPrefills(); p++ {
+		writeRouterQueue(&b, "router to prefill", p, cfg.NumPrefills(), s.ToPrefill[p].Items())
+	}
+	for d := 0; d < cfg.NumDecodes(); d++ {
+		writeRouterQueue(&b, "router to decode", d, cfg.NumDecodes(), s.ToDecode[d].Items())
+	}
 	return b.String()
 }
 

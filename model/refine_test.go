@@ -141,7 +141,7 @@ func walkWith(cfg spec.Config, bugs research.Switches, seed uint64, variants uin
 		return err
 	}
 	for _, a := range x.h.Trace {
-		walkCoverage[strings.SplitN(strings.SplitN(a, "(", 2)[0], "+", 2)[0]]++
+		walkCoverage[a[:strings.IndexAny(a+"(", "(+@")]]++ // the action's kind
 		if strings.Contains(a, "+") {
 			walkCoverage["late or corrupt WRITE"]++
 		}
@@ -163,8 +163,10 @@ var outOfBounds int
 var walkCoverage = map[string]int{}
 
 // configs are the deployments the walks run on: the spec's default bounds,
-// multi-page prompts, a tight pool, and a window of one WRITE, so that a
-// request can be aborted with WRITEs not yet posted.
+// multi-page prompts, a tight pool, a window of one WRITE, so that a
+// request can be aborted with WRITEs not yet posted, the default bounds with
+// a crashed prefill node's restart, and two prefill and two decode nodes
+// with a queue pair per pair, crashes, restarts and a prefill node's lease.
 func configs() []spec.Config {
 	def := spec.DefaultConfig()
 	multi := spec.NewConfig(3, 6, 2)
@@ -173,7 +175,19 @@ func configs() []spec.Config {
 	tight.DecodeSlots = 3
 	narrow := spec.NewConfig(3, 6, 2)
 	narrow.Prompts, narrow.PrefillPages, narrow.MaxInFlight = []int{4, 4, 5}, 5, 1
-	return []spec.Config{narrow, def, multi, tight}
+	restart := spec.DefaultConfig()
+	restart.Faults[spec.FaultRestart] = 1
+	return []spec.Config{narrow, def, multi, tight, restart, twoByTwo()}
+}
+
+// twoByTwo is two prefill and two decode nodes: three requests (one
+// over-long) routed by the Router, every fault once, a restart and a
+// prefill node's lease.
+func twoByTwo() spec.Config {
+	c := spec.NewConfig(3, 4, 2)
+	c.Prefills, c.Decodes = 2, 2
+	c.Faults[spec.FaultRestart], c.Faults[spec.FaultLease] = 1, 1
+	return c
 }
 
 // damageConfigs are deployments where the corrupt fault may also damage a
@@ -213,7 +227,7 @@ func TestImplementationRefinesTheSpecOnSeededWalks(t *testing.T) {
 		t.Errorf("%d walks left the spec's bounds: more than 1%%", outOfBounds)
 	}
 	for _, what := range []string{"Submit", "PrefillRecv", "PrefillRecvQP", "DecodeRecv", "DecodeRecvQP", "PostWrite", "DecodeRead",
-		"DetectCrash", "Cancel", "Crash", "Timeout", "Cut", "late or corrupt WRITE", "tag damaged", "CorruptSend",
+		"DetectCrash", "Cancel", "Crash", "Timeout", "Cut", "Restart", "LeaseLost", "late or corrupt WRITE", "tag damaged", "CorruptSend",
 		"outcome ok", "outcome rejected", "outcome cancelled", "outcome failed"} {
 		if walkCoverage[what] == 0 {
 			t.Errorf("no walk took %s", what)
@@ -229,6 +243,10 @@ func checkRefinement(t *rapid.T, bugs research.Switches) {
 	cfg.PrefillPages = rapid.IntRange(1, cfg.DecodePages).Draw(t, "prefill pages")
 	cfg.DecodeSlots = rapid.IntRange(1, min(spec.MaxSlots, len(cfg.Prompts))).Draw(t, "slots")
 	cfg.MaxInFlight = rapid.IntRange(1, 3).Draw(t, "window")
+	cfg.Prefills = rapid.IntRange(1, spec.MaxPrefills).Draw(t, "prefill nodes")
+	cfg.Decodes = rapid.IntRange(1, spec.MaxDecodes).Draw(t, "decode nodes")
+	cfg.Faults[spec.FaultRestart] = uint8(rapid.IntRange(0, 1).Draw(t, "restarts"))
+	cfg.Faults[spec.FaultLease] = uint8(rapid.IntRange(0, 1).Draw(t, "leases"))
 	for i := range cfg.Prompts { // prompts that fit the prefill pool, and a last one that may not
 		limit := cfg.PrefillLimit()
 		if i == len(cfg.Prompts)-1 {
@@ -365,6 +383,7 @@ func TestRefinementCatchesEverySwitch(t *testing.T) {
 						if diverged[i] == nil {
 							with := cfg
 							with.Bugs = specOf(other)
+							with.Faults = specOf(impl).Faults(with.Faults) // the faults the switch acts under (peer-by-name: a restart)
 							if err := walk(with, impl, seed); errors.Is(err, ErrRefinement) {
 								diverged[i] = err
 							}
@@ -376,6 +395,7 @@ func TestRefinementCatchesEverySwitch(t *testing.T) {
 						}
 						with := cfg
 						with.Bugs = specOf(impl)
+						with.Faults = with.Bugs.Faults(with.Faults)
 						err := walkWith(with, impl, seed, variants)
 						if errors.Is(err, ErrRefinement) && freesSourceEarly(impl) && onlySourceChoice(err) {
 							sourceChoice++ // see onlySourceChoice

@@ -189,14 +189,14 @@ func (w *world) violate(prop, detail string) {
 
 // events lists what can happen now: the next submit and the network's own
 // events, and faults unless draining. Prefill node 1 never crashes, so the
-// workload can finish.
+// workload can finish; a crashed node may restart under a new incarnation.
 func (w *world) events(draining bool) (proto, faults []event) {
 	if w.next < len(w.tokens) {
 		id, tokens := protocol.RequestID(w.next+1), w.tokens[w.next]
 		proto = append(proto, event{kind: "submit", name: func() string { return fmt.Sprintf("submit: r%d (%d tokens)", id, tokens) },
 			do: func() { w.submit(id, tokens) }})
 	}
-	p, f := w.n.Events(protocoltest.EventOptions{Faults: !draining, Crashable: func(i int) bool { return i > 0 }, TimeJump: time.Minute})
+	p, f := w.n.Events(protocoltest.EventOptions{Faults: !draining, Crashable: func(i int) bool { return i > 0 }, Restarts: true, TimeJump: time.Minute})
 	for _, e := range p {
 		proto = append(proto, event{kind: e.Kind, name: e.Name, do: e.Do})
 	}

@@ -58,6 +58,11 @@ type NodeInfo struct {
 	// MaxTokens is the node's own intake limit (SenderConfig.MaxTokens,
 	// ReceiverConfig.MaxTokens); 0 means its pool.
 	MaxTokens int
+	// Incarnation tells the node's lives apart: a node that restarts
+	// registers again under the same ID with a larger one (its start time,
+	// say). Its old incarnation's memory and records are gone, so AddNode
+	// treats the new registration as the loss of the old one.
+	Incarnation uint64
 }
 
 // Limit is the longest prompt, in tokens, that this node takes: the smallest
@@ -268,17 +273,28 @@ func (r *Router) Effects() RouterEffects {
 
 // AddNode registers a node, or updates its advertisement (limits may change
 // at run time; requests already on it stay). A lost node added again is live
-// again, with nothing on it.
+// again, with nothing on it. A live node registered again under a larger
+// Incarnation has restarted (before its lease expired): its old incarnation
+// is lost, as NodeLost says, and the node is live again with nothing on it.
+// A smaller Incarnation than the one known is a stale registration: refused.
 func (r *Router) AddNode(info NodeInfo) error {
 	if err := info.validate(); err != nil {
 		return err
 	}
-	if n := r.nodes[info.ID]; n != nil && !n.lost {
-		if n.info.Role != info.Role {
+	if n := r.nodes[info.ID]; n != nil {
+		switch {
+		case n.info.Role != info.Role:
 			return fmt.Errorf("%w: node %d is %v, advertised now as %v", ErrBadNode, info.ID, n.info.Role, info.Role)
+		case info.Incarnation < n.info.Incarnation && !r.cfg.Research.Has(research.PeerByName):
+			return fmt.Errorf("%w: node %d registered as incarnation %d, after incarnation %d", ErrBadNode, info.ID, info.Incarnation, n.info.Incarnation)
+		case !n.lost && (info.Incarnation == n.info.Incarnation || r.cfg.Research.Has(research.PeerByName)):
+			n.info = info // the same life: an advertisement update (peer-by-name: any life of that name)
+			return nil
+		case !n.lost:
+			if err := r.NodeLost(info.ID); err != nil {
+				return err
+			}
 		}
-		n.info = info
-		return nil
 	}
 	r.nodes[info.ID] = &routerNode{info: info, requests: map[RequestID]struct{}{}}
 	return nil

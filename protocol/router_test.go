@@ -536,3 +536,49 @@ func TestRouterCancelledLegNeedNotReport(t *testing.T) {
 		t.Fatalf("a late report had effects: %+v", e)
 	}
 }
+
+// A node that restarts before its lease expired registers again under its
+// ID with a larger incarnation: that is the loss of the old incarnation,
+// whose requests fail on every leg, and the node is live again with nothing
+// on it. A smaller incarnation is a stale registration, refused. With
+// peer-by-name the router knows the node by its ID only: the old
+// incarnation's requests carry on.
+func TestRouterNewIncarnationIsTheLossOfTheOld(t *testing.T) {
+	restarted := func(n NodeInfo, inc uint64) NodeInfo { n.Incarnation = inc; return n }
+	for _, sw := range []research.Switches{{}, research.On(research.PeerByName)} {
+		r := newTestRouter(t, RouterConfig{Research: sw}, prefillNode(1, 64), decodeNode(3, 64))
+		for id := RequestID(1); id <= 3; id++ {
+			r.Submit(id, 4, t0)
+		}
+		r.Effects()
+		mustNil(t, r.AddNode(prefillNode(1, 64))) // the same life advertising again: nothing happens
+		if e := r.Effects(); len(e.Outcomes) != 0 {
+			t.Fatalf("%v: an advertisement update decided %+v", sw, e.Outcomes)
+		}
+		mustNil(t, r.AddNode(restarted(prefillNode(1, 64), 1)))
+		e := r.Effects()
+		if sw.Has(research.PeerByName) {
+			if len(e.Outcomes) != 0 || r.Request(1).Status != RouteRunning {
+				t.Fatalf("peer-by-name: the restart decided %+v; the old requests should carry on", e.Outcomes)
+			}
+			continue
+		}
+		if len(e.Outcomes) != 3 || fmt.Sprint(e.PeerLost) != fmt.Sprint([]PeerLost{{3, 1}}) {
+			t.Fatalf("outcomes %+v, peer lost %v: want the 3 requests failed and decode told", e.Outcomes, e.PeerLost)
+		}
+		for _, o := range e.Outcomes {
+			if !errors.Is(o.Err, ErrNodeLost) {
+				t.Fatalf("outcome %+v, want ErrNodeLost", o)
+			}
+		}
+		if d, err := r.Submit(4, 4, t0); err != nil || d.Prefill != 1 {
+			t.Fatalf("the new incarnation takes requests: %+v %v", d, err)
+		}
+		if err := r.AddNode(prefillNode(1, 64)); !errors.Is(err, ErrBadNode) {
+			t.Fatalf("a registration of incarnation 0 after 1: %v, want ErrBadNode", err)
+		}
+		if st := r.Request(4); st.Status != RouteRunning {
+			t.Fatalf("the stale registration changed request 4: %+v", st)
+		}
+	}
+}

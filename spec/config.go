@@ -29,7 +29,7 @@ const (
 	DoubleFree                          // a page can be freed twice
 	AbortFreesSource                    // an aborted sender frees its source pages before its posted WRITEs complete (vLLM #21570)
 	ChecksumHangs                       // a checksum mismatch at Done neither fails nor readies the request (SGLang #39729)
-	PeerByName                          // a restarted prefill node is matched by its name only, not name and incarnation: its old queue pairs and requests carry on
+	PeerByName                          // the router knows a restarted prefill node by its name only, not name and incarnation: the old incarnation's requests carry on
 	numSwitches      = iota
 )
 

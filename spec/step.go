@@ -874,8 +874,9 @@ func (x *sys) freeSrc(r int) {
 // the old incarnation is gone, as an expired lease would (unless that was
 // already detected), and each decode node that p is back, so that it cuts
 // the old incarnation's queue pair before it accepts the new one's. With
-// peer-by-name the router knows p by name only: the new record is the same
-// node, nothing of the old incarnation fails.
+// peer-by-name the router knows p by name only: the new record is an
+// advertisement update of the same node, and nothing of the old incarnation
+// fails there.
 func (x *sys) restart(p int) {
 	x.s.Budget[FaultRestart]--
 	x.s.Inc[p]++
@@ -1268,13 +1269,12 @@ func (x *sys) decodeRecv(d int) {
 // incarnation inc (the registry's new record, or the hello of its new
 // connection): it cuts the queue pair of the old incarnation, failing its
 // requests and fencing what the old one posted, and only then holds a
-// queue pair for the new one. With peer-by-name it knows p by name only: the
-// new connection inherits the old queue pair, and what is in flight on it.
+// queue pair for the new one. (No switch keeps the old queue pair: a
+// reconnect is a new queue pair under a new protocol.PeerID in transfer, so
+// the implementation cannot take one for the other.)
 func (x *sys) acceptIncarnation(p, d int, inc uint8) {
-	if !x.bug(PeerByName) {
-		x.hit(RestartFence)
-		x.cutQP(p, d, PeerFailed)
-	}
+	x.hit(RestartFence)
+	x.cutQP(p, d, PeerFailed)
 	x.s.QPInc[p][d], x.s.Fenced[p][d] = inc, false
 }
 

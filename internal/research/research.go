@@ -37,6 +37,10 @@ const (
 	// ChecksumHangs: a checksum mismatch at Done neither fails nor readies
 	// the request; it waits for a Done that has come (SGLang #39729).
 	ChecksumHangs
+	// PeerByName: a node that restarted is known by its name only, not its
+	// name and incarnation: its new registration is an advertisement update,
+	// and the old incarnation's requests carry on as if it had not gone.
+	PeerByName
 	numSwitches = iota
 )
 
@@ -54,7 +58,7 @@ const (
 
 var names = [numSwitches]string{"admit-finished", "abort-still-sends", "no-token-check", "eager-release",
 	"timeout-free", "prefill-early-free", "no-tag-check", "no-checksum", "leak-on-cancel", "no-peer-cancel", "double-free",
-	"abort-frees-source", "checksum-hangs"}
+	"abort-frees-source", "checksum-hangs", "peer-by-name"}
 
 func (s Switch) String() string {
 	for i, n := range names {

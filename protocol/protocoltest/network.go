@@ -54,6 +54,10 @@ type PrefillNode struct {
 	Mem     *Memory
 	Crashed bool // gone: never called again; what it put on the wire may still land
 	Inbox   []RouterMsg
+	// Incarnation counts the node's restarts: each one is a new Sender (fresh
+	// pools, no records) registered with the router under a larger one.
+	Incarnation uint64
+	senderCfg   protocol.SenderConfig
 }
 
 // DecodeNode is a decode node: a Receiver and its pages.
@@ -78,8 +82,13 @@ type QueuePair struct {
 	// Key is the queue pair's tag key, the same at both ends (agreed at
 	// setup in a deployment; derived from the pair's names here, so that
 	// every run replays).
-	Key     *protocol.TagKey
-	corrupt map[uint64]bool // WRITEs to corrupt in transit
+	Key *protocol.TagKey
+	// Incarnation is the incarnation of Prefill that Decode holds this queue
+	// pair for: a restarted node has none to Decode until Decode has cut the
+	// old one's (a deployment's reconnect makes a new queue pair).
+	Incarnation uint64
+	corrupt     map[uint64]bool // WRITEs to corrupt in transit
+	old         int             // the first old ops of Fwd, posted by an incarnation its node has replaced
 }
 
 // queuePairKey derives the tag key of the queue pair between two nodes.
@@ -100,9 +109,10 @@ type RouterMsgKind uint8
 
 // The router's messages.
 const (
-	MsgDispatch RouterMsgKind = iota // to prefill: run the request against Peer
-	MsgCancel                        // to either: cancel its leg
-	MsgPeerLost                      // to decode: prefill node Peer is lost
+	MsgDispatch      RouterMsgKind = iota // to prefill: run the request against Peer
+	MsgCancel                             // to either: cancel its leg
+	MsgPeerLost                           // to decode: prefill node Peer is lost
+	MsgPeerRestarted                      // to decode: prefill node Peer is back under a new incarnation (the registry's news)
 )
 
 // RouterMsg is one message from the router to a node, in order per node.
@@ -119,6 +129,8 @@ func (m RouterMsg) String() string {
 		return fmt.Sprintf("dispatch of r%d (%d tokens)", m.Request, m.Tokens)
 	case MsgCancel:
 		return fmt.Sprintf("cancel of r%d", m.Request)
+	case MsgPeerRestarted:
+		return fmt.Sprintf("news that prefill node %d restarted", m.Peer)
 	}
 	return fmt.Sprintf("news that prefill node %d is lost", m.Peer)
 }
@@ -128,6 +140,7 @@ type Request struct {
 	ID              protocol.RequestID
 	Tokens          int
 	Prefill, Decode protocol.PeerID // 0 until dispatched
+	PrefillInc      uint64          // the incarnation of Prefill it was dispatched to
 	Src             []uint32        // source pages the prefill node's intake gave it
 	Computed        bool
 	Granted         []protocol.PageRef
@@ -225,14 +238,15 @@ func New(cfg Config) (*Network, error) {
 		c.defaults()
 		mem := NewMemory(c.Pages, c.PageBytes)
 		id := PrefillID(i)
-		s, err := protocol.NewSender(protocol.SenderConfig{Pages: c.Pages, PageTokens: c.PageTokens, MaxInFlight: c.MaxInFlight,
+		sc := protocol.SenderConfig{Pages: c.Pages, PageTokens: c.PageTokens, MaxInFlight: c.MaxInFlight,
 			Horizon: c.Horizon, Memory: mem, Research: cfg.Research, TagKeys: func(peer protocol.PeerID) *protocol.TagKey {
 				return keys[[2]protocol.PeerID{id, peer}] // nil for no queue pair of this network
-			}})
+			}}
+		s, err := protocol.NewSender(sc)
 		if err != nil {
 			return nil, err
 		}
-		node := &PrefillNode{ID: id, Name: name("prefill", i, len(cfg.Prefill)), Sender: s, Mem: mem}
+		node := &PrefillNode{ID: id, Name: name("prefill", i, len(cfg.Prefill)), Sender: s, Mem: mem, senderCfg: sc}
 		if err := n.Router.AddNode(protocol.NodeInfo{ID: node.ID, Role: protocol.RolePrefill, PoolPages: c.Advertise, PageTokens: c.PageTokens}); err != nil {
 			return nil, err
 		}
@@ -376,6 +390,12 @@ func (n *Network) DeliverRouter(node protocol.PeerID) {
 		d.Receiver.Cancel(m.Request)
 	case MsgPeerLost:
 		d.Receiver.PeerFailed(m.Peer)
+	case MsgPeerRestarted:
+		// The new incarnation's queue pair is accepted only once the old
+		// one's is cut: its requests fail, and nothing it posted can land.
+		qp, p := n.QP(m.Peer, d.ID), n.prefill[m.Peer]
+		n.cut(qp)
+		qp.Incarnation = p.Incarnation
 	}
 	n.settle()
 }
@@ -384,6 +404,14 @@ func (n *Network) DeliverRouter(node protocol.PeerID) {
 func (n *Network) intake(p *PrefillNode, m RouterMsg) {
 	q := n.reqs[m.Request]
 	q.Prefill, q.Decode = p.ID, m.Peer
+	if qp := n.QP(p.ID, m.Peer); qp.Incarnation != p.Incarnation {
+		// Restarted, and the decode node has not accepted this incarnation
+		// yet: there is no queue pair to it, so the leg fails.
+		n.logf("%s has no queue pair to %s yet: r%d fails", p.Name, qp.Decode.Name, q.ID)
+		q.PrefillEnded = true
+		n.legEnded(p.ID, q.ID, fmt.Errorf("%w: no queue pair to %s yet", protocol.ErrPeerFailed, qp.Decode.Name))
+		return
+	}
 	src, err := p.Sender.Submit(q.ID, m.Peer, m.Tokens)
 	if err != nil {
 		n.logf("%s refuses r%d: %v", p.Name, q.ID, err)
@@ -428,6 +456,13 @@ func (n *Network) Deliver(qp *QueuePair) protocol.Op {
 	op := qp.Fwd[0]
 	qp.Fwd = qp.Fwd[1:]
 	d := qp.Decode
+	old := qp.old > 0 // posted by an incarnation of the prefill node that has been replaced
+	if old {
+		qp.old--
+		if qp.Incarnation == qp.Prefill.Incarnation {
+			n.violate("NoOldIncarnation", "%v, posted by a replaced incarnation of %s, reached %s after it accepted the new one", opText(op), qp.Prefill.Name, d.Name)
+		}
+	}
 	if w := op.Write; w != nil {
 		// NoForeignWrite: never into a page another request holds.
 		if owner, _, free := d.Receiver.Pool().Owner(w.Remote.Page); !free && owner != w.Request {
@@ -441,7 +476,7 @@ func (n *Network) Deliver(qp *QueuePair) protocol.Op {
 		}
 		copy(d.Mem.tags[w.Remote.Page], w.Tag)
 		n.logf("placed %v", opText(op))
-		if !qp.Prefill.Crashed {
+		if !qp.Prefill.Crashed && !old {
 			if err := qp.Prefill.Sender.Completed(w.ID, nil); err != nil {
 				n.refused(qp.Prefill.Name, err)
 			}
@@ -571,7 +606,7 @@ func (n *Network) Cut(qp *QueuePair) {
 }
 
 func (n *Network) cut(qp *QueuePair) {
-	qp.Fwd, qp.Back = nil, nil
+	qp.Fwd, qp.Back, qp.old = nil, nil, 0
 	clear(qp.corrupt)
 	qp.Decode.Receiver.QueuePairFenced(qp.Prefill.ID)
 	if !qp.Prefill.Crashed {
@@ -594,6 +629,38 @@ func (n *Network) Crash(p *PrefillNode) {
 		if q.Prefill == p.ID {
 			q.PrefillEnded = true // it will never report
 		}
+	}
+	n.settle()
+}
+
+// Restart brings crashed prefill node p back under a new incarnation: a new
+// Sender with fresh pools and no records, over the same memory (never
+// zeroed). It registers with the router under its ID and the larger
+// incarnation (Router.AddNode: the loss of the old one, unless that was
+// detected already), and the registry tells each decode node, which cuts
+// the old incarnation's queue pair before it holds one for the new.
+func (n *Network) Restart(p *PrefillNode) {
+	s, err := protocol.NewSender(p.senderCfg)
+	if err != nil {
+		n.refused(p.Name, err)
+		return
+	}
+	p.Sender, p.Crashed, p.Inbox = s, false, nil
+	p.Incarnation++
+	n.logf("%s restarts as incarnation %d", p.Name, p.Incarnation)
+	for _, qp := range n.QPs {
+		if qp.Prefill == p {
+			qp.old = len(qp.Fwd)
+		}
+	}
+	c := n.cfg.Prefill[int(p.ID)-1]
+	c.defaults()
+	if err := n.Router.AddNode(protocol.NodeInfo{ID: p.ID, Role: protocol.RolePrefill, PoolPages: c.Advertise, PageTokens: c.PageTokens,
+		Incarnation: p.Incarnation}); err != nil {
+		n.refused("router", err)
+	}
+	for _, d := range n.Decode {
+		d.Inbox = append(d.Inbox, RouterMsg{Kind: MsgPeerRestarted, Peer: p.ID})
 	}
 	n.settle()
 }
@@ -659,7 +726,7 @@ func (n *Network) settle() {
 					}
 				}
 				n.logf("%s sends %v", d.Name, opText(protocol.Op{Msg: s.Msg}))
-				if !qp.Prefill.Crashed {
+				if !qp.Prefill.Crashed && qp.Incarnation == qp.Prefill.Incarnation { // the old incarnation's end is gone
 					qp.Back = append(qp.Back, s.Msg)
 				}
 			}
@@ -696,7 +763,7 @@ func (n *Network) settle() {
 			p := n.prefill[dsp.Prefill]
 			n.logf("router dispatches r%d (%d tokens) to %s and %s", dsp.Request, dsp.Tokens, p.Name, n.decode[dsp.Decode].Name)
 			q := n.reqs[dsp.Request]
-			q.Prefill, q.Decode = dsp.Prefill, dsp.Decode
+			q.Prefill, q.Decode, q.PrefillInc = dsp.Prefill, dsp.Decode, p.Incarnation
 			if !p.Crashed { // a crashed node drops what it is sent
 				p.Inbox = append(p.Inbox, RouterMsg{Kind: MsgDispatch, Request: dsp.Request, Tokens: dsp.Tokens, Peer: dsp.Decode})
 			}
@@ -744,6 +811,9 @@ func (n *Network) decide(q *Request, err error) {
 	q.Decided, q.Outcome = true, err
 	if err == nil && !q.Read {
 		n.violate("HonestOutcome", "the client got success for r%d without a checked read", q.ID)
+	}
+	if p := n.prefill[q.Prefill]; err == nil && p != nil && p.Incarnation != q.PrefillInc {
+		n.violate("NoOldIncarnation", "the client got success for r%d, dispatched to incarnation %d of %s, which restarted as %d", q.ID, q.PrefillInc, p.Name, p.Incarnation)
 	}
 }
 
@@ -868,6 +938,8 @@ type EventOptions struct {
 	Faults bool // cancels, corruption, cuts, crashes and clock jumps; off while draining
 	// Crashable says whether prefill node i may crash (nil: none may).
 	Crashable func(i int) bool
+	// Restarts lets a crashed prefill node restart under a new incarnation.
+	Restarts bool
 	// TimeJump is how far a clock jump moves the clock; 0 means a minute.
 	TimeJump time.Duration
 }
@@ -919,6 +991,9 @@ func (n *Network) Events(opts EventOptions) (proto, faults []Event) {
 		}
 		if opts.Faults && !p.Crashed && opts.Crashable != nil && opts.Crashable(i) {
 			add(&faults, "crash", true, func() { n.Crash(p) }, "FAULT %s crashes", p.Name)
+		}
+		if opts.Faults && p.Crashed && opts.Restarts {
+			add(&faults, "restart", true, func() { n.Restart(p) }, "FAULT %s restarts", p.Name)
 		}
 	}
 	for _, d := range n.Decode {

@@ -104,3 +104,73 @@ func TestManyNodesCatchEagerRelease(t *testing.T) {
 	}
 	t.Fatal("eager-release was not caught in 20 seeds")
 }
+
+// restarted is a deployment of one prefill and one decode node where r1 is
+// verified at decode when the prefill node crashes and restarts before the
+// router detected the crash (its lease had not expired).
+func restarted(t *testing.T, bugs research.Switches) *Network {
+	t.Helper()
+	n, err := New(Config{Research: bugs, Prefill: []NodeConfig{{Pages: 8}}, Decode: []NodeConfig{{Pages: 8}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.ComputeAtIntake = true
+	n.Submit(1, 4)
+	n.DeliverRouter(PrefillID(0))
+	for qp := n.QPs[0]; len(qp.Fwd) > 0 || len(qp.Back) > 0; {
+		if len(qp.Back) > 0 {
+			n.DeliverBack(qp)
+		} else {
+			n.Deliver(qp)
+		}
+	}
+	if d := n.Decode[0]; len(d.Verified) != 1 {
+		t.Fatalf("r1 is not verified: %v", n.Violations)
+	}
+	n.Crash(n.Prefill[0])
+	n.Restart(n.Prefill[0])
+	return n
+}
+
+// A restart is the loss of the old incarnation: its requests fail, decode
+// cuts the old queue pair before it holds one for the new incarnation, and
+// a request dispatched before that fails; after it, requests are served.
+func TestRestartIsTheLossOfTheOldIncarnation(t *testing.T) {
+	n := restarted(t, research.Switches{})
+	if q := n.Request(1); !q.Decided || !errors.Is(q.Outcome, protocol.ErrNodeLost) {
+		t.Fatalf("r1 after the restart: decided %v, %v; want failed with ErrNodeLost", q.Decided, q.Outcome)
+	}
+	n.Read(1) // decode still reads it: the client's outcome stays the router's first
+	n.Submit(2, 4)
+	n.DeliverRouter(PrefillID(0))
+	if q := n.Request(2); !q.Decided || !errors.Is(q.Outcome, protocol.ErrPeerFailed) {
+		t.Fatalf("r2, before decode accepted the new incarnation: %v, want ErrPeerFailed", q.Outcome)
+	}
+	for len(n.Decode[0].Inbox) > 0 {
+		n.DeliverRouter(DecodeID(0))
+	}
+	if qp := n.QPs[0]; qp.Incarnation != 1 {
+		t.Fatalf("decode holds the queue pair for incarnation %d, want 1", qp.Incarnation)
+	}
+	n.Submit(3, 4)
+	if !n.Run() {
+		t.Fatal("did not settle")
+	}
+	if q := n.Request(3); !q.Decided || q.Outcome != nil {
+		t.Fatalf("r3 on the new incarnation: %v %v, want ok", q.Decided, q.Outcome)
+	}
+	if n.Quiescent(); len(n.Violations) > 0 {
+		t.Fatalf("violations: %+v", n.Violations)
+	}
+}
+
+// With peer-by-name the router takes the restart for an advertisement
+// update: r1, of the old incarnation, is served after it, which the
+// network reports.
+func TestRestartCatchesPeerByName(t *testing.T) {
+	n := restarted(t, research.On(research.PeerByName))
+	n.Read(1)
+	if len(n.Violations) == 0 || n.Violations[0].Property != "NoOldIncarnation" {
+		t.Fatalf("violations %+v, want NoOldIncarnation", n.Violations)
+	}
+}
