@@ -112,6 +112,8 @@ func TestCheckRejectsBadInputWithExitTwo(t *testing.T) {
 		{"check", "--max-faults", "-1"},
 		{"check", "--prompts", "4,x"},
 		{"check", "--prompts", "4,0"},
+		{"check", "--restarts", "9"},
+		{"check", "--faults", "restart"}, // a restart without a crash to come back from
 		{"check", "extra"},
 		{"check", "--no-such-flag"},
 		{"frobnicate"},
@@ -143,7 +145,7 @@ func TestMatrixJSON(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &m); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	if len(m.Matrix) != 14 || m.Matrix[0].Bug != "admit-finished" || m.Matrix[0].ExposedBy == nil || m.Matrix[0].Violated == nil {
+	if len(m.Matrix) != 15 || m.Matrix[0].Bug != "admit-finished" || m.Matrix[0].ExposedBy == nil || m.Matrix[0].Violated == nil {
 		t.Fatalf("got %+v", m.Matrix)
 	}
 }

@@ -17,7 +17,8 @@ const simUsage = `usage: kvhandoff sim [flags]
 Deterministic simulation of the protocol implementation (docs/protocol.md): each
 seed is a workload of concurrent requests (some over-long) through the router to
 --prefills prefill nodes and --decodes decode nodes over in-memory queue pairs,
-with cancels, crashes, timeouts, cuts, late placements and corruption, checking
+with cancels, crashes, restarts under a new incarnation, timeouts, cuts, late
+placements and corruption, checking
 the spec's properties after every step. Runs seeds --seed .. --seed+--seeds-1. Exit status 0 iff no run violated a
 property; 1 on a violation (the smallest failing seed and its event trace are
 printed; rerun with --seed S --seeds 1 to replay it exactly); 2 on bad usage.
