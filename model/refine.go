@@ -76,8 +76,10 @@ import (
 // any order, where the pool takes the most recently freed: the harness picks
 // the spec successor whose reservation equals the pool's.
 //
-// Source pages are compared by content, not by number: the spec's prefill
-// node takes the lowest free pages, the Sender's pool the most recently freed.
+// Source pages too: the spec (with Config.AnySourcePages, which the harness
+// turns on) lets an intake take any free source pages, where the Sender's
+// pool takes the most recently freed, and the harness takes the spec
+// successor with the pool's.
 type Refinement struct {
 	m      *spec.Model
 	cfg    spec.Config
@@ -185,6 +187,9 @@ func NewRefinement(cfg spec.Config) (*Refinement, error) {
 // beside the spec of cfg: with a switch on in the implementation alone, the
 // mapping must part ways (how the harness shows it can fail).
 func NewRefinementWith(cfg spec.Config, bugs research.Switches) (*Refinement, error) {
+	// The Sender's pool takes the most recently freed source pages: the spec
+	// explores every choice, and the harness takes the Sender's.
+	cfg.AnySourcePages = true
 	m, err := spec.New(cfg)
 	if err != nil {
 		return nil, err
@@ -297,6 +302,8 @@ func (h *Refinement) Enabled() []spec.Action {
 			return
 		case a.Kind == spec.DecodeRecvQP, a.Kind == spec.Submit:
 			a.Arg = 0
+		case a.Kind == spec.PrefillRecv:
+			a.Arg &= 255 // the node; the Sender's pool chooses the source pages
 		}
 		if !seen[a] {
 			seen[a] = true
@@ -395,7 +402,8 @@ func (h *Refinement) postsEnabled() map[spec.Action]bool {
 func (h *Refinement) step(a spec.Action, impl func(popped *[spec.MaxPrefills][spec.MaxDecodes]int) error) error {
 	var next []spec.State
 	h.m.Successors(&h.s, func(b spec.Action, n *spec.State) {
-		if b == a || a.Kind == spec.DecodeRecvQP && b.Kind == spec.DecodeRecvQP && b.Req == a.Req {
+		if b == a || a.Kind == spec.DecodeRecvQP && b.Kind == spec.DecodeRecvQP && b.Req == a.Req ||
+			a.Kind == spec.PrefillRecv && b.Kind == spec.PrefillRecv && b.Arg&255 == a.Arg {
 			next = append(next, *n)
 		}
 	})
@@ -414,7 +422,20 @@ func (h *Refinement) step(a spec.Action, impl func(popped *[spec.MaxPrefills][sp
 		return err
 	}
 	chosen := next[0]
-	if len(next) > 1 { // a reservation: the spec state whose pages are the pool's
+	switch {
+	case len(next) > 1 && a.Kind == spec.PrefillRecv: // an intake: the spec state whose source pages are the pool's
+		chosen = spec.State{}
+		r := int(a.Req)
+		for _, n := range next {
+			if h.sourceMatches(r, &n) {
+				chosen = n
+				break
+			}
+		}
+		if !chosen.Req[r].S.SrcHeld {
+			return fmt.Errorf("%w after %v: the pool took source pages %v, which no spec choice takes", ErrRefinement, a, h.srcPages[r])
+		}
+	case len(next) > 1: // a reservation: the spec state whose pages are the pool's
 		chosen = spec.State{}
 		r := int(a.Req)
 		for _, n := range next {
@@ -888,6 +909,21 @@ func reasonOf(err error) spec.Reason {
 }
 
 func (h *Refinement) grantOf(r int) []protocol.PageRef { return h.granted[r] }
+
+// sourceMatches reports whether n's sender record for r took the source
+// pages, in order, that the Sender's pool gave r.
+func (h *Refinement) sourceMatches(r int, n *spec.State) bool {
+	snd := &n.Req[r].S
+	if !snd.SrcHeld || int(snd.Pages) != len(h.srcPages[r]) {
+		return false
+	}
+	for i, pg := range h.srcPages[r] {
+		if int(snd.Src[i]) != int(pg) {
+			return false
+		}
+	}
+	return true
+}
 
 func (h *Refinement) grantMatches(r int, n *spec.State) bool {
 	refs := h.grantOf(r)

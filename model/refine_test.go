@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"regexp"
 	"strings"
 	"testing"
 
@@ -348,7 +347,6 @@ func TestRefinementCatchesEverySwitch(t *testing.T) {
 		t.Run(impl.String(), func(t *testing.T) {
 			diverged := make([]error, len(beside))
 			var violated error
-			sourceChoice := 0
 			done := func() bool {
 				for _, d := range diverged {
 					if d == nil {
@@ -358,8 +356,7 @@ func TestRefinementCatchesEverySwitch(t *testing.T) {
 				return violated != nil
 			}
 			if trace := stagedTraces[impl.String()]; trace != nil {
-				// Random walks seldom reach it with both sides reusing the
-				// same source page: its shortest counterexample does.
+				// Random walks seldom reach it: its shortest counterexample does.
 				cfg := spec.DefaultConfig()
 				cfg.Bugs = specOf(impl)
 				err := replay(t, cfg, impl, trace)
@@ -397,10 +394,6 @@ func TestRefinementCatchesEverySwitch(t *testing.T) {
 						with.Bugs = specOf(impl)
 						with.Faults = with.Bugs.Faults(with.Faults)
 						err := walkWith(with, impl, seed, variants)
-						if errors.Is(err, ErrRefinement) && freesSourceEarly(impl) && onlySourceChoice(err) {
-							sourceChoice++ // see onlySourceChoice
-							continue
-						}
 						if errors.Is(err, ErrRefinement) {
 							t.Fatalf("with the switch on both sides, the implementation must still refine the spec: %v", err)
 						}
@@ -422,48 +415,8 @@ func TestRefinementCatchesEverySwitch(t *testing.T) {
 			} else {
 				t.Logf("violated: %.200s", strings.SplitN(violated.Error(), "\n", 2)[0])
 			}
-			if sourceChoice > 0 {
-				t.Logf("%d walks with the switch on both sides parted ways only on which source page was reused", sourceChoice)
-			}
 		})
 	}
-}
-
-// freesSourceEarly reports whether sw frees source pages that a posted WRITE
-// still reads.
-func freesSourceEarly(sw research.Switches) bool {
-	return sw.Has(research.PrefillEarlyFree) || sw.Has(research.AbortFreesSource)
-}
-
-// onlySourceChoice reports whether a refinement failure is only a decode
-// page holding another label: the one difference a switch that frees source
-// pages early may make on both sides. The spec's prefill node takes the
-// lowest free source pages, the Sender's pool the most recently freed;
-// source pages are compared by content because the choice is invisible
-// while no page is reused under a WRITE that reads it, and these switches
-// make it visible: a late WRITE ships whatever KV the reusing request put
-// in the page it chose, and the two sides chose different pages.
-func onlySourceChoice(err error) bool {
-	holds := regexp.MustCompile(` holds \S+ `)
-	n := 0
-	for _, line := range strings.Split(err.Error(), "\n") {
-		line = strings.TrimSpace(line)
-		if w, ok := strings.CutPrefix(line, "spec: "); ok {
-			if !strings.HasPrefix(w, "page ") {
-				return false
-			}
-			n++
-		}
-	}
-	lines := strings.Split(err.Error(), "\n")
-	for i := 0; i+1 < len(lines); i++ {
-		w, okw := strings.CutPrefix(strings.TrimSpace(lines[i]), "spec: ")
-		g, okg := strings.CutPrefix(strings.TrimSpace(lines[i+1]), "impl: ")
-		if okw && (!okg || holds.ReplaceAllString(w, " holds ? ") != holds.ReplaceAllString(g, " holds ? ")) {
-			return false
-		}
-	}
-	return n > 0
 }
 
 // needsEveryOnBothSides reports whether the walk of seed, which breaks a
@@ -577,8 +530,7 @@ func replay(t *testing.T, cfg spec.Config, bugs research.Switches, trace []strin
 	return nil
 }
 
-// abort-frees-source needs a schedule that random walks seldom reach with
-// both sides choosing the same source page for the next request: its
+// abort-frees-source needs a schedule that random walks seldom reach: its
 // shortest counterexample, replayed, shows all three halves of
 // TestRefinementCatchesEverySwitch. Beside the spec without it the mapping
 // parts ways (the source page goes back while the spec still holds it);

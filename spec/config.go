@@ -270,6 +270,11 @@ type Config struct {
 	MaxFaults    int    // faults in one execution, all kinds together; 0 means only the budgets bound them
 	Damage       Damage // what the corrupt fault may damage besides a WRITE's payload
 	Bugs         Switches
+	// AnySourcePages lets a prefill node's intake take any free source pages,
+	// in any order, instead of the lowest: every choice is explored (more
+	// states). The refinement mapping turns it on, so that the Sender's pool,
+	// which takes the most recently freed, makes one of the spec's choices.
+	AnySourcePages bool
 	// The deployment: Prefills prefill and Decodes decode nodes (0 means 1),
 	// each with the pools above, and a queue pair per (prefill, decode) pair.
 	Prefills, Decodes int

@@ -376,3 +376,32 @@ func TestValidateRejectsConfigsOutsideTheEncoding(t *testing.T) {
 		}
 	}
 }
+
+// With AnySourcePages a prefill node's intake may take any free source
+// pages, in any order: every choice is a successor. Without it, the lowest.
+func TestAnySourcePagesExploresEveryChoice(t *testing.T) {
+	for _, anySrc := range []bool{false, true} {
+		cfg := DefaultConfig()
+		cfg.AnySourcePages = anySrc
+		m, err := New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := m.Initial()[0]
+		var after State
+		m.Successors(&s, func(a Action, n *State) {
+			if a.Kind == Submit && a.Req == 0 {
+				after = *n
+			}
+		})
+		took := map[int8]bool{}
+		m.Successors(&after, func(a Action, n *State) {
+			if a.Kind == PrefillRecv {
+				took[n.Req[0].S.Src[0]] = true
+			}
+		})
+		if want := map[bool]int{false: 1, true: cfg.PrefillPages}[anySrc]; len(took) != want || !took[0] {
+			t.Errorf("AnySourcePages %v: r0's intake took source pages %v, want %d choices including page 0", anySrc, took, want)
+		}
+	}
+}

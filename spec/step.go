@@ -88,7 +88,14 @@ func (a Action) String() string {
 		switch a.Kind {
 		case Submit, PrefillRecvQP, Cut:
 			s += fmt.Sprintf("@p%d-d%d", a.Arg>>4, a.Arg&15)
-		case PrefillRecv, Crash, DetectCrash, Restart:
+		case PrefillRecv:
+			if a.Arg&255 != 0 {
+				s += fmt.Sprintf("@p%d", a.Arg&255)
+			}
+			if a.Arg>>8 != 0 {
+				s += fmt.Sprintf("+source-choice-%d", a.Arg>>8)
+			}
+		case Crash, DetectCrash, Restart:
 			s += fmt.Sprintf("@p%d", a.Arg)
 		case DecodeRecv:
 			s += fmt.Sprintf("@d%d", a.Arg)
@@ -163,7 +170,14 @@ func (m *Model) Successors(s *State, emit func(Action, *State)) {
 	}
 	for p := 0; p < np; p++ {
 		if !s.PrefillCrashed[p] && s.ToPrefill[p].N > 0 {
-			do(Action{PrefillRecv, s.ToPrefill[p].Head().Req, uint16(p)}, 0, p, 0, 0, func(x *sys, _, p, _, _ int) { x.prefillRecv(p) })
+			h := s.ToPrefill[p].Head()
+			if n := m.sourceChoices(s, p); n > 1 {
+				for i := 0; i < n; i++ {
+					do(Action{PrefillRecv, h.Req, uint16(p) | uint16(i)<<8}, 0, p, 0, i, func(x *sys, _, p, _, i int) { x.prefillRecv(p, i) })
+				}
+			} else {
+				do(Action{PrefillRecv, h.Req, uint16(p)}, 0, p, 0, 0, func(x *sys, _, p, _, _ int) { x.prefillRecv(p, 0) })
+			}
 		}
 	}
 	for p := 0; p < np; p++ {
@@ -449,6 +463,44 @@ func (m *Model) cutMatters(s *State, p, d int) bool {
 	return false
 }
 
+// sourceChoices returns how many ways prefill node p's intake can take
+// source pages for the Prefill at the head of its router queue: with
+// Config.AnySourcePages, every ordered tuple of free pages (0 when the option
+// is off or the intake takes none).
+func (m *Model) sourceChoices(s *State, p int) int {
+	c := &m.cfg
+	h := s.ToPrefill[p].Head()
+	if !c.AnySourcePages || h.Kind != MPrefill {
+		return 0
+	}
+	q := &s.Req[h.Req]
+	t := c.Prompts[h.Req]
+	pages := c.PagesFor(t)
+	if t > c.PrefillLimit() {
+		if !c.Bugs.Has(AdmitFinished) {
+			return 0
+		}
+		pages = 1 // the placeholder
+	}
+	if s.Fenced[q.P][q.D] || s.QPInc[q.P][q.D] != s.Inc[q.P] {
+		return 0
+	}
+	free := 0
+	for i := 0; i < c.PrefillPages; i++ {
+		if s.Src[p][i].Owner == Free {
+			free++
+		}
+	}
+	if free < pages {
+		return 0
+	}
+	count := 1
+	for i := 0; i < pages; i++ {
+		count *= free - i
+	}
+	return count
+}
+
 // reservations returns how many ways decode can reserve pages for the Bootstrap
 // at the head of the queue pair (0 if the head is not a Bootstrap that reserves).
 // The spec lets the allocator pick any free pages, in any order.
@@ -656,7 +708,9 @@ func (x *sys) decodeLost(d int) {
 
 // --- prefill (sender) ---
 
-func (x *sys) prefillRecv(p int) {
+// prefillRecv takes the next router message; choice picks the source pages
+// of a Prefill's intake under Config.AnySourcePages.
+func (x *sys) prefillRecv(p, choice int) {
 	msg := x.s.ToPrefill[p].Pop()
 	if msg.Req >= 0 && x.oldIncarnation(int(msg.Req)) {
 		// An Abort for a request of an earlier incarnation: this one has
@@ -666,7 +720,7 @@ func (x *sys) prefillRecv(p int) {
 	}
 	switch msg.Kind {
 	case MPrefill:
-		x.prefillIntake(int(msg.Req))
+		x.prefillIntake(int(msg.Req), choice)
 	case MAbort:
 		x.prefillAbort(int(msg.Req))
 	case MPeerFailed:
@@ -674,7 +728,7 @@ func (x *sys) prefillRecv(p int) {
 	}
 }
 
-func (x *sys) prefillIntake(r int) {
+func (x *sys) prefillIntake(r, choice int) {
 	c := &x.m.cfg
 	snd := &x.s.Req[r].S
 	t := c.Prompts[r]
@@ -693,11 +747,14 @@ func (x *sys) prefillIntake(r int) {
 		pages = 1
 	}
 	src := x.srcPool(r)
-	var got []int8
-	for p := 0; p < c.PrefillPages && len(got) < pages; p++ {
+	var got []int8 // the lowest free pages, or with AnySourcePages the choice-th tuple of free ones
+	for p := 0; p < c.PrefillPages && (len(got) < pages || c.AnySourcePages); p++ {
 		if src[p].Owner == Free {
 			got = append(got, int8(p))
 		}
+	}
+	if c.AnySourcePages && len(got) >= pages {
+		got = nthTuple(got, pages, choice)
 	}
 	if q := &x.s.Req[r]; x.s.Fenced[q.P][q.D] || x.s.QPInc[q.P][q.D] != x.s.Inc[q.P] {
 		// The queue pair to the chosen decode node was cut for good when
