@@ -555,3 +555,52 @@ func TestRefinementCatchesAbortFreesSourceOnItsShortestTrace(t *testing.T) {
 		t.Fatalf("with abort-frees-source on both sides: %v, want the mapping to hold and Isolation to break at the read", err)
 	}
 }
+
+// Over two prefill and two decode nodes the mapping still parts ways for a
+// switch on the implementation's side alone, and the Router's routes reach
+// every node of each role.
+func TestRefinementOverTwoByTwoCatchesASwitch(t *testing.T) {
+	cfg := twoByTwo()
+	cfg.Faults = spec.Switches(spec.PeerByName).Faults(cfg.Faults)
+	for _, sw := range []research.Switch{research.EagerRelease, research.PeerByName} {
+		found := false
+		for seed := uint64(0); seed < 3000 && !found; seed++ {
+			if err := walk(cfg, research.On(sw), seed); errors.Is(err, ErrRefinement) {
+				found = true
+				t.Logf("%v: seed %d: %.200s", sw, seed, err)
+			}
+		}
+		if !found {
+			t.Errorf("%v on the implementation's side alone: the 2x2 mapping never parted ways in 3000 walks", sw)
+		}
+	}
+	nodes := map[string]bool{}
+	for seed := uint64(0); seed < 200; seed++ {
+		x, err := newRefinementRun(cfg, research.Switches{}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i < 40; i++ {
+			var proto []spec.Action
+			for _, a := range x.h.Enabled() {
+				if !a.IsFault() {
+					proto = append(proto, a)
+				}
+			}
+			if len(proto) == 0 {
+				break
+			}
+			if err := x.take(proto[(int(seed)+i)%len(proto)]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for r := range cfg.Prompts {
+			if q := x.h.State().Req[r]; q.Submitted && q.Outcome != spec.Rejected {
+				nodes[fmt.Sprintf("p%d", q.P)], nodes[fmt.Sprintf("d%d", q.D)] = true, true
+			}
+		}
+	}
+	if len(nodes) != 4 {
+		t.Fatalf("the Router routed to %v, want both nodes of each role", nodes)
+	}
+}
