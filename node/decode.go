@@ -37,10 +37,11 @@ type DecodeConfig struct {
 // router tells it each request's prompt and length through the control
 // API; the two arrive in either order.
 type Decode struct {
-	cfg    DecodeConfig
-	ep     *transfer.Decode
-	ctl    *controlServer
-	flight flight
+	incarnation uint64 // this life's, in its registry record
+	cfg         DecodeConfig
+	ep          *transfer.Decode
+	ctl         *controlServer
+	flight      flight
 
 	gen     sync.Mutex // the engine runs one request at a time
 	engine  *engine.Engine
@@ -78,7 +79,7 @@ func NewDecode(cfg DecodeConfig) (*Decode, error) {
 	if cfg.GenPages == 0 {
 		cfg.GenPages = cfg.Pages
 	}
-	n := &Decode{cfg: cfg, reqs: map[protocol.RequestID]*decodeReq{}, ended: map[protocol.RequestID]endedReq{},
+	n := &Decode{incarnation: uint64(time.Now().UnixNano()), cfg: cfg, reqs: map[protocol.RequestID]*decodeReq{}, ended: map[protocol.RequestID]endedReq{},
 		fences: map[protocol.RequestID]time.Time{}}
 	dc := transfer.DecodeConfig{Pages: cfg.Pages, PageTokens: cfg.PageTokens, PageBytes: cfg.PageBytes, Timeout: cfg.Timeout, Horizon: time.Minute, Research: cfg.Research}
 	if cfg.ContextTokens > 0 {
@@ -146,7 +147,8 @@ func (n *Decode) Metrics() *Metrics { return n.cfg.Metrics }
 // Member is the node's registry record.
 func (n *Decode) Member(control, transferAddr string) Member {
 	return Member{Name: n.cfg.Name, Role: RoleDecode, Control: control, Transfer: transferAddr, PoolPages: n.cfg.Pages,
-		PageTokens: n.cfg.PageTokens, PageBytes: n.cfg.PageBytes, ContextTokens: max(n.cfg.ContextTokens, n.cfg.AdvertiseContext), Model: n.cfg.ModelID}
+		PageTokens: n.cfg.PageTokens, PageBytes: n.cfg.PageBytes, ContextTokens: max(n.cfg.ContextTokens, n.cfg.AdvertiseContext), Model: n.cfg.ModelID,
+		Incarnation: n.incarnation}
 }
 
 func (n *Decode) decode(ctx context.Context, c *decodeCall) (any, error) {

@@ -24,11 +24,12 @@ import (
 // the queue pairs it dials to every decode node the registry lists, and the
 // control API through which the router submits and cancels requests.
 type Prefill struct {
-	cfg    NodeConfig
-	ep     *transfer.Prefill
-	source *engine.Source // nil without a model
-	ctl    *controlServer
-	flight flight
+	incarnation uint64 // this life's, in its registry record
+	cfg         NodeConfig
+	ep          *transfer.Prefill
+	source      *engine.Source // nil without a model
+	ctl         *controlServer
+	flight      flight
 
 	mu      sync.Mutex
 	waiters map[protocol.RequestID]chan error
@@ -43,7 +44,7 @@ func NewPrefill(cfg NodeConfig) (*Prefill, error) {
 	if err := cfg.Security.check(cfg.Log, "prefill "+cfg.Name); err != nil {
 		return nil, err
 	}
-	n := &Prefill{cfg: cfg, waiters: map[protocol.RequestID]chan error{}, decodes: map[string]Member{}}
+	n := &Prefill{cfg: cfg, waiters: map[protocol.RequestID]chan error{}, decodes: map[string]Member{}, incarnation: uint64(time.Now().UnixNano())}
 	pc := transfer.PrefillConfig{Pages: cfg.Pages, PageTokens: cfg.PageTokens, PageBytes: cfg.PageBytes, Research: cfg.Research, MaxTokens: cfg.ContextTokens}
 	if cfg.Model != nil {
 		n.source = engine.NewSource()
@@ -101,7 +102,8 @@ func (n *Prefill) Metrics() *Metrics { return n.cfg.Metrics }
 // Member is the node's registry record, its control API at control.
 func (n *Prefill) Member(control string) Member {
 	return Member{Name: n.cfg.Name, Role: RolePrefill, Control: control, PoolPages: n.cfg.Pages, PageTokens: n.cfg.PageTokens,
-		PageBytes: n.cfg.PageBytes, ContextTokens: max(n.cfg.ContextTokens, n.cfg.AdvertiseContext), Model: n.cfg.ModelID}
+		PageBytes: n.cfg.PageBytes, ContextTokens: max(n.cfg.ContextTokens, n.cfg.AdvertiseContext), Model: n.cfg.ModelID,
+		Incarnation: n.incarnation}
 }
 
 // limit is the longest prompt this node's own intake takes.

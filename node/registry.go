@@ -38,6 +38,11 @@ type Member struct {
 	ContextTokens int    `json:"context_tokens"` // the longest prompt the node's model takes
 	MaxTokens     int    `json:"max_tokens"`     // the node's own intake limit; 0 means its pool
 	Model         string `json:"model"`          // model id: a router sends a request only to nodes of its model
+	// Incarnation tells the node's lives apart: each start registers a
+	// larger one (its start time in nanoseconds), so that a node restarting
+	// before its old lease expired is the loss of the old life at the router
+	// (protocol.NodeInfo.Incarnation), not an advertisement update.
+	Incarnation uint64 `json:"incarnation,omitempty"`
 }
 
 // PoolTokens is the most tokens the node's pool holds.

@@ -228,10 +228,12 @@ func (rt *Router) change(ch Change) {
 			return
 		}
 		if err := rt.r.AddNode(protocol.NodeInfo{ID: id, Role: role, ContextTokens: m.ContextTokens, PoolPages: m.PoolPages,
-			PageTokens: m.PageTokens, MaxTokens: m.MaxTokens}); err != nil {
+			PageTokens: m.PageTokens, MaxTokens: m.MaxTokens, Incarnation: m.Incarnation}); err != nil {
 			rt.cfg.Log.Error("router: node refused", "node", m.Name, "err", err)
 			return
 		}
+		// A larger incarnation is a restart: the old life's requests fail.
+		rt.effectsLocked()
 		rt.members[id] = m
 		delete(rt.lost, id)
 		delete(rt.suspect, id)
