@@ -53,7 +53,10 @@ import (
 //	              the news of a restart, the cut of the old incarnation's queue pair
 //	DecodeRead    Receiver.Acquire, the pages read and checked, Receiver.Finish
 //	DetectCrash   Router.NodeLost; its PeerLost on the router→decode queues
-//	LeaseLost     of a prefill node: Router.NodeLost, the node living on
+//	LeaseLost     Router.NodeLost, the node living on: for a prefill node as
+//	              DetectCrash; for a decode node its prefill legs' cancels
+//	              delivered as the spec's Aborts, and the registry's news
+//	              (PeerFailed) to every prefill node
 //	Cancel        Router.Cancel; its CancelLegs on both queues
 //	Timeout       Receiver.Expire
 //	Cut           both ends fenced: Receiver.QueuePairFenced, Sender.Flushed
@@ -61,10 +64,12 @@ import (
 //	Restart       a new Sender over the same source memory; Router.AddNode with the
 //	              next Incarnation; the registry's news on every router→decode queue
 //
-// A decode node's lease (LeaseLost of a decode node) is not mapped: the
-// spec's router tells every prefill node to cut its queue pair to it, where
-// the Router cancels legs and leaves the cut to the prefill nodes' own
-// registry watch. Drivers do not take it (Enabled leaves it out).
+// The news of a node's loss that the Router leaves to the registry, the
+// harness delivers as the registry would: to every prefill node when a
+// decode node is lost (the Router cancels legs; each prefill node's own
+// registry watch makes it cut its queue pair), and to a lost decode node,
+// which may live on, when a prefill node is lost (the Router tells only the
+// live ones).
 //
 // Two differences of granularity are mapped, not hidden. A Sender emits a
 // whole window of WRITEs (and Done behind them) in one step, where the spec
@@ -85,6 +90,7 @@ type Refinement struct {
 	cfg    spec.Config
 	s      spec.State
 	router *protocol.Router
+	bugs   research.Switches
 	pre    []*prefillEnd
 	dec    []*decodeEnd
 	pairs  [][]*pairEnd // [prefill][decode]
@@ -195,7 +201,7 @@ func NewRefinementWith(cfg spec.Config, bugs research.Switches) (*Refinement, er
 		return nil, err
 	}
 	const size = 64
-	h := &Refinement{m: m, cfg: cfg, s: m.Initial()[0], size: size, sums: map[uint64]spec.Label{}}
+	h := &Refinement{m: m, cfg: cfg, s: m.Initial()[0], size: size, sums: map[uint64]spec.Label{}, bugs: bugs}
 	// Every node advertises what the spec's router trusts: ContextLimit tokens.
 	advertised := protocol.PagesFor(uint32(cfg.ContextLimit), cfg.PageSize)
 	h.router = protocol.NewRouter(protocol.RouterConfig{Research: bugs})
@@ -290,15 +296,15 @@ func (h *Refinement) Model() *spec.Model { return h.m }
 func (h *Refinement) routeOf(r int) (p, d int) { return int(h.s.Req[r].P), int(h.s.Req[r].D) }
 
 // Enabled lists the spec's enabled actions that a driver chooses: not
-// PostWrite, which follows the Sender (see Step); for a Submit and a
-// reservation one action only, since the Router chooses the route and the
-// pool the pages; and not a decode node's lease (see Refinement).
+// PostWrite, which follows the Sender (see Step); for a Submit, an intake and
+// a reservation one action only, since the Router chooses the route and the
+// pools the pages.
 func (h *Refinement) Enabled() []spec.Action {
 	var out []spec.Action
 	seen := map[spec.Action]bool{}
 	h.m.Successors(&h.s, func(a spec.Action, _ *spec.State) {
 		switch {
-		case a.Kind == spec.PostWrite, a.Kind == spec.LeaseLost && a.Arg&spec.DecodeNode != 0:
+		case a.Kind == spec.PostWrite:
 			return
 		case a.Kind == spec.DecodeRecvQP, a.Kind == spec.Submit:
 			a.Arg = 0
@@ -322,10 +328,6 @@ func (h *Refinement) Step(a spec.Action) error {
 	switch a.Kind {
 	case spec.PostWrite:
 		return fmt.Errorf("model: PostWrite follows the sender; drive the other actions")
-	case spec.LeaseLost:
-		if a.Arg&spec.DecodeNode != 0 {
-			return fmt.Errorf("model: a decode node's lease is not mapped (see Refinement)")
-		}
 	case spec.Submit:
 		// The Router chooses the route; the spec's Submit is the one for it.
 		r := int(a.Req)
@@ -556,13 +558,42 @@ func (h *Refinement) apply(a spec.Action, popped *[spec.MaxPrefills][spec.MaxDec
 		if err := h.read(r); err != nil {
 			return fmt.Errorf("%w after %v: %v", ErrRefinement, a, err)
 		}
-	case spec.DetectCrash, spec.LeaseLost:
+	case spec.LeaseLost:
+		if a.Arg&spec.DecodeNode == 0 {
+			if err := h.router.NodeLost(prefillID(int(a.Arg))); err != nil {
+				return fmt.Errorf("%w after %v: %v", ErrRefinement, a, err)
+			}
+			if err := h.routerEffects(a, false); err != nil {
+				return err
+			}
+			h.tellLostDecodes(int(a.Arg))
+			break
+		}
+		// A decode node's lease: the Router fails its requests and cancels
+		// their prefill legs (delivered: the spec's Aborts), and the registry
+		// tells every prefill node, which cuts its queue pair to it.
+		d := int(a.Arg & 15)
+		if err := h.router.NodeLost(decodeID(d)); err != nil {
+			return fmt.Errorf("%w after %v: %v", ErrRefinement, a, err)
+		}
+		if err := h.routerEffects(a, true); err != nil {
+			return err
+		}
+		if !h.bugs.Has(research.NoPeerCancel) {
+			for _, pe := range h.pre {
+				if !pe.crashed {
+					pe.toPrefill = append(pe.toPrefill, spec.Msg{Kind: spec.MPeerFailed, Req: -1, Peer: int8(d)})
+				}
+			}
+		}
+	case spec.DetectCrash:
 		if err := h.router.NodeLost(prefillID(int(a.Arg))); err != nil {
 			return fmt.Errorf("%w after %v: %v", ErrRefinement, a, err)
 		}
 		if err := h.routerEffects(a, false); err != nil {
 			return err
 		}
+		h.tellLostDecodes(int(a.Arg))
 	case spec.Cancel:
 		if err := h.router.Cancel(id(r)); err != nil {
 			return fmt.Errorf("%w after %v: the router refused it: %v", ErrRefinement, a, err)
@@ -600,6 +631,9 @@ func (h *Refinement) apply(a spec.Action, popped *[spec.MaxPrefills][spec.MaxDec
 		}
 		if err := h.routerEffects(a, false); err != nil {
 			return err
+		}
+		if !h.s.CrashDetected[p] && !h.bugs.Has(research.PeerByName) {
+			h.tellLostDecodes(p) // the restart was the loss of the old incarnation
 		}
 		for _, de := range h.dec { // the registry's news, to every decode node
 			de.toDecode = append(de.toDecode, spec.Msg{Kind: spec.MPeerRestarted, Req: -1, Peer: int8(p), Inc: uint8(pe.inc)})
@@ -680,6 +714,21 @@ func (h *Refinement) routerEffects(a spec.Action, client bool) error {
 		de.toDecode = append(de.toDecode, spec.Msg{Kind: spec.MPeerFailed, Req: -1, Peer: int8(prefillOf(l.Peer))})
 	}
 	return nil // outcomes are the router's state, compared in the view
+}
+
+// tellLostDecodes is the registry's news of prefill node p's loss to each
+// decode node the router has declared lost: the Router tells only the live
+// ones (PeerLost), but a lost decode node may live on, and its own registry
+// watch tells it, as the spec's router does.
+func (h *Refinement) tellLostDecodes(p int) {
+	if h.bugs.Has(research.NoPeerCancel) {
+		return
+	}
+	for d, de := range h.dec {
+		if h.s.DecodeLost[d] {
+			de.toDecode = append(de.toDecode, spec.Msg{Kind: spec.MPeerFailed, Req: -1, Peer: int8(p)})
+		}
+	}
 }
 
 // intake is prefill node p taking request r: admission, the KV computed.

@@ -185,7 +185,7 @@ func configs() []spec.Config {
 func twoByTwo() spec.Config {
 	c := spec.NewConfig(3, 4, 2)
 	c.Prefills, c.Decodes = 2, 2
-	c.Faults[spec.FaultRestart], c.Faults[spec.FaultLease] = 1, 1
+	c.Faults[spec.FaultRestart], c.Faults[spec.FaultLease] = 1, 2
 	return c
 }
 

@@ -687,7 +687,8 @@ func (x *sys) detectLoss(p int) {
 
 // decodeLost is the router's reaction to decode node d's expired lease: the
 // node may live on, unreachable, so its pages are not touched. Every request
-// routed to it fails, its prefill leg is cancelled, and each prefill node is
+// routed to it fails, its prefill leg is cancelled if it has not ended
+// (protocol.Router cancels open legs only), and each prefill node is
 // told, so that it cuts its queue pair to d: until then the pages its
 // requests hold on d stay granted or quarantined.
 func (x *sys) decodeLost(d int) {
@@ -696,7 +697,9 @@ func (x *sys) decodeLost(d int) {
 	for r := range x.m.cfg.Prompts {
 		if q := &x.s.Req[r]; q.Submitted && int(q.D) == d && q.Outcome == Pending {
 			x.report(r, Failed, PeerFailed)
-			x.toPrefill(int(q.P), &x.s.ToPrefill[q.P], Msg{Kind: MAbort, Req: int8(r)})
+			if q.S.Phase == SNone || q.S.Phase.Live() { // a leg that has ended needs no cancel
+				x.toPrefill(int(q.P), &x.s.ToPrefill[q.P], Msg{Kind: MAbort, Req: int8(r)})
+			}
 		}
 	}
 	if !x.bug(NoPeerCancel) {
