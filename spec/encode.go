@@ -22,6 +22,12 @@ const stateSize = int(unsafe.Sizeof(State{}))
 
 func stateBytes(s *State) []byte { return unsafe.Slice((*byte)(unsafe.Pointer(s)), stateSize) }
 
+// copyState sets *dst to *src. The checker copies a State for every
+// transition; for a struct over 1 KB the compiler emits REP MOVSQ, which
+// measured 4x slower than the runtime's vectorized memmove (86 ns against 20
+// on the 2 KB State, BenchmarkCopyState).
+func copyState(dst, src *State) { copy(stateBytes(dst), stateBytes(src)) }
+
 // encodingBase is the base of every encoding: an initial state (that of a zero
 // configuration; any fixed state would be exact, a close one is compact).
 var encodingBase = (&Model{}).Initial()[0]
@@ -79,7 +85,7 @@ func firstDifference(a, b []byte, i int) int {
 
 // DecodeState sets *s to the state src encodes.
 func (m *Model) DecodeState(src []byte, s *State) error {
-	*s = encodingBase
+	copyState(s, &encodingBase)
 	out := stateBytes(s)
 	i := 0
 	for len(src) > 0 {

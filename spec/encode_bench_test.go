@@ -83,3 +83,20 @@ func reachableB(b *testing.B, cfg Config, limit int) (*Model, []State) {
 	}
 	return m, out
 }
+
+// BenchmarkCopyState compares copyState with the struct assignment it
+// replaces (the checker copies a State for every transition).
+func BenchmarkCopyState(b *testing.B) {
+	var dst State
+	src := (&Model{}).Initial()[0]
+	b.Run("copyState", func(b *testing.B) {
+		for b.Loop() {
+			copyState(&dst, &src)
+		}
+	})
+	b.Run("assignment", func(b *testing.B) {
+		for b.Loop() {
+			dst = src
+		}
+	})
+}

@@ -140,7 +140,7 @@ func (m *Model) Successors(s *State, emit func(Action, *State)) {
 			emit(a, x.s)
 			return
 		}
-		*x.s = *s
+		copyState(x.s, s)
 		f(x, r, p, d, n)
 		m.observe(s, a, x.s)
 		emit(a, x.s)
@@ -325,7 +325,7 @@ func (m *Model) hooked(x *sys, s *State, a Action, f func()) {
 	if m.cov != nil {
 		m.cov.actions[a.Kind].Add(1)
 	}
-	*x.s = *s
+	copyState(x.s, s)
 	if m.mutate != nil {
 		m.mutate(a, x.s, f)
 	} else {
