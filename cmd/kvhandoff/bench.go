@@ -124,6 +124,11 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 				fmt.Fprintf(stderr, "kvhandoff bench transfer: %s, %d-byte pages: %v\n", name, size, err)
 				return 1
 			}
+			if !(base > 0) || !(p > 0) {
+				// A ratio against nothing is not a measurement (and +Inf is not JSON).
+				fmt.Fprintf(stderr, "kvhandoff bench transfer: %s, %d-byte pages: measured %g B/s against a baseline (%s) of %g B/s\n", name, size, p, baseName, base)
+				return 1
+			}
 			rows = append(rows, benchRow{name, size, p * 8 / 1e9, baseName, base * 8 / 1e9, p / base})
 		}
 	}
