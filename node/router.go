@@ -227,6 +227,18 @@ func (rt *Router) change(ch Change) {
 			rt.cfg.Log.Error("router: a node changed role; ignored", "node", m.Name)
 			return
 		}
+		if old := rt.members[id]; old.Role != "" && m.Incarnation < old.Incarnation {
+			// The registry's record is the current one (etcd's watch is in
+			// revision order; a static peer answers for the process it is), so
+			// a smaller incarnation is a restart whose wall clock stepped back
+			// (NTP, a migrated VM), not a stale registration: the old life is
+			// lost, and the node joins again rather than being refused forever.
+			rt.cfg.Log.Warn("router: node restarted under a smaller incarnation (its clock went back); its old life is lost", "node", m.Name, "incarnation", m.Incarnation, "was", old.Incarnation)
+			if err := rt.r.RemoveNode(id); err != nil {
+				rt.cfg.Log.Error("router: node lost", "node", m.Name, "err", err)
+			}
+			rt.effectsLocked()
+		}
 		if err := rt.r.AddNode(protocol.NodeInfo{ID: id, Role: role, ContextTokens: m.ContextTokens, PoolPages: m.PoolPages,
 			PageTokens: m.PageTokens, MaxTokens: m.MaxTokens, Incarnation: m.Incarnation}); err != nil {
 			rt.cfg.Log.Error("router: node refused", "node", m.Name, "err", err)

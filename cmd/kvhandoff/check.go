@@ -77,7 +77,7 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&f.matrix, "matrix", false, "compute the defense matrix")
 	fs.IntVar(&f.matrixSize, "matrix-size", 3, "matrix: largest combination of switches tried")
 	fs.IntVar(&f.maxStates, "max-states", 0, "give up (exit 3) past this many distinct states (0: no limit but --max-memory)")
-	fs.StringVar(&f.maxMemory, "max-memory", "", "give up (exit 3) when the live heap exceeds this, e.g. 16GiB, 500MB (default: 3/4 of the machine's memory); a visited state costs about 65-75 bytes at the peak, docs/spec.md")
+	fs.StringVar(&f.maxMemory, "max-memory", "", "give up (exit 3) when the live heap exceeds this, e.g. 16GiB, 500MB (default: 3/4 of the machine's memory); a visited state costs about 65-80 bytes at the peak on large runs (the runtime's ~10 MiB on top), docs/spec.md")
 	fs.IntVar(&f.workers, "workers", 0, "exploration goroutines (0: one per core)")
 	fs.BoolVar(&f.quiet, "quiet", false, "no progress on stderr")
 	fs.IntVar(&f.contextLimit, "context-limit", 0, "the router's limit in tokens, the advertised context (0: the decode pool's capacity)")

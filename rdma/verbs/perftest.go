@@ -21,7 +21,7 @@ import (
 // ib_write_bw prints its average with two decimals in Gbit/s, so a short run
 // on a slow emulated device (Soft-RoCE under QEMU on a loaded host) can read
 // 0.00: a baseline no ratio can be taken against. Such a run is repeated with
-// four times the messages, up to three times, before it is an error.
+// four times the messages, twice at most (three runs), before it is an error.
 func IBWriteBW(d *Device, size, iters int) (float64, error) {
 	iters = max(iters, 5)
 	for try := 0; ; try++ {
