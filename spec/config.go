@@ -132,7 +132,7 @@ const (
 	FaultLate                 // a posted WRITE stays in the network, placed arbitrarily later
 	FaultCorrupt              // a WRITE's payload is corrupted in transit
 	FaultLease                // a node's registry lease expires (the node may live on, unreachable)
-	FaultRestart              // a crashed prefill node comes back under a new incarnation
+	FaultRestart              // a crashed prefill node comes back under a new incarnation (and, with Config.DecodeRestarts, a decode node crashes and comes back under one)
 	NumFaults
 )
 
@@ -275,6 +275,12 @@ type Config struct {
 	// states). The refinement mapping turns it on, so that the Sender's pool,
 	// which takes the most recently freed, makes one of the spec's choices.
 	AnySourcePages bool
+	// DecodeRestarts lets the restart fault restart a decode node too: it
+	// crashes and comes back at once under a new incarnation, with a fresh
+	// pool whose page epochs start again from zero, no records, and new
+	// queue pairs. Off, only prefill nodes restart (the state space of
+	// every earlier run is unchanged).
+	DecodeRestarts bool
 	// The deployment: Prefills prefill and Decodes decode nodes (0 means 1),
 	// each with the pools above, and a queue pair per (prefill, decode) pair.
 	Prefills, Decodes int
@@ -365,7 +371,9 @@ func (c *Config) Validate() error {
 		return bad("decode nodes must be 1..%d, got %d", MaxDecodes, c.Decodes)
 	case c.ContextLimit < 1:
 		return bad("context limit must be at least 1 token")
-	case c.Faults[FaultRestart] > 0 && c.Faults[FaultCrash] == 0:
+	case c.DecodeRestarts && c.Faults[FaultRestart] == 0:
+		return bad("decode restarts are restarts: give the restart fault a budget too")
+	case c.Faults[FaultRestart] > 0 && c.Faults[FaultCrash] == 0 && !c.DecodeRestarts:
 		return bad("a restart brings back a crashed prefill node: give the crash fault a budget too")
 	}
 	for i, t := range c.Prompts {

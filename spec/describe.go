@@ -26,6 +26,9 @@ func msgString(msg Msg) string {
 	case MPeerFailed:
 		return "PeerFailed{prefill}"
 	case MPeerRestarted:
+		if msg.DInc > 0 { // a decode node's: its incarnations after a restart are 1 and up
+			return fmt.Sprintf("PeerRestarted{d%d, incarnation %d}", msg.Peer, msg.DInc)
+		}
 		return fmt.Sprintf("PeerRestarted{p%d, incarnation %d}", msg.Peer, msg.Inc)
 	}
 	return fmt.Sprintf("%s{r%d}", msg.Kind, msg.Req)
@@ -117,6 +120,10 @@ func (m *Model) describeAction(s *State, a Action) string {
 		}
 		return fmt.Sprintf("[FAULT lease] prefill node p%d's registry lease expires (it lives on, unreachable)", a.Arg)
 	case Restart:
+		if a.Arg&DecodeNode != 0 {
+			d := int(a.Arg & 15)
+			return fmt.Sprintf("[FAULT restart] %s crashes and comes back as incarnation %d (a fresh pool, epochs from zero, no records, new queue pairs) and registers under its name", m.decodeName(d), s.DInc[d]+1)
+		}
 		return fmt.Sprintf("[FAULT restart] %s comes back as incarnation %d (fresh pools, no records) and registers under its name", m.prefillName(int(a.Arg)), s.Inc[a.Arg]+1)
 	case CorruptSend:
 		field := [...]string{"token", "page"}[a.Arg&SendPages]
@@ -245,9 +252,17 @@ func (m *Model) changes(p *State, a Action, n *State) []string {
 		add("r%d's outcome had already been given to the client as %s: it changed", g.ChangedReq, g.ChangedFrom)
 	}
 	if g := &n.Ghost; g.OldInc && !p.Ghost.OldInc {
-		if g.OldIncWhat == OldIncOK {
-			add("r%d was dispatched to an incarnation of %s that has been replaced, and it is ok", g.OldIncReq, m.prefillName(int(n.Req[g.OldIncReq].P)))
-		} else {
+		q := &n.Req[g.OldIncReq]
+		switch {
+		case g.OldIncWhat == OldIncOK && q.DInc != p.DInc[q.D]:
+			add("r%d was dispatched to an incarnation of %s that has been replaced, and it is ok", g.OldIncReq, m.decodeName(int(q.D)))
+		case g.OldIncWhat == OldIncOK:
+			add("r%d was dispatched to an incarnation of %s that has been replaced, and it is ok", g.OldIncReq, m.prefillName(int(q.P)))
+		case g.OldIncWhat == OldIncGrant:
+			add("that message was sent by a replaced incarnation of %s, and %s had accepted its successor's queue pair", m.decodeName(int(q.D)), m.prefillName(int(q.P)))
+		case a.Kind == DecodeRecvQP && p.QP[q.P][q.D].Head().DInc != p.DInc[q.D]:
+			add("that message was posted to a replaced incarnation of %s, and landed on its successor", m.decodeName(int(q.D)))
+		default:
 			add("that message was sent by a replaced incarnation of %s, on the queue pair decode now holds for its successor", m.prefillName(int(n.Req[g.OldIncReq].P)))
 		}
 	}
@@ -258,6 +273,9 @@ func (m *Model) changes(p *State, a Action, n *State) []string {
 		for d := 0; d < m.cfg.NumDecodes(); d++ {
 			if p.QPInc[sp][d] != n.QPInc[sp][d] {
 				add("%s now holds a queue pair to incarnation %d of %s", m.decodeName(d), n.QPInc[sp][d], m.prefillName(sp))
+			}
+			if p.PQPInc[sp][d] != n.PQPInc[sp][d] {
+				add("%s now holds a queue pair to incarnation %d of %s", m.prefillName(sp), n.PQPInc[sp][d], m.decodeName(d))
 			}
 		}
 		if !p.PrefillCrashed[sp] && n.PrefillCrashed[sp] {

@@ -270,8 +270,10 @@ func TestFingerprintCoversEveryField(t *testing.T) {
 	twoPage.Prompts, twoPage.PrefillPages = []int{4, 4, 9}, 4
 	twoByTwo := NewConfig(3, 4, 2)
 	twoByTwo.Prefills, twoByTwo.Decodes = 2, 2
+	decodeRestarts := all(twoByTwo)
+	decodeRestarts.DecodeRestarts = true
 	leaves := stateLeaves()
-	for _, cfg := range []Config{NewConfig(3, 4, 2), all(NewConfig(3, 4, 2)), all(twoPage), all(twoByTwo)} {
+	for _, cfg := range []Config{NewConfig(3, 4, 2), all(NewConfig(3, 4, 2)), all(twoPage), all(twoByTwo), decodeRestarts} {
 		m, states := reachable(t, cfg, 10000)
 		fences := cfg.NumPrefills()*cfg.NumDecodes() > 1 || cfg.Faults[FaultLease] > 0
 		byFP := map[string]int{}

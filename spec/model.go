@@ -166,6 +166,7 @@ func (m *Model) encode(dst []byte, s *State, perm []int8) []byte {
 	// Incarnations change only at a restart: without the fault they are all
 	// 0 and left out.
 	restarts := c.Faults[FaultRestart] > 0
+	decodeRestarts := restarts && c.DecodeRestarts
 	var inv [MaxRequests]int8 // new id -> old id
 	for old, nw := range perm {
 		inv[nw] = int8(old)
@@ -277,6 +278,9 @@ func (m *Model) encode(dst []byte, s *State, perm []int8) []byte {
 		if restarts {
 			dst = append(dst, q.PInc)
 		}
+		if decodeRestarts {
+			dst = append(dst, q.DInc)
+		}
 		sn := &q.S
 		dst = append(dst, byte(sn.Phase), b2b(sn.Placeholder), sn.Pages, b2b(sn.SrcHeld), b2b(sn.Granted), sn.Posted, sn.Completed)
 		for i := 0; i < int(sn.Pages); i++ {
@@ -314,6 +318,9 @@ func (m *Model) encode(dst []byte, s *State, perm []int8) []byte {
 					dst = append(dst, byte(msg.Peer))
 				}
 			}
+			if decodeRestarts {
+				dst = append(dst, msg.DInc)
+			}
 		}
 	}
 	for sp := 0; sp < np; sp++ {
@@ -336,6 +343,14 @@ func (m *Model) encode(dst []byte, s *State, perm []int8) []byte {
 				dst = append(dst, s.QPInc[sp][d])
 			}
 		}
+		if decodeRestarts {
+			for d := 0; d < nd; d++ {
+				dst = append(dst, s.PQPInc[sp][d])
+			}
+		}
+	}
+	if decodeRestarts {
+		dst = append(dst, s.DInc[:nd]...)
 	}
 	if multi || c.Faults[FaultLease] > 0 || restarts {
 		// Without the lease fault or restarts a fenced queue pair's prefill

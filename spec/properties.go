@@ -12,7 +12,7 @@ const (
 	// NoSpuriousFailure is the progress property: without faults, a request
 	// fails or is rejected only for a reason the state gives.
 	NoSpuriousFailure = "NoSpuriousFailure"
-	// NoOldIncarnation: nothing of a prefill node's replaced incarnation
+	// NoOldIncarnation: nothing of a node's replaced incarnation (prefill, or decode with Config.DecodeRestarts)
 	// completes or lands after its successor is known.
 	NoOldIncarnation = "NoOldIncarnation"
 	Termination      = "Termination"
@@ -44,7 +44,7 @@ var Invariants = []Invariant{
 	{Conservation, "every page a live request holds is owned by it at the granted epoch: a page is free, owned once, or quarantined, never two owners", conservation},
 	{OutcomeFinal, "a client-visible outcome never changes: once a request is ok, rejected, cancelled or failed, it stays so, with the same reason", func(_ *Model, s *State) bool { return !s.Ghost.Changed }},
 	{NoSpuriousFailure, "in a run without faults a request ends other than ok only for a reason the state gave: over the limit of the node that refused it, or that node's pool or slots really too full for it at that moment", func(_ *Model, s *State) bool { return !s.Ghost.Spurious }},
-	{NoOldIncarnation, "nothing of a restarted prefill node's old incarnation completes or lands after the restart: no request dispatched to it reaches the client as ok once the node has a new incarnation, and no WRITE or SEND the old one posted lands on a decode node that has accepted the new one's queue pair", func(_ *Model, s *State) bool { return !s.Ghost.OldInc }},
+	{NoOldIncarnation, "nothing of a restarted node's old incarnation completes or lands after the restart: no request dispatched to it reaches the client as ok once the node has a new incarnation, no WRITE or SEND the old one posted lands on a decode node that has accepted the new one's queue pair, nothing posted to a replaced decode incarnation lands on its successor, and no prefill node takes a Grant of a decode incarnation it has replaced", func(_ *Model, s *State) bool { return !s.Ghost.OldInc }},
 	{WithinBounds, "no queue exceeded the model's bound (a modelling limit, not a protocol property)", func(_ *Model, s *State) bool { return !s.Overflow }},
 }
 

@@ -203,3 +203,82 @@ func TestNoOldIncarnationCatchesARequestOfTheOldIncarnationServed(t *testing.T) 
 	})
 	wantViolated(t, m, NoOldIncarnation)
 }
+
+// decodeRestarts is one pair, two one-page requests, a late WRITE and a
+// restart of the decode node: an old incarnation's WRITE can be in flight
+// at the restart, and the new pool's page numbers and epochs (from zero
+// again) are the old one's.
+func decodeRestarts() Config {
+	c := NewConfig(2, 2, 2)
+	c.Prompts = []int{2, 2}
+	c.Faults = Budget{}
+	c.Faults[FaultRestart], c.Faults[FaultLate] = 1, 1
+	c.DecodeRestarts = true
+	return c
+}
+
+// shortViolation explores m and returns the length of NoOldIncarnation's
+// counterexample, failing unless there is one.
+func shortViolation(t *testing.T, m *Model) int {
+	t.Helper()
+	var p checker.Properties[State]
+	for _, inv := range Invariants {
+		p.Invariants = append(p.Invariants, checker.Invariant[State]{Name: inv.Name, Holds: func(s *State) bool { return inv.Holds(m, s) }})
+	}
+	res, err := checker.Check(m, p, checker.Options{All: true, DeadlockName: Termination, MaxStates: 2_000_000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range res.Violations {
+		if v.Property == NoOldIncarnation {
+			return len(v.Trace)
+		}
+	}
+	var got []string
+	for _, v := range res.Violations {
+		got = append(got, v.Property)
+	}
+	t.Fatalf("NoOldIncarnation holds; violated: %v", got)
+	return 0
+}
+
+// A decode node that restarts but keeps its old queue pair's inbound queue
+// (the new incarnation takes over the old connection) lets a WRITE posted
+// to the old incarnation, at the old grant's page and epoch, land in the new
+// pool, where page numbers and epochs start again.
+func TestNoOldIncarnationCatchesADecodeRestartThatKeepsTheOldQueuePair(t *testing.T) {
+	m := mutant(t, decodeRestarts(), func(a Action, s *State, step func()) {
+		kept := s.QP[0][0]
+		step()
+		if a.Kind == Restart && a.Arg&DecodeNode != 0 {
+			s.QP[0][0] = kept
+		}
+	})
+	if n := shortViolation(t, m); n > 12 {
+		t.Fatalf("counterexample of %d steps, want at most 12", n)
+	} else {
+		t.Logf("counterexample of %d steps", n)
+	}
+}
+
+// A prefill node that cuts its queue pair to a restarted decode node's old
+// incarnation but keeps what the old one had sent on it takes a Grant of the
+// old incarnation once it holds the new one's queue pair: its WRITEs then go
+// to pages of a pool that is gone, on the new incarnation's queue pair.
+func TestNoOldIncarnationCatchesAGrantOfTheOldDecodeIncarnationAccepted(t *testing.T) {
+	cfg := decodeRestarts()
+	cfg.Faults[FaultLate] = 0
+	m := mutant(t, cfg, func(a Action, s *State, step func()) {
+		kept := s.QPBack[0][0]
+		cut := a.Kind == PrefillRecv && (s.ToPrefill[0].Head().Kind == MPeerRestarted || s.ToPrefill[0].Head().Kind == MPeerFailed)
+		step()
+		if cut {
+			s.QPBack[0][0] = kept
+		}
+	})
+	if n := shortViolation(t, m); n > 12 {
+		t.Fatalf("counterexample of %d steps, want at most 12", n)
+	} else {
+		t.Logf("counterexample of %d steps", n)
+	}
+}

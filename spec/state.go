@@ -177,6 +177,7 @@ type Request struct {
 	Submitted bool
 	P, D      int8  // the prefill and decode node the router chose (both 0 in a 1x1 deployment)
 	PInc      uint8 // the incarnation of prefill node P the request was dispatched to
+	DInc      uint8 // the incarnation of decode node D the request was dispatched to (Config.DecodeRestarts)
 	Outcome   Outcome
 	Reason    Reason
 	S         Sender
@@ -191,7 +192,8 @@ type MsgKind uint8
 
 // The messages. Router→prefill: Prefill, Abort, PeerFailed. Router→decode:
 // Abort, PeerFailed, PeerRestarted (the registry's news of a prefill node's
-// new incarnation). On the queue pair, prefill→decode: Bootstrap, Write, Done,
+// new incarnation). Router→prefill also PeerRestarted, of a decode node's
+// new incarnation (Config.DecodeRestarts). On the queue pair, prefill→decode: Bootstrap, Write, Done,
 // AbortAck (RC: delivered in order); decode→prefill: Grant, Abort.
 const (
 	MPrefill MsgKind = iota
@@ -223,6 +225,7 @@ type Msg struct {
 	Slot   int8    // Grant, Done: decode slot
 	Peer   int8    // PeerFailed: the lost node (a prefill node to a decode node, a decode node to a prefill node); PeerRestarted: the prefill node
 	Inc    uint8   // on the queue pair prefill→decode: the incarnation of the prefill node that sent it; PeerRestarted: the new incarnation
+	DInc   uint8   // on the queue pair: the decode incarnation at its decode end (prefill→decode: the one the sender's end is connected to; decode→prefill: the one that sent it); PeerRestarted of a decode node (Peer = DecodeNode|d): the new incarnation
 }
 
 // What a corrupt fault damaged in a WRITE (Msg.Damage).
@@ -294,6 +297,8 @@ type State struct {
 	Fenced         [MaxPrefills][MaxDecodes]bool  // the queue pair was cut for good: one end was declared lost
 	Inc            [MaxPrefills]uint8             // each prefill node's incarnation: advanced at every restart
 	QPInc          [MaxPrefills][MaxDecodes]uint8 // the incarnation of prefill node p whose queue pair decode node d holds
+	DInc           [MaxDecodes]uint8              // each decode node's incarnation: advanced at every restart of it (Config.DecodeRestarts)
+	PQPInc         [MaxPrefills][MaxDecodes]uint8 // the incarnation of decode node d whose queue pair prefill node p holds
 	Budget         Budget                         // faults left
 	Overflow       bool                           // a queue bound was hit: the bounds are too small (reported as a property)
 	Foreign        ForeignWrite
@@ -317,5 +322,6 @@ type Ghost struct {
 // What a NoOldIncarnation violation was (Ghost.OldIncWhat).
 const (
 	OldIncOK     = 1 // a request of a replaced incarnation reached the client as ok
-	OldIncPlaced = 2 // a WRITE or SEND of a replaced incarnation landed on a decode node that had accepted its successor
+	OldIncPlaced = 2 // a WRITE or SEND of a replaced incarnation landed on a decode node that had accepted its successor, or one posted to a replaced decode incarnation landed on its successor
+	OldIncGrant  = 3 // a prefill node took a Grant or Abort of a decode incarnation it had replaced by its successor
 )

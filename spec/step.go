@@ -24,7 +24,7 @@ const (
 	Cut                              // fault: the queue pair breaks and flushes
 	CorruptSend                      // fault: the SEND at the head of a queue-pair direction arrives with a count damaged (Arg: SendTokens or SendPages, plus SendBack for decode→prefill)
 	LeaseLost                        // fault: a live node's registry lease expires (Arg: the node, DecodeNode for a decode node)
-	Restart                          // fault: a crashed prefill node comes back under a new incarnation (Arg: the node)
+	Restart                          // fault: a crashed prefill node comes back under a new incarnation, or a decode node crashes and comes back under one (Arg: the node, DecodeNode|d for a decode node)
 	NumActionKinds                   // the number of action kinds
 )
 
@@ -95,13 +95,13 @@ func (a Action) String() string {
 			if a.Arg>>8 != 0 {
 				s += fmt.Sprintf("+source-choice-%d", a.Arg>>8)
 			}
-		case Crash, DetectCrash, Restart:
+		case Crash, DetectCrash:
 			s += fmt.Sprintf("@p%d", a.Arg)
 		case DecodeRecv:
 			s += fmt.Sprintf("@d%d", a.Arg)
 		}
 	}
-	if a.Kind == LeaseLost {
+	if a.Kind == LeaseLost || a.Kind == Restart {
 		s += fmt.Sprintf("@%c%d", "pd"[a.Arg>>8], a.Arg&15)
 	}
 	return s
@@ -296,6 +296,11 @@ func (m *Model) Successors(s *State, emit func(Action, *State)) {
 				do(Action{Restart, -1, uint16(p)}, 0, p, 0, 0, func(x *sys, _, p, _, _ int) { x.restart(p) })
 			}
 		}
+		if c.DecodeRestarts {
+			for d := 0; d < nd; d++ {
+				do(Action{Restart, -1, DecodeNode | uint16(d)}, 0, 0, d, 0, func(x *sys, _, _, d, _ int) { x.restartDecode(d) })
+			}
+		}
 	}
 	if s.Budget[FaultLease] > 0 {
 		for p := 0; p < np; p++ {
@@ -366,8 +371,22 @@ func (m *Model) observe(prev *State, a Action, next *State) {
 		// its prefill node: an earlier one than the queue pair decode has
 		// accepted since is one whose queue pair should have been fenced.
 		q := &prev.Req[a.Req]
-		if h := prev.QP[q.P][q.D].Head(); h.Inc < prev.QPInc[q.P][q.D] {
+		// And it was sent on a queue pair to an incarnation of decode: an
+		// earlier one than decode's own is one that has gone.
+		if h := prev.QP[q.P][q.D].Head(); h.Inc < prev.QPInc[q.P][q.D] || h.DInc != prev.DInc[q.D] {
 			next.Ghost.OldInc, next.Ghost.OldIncReq, next.Ghost.OldIncWhat = true, h.Req, OldIncPlaced
+		}
+	}
+	if restarts && m.cfg.DecodeRestarts && !next.Ghost.OldInc && (a.Kind == PrefillRecvQP || a.Kind == CorruptSend && a.Arg&SendBack != 0) {
+		// What prefill takes off a queue pair was sent by an incarnation of
+		// its decode node: one older than the queue pair prefill has
+		// accepted since is one whose queue pair should have been cut.
+		p, d := int(a.Arg>>4), int(a.Arg&15)
+		if a.Kind == CorruptSend {
+			p, d = int(prev.Req[a.Req].P), int(prev.Req[a.Req].D)
+		}
+		if h := prev.QPBack[p][d].Head(); h.DInc < prev.PQPInc[p][d] {
+			next.Ghost.OldInc, next.Ghost.OldIncReq, next.Ghost.OldIncWhat = true, h.Req, OldIncGrant
 		}
 	}
 	for r := range m.cfg.Prompts {
@@ -375,7 +394,7 @@ func (m *Model) observe(prev *State, a Action, next *State) {
 		if p.Outcome == n.Outcome && p.Reason == n.Reason {
 			continue
 		}
-		if restarts && n.Outcome == OK && p.PInc != prev.Inc[p.P] && !next.Ghost.OldInc {
+		if restarts && n.Outcome == OK && (p.PInc != prev.Inc[p.P] || p.DInc != prev.DInc[p.D]) && !next.Ghost.OldInc {
 			next.Ghost.OldInc, next.Ghost.OldIncReq, next.Ghost.OldIncWhat = true, int8(r), OldIncOK
 		}
 		if p.Outcome != Pending {
@@ -608,16 +627,27 @@ func (x *sys) push(q *Queue, msg Msg) {
 // one that decode holds for another incarnation (there is none yet for this one).
 func (x *sys) toQP(r int, msg Msg) {
 	q := &x.s.Req[r]
-	msg.Inc = x.s.Inc[q.P]
-	if !x.s.Fenced[q.P][q.D] && x.s.QPInc[q.P][q.D] == msg.Inc {
+	msg.Inc, msg.DInc = x.s.Inc[q.P], x.s.PQPInc[q.P][q.D]
+	if x.qpLive(int(q.P), int(q.D)) {
 		x.push(x.qp(r), msg)
 	}
 }
 
-// toQPBack sends on r's queue pair to prefill: only while the queue pair
-// decode holds is the live incarnation's (the other end of an older one is gone).
+// qpLive reports whether queue pair (p, d) connects the live incarnations
+// of both nodes: not fenced, and each end is the one the other holds. A
+// message sent on a queue pair whose other end is a replaced incarnation
+// (or is not yet accepted) is flushed.
+func (x *sys) qpLive(p, d int) bool {
+	return !x.s.Fenced[p][d] && x.s.QPInc[p][d] == x.s.Inc[p] && x.s.PQPInc[p][d] == x.s.DInc[d]
+}
+
+// toQPBack sends on r's queue pair to prefill, stamped with the decode
+// incarnation that sends it: only while the queue pair is live (the other
+// end of an older one is gone).
 func (x *sys) toQPBack(r int, msg Msg) {
-	if q := &x.s.Req[r]; !x.s.Fenced[q.P][q.D] && x.s.QPInc[q.P][q.D] == x.s.Inc[q.P] {
+	q := &x.s.Req[r]
+	msg.DInc = x.s.DInc[q.D]
+	if x.qpLive(int(q.P), int(q.D)) {
 		x.toPrefill(int(q.P), x.qpBack(r), msg)
 	}
 }
@@ -654,7 +684,7 @@ func (x *sys) submit(r, p, d int) {
 		x.report(r, Failed, PeerFailed)
 	default:
 		x.hit(RouterDispatch)
-		q.P, q.D, q.PInc = int8(p), int8(d), x.s.Inc[p]
+		q.P, q.D, q.PInc, q.DInc = int8(p), int8(d), x.s.Inc[p], x.s.DInc[d]
 		x.toPrefill(p, &x.s.ToPrefill[p], Msg{Kind: MPrefill, Req: int8(r), Tokens: uint8(t)})
 	}
 }
@@ -693,6 +723,12 @@ func (x *sys) detectLoss(p int) {
 // requests hold on d stay granted or quarantined.
 func (x *sys) decodeLost(d int) {
 	x.s.Budget[FaultLease]--
+	x.decodeLoss(d)
+}
+
+// decodeLoss is the router's loss of decode node d (its lease expired, or
+// it registered a new incarnation): see decodeLost.
+func (x *sys) decodeLoss(d int) {
 	x.s.DecodeLost[d] = true
 	for r := range x.m.cfg.Prompts {
 		if q := &x.s.Req[r]; q.Submitted && int(q.D) == d && q.Outcome == Pending {
@@ -728,6 +764,8 @@ func (x *sys) prefillRecv(p, choice int) {
 		x.prefillAbort(int(msg.Req))
 	case MPeerFailed:
 		x.fenceQP(p, int(msg.Peer)) // the fence for a lost decode node
+	case MPeerRestarted:
+		x.acceptDecodeIncarnation(p, int(msg.Peer), msg.DInc)
 	}
 }
 
@@ -759,10 +797,13 @@ func (x *sys) prefillIntake(r, choice int) {
 	if c.AnySourcePages && len(got) >= pages {
 		got = nthTuple(got, pages, choice)
 	}
-	if q := &x.s.Req[r]; x.s.Fenced[q.P][q.D] || x.s.QPInc[q.P][q.D] != x.s.Inc[q.P] {
+	if q := &x.s.Req[r]; x.s.Fenced[q.P][q.D] || x.s.QPInc[q.P][q.D] != x.s.Inc[q.P] || x.s.PQPInc[q.P][q.D] != q.DInc {
 		// The queue pair to the chosen decode node was cut for good when
 		// one end was declared lost, or this incarnation has none yet
-		// (decode has not accepted it): the Bootstrap is flushed, so the leg fails.
+		// (decode has not accepted it): the Bootstrap is flushed, so the
+		// leg fails. So does a request routed to a decode incarnation
+		// other than the one this node's queue pair is to: the route
+		// names the incarnation, and a replaced one is gone.
 		snd.Phase = SFailed
 		x.report(r, Failed, Flushed)
 		return
@@ -875,7 +916,7 @@ func (x *sys) postWrite(r int, variant uint16) {
 	case variant&Late != 0:
 		x.s.Budget[FaultLate]--
 		x.toQP(r, w)
-	case x.qp(r).N == 0:
+	case x.qp(r).N == 0 && x.qpLive(int(x.s.Req[r].P), int(x.s.Req[r].D)):
 		x.place(w) // nothing ahead of it on the queue pair: placed at once
 	default:
 		x.toQP(r, w)
@@ -947,8 +988,63 @@ func (x *sys) restart(p int) {
 	}
 	x.s.CrashDetected[p] = false
 	for d := 0; d < x.m.cfg.NumDecodes(); d++ {
+		x.s.PQPInc[p][d] = x.s.DInc[d] // its new queue pairs are to the live incarnation of each decode node
 		x.push(&x.s.ToDecode[d], Msg{Kind: MPeerRestarted, Req: -1, Peer: int8(p), Inc: x.s.Inc[p]})
 	}
+}
+
+// restartDecode crashes decode node d and brings it back at once under a
+// new incarnation (Config.DecodeRestarts): its memory is gone, so it has no
+// records and a fresh pool, whose pages are all free and whose epochs start
+// again from zero (the KV and tag records in the pages stay: pages are never
+// zeroed); its slots are free. What was in flight to the old incarnation is
+// flushed (its end of every queue pair went with it); what it sent before
+// may still reach prefill. The new incarnation holds a queue pair for the
+// live incarnation of each prefill node the registry lists, and registers
+// under its name: the new record tells the router that the old incarnation
+// is lost, as an expired lease would (unless that was already detected, or
+// with peer-by-name), and each prefill node that d is back, so that it cuts
+// its queue pair to the old incarnation before it accepts the new one's.
+func (x *sys) restartDecode(d int) {
+	x.s.Budget[FaultRestart]--
+	x.s.DInc[d]++
+	for r := range x.m.cfg.Prompts {
+		if q := &x.s.Req[r]; q.Submitted && int(q.D) == d {
+			q.R = Receiver{Slot: -1}
+		}
+	}
+	for i := range x.s.Pages[d] {
+		pg := &x.s.Pages[d][i]
+		pg.Owner, pg.Quarantined, pg.Epoch = Free, false, 0
+	}
+	for i := range x.s.Slots[d] {
+		x.s.Slots[d][i] = Free
+	}
+	x.s.ToDecode[d].Clear()
+	for p := 0; p < x.m.cfg.NumPrefills(); p++ {
+		x.s.QP[p][d].Clear()
+		x.s.QPInc[p][d], x.s.Fenced[p][d] = x.s.Inc[p], x.s.CrashDetected[p]
+	}
+	if !x.s.DecodeLost[d] && !x.bug(PeerByName) {
+		x.hit(RestartLoss)
+		x.decodeLoss(d)
+	}
+	x.s.DecodeLost[d] = false
+	for p := 0; p < x.m.cfg.NumPrefills(); p++ {
+		x.toPrefill(p, &x.s.ToPrefill[p], Msg{Kind: MPeerRestarted, Req: -1, Peer: int8(d), DInc: x.s.DInc[d]})
+	}
+}
+
+// acceptDecodeIncarnation is prefill node p's reaction to decode node d's
+// new incarnation inc: it cuts its queue pair to the old incarnation,
+// failing the legs on it and flushing what the old one sent (a Grant of
+// the old incarnation names pages of a pool that is gone), and only then
+// holds a queue pair to the new one.
+func (x *sys) acceptDecodeIncarnation(p, d int, inc uint8) {
+	x.hit(RestartFence)
+	x.cutQP(p, d, PeerFailed)
+	x.s.PQPInc[p][d] = inc
+	x.s.Fenced[p][d] = x.s.CrashDetected[p]
 }
 
 func (x *sys) crash(p int) {

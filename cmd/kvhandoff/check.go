@@ -50,6 +50,7 @@ type checkFlags struct {
 	prefills, decodes         int
 	restarts                  int
 	anySource                 bool
+	decodeRestarts            bool
 }
 
 func runCheck(args []string, stdout, stderr io.Writer) int {
@@ -64,6 +65,7 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&f.prefills, "prefills", 1, fmt.Sprintf("prefill nodes, each with the prefill pool (1..%d)", spec.MaxPrefills))
 	fs.IntVar(&f.decodes, "decodes", 1, fmt.Sprintf("decode nodes, each with the decode pool and slots (1..%d); a queue pair per (prefill, decode) pair", spec.MaxDecodes))
 	fs.IntVar(&f.restarts, "restarts", -1, "restarts of a crashed prefill node under a new incarnation (0..3; the same as restart=N in --faults, which it overrides; needs a crash budget)")
+	fs.BoolVar(&f.decodeRestarts, "decode-restarts", false, "the restart fault may also crash a decode node and bring it back at once under a new incarnation (a fresh pool, epochs from zero); needs a restart budget, shared with prefill restarts")
 	fs.BoolVar(&f.anySource, "any-source-pages", false, "a prefill node's intake may take any free source pages, in any order, not only the lowest: every choice explored (the refinement mapping's setting; more states)")
 	fs.IntVar(&f.maxFaults, "max-faults", 0, "faults in one execution, all kinds together (0: only the budgets bound them; with --matrix the default is 2)")
 	fs.StringVar(&f.bugs, "bug", "", "switches of the bug catalogue to turn on, comma-separated")
@@ -220,6 +222,7 @@ func (f *checkFlags) config() (spec.Config, error) {
 	}
 	cfg.MaxFaults = f.maxFaults
 	cfg.AnySourcePages = f.anySource
+	cfg.DecodeRestarts = f.decodeRestarts
 	cfg.Prefills, cfg.Decodes = f.prefills, f.decodes
 	if f.prefills < 1 || f.decodes < 1 {
 		return cfg, fmt.Errorf("--prefills and --decodes must be at least 1")

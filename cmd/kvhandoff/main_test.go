@@ -113,7 +113,8 @@ func TestCheckRejectsBadInputWithExitTwo(t *testing.T) {
 		{"check", "--prompts", "4,x"},
 		{"check", "--prompts", "4,0"},
 		{"check", "--restarts", "9"},
-		{"check", "--faults", "restart"}, // a restart without a crash to come back from
+		{"check", "--faults", "restart"},                    // a restart without a crash to come back from
+		{"check", "--decode-restarts", "--faults", "crash"}, // decode restarts with no restart budget
 		{"check", "extra"},
 		{"check", "--no-such-flag"},
 		{"frobnicate"},
