@@ -272,8 +272,14 @@ func TestFingerprintCoversEveryField(t *testing.T) {
 	twoByTwo.Prefills, twoByTwo.Decodes = 2, 2
 	decodeRestarts := all(twoByTwo)
 	decodeRestarts.DecodeRestarts = true
+	// One pair whose few states the limit covers: requests routed before and
+	// after a decode restart, and queue pairs to both incarnations.
+	decodeRestartsOnePair := NewConfig(2, 2, 2)
+	decodeRestartsOnePair.Faults = Budget{}
+	decodeRestartsOnePair.Faults[FaultRestart], decodeRestartsOnePair.Faults[FaultLate], decodeRestartsOnePair.Faults[FaultCancel] = 2, 1, 1
+	decodeRestartsOnePair.DecodeRestarts = true
 	leaves := stateLeaves()
-	for _, cfg := range []Config{NewConfig(3, 4, 2), all(NewConfig(3, 4, 2)), all(twoPage), all(twoByTwo), decodeRestarts} {
+	for _, cfg := range []Config{NewConfig(3, 4, 2), all(NewConfig(3, 4, 2)), all(twoPage), all(twoByTwo), decodeRestarts, decodeRestartsOnePair} {
 		m, states := reachable(t, cfg, 10000)
 		fences := cfg.NumPrefills()*cfg.NumDecodes() > 1 || cfg.Faults[FaultLease] > 0
 		byFP := map[string]int{}

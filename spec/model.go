@@ -167,6 +167,16 @@ func (m *Model) encode(dst []byte, s *State, perm []int8) []byte {
 	// 0 and left out.
 	restarts := c.Faults[FaultRestart] > 0
 	decodeRestarts := restarts && c.DecodeRestarts
+	// A sender's grant has as many pages as decode's record of it: its N,
+	// except after a decode restart, which drops the record while the old
+	// incarnation's grant lives on at the sender (its WRITEs are flushed, but
+	// it is state): then the reservation's size, PagesFor(prompt).
+	grantLen := func(r int8) int {
+		if q := &s.Req[r]; decodeRestarts && q.S.Granted && q.DInc != s.DInc[q.D] {
+			return c.PagesFor(c.Prompts[r])
+		}
+		return int(s.Req[r].R.N)
+	}
 	var inv [MaxRequests]int8 // new id -> old id
 	for old, nw := range perm {
 		inv[nw] = int8(old)
@@ -214,7 +224,7 @@ func (m *Model) encode(dst []byte, s *State, perm []int8) []byte {
 				see(q.R.Pages[i].Page, uint16(nw*32+i))
 			}
 			if q.S.Granted {
-				for i := 0; i < int(q.R.N); i++ {
+				for i := 0; i < grantLen(inv[nw]); i++ {
 					see(q.S.Grant[i].Page, uint16(nw*32+16+i))
 				}
 			}
@@ -287,7 +297,7 @@ func (m *Model) encode(dst []byte, s *State, perm []int8) []byte {
 			dst = append(dst, byte(sn.Src[i]))
 		}
 		if sn.Granted {
-			for i := 0; i < int(q.R.N); i++ {
+			for i := 0; i < grantLen(inv[nw]); i++ {
 				dst = append(dst, page(q.D, sn.Grant[i].Page), sn.Grant[i].Epoch)
 			}
 		}
