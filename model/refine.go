@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -461,7 +462,7 @@ func (h *Refinement) step(a spec.Action, impl func(popped *[spec.MaxPrefills][sp
 		for d := range h.dec {
 			after, left := h.s.QP[p][d].Items(), before[p][d][popped[p][d]:]
 			sent := after
-			if len(after) >= len(left) && slicesEqual(after[:len(left)], left) {
+			if len(after) >= len(left) && slices.Equal(after[:len(left)], left) {
 				sent = after[len(left):]
 			}
 			for _, msg := range sent {
@@ -477,18 +478,6 @@ func (h *Refinement) step(a spec.Action, impl func(popped *[spec.MaxPrefills][sp
 		}
 	}
 	return h.compare(a.String())
-}
-
-func slicesEqual(a, b []spec.Msg) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // apply does a's part on the implementation's side. popped counts what it
