@@ -15,21 +15,8 @@ import (
 // the old life, whose requests fail, not for an advertisement update. The
 // same incarnation registering again changes nothing.
 func TestRouterTakesANewIncarnationForTheLossOfTheOld(t *testing.T) {
-	rt, err := NewRouter(RouterConfig{Security: Security{Insecure: true}, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
 	pre := Member{Name: "prefill-1", Role: RolePrefill, Control: "127.0.0.1:1", PoolPages: 8, PageTokens: 4, Model: "m", Incarnation: 1}
-	dec := Member{Name: "decode-1", Role: RoleDecode, Control: "127.0.0.1:1", Transfer: "127.0.0.1:1", PoolPages: 8, PageTokens: 4, Model: "m", Incarnation: 1}
-	rt.change(Change{Kind: Joined, Member: pre})
-	rt.change(Change{Kind: Joined, Member: dec})
-	rt.mu.Lock()
-	if _, err := rt.r.Submit(1, 4, time.Now()); err != nil {
-		rt.mu.Unlock()
-		t.Fatal(err)
-	}
-	rt.r.Effects() // the dispatch is not sent: no node listens
-	rt.mu.Unlock()
+	rt := routerWithRequestOn(t, pre)
 	status := func() protocol.RouteInfo {
 		rt.mu.Lock()
 		defer rt.mu.Unlock()
@@ -51,21 +38,8 @@ func TestRouterTakesANewIncarnationForTheLossOfTheOld(t *testing.T) {
 // so a smaller incarnation is a restart too: the old life's requests fail and
 // the node is routed to again, instead of being refused for ever.
 func TestRouterTakesASmallerIncarnationFromTheRegistryForARestart(t *testing.T) {
-	rt, err := NewRouter(RouterConfig{Security: Security{Insecure: true}, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
 	pre := Member{Name: "prefill-1", Role: RolePrefill, Control: "127.0.0.1:1", PoolPages: 8, PageTokens: 4, Model: "m", Incarnation: 100}
-	dec := Member{Name: "decode-1", Role: RoleDecode, Control: "127.0.0.1:1", Transfer: "127.0.0.1:1", PoolPages: 8, PageTokens: 4, Model: "m", Incarnation: 1}
-	rt.change(Change{Kind: Joined, Member: pre})
-	rt.change(Change{Kind: Joined, Member: dec})
-	rt.mu.Lock()
-	if _, err := rt.r.Submit(1, 4, time.Now()); err != nil {
-		rt.mu.Unlock()
-		t.Fatal(err)
-	}
-	rt.r.Effects()
-	rt.mu.Unlock()
+	rt := routerWithRequestOn(t, pre)
 	pre.Incarnation = 40 // restarted after the clock went back
 	rt.change(Change{Kind: Joined, Member: pre})
 	rt.mu.Lock()
@@ -83,4 +57,24 @@ func TestRouterTakesASmallerIncarnationFromTheRegistryForARestart(t *testing.T) 
 	if !live {
 		t.Fatalf("prefill-1 under its new incarnation is not routed to: %+v", rt.r.Nodes())
 	}
+}
+
+// routerWithRequestOn makes a router that knows pre and a decode node, with
+// request 1 dispatched (not sent: no node listens).
+func routerWithRequestOn(t *testing.T, pre Member) *Router {
+	t.Helper()
+	rt, err := NewRouter(RouterConfig{Security: Security{Insecure: true}, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec := Member{Name: "decode-1", Role: RoleDecode, Control: "127.0.0.1:1", Transfer: "127.0.0.1:1", PoolPages: 8, PageTokens: 4, Model: "m", Incarnation: 1}
+	rt.change(Change{Kind: Joined, Member: pre})
+	rt.change(Change{Kind: Joined, Member: dec})
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	if _, err := rt.r.Submit(1, 4, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	rt.r.Effects()
+	return rt
 }
