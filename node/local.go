@@ -12,6 +12,7 @@ import (
 	"github.com/kvhandoff/kvhandoff/engine/model"
 	"github.com/kvhandoff/kvhandoff/internal/pki"
 	"github.com/kvhandoff/kvhandoff/internal/research"
+	"github.com/kvhandoff/kvhandoff/protocol"
 	"github.com/kvhandoff/kvhandoff/rdma/inproc"
 	"github.com/kvhandoff/kvhandoff/transfer"
 )
@@ -38,6 +39,8 @@ type LocalConfig struct {
 
 	// prefillKV wraps prefill node i's KV source (tests: hold a transfer).
 	prefillKV func(i int, src transfer.KVSource) transfer.KVSource
+	// beforeDecodeCall is the router's RouterConfig.beforeDecodeCall.
+	beforeDecodeCall func(protocol.RequestID)
 	// ContextTokens is every node's own limit (NodeConfig.ContextTokens),
 	// PrefillContextTokens the prefill nodes' instead if not 0,
 	// AdvertiseContext what the prefill nodes claim (NodeConfig.AdvertiseContext),
@@ -166,7 +169,8 @@ func StartLocal(cfg LocalConfig) (*Local, error) {
 	if err != nil {
 		return fail(err)
 	}
-	if l.Router, err = NewRouter(RouterConfig{Name: "router", Registry: reg, Security: sec, ModelID: cfg.ModelID, Timeout: cfg.Timeout, Log: cfg.Log}); err != nil {
+	if l.Router, err = NewRouter(RouterConfig{Name: "router", Registry: reg, Security: sec, ModelID: cfg.ModelID, Timeout: cfg.Timeout, Log: cfg.Log,
+		beforeDecodeCall: cfg.beforeDecodeCall}); err != nil {
 		return fail(err)
 	}
 	api, err := listen()

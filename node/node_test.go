@@ -348,6 +348,50 @@ func TestClientDisconnectCancelsBothLegs(t *testing.T) {
 	allPagesBack(t, l)
 }
 
+// A request whose prefill node is lost after its KV arrived and verified on
+// the decode node, while the router's call to the decode leg is still in
+// flight, fails; the router cuts that call, which never reaches the node,
+// and cancels the leg instead: the decode node's verified pages come back
+// at once, not when it gives up waiting for a prompt (its timeout, a minute
+// here). This held 5 pages past the end of a kvhandoff demo run.
+func TestLostPrefillNodeFreesTheDecodePagesOfACallCutInFlight(t *testing.T) {
+	ids, release := make(chan protocol.RequestID, 1), make(chan struct{})
+	var once sync.Once
+	l, err := StartLocal(LocalConfig{PrefillPages: 64, DecodePages: 64, PageTokens: 16, Timeout: time.Minute, Log: quietLog(),
+		beforeDecodeCall: func(id protocol.RequestID) {
+			once.Do(func() {
+				ids <- id
+				<-release
+			})
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Stop()
+	d := l.Decodes[0]
+	done := make(chan answer, 1)
+	go func() {
+		a, err := complete(context.Background(), l.API, "t", strings.Repeat("a long prompt. ", 30), 16)
+		if err != nil {
+			a.err = err.Error()
+		}
+		done <- a
+	}()
+	id := <-ids
+	waitUntil(t, "the request verified on the decode node", func() bool { return d.Endpoint().Status(id) == protocol.StatusReady })
+	if err := l.CrashPrefill(0); err != nil {
+		t.Fatal(err)
+	}
+	if a := <-done; !strings.Contains(a.err, "node lost") {
+		t.Fatalf("the client got %+v, want the request failed with its prefill node lost", a)
+	}
+	close(release) // the router's call goes on, its context already ended
+	allPagesBack(t, l)
+	if st := d.Endpoint().Status(id); st != protocol.StatusClosed {
+		t.Fatalf("the request is %v on the decode node, want closed (cancelled)", st)
+	}
+}
+
 func waitUntil(t *testing.T, what string, ok func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)

@@ -33,6 +33,10 @@ type RouterConfig struct {
 	MaxNewTokens int
 	Metrics      *Metrics
 	Log          *slog.Logger
+
+	// beforeDecodeCall, if set, runs before the router calls a request's
+	// decode leg (tests: hold the call in flight).
+	beforeDecodeCall func(protocol.RequestID)
 }
 
 // Router is the router node: protocol.Router driven by a run loop with its
@@ -64,6 +68,7 @@ type routed struct {
 	tokens     []int
 	done       chan error // the client-visible outcome, once
 	legs       map[protocol.PeerID]context.CancelFunc
+	cancelled  map[protocol.PeerID]bool // legs the router sent a cancel call
 }
 
 // Completion is a client's request.
@@ -334,7 +339,7 @@ func (rt *Router) complete(ctx context.Context, c Completion) (Result, error) {
 		rt.mu.Unlock()
 		return Result{PromptTokens: len(prompt)}, fmt.Errorf("%w: the router knows no prefill and decode node yet", protocol.ErrNoNode)
 	}
-	q := &routed{completion: c, prompt: prompt, done: make(chan error, 1), legs: map[protocol.PeerID]context.CancelFunc{}}
+	q := &routed{completion: c, prompt: prompt, done: make(chan error, 1), legs: map[protocol.PeerID]context.CancelFunc{}, cancelled: map[protocol.PeerID]bool{}}
 	rt.pending[id] = q
 	d, err := rt.r.Submit(id, len(prompt), time.Now())
 	if err != nil {
@@ -396,9 +401,10 @@ func (rt *Router) effectsLocked() {
 			delete(rt.pending, o.Request)
 			if o.Err != nil {
 				// A failed request's legs end now, even one the router ended
-				// without a cancel (the decode leg of a lost prefill node,
-				// which never bootstrapped): its call closes, and the node
-				// cancels what it holds.
+				// without a cancel (the decode leg of a lost prefill node):
+				// its call closes, and the node cancels what it holds; a
+				// call cut before it reached the node is followed by a
+				// cancel call (cancelCutCall).
 				for _, stop := range q.legs {
 					stop()
 				}
@@ -420,9 +426,15 @@ func (rt *Router) dispatchLocked(d protocol.Dispatch) {
 	q.legs[d.Prefill], q.legs[d.Decode] = preCancel, decCancel
 	go func() {
 		defer decCancel()
+		if rt.cfg.beforeDecodeCall != nil {
+			rt.cfg.beforeDecodeCall(d.Request)
+		}
 		var a legAnswer
 		err := rt.client.call(decCtx, dec.Name, dec.Control, pathDecode,
 			decodeCall{ID: d.Request, Prefill: pre.Name, Prompt: q.prompt, MaxTokens: c.MaxTokens, Tenant: c.Tenant, Model: c.Model}, &a)
+		if err != nil && decCtx.Err() != nil {
+			rt.cancelCutCall(d.Decode, d.Request, q)
+		}
 		rt.legEnded(d.Decode, d.Request, err, a.Tokens, q)
 	}()
 	go func() {
@@ -431,6 +443,27 @@ func (rt *Router) dispatchLocked(d protocol.Dispatch) {
 			prefillCall{ID: d.Request, Decode: dec.Name, Prompt: q.prompt, Tenant: c.Tenant, Model: c.Model}, nil)
 		rt.legEnded(d.Prefill, d.Request, err, nil, q)
 	}()
+}
+
+// cancelCutCall: the router cut a decode leg's call short (the request
+// failed elsewhere, a lost prefill node's above all, which ends the decode
+// leg without a cancel of the protocol's). A call cut in flight may never
+// have reached the node, which may hold the request's verified pages
+// waiting for it: a cancel call says the request is over. Not for a leg
+// whose cancel was sent already, nor for a lost node.
+func (rt *Router) cancelCutCall(node protocol.PeerID, id protocol.RequestID, q *routed) {
+	rt.mu.Lock()
+	m, skip := rt.members[node], q.cancelled[node] || rt.lost[node]
+	q.cancelled[node] = true
+	rt.mu.Unlock()
+	if skip {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := rt.client.call(ctx, m.Name, m.Control, pathCancel, cancelCall{ID: id}, nil); err != nil {
+		rt.cfg.Log.Warn("router: cancelling a leg whose call was cut", "request_id", uint64(id), "node", m.Name, "err", err)
+	}
 }
 
 func (rt *Router) legEnded(node protocol.PeerID, id protocol.RequestID, err error, tokens []int, q *routed) {
@@ -496,6 +529,7 @@ func (rt *Router) cancelLegLocked(c protocol.CancelLeg) {
 	var stopCall context.CancelFunc
 	if q := rt.pending[c.Request]; q != nil {
 		stopCall = q.legs[c.Node]
+		q.cancelled[c.Node] = true
 	}
 	if rt.lost[c.Node] {
 		if stopCall != nil {
