@@ -203,7 +203,9 @@ func TestRapidImplementationKeepsEveryProperty(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) { checkWorld(t, research.Switches{}, false) })
 	t.Logf("%d runs: %.1f events drawn by rapid and %.1f in all per run", stats.runs,
 		float64(stats.repeated)/float64(stats.runs), float64(stats.total)/float64(stats.runs))
-	if stats.repeated < 10*stats.runs {
+	// The mean varies with rapid's seed (9.7 to 30 per run measured, at 60
+	// and 300 runs): the bound is for a machine that does not run at all.
+	if stats.repeated < 3*stats.runs {
 		t.Fatalf("rapid drew only %d events in %d runs: the state machine barely ran", stats.repeated, stats.runs)
 	}
 }

@@ -304,8 +304,9 @@ func TestRapidImplementationRefinesTheSpec(t *testing.T) {
 	// About half the runs serve a request; under -short only ~60 run, and
 	// rapid's seed is random, so the bound is a fifth (a third failed at 18
 	// of 61, 2.8 standard deviations low), far below what a working machine
-	// draws and far above what one that barely runs does.
-	if st.repeated < 10*st.runs || 5*st.total < st.runs {
+	// draws and far above what one that barely runs does. Steps likewise:
+	// 13.7 to 14.8 per run measured under -short, the bound 5.
+	if st.repeated < 5*st.runs || 5*st.total < st.runs {
 		t.Fatalf("%d steps in %d runs, %d with a request served: the state machine barely ran", st.repeated, st.runs, st.total)
 	}
 }
