@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"reflect"
 	"slices"
 	"strings"
@@ -79,6 +80,68 @@ func TestEncodingRoundTripsReachableStates(t *testing.T) {
 		t.Logf("%d states, %d bytes per encoding on average (a State is %d)", len(states), total/len(states), stateSize)
 		if avg := total / len(states); avg > stateSize/4 {
 			t.Errorf("%d bytes per encoded state on average, want well under the %d of a State", avg, stateSize)
+		}
+	}
+}
+
+// appendStateByBytes is the encoding as its definition reads, a byte at a
+// time: AppendState, which skips equal bytes a word at a time, must write
+// exactly this.
+func appendStateByBytes(dst []byte, s *State) []byte {
+	cur, base := stateBytes(s), stateBytes(&encodingBase)
+	for i := 0; ; {
+		eq := i
+		for eq < stateSize && cur[eq] == base[eq] {
+			eq++
+		}
+		if eq == stateSize {
+			return dst
+		}
+		diff := eq + 1
+		for diff < stateSize && (cur[diff] != base[diff] || diff+1 < stateSize && cur[diff+1] != base[diff+1]) {
+			diff++
+		}
+		dst = binary.AppendUvarint(dst, uint64(eq-i))
+		dst = binary.AppendUvarint(dst, uint64(diff-eq))
+		for j := eq; j < diff; j++ {
+			dst = append(dst, cur[j]^base[j])
+		}
+		i = diff
+	}
+}
+
+// AppendState writes the byte-at-a-time definition's bytes,
+// for reachable states and for states with differing bytes placed anywhere
+// (runs ending at the last byte, single equal bytes inside a run, runs
+// crossing every word boundary), and they decode back.
+func TestAppendStateWritesTheDefinitionsBytes(t *testing.T) {
+	m, states := reachable(t, NewConfig(3, 4, 2), 3000)
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 3000 {
+		s := encodingBase
+		b := stateBytes(&s)
+		for range 1 + rng.IntN(40) {
+			at := rng.IntN(stateSize)
+			if rng.IntN(4) == 0 {
+				at = stateSize - 1 - rng.IntN(10)
+			}
+			for k := range 1 + rng.IntN(12) {
+				if at+k < stateSize && rng.IntN(5) > 0 {
+					b[at+k] ^= byte(1 + rng.IntN(255))
+				}
+			}
+		}
+		states = append(states, s)
+	}
+	for i := range states {
+		want := appendStateByBytes(nil, &states[i])
+		got := m.AppendState([]byte{0xee}, &states[i])
+		if !bytes.Equal(got[1:], want) || got[0] != 0xee {
+			t.Fatalf("state %d: AppendState wrote\n%x\nthe definition\n%x", i, got[1:], want)
+		}
+		var back State
+		if err := m.DecodeState(want, &back); err != nil || back != states[i] {
+			t.Fatalf("state %d does not decode back (%v)", i, err)
 		}
 	}
 }
