@@ -341,9 +341,34 @@ func TestFingerprintCoversEveryField(t *testing.T) {
 	decodeRestartsOnePair.Faults = Budget{}
 	decodeRestartsOnePair.Faults[FaultRestart], decodeRestartsOnePair.Faults[FaultLate], decodeRestartsOnePair.Faults[FaultCancel] = 2, 1, 1
 	decodeRestartsOnePair.DecodeRestarts = true
+	// And one explored whole (86,529 states, unreduced): two requests of a
+	// page each, crashes, restarts of either node, cancels and late
+	// placements. The first 10,000 states of the others never restart a
+	// decode node and then take the news of it, so they cannot tell a
+	// fingerprint that drops a prefill node's queue-pair incarnation
+	// (PQPInc) or a request's decode incarnation (Request.DInc); this one
+	// does (each merges states when dropped: check --pages 2 --prompts 2,2
+	// --faults crash,restart,cancel,late --decode-restarts explores 23,113
+	// states, 22,160 and 22,835 without them; without the crash budget the
+	// PQPInc drop goes unseen). Msg.DInc and State.DInc are determined by
+	// the rest there: leaving either out changes no count of the checker's.
+	decodeRestartsWhole := NewConfig(2, 2, 2)
+	decodeRestartsWhole.Prompts = []int{2, 2}
+	decodeRestartsWhole.Faults = Budget{}
+	for _, f := range []Fault{FaultCrash, FaultRestart, FaultCancel, FaultLate} {
+		decodeRestartsWhole.Faults[f] = 1
+	}
+	decodeRestartsWhole.DecodeRestarts = true
 	leaves := stateLeaves()
-	for _, cfg := range []Config{NewConfig(3, 4, 2), all(NewConfig(3, 4, 2)), all(twoPage), all(twoByTwo), decodeRestarts, decodeRestartsOnePair} {
-		m, states := reachable(t, cfg, 10000)
+	for _, cfg := range []Config{NewConfig(3, 4, 2), all(NewConfig(3, 4, 2)), all(twoPage), all(twoByTwo), decodeRestarts, decodeRestartsOnePair, decodeRestartsWhole} {
+		limit := 10000
+		if cfg.DecodeRestarts && len(cfg.Prompts) == 2 && cfg.Faults[FaultCrash] == 1 {
+			limit = 100000
+		}
+		m, states := reachable(t, cfg, limit)
+		if limit > 10000 && len(states) == limit {
+			t.Fatalf("%v: more than %d states: not explored whole", cfg.Prompts, limit)
+		}
 		fences := cfg.NumPrefills()*cfg.NumDecodes() > 1 || cfg.Faults[FaultLease] > 0
 		byFP := map[string]int{}
 		merged := 0
