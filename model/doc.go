@@ -10,8 +10,12 @@
 // faults: client cancels that reach the two legs in either order, WRITEs
 // corrupted in transit, queue-pair cuts, prefill crashes that the router
 // detects later, restarts of a crashed prefill node under a new incarnation
-// (before or after the router detected the crash), and clock jumps past
-// every timeout. After every step it
+// (before or after the router detected the crash), with
+// SimConfig.DecodeRestarts (kvhandoff sim --decode-restarts) a decode node
+// crashing and coming back at once under a new incarnation (a fresh
+// Receiver over the same pages; the router and every prefill node told, each
+// cutting its queue pair to the old incarnation before it holds one to the
+// new), and clock jumps past every timeout. After every step it
 // checks the spec's safety properties on the real state. NoForeignWrite is
 // checked at every placement, Isolation and HonestOutcome at every read,
 // Conservation on both pools, and every node reports every request exactly once.
@@ -29,11 +33,12 @@
 // Refinement holds the implementation to the spec's transitions: it runs the
 // Router, a Sender per prefill node and a Receiver per decode node of the
 // spec's deployment (up to two of each, a queue pair per pair, crashes,
-// restarts under a new incarnation, a prefill node's lease) beside package
-// spec, one spec action at a time, maps
+// restarts of either role under a new incarnation, either node's lease)
+// beside package spec, one spec action at a time, maps
 // the implementation's state into the spec's terms after every step (View,
 // SpecView) and fails on any difference; the spec's properties are then checked
 // on the spec state the mapping has shown equal. refine_test.go drives it with
 // seeded walks, as a rapid state machine and as a fuzz target, and shows it
-// failing for every implementation switch (docs/protocol.md, "Refinement").
+// failing for every implementation switch, and for a decode restart with a
+// defense off (docs/protocol.md, "Refinement").
 package model

@@ -27,6 +27,9 @@ import (
 // without it, leaves its combination uncaught.
 func checkWorld(t *rapid.T, bugs research.Switches, needAll bool) {
 	cfg := SimConfig{Bugs: bugs}
+	if !needAll { // decode restarts too, in half the runs (the switch hunt keeps the workload its budgets were measured on)
+		cfg.DecodeRestarts = rapid.Bool().Draw(t, "decode restarts")
+	}
 	cfg.defaults()
 	capacity := cfg.DecodePages * cfg.PageTokens
 	sc := &script{cfg: cfg, tokens: rapid.SliceOfN(rapid.IntRange(1, capacity*3/4), 1, 8).Draw(t, "prompts")}

@@ -45,7 +45,9 @@ import (
 // The correspondence, action by action:
 //
 //	Submit        Router.Submit; its Dispatch on the router→prefill queue of the node it chose
-//	PrefillRecv   Sender.Submit, the KV computed, Sender.Computed (or Sender.Cancel for an Abort)
+//	PrefillRecv   Sender.Submit, the KV computed, Sender.Computed (or Sender.Cancel for an Abort);
+//	              for the news of a decode node's restart, the cut of the queue pair to the
+//	              old incarnation (Sender.Flushed) before one to the new is held
 //	PrefillRecvQP Sender.Step with the Grant or Abort at the head of the pair's decode→prefill
 //	PostWrite     the next WRITE of the request the sender emitted is handed to the wire
 //	DecodeRecvQP  the head of the pair's wire: a WRITE placed (payload, then tag record) and
@@ -63,7 +65,19 @@ import (
 //	Cut           both ends fenced: Receiver.QueuePairFenced, Sender.Flushed
 //	Crash         the sender is dropped: it is never called again
 //	Restart       a new Sender over the same source memory; Router.AddNode with the
-//	              next Incarnation; the registry's news on every router→decode queue
+//	              next Incarnation; the registry's news on every router→decode queue.
+//	              Of a decode node (Config.DecodeRestarts): a new Receiver over the same
+//	              page memory (fresh pool, epochs from zero), the wire to it flushed,
+//	              Router.AddNode with the next Incarnation (its prefill legs' cancels
+//	              delivered as the spec's Aborts), and the registry's news (PeerFailed,
+//	              PeerRestarted) on every router→prefill queue
+//
+// A queue pair is live while each end is the other's current incarnation;
+// what is posted on one that is not is flushed: a SEND at once, a WRITE at
+// the spec's PostWrite, which flushes it too (it is never placed and never
+// completes). The view shows both incarnations of each pair, each message's
+// decode incarnation, each decode node's, and the decode incarnation each
+// request was routed to (the one the Router had registered).
 //
 // The news of a node's loss that the Router leaves to the registry, the
 // harness delivers as the registry would: to every prefill node when a
@@ -105,7 +119,15 @@ type Refinement struct {
 	gone [spec.MaxRequests]string
 	// refused: decode's intake refused the request, which leaves no record there.
 	refused [spec.MaxRequests]bool
-	sums    map[uint64]spec.Label
+	// routedInc is the incarnation of its decode node that the Router had
+	// registered when it dispatched the request.
+	routedInc [spec.MaxRequests]uint64
+	sums      map[uint64]spec.Label
+
+	// keepQueuePairAtDecodeRestart is a test-only mutation: a prefill node
+	// that takes the news of a decode node's restart moves its queue pair
+	// to the new incarnation without cutting the old one (its legs live on).
+	keepQueuePairAtDecodeRestart bool
 
 	// Faults picks the fault variant (spec.Late, spec.Corrupt bits) of each
 	// WRITE the Sender posts, for request r; nil posts every WRITE cleanly.
@@ -128,18 +150,22 @@ type prefillEnd struct {
 	toPrefill []spec.Msg    // the router's messages, as the spec's
 }
 
-// decodeEnd is one decode node.
+// decodeEnd is one decode node: its Receiver (replaced at a restart) over
+// its page memory (never zeroed), and what is addressed to it.
 type decodeEnd struct {
 	recv     *protocol.Receiver
+	cfg      protocol.ReceiverConfig
 	dst      *protocoltest.Memory
+	inc      uint64 // its incarnation: restarts so far
 	toDecode []spec.Msg
 }
 
 // pairEnd is the queue pair between a prefill and a decode node.
 type pairEnd struct {
 	wire   []wireOp // prefill→decode: the spec's QP
-	back   []protocol.Message
+	back   []backMsg
 	inc    uint64 // the incarnation of the prefill node decode holds it for
+	dinc   uint64 // the incarnation of the decode node prefill holds it to
 	fenced bool   // cut for good: one end was declared lost
 }
 
@@ -147,6 +173,13 @@ type wireOp struct {
 	op     protocol.Op
 	damage uint8  // what the corrupt fault damages in transit: spec.DamagedPayload, a tag field, or 0
 	inc    uint64 // the incarnation of the prefill node that posted it
+	dinc   uint64 // the incarnation of the decode node it was posted to
+}
+
+// backMsg is a SEND decode→prefill, with the decode incarnation that sent it.
+type backMsg struct {
+	msg  protocol.Message
+	dinc uint64
 }
 
 // writeDamage is what a PostWrite variant damages (spec.Msg.Damage).
@@ -204,7 +237,6 @@ func NewRefinementWith(cfg spec.Config, bugs research.Switches) (*Refinement, er
 	const size = 64
 	h := &Refinement{m: m, cfg: cfg, s: m.Initial()[0], size: size, sums: map[uint64]spec.Label{}, bugs: bugs}
 	// Every node advertises what the spec's router trusts: ContextLimit tokens.
-	advertised := protocol.PagesFor(uint32(cfg.ContextLimit), cfg.PageSize)
 	h.router = protocol.NewRouter(protocol.RouterConfig{Research: bugs})
 	for p := 0; p < cfg.NumPrefills(); p++ {
 		if err := h.router.AddNode(h.prefillInfo(p, 0)); err != nil {
@@ -225,8 +257,7 @@ func NewRefinementWith(cfg spec.Config, bugs research.Switches) (*Refinement, er
 	}
 	tenant := spec.Label{Req: spec.Tenant}
 	for d := 0; d < cfg.NumDecodes(); d++ {
-		if err := h.router.AddNode(protocol.NodeInfo{ID: decodeID(d), Role: protocol.RoleDecode, ContextTokens: cfg.ContextLimit,
-			PoolPages: advertised, PageTokens: cfg.PageSize}); err != nil {
+		if err := h.router.AddNode(h.decodeInfo(d, 0)); err != nil {
 			return nil, err
 		}
 		dst := protocoltest.NewMemory(cfg.DecodePages, size)
@@ -234,15 +265,43 @@ func NewRefinementWith(cfg spec.Config, bugs research.Switches) (*Refinement, er
 			h.fill(dst.Payload(uint32(p)), tenant)
 			copy(dst.TagRecord(uint32(p)), protocol.Tag{Request: tenantID, Tokens: 1, Sum: checksum.Sum(dst.Payload(uint32(p)))}.Append(nil, refKey))
 		}
-		recv, err := protocol.NewReceiver(protocol.ReceiverConfig{Pages: cfg.DecodePages, PageTokens: cfg.PageSize,
+		rc := protocol.ReceiverConfig{Pages: cfg.DecodePages, PageTokens: cfg.PageSize,
 			MaxTokens: cfg.DecodeLimit(), Slots: cfg.DecodeSlots, Memory: dst, TagKeys: refKeys,
-			Region: func(p uint32) (uint64, uint32) { return uint64(p) << 20, 0x1000 }, Research: bugs})
+			Region: func(p uint32) (uint64, uint32) { return uint64(p) << 20, 0x1000 }, Research: bugs}
+		recv, err := protocol.NewReceiver(rc)
 		if err != nil {
 			return nil, err
 		}
-		h.dec = append(h.dec, &decodeEnd{recv: recv, dst: dst})
+		h.dec = append(h.dec, &decodeEnd{recv: recv, cfg: rc, dst: dst})
 	}
 	return h, h.compare("initial state")
+}
+
+// decodeInfo is decode node d's registration as its incarnation inc.
+func (h *Refinement) decodeInfo(d int, inc uint64) protocol.NodeInfo {
+	return protocol.NodeInfo{ID: decodeID(d), Role: protocol.RoleDecode, ContextTokens: h.cfg.ContextLimit,
+		PoolPages: protocol.PagesFor(uint32(h.cfg.ContextLimit), h.cfg.PageSize), PageTokens: h.cfg.PageSize, Incarnation: inc}
+}
+
+// registered reports whether the Router lists node id as live, and under
+// which incarnation: the registry's view, which a restarted node's new
+// incarnation takes its queue pairs from.
+func (h *Refinement) registered(id protocol.PeerID) (bool, uint64) {
+	for _, n := range h.router.Nodes() {
+		if n.Info.ID == id {
+			return true, n.Info.Incarnation
+		}
+	}
+	return false, 0
+}
+
+// live reports whether queue pair (p, d) joins the live incarnations of
+// both nodes: not fenced, and each end the one the other holds. What is
+// posted on one that is not is flushed: its other end is gone, or has not
+// accepted this one yet.
+func (h *Refinement) live(p, d int) bool {
+	pr := h.pairs[p][d]
+	return !pr.fenced && pr.inc == h.pre[p].inc && pr.dinc == h.dec[d].inc
 }
 
 // prefillInfo is prefill node p's registration as its incarnation inc.
@@ -336,6 +395,7 @@ func (h *Refinement) Step(a spec.Action) error {
 		a.Arg = 0
 		if err == nil {
 			a.Arg = spec.Route(prefillOf(d.Prefill), decodeOf(d.Decode))
+			_, h.routedInc[r] = h.registered(d.Decode)
 		}
 		enabled := false
 		h.m.Successors(&h.s, func(b spec.Action, _ *spec.State) { enabled = enabled || b == a })
@@ -362,7 +422,7 @@ func (h *Refinement) Step(a spec.Action) error {
 
 // postBacklog takes the spec's PostWrite for every WRITE a Sender emitted.
 func (h *Refinement) postBacklog(a spec.Action) error {
-	for _, pe := range h.pre {
+	for p, pe := range h.pre {
 		for len(pe.staged) > 0 {
 			op := pe.staged[0]
 			if op.Write == nil {
@@ -378,6 +438,12 @@ func (h *Refinement) postBacklog(a spec.Action) error {
 			}
 			if !enabled[post] {
 				return fmt.Errorf("%w after %v: the sender posted %s, which the spec does not allow now", ErrRefinement, a, h.describe(op))
+			}
+			if !h.live(p, decodeOf(op.Peer)) {
+				// Posted on a queue pair that is not live (fenced, or an end
+				// of it is a replaced incarnation): flushed, never placed,
+				// never completed; the spec's PostWrite flushes it too.
+				pe.staged = pe.staged[1:]
 			}
 			if err := h.step(post, func(popped *[spec.MaxPrefills][spec.MaxDecodes]int) error { return h.apply(post, popped) }); err != nil {
 				return err
@@ -501,6 +567,16 @@ func (h *Refinement) apply(a spec.Action, popped *[spec.MaxPrefills][spec.MaxDec
 		case spec.MPeerFailed: // a lost decode node: the fence is the cut, for good
 			h.pairs[a.Arg][msg.Peer].fenced = true
 			h.cut(int(a.Arg), int(msg.Peer))
+		case spec.MPeerRestarted:
+			// A decode node is back under a new incarnation: the queue pair
+			// to the old one is cut (its legs fail, what the old one sent is
+			// flushed) before one to the new one is held.
+			p, d := int(a.Arg), int(msg.Peer)
+			if !h.keepQueuePairAtDecodeRestart {
+				h.cut(p, d)
+			}
+			listed, _ := h.registered(prefillID(p))
+			h.pairs[p][d].dinc, h.pairs[p][d].fenced = uint64(msg.DInc), !listed
 		default:
 			if err := h.intake(int(a.Arg), int(msg.Req)); err != nil {
 				return fmt.Errorf("%w after %v: %v", ErrRefinement, a, err)
@@ -508,14 +584,14 @@ func (h *Refinement) apply(a spec.Action, popped *[spec.MaxPrefills][spec.MaxDec
 		}
 	case spec.PrefillRecvQP:
 		pr := h.pairs[ap][ad]
-		msg := pr.back[0]
+		msg := pr.back[0].msg
 		pr.back = pr.back[1:]
 		if err := h.pre[ap].snd.Step(decodeID(ad), msg); err != nil && !errors.Is(err, protocol.ErrUnknownRequest) {
 			return fmt.Errorf("%w after %v: the sender refused %s: %v", ErrRefinement, a, msg.Type(), err)
 		}
 	case spec.PostWrite:
 		p, d := h.routeOf(r)
-		if a.Arg&spec.Late == 0 && len(h.pairs[p][d].wire) == 0 {
+		if a.Arg&spec.Late == 0 && len(h.pairs[p][d].wire) == 0 && h.live(p, d) {
 			// Nothing ahead of it on the queue pair: the spec places it at once.
 			msg := spec.Msg{Kind: spec.MWrite, Req: a.Req, Index: int8(h.s.Req[r].S.Posted)}
 			if err := h.release(p, msg, writeDamage(a.Arg)); err != nil {
@@ -607,6 +683,12 @@ func (h *Refinement) apply(a spec.Action, popped *[spec.MaxPrefills][spec.MaxDec
 			pr.back = nil
 		}
 	case spec.Restart:
+		if a.Arg&spec.DecodeNode != 0 {
+			if err := h.restartDecode(a); err != nil {
+				return err
+			}
+			break
+		}
 		p := int(a.Arg)
 		pe := h.pre[p]
 		snd, err := protocol.NewSender(pe.cfg) // fresh pools and records, over the same memory
@@ -615,6 +697,9 @@ func (h *Refinement) apply(a spec.Action, popped *[spec.MaxPrefills][spec.MaxDec
 		}
 		pe.snd, pe.crashed = snd, false
 		pe.inc++
+		for d, pr := range h.pairs[p] { // its new queue pairs are to each decode node's live incarnation
+			pr.dinc = h.dec[d].inc
+		}
 		if err := h.router.AddNode(h.prefillInfo(p, pe.inc)); err != nil {
 			return fmt.Errorf("%w after %v: the router refused the new incarnation: %v", ErrRefinement, a, err)
 		}
@@ -638,9 +723,9 @@ func (h *Refinement) apply(a spec.Action, popped *[spec.MaxPrefills][spec.MaxDec
 		p, d := h.routeOf(r)
 		pr := h.pairs[p][d]
 		if a.Arg&spec.SendBack != 0 {
-			g, ok := pr.back[0].(*protocol.Grant)
+			g, ok := pr.back[0].msg.(*protocol.Grant)
 			if !ok {
-				return fmt.Errorf("%w after %v: the head of decode→prefill is %s, not a Grant", ErrRefinement, a, pr.back[0].Type())
+				return fmt.Errorf("%w after %v: the head of decode→prefill is %s, not a Grant", ErrRefinement, a, pr.back[0].msg.Type())
 			}
 			pr.back = pr.back[1:]
 			if err := h.pre[p].snd.Step(decodeID(d), damageGrant(g, a.Arg)); err != nil && !errors.Is(err, protocol.ErrUnknownRequest) {
@@ -705,6 +790,55 @@ func (h *Refinement) routerEffects(a spec.Action, client bool) error {
 	return nil // outcomes are the router's state, compared in the view
 }
 
+// restartDecode is decode node a.Arg crashing and coming back at once as
+// its next incarnation: a new Receiver (fresh pool, epochs from zero, no
+// records, free slots) over the same page memory, which is not zeroed.
+// What was in flight to the old incarnation is flushed; what it sent may
+// still reach prefill. Its queue pairs are for the live incarnation of each
+// prefill node the registry lists. It registers with the Router under the
+// next Incarnation (the loss of the old one, unless the Router had already
+// lost it: its requests fail, their open prefill legs are cancelled), and
+// the registry tells every prefill node: PeerFailed for the loss (as a
+// lease's), then PeerRestarted, on which each cuts its queue pair to the
+// old incarnation before it holds one to the new.
+func (h *Refinement) restartDecode(a spec.Action) error {
+	d := int(a.Arg & 15)
+	de := h.dec[d]
+	recv, err := protocol.NewReceiver(de.cfg)
+	if err != nil {
+		return err
+	}
+	de.recv, de.toDecode = recv, nil
+	de.inc++
+	for r := range h.cfg.Prompts {
+		if q := &h.s.Req[r]; q.Submitted && int(q.D) == d {
+			h.refused[r] = false // the new incarnation has refused nothing
+		}
+	}
+	for p, pe := range h.pre {
+		pr := h.pairs[p][d]
+		listed, _ := h.registered(prefillID(p))
+		pr.wire, pr.inc, pr.fenced = nil, pe.inc, !listed
+	}
+	wasLive, _ := h.registered(decodeID(d))
+	if err := h.router.AddNode(h.decodeInfo(d, de.inc)); err != nil {
+		return fmt.Errorf("%w after %v: the router refused the new incarnation: %v", ErrRefinement, a, err)
+	}
+	if err := h.routerEffects(a, true); err != nil { // the Router's cancels of open prefill legs: the spec's Aborts
+		return err
+	}
+	for _, pe := range h.pre {
+		if pe.crashed {
+			continue // a crashed node drops what it is sent
+		}
+		if wasLive && !h.bugs.Has(research.PeerByName) && !h.bugs.Has(research.NoPeerCancel) {
+			pe.toPrefill = append(pe.toPrefill, spec.Msg{Kind: spec.MPeerFailed, Req: -1, Peer: int8(d)})
+		}
+		pe.toPrefill = append(pe.toPrefill, spec.Msg{Kind: spec.MPeerRestarted, Req: -1, Peer: int8(d), DInc: uint8(de.inc)})
+	}
+	return nil
+}
+
 // tellLostDecodes is the registry's news of prefill node p's loss to each
 // decode node the router has declared lost: the Router tells only the live
 // ones (PeerLost), but a lost decode node may live on, and its own registry
@@ -759,7 +893,7 @@ func (h *Refinement) release(p int, msg spec.Msg, damage uint8) error {
 		}
 		pe.staged = append(pe.staged[:i:i], pe.staged[i+1:]...)
 		pr := h.pairs[p][decodeOf(op.Peer)]
-		pr.wire = append(pr.wire, wireOp{op: op, damage: damage, inc: pe.inc})
+		pr.wire = append(pr.wire, wireOp{op: op, damage: damage, inc: pe.inc, dinc: pr.dinc})
 		return nil
 	}
 	return fmt.Errorf("the spec sent %v r%d[%d]; the sender emitted nothing for r%d", msg.Kind, msg.Req, msg.Index, msg.Req)
@@ -859,8 +993,11 @@ func (h *Refinement) collect(a spec.Action) error {
 				continue
 			}
 			for _, op := range se.Ops {
-				if pr := h.pairs[p][decodeOf(op.Peer)]; !pr.fenced && pr.inc == pe.inc {
-					pe.staged = append(pe.staged, op) // else there is no queue pair to post on: flushed
+				// A SEND on a queue pair that is not live is flushed; a
+				// WRITE still waits for the spec's PostWrite, which flushes
+				// it (see postBacklog).
+				if op.Write != nil || h.live(p, decodeOf(op.Peer)) {
+					pe.staged = append(pe.staged, op)
 				}
 			}
 			for _, o := range se.Outcomes {
@@ -880,9 +1017,8 @@ func (h *Refinement) collect(a spec.Action) error {
 						h.granted[r] = append(h.granted[r], protocol.PageRef{Page: p.Page, Epoch: p.Epoch})
 					}
 				}
-				p := prefillOf(s.Peer)
-				if pr := h.pairs[p][d]; !h.pre[p].crashed && !pr.fenced && pr.inc == h.pre[p].inc {
-					pr.back = append(pr.back, s.Msg)
+				if p := prefillOf(s.Peer); !h.pre[p].crashed && h.live(p, d) {
+					h.pairs[p][d].back = append(h.pairs[p][d].back, backMsg{msg: s.Msg, dinc: de.inc})
 				}
 			}
 			for _, o := range re.Outcomes {
@@ -1045,12 +1181,26 @@ func pageName(cfg spec.Config, d, p int) string {
 	return fmt.Sprintf("page d%d/%d", d, p)
 }
 
-// pairName is how a view names queue pair (p, d) and its state.
-func pairName(cfg spec.Config, p, d int, inc uint64, fenced bool) string {
-	if !multi(cfg) && cfg.Faults[spec.FaultRestart] == 0 && cfg.Faults[spec.FaultLease] == 0 {
+// pairName is how a view names queue pair (p, d) and its state: the
+// prefill incarnation decode holds it for, with decode restarts the decode
+// incarnation prefill holds it to, and whether it is fenced.
+func pairName(cfg spec.Config, p, d int, inc, dinc uint64, fenced bool) string {
+	switch {
+	case !multi(cfg) && cfg.Faults[spec.FaultRestart] == 0 && cfg.Faults[spec.FaultLease] == 0:
 		return "queue pair"
+	case cfg.DecodeRestarts:
+		return fmt.Sprintf("queue pair p%d-d%d (incarnation %d to decode incarnation %d, fenced %v)", p, d, inc, dinc, fenced)
 	}
 	return fmt.Sprintf("queue pair p%d-d%d (incarnation %d, fenced %v)", p, d, inc, fenced)
+}
+
+// incName is how a view shows the decode incarnation a message or a route
+// names: only with decode restarts.
+func incName(cfg spec.Config, dinc uint64) string {
+	if !cfg.DecodeRestarts {
+		return ""
+	}
+	return fmt.Sprintf("@dinc%d", dinc)
 }
 
 // View is the implementation's state in the spec's terms: per request the
@@ -1068,7 +1218,7 @@ func (h *Refinement) View() string {
 		if st == protocol.StatusNone || h.refused[r] && st == protocol.StatusTombstone {
 			rp = "-" // never bootstrapped, or refused at intake (a later cancel leaves a tombstone)
 		}
-		fmt.Fprintf(&b, "r%d: %v %v | sender %s | receiver %s | grant", r, o, why, sp, rp)
+		fmt.Fprintf(&b, "r%d%s: %v %v | sender %s | receiver %s | grant", r, incName(h.cfg, h.routedInc[r]), o, why, sp, rp)
 		if rp != "-" && st != protocol.StatusTombstone {
 			for _, ref := range h.granted[r] {
 				fmt.Fprintf(&b, " %d@%d", ref.Page, ref.Epoch)
@@ -1116,22 +1266,28 @@ func (h *Refinement) View() string {
 	for p := range h.pre {
 		for d := range h.dec {
 			pr := h.pairs[p][d]
-			b.WriteString(pairName(h.cfg, p, d, pr.inc, pr.fenced) + ":")
+			b.WriteString(pairName(h.cfg, p, d, pr.inc, pr.dinc, pr.fenced) + ":")
 			for _, w := range pr.wire {
 				fmt.Fprintf(&b, " %v r%d", kindOf(w.op), int(requestOf(w.op))-1)
 				if w.op.Write != nil {
 					fmt.Fprintf(&b, "[%d]", w.op.Write.Index)
 				}
+				b.WriteString(incName(h.cfg, w.dinc))
 			}
 			b.WriteString("\nback:")
 			for _, m := range pr.back {
 				k := spec.MGrant
-				if _, ok := m.(*protocol.Abort); ok {
+				if _, ok := m.msg.(*protocol.Abort); ok {
 					k = spec.MAbort
 				}
-				fmt.Fprintf(&b, " %v r%d", k, int(protocol.RequestOf(m))-1)
+				fmt.Fprintf(&b, " %v r%d%s", k, int(protocol.RequestOf(m.msg))-1, incName(h.cfg, m.dinc))
 			}
 			b.WriteString("\n")
+		}
+	}
+	if h.cfg.DecodeRestarts {
+		for d, de := range h.dec {
+			fmt.Fprintf(&b, "decode %d: incarnation %d\n", d, de.inc)
 		}
 	}
 	for p, pe := range h.pre {
@@ -1153,6 +1309,9 @@ func writeRouterQueue(b *strings.Builder, name string, node, of int, msgs []spec
 		fmt.Fprintf(b, " %v r%d", m.Kind, m.Req)
 		if m.Kind == spec.MPeerFailed || m.Kind == spec.MPeerRestarted {
 			fmt.Fprintf(b, " of %d@%d", m.Peer, m.Inc)
+		}
+		if m.DInc > 0 { // a decode node's PeerRestarted: its new incarnation
+			fmt.Fprintf(b, " decode incarnation %d", m.DInc)
 		}
 	}
 	b.WriteString("\n")
@@ -1178,7 +1337,7 @@ func SpecView(cfg spec.Config, s *spec.State) string {
 		if q.R.Phase == spec.RNone || q.R.Phase == spec.RRejected || q.R.Phase == spec.RClosed && q.R.Reason == spec.NoCapacity && q.R.N == 0 {
 			rp = "-" // decode's intake refused it (over its limit, or no room): it keeps no record
 		}
-		fmt.Fprintf(&b, "r%d: %v %v | sender %s | receiver %s | grant", r, q.Outcome, why, sp, rp)
+		fmt.Fprintf(&b, "r%d%s: %v %v | sender %s | receiver %s | grant", r, incName(cfg, uint64(q.DInc)), q.Outcome, why, sp, rp)
 		if rp != "-" && q.R.Phase != spec.RTombstone {
 			for i := 0; i < int(q.R.N); i++ {
 				fmt.Fprintf(&b, " %d@%d", q.R.Pages[i].Page, q.R.Pages[i].Epoch)
@@ -1216,18 +1375,24 @@ func SpecView(cfg spec.Config, s *spec.State) string {
 	}
 	for p := 0; p < cfg.NumPrefills(); p++ {
 		for d := 0; d < cfg.NumDecodes(); d++ {
-			b.WriteString(pairName(cfg, p, d, uint64(s.QPInc[p][d]), s.Fenced[p][d]) + ":")
+			b.WriteString(pairName(cfg, p, d, uint64(s.QPInc[p][d]), uint64(s.PQPInc[p][d]), s.Fenced[p][d]) + ":")
 			for _, m := range s.QP[p][d].Items() {
 				fmt.Fprintf(&b, " %v r%d", m.Kind, m.Req)
 				if m.Kind == spec.MWrite {
 					fmt.Fprintf(&b, "[%d]", m.Index)
 				}
+				b.WriteString(incName(cfg, uint64(m.DInc)))
 			}
 			b.WriteString("\nback:")
 			for _, m := range s.QPBack[p][d].Items() {
-				fmt.Fprintf(&b, " %v r%d", m.Kind, m.Req)
+				fmt.Fprintf(&b, " %v r%d%s", m.Kind, m.Req, incName(cfg, uint64(m.DInc)))
 			}
 			b.WriteString("\n")
+		}
+	}
+	if cfg.DecodeRestarts {
+		for d := 0; d < cfg.NumDecodes(); d++ {
+			fmt.Fprintf(&b, "decode %d: incarnation %d\n", d, s.DInc[d])
 		}
 	}
 	for p := 0; p < cfg.NumPrefills(); p++ {

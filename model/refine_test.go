@@ -100,6 +100,12 @@ func walk(cfg spec.Config, bugs research.Switches, seed uint64) error {
 // needs a partner such as no-checksum is seen without the partner's own
 // failure.
 func walkWith(cfg spec.Config, bugs research.Switches, seed uint64, variants uint16) error {
+	return walkMutated(cfg, bugs, seed, variants, nil)
+}
+
+// walkMutated is walkWith on a harness that mutate, when not nil, changes
+// first (a test-only mutation of the implementation's side).
+func walkMutated(cfg spec.Config, bugs research.Switches, seed uint64, variants uint16, mutate func(*Refinement)) error {
 	rng := rand.New(rand.NewPCG(seed, 7))
 	x, err := newRefinementRun(cfg, bugs, func(int) uint16 {
 		if rng.IntN(6) == 0 {
@@ -113,6 +119,9 @@ func walkWith(cfg spec.Config, bugs research.Switches, seed uint64, variants uin
 	})
 	if err != nil {
 		return err
+	}
+	if mutate != nil {
+		mutate(x.h)
 	}
 	crashes := seed%4 == 0 // a crash ends everything: in a quarter of the walks
 	for i := 0; i < 60; i++ {
@@ -147,9 +156,16 @@ func walkWith(cfg spec.Config, bugs research.Switches, seed uint64, variants uin
 		if strings.Contains(a, "-tag-") {
 			walkCoverage["tag damaged"]++
 		}
+		if strings.HasPrefix(a, "Restart@d") {
+			walkCoverage["decode restart"]++
+		}
 	}
 	for r := range cfg.Prompts {
-		walkCoverage["outcome "+x.h.State().Req[r].Outcome.String()]++
+		q := &x.h.State().Req[r]
+		walkCoverage["outcome "+q.Outcome.String()]++
+		if q.DInc > 0 && q.Outcome == spec.OK {
+			walkCoverage["ok from a restarted decode node"]++
+		}
 	}
 	return nil
 }
@@ -164,8 +180,9 @@ var walkCoverage = map[string]int{}
 // configs are the deployments the walks run on: the spec's default bounds,
 // multi-page prompts, a tight pool, a window of one WRITE, so that a
 // request can be aborted with WRITEs not yet posted, the default bounds with
-// a crashed prefill node's restart, and two prefill and two decode nodes
-// with a queue pair per pair, crashes, restarts and a prefill node's lease.
+// a crashed prefill node's restart, two prefill and two decode nodes
+// with a queue pair per pair, crashes, restarts and a prefill node's lease,
+// and both deployments with decode restarts.
 func configs() []spec.Config {
 	def := spec.DefaultConfig()
 	multi := spec.NewConfig(3, 6, 2)
@@ -176,7 +193,11 @@ func configs() []spec.Config {
 	narrow.Prompts, narrow.PrefillPages, narrow.MaxInFlight = []int{4, 4, 5}, 5, 1
 	restart := spec.DefaultConfig()
 	restart.Faults[spec.FaultRestart] = 1
-	return []spec.Config{narrow, def, multi, tight, restart, twoByTwo()}
+	decodeRestart := restart
+	decodeRestart.DecodeRestarts = true
+	twoDecodeRestarts := twoByTwo()
+	twoDecodeRestarts.DecodeRestarts = true
+	return []spec.Config{narrow, def, multi, tight, restart, twoByTwo(), decodeRestart, twoDecodeRestarts}
 }
 
 // twoByTwo is two prefill and two decode nodes: three requests (one
@@ -227,7 +248,7 @@ func TestImplementationRefinesTheSpecOnSeededWalks(t *testing.T) {
 	}
 	for _, what := range []string{"Submit", "PrefillRecv", "PrefillRecvQP", "DecodeRecv", "DecodeRecvQP", "PostWrite", "DecodeRead",
 		"DetectCrash", "Cancel", "Crash", "Timeout", "Cut", "Restart", "LeaseLost", "late or corrupt WRITE", "tag damaged", "CorruptSend",
-		"outcome ok", "outcome rejected", "outcome cancelled", "outcome failed"} {
+		"decode restart", "ok from a restarted decode node", "outcome ok", "outcome rejected", "outcome cancelled", "outcome failed"} {
 		if walkCoverage[what] == 0 {
 			t.Errorf("no walk took %s", what)
 		}
@@ -245,6 +266,7 @@ func checkRefinement(t *rapid.T, bugs research.Switches) {
 	cfg.Prefills = rapid.IntRange(1, spec.MaxPrefills).Draw(t, "prefill nodes")
 	cfg.Decodes = rapid.IntRange(1, spec.MaxDecodes).Draw(t, "decode nodes")
 	cfg.Faults[spec.FaultRestart] = uint8(rapid.IntRange(0, 1).Draw(t, "restarts"))
+	cfg.DecodeRestarts = cfg.Faults[spec.FaultRestart] > 0 && rapid.Bool().Draw(t, "decode restarts")
 	cfg.Faults[spec.FaultLease] = uint8(rapid.IntRange(0, 1).Draw(t, "leases"))
 	for i := range cfg.Prompts { // prompts that fit the prefill pool, and a last one that may not
 		limit := cfg.PrefillLimit()
@@ -603,5 +625,64 @@ func TestRefinementOverTwoByTwoCatchesASwitch(t *testing.T) {
 	}
 	if len(nodes) != 4 {
 		t.Fatalf("the Router routed to %v, want both nodes of each role", nodes)
+	}
+}
+
+// decodeRestartOnly is the one-pair default bounds where the restart fault
+// can restart only the decode node (no crash budget, so no prefill node
+// comes back).
+func decodeRestartOnly() spec.Config {
+	c := spec.DefaultConfig()
+	c.Faults[spec.FaultCrash], c.Faults[spec.FaultRestart] = 0, 1
+	c.DecodeRestarts = true
+	return c
+}
+
+// The mapping holds a decode node's restart to the spec's: with a defense
+// of it off in the implementation alone, it parts ways at the restart or at
+// the news of it. A Router that knows the decode node by name only
+// (peer-by-name) takes the new incarnation's registration for an update and
+// fails none of the old one's requests: the mapping parts ways at the
+// restart, on a request's outcome. A prefill node that moves its queue pair
+// to the new incarnation without cutting the old one (a test-only
+// mutation) keeps its legs of the old incarnation alive: the mapping parts
+// ways where it takes the news, on a sender's state. The restart-loss's
+// PeerFailed cuts the old queue pair first, so that mutation shows only
+// where no PeerFailed comes: with a router that knows decode by name only
+// (peer-by-name on both sides).
+func TestRefinementCatchesADecodeRestartWithADefenseOff(t *testing.T) {
+	byName := func(c spec.Config) spec.Config { c.Bugs = spec.Switches(spec.PeerByName); return c }
+	keep := func(h *Refinement) { h.keepQueuePairAtDecodeRestart = true }
+	for _, c := range []struct {
+		name     string
+		cfg      spec.Config
+		baseline research.Switches // the implementation's switches that refine cfg
+		bugs     research.Switches
+		mutate   func(*Refinement)
+		at       string // the step the mapping must part ways after
+		what     string // in the difference
+	}{
+		{"peer-by-name", decodeRestartOnly(), research.Switches{}, research.On(research.PeerByName), nil, "after Restart@d0:", "impl: r0@dinc0: pending"},
+		{"no restart-fence at prefill", byName(decodeRestartOnly()), research.On(research.PeerByName), research.On(research.PeerByName), keep, "after PrefillRecv:", "| sender failed |"},
+		{"no restart-fence at prefill, 2x2", byName(configs()[7]), research.On(research.PeerByName), research.On(research.PeerByName), keep, "after PrefillRecv@p", "| sender failed |"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			for seed := uint64(0); seed < 3000; seed++ {
+				if err := walkMutated(c.cfg, c.baseline, seed, spec.Late|spec.Corrupt, nil); errors.Is(err, ErrRefinement) {
+					t.Fatalf("seed %d, the implementation as the spec: %v", seed, err)
+				}
+				err := walkMutated(c.cfg, c.bugs, seed, spec.Late|spec.Corrupt, c.mutate)
+				if !errors.Is(err, ErrRefinement) {
+					continue
+				}
+				diff := strings.SplitN(err.Error(), "\nsteps:", 2)[0]
+				if !strings.Contains(strings.SplitN(diff, "\n", 2)[0], c.at) || !strings.Contains(diff, c.what) {
+					continue // parted ways elsewhere first
+				}
+				t.Logf("seed %d: %.600s", seed, err)
+				return
+			}
+			t.Fatalf("the mapping never parted ways %s on %q in 3000 walks", c.at, c.what)
+		})
 	}
 }

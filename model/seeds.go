@@ -31,7 +31,11 @@ type Summary struct {
 	// Failures are the failing seeds, smallest first, at most MaxFailures.
 	Failures    []Failure
 	PagesLeaked int
-	Elapsed     time.Duration
+	// DecodeRestarts and ServedByRestartedDecode are the runs' sums
+	// (SimResult).
+	DecodeRestarts          int
+	ServedByRestartedDecode int
+	Elapsed                 time.Duration
 }
 
 // RunSeeds simulates seeds first, first+1, ..., first+n-1 of cfg, one run per
@@ -71,6 +75,8 @@ func (s *Summary) add(r *SimResult) {
 		s.FailedBy[k] += v
 	}
 	s.PagesLeaked += r.PagesLeaked
+	s.DecodeRestarts += r.DecodeRestarts
+	s.ServedByRestartedDecode += r.ServedByRestartedDecode
 	if r.Violation == nil {
 		return
 	}

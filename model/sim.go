@@ -25,7 +25,10 @@ type SimConfig struct {
 	PageTokens   int     // 0 means 4
 	PageBytes    int     // 0 means 64
 	FaultRate    float64 // chance that a step is a fault; 0 means 0.03
-	Bugs         research.Switches
+	// DecodeRestarts adds a fault: a decode node crashes and comes back at
+	// once under a new incarnation (protocoltest.Network.RestartDecode).
+	DecodeRestarts bool
+	Bugs           research.Switches
 }
 
 func (c *SimConfig) defaults() {
@@ -68,8 +71,13 @@ type SimResult struct {
 	Outcomes    map[string]int // client-visible outcomes
 	FailedBy    map[string]int // failed requests by the error that decided them
 	Violation   *Violation
-	PagesLeaked int      // decode and prefill pages not free at the end
-	Trace       []string // every step, for replaying a failure by eye
+	PagesLeaked int // decode and prefill pages not free at the end
+	// DecodeRestarts counts the decode nodes' restarts in the run, and
+	// ServedByRestartedDecode the requests served ok by a decode node's
+	// incarnation after its first.
+	DecodeRestarts          int
+	ServedByRestartedDecode int
+	Trace                   []string // every step, for replaying a failure by eye
 }
 
 // routerTimeout fails a request the router has had this long without an
@@ -175,6 +183,9 @@ func (w *world) run(rng *rand.Rand) {
 // apply runs one event; the network checks the safety properties after it.
 func (w *world) apply(e event) {
 	w.res.Trace = append(w.res.Trace, fmt.Sprintf("%4d %s", w.step, e.name()))
+	if e.kind == "decode-restart" {
+		w.res.DecodeRestarts++
+	}
 	e.do()
 	if v := w.n.Violations; len(v) > 0 {
 		w.violate(v[0].Property, v[0].Detail)
@@ -189,14 +200,16 @@ func (w *world) violate(prop, detail string) {
 
 // events lists what can happen now: the next submit and the network's own
 // events, and faults unless draining. Prefill node 1 never crashes, so the
-// workload can finish; a crashed node may restart under a new incarnation.
+// workload can finish; a crashed node may restart under a new incarnation,
+// and with DecodeRestarts a decode node may crash and restart at once.
 func (w *world) events(draining bool) (proto, faults []event) {
 	if w.next < len(w.tokens) {
 		id, tokens := protocol.RequestID(w.next+1), w.tokens[w.next]
 		proto = append(proto, event{kind: "submit", name: func() string { return fmt.Sprintf("submit: r%d (%d tokens)", id, tokens) },
 			do: func() { w.submit(id, tokens) }})
 	}
-	p, f := w.n.Events(protocoltest.EventOptions{Faults: !draining, Crashable: func(i int) bool { return i > 0 }, Restarts: true, TimeJump: time.Minute})
+	p, f := w.n.Events(protocoltest.EventOptions{Faults: !draining, Crashable: func(i int) bool { return i > 0 }, Restarts: true,
+		DecodeRestarts: w.cfg.DecodeRestarts, TimeJump: time.Minute})
 	for _, e := range p {
 		proto = append(proto, event{kind: e.Kind, name: e.Name, do: e.Do})
 	}
@@ -216,6 +229,9 @@ func (w *world) submit(id protocol.RequestID, tokens int) {
 
 // failReason names the protocol error behind a failure.
 func failReason(err error) string {
+	if errors.Is(err, protocol.ErrNodeLost) && strings.Contains(err.Error(), protocol.RoleDecode.String()+" node") {
+		return "decode node lost" // the Router names the lost node's role (a decode node lost at its restart)
+	}
 	if errors.Is(err, protocol.ErrNodeLost) || errors.Is(err, protocol.ErrNoNode) {
 		return "prefill node lost"
 	}
@@ -250,6 +266,9 @@ func (w *world) finish() {
 		}
 		o := clientOutcome(q.Outcome)
 		w.res.Outcomes[o]++
+		if o == OutcomeOK && q.DecodeInc > 0 {
+			w.res.ServedByRestartedDecode++
+		}
 		if o == OutcomeFailed {
 			w.res.FailedBy[failReason(q.Outcome)]++
 		}

@@ -122,3 +122,31 @@ func needsEvery(sw research.Switches, bugs []research.Switch, seed uint64) bool 
 	}
 	return true
 }
+
+// With decode restarts (a decode node crashing and coming back at once under
+// a new incarnation) every property still holds, on one decode node and on
+// three, and the seeds really restart decode nodes, and the new
+// incarnations serve requests: a run where no restart happened, or where
+// every request after one failed, would pass vacuously.
+func TestSimulationWithDecodeRestartsKeepsEveryProperty(t *testing.T) {
+	for _, cfg := range []SimConfig{{DecodeRestarts: true}, {Senders: 4, Decoders: 3, Requests: 60, DecodeRestarts: true}} {
+		n := seeds(300)
+		if cfg.Decoders > 1 {
+			n = seeds(100)
+		}
+		s := RunSeeds(cfg, 1, n, nil)
+		if s.Violations != 0 {
+			v := s.FirstViolation
+			t.Fatalf("%+v, seed %d: %s: %s\n%v", cfg, v.Seed, v.Violation.Property, v.Violation.Detail, v.Trace)
+		}
+		if s.PagesLeaked != 0 {
+			t.Fatalf("%+v: %d pages leaked", cfg, s.PagesLeaked)
+		}
+		if s.DecodeRestarts < n/2 || s.ServedByRestartedDecode == 0 || s.FailedBy["decode node lost"] == 0 {
+			t.Fatalf("%+v: %d decode restarts in %d seeds, %d requests served by a restarted decode node, %d failed by its loss: the fault barely ran",
+				cfg, s.DecodeRestarts, n, s.ServedByRestartedDecode, s.FailedBy["decode node lost"])
+		}
+		t.Logf("%+v: %d seeds, %d decode restarts, %d requests served by a restarted decode node, outcomes %v, failed by %v",
+			cfg, n, s.DecodeRestarts, s.ServedByRestartedDecode, s.Outcomes, s.FailedBy)
+	}
+}

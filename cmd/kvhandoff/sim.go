@@ -18,7 +18,8 @@ Deterministic simulation of the protocol implementation (docs/protocol.md): each
 seed is a workload of concurrent requests (some over-long) through the router to
 --prefills prefill nodes and --decodes decode nodes over in-memory queue pairs,
 with cancels, crashes, restarts under a new incarnation, timeouts, cuts, late
-placements and corruption, checking
+placements and corruption (and with --decode-restarts, decode nodes that crash and
+come back at once under a new incarnation), checking
 the spec's properties after every step. Runs seeds --seed .. --seed+--seeds-1. Exit status 0 iff no run violated a
 property; 1 on a violation (the smallest failing seed and its event trace are
 printed; rerun with --seed S --seeds 1 to replay it exactly); 2 on bad usage.
@@ -41,6 +42,7 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 	decodes := fs.Int("decodes", 1, "decode nodes")
 	jsonOut := fs.Bool("json", false, "print exactly one JSON object on stdout (with --each, one per seed first)")
 	each := fs.Bool("each", false, "print every seed's result as it completes")
+	decodeRestarts := fs.Bool("decode-restarts", false, "a fault restarts a decode node under a new incarnation (a fresh pool, epochs from zero, over pages never zeroed)")
 	if code := parseFlags(fs, args, stderr); code >= 0 {
 		return code
 	}
@@ -78,7 +80,8 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 				r.Outcomes[model.OutcomeRejected], r.Outcomes[model.OutcomeCancelled], r.Outcomes[model.OutcomeFailed])
 		}
 	}
-	s := model.RunSeeds(model.SimConfig{Requests: *requests, Senders: *prefills, Decoders: *decodes, Bugs: sw}, *seed, *seeds, onResult)
+	s := model.RunSeeds(model.SimConfig{Requests: *requests, Senders: *prefills, Decoders: *decodes, DecodeRestarts: *decodeRestarts, Bugs: sw},
+		*seed, *seeds, onResult)
 	if streamErr != nil {
 		fmt.Fprintf(stderr, "kvhandoff sim: %v\n", streamErr)
 		return 2
@@ -135,6 +138,9 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 		if *prefills != 2 || *decodes != 1 {
 			replay += fmt.Sprintf(" --prefills %d --decodes %d", *prefills, *decodes)
 		}
+		if *decodeRestarts {
+			replay += " --decode-restarts"
+		}
 		fmt.Fprintf(stdout, "replay: %s\n", replay)
 		if len(s.Failures) > 1 {
 			var seeds []string
@@ -157,6 +163,9 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 		s.Outcomes[model.OutcomeFailed], s.Violations, s.PagesLeaked, s.Elapsed.Seconds())
 	if len(why) > 0 {
 		fmt.Fprintf(stdout, "failed by: %s\n", strings.Join(why, ", "))
+	}
+	if *decodeRestarts {
+		fmt.Fprintf(stdout, "decode restarts: %d, requests served by a restarted decode node: %d\n", s.DecodeRestarts, s.ServedByRestartedDecode)
 	}
 	return code
 }

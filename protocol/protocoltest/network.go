@@ -69,6 +69,11 @@ type DecodeNode struct {
 	Inbox    []RouterMsg
 	Verified []protocol.RequestID // verified, not yet acquired
 	Reading  []protocol.RequestID // acquired and checked, not yet finished
+	// Incarnation counts the node's restarts: each one is a new Receiver
+	// (a fresh pool, epochs from zero, no records) over the same pages,
+	// registered with the router under a larger one.
+	Incarnation uint64
+	receiverCfg protocol.ReceiverConfig
 }
 
 // QueuePair is the reliable-connected queue pair between a prefill and a
@@ -87,8 +92,13 @@ type QueuePair struct {
 	// pair for: a restarted node has none to Decode until Decode has cut the
 	// old one's (a deployment's reconnect makes a new queue pair).
 	Incarnation uint64
-	corrupt     map[uint64]bool // WRITEs to corrupt in transit
-	old         int             // the first old ops of Fwd, posted by an incarnation its node has replaced
+	// DecodeIncarnation is the incarnation of Decode that Prefill holds this
+	// queue pair to: after a decode node's restart, a prefill node has none
+	// to the new incarnation until it has cut the old one's.
+	DecodeIncarnation uint64
+	corrupt           map[uint64]bool // WRITEs to corrupt in transit
+	old               int             // the first old ops of Fwd, posted by an incarnation its node has replaced
+	oldBack           int             // the first messages of Back, sent by a decode incarnation since replaced
 }
 
 // queuePairKey derives the tag key of the queue pair between two nodes.
@@ -109,10 +119,11 @@ type RouterMsgKind uint8
 
 // The router's messages.
 const (
-	MsgDispatch      RouterMsgKind = iota // to prefill: run the request against Peer
-	MsgCancel                             // to either: cancel its leg
-	MsgPeerLost                           // to decode: prefill node Peer is lost
-	MsgPeerRestarted                      // to decode: prefill node Peer is back under a new incarnation (the registry's news)
+	MsgDispatch        RouterMsgKind = iota // to prefill: run the request against Peer
+	MsgCancel                               // to either: cancel its leg
+	MsgPeerLost                             // to decode: prefill node Peer is lost
+	MsgPeerRestarted                        // to decode: prefill node Peer is back under a new incarnation (the registry's news)
+	MsgDecodeRestarted                      // to prefill: decode node Peer is back under a new incarnation (the registry's news)
 )
 
 // RouterMsg is one message from the router to a node, in order per node.
@@ -121,6 +132,9 @@ type RouterMsg struct {
 	Request protocol.RequestID
 	Tokens  int
 	Peer    protocol.PeerID
+	// Incarnation is, in MsgDecodeRestarted, decode node Peer's new
+	// incarnation: the one whose queue pair prefill holds after it.
+	Incarnation uint64
 }
 
 func (m RouterMsg) String() string {
@@ -131,6 +145,8 @@ func (m RouterMsg) String() string {
 		return fmt.Sprintf("cancel of r%d", m.Request)
 	case MsgPeerRestarted:
 		return fmt.Sprintf("news that prefill node %d restarted", m.Peer)
+	case MsgDecodeRestarted:
+		return fmt.Sprintf("news that decode node %d restarted as incarnation %d", m.Peer, m.Incarnation)
 	}
 	return fmt.Sprintf("news that prefill node %d is lost", m.Peer)
 }
@@ -141,6 +157,7 @@ type Request struct {
 	Tokens          int
 	Prefill, Decode protocol.PeerID // 0 until dispatched
 	PrefillInc      uint64          // the incarnation of Prefill it was dispatched to
+	DecodeInc       uint64          // the incarnation of Decode it was dispatched to
 	Src             []uint32        // source pages the prefill node's intake gave it
 	Computed        bool
 	Granted         []protocol.PageRef
@@ -258,16 +275,17 @@ func New(cfg Config) (*Network, error) {
 		mem := NewMemory(c.Pages, c.PageBytes)
 		id := DecodeID(j)
 		mem.FillTenant(keys[[2]protocol.PeerID{PrefillID(0), id}]) // the earlier tenant came from prefill node 0
-		r, err := protocol.NewReceiver(protocol.ReceiverConfig{Pages: c.Pages, PageTokens: c.PageTokens, Slots: c.Slots,
+		rc := protocol.ReceiverConfig{Pages: c.Pages, PageTokens: c.PageTokens, Slots: c.Slots,
 			Timeout: c.Timeout, Horizon: c.Horizon, Memory: mem, Research: cfg.Research,
 			TagKeys: func(peer protocol.PeerID) *protocol.TagKey {
 				return keys[[2]protocol.PeerID{peer, id}]
 			},
-			Region: func(p uint32) (uint64, uint32) { return uint64(p) << 20, uint32(id) }})
+			Region: func(p uint32) (uint64, uint32) { return uint64(p) << 20, uint32(id) }}
+		r, err := protocol.NewReceiver(rc)
 		if err != nil {
 			return nil, err
 		}
-		node := &DecodeNode{ID: id, Name: name("decode", j, len(cfg.Decode)), Receiver: r, Mem: mem}
+		node := &DecodeNode{ID: id, Name: name("decode", j, len(cfg.Decode)), Receiver: r, Mem: mem, receiverCfg: rc}
 		if err := n.Router.AddNode(protocol.NodeInfo{ID: id, Role: protocol.RoleDecode, PoolPages: c.Advertise, PageTokens: c.PageTokens}); err != nil {
 			return nil, err
 		}
@@ -377,6 +395,13 @@ func (n *Network) DeliverRouter(node protocol.PeerID) {
 			n.intake(p, m)
 		case MsgCancel:
 			p.Sender.Cancel(m.Request)
+		case MsgDecodeRestarted:
+			// The queue pair to the old incarnation is cut first: its legs
+			// fail, and what the old one sent is flushed. Only then does
+			// this node hold one to the new incarnation.
+			qp := n.QP(p.ID, m.Peer)
+			n.cut(qp)
+			qp.DecodeIncarnation = m.Incarnation // restarted again since, it is dead too: the next news moves on
 		}
 		n.settle()
 		return
@@ -495,6 +520,12 @@ func (n *Network) Deliver(qp *QueuePair) protocol.Op {
 func (n *Network) DeliverBack(qp *QueuePair) {
 	m := qp.Back[0]
 	qp.Back = qp.Back[1:]
+	if qp.oldBack > 0 { // sent by a decode incarnation that has been replaced
+		qp.oldBack--
+		if qp.DecodeIncarnation == qp.Decode.Incarnation {
+			n.violate("NoOldIncarnation", "%s took %v, sent by a replaced incarnation of %s, after it accepted the new one", qp.Prefill.Name, opText(protocol.Op{Msg: m}), qp.Decode.Name)
+		}
+	}
 	n.logf("%s receives %v", qp.Prefill.Name, opText(protocol.Op{Msg: m}))
 	if err := qp.Prefill.Sender.Step(qp.Decode.ID, m); err != nil {
 		n.refused(qp.Prefill.Name, err)
@@ -606,7 +637,7 @@ func (n *Network) Cut(qp *QueuePair) {
 }
 
 func (n *Network) cut(qp *QueuePair) {
-	qp.Fwd, qp.Back, qp.old = nil, nil, 0
+	qp.Fwd, qp.Back, qp.old, qp.oldBack = nil, nil, 0, 0
 	clear(qp.corrupt)
 	qp.Decode.Receiver.QueuePairFenced(qp.Prefill.ID)
 	if !qp.Prefill.Crashed {
@@ -651,6 +682,7 @@ func (n *Network) Restart(p *PrefillNode) {
 	for _, qp := range n.QPs {
 		if qp.Prefill == p {
 			qp.old = len(qp.Fwd)
+			qp.DecodeIncarnation = qp.Decode.Incarnation // its new queue pairs are to each decode node's live incarnation
 		}
 	}
 	c := n.cfg.Prefill[int(p.ID)-1]
@@ -661,6 +693,53 @@ func (n *Network) Restart(p *PrefillNode) {
 	}
 	for _, d := range n.Decode {
 		d.Inbox = append(d.Inbox, RouterMsg{Kind: MsgPeerRestarted, Peer: p.ID})
+	}
+	n.settle()
+}
+
+// RestartDecode crashes decode node d and brings it back at once under a
+// new incarnation: a new Receiver with a fresh pool (epochs from zero), no
+// records and free slots, over the same pages (never zeroed). What was in
+// flight to the old incarnation is flushed; what it sent may still reach
+// prefill. Its queue pairs are for each prefill node's live incarnation.
+// It registers with the router under its ID and the larger incarnation
+// (Router.AddNode: the loss of the old one, whose requests fail and whose
+// open prefill legs are cancelled), and the registry tells each prefill
+// node, which cuts its queue pair to the old incarnation before it holds
+// one to the new.
+func (n *Network) RestartDecode(d *DecodeNode) {
+	r, err := protocol.NewReceiver(d.receiverCfg)
+	if err != nil {
+		n.refused(d.Name, err)
+		return
+	}
+	d.Receiver, d.Inbox, d.Verified, d.Reading = r, nil, nil, nil
+	d.Incarnation++
+	n.logf("%s crashes and restarts as incarnation %d", d.Name, d.Incarnation)
+	for _, qp := range n.QPs {
+		if qp.Decode == d {
+			qp.Fwd, qp.old = nil, 0 // its end of the queue pair went with it
+			clear(qp.corrupt)
+			qp.oldBack = len(qp.Back)
+			qp.Incarnation = qp.Prefill.Incarnation
+		}
+	}
+	for _, q := range n.reqs {
+		if q.Decode == d.ID {
+			q.DecodeEnded = true // the old incarnation will never report
+		}
+	}
+	c := n.cfg.Decode[int(d.ID)-101]
+	c.defaults()
+	if err := n.Router.AddNode(protocol.NodeInfo{ID: d.ID, Role: protocol.RoleDecode, PoolPages: c.Advertise, PageTokens: c.PageTokens,
+		Incarnation: d.Incarnation}); err != nil {
+		n.refused("router", err)
+	}
+	n.settle() // the router's cancels first, then the registry's news
+	for _, p := range n.Prefill {
+		if !p.Crashed {
+			p.Inbox = append(p.Inbox, RouterMsg{Kind: MsgDecodeRestarted, Peer: d.ID, Incarnation: d.Incarnation})
+		}
 	}
 	n.settle()
 }
@@ -690,6 +769,12 @@ func (n *Network) settle() {
 			}
 			for _, op := range e.Ops {
 				qp := n.QP(p.ID, op.Peer)
+				if qp.DecodeIncarnation != qp.Decode.Incarnation {
+					// Its other end is a replaced incarnation: flushed,
+					// never placed, never completed.
+					n.logf("%s posts %v to a replaced incarnation of %s: flushed", p.Name, opText(op), qp.Decode.Name)
+					continue
+				}
 				qp.Fwd = append(qp.Fwd, op)
 				n.logf("%s posts %v", p.Name, opText(op))
 			}
@@ -726,7 +811,9 @@ func (n *Network) settle() {
 					}
 				}
 				n.logf("%s sends %v", d.Name, opText(protocol.Op{Msg: s.Msg}))
-				if !qp.Prefill.Crashed && qp.Incarnation == qp.Prefill.Incarnation { // the old incarnation's end is gone
+				// The old prefill incarnation's end is gone; and prefill holds
+				// no queue pair to this decode incarnation before it took the news.
+				if !qp.Prefill.Crashed && qp.Incarnation == qp.Prefill.Incarnation && qp.DecodeIncarnation == d.Incarnation {
 					qp.Back = append(qp.Back, s.Msg)
 				}
 			}
@@ -763,7 +850,7 @@ func (n *Network) settle() {
 			p := n.prefill[dsp.Prefill]
 			n.logf("router dispatches r%d (%d tokens) to %s and %s", dsp.Request, dsp.Tokens, p.Name, n.decode[dsp.Decode].Name)
 			q := n.reqs[dsp.Request]
-			q.Prefill, q.Decode, q.PrefillInc = dsp.Prefill, dsp.Decode, p.Incarnation
+			q.Prefill, q.Decode, q.PrefillInc, q.DecodeInc = dsp.Prefill, dsp.Decode, p.Incarnation, n.decode[dsp.Decode].Incarnation
 			if !p.Crashed { // a crashed node drops what it is sent
 				p.Inbox = append(p.Inbox, RouterMsg{Kind: MsgDispatch, Request: dsp.Request, Tokens: dsp.Tokens, Peer: dsp.Decode})
 			}
@@ -814,6 +901,9 @@ func (n *Network) decide(q *Request, err error) {
 	}
 	if p := n.prefill[q.Prefill]; err == nil && p != nil && p.Incarnation != q.PrefillInc {
 		n.violate("NoOldIncarnation", "the client got success for r%d, dispatched to incarnation %d of %s, which restarted as %d", q.ID, q.PrefillInc, p.Name, p.Incarnation)
+	}
+	if d := n.decode[q.Decode]; err == nil && d != nil && d.Incarnation != q.DecodeInc {
+		n.violate("NoOldIncarnation", "the client got success for r%d, dispatched to incarnation %d of %s, which restarted as %d", q.ID, q.DecodeInc, d.Name, d.Incarnation)
 	}
 }
 
@@ -940,6 +1030,9 @@ type EventOptions struct {
 	Crashable func(i int) bool
 	// Restarts lets a crashed prefill node restart under a new incarnation.
 	Restarts bool
+	// DecodeRestarts lets a decode node crash and restart at once under a
+	// new incarnation.
+	DecodeRestarts bool
 	// TimeJump is how far a clock jump moves the clock; 0 means a minute.
 	TimeJump time.Duration
 }
@@ -997,6 +1090,9 @@ func (n *Network) Events(opts EventOptions) (proto, faults []Event) {
 		}
 	}
 	for _, d := range n.Decode {
+		if opts.Faults && opts.DecodeRestarts {
+			add(&faults, "decode-restart", true, func() { n.RestartDecode(d) }, "FAULT %s crashes and restarts", d.Name)
+		}
 		if len(d.Verified) > 0 {
 			add(&proto, "acquire", false, func() { n.Acquire(d) }, "%s acquires r%d", d.Name, d.Verified[0])
 		}

@@ -3,6 +3,7 @@ package protocoltest
 import (
 	"errors"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/kvhandoff/kvhandoff/internal/research"
@@ -170,6 +171,91 @@ func TestRestartIsTheLossOfTheOldIncarnation(t *testing.T) {
 func TestRestartCatchesPeerByName(t *testing.T) {
 	n := restarted(t, research.On(research.PeerByName))
 	n.Read(1)
+	if len(n.Violations) == 0 || n.Violations[0].Property != "NoOldIncarnation" {
+		t.Fatalf("violations %+v, want NoOldIncarnation", n.Violations)
+	}
+}
+
+// decodeRestarted is one prefill and one decode node with r1 granted (its
+// Grant still on its way back) when the decode node crashes and restarts.
+func decodeRestarted(t *testing.T) *Network {
+	t.Helper()
+	n, err := New(Config{Prefill: []NodeConfig{{Pages: 8}}, Decode: []NodeConfig{{Pages: 8}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.ComputeAtIntake = true
+	n.Submit(1, 8)
+	n.DeliverRouter(PrefillID(0))
+	n.Deliver(n.QPs[0]) // the Bootstrap: decode reserves and grants
+	if len(n.QPs[0].Back) != 1 {
+		t.Fatalf("back: %v, want r1's Grant", n.QPs[0].Back)
+	}
+	n.RestartDecode(n.Decode[0])
+	return n
+}
+
+// A decode node's restart is the loss of its old incarnation: its requests
+// fail at the router, the new incarnation has a fresh pool (every page free,
+// epochs from zero) and no records, what the old one granted is never
+// written into the new pool (the Sender's WRITEs on the old queue pair are
+// flushed), the prefill node cuts that queue pair on the news (its leg
+// fails) before it holds one to the new incarnation, and after that
+// requests are served by the new incarnation.
+func TestDecodeRestartIsTheLossOfTheOldIncarnation(t *testing.T) {
+	n := decodeRestarted(t)
+	d, qp := n.Decode[0], n.QPs[0]
+	if q := n.Request(1); !q.Decided || !errors.Is(q.Outcome, protocol.ErrNodeLost) {
+		t.Fatalf("r1 after the restart: decided %v, %v; want failed with ErrNodeLost", q.Decided, q.Outcome)
+	}
+	pool := d.Receiver.Pool()
+	for p := range uint32(8) {
+		if _, _, free := pool.Owner(p); !free || pool.Epoch(p) != 0 {
+			t.Fatalf("page %d of the new incarnation: free %v, epoch %d; want free at epoch 0", p, free, pool.Epoch(p))
+		}
+	}
+	if st := d.Receiver.Status(1); st != protocol.StatusNone {
+		t.Fatalf("the new incarnation's record of r1: %v, want none", st)
+	}
+	before := append([]byte(nil), d.Mem.payloads[0]...)
+	n.DeliverBack(qp) // the old incarnation's Grant reaches prefill before the news
+	if len(qp.Fwd) != 0 {
+		t.Fatalf("prefill's WRITEs for the old incarnation's grant reached the wire: %d ops", len(qp.Fwd))
+	}
+	if !slices.Equal(d.Mem.payloads[0], before) {
+		t.Fatal("a page of the new incarnation changed")
+	}
+	for len(n.Prefill[0].Inbox) > 0 { // the router's cancel of r1, then the registry's news
+		n.DeliverRouter(PrefillID(0))
+	}
+	if qp.DecodeIncarnation != 1 || n.Request(1).PrefillEnded != true {
+		t.Fatalf("prefill holds the queue pair to incarnation %d, r1's leg ended %v; want 1 and true", qp.DecodeIncarnation, n.Request(1).PrefillEnded)
+	}
+	n.Submit(2, 8)
+	if !n.Run() {
+		t.Fatal("did not settle")
+	}
+	if q := n.Request(2); !q.Decided || q.Outcome != nil || q.DecodeInc != 1 {
+		t.Fatalf("r2 on the new incarnation: %v %v (incarnation %d), want ok on 1", q.Decided, q.Outcome, q.DecodeInc)
+	}
+	if n.Quiescent(); len(n.Violations) > 0 {
+		t.Fatalf("violations: %+v", n.Violations)
+	}
+}
+
+// The network's NoOldIncarnation check can fail: a prefill node that takes
+// the news but keeps what the old incarnation had sent (a test-only
+// mutation of its cut) takes the old incarnation's Grant by the new queue
+// pair, which the network reports.
+func TestDecodeRestartCatchesAGrantOfTheOldIncarnationTakenAfterTheNews(t *testing.T) {
+	n := decodeRestarted(t)
+	qp := n.QPs[0]
+	kept := slices.Clone(qp.Back)
+	for len(n.Prefill[0].Inbox) > 0 {
+		n.DeliverRouter(PrefillID(0))
+	}
+	qp.Back, qp.oldBack = kept, len(kept) // the cut kept what the old incarnation sent
+	n.DeliverBack(qp)
 	if len(n.Violations) == 0 || n.Violations[0].Property != "NoOldIncarnation" {
 		t.Fatalf("violations %+v, want NoOldIncarnation", n.Violations)
 	}
