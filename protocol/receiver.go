@@ -523,11 +523,13 @@ func (r *Receiver) PeerFailed(peer PeerID) {
 
 // QueuePairFenced says the queue pair to peer is in the error state (cut by the
 // caller, or broken and flushed): nothing more of it can land. Every request on
-// it that was waiting for Done fails; quarantined pages are released.
+// it that was waiting for Done fails; quarantined pages are released. Records
+// that ended are left alone, as the spec's cut leaves them (under double-free
+// a fence of one would release its pages again).
 func (r *Receiver) QueuePairFenced(peer PeerID) {
 	var on []RequestID // the peer's requests, in request order: effects are deterministic
 	for id, q := range r.reqs {
-		if q.peer == peer && q.phase != recvTombstone {
+		if q.peer == peer && (q.phase == recvReserved || q.phase == recvQuarantine) {
 			on = append(on, id)
 		}
 	}

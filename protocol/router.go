@@ -334,6 +334,13 @@ func (r *Router) NodeLost(id PeerID) error {
 			r.endLeg(q, rid, RoleDecode, legCancelled)
 		} else {
 			r.endLeg(q, rid, RoleDecode, legLost)
+			// The router stops the prefill leg itself, as the spec's does:
+			// this is not a failure told from one leg to the other, so it
+			// happens under no-peer-cancel too.
+			if q.status == RouteRunning && q.pLeg == legOpen {
+				r.effects.Cancels = append(r.effects.Cancels, CancelLeg{Node: q.prefill, Request: rid})
+				r.endLeg(q, rid, RolePrefill, legCancelled)
+			}
 		}
 		r.decide(rid, q, why)
 	}
