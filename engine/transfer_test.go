@@ -82,7 +82,7 @@ func TestHandoffOverTheTransportDecodesWhatOneNodeWould(t *testing.T) {
 	}
 	got := ""
 	now := time.Unix(1, 0)
-	for deadline := time.Now().Add(10 * time.Second); got == "" && time.Now().Before(deadline); {
+	for deadline := time.Now().Add(60 * time.Second); got == "" && time.Now().Before(deadline); { // a guard against a hang (under -race on a loaded machine too)
 		now = now.Add(time.Millisecond)
 		p.Poll(now)
 		d.Poll(now)

@@ -141,7 +141,7 @@ func allPagesBack(t *testing.T, l *Local) {
 // same model answers: the KV that decode attends over is the prompt's own.
 func TestCompletionsOverTheHandoffMatchAColocatedRun(t *testing.T) {
 	m := model.Builtin(5)
-	l, err := StartLocal(LocalConfig{Prefills: 2, Decodes: 2, PrefillPages: 160, DecodePages: 160, PageTokens: 16, Model: m, Timeout: 30 * time.Second, Log: quietLog()})
+	l, err := StartLocal(LocalConfig{Prefills: 2, Decodes: 2, PrefillPages: 160, DecodePages: 160, PageTokens: 16, Model: m, Timeout: 2 * time.Minute, Log: quietLog()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -161,13 +161,15 @@ func TestDemoAsProcessesLeaksNothing(t *testing.T) {
 //
 // Pages leak only for a client that hangs up after decode reserved them, and
 // when it hangs up depends on the schedule: a run whose cancels all come
-// before the reservation leaks nothing. So up to three workloads (seeds) are
-// tried; with the switch doing nothing, every one of them would pass.
+// before the reservation leaks nothing. So up to six workloads (seeds) are
+// tried (a seed misses about 1 run in 6 on a loaded machine: all of three
+// missed about 1 CI run in 250); with the switch doing nothing, every one
+// of them would pass.
 func TestDemoCatchesPagesLeakedOnCancel(t *testing.T) {
 	t.Parallel()
 	var rc int
 	var got demoJSON
-	for seed := 1; seed <= 3; seed++ {
+	for seed := 1; seed <= 6; seed++ {
 		rc, got = runDemoJSON(t, "--requests", "150", "--seed", strconv.Itoa(seed), "--bug", "leak-on-cancel")
 		if rc == 1 && got.PagesLeaked > 0 {
 			return
