@@ -324,12 +324,11 @@ func TestRapidImplementationRefinesTheSpec(t *testing.T) {
 	t.Logf("%d runs, %.1f spec steps each (PostWrite not counted), %d with a request served, %d left the spec's bounds",
 		st.runs, float64(st.repeated)/float64(st.runs), st.total, outOfBounds)
 	// About half the runs serve a request; under -short only ~60 run, and
-	// rapid's seed is random, so the bound is a fifth (a third failed at 18
-	// of 61, 2.8 standard deviations low), far below what a working machine
-	// draws and far above what one that barely runs does; at 300 runs of
-	// -race -short the fewest was 15 (5th percentile 23), so the bound is a
-	// tenth. Steps likewise: 12.2 to 14.8 per run measured under -short,
-	// the bound 5.
+	// rapid's seed is random, so the bound is a tenth (a third failed at 18
+	// of 61; in 300 runs of -race -short the fewest was 15, the 5th
+	// percentile 23), far below what a working machine draws and far above
+	// what one that barely runs does. Steps likewise: 12.2 to 14.8 per run
+	// measured under -short, the bound 5.
 	if st.repeated < 5*st.runs || 10*st.total < st.runs {
 		t.Fatalf("%d steps in %d runs, %d with a request served: the state machine barely ran", st.repeated, st.runs, st.total)
 	}
