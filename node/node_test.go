@@ -349,14 +349,17 @@ func TestClientDisconnectCancelsBothLegs(t *testing.T) {
 }
 
 // A request whose prefill node is lost after its KV arrived and verified on
-// the decode node, while the router's call to the decode leg is still in
-// flight, fails; the router cuts that call, which never reaches the node,
-// and cancels the leg instead: the decode node's verified pages come back
-// at once, not when it gives up waiting for a prompt (its timeout, a minute
-// here). This held 5 pages past the end of a kvhandoff demo run.
-func TestLostPrefillNodeFreesTheDecodePagesOfACallCutInFlight(t *testing.T) {
+// the decode node, while the router's call to the decode leg has not reached
+// the node yet (a hook holds it before it is sent), fails; the router cuts
+// that call, which then never reaches the node, and cancels the leg instead:
+// the decode node's verified pages come back at once, not when it gives up
+// waiting for a prompt (its timeout, a minute here). This held 5 pages past
+// the end of a kvhandoff demo run. (A call cut once it has reached the node
+// ends there as the client-disconnect test shows.)
+func TestLostPrefillNodeFreesTheDecodePagesOfACallThatNeverReachedIt(t *testing.T) {
 	ids, release := make(chan protocol.RequestID, 1), make(chan struct{})
-	var once sync.Once
+	var once, released sync.Once
+	free := func() { released.Do(func() { close(release) }) }
 	l, err := StartLocal(LocalConfig{PrefillPages: 64, DecodePages: 64, PageTokens: 16, Timeout: time.Minute, Log: quietLog(),
 		beforeDecodeCall: func(id protocol.RequestID) {
 			once.Do(func() {
@@ -368,6 +371,7 @@ func TestLostPrefillNodeFreesTheDecodePagesOfACallCutInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Stop()
+	defer free() // before Stop: a failed check must not leave the router's call held
 	d := l.Decodes[0]
 	done := make(chan answer, 1)
 	go func() {
@@ -385,7 +389,7 @@ func TestLostPrefillNodeFreesTheDecodePagesOfACallCutInFlight(t *testing.T) {
 	if a := <-done; !strings.Contains(a.err, "node lost") {
 		t.Fatalf("the client got %+v, want the request failed with its prefill node lost", a)
 	}
-	close(release) // the router's call goes on, its context already ended
+	free() // the router's call goes on, its context already ended
 	allPagesBack(t, l)
 	if st := d.Endpoint().Status(id); st != protocol.StatusClosed {
 		t.Fatalf("the request is %v on the decode node, want closed (cancelled)", st)

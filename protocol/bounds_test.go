@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/kvhandoff/kvhandoff/internal/research"
 )
 
 // lazyMemory is page memory for tests at scale: a page's bytes exist only once
@@ -412,6 +414,40 @@ func TestFlushFailsOnlyThatQueuePairsRequests(t *testing.T) {
 	}
 	if st := s.Status(1); st != SendStatusWriting {
 		t.Fatalf("a request on the other queue pair: %v", st)
+	}
+}
+
+// A cut fences the requests on its queue pair that a writer may still
+// write (reserved and quarantined ones); records that have ended are left
+// alone, as the spec's cut leaves them. Under double-free a fence of an ended
+// record releases its pages again, and a cut that fenced one freed the page
+// another request, on another queue pair, had been granted since.
+func TestCutLeavesEndedRecordsAlone(t *testing.T) {
+	r := boundsReceiver(t, ReceiverConfig{Pages: 1, PageTokens: 1, Research: research.On(research.DoubleFree)})
+	mustStep := func(peer PeerID, m Message) {
+		t.Helper()
+		if err := r.Step(peer, m, testNow); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mustStep(1, &Bootstrap{Request: 1, Tokens: 1})
+	mustStep(1, &AbortAck{Request: 1}) // the sender gave up: closed, page 0 back
+	mustStep(2, &Bootstrap{Request: 2, Tokens: 1})
+	var ref PageRef
+	for _, s := range r.Effects().Sends {
+		if g, ok := s.Msg.(*Grant); ok && g.Request == 2 {
+			ref = PageRef{Page: g.Pages[0].Page, Epoch: g.Pages[0].Epoch}
+		}
+	}
+	if err := r.Pool().Check(2, ref); err != nil {
+		t.Fatalf("request 2's grant: %v", err)
+	}
+	r.QueuePairFenced(1)
+	if err := r.Pool().Check(2, ref); err != nil {
+		t.Fatalf("after the cut of request 1's queue pair, request 2's page: %v", err)
+	}
+	if st := r.Status(2); st != StatusReserved {
+		t.Fatalf("request 2, on the other queue pair, is %v", st)
 	}
 }
 

@@ -79,8 +79,8 @@
 //  10. Client cancel: Router.Cancel, Sender.Cancel, Receiver.Cancel; TestRouterCancelsBothLegsOnClientDisconnect, TestCancelBeforeBootstrapLeavesATombstone
 //  11. Quarantine until the fence: Receiver.abort, Receiver.fence, Pool.Quarantine; TestCancelDuringWritesQuarantinesUntilAbortAck, TestQuarantinedPagesAreNotReusedUntilReleased, TestTimeoutThenLatePlacementLandsOnlyInQuarantine
 //  12. Timeouts are faults: Receiver.Tick, Receiver.Expire, Router.Tick; TestTimersFireOnceAtTheirDeadlines, TestExpireTimesOutOnlyThatRequest, TestRouterTimeoutFailsAndCancelsBothLegs
-//  13. Queue-pair cut: Receiver.QueuePairFenced, Sender.Flushed; TestPeerFailureIsFencedByACut, TestFlushFailsOnlyThatQueuePairsRequests
-//  14. Lost node: Router.NodeLost, Receiver.PeerFailed; TestRouterNodeLostFailsEveryLegOnIt, TestRouterDecodeLostCancelsPrefillLegs, TestPeerFailureIsFencedByACut
+//  13. Queue-pair cut: Receiver.QueuePairFenced, Sender.Flushed; TestPeerFailureIsFencedByACut, TestFlushFailsOnlyThatQueuePairsRequests, TestCutLeavesEndedRecordsAlone
+//  14. Lost node: Router.NodeLost, Receiver.PeerFailed; TestRouterNodeLostFailsEveryLegOnIt, TestRouterDecodeLostCancelsPrefillLegs, TestRouterDecodeLostCancelsPrefillLegsUnderNoPeerCancel, TestPeerFailureIsFencedByACut
 //  15. Peer cancel: Receiver.tellSender, Router.cancelOpenLegs; TestRouterCancelsOtherLegOnFailedLeg, TestReceiverRejectsWhatItsPoolCannotHoldAndStopsTheSender
 //  16. Idempotent fences: Pool.Release, Receiver.fence; TestReleaseIsIdempotent, TestLateReleaseNeverFreesTheNextOwnersPage, TestQuarantineIgnoresPagesNoLongerHeld
 //  17. Defensive decoding: DecodeMessage, validate, Receiver.lookup; TestDecoderRejectsBrokenFramesWithTypedErrors, TestMalformedMessagesAreRefusedWithoutEffect, TestWrongDirectionMessagesAreRefused, TestTypedNilMessagesAreRefused, TestRouterRefusesBadReports

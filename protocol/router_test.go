@@ -287,6 +287,23 @@ func TestRouterDecodeLostCancelsPrefillLegs(t *testing.T) {
 	}
 }
 
+// A lost decode node's open prefill legs are stopped by the router's own
+// decision, not told from one leg to the other, so they are cancelled under
+// no-peer-cancel too, as the spec's router does (the refinement parted ways
+// there); a prefill leg that has ended gets no cancel.
+func TestRouterDecodeLostCancelsPrefillLegsUnderNoPeerCancel(t *testing.T) {
+	r := newTestRouter(t, RouterConfig{Research: research.On(research.NoPeerCancel)}, prefillNode(1, 64), decodeNode(2, 64))
+	r.Submit(1, 4, t0)
+	r.Submit(2, 4, t0)
+	mustNil(t, r.LegEnded(1, 2, nil)) // request 2's prefill leg has ended
+	r.Effects()
+	mustNil(t, r.RemoveNode(2))
+	e := r.Effects()
+	if fmt.Sprint(e.Cancels) != fmt.Sprint([]CancelLeg{{1, 1}}) || len(e.Outcomes) != 2 || len(e.PeerLost) != 0 {
+		t.Fatalf("effects %+v, want request 1's prefill leg cancelled and both requests failed", e)
+	}
+}
+
 // Reports that break the protocol return an error and change nothing.
 func TestRouterRefusesBadReports(t *testing.T) {
 	r := newTestRouter(t, RouterConfig{}, prefillNode(1, 64), decodeNode(2, 64), decodeNode(3, 64))
