@@ -229,8 +229,8 @@ func (w *world) submit(id protocol.RequestID, tokens int) {
 
 // failReason names the protocol error behind a failure.
 func failReason(err error) string {
-	if errors.Is(err, protocol.ErrNodeLost) && strings.Contains(err.Error(), protocol.RoleDecode.String()+" node") {
-		return "decode node lost" // the Router names the lost node's role (a decode node lost at its restart)
+	if lost := (*protocol.NodeLostError)(nil); errors.As(err, &lost) && lost.Role == protocol.RoleDecode {
+		return "decode node lost" // a decode node lost at its restart
 	}
 	if errors.Is(err, protocol.ErrNodeLost) || errors.Is(err, protocol.ErrNoNode) {
 		return "prefill node lost"

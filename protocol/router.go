@@ -24,6 +24,21 @@ var (
 	ErrUnknownNode = errors.New("protocol: unknown node")
 )
 
+// NodeLostError is the ErrNodeLost of one node: which node, of which role, so
+// that a caller tells a lost decode node from a lost prefill node with
+// errors.As instead of by the message. errors.Is(err, ErrNodeLost) holds.
+type NodeLostError struct {
+	Role Role
+	Node PeerID
+}
+
+func (e *NodeLostError) Error() string {
+	return fmt.Sprintf("%v: %v node %d", ErrNodeLost, e.Role, e.Node)
+}
+
+// Is makes a NodeLostError an ErrNodeLost.
+func (e *NodeLostError) Is(target error) bool { return target == ErrNodeLost }
+
 // Role is what a node does in the handoff.
 type Role uint8
 
@@ -302,7 +317,8 @@ func (r *Router) AddNode(info NodeInfo) error {
 
 // NodeLost says a node is gone (its registry lease expired, or it stopped
 // answering; docs/protocol.md rule 14): every request dispatched to it that
-// has no outcome yet fails (ErrPeerFailed with ErrNodeLost). For a lost
+// has no outcome yet fails (ErrPeerFailed with a NodeLostError, an
+// ErrNodeLost). For a lost
 // decode node the prefill legs are cancelled; for a lost prefill node each
 // decode node is told (PeerLost), so that it cuts its queue pair to it:
 // the cut is the fence for the pages it may still write, and fails each of
@@ -317,7 +333,7 @@ func (r *Router) NodeLost(id PeerID) error {
 		return nil
 	}
 	n.lost = true
-	why := fmt.Errorf("%w: %w: %v node %d", ErrPeerFailed, ErrNodeLost, n.info.Role, id)
+	why := fmt.Errorf("%w: %w", ErrPeerFailed, &NodeLostError{Role: n.info.Role, Node: id})
 	// Every request dispatched to it and still without an outcome fails,
 	// even one whose leg there has ended: the spec's router fails them all.
 	for _, rid := range slices.Sorted(maps.Keys(r.reqs)) {

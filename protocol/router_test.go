@@ -233,8 +233,10 @@ func TestRouterNodeLostFailsEveryLegOnIt(t *testing.T) {
 		t.Fatalf("outcomes %+v: want the 4 requests on prefill 1", e.Outcomes)
 	}
 	for _, o := range e.Outcomes {
-		if !errors.Is(o.Err, ErrPeerFailed) || !errors.Is(o.Err, ErrNodeLost) || r.Request(o.Request).Prefill != 1 {
-			t.Fatalf("outcome %+v", o)
+		var lost *NodeLostError
+		if !errors.Is(o.Err, ErrPeerFailed) || !errors.Is(o.Err, ErrNodeLost) || r.Request(o.Request).Prefill != 1 ||
+			!errors.As(o.Err, &lost) || *lost != (NodeLostError{Role: RolePrefill, Node: 1}) {
+			t.Fatalf("outcome %+v: want ErrPeerFailed and the NodeLostError of prefill node 1", o)
 		}
 	}
 	// No per-request cancel to decode: PeerLost makes it cut the queue pair,
