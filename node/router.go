@@ -456,13 +456,17 @@ func (rt *Router) cancelCutCall(node protocol.PeerID, id protocol.RequestID, q *
 	m, skip := rt.members[node], q.cancelled[node] || rt.lost[node]
 	q.cancelled[node] = true
 	rt.mu.Unlock()
-	if skip {
-		return
+	if !skip {
+		rt.callCancel(m, id)
 	}
+}
+
+// callCancel asks node m to cancel request id (its /cancel, idempotent there).
+func (rt *Router) callCancel(m Member, id protocol.RequestID) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := rt.client.call(ctx, m.Name, m.Control, pathCancel, cancelCall{ID: id}, nil); err != nil {
-		rt.cfg.Log.Warn("router: cancelling a leg whose call was cut", "request_id", uint64(id), "node", m.Name, "err", err)
+		rt.cfg.Log.Warn("router: cancelling a leg", "request_id", uint64(id), "node", m.Name, "err", err)
 	}
 }
 
@@ -538,11 +542,7 @@ func (rt *Router) cancelLegLocked(c protocol.CancelLeg) {
 		return
 	}
 	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := rt.client.call(ctx, m.Name, m.Control, pathCancel, cancelCall{ID: c.Request}, nil); err != nil {
-			rt.cfg.Log.Warn("router: cancelling a leg", "request_id", uint64(c.Request), "node", m.Name, "err", err)
-		}
+		rt.callCancel(m, c.Request)
 		if stopCall != nil {
 			stopCall()
 		}
