@@ -239,7 +239,7 @@ func NewRefinementWith(cfg spec.Config, bugs research.Switches) (*Refinement, er
 	// Every node advertises what the spec's router trusts: ContextLimit tokens.
 	h.router = protocol.NewRouter(protocol.RouterConfig{Research: bugs})
 	for p := 0; p < cfg.NumPrefills(); p++ {
-		if err := h.router.AddNode(h.prefillInfo(p, 0)); err != nil {
+		if err := h.router.AddNode(h.nodeInfo(prefillID(p), protocol.RolePrefill, 0)); err != nil {
 			return nil, err
 		}
 		src := protocoltest.NewMemory(cfg.PrefillPages, size)
@@ -257,7 +257,7 @@ func NewRefinementWith(cfg spec.Config, bugs research.Switches) (*Refinement, er
 	}
 	tenant := spec.Label{Req: spec.Tenant}
 	for d := 0; d < cfg.NumDecodes(); d++ {
-		if err := h.router.AddNode(h.decodeInfo(d, 0)); err != nil {
+		if err := h.router.AddNode(h.nodeInfo(decodeID(d), protocol.RoleDecode, 0)); err != nil {
 			return nil, err
 		}
 		dst := protocoltest.NewMemory(cfg.DecodePages, size)
@@ -277,9 +277,10 @@ func NewRefinementWith(cfg spec.Config, bugs research.Switches) (*Refinement, er
 	return h, h.compare("initial state")
 }
 
-// decodeInfo is decode node d's registration as its incarnation inc.
-func (h *Refinement) decodeInfo(d int, inc uint64) protocol.NodeInfo {
-	return protocol.NodeInfo{ID: decodeID(d), Role: protocol.RoleDecode, ContextTokens: h.cfg.ContextLimit,
+// nodeInfo is node id's registration in role as its incarnation inc:
+// every node advertises what the spec's router trusts, ContextLimit tokens.
+func (h *Refinement) nodeInfo(id protocol.PeerID, role protocol.Role, inc uint64) protocol.NodeInfo {
+	return protocol.NodeInfo{ID: id, Role: role, ContextTokens: h.cfg.ContextLimit,
 		PoolPages: protocol.PagesFor(uint32(h.cfg.ContextLimit), h.cfg.PageSize), PageTokens: h.cfg.PageSize, Incarnation: inc}
 }
 
@@ -302,12 +303,6 @@ func (h *Refinement) registered(id protocol.PeerID) (bool, uint64) {
 func (h *Refinement) live(p, d int) bool {
 	pr := h.pairs[p][d]
 	return !pr.fenced && pr.inc == h.pre[p].inc && pr.dinc == h.dec[d].inc
-}
-
-// prefillInfo is prefill node p's registration as its incarnation inc.
-func (h *Refinement) prefillInfo(p int, inc uint64) protocol.NodeInfo {
-	return protocol.NodeInfo{ID: prefillID(p), Role: protocol.RolePrefill, ContextTokens: h.cfg.ContextLimit,
-		PoolPages: protocol.PagesFor(uint32(h.cfg.ContextLimit), h.cfg.PageSize), PageTokens: h.cfg.PageSize, Incarnation: inc}
 }
 
 const tenantID = protocol.RequestID(1 << 40)
@@ -403,7 +398,7 @@ func (h *Refinement) Step(a spec.Action) error {
 			return fmt.Errorf("%w: the router's intake of r%d (%+v, %v) is no Submit the spec allows now", ErrRefinement, r, d, err)
 		}
 	}
-	if err := h.step(a, func(popped *[spec.MaxPrefills][spec.MaxDecodes]int) error { return h.apply(a, popped) }); err != nil {
+	if err := h.step(a); err != nil {
 		return err
 	}
 	if err := h.postBacklog(a); err != nil {
@@ -445,7 +440,7 @@ func (h *Refinement) postBacklog(a spec.Action) error {
 				// never completed; the spec's PostWrite flushes it too.
 				pe.staged = pe.staged[1:]
 			}
-			if err := h.step(post, func(popped *[spec.MaxPrefills][spec.MaxDecodes]int) error { return h.apply(post, popped) }); err != nil {
+			if err := h.step(post); err != nil {
 				return err
 			}
 		}
@@ -468,7 +463,7 @@ func (h *Refinement) postsEnabled() map[spec.Action]bool {
 // step is one spec step beside its implementation part: the successor taken
 // is the one the implementation's choice matches, the messages the spec sent
 // are handed from the Senders' backlogs to the wires, and the views compared.
-func (h *Refinement) step(a spec.Action, impl func(popped *[spec.MaxPrefills][spec.MaxDecodes]int) error) error {
+func (h *Refinement) step(a spec.Action) error {
 	var next []spec.State
 	h.m.Successors(&h.s, func(b spec.Action, n *spec.State) {
 		if b == a || a.Kind == spec.DecodeRecvQP && b.Kind == spec.DecodeRecvQP && b.Req == a.Req ||
@@ -487,7 +482,7 @@ func (h *Refinement) step(a spec.Action, impl func(popped *[spec.MaxPrefills][sp
 		}
 	}
 	var popped [spec.MaxPrefills][spec.MaxDecodes]int
-	if err := impl(&popped); err != nil {
+	if err := h.apply(a, &popped); err != nil {
 		return err
 	}
 	chosen := next[0]
@@ -623,8 +618,8 @@ func (h *Refinement) apply(a spec.Action, popped *[spec.MaxPrefills][spec.MaxDec
 		if err := h.read(r); err != nil {
 			return fmt.Errorf("%w after %v: %v", ErrRefinement, a, err)
 		}
-	case spec.LeaseLost:
-		if a.Arg&spec.DecodeNode == 0 {
+	case spec.DetectCrash, spec.LeaseLost:
+		if a.Arg&spec.DecodeNode == 0 { // a prefill node's loss: the same whether detected or its lease expired
 			if err := h.router.NodeLost(prefillID(int(a.Arg))); err != nil {
 				return fmt.Errorf("%w after %v: %v", ErrRefinement, a, err)
 			}
@@ -645,20 +640,8 @@ func (h *Refinement) apply(a spec.Action, popped *[spec.MaxPrefills][spec.MaxDec
 			return err
 		}
 		if !h.bugs.Has(research.NoPeerCancel) {
-			for _, pe := range h.pre {
-				if !pe.crashed {
-					pe.toPrefill = append(pe.toPrefill, spec.Msg{Kind: spec.MPeerFailed, Req: -1, Peer: int8(d)})
-				}
-			}
+			h.tellPrefills(spec.Msg{Kind: spec.MPeerFailed, Req: -1, Peer: int8(d)})
 		}
-	case spec.DetectCrash:
-		if err := h.router.NodeLost(prefillID(int(a.Arg))); err != nil {
-			return fmt.Errorf("%w after %v: %v", ErrRefinement, a, err)
-		}
-		if err := h.routerEffects(a, false); err != nil {
-			return err
-		}
-		h.tellLostDecodes(int(a.Arg))
 	case spec.Cancel:
 		if err := h.router.Cancel(id(r)); err != nil {
 			return fmt.Errorf("%w after %v: the router refused it: %v", ErrRefinement, a, err)
@@ -700,7 +683,7 @@ func (h *Refinement) apply(a spec.Action, popped *[spec.MaxPrefills][spec.MaxDec
 		for d, pr := range h.pairs[p] { // its new queue pairs are to each decode node's live incarnation
 			pr.dinc = h.dec[d].inc
 		}
-		if err := h.router.AddNode(h.prefillInfo(p, pe.inc)); err != nil {
+		if err := h.router.AddNode(h.nodeInfo(prefillID(p), protocol.RolePrefill, pe.inc)); err != nil {
 			return fmt.Errorf("%w after %v: the router refused the new incarnation: %v", ErrRefinement, a, err)
 		}
 		if err := h.routerEffects(a, false); err != nil {
@@ -821,22 +804,27 @@ func (h *Refinement) restartDecode(a spec.Action) error {
 		pr.wire, pr.inc, pr.fenced = nil, pe.inc, !listed
 	}
 	wasLive, _ := h.registered(decodeID(d))
-	if err := h.router.AddNode(h.decodeInfo(d, de.inc)); err != nil {
+	if err := h.router.AddNode(h.nodeInfo(decodeID(d), protocol.RoleDecode, de.inc)); err != nil {
 		return fmt.Errorf("%w after %v: the router refused the new incarnation: %v", ErrRefinement, a, err)
 	}
 	if err := h.routerEffects(a, true); err != nil { // the Router's cancels of open prefill legs: the spec's Aborts
 		return err
 	}
-	for _, pe := range h.pre {
-		if pe.crashed {
-			continue // a crashed node drops what it is sent
-		}
-		if wasLive && !h.bugs.Has(research.PeerByName) && !h.bugs.Has(research.NoPeerCancel) {
-			pe.toPrefill = append(pe.toPrefill, spec.Msg{Kind: spec.MPeerFailed, Req: -1, Peer: int8(d)})
-		}
-		pe.toPrefill = append(pe.toPrefill, spec.Msg{Kind: spec.MPeerRestarted, Req: -1, Peer: int8(d), DInc: uint8(de.inc)})
+	if wasLive && !h.bugs.Has(research.PeerByName) && !h.bugs.Has(research.NoPeerCancel) {
+		h.tellPrefills(spec.Msg{Kind: spec.MPeerFailed, Req: -1, Peer: int8(d)})
 	}
+	h.tellPrefills(spec.Msg{Kind: spec.MPeerRestarted, Req: -1, Peer: int8(d), DInc: uint8(de.inc)})
 	return nil
+}
+
+// tellPrefills is the registry's news m to every prefill node; a crashed
+// node drops what it is sent.
+func (h *Refinement) tellPrefills(m spec.Msg) {
+	for _, pe := range h.pre {
+		if !pe.crashed {
+			pe.toPrefill = append(pe.toPrefill, m)
+		}
+	}
 }
 
 // tellLostDecodes is the registry's news of prefill node p's loss to each
@@ -1149,10 +1137,7 @@ func (h *Refinement) senderView(r int) string {
 	if h.gone[r] != "" {
 		return h.gone[r]
 	}
-	p, _ := h.routeOf(r)
-	if !h.s.Req[r].Submitted {
-		p = 0
-	}
+	p, _ := h.routeOf(r) // node 0 for a request not yet routed, as the spec's record
 	return senderPhase[h.pre[p].snd.Status(id(r))]
 }
 

@@ -58,6 +58,7 @@ type PrefillNode struct {
 	// pools, no records) registered with the router under a larger one.
 	Incarnation uint64
 	senderCfg   protocol.SenderConfig
+	info        protocol.NodeInfo // its registration with the router, at incarnation 0
 }
 
 // DecodeNode is a decode node: a Receiver and its pages.
@@ -74,6 +75,7 @@ type DecodeNode struct {
 	// registered with the router under a larger one.
 	Incarnation uint64
 	receiverCfg protocol.ReceiverConfig
+	info        protocol.NodeInfo // its registration with the router, at incarnation 0
 }
 
 // QueuePair is the reliable-connected queue pair between a prefill and a
@@ -263,8 +265,9 @@ func New(cfg Config) (*Network, error) {
 		if err != nil {
 			return nil, err
 		}
-		node := &PrefillNode{ID: id, Name: name("prefill", i, len(cfg.Prefill)), Sender: s, Mem: mem, senderCfg: sc}
-		if err := n.Router.AddNode(protocol.NodeInfo{ID: node.ID, Role: protocol.RolePrefill, PoolPages: c.Advertise, PageTokens: c.PageTokens}); err != nil {
+		node := &PrefillNode{ID: id, Name: name("prefill", i, len(cfg.Prefill)), Sender: s, Mem: mem, senderCfg: sc,
+			info: protocol.NodeInfo{ID: id, Role: protocol.RolePrefill, PoolPages: c.Advertise, PageTokens: c.PageTokens}}
+		if err := n.Router.AddNode(node.info); err != nil {
 			return nil, err
 		}
 		n.Prefill = append(n.Prefill, node)
@@ -285,8 +288,9 @@ func New(cfg Config) (*Network, error) {
 		if err != nil {
 			return nil, err
 		}
-		node := &DecodeNode{ID: id, Name: name("decode", j, len(cfg.Decode)), Receiver: r, Mem: mem, receiverCfg: rc}
-		if err := n.Router.AddNode(protocol.NodeInfo{ID: id, Role: protocol.RoleDecode, PoolPages: c.Advertise, PageTokens: c.PageTokens}); err != nil {
+		node := &DecodeNode{ID: id, Name: name("decode", j, len(cfg.Decode)), Receiver: r, Mem: mem, receiverCfg: rc,
+			info: protocol.NodeInfo{ID: id, Role: protocol.RoleDecode, PoolPages: c.Advertise, PageTokens: c.PageTokens}}
+		if err := n.Router.AddNode(node.info); err != nil {
 			return nil, err
 		}
 		n.Decode = append(n.Decode, node)
@@ -685,12 +689,7 @@ func (n *Network) Restart(p *PrefillNode) {
 			qp.DecodeIncarnation = qp.Decode.Incarnation // its new queue pairs are to each decode node's live incarnation
 		}
 	}
-	c := n.cfg.Prefill[int(p.ID)-1]
-	c.defaults()
-	if err := n.Router.AddNode(protocol.NodeInfo{ID: p.ID, Role: protocol.RolePrefill, PoolPages: c.Advertise, PageTokens: c.PageTokens,
-		Incarnation: p.Incarnation}); err != nil {
-		n.refused("router", err)
-	}
+	n.register(p.info, p.Incarnation)
 	for _, d := range n.Decode {
 		d.Inbox = append(d.Inbox, RouterMsg{Kind: MsgPeerRestarted, Peer: p.ID})
 	}
@@ -729,12 +728,7 @@ func (n *Network) RestartDecode(d *DecodeNode) {
 			q.DecodeEnded = true // the old incarnation will never report
 		}
 	}
-	c := n.cfg.Decode[int(d.ID)-101]
-	c.defaults()
-	if err := n.Router.AddNode(protocol.NodeInfo{ID: d.ID, Role: protocol.RoleDecode, PoolPages: c.Advertise, PageTokens: c.PageTokens,
-		Incarnation: d.Incarnation}); err != nil {
-		n.refused("router", err)
-	}
+	n.register(d.info, d.Incarnation)
 	n.settle() // the router's cancels first, then the registry's news
 	for _, p := range n.Prefill {
 		if !p.Crashed {
@@ -742,6 +736,15 @@ func (n *Network) RestartDecode(d *DecodeNode) {
 		}
 	}
 	n.settle()
+}
+
+// register is a restarted node's registration with the router: info under
+// incarnation inc (Router.AddNode: the loss of the old one).
+func (n *Network) register(info protocol.NodeInfo, inc uint64) {
+	info.Incarnation = inc
+	if err := n.Router.AddNode(info); err != nil {
+		n.refused("router", err)
+	}
 }
 
 // Detect is the registry telling the router that node is lost (its lease
