@@ -15,7 +15,7 @@ import (
 )
 
 // Switch is one bug of the catalogue that the implementation can reproduce.
-type Switch uint16
+type Switch uint32
 
 // The implementation's switches, named as in the spec. done-unmatched has no
 // counterpart: the wire carries no slot, and Done is matched by request id.
@@ -72,7 +72,7 @@ func (s Switch) String() string {
 	case SplitAcquire:
 		return "split-acquire"
 	}
-	return fmt.Sprintf("Switch(%#x)", uint16(s))
+	return fmt.Sprintf("Switch(%#x)", uint32(s))
 }
 
 // Concurrency lists the shared layer's switches.
@@ -80,13 +80,13 @@ func Concurrency() []Switch { return []Switch{StaleStatus, SplitAcquire} }
 
 // Switches is a set of switches. The zero value, every defense on, is the only
 // one code outside this module can have.
-type Switches struct{ on uint16 }
+type Switches struct{ on uint32 }
 
 // On returns the set of the given switches.
 func On(sw ...Switch) Switches {
 	var s Switches
 	for _, x := range sw {
-		s.on |= uint16(x)
+		s.on |= uint32(x)
 	}
 	return s
 }
@@ -94,13 +94,13 @@ func On(sw ...Switch) Switches {
 // Without returns s with the given switches off.
 func (s Switches) Without(sw ...Switch) Switches {
 	for _, x := range sw {
-		s.on &^= uint16(x)
+		s.on &^= uint32(x)
 	}
 	return s
 }
 
 // Has reports whether sw is on.
-func (s Switches) Has(sw Switch) bool { return s.on&uint16(sw) != 0 }
+func (s Switches) Has(sw Switch) bool { return s.on&uint32(sw) != 0 }
 
 // Any reports whether any switch is on.
 func (s Switches) Any() bool { return s.on != 0 }
@@ -140,7 +140,7 @@ func Parse(list string) (Switches, error) {
 		found := false
 		for _, sw := range append(All(), Concurrency()...) {
 			if sw.String() == name {
-				s.on |= uint16(sw)
+				s.on |= uint32(sw)
 				found = true
 			}
 		}
