@@ -107,8 +107,8 @@
 //
 // # Switches
 //
-// Thirteen of the fourteen bugs of the catalogue (all but done-unmatched: the
-// wire carries no slot) can be turned on through SenderConfig.Research and
+// Every bug of the catalogue but done-unmatched (the wire carries no slot;
+// internal/research lists them) can be turned on through SenderConfig.Research and
 // ReceiverConfig.Research, for research and to prove that the checkers can fail.
 // Their type lives in the module's internal/research package and has an
 // unexported field, so only code inside the kvhandoff module can build a value

@@ -1,5 +1,5 @@
 // Package spec is the executable specification of kvhandoff's prefill→decode
-// page handoff (design.md §3): the whole system as one deterministic state
+// page handoff (docs/design.md §3): the whole system as one deterministic state
 // machine over a global [State], small enough to read next to the design.
 //
 // # What is modelled
@@ -65,8 +65,9 @@
 //
 // # Switches
 //
-// The 12 bugs of design.md §5, and two more from the peers' issue trackers
-// (abort-frees-source, vLLM #21570; checksum-hangs, SGLang #39729), are
+// The bugs of docs/design.md §5, from the incident and the public engines'
+// issue trackers (abort-frees-source, vLLM #21570; checksum-hangs, SGLang
+// #39729; peer-by-name, Mooncake #2762 and vLLM #49238, among them), are
 // [Switch] values with the catalogue's names; [Config.Bugs] turns them on. Each
 // changes exactly the branch the catalogue describes (grep the switch's
 // constant to find it). docs/spec.md tells the story of each one's

@@ -39,7 +39,7 @@
 // second copy of the truth. A
 // request reads its pages through a Table of protocol.PageRef, the tags it was
 // granted. Every page read checks the page's current epoch against the tag
-// (design.md §3 step 7); a mismatch is a *TagError naming the page, which
+// (docs/design.md §3 step 7); a mismatch is a *TagError naming the page, which
 // matches protocol.ErrTagMismatch with errors.Is. The research switch
 // no-tag-check turns the check off, so that a demo can show what it prevents.
 //

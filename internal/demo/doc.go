@@ -1,8 +1,9 @@
 // Package demo is kvhandoff demo's workload and its checks: the multi-tenant
-// traffic that a deployment is run under, and the verdict over what its
-// clients saw. It does not start a deployment (package node does) and knows
-// nothing of how a request travels: a Client sends one request and returns
-// its tokens or its error.
+// traffic that a deployment is run under, the deployment itself (Start: the
+// router and nodes of package node in this process; StartProcs: each node a
+// kvhandoff serve process on loopback), and the verdict over what its clients
+// saw. The workload and the checks know nothing of how a request travels: a
+// Client sends one request and returns its tokens or its error.
 //
 // The workload (NewWorkload, from a seed): 8 tenants, each with a canary
 // string that occurs in its prompts and nowhere else; every prompt names the
