@@ -198,17 +198,25 @@ var ErrRefinement = errors.New("refinement mapping differs")
 // WithinBounds. It is a limit of the model, not a difference: the run ends.
 var ErrOutOfBounds = errors.New("the spec's queue bound was reached")
 
-// The nodes' names: the Router's, and each end's for the other. Prefill
-// node p is prefillID(p), decode node d decodeID(d).
+// The nodes' names at the Router. Prefill node p is prefillID(p), decode
+// node d decodeID(d).
 const (
-	prefillPeer = protocol.PeerID(1)
-	decodePeer  = protocol.PeerID(11)
+	prefillPeer = protocol.NodeID(1)
+	decodePeer  = protocol.NodeID(11)
 )
 
-func prefillID(p int) protocol.PeerID  { return prefillPeer + protocol.PeerID(p) }
-func decodeID(d int) protocol.PeerID   { return decodePeer + protocol.PeerID(d) }
-func prefillOf(id protocol.PeerID) int { return int(id - prefillPeer) }
-func decodeOf(id protocol.PeerID) int  { return int(id - decodePeer) }
+func prefillID(p int) protocol.NodeID  { return prefillPeer + protocol.NodeID(p) }
+func decodeID(d int) protocol.NodeID   { return decodePeer + protocol.NodeID(d) }
+func prefillOf(id protocol.NodeID) int { return int(id - prefillPeer) }
+func decodeOf(id protocol.NodeID) int  { return int(id - decodePeer) }
+
+// At a Sender or Receiver, the queue pair to a node is named by that node's
+// NodeID: the mapping has one queue pair per pair of nodes and replaces it
+// only with a node's incarnation, when the old one's end is gone.
+func qpTo(n protocol.NodeID) protocol.PeerID { return protocol.PeerID(n) }
+
+// nodeAt is the node at the other end of a queue pair.
+func nodeAt(qp protocol.PeerID) protocol.NodeID { return protocol.NodeID(qp) }
 
 // id maps a spec request to the implementation's request ID.
 func id(r int) protocol.RequestID { return protocol.RequestID(r + 1) }
@@ -279,7 +287,7 @@ func NewRefinementWith(cfg spec.Config, bugs research.Switches) (*Refinement, er
 
 // nodeInfo is node id's registration in role as its incarnation inc:
 // every node advertises what the spec's router trusts, ContextLimit tokens.
-func (h *Refinement) nodeInfo(id protocol.PeerID, role protocol.Role, inc uint64) protocol.NodeInfo {
+func (h *Refinement) nodeInfo(id protocol.NodeID, role protocol.Role, inc uint64) protocol.NodeInfo {
 	return protocol.NodeInfo{ID: id, Role: role, ContextTokens: h.cfg.ContextLimit,
 		PoolPages: protocol.PagesFor(uint32(h.cfg.ContextLimit), h.cfg.PageSize), PageTokens: h.cfg.PageSize, Incarnation: inc}
 }
@@ -287,7 +295,7 @@ func (h *Refinement) nodeInfo(id protocol.PeerID, role protocol.Role, inc uint64
 // registered reports whether the Router lists node id as live, and under
 // which incarnation: the registry's view, which a restarted node's new
 // incarnation takes its queue pairs from.
-func (h *Refinement) registered(id protocol.PeerID) (bool, uint64) {
+func (h *Refinement) registered(id protocol.NodeID) (bool, uint64) {
 	for _, n := range h.router.Nodes() {
 		if n.Info.ID == id {
 			return true, n.Info.Incarnation
@@ -434,7 +442,7 @@ func (h *Refinement) postBacklog(a spec.Action) error {
 			if !enabled[post] {
 				return fmt.Errorf("%w after %v: the sender posted %s, which the spec does not allow now", ErrRefinement, a, h.describe(op))
 			}
-			if !h.live(p, decodeOf(op.Peer)) {
+			if !h.live(p, decodeOf(nodeAt(op.Peer))) {
 				// Posted on a queue pair that is not live (fenced, or an end
 				// of it is a replaced incarnation): flushed, never placed,
 				// never completed; the spec's PostWrite flushes it too.
@@ -581,7 +589,7 @@ func (h *Refinement) apply(a spec.Action, popped *[spec.MaxPrefills][spec.MaxDec
 		pr := h.pairs[ap][ad]
 		msg := pr.back[0].msg
 		pr.back = pr.back[1:]
-		if err := h.pre[ap].snd.Step(decodeID(ad), msg); err != nil && !errors.Is(err, protocol.ErrUnknownRequest) {
+		if err := h.pre[ap].snd.Step(qpTo(decodeID(ad)), msg); err != nil && !errors.Is(err, protocol.ErrUnknownRequest) {
 			return fmt.Errorf("%w after %v: the sender refused %s: %v", ErrRefinement, a, msg.Type(), err)
 		}
 	case spec.PostWrite:
@@ -606,7 +614,7 @@ func (h *Refinement) apply(a spec.Action, popped *[spec.MaxPrefills][spec.MaxDec
 		case spec.MAbort:
 			de.recv.Cancel(id(int(msg.Req)))
 		case spec.MPeerFailed:
-			de.recv.PeerFailed(prefillID(int(msg.Peer)))
+			de.recv.PeerFailed(qpTo(prefillID(int(msg.Peer))))
 		case spec.MPeerRestarted:
 			// The old incarnation's queue pair is cut before the new one's
 			// is accepted (a reconnect is a new queue pair in transfer).
@@ -711,7 +719,7 @@ func (h *Refinement) apply(a spec.Action, popped *[spec.MaxPrefills][spec.MaxDec
 				return fmt.Errorf("%w after %v: the head of decode→prefill is %s, not a Grant", ErrRefinement, a, pr.back[0].msg.Type())
 			}
 			pr.back = pr.back[1:]
-			if err := h.pre[p].snd.Step(decodeID(d), damageGrant(g, a.Arg)); err != nil && !errors.Is(err, protocol.ErrUnknownRequest) {
+			if err := h.pre[p].snd.Step(qpTo(decodeID(d)), damageGrant(g, a.Arg)); err != nil && !errors.Is(err, protocol.ErrUnknownRequest) {
 				return fmt.Errorf("%w after %v: the sender refused the damaged Grant: %v", ErrRefinement, a, err)
 			}
 			break
@@ -729,7 +737,7 @@ func (h *Refinement) apply(a spec.Action, popped *[spec.MaxPrefills][spec.MaxDec
 		} else {
 			damaged.Tokens++
 		}
-		h.dec[d].recv.Step(prefillID(p), &damaged, time.Unix(0, 0)) // refusals come back as effects or are no-ops
+		h.dec[d].recv.Step(qpTo(prefillID(p)), &damaged, time.Unix(0, 0)) // refusals come back as effects or are no-ops
 	}
 	return h.collect(a)
 }
@@ -764,11 +772,11 @@ func (h *Refinement) routerEffects(a spec.Action, client bool) error {
 		}
 	}
 	for _, l := range e.PeerLost {
-		if l.Node < decodePeer || l.Peer >= decodePeer {
-			return fmt.Errorf("%w after %v: the router told node %d that %d is lost", ErrRefinement, a, l.Node, l.Peer)
+		if l.Node < decodePeer || l.Lost >= decodePeer {
+			return fmt.Errorf("%w after %v: the router told node %d that %d is lost", ErrRefinement, a, l.Node, l.Lost)
 		}
 		de := h.dec[decodeOf(l.Node)]
-		de.toDecode = append(de.toDecode, spec.Msg{Kind: spec.MPeerFailed, Req: -1, Peer: int8(prefillOf(l.Peer))})
+		de.toDecode = append(de.toDecode, spec.Msg{Kind: spec.MPeerFailed, Req: -1, Peer: int8(prefillOf(l.Lost))})
 	}
 	return nil // outcomes are the router's state, compared in the view
 }
@@ -852,12 +860,12 @@ func (h *Refinement) intake(p, r int) error {
 	if pr := h.pairs[p][d]; pr.fenced || pr.inc != pe.inc {
 		if h.cfg.Prompts[r] > h.cfg.PrefillLimit() && !h.cfg.Bugs.Has(spec.AdmitFinished) {
 			// The node's own intake refuses it first.
-			_, err := pe.snd.Submit(id(r), decodeID(d), h.cfg.Prompts[r])
+			_, err := pe.snd.Submit(id(r), qpTo(decodeID(d)), h.cfg.Prompts[r])
 			return h.router.LegEnded(prefillID(p), id(r), err)
 		}
 		return h.router.LegEnded(prefillID(p), id(r), fmt.Errorf("%w: no queue pair to decode node %d", protocol.ErrPeerFailed, d))
 	}
-	pages, err := pe.snd.Submit(id(r), decodeID(d), h.cfg.Prompts[r])
+	pages, err := pe.snd.Submit(id(r), qpTo(decodeID(d)), h.cfg.Prompts[r])
 	if err != nil {
 		return h.router.LegEnded(prefillID(p), id(r), err)
 	}
@@ -880,7 +888,7 @@ func (h *Refinement) release(p int, msg spec.Msg, damage uint8) error {
 			return fmt.Errorf("the spec sent %v r%d[%d]; the sender's next for r%d is %s", msg.Kind, msg.Req, msg.Index, msg.Req, h.describe(op))
 		}
 		pe.staged = append(pe.staged[:i:i], pe.staged[i+1:]...)
-		pr := h.pairs[p][decodeOf(op.Peer)]
+		pr := h.pairs[p][decodeOf(nodeAt(op.Peer))]
 		pr.wire = append(pr.wire, wireOp{op: op, damage: damage, inc: pe.inc, dinc: pr.dinc})
 		return nil
 	}
@@ -934,7 +942,7 @@ func (h *Refinement) deliver(p, d int) {
 		}
 		return
 	}
-	de.recv.Step(prefillID(p), w.op.Msg, time.Unix(0, 0)) // refusals come back as effects or are no-ops
+	de.recv.Step(qpTo(prefillID(p)), w.op.Msg, time.Unix(0, 0)) // refusals come back as effects or are no-ops
 }
 
 // read is decode attending over r's pages: Acquire, a check of every byte
@@ -959,14 +967,14 @@ func (h *Refinement) cut(p, d int) {
 	pr.wire, pr.back = nil, nil
 	kept := pe.staged[:0]
 	for _, op := range pe.staged {
-		if op.Peer != decodeID(d) {
+		if op.Peer != qpTo(decodeID(d)) {
 			kept = append(kept, op)
 		}
 	}
 	pe.staged = kept
-	h.dec[d].recv.QueuePairFenced(prefillID(p))
+	h.dec[d].recv.QueuePairFenced(qpTo(prefillID(p)))
 	if !pe.crashed {
-		pe.snd.Flushed(decodeID(d))
+		pe.snd.Flushed(qpTo(decodeID(d)))
 	}
 }
 
@@ -984,7 +992,7 @@ func (h *Refinement) collect(a spec.Action) error {
 				// A SEND on a queue pair that is not live is flushed; a
 				// WRITE still waits for the spec's PostWrite, which flushes
 				// it (see postBacklog).
-				if op.Write != nil || h.live(p, decodeOf(op.Peer)) {
+				if op.Write != nil || h.live(p, decodeOf(nodeAt(op.Peer))) {
 					pe.staged = append(pe.staged, op)
 				}
 			}
@@ -1005,7 +1013,7 @@ func (h *Refinement) collect(a spec.Action) error {
 						h.granted[r] = append(h.granted[r], protocol.PageRef{Page: p.Page, Epoch: p.Epoch})
 					}
 				}
-				if p := prefillOf(s.Peer); !h.pre[p].crashed && h.live(p, d) {
+				if p := prefillOf(nodeAt(s.Peer)); !h.pre[p].crashed && h.live(p, d) {
 					h.pairs[p][d].back = append(h.pairs[p][d].back, backMsg{msg: s.Msg, dinc: de.inc})
 				}
 			}
@@ -1018,8 +1026,8 @@ func (h *Refinement) collect(a spec.Action) error {
 				}
 			}
 			for _, peer := range re.Cuts { // a lost prefill node: the cut is for good
-				h.pairs[prefillOf(peer)][d].fenced = true
-				h.cut(prefillOf(peer), d)
+				h.pairs[prefillOf(nodeAt(peer))][d].fenced = true
+				h.cut(prefillOf(nodeAt(peer)), d)
 				cuts = true
 			}
 		}

@@ -49,13 +49,13 @@ type Router struct {
 
 	mu       sync.Mutex
 	r        *protocol.Router
-	ids      map[string]protocol.PeerID
-	members  map[protocol.PeerID]Member
-	lost     map[protocol.PeerID]bool
-	suspect  map[protocol.PeerID]bool // lost because its control API stopped answering; probed until it does
+	ids      map[string]protocol.NodeID
+	members  map[protocol.NodeID]Member
+	lost     map[protocol.NodeID]bool
+	suspect  map[protocol.NodeID]bool // lost because its control API stopped answering; probed until it does
 	pending  map[protocol.RequestID]*routed
 	nextID   protocol.RequestID
-	nextPeer protocol.PeerID
+	nextPeer protocol.NodeID
 	ready    chan struct{} // closed once both roles have a node
 }
 
@@ -67,8 +67,8 @@ type routed struct {
 	decode     string
 	tokens     []int
 	done       chan error // the client-visible outcome, once
-	legs       map[protocol.PeerID]context.CancelFunc
-	cancelled  map[protocol.PeerID]bool // legs the router sent a cancel call
+	legs       map[protocol.NodeID]context.CancelFunc
+	cancelled  map[protocol.NodeID]bool // legs the router sent a cancel call
 }
 
 // Completion is a client's request.
@@ -115,8 +115,8 @@ func NewRouter(cfg RouterConfig) (*Router, error) {
 	cfg.Metrics.prime(RoleRouter)
 	rt := &Router{cfg: cfg, client: newControlClient(cfg.Security),
 		r:   protocol.NewRouter(protocol.RouterConfig{Timeout: cfg.Timeout, Horizon: time.Minute}),
-		ids: map[string]protocol.PeerID{}, members: map[protocol.PeerID]Member{}, lost: map[protocol.PeerID]bool{},
-		suspect: map[protocol.PeerID]bool{}, pending: map[protocol.RequestID]*routed{}, nextID: protocol.RequestID(time.Now().UnixNano()), ready: make(chan struct{})}
+		ids: map[string]protocol.NodeID{}, members: map[protocol.NodeID]Member{}, lost: map[protocol.NodeID]bool{},
+		suspect: map[protocol.NodeID]bool{}, pending: map[protocol.RequestID]*routed{}, nextID: protocol.RequestID(time.Now().UnixNano()), ready: make(chan struct{})}
 	cfg.Metrics.routerGauges(func() (prefills, decodes, inFlight int) {
 		rt.mu.Lock()
 		defer rt.mu.Unlock()
@@ -339,7 +339,7 @@ func (rt *Router) complete(ctx context.Context, c Completion) (Result, error) {
 		rt.mu.Unlock()
 		return Result{PromptTokens: len(prompt)}, fmt.Errorf("%w: the router knows no prefill and decode node yet", protocol.ErrNoNode)
 	}
-	q := &routed{completion: c, prompt: prompt, done: make(chan error, 1), legs: map[protocol.PeerID]context.CancelFunc{}, cancelled: map[protocol.PeerID]bool{}}
+	q := &routed{completion: c, prompt: prompt, done: make(chan error, 1), legs: map[protocol.NodeID]context.CancelFunc{}, cancelled: map[protocol.NodeID]bool{}}
 	rt.pending[id] = q
 	d, err := rt.r.Submit(id, len(prompt), time.Now())
 	if err != nil {
@@ -387,7 +387,7 @@ func (rt *Router) effectsLocked() {
 		rt.cancelLegLocked(c)
 	}
 	for _, pl := range e.PeerLost {
-		node, peer := rt.members[pl.Node], rt.members[pl.Peer]
+		node, peer := rt.members[pl.Node], rt.members[pl.Lost]
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
@@ -451,7 +451,7 @@ func (rt *Router) dispatchLocked(d protocol.Dispatch) {
 // have reached the node, which may hold the request's verified pages
 // waiting for it: a cancel call says the request is over. Not for a leg
 // whose cancel was sent already, nor for a lost node.
-func (rt *Router) cancelCutCall(node protocol.PeerID, id protocol.RequestID, q *routed) {
+func (rt *Router) cancelCutCall(node protocol.NodeID, id protocol.RequestID, q *routed) {
 	rt.mu.Lock()
 	m, skip := rt.members[node], q.cancelled[node] || rt.lost[node]
 	q.cancelled[node] = true
@@ -470,7 +470,7 @@ func (rt *Router) callCancel(m Member, id protocol.RequestID) {
 	}
 }
 
-func (rt *Router) legEnded(node protocol.PeerID, id protocol.RequestID, err error, tokens []int, q *routed) {
+func (rt *Router) legEnded(node protocol.NodeID, id protocol.RequestID, err error, tokens []int, q *routed) {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	if err == nil && tokens != nil {
@@ -491,7 +491,7 @@ func (rt *Router) legEnded(node protocol.PeerID, id protocol.RequestID, err erro
 // decode nodes cut their queue pairs to it), and probed until it answers
 // again, when it is back with nothing on it; or until the registry loses
 // it for good. The caller holds mu.
-func (rt *Router) suspectLocked(node protocol.PeerID, why error) {
+func (rt *Router) suspectLocked(node protocol.NodeID, why error) {
 	m := rt.members[node]
 	rt.lost[node], rt.suspect[node] = true, true
 	if err := rt.r.NodeLost(node); err != nil {

@@ -11,12 +11,16 @@ import (
 	"github.com/kvhandoff/kvhandoff/protocol/protocoltest"
 )
 
-// The two nodes of a link, by the names the router and each other know them.
+// The two nodes of a link: prefill and decode name the queue pair to each at
+// the other end (the harness names it by the peer node's id), prefillNode and
+// decodeNode the nodes at the router.
 const (
-	prefill = protocol.PeerID(1) // protocoltest.PrefillID(0)
+	prefill = protocol.PeerID(prefillNode)
 	// pageTokens is the tokens per page of both nodes (protocoltest's default).
-	pageTokens = 4
-	decode     = protocol.PeerID(101) // protocoltest.DecodeID(0)
+	pageTokens  = 4
+	decode      = protocol.PeerID(decodeNode)
+	prefillNode = protocol.NodeID(1)   // protocoltest.PrefillID(0)
+	decodeNode  = protocol.NodeID(101) // protocoltest.DecodeID(0)
 )
 
 // link is one prefill node (8 pages of 4 tokens) and one decode node, with
@@ -54,9 +58,9 @@ func newLinkWith(t *testing.T, decodePages int, horizon time.Duration, bugs ...r
 	n.ComputeAtIntake = true
 	l := &link{t: t, n: n, s: n.Prefill[0].Sender, r: n.Decode[0].Receiver, qp: n.QPs[0], dst: n.Decode[0].Mem,
 		sOut: map[protocol.RequestID]error{}, rOut: map[protocol.RequestID]error{}}
-	n.OnOutcome = func(node protocol.PeerID, o protocol.Outcome) {
+	n.OnOutcome = func(node protocol.NodeID, o protocol.Outcome) {
 		out := l.sOut
-		if node == decode {
+		if node == decodeNode {
 			out = l.rOut
 		}
 		if _, dup := out[o.Request]; dup {
@@ -84,7 +88,7 @@ func (l *link) trySubmit(id protocol.RequestID, tokens int) error {
 		return err
 	}
 	for len(l.n.Prefill[0].Inbox) > 0 {
-		l.n.DeliverRouter(prefill)
+		l.n.DeliverRouter(prefillNode)
 	}
 	if q := l.n.Request(id); q.Src == nil {
 		return q.Outcome // the prefill node's intake refused it
@@ -121,10 +125,10 @@ func (l *link) read(id protocol.RequestID) { l.n.Read(id) }
 func (l *link) cancel(id protocol.RequestID) {
 	l.n.Cancel(id)
 	for len(l.n.Decode[0].Inbox) > 0 {
-		l.n.DeliverRouter(decode)
+		l.n.DeliverRouter(decodeNode)
 	}
 	for len(l.n.Prefill[0].Inbox) > 0 {
-		l.n.DeliverRouter(prefill)
+		l.n.DeliverRouter(prefillNode)
 	}
 }
 
@@ -133,7 +137,7 @@ func (l *link) cancel(id protocol.RequestID) {
 func (l *link) cancelDecode(id protocol.RequestID) {
 	l.n.Cancel(id)
 	for len(l.n.Decode[0].Inbox) > 0 {
-		l.n.DeliverRouter(decode)
+		l.n.DeliverRouter(decodeNode)
 	}
 }
 

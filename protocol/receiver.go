@@ -10,7 +10,10 @@ import (
 	"github.com/kvhandoff/kvhandoff/internal/research"
 )
 
-// PeerID names the node at the other end of a queue pair.
+// PeerID names one queue pair of a Sender or Receiver: the connection to one
+// peer node. The driver chooses it (transfer draws a new one on every
+// reconnect, so a message of an old connection's requests is refused on the
+// new one); it is not the peer's NodeID, which the router uses.
 type PeerID uint32
 
 // Send is a message to post on the queue pair to Peer.

@@ -29,7 +29,7 @@ var (
 // errors.As instead of by the message. errors.Is(err, ErrNodeLost) holds.
 type NodeLostError struct {
 	Role Role
-	Node PeerID
+	Node NodeID
 }
 
 func (e *NodeLostError) Error() string {
@@ -38,6 +38,14 @@ func (e *NodeLostError) Error() string {
 
 // Is makes a NodeLostError an ErrNodeLost.
 func (e *NodeLostError) Is(target error) bool { return target == ErrNodeLost }
+
+// NodeID names a node, as the router and the registry know it: one per node
+// name, the same across the node's incarnations. It is not a PeerID, which
+// names one queue pair at a Sender or Receiver (a node's endpoint has one per
+// peer node, and a new one on every reconnect): the driver that wires the
+// router to the endpoints maps a node to its current queue pair
+// (docs/protocol.md, "Node and queue pair names").
+type NodeID uint32
 
 // Role is what a node does in the handoff.
 type Role uint8
@@ -61,7 +69,7 @@ func (r Role) String() string {
 // NodeInfo is what a node advertises (through the registry) about itself. The
 // router's intake trusts none of it alone: a request must fit every limit.
 type NodeInfo struct {
-	ID   PeerID // the node's name, the same its peers use for it
+	ID   NodeID // the node's name, the same its peers use for it
 	Role Role
 	// ContextTokens is the longest prompt the node's model takes; 0 means no
 	// limit of its own.
@@ -159,24 +167,25 @@ type RouterConfig struct {
 type Dispatch struct {
 	Request RequestID
 	Tokens  int
-	Prefill PeerID
-	Decode  PeerID
+	Prefill NodeID
+	Decode  NodeID
 }
 
 // CancelLeg asks Node to stop working on Request (Sender.Cancel or
 // Receiver.Cancel). A node must take it for a request it has not seen yet,
 // or one that ended: the Receiver then keeps a tombstone, the Sender ignores it.
 type CancelLeg struct {
-	Node    PeerID
+	Node    NodeID
 	Request RequestID
 }
 
-// PeerLost tells decode node Node that prefill node Peer is lost:
-// Receiver.PeerFailed(Peer), so that it cuts the queue pair and the pages
-// Peer may still write stay quarantined until then.
+// PeerLost tells decode node Node that prefill node Lost is lost: the decode
+// node calls Receiver.PeerFailed on its queue pair to Lost, so that it cuts
+// the queue pair and the pages Lost may still write stay quarantined until
+// then.
 type PeerLost struct {
-	Node PeerID
-	Peer PeerID
+	Node NodeID
+	Lost NodeID
 }
 
 // RouterEffects are what the caller must do after feeding events in.
@@ -231,7 +240,7 @@ const (
 
 type route struct {
 	tokens           int
-	prefill, decode  PeerID
+	prefill, decode  NodeID
 	pLeg, dLeg       legState
 	pPages, dPages   int // pages counted in each node's PagesInUse while its leg is open
 	status           RouteStatus
@@ -263,7 +272,7 @@ type timed struct {
 // over. It is not safe for concurrent use.
 type Router struct {
 	cfg      RouterConfig
-	nodes    map[PeerID]*routerNode
+	nodes    map[NodeID]*routerNode
 	reqs     map[RequestID]*route
 	deadline []timed // running requests in Submit order: deadlines are monotone
 	ended    []timed // ended records in the order they ended
@@ -276,7 +285,7 @@ func NewRouter(cfg RouterConfig) *Router {
 	if cfg.Policy == nil {
 		cfg.Policy = LeastPagesInUse{}
 	}
-	return &Router{cfg: cfg, nodes: map[PeerID]*routerNode{}, reqs: map[RequestID]*route{}}
+	return &Router{cfg: cfg, nodes: map[NodeID]*routerNode{}, reqs: map[RequestID]*route{}}
 }
 
 // Effects returns the effects accumulated since the last call and clears them.
@@ -324,7 +333,7 @@ func (r *Router) AddNode(info NodeInfo) error {
 // the cut is the fence for the pages it may still write, and fails each of
 // its requests there. The node's advertisement still counts for intake
 // limits, until RemoveNode or AddNode.
-func (r *Router) NodeLost(id PeerID) error {
+func (r *Router) NodeLost(id NodeID) error {
 	n := r.nodes[id]
 	if n == nil {
 		return fmt.Errorf("%w: %d", ErrUnknownNode, id)
@@ -363,7 +372,7 @@ func (r *Router) NodeLost(id PeerID) error {
 	if n.info.Role == RolePrefill && !r.cfg.Research.Has(research.NoPeerCancel) {
 		for _, d := range r.sortedNodes() {
 			if dn := r.nodes[d]; dn.info.Role == RoleDecode && !dn.lost {
-				r.effects.PeerLost = append(r.effects.PeerLost, PeerLost{Node: d, Peer: id})
+				r.effects.PeerLost = append(r.effects.PeerLost, PeerLost{Node: d, Lost: id})
 			}
 		}
 	}
@@ -372,7 +381,7 @@ func (r *Router) NodeLost(id PeerID) error {
 
 // RemoveNode forgets a node: after NodeLost, or instead of it (its live
 // requests fail the same way).
-func (r *Router) RemoveNode(id PeerID) error {
+func (r *Router) RemoveNode(id NodeID) error {
 	if err := r.NodeLost(id); err != nil {
 		return err
 	}
@@ -380,7 +389,7 @@ func (r *Router) RemoveNode(id PeerID) error {
 	return nil
 }
 
-func (r *Router) sortedNodes() []PeerID { return slices.Sorted(maps.Keys(r.nodes)) }
+func (r *Router) sortedNodes() []NodeID { return slices.Sorted(maps.Keys(r.nodes)) }
 
 // Nodes is every registered node with its load, in ID order; lost ones are
 // left out.
@@ -492,7 +501,7 @@ func (r *Router) choose(role Role, tokens int) (*routerNode, error) {
 // router's count of pages in use on a node is an estimate (a cancelled
 // leg's pages may stay quarantined there a while); the node's own intake is
 // the authority.
-func (r *Router) LegEnded(node PeerID, id RequestID, err error) error {
+func (r *Router) LegEnded(node NodeID, id RequestID, err error) error {
 	q := r.reqs[id]
 	if q == nil || q.status == RouteRefused {
 		return fmt.Errorf("%w: %d", ErrUnknownRequest, id)
@@ -638,7 +647,7 @@ func (r *Router) Records() int { return len(r.reqs) }
 type RouteInfo struct {
 	Status          RouteStatus
 	Tokens          int
-	Prefill, Decode PeerID // the nodes chosen (for an accepted request)
+	Prefill, Decode NodeID // the nodes chosen (for an accepted request)
 	// PrefillOpen and DecodeOpen say the leg has not ended (no outcome from
 	// the node, and the node not lost).
 	PrefillOpen, DecodeOpen bool

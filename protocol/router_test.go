@@ -15,11 +15,11 @@ var t0 = time.Unix(1_000_000, 0)
 
 const pageTokens = 4 // tokens per page of the nodes these tests advertise
 
-func prefillNode(id PeerID, pages int) NodeInfo {
+func prefillNode(id NodeID, pages int) NodeInfo {
 	return NodeInfo{ID: id, Role: RolePrefill, PoolPages: pages, PageTokens: pageTokens}
 }
 
-func decodeNode(id PeerID, pages int) NodeInfo {
+func decodeNode(id NodeID, pages int) NodeInfo {
 	return NodeInfo{ID: id, Role: RoleDecode, PoolPages: pages, PageTokens: pageTokens}
 }
 
@@ -390,7 +390,7 @@ func TestRouterOneOutcomePerRequestAtScale(t *testing.T) {
 	r := NewRouter(RouterConfig{Timeout: time.Minute, Horizon: time.Hour})
 	var nodes []NodeInfo
 	for i := range 32 {
-		info := NodeInfo{ID: PeerID(i + 1), Role: Role(1 + i%2), PoolPages: 64 << (i % 5), PageTokens: 16, ContextTokens: 8192}
+		info := NodeInfo{ID: NodeID(i + 1), Role: Role(1 + i%2), PoolPages: 64 << (i % 5), PageTokens: 16, ContextTokens: 8192}
 		nodes = append(nodes, info)
 		mustNil(t, r.AddNode(info))
 	}
@@ -504,8 +504,8 @@ func TestRouterOneOutcomePerRequestAtScale(t *testing.T) {
 // auditRouter checks that each node's counts are the sum of its open legs.
 func auditRouter(t *testing.T, r *Router) {
 	t.Helper()
-	pages := map[PeerID]int{}
-	reqs := map[PeerID]int{}
+	pages := map[NodeID]int{}
+	reqs := map[NodeID]int{}
 	for id, q := range r.reqs {
 		if q.pLeg == legOpen && q.status != RouteRefused {
 			pages[q.prefill] += q.pPages

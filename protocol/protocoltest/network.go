@@ -39,16 +39,25 @@ type Config struct {
 	Start time.Time
 }
 
+// The harness has one queue pair for each pair of a prefill and a decode node,
+// and never reconnects one, so at a node's Sender or Receiver the queue pair
+// to peer node X is named by X's NodeID (transfer, which reconnects, draws a
+// new PeerID for each connection and keeps its own map).
+func queuePairTo(node protocol.NodeID) protocol.PeerID { return protocol.PeerID(node) }
+
+// peerNode is the node at the other end of a queue pair.
+func peerNode(qp protocol.PeerID) protocol.NodeID { return protocol.NodeID(qp) }
+
 // Node names as the router and the nodes know them: prefill node i is
 // PrefillID(i), decode node j DecodeID(j).
-func PrefillID(i int) protocol.PeerID { return protocol.PeerID(1 + i) }
+func PrefillID(i int) protocol.NodeID { return protocol.NodeID(1 + i) }
 
 // DecodeID names decode node j.
-func DecodeID(j int) protocol.PeerID { return protocol.PeerID(101 + j) }
+func DecodeID(j int) protocol.NodeID { return protocol.NodeID(101 + j) }
 
 // PrefillNode is a prefill node: a Sender and its source pages.
 type PrefillNode struct {
-	ID      protocol.PeerID
+	ID      protocol.NodeID
 	Name    string
 	Sender  *protocol.Sender
 	Mem     *Memory
@@ -63,7 +72,7 @@ type PrefillNode struct {
 
 // DecodeNode is a decode node: a Receiver and its pages.
 type DecodeNode struct {
-	ID       protocol.PeerID
+	ID       protocol.NodeID
 	Name     string
 	Receiver *protocol.Receiver
 	Mem      *Memory
@@ -104,7 +113,7 @@ type QueuePair struct {
 }
 
 // queuePairKey derives the tag key of the queue pair between two nodes.
-func queuePairKey(prefill, decode protocol.PeerID) *protocol.TagKey {
+func queuePairKey(prefill, decode protocol.NodeID) *protocol.TagKey {
 	secret := sha256.Sum256(fmt.Appendf(nil, "protocoltest queue pair %d-%d", prefill, decode))
 	k, err := protocol.NewTagKey(secret[:], protocol.SumXXH3)
 	if err != nil {
@@ -133,7 +142,7 @@ type RouterMsg struct {
 	Kind    RouterMsgKind
 	Request protocol.RequestID
 	Tokens  int
-	Peer    protocol.PeerID
+	Peer    protocol.NodeID
 	// Incarnation is, in MsgDecodeRestarted, decode node Peer's new
 	// incarnation: the one whose queue pair prefill holds after it.
 	Incarnation uint64
@@ -157,7 +166,7 @@ func (m RouterMsg) String() string {
 type Request struct {
 	ID              protocol.RequestID
 	Tokens          int
-	Prefill, Decode protocol.PeerID // 0 until dispatched
+	Prefill, Decode protocol.NodeID // 0 until dispatched
 	PrefillInc      uint64          // the incarnation of Prefill it was dispatched to
 	DecodeInc       uint64          // the incarnation of Decode it was dispatched to
 	Src             []uint32        // source pages the prefill node's intake gave it
@@ -209,9 +218,9 @@ type Network struct {
 	// takes it; otherwise Compute is an event of its own.
 	ComputeAtIntake bool
 	// OnOutcome, when set, sees every outcome a node reports.
-	OnOutcome func(node protocol.PeerID, o protocol.Outcome)
-	prefill   map[protocol.PeerID]*PrefillNode
-	decode    map[protocol.PeerID]*DecodeNode
+	OnOutcome func(node protocol.NodeID, o protocol.Outcome)
+	prefill   map[protocol.NodeID]*PrefillNode
+	decode    map[protocol.NodeID]*DecodeNode
 }
 
 func (c *NodeConfig) defaults() {
@@ -239,12 +248,12 @@ func New(cfg Config) (*Network, error) {
 		cfg.Start = time.Unix(1_000_000, 0)
 	}
 	n := &Network{cfg: cfg, Now: cfg.Start, reqs: map[protocol.RequestID]*Request{},
-		prefill: map[protocol.PeerID]*PrefillNode{}, decode: map[protocol.PeerID]*DecodeNode{},
+		prefill: map[protocol.NodeID]*PrefillNode{}, decode: map[protocol.NodeID]*DecodeNode{},
 		Router: protocol.NewRouter(protocol.RouterConfig{Timeout: cfg.RouterTimeout, Research: cfg.Research})}
-	keys := map[[2]protocol.PeerID]*protocol.TagKey{}
+	keys := map[[2]protocol.NodeID]*protocol.TagKey{}
 	for i := range cfg.Prefill {
 		for j := range cfg.Decode {
-			keys[[2]protocol.PeerID{PrefillID(i), DecodeID(j)}] = queuePairKey(PrefillID(i), DecodeID(j))
+			keys[[2]protocol.NodeID{PrefillID(i), DecodeID(j)}] = queuePairKey(PrefillID(i), DecodeID(j))
 		}
 	}
 	name := func(role string, i, of int) string {
@@ -259,7 +268,7 @@ func New(cfg Config) (*Network, error) {
 		id := PrefillID(i)
 		sc := protocol.SenderConfig{Pages: c.Pages, PageTokens: c.PageTokens, MaxInFlight: c.MaxInFlight,
 			Horizon: c.Horizon, Memory: mem, Research: cfg.Research, TagKeys: func(peer protocol.PeerID) *protocol.TagKey {
-				return keys[[2]protocol.PeerID{id, peer}] // nil for no queue pair of this network
+				return keys[[2]protocol.NodeID{id, peerNode(peer)}] // nil for no queue pair of this network
 			}}
 		s, err := protocol.NewSender(sc)
 		if err != nil {
@@ -277,11 +286,11 @@ func New(cfg Config) (*Network, error) {
 		c.defaults()
 		mem := NewMemory(c.Pages, c.PageBytes)
 		id := DecodeID(j)
-		mem.FillTenant(keys[[2]protocol.PeerID{PrefillID(0), id}]) // the earlier tenant came from prefill node 0
+		mem.FillTenant(keys[[2]protocol.NodeID{PrefillID(0), id}]) // the earlier tenant came from prefill node 0
 		rc := protocol.ReceiverConfig{Pages: c.Pages, PageTokens: c.PageTokens, Slots: c.Slots,
 			Timeout: c.Timeout, Horizon: c.Horizon, Memory: mem, Research: cfg.Research,
 			TagKeys: func(peer protocol.PeerID) *protocol.TagKey {
-				return keys[[2]protocol.PeerID{peer, id}]
+				return keys[[2]protocol.NodeID{peerNode(peer), id}]
 			},
 			Region: func(p uint32) (uint64, uint32) { return uint64(p) << 20, uint32(id) }}
 		r, err := protocol.NewReceiver(rc)
@@ -298,7 +307,7 @@ func New(cfg Config) (*Network, error) {
 	}
 	for _, p := range n.Prefill {
 		for _, d := range n.Decode {
-			n.QPs = append(n.QPs, &QueuePair{Prefill: p, Decode: d, Key: keys[[2]protocol.PeerID{p.ID, d.ID}], corrupt: map[uint64]bool{}})
+			n.QPs = append(n.QPs, &QueuePair{Prefill: p, Decode: d, Key: keys[[2]protocol.NodeID{p.ID, d.ID}], corrupt: map[uint64]bool{}})
 		}
 	}
 	return n, nil
@@ -326,7 +335,7 @@ func (n *Network) refused(who string, err error) {
 }
 
 // QP is the queue pair between a prefill and a decode node.
-func (n *Network) QP(prefill, decode protocol.PeerID) *QueuePair {
+func (n *Network) QP(prefill, decode protocol.NodeID) *QueuePair {
 	return n.QPs[(int(prefill)-1)*len(n.Decode)+int(decode)-101]
 }
 
@@ -343,10 +352,10 @@ func (n *Network) Requests() []*Request {
 }
 
 // PrefillNode is the prefill node named id.
-func (n *Network) PrefillNode(id protocol.PeerID) *PrefillNode { return n.prefill[id] }
+func (n *Network) PrefillNode(id protocol.NodeID) *PrefillNode { return n.prefill[id] }
 
 // DecodeNode is the decode node named id.
-func (n *Network) DecodeNode(id protocol.PeerID) *DecodeNode { return n.decode[id] }
+func (n *Network) DecodeNode(id protocol.NodeID) *DecodeNode { return n.decode[id] }
 
 // request is id's record, made on first sight for a request a test staged at
 // a node by hand, bypassing the router.
@@ -389,7 +398,7 @@ func (n *Network) Submit(id protocol.RequestID, tokens int) error {
 }
 
 // DeliverRouter hands the head of the router's messages to node.
-func (n *Network) DeliverRouter(node protocol.PeerID) {
+func (n *Network) DeliverRouter(node protocol.NodeID) {
 	if p := n.prefill[node]; p != nil {
 		m := p.Inbox[0]
 		p.Inbox = p.Inbox[1:]
@@ -418,7 +427,7 @@ func (n *Network) DeliverRouter(node protocol.PeerID) {
 	case MsgCancel:
 		d.Receiver.Cancel(m.Request)
 	case MsgPeerLost:
-		d.Receiver.PeerFailed(m.Peer)
+		d.Receiver.PeerFailed(queuePairTo(m.Peer))
 	case MsgPeerRestarted:
 		// The new incarnation's queue pair is accepted only once the old
 		// one's is cut: its requests fail, and nothing it posted can land.
@@ -441,7 +450,7 @@ func (n *Network) intake(p *PrefillNode, m RouterMsg) {
 		n.legEnded(p.ID, q.ID, fmt.Errorf("%w: no queue pair to %s yet", protocol.ErrPeerFailed, qp.Decode.Name))
 		return
 	}
-	src, err := p.Sender.Submit(q.ID, m.Peer, m.Tokens)
+	src, err := p.Sender.Submit(q.ID, queuePairTo(m.Peer), m.Tokens)
 	if err != nil {
 		n.logf("%s refuses r%d: %v", p.Name, q.ID, err)
 		q.PrefillEnded = true
@@ -457,7 +466,7 @@ func (n *Network) intake(p *PrefillNode, m RouterMsg) {
 	}
 }
 
-func (n *Network) pageTokens(prefill protocol.PeerID) int {
+func (n *Network) pageTokens(prefill protocol.NodeID) int {
 	c := n.cfg.Prefill[int(prefill)-1]
 	c.defaults()
 	return c.PageTokens
@@ -512,7 +521,7 @@ func (n *Network) Deliver(qp *QueuePair) protocol.Op {
 		}
 	} else {
 		n.logf("%s receives %v", d.Name, opText(op))
-		if err := d.Receiver.Step(qp.Prefill.ID, op.Msg, n.Now); err != nil {
+		if err := d.Receiver.Step(queuePairTo(qp.Prefill.ID), op.Msg, n.Now); err != nil {
 			n.refused(d.Name, err)
 		}
 	}
@@ -531,7 +540,7 @@ func (n *Network) DeliverBack(qp *QueuePair) {
 		}
 	}
 	n.logf("%s receives %v", qp.Prefill.Name, opText(protocol.Op{Msg: m}))
-	if err := qp.Prefill.Sender.Step(qp.Decode.ID, m); err != nil {
+	if err := qp.Prefill.Sender.Step(queuePairTo(qp.Decode.ID), m); err != nil {
 		n.refused(qp.Prefill.Name, err)
 	}
 	n.settle()
@@ -643,9 +652,9 @@ func (n *Network) Cut(qp *QueuePair) {
 func (n *Network) cut(qp *QueuePair) {
 	qp.Fwd, qp.Back, qp.old, qp.oldBack = nil, nil, 0, 0
 	clear(qp.corrupt)
-	qp.Decode.Receiver.QueuePairFenced(qp.Prefill.ID)
+	qp.Decode.Receiver.QueuePairFenced(queuePairTo(qp.Prefill.ID))
 	if !qp.Prefill.Crashed {
-		qp.Prefill.Sender.Flushed(qp.Decode.ID)
+		qp.Prefill.Sender.Flushed(queuePairTo(qp.Decode.ID))
 	}
 }
 
@@ -749,7 +758,7 @@ func (n *Network) register(info protocol.NodeInfo, inc uint64) {
 
 // Detect is the registry telling the router that node is lost (its lease
 // expired): Router.NodeLost.
-func (n *Network) Detect(node protocol.PeerID) {
+func (n *Network) Detect(node protocol.NodeID) {
 	n.logf("the router finds node %d lost", node)
 	if err := n.Router.NodeLost(node); err != nil {
 		n.refused("router", err)
@@ -771,7 +780,7 @@ func (n *Network) settle() {
 				continue
 			}
 			for _, op := range e.Ops {
-				qp := n.QP(p.ID, op.Peer)
+				qp := n.QP(p.ID, peerNode(op.Peer))
 				if qp.DecodeIncarnation != qp.Decode.Incarnation {
 					// Its other end is a replaced incarnation: flushed,
 					// never placed, never completed.
@@ -800,7 +809,7 @@ func (n *Network) settle() {
 		for _, d := range n.Decode {
 			e := d.Receiver.Effects()
 			for _, s := range e.Sends {
-				qp := n.QP(s.Peer, d.ID)
+				qp := n.QP(peerNode(s.Peer), d.ID)
 				if g, ok := s.Msg.(*protocol.Grant); ok {
 					q := n.request(g.Request)
 					q.Decode = d.ID
@@ -843,8 +852,8 @@ func (n *Network) settle() {
 				more = true
 			}
 			for _, peer := range e.Cuts {
-				n.logf("%s cuts the queue pair to %s", d.Name, n.prefill[peer].Name)
-				n.cut(n.QP(peer, d.ID))
+				n.logf("%s cuts the queue pair to %s", d.Name, n.prefill[peerNode(peer)].Name)
+				n.cut(n.QP(peerNode(peer), d.ID))
 				more = true
 			}
 		}
@@ -872,8 +881,8 @@ func (n *Network) settle() {
 		}
 		for _, l := range e.PeerLost {
 			d := n.decode[l.Node]
-			n.logf("router tells %s that %s is lost", d.Name, n.prefill[l.Peer].Name)
-			d.Inbox = append(d.Inbox, RouterMsg{Kind: MsgPeerLost, Peer: l.Peer})
+			n.logf("router tells %s that %s is lost", d.Name, n.prefill[l.Lost].Name)
+			d.Inbox = append(d.Inbox, RouterMsg{Kind: MsgPeerLost, Peer: l.Lost})
 		}
 		for _, o := range e.Outcomes {
 			n.decide(n.reqs[o.Request], o.Err)
@@ -884,7 +893,7 @@ func (n *Network) settle() {
 }
 
 // legEnded relays a node's outcome to the router.
-func (n *Network) legEnded(node protocol.PeerID, id protocol.RequestID, err error) {
+func (n *Network) legEnded(node protocol.NodeID, id protocol.RequestID, err error) {
 	if rerr := n.Router.LegEnded(node, id, err); rerr != nil {
 		n.violate("NoProtocolError", "the router refused node %d's outcome for r%d: %v", node, id, rerr)
 	}
@@ -1119,7 +1128,7 @@ func (n *Network) Events(opts EventOptions) (proto, faults []Event) {
 }
 
 // lost says whether the router has been told node is lost.
-func (n *Network) lost(node protocol.PeerID) bool {
+func (n *Network) lost(node protocol.NodeID) bool {
 	for _, l := range n.Router.Nodes() {
 		if l.Info.ID == node {
 			return false

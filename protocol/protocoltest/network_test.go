@@ -70,7 +70,7 @@ func TestManyNodesKeepEveryProperty(t *testing.T) {
 		t.Fatalf("%d violations, the first: %+v", len(n.Violations), n.Violations[0])
 	}
 	outcomes := map[string]int{}
-	perPrefill := map[protocol.PeerID]int{}
+	perPrefill := map[protocol.NodeID]int{}
 	for _, q := range n.Requests() {
 		if !q.Decided {
 			t.Fatalf("r%d has no outcome", q.ID)

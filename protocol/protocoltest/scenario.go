@@ -133,11 +133,11 @@ func (s *scenario) execute(line string) error {
 			p, d, _ := strings.Cut(v, ",")
 			pi, err1 := strconv.Atoi(p)
 			di, err2 := strconv.Atoi(d)
-			if err1 != nil || err2 != nil || n.PrefillNode(protocol.PeerID(pi)) == nil || n.DecodeNode(protocol.PeerID(di)) == nil {
+			if err1 != nil || err2 != nil || n.PrefillNode(protocol.NodeID(pi)) == nil || n.DecodeNode(protocol.NodeID(di)) == nil {
 				bad = fmt.Errorf("qp=%s names no queue pair", v)
 				return n.QPs[0]
 			}
-			return n.QP(protocol.PeerID(pi), protocol.PeerID(di))
+			return n.QP(protocol.NodeID(pi), protocol.NodeID(di))
 		}
 		return n.QPs[0]
 	}
@@ -162,7 +162,7 @@ func (s *scenario) execute(line string) error {
 		}
 		s.n.Logf, s.n.Lenient, s.n.ComputeAtIntake = s.logf, true, true
 	case "submit":
-		before := map[protocol.PeerID]int{}
+		before := map[protocol.NodeID]int{}
 		for _, p := range n.Prefill {
 			before[p.ID] = len(p.Inbox)
 		}
@@ -190,7 +190,7 @@ func (s *scenario) execute(line string) error {
 			n.DeliverBack(q)
 		}
 	case "router":
-		node := protocol.PeerID(num("node", 0))
+		node := protocol.NodeID(num("node", 0))
 		for range num("n", 1) {
 			if !s.routerPending(node) {
 				return fmt.Errorf("no router message for node %d", node)
@@ -225,7 +225,7 @@ func (s *scenario) execute(line string) error {
 		}
 		n.Advance(d)
 	case "peer-failed":
-		n.Detect(protocol.PeerID(num("node", int(PrefillID(0)))))
+		n.Detect(protocol.NodeID(num("node", int(PrefillID(0)))))
 		for _, d := range n.Decode {
 			for len(d.Inbox) > 0 {
 				n.DeliverRouter(d.ID)
@@ -239,7 +239,7 @@ func (s *scenario) execute(line string) error {
 		d := n.Decode[0]
 		if v, ok := args["node"]; ok {
 			k, _ := strconv.Atoi(v)
-			if d = n.DecodeNode(protocol.PeerID(k)); d == nil {
+			if d = n.DecodeNode(protocol.NodeID(k)); d == nil {
 				return fmt.Errorf("node=%s is no decode node", v)
 			}
 		}
@@ -257,7 +257,7 @@ func (s *scenario) execute(line string) error {
 		q := qp()
 		m := &protocol.Done{Request: id, Tokens: uint32(num("tokens", 4)), Pages: uint32(num("pages", 1))}
 		s.logf("%s receives %s", q.Decode.Name, OpString(protocol.Op{Msg: m}))
-		if err := q.Decode.Receiver.Step(q.Prefill.ID, m, n.Now); err != nil {
+		if err := q.Decode.Receiver.Step(queuePairTo(q.Prefill.ID), m, n.Now); err != nil {
 			n.refused(q.Decode.Name, err)
 		}
 		n.settle()
@@ -265,7 +265,7 @@ func (s *scenario) execute(line string) error {
 		q := qp()
 		m := &protocol.Grant{Request: id, Tokens: uint32(num("tokens", 4)), Pages: make([]protocol.PageGrant, num("pages", 1))}
 		s.logf("%s receives %s", q.Prefill.Name, OpString(protocol.Op{Msg: m}))
-		if err := q.Prefill.Sender.Step(q.Decode.ID, m); err != nil {
+		if err := q.Prefill.Sender.Step(queuePairTo(q.Decode.ID), m); err != nil {
 			n.refused(q.Prefill.Name, err)
 		}
 		n.settle()
@@ -284,7 +284,7 @@ func (s *scenario) execute(line string) error {
 	return bad
 }
 
-func (s *scenario) routerPending(node protocol.PeerID) bool {
+func (s *scenario) routerPending(node protocol.NodeID) bool {
 	if p := s.n.PrefillNode(node); p != nil {
 		return len(p.Inbox) > 0 && !p.Crashed
 	}
