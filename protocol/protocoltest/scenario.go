@@ -105,183 +105,260 @@ type scenario struct {
 
 func (s *scenario) logf(format string, a ...any) { s.log = append(s.log, fmt.Sprintf(format, a...)) }
 
+// args are a command's key=value arguments; the first that does not parse is
+// kept in bad and fails the command after it ran.
+type args struct {
+	kv  map[string]string
+	n   *Network
+	bad error
+}
+
+// num is the decimal argument key, or def.
+func (a *args) num(key string, def int) int {
+	v, ok := a.kv[key]
+	if !ok {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil && a.bad == nil {
+		a.bad = fmt.Errorf("%s=%q is not a number", key, v)
+	}
+	return n
+}
+
+// request is the argument r=ID.
+func (a *args) request() protocol.RequestID { return protocol.RequestID(a.num("r", 0)) }
+
+// qp is the queue pair qp=P,D names, or the network's first.
+func (a *args) qp() *QueuePair {
+	v, ok := a.kv["qp"]
+	if !ok {
+		return a.n.QPs[0]
+	}
+	p, d, _ := strings.Cut(v, ",")
+	pi, err1 := strconv.Atoi(p)
+	di, err2 := strconv.Atoi(d)
+	if err1 != nil || err2 != nil || a.n.PrefillNode(protocol.NodeID(pi)) == nil || a.n.DecodeNode(protocol.NodeID(di)) == nil {
+		a.bad = fmt.Errorf("qp=%s names no queue pair", v)
+		return a.n.QPs[0]
+	}
+	return a.n.QP(protocol.NodeID(pi), protocol.NodeID(di))
+}
+
+// commands are the scenario language, one function per command (RunScenarios
+// documents them).
+var commands = map[string]func(s *scenario, a *args) error{
+	"new":          (*scenario).newNetwork,
+	"submit":       (*scenario).submit,
+	"deliver":      (*scenario).deliver,
+	"back":         (*scenario).back,
+	"router":       (*scenario).router,
+	"run":          (*scenario).run,
+	"cancel":       (*scenario).cancel,
+	"tick":         (*scenario).tick,
+	"peer-failed":  (*scenario).peerFailed,
+	"cut":          func(s *scenario, a *args) error { s.n.Cut(a.qp()); return nil },
+	"read":         func(s *scenario, a *args) error { s.n.Read(a.request()); return nil },
+	"corrupt":      (*scenario).corrupt,
+	"stale-tag":    (*scenario).staleTag,
+	"send-decode":  (*scenario).sendDecode,
+	"send-prefill": (*scenario).sendPrefill,
+	"pools":        (*scenario).pools,
+}
+
 func (s *scenario) execute(line string) error {
 	fields := strings.Fields(line)
-	args := map[string]string{}
+	a := &args{kv: map[string]string{}, n: s.n}
 	for _, f := range fields[1:] {
 		k, v, _ := strings.Cut(f, "=")
-		args[k] = v
+		a.kv[k] = v
 	}
-	var bad error
-	num := func(key string, def int) int {
-		v, ok := args[key]
-		if !ok {
-			return def
-		}
-		n, err := strconv.Atoi(v)
-		if err != nil && bad == nil {
-			bad = fmt.Errorf("%s=%q is not a number", key, v)
-		}
-		return n
+	cmd, ok := commands[fields[0]]
+	if !ok {
+		return fmt.Errorf("unknown command")
 	}
 	if fields[0] != "new" && s.n == nil {
 		return fmt.Errorf("the scenario must start with new")
 	}
+	if err := cmd(s, a); err != nil {
+		return err
+	}
+	return a.bad
+}
+
+func (s *scenario) newNetwork(a *args) error {
+	bugs, err := research.Parse(a.kv["bugs"])
+	if err != nil {
+		return err
+	}
+	pre := NodeConfig{Pages: a.num("prefill-pages", 8), PageBytes: 256, Advertise: a.num("advertise", 0)}
+	dec := NodeConfig{Pages: a.num("pages", 4), PageBytes: 256, Timeout: time.Second}
+	cfg := Config{Research: bugs}
+	for range a.num("prefills", 1) {
+		cfg.Prefill = append(cfg.Prefill, pre)
+	}
+	for range a.num("decodes", 1) {
+		cfg.Decode = append(cfg.Decode, dec)
+	}
+	if s.n, err = New(cfg); err != nil {
+		return err
+	}
+	s.n.Logf, s.n.Lenient, s.n.ComputeAtIntake = s.logf, true, true
+	return nil
+}
+
+func (s *scenario) submit(a *args) error {
 	n := s.n
-	qp := func() *QueuePair {
-		if v, ok := args["qp"]; ok {
-			p, d, _ := strings.Cut(v, ",")
-			pi, err1 := strconv.Atoi(p)
-			di, err2 := strconv.Atoi(d)
-			if err1 != nil || err2 != nil || n.PrefillNode(protocol.NodeID(pi)) == nil || n.DecodeNode(protocol.NodeID(di)) == nil {
-				bad = fmt.Errorf("qp=%s names no queue pair", v)
-				return n.QPs[0]
-			}
-			return n.QP(protocol.NodeID(pi), protocol.NodeID(di))
-		}
-		return n.QPs[0]
+	before := map[protocol.NodeID]int{}
+	for _, p := range n.Prefill {
+		before[p.ID] = len(p.Inbox)
 	}
-	id := protocol.RequestID(num("r", 0))
-	switch fields[0] {
-	case "new":
-		bugs, err := research.Parse(args["bugs"])
-		if err != nil {
-			return err
-		}
-		pre := NodeConfig{Pages: num("prefill-pages", 8), PageBytes: 256, Advertise: num("advertise", 0)}
-		dec := NodeConfig{Pages: num("pages", 4), PageBytes: 256, Timeout: time.Second}
-		cfg := Config{Research: bugs}
-		for range num("prefills", 1) {
-			cfg.Prefill = append(cfg.Prefill, pre)
-		}
-		for range num("decodes", 1) {
-			cfg.Decode = append(cfg.Decode, dec)
-		}
-		if s.n, err = New(cfg); err != nil {
-			return err
-		}
-		s.n.Logf, s.n.Lenient, s.n.ComputeAtIntake = s.logf, true, true
-	case "submit":
-		before := map[protocol.NodeID]int{}
+	if n.Submit(a.request(), a.num("tokens", 4)) == nil {
 		for _, p := range n.Prefill {
-			before[p.ID] = len(p.Inbox)
-		}
-		if n.Submit(id, num("tokens", 4)) == nil {
-			for _, p := range n.Prefill {
-				if len(p.Inbox) > before[p.ID] {
-					n.DeliverRouter(p.ID) // the dispatch arrives at once
-				}
+			if len(p.Inbox) > before[p.ID] {
+				n.DeliverRouter(p.ID) // the dispatch arrives at once
 			}
 		}
-	case "deliver":
-		q := qp()
-		for range num("n", 1) {
-			if len(q.Fwd) == 0 {
-				return fmt.Errorf("nothing to deliver on %s", q.Name())
-			}
-			n.Deliver(q)
-		}
-	case "back":
-		q := qp()
-		for range num("n", 1) {
-			if len(q.Back) == 0 {
-				return fmt.Errorf("nothing to deliver back on %s", q.Name())
-			}
-			n.DeliverBack(q)
-		}
-	case "router":
-		node := protocol.NodeID(num("node", 0))
-		for range num("n", 1) {
-			if !s.routerPending(node) {
-				return fmt.Errorf("no router message for node %d", node)
-			}
-			n.DeliverRouter(node)
-		}
-	case "run":
-		if !s.n.Run() {
-			s.logf("run did not settle")
-		}
-	case "cancel":
-		side := args["side"]
-		n.Cancel(id)
-		if side == "" || side == "both" || side == "decode" {
-			for _, d := range n.Decode {
-				for len(d.Inbox) > 0 {
-					n.DeliverRouter(d.ID)
-				}
-			}
-		}
-		if side == "" || side == "both" || side == "prefill" {
-			for _, p := range n.Prefill {
-				for len(p.Inbox) > 0 && !p.Crashed {
-					n.DeliverRouter(p.ID)
-				}
-			}
-		}
-	case "tick":
-		d, err := time.ParseDuration(args["d"])
-		if err != nil {
-			return err
-		}
-		n.Advance(d)
-	case "peer-failed":
-		n.Detect(protocol.NodeID(num("node", int(PrefillID(0)))))
-		for _, d := range n.Decode {
-			for len(d.Inbox) > 0 {
-				n.DeliverRouter(d.ID)
-			}
-		}
-	case "cut":
-		n.Cut(qp())
-	case "read":
-		n.Read(id)
-	case "corrupt":
-		d := n.Decode[0]
-		if v, ok := args["node"]; ok {
-			k, _ := strconv.Atoi(v)
-			if d = n.DecodeNode(protocol.NodeID(k)); d == nil {
-				return fmt.Errorf("node=%s is no decode node", v)
-			}
-		}
-		d.Mem.Payload(uint32(num("page", 0)))[3] ^= 0xFF
-		s.logf("page %d corrupted", num("page", 0))
-	case "stale-tag":
-		q := qp()
-		if len(q.Fwd) == 0 || q.Fwd[0].Write == nil {
-			return fmt.Errorf("the next item on %s is not a WRITE", q.Name())
-		}
-		w := q.Fwd[0].Write
-		w.Tag = protocol.Tag{Request: w.Request, Epoch: w.Remote.Epoch - 1, Index: w.Index, Tokens: 4}.Append(nil, q.Key)
-		s.logf("the tag record of %s now carries epoch %d", OpString(q.Fwd[0]), w.Remote.Epoch-1)
-	case "send-decode":
-		q := qp()
-		m := &protocol.Done{Request: id, Tokens: uint32(num("tokens", 4)), Pages: uint32(num("pages", 1))}
-		s.logf("%s receives %s", q.Decode.Name, OpString(protocol.Op{Msg: m}))
-		if err := q.Decode.Receiver.Step(queuePairTo(q.Prefill.ID), m, n.Now); err != nil {
-			n.refused(q.Decode.Name, err)
-		}
-		n.settle()
-	case "send-prefill":
-		q := qp()
-		m := &protocol.Grant{Request: id, Tokens: uint32(num("tokens", 4)), Pages: make([]protocol.PageGrant, num("pages", 1))}
-		s.logf("%s receives %s", q.Prefill.Name, OpString(protocol.Op{Msg: m}))
-		if err := q.Prefill.Sender.Step(queuePairTo(q.Decode.ID), m); err != nil {
-			n.refused(q.Prefill.Name, err)
-		}
-		n.settle()
-	case "pools":
-		var parts []string
-		for _, d := range n.Decode {
-			parts = append(parts, fmt.Sprintf("%s %d free, %d quarantined", d.Name, d.Receiver.Pool().Free(), d.Receiver.Pool().Quarantined()))
-		}
-		for _, p := range n.Prefill {
-			parts = append(parts, fmt.Sprintf("%s %d free", p.Name, p.Sender.Pool().Free()))
-		}
-		s.logf("pools: %s", strings.Join(parts, "; "))
-	default:
-		return fmt.Errorf("unknown command")
 	}
-	return bad
+	return nil
+}
+
+func (s *scenario) deliver(a *args) error {
+	q := a.qp()
+	for range a.num("n", 1) {
+		if len(q.Fwd) == 0 {
+			return fmt.Errorf("nothing to deliver on %s", q.Name())
+		}
+		s.n.Deliver(q)
+	}
+	return nil
+}
+
+func (s *scenario) back(a *args) error {
+	q := a.qp()
+	for range a.num("n", 1) {
+		if len(q.Back) == 0 {
+			return fmt.Errorf("nothing to deliver back on %s", q.Name())
+		}
+		s.n.DeliverBack(q)
+	}
+	return nil
+}
+
+func (s *scenario) router(a *args) error {
+	node := protocol.NodeID(a.num("node", 0))
+	for range a.num("n", 1) {
+		if !s.routerPending(node) {
+			return fmt.Errorf("no router message for node %d", node)
+		}
+		s.n.DeliverRouter(node)
+	}
+	return nil
+}
+
+func (s *scenario) run(*args) error {
+	if !s.n.Run() {
+		s.logf("run did not settle")
+	}
+	return nil
+}
+
+func (s *scenario) cancel(a *args) error {
+	n, side := s.n, a.kv["side"]
+	n.Cancel(a.request())
+	if side == "" || side == "both" || side == "decode" {
+		s.deliverRouterToDecode()
+	}
+	if side == "" || side == "both" || side == "prefill" {
+		for _, p := range n.Prefill {
+			for len(p.Inbox) > 0 && !p.Crashed {
+				n.DeliverRouter(p.ID)
+			}
+		}
+	}
+	return nil
+}
+
+// deliverRouterToDecode delivers everything the router has for decode nodes.
+func (s *scenario) deliverRouterToDecode() {
+	for _, d := range s.n.Decode {
+		for len(d.Inbox) > 0 {
+			s.n.DeliverRouter(d.ID)
+		}
+	}
+}
+
+func (s *scenario) tick(a *args) error {
+	d, err := time.ParseDuration(a.kv["d"])
+	if err != nil {
+		return err
+	}
+	s.n.Advance(d)
+	return nil
+}
+
+func (s *scenario) peerFailed(a *args) error {
+	s.n.Detect(protocol.NodeID(a.num("node", int(PrefillID(0)))))
+	s.deliverRouterToDecode()
+	return nil
+}
+
+func (s *scenario) corrupt(a *args) error {
+	d := s.n.Decode[0]
+	if v, ok := a.kv["node"]; ok {
+		k, _ := strconv.Atoi(v)
+		if d = s.n.DecodeNode(protocol.NodeID(k)); d == nil {
+			return fmt.Errorf("node=%s is no decode node", v)
+		}
+	}
+	d.Mem.Payload(uint32(a.num("page", 0)))[3] ^= 0xFF
+	s.logf("page %d corrupted", a.num("page", 0))
+	return nil
+}
+
+func (s *scenario) staleTag(a *args) error {
+	q := a.qp()
+	if len(q.Fwd) == 0 || q.Fwd[0].Write == nil {
+		return fmt.Errorf("the next item on %s is not a WRITE", q.Name())
+	}
+	w := q.Fwd[0].Write
+	w.Tag = protocol.Tag{Request: w.Request, Epoch: w.Remote.Epoch - 1, Index: w.Index, Tokens: 4}.Append(nil, q.Key)
+	s.logf("the tag record of %s now carries epoch %d", OpString(q.Fwd[0]), w.Remote.Epoch-1)
+	return nil
+}
+
+func (s *scenario) sendDecode(a *args) error {
+	q := a.qp()
+	m := &protocol.Done{Request: a.request(), Tokens: uint32(a.num("tokens", 4)), Pages: uint32(a.num("pages", 1))}
+	s.logf("%s receives %s", q.Decode.Name, OpString(protocol.Op{Msg: m}))
+	if err := q.Decode.Receiver.Step(queuePairTo(q.Prefill.ID), m, s.n.Now); err != nil {
+		s.n.refused(q.Decode.Name, err)
+	}
+	s.n.settle()
+	return nil
+}
+
+func (s *scenario) sendPrefill(a *args) error {
+	q := a.qp()
+	m := &protocol.Grant{Request: a.request(), Tokens: uint32(a.num("tokens", 4)), Pages: make([]protocol.PageGrant, a.num("pages", 1))}
+	s.logf("%s receives %s", q.Prefill.Name, OpString(protocol.Op{Msg: m}))
+	if err := q.Prefill.Sender.Step(queuePairTo(q.Decode.ID), m); err != nil {
+		s.n.refused(q.Prefill.Name, err)
+	}
+	s.n.settle()
+	return nil
+}
+
+func (s *scenario) pools(*args) error {
+	var parts []string
+	for _, d := range s.n.Decode {
+		parts = append(parts, fmt.Sprintf("%s %d free, %d quarantined", d.Name, d.Receiver.Pool().Free(), d.Receiver.Pool().Quarantined()))
+	}
+	for _, p := range s.n.Prefill {
+		parts = append(parts, fmt.Sprintf("%s %d free", p.Name, p.Sender.Pool().Free()))
+	}
+	s.logf("pools: %s", strings.Join(parts, "; "))
+	return nil
 }
 
 func (s *scenario) routerPending(node protocol.NodeID) bool {
