@@ -61,15 +61,15 @@ func TestStepMatchesTheReceiversRules(t *testing.T) {
 		out  Output
 		want []protocol.ReceiverStatus
 	}{
-		{protocol.StatusNone, Input{OpCancel, 1}, Output{OK: true}, []protocol.ReceiverStatus{protocol.StatusTombstone}},
-		{protocol.StatusReserved, Input{OpCancel, 1}, Output{OK: true}, []protocol.ReceiverStatus{protocol.StatusQuarantine}},
-		{protocol.StatusQuarantine, Input{OpDone, 1}, Output{OK: true}, []protocol.ReceiverStatus{protocol.StatusClosed}},
-		{protocol.StatusReady, Input{OpAcquire, 1}, Output{OK: true}, []protocol.ReceiverStatus{protocol.StatusReading}},
-		{protocol.StatusClosed, Input{OpAcquire, 1}, Output{OK: true}, nil},
-		{protocol.StatusReading, Input{OpCancel, 1}, Output{OK: true}, []protocol.ReceiverStatus{protocol.StatusReading}},
-		{protocol.StatusReserved, Input{OpCancel, 1}, Output{OK: true, Unknown: true}, []protocol.ReceiverStatus{protocol.StatusQuarantine, protocol.StatusReserved}},
-		{protocol.StatusReady, Input{OpStatus, 1}, Output{OK: true, Status: protocol.StatusReserved}, nil},
-		{protocol.StatusReserved, Input{OpCut, 1}, Output{OK: true}, []protocol.ReceiverStatus{protocol.StatusClosed}},
+		{protocol.ReceiverNone, Input{OpCancel, 1}, Output{OK: true}, []protocol.ReceiverStatus{protocol.ReceiverTombstone}},
+		{protocol.ReceiverReserved, Input{OpCancel, 1}, Output{OK: true}, []protocol.ReceiverStatus{protocol.ReceiverQuarantine}},
+		{protocol.ReceiverQuarantine, Input{OpDone, 1}, Output{OK: true}, []protocol.ReceiverStatus{protocol.ReceiverClosed}},
+		{protocol.ReceiverReady, Input{OpAcquire, 1}, Output{OK: true}, []protocol.ReceiverStatus{protocol.ReceiverReading}},
+		{protocol.ReceiverClosed, Input{OpAcquire, 1}, Output{OK: true}, nil},
+		{protocol.ReceiverReading, Input{OpCancel, 1}, Output{OK: true}, []protocol.ReceiverStatus{protocol.ReceiverReading}},
+		{protocol.ReceiverReserved, Input{OpCancel, 1}, Output{OK: true, Unknown: true}, []protocol.ReceiverStatus{protocol.ReceiverQuarantine, protocol.ReceiverReserved}},
+		{protocol.ReceiverReady, Input{OpStatus, 1}, Output{OK: true, Status: protocol.ReceiverReserved}, nil},
+		{protocol.ReceiverReserved, Input{OpCut, 1}, Output{OK: true}, []protocol.ReceiverStatus{protocol.ReceiverClosed}},
 	}
 	for _, c := range cases {
 		got := step(c.from, c.in, c.out)
@@ -99,16 +99,16 @@ func TestSenderModelJudgesHandBuiltHistories(t *testing.T) {
 	model := SenderModel.ToModel()
 	impossible := []porcupine.Operation{
 		op(0, OpSubmit, 0, 1, Output{OK: true}),
-		op(1, OpSenderStatus, 2, 3, Output{OK: true, SendStatus: protocol.SendStatusNone}), // after a completed Submit
+		op(1, OpSenderStatus, 2, 3, Output{OK: true, SendStatus: protocol.SenderNone}), // after a completed Submit
 	}
 	if porcupine.CheckOperations(model, impossible) {
 		t.Fatal("a status older than a completed Submit must be illegal")
 	}
 	overlapping := []porcupine.Operation{
 		op(0, OpSubmit, 0, 10, Output{OK: true}),
-		op(1, OpSenderStatus, 2, 3, Output{OK: true, SendStatus: protocol.SendStatusNone}), // during the Submit
-		op(2, OpGrant, 4, 5, Output{OK: false}),                                            // also during it
-		op(1, OpSenderStatus, 11, 12, Output{OK: true, SendStatus: protocol.SendStatusAwaitGrant}),
+		op(1, OpSenderStatus, 2, 3, Output{OK: true, SendStatus: protocol.SenderNone}), // during the Submit
+		op(2, OpGrant, 4, 5, Output{OK: false}),                                        // also during it
+		op(1, OpSenderStatus, 11, 12, Output{OK: true, SendStatus: protocol.SenderAwaitGrant}),
 	}
 	if !porcupine.CheckOperations(model, overlapping) {
 		t.Fatal("operations that overlap the Submit may see the state before it")
@@ -116,8 +116,8 @@ func TestSenderModelJudgesHandBuiltHistories(t *testing.T) {
 	unknownCancel := []porcupine.Operation{
 		op(0, OpSubmit, 0, 1, Output{OK: true}),
 		op(1, OpSenderCancel, 2, math.MaxInt64, Output{OK: true, Unknown: true}),
-		op(0, OpSenderStatus, 3, 4, Output{OK: true, SendStatus: protocol.SendStatusAwaitGrant}), // not applied yet
-		op(0, OpSenderStatus, 5, 6, Output{OK: true, SendStatus: protocol.SendStatusAborted}),    // applied now
+		op(0, OpSenderStatus, 3, 4, Output{OK: true, SendStatus: protocol.SenderAwaitGrant}), // not applied yet
+		op(0, OpSenderStatus, 5, 6, Output{OK: true, SendStatus: protocol.SenderAborted}),    // applied now
 	}
 	if !porcupine.CheckOperations(model, unknownCancel) {
 		t.Fatal("a cancel whose outcome is unknown may take effect at any point after its call")

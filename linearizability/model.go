@@ -48,29 +48,29 @@ func step(s protocol.ReceiverStatus, in Input, out Output) []protocol.ReceiverSt
 	switch in.Kind {
 	case OpBootstrap:
 		switch s {
-		case protocol.StatusNone:
-			next = protocol.StatusReserved
-		case protocol.StatusTombstone:
+		case protocol.ReceiverNone:
+			next = protocol.ReceiverReserved
+		case protocol.ReceiverTombstone:
 		default:
 			ok = false // a duplicate
 		}
 	case OpDone:
 		switch s {
-		case protocol.StatusReserved:
-			next = protocol.StatusReady
-		case protocol.StatusQuarantine:
-			next = protocol.StatusClosed // a late Done is the fence
-		case protocol.StatusNone, protocol.StatusReady, protocol.StatusReading:
+		case protocol.ReceiverReserved:
+			next = protocol.ReceiverReady
+		case protocol.ReceiverQuarantine:
+			next = protocol.ReceiverClosed // a late Done is the fence
+		case protocol.ReceiverNone, protocol.ReceiverReady, protocol.ReceiverReading:
 			ok = false // unknown request, or a second Done
 		}
 	case OpCancel:
 		switch s {
-		case protocol.StatusNone:
-			next = protocol.StatusTombstone
-		case protocol.StatusReserved:
-			next = protocol.StatusQuarantine
-		case protocol.StatusReady:
-			next = protocol.StatusClosed
+		case protocol.ReceiverNone:
+			next = protocol.ReceiverTombstone
+		case protocol.ReceiverReserved:
+			next = protocol.ReceiverQuarantine
+		case protocol.ReceiverReady:
+			next = protocol.ReceiverClosed
 		}
 		if out.Unknown { // fire-and-forget: applied, or not (yet, or ever)
 			return dedupe(next, s)
@@ -82,20 +82,20 @@ func step(s protocol.ReceiverStatus, in Input, out Output) []protocol.ReceiverSt
 		}
 		return []protocol.ReceiverStatus{s}
 	case OpAcquire:
-		if s == protocol.StatusReady {
-			next = protocol.StatusReading
+		if s == protocol.ReceiverReady {
+			next = protocol.ReceiverReading
 		} else {
 			ok = false
 		}
 	case OpFinish:
-		if s == protocol.StatusReading {
-			next = protocol.StatusFinished
+		if s == protocol.ReceiverReading {
+			next = protocol.ReceiverFinished
 		} else {
 			ok = false
 		}
 	case OpCut:
-		if s == protocol.StatusReserved || s == protocol.StatusQuarantine {
-			next = protocol.StatusClosed
+		if s == protocol.ReceiverReserved || s == protocol.ReceiverQuarantine {
+			next = protocol.ReceiverClosed
 		}
 		return []protocol.ReceiverStatus{next}
 	}
@@ -114,7 +114,7 @@ func dedupe(a, b protocol.ReceiverStatus) []protocol.ReceiverStatus {
 
 // Model is the porcupine model of the concurrent receiver, partitioned by request.
 var Model = porcupine.NondeterministicModel{
-	Init: func() []interface{} { return []interface{}{protocol.StatusNone} },
+	Init: func() []interface{} { return []interface{}{protocol.ReceiverNone} },
 	Step: func(state, input, output interface{}) []interface{} {
 		var out []interface{}
 		for _, s := range step(state.(protocol.ReceiverStatus), input.(Input), output.(Output)) {

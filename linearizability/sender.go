@@ -37,49 +37,49 @@ func senderStep(s senderState, in Input, out Output) []senderState {
 	next, ok := s, true
 	switch in.Kind {
 	case OpSubmit:
-		if s.Phase == protocol.SendStatusNone {
-			next.Phase = protocol.SendStatusAwaitGrant
+		if s.Phase == protocol.SenderNone {
+			next.Phase = protocol.SenderAwaitGrant
 		} else {
 			ok = false
 		}
 	case OpComputed:
-		if s.Phase == protocol.SendStatusNone {
+		if s.Phase == protocol.SenderNone {
 			ok = false
 		} else {
 			next.Computed = true
-			if s.Phase == protocol.SendStatusWriting {
-				next.Phase = protocol.SendStatusDoneSent // the WRITE and Done are posted
+			if s.Phase == protocol.SenderWriting {
+				next.Phase = protocol.SenderDoneSent // the WRITE and Done are posted
 			}
 		}
 	case OpGrant:
 		switch s.Phase {
-		case protocol.SendStatusAwaitGrant:
-			next.Phase = protocol.SendStatusWriting
+		case protocol.SenderAwaitGrant:
+			next.Phase = protocol.SenderWriting
 			if s.Computed {
-				next.Phase = protocol.SendStatusDoneSent
+				next.Phase = protocol.SenderDoneSent
 			}
-		case protocol.SendStatusAborted, protocol.SendStatusFailed:
+		case protocol.SenderAborted, protocol.SenderFailed:
 			// answered with AbortAck
 		default:
 			ok = false // unknown request, or a second grant
 		}
 	case OpComplete:
 		switch s.Phase {
-		case protocol.SendStatusDoneSent:
-			next.Phase = protocol.SendStatusFinished
-		case protocol.SendStatusAborting:
-			next.Phase = protocol.SendStatusAborted
-		case protocol.SendStatusFailed:
+		case protocol.SenderDoneSent:
+			next.Phase = protocol.SenderFinished
+		case protocol.SenderAborting:
+			next.Phase = protocol.SenderAborted
+		case protocol.SenderFailed:
 			ok = false // the flush forgot the WRITE
 		default:
 			return nil
 		}
 	case OpSenderCancel:
 		switch s.Phase {
-		case protocol.SendStatusAwaitGrant, protocol.SendStatusWriting: // nothing posted
-			next.Phase = protocol.SendStatusAborted
-		case protocol.SendStatusDoneSent:
-			next.Phase = protocol.SendStatusAborting
+		case protocol.SenderAwaitGrant, protocol.SenderWriting: // nothing posted
+			next.Phase = protocol.SenderAborted
+		case protocol.SenderDoneSent:
+			next.Phase = protocol.SenderAborting
 		}
 		if out.Unknown {
 			if next == s {
@@ -95,8 +95,8 @@ func senderStep(s senderState, in Input, out Output) []senderState {
 		return []senderState{s}
 	case OpFlush:
 		switch s.Phase {
-		case protocol.SendStatusAwaitGrant, protocol.SendStatusWriting, protocol.SendStatusDoneSent, protocol.SendStatusAborting:
-			next.Phase = protocol.SendStatusFailed
+		case protocol.SenderAwaitGrant, protocol.SenderWriting, protocol.SenderDoneSent, protocol.SenderAborting:
+			next.Phase = protocol.SenderFailed
 		}
 		return []senderState{next}
 	}
@@ -108,7 +108,7 @@ func senderStep(s senderState, in Input, out Output) []senderState {
 
 // SenderModel is the porcupine model of the concurrent sender, partitioned by request.
 var SenderModel = porcupine.NondeterministicModel{
-	Init: func() []interface{} { return []interface{}{senderState{Phase: protocol.SendStatusNone}} },
+	Init: func() []interface{} { return []interface{}{senderState{Phase: protocol.SenderNone}} },
 	Step: func(state, input, output interface{}) []interface{} {
 		var out []interface{}
 		for _, s := range senderStep(state.(senderState), input.(Input), output.(Output)) {

@@ -1018,7 +1018,7 @@ func (h *Refinement) collect(a spec.Action) error {
 				}
 			}
 			for _, o := range re.Outcomes {
-				if de.recv.Status(o.Request) == protocol.StatusNone {
+				if de.recv.Status(o.Request) == protocol.ReceiverNone {
 					h.refused[int(o.Request)-1] = true // decode's intake refused it and kept no record
 				}
 				if err := h.router.LegEnded(decodeID(d), o.Request, o.Err); err != nil {
@@ -1134,9 +1134,9 @@ func (h *Refinement) compare(after string) error {
 
 // senderPhase names the implementation's sender states as the spec's.
 var senderPhase = map[protocol.SenderStatus]string{
-	protocol.SendStatusNone: "-", protocol.SendStatusAwaitGrant: "awaiting grant", protocol.SendStatusWriting: "writing",
-	protocol.SendStatusDoneSent: "done sent", protocol.SendStatusAborting: "aborting", protocol.SendStatusFinished: "finished",
-	protocol.SendStatusAborted: "aborted", protocol.SendStatusFailed: "failed",
+	protocol.SenderNone: "-", protocol.SenderAwaitGrant: "awaiting grant", protocol.SenderWriting: "writing",
+	protocol.SenderDoneSent: "done sent", protocol.SenderAborting: "aborting", protocol.SenderFinished: "finished",
+	protocol.SenderAborted: "aborted", protocol.SenderFailed: "failed",
 }
 
 // senderView is request r's sender state: its prefill node's Sender's, or
@@ -1208,11 +1208,11 @@ func (h *Refinement) View() string {
 		p, d := h.routeOf(r)
 		st := h.dec[d].recv.Status(id(r))
 		rp := st.String()
-		if st == protocol.StatusNone || h.refused[r] && st == protocol.StatusTombstone {
+		if st == protocol.ReceiverNone || h.refused[r] && st == protocol.ReceiverTombstone {
 			rp = "-" // never bootstrapped, or refused at intake (a later cancel leaves a tombstone)
 		}
 		fmt.Fprintf(&b, "r%d%s: %v %v | sender %s | receiver %s | grant", r, incName(h.cfg, h.routedInc[r]), o, why, sp, rp)
-		if rp != "-" && st != protocol.StatusTombstone {
+		if rp != "-" && st != protocol.ReceiverTombstone {
 			for _, ref := range h.granted[r] {
 				fmt.Fprintf(&b, " %d@%d", ref.Page, ref.Epoch)
 			}

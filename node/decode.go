@@ -116,7 +116,7 @@ func NewDecode(cfg DecodeConfig) (*Decode, error) {
 		n.ep.Cancel(c.ID)
 		// A request cancelled before its Bootstrap came leaves only a
 		// tombstone and no outcome: a call waiting for it ends here.
-		if n.ep.Status(c.ID) == protocol.StatusTombstone {
+		if n.ep.Status(c.ID) == protocol.ReceiverTombstone {
 			n.mu.Lock()
 			if r := n.reqs[c.ID]; r != nil && r.verified.IsZero() {
 				n.outcomeLocked(transfer.Event{Kind: transfer.Outcome, Request: c.ID,
@@ -389,7 +389,7 @@ func (n *Decode) sweep(ctx context.Context) {
 			n.ep.Cancel(id)
 			// Cancelled before any Bootstrap: only a tombstone, no outcome
 			// event; the call is answered here.
-			if n.ep.Status(id) == protocol.StatusTombstone {
+			if n.ep.Status(id) == protocol.ReceiverTombstone {
 				n.mu.Lock()
 				if r := n.reqs[id]; r != nil {
 					n.outcomeLocked(transfer.Event{Kind: transfer.Outcome, Request: id, Err: protocol.ErrCancelled}, r)
@@ -398,7 +398,7 @@ func (n *Decode) sweep(ctx context.Context) {
 			}
 		}
 		for id, t := range fences {
-			if n.ep.Status(id) != protocol.StatusQuarantine {
+			if n.ep.Status(id) != protocol.ReceiverQuarantine {
 				n.cfg.Metrics.fenceWait.Observe(now.Sub(t).Seconds())
 				n.mu.Lock()
 				delete(n.fences, id)

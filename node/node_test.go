@@ -382,7 +382,7 @@ func TestLostPrefillNodeFreesTheDecodePagesOfACallThatNeverReachedIt(t *testing.
 		done <- a
 	}()
 	id := <-ids
-	waitUntil(t, "the request verified on the decode node", func() bool { return d.Endpoint().Status(id) == protocol.StatusReady })
+	waitUntil(t, "the request verified on the decode node", func() bool { return d.Endpoint().Status(id) == protocol.ReceiverReady })
 	if err := l.CrashPrefill(0); err != nil {
 		t.Fatal(err)
 	}
@@ -391,7 +391,7 @@ func TestLostPrefillNodeFreesTheDecodePagesOfACallThatNeverReachedIt(t *testing.
 	}
 	free() // the router's call goes on, its context already ended
 	allPagesBack(t, l)
-	if st := d.Endpoint().Status(id); st != protocol.StatusClosed {
+	if st := d.Endpoint().Status(id); st != protocol.ReceiverClosed {
 		t.Fatalf("the request is %v on the decode node, want closed (cancelled)", st)
 	}
 }

@@ -149,7 +149,7 @@ func TestRefusedBootstrapsLeaveNoRecord(t *testing.T) {
 	}
 	// A refused request can be asked about and is unknown: a late message for it
 	// is refused without effect.
-	if st := r.Status(2); st != StatusNone {
+	if st := r.Status(2); st != ReceiverNone {
 		t.Fatalf("status of a refused request: %v", st)
 	}
 	if err := r.Step(1, &Done{Request: 2, Tokens: 17, Pages: 5}, now); !errors.Is(err, ErrUnknownRequest) {
@@ -244,7 +244,7 @@ func TestSenderForgetsEndedRecordsAfterTheHorizon(t *testing.T) {
 		t.Fatalf("%d records after the horizon, want the 50 live ones", s.Records())
 	}
 	for i := 50; i < 100; i++ {
-		if st := s.Status(RequestID(i + 1)); st != SendStatusAwaitGrant {
+		if st := s.Status(RequestID(i + 1)); st != SenderAwaitGrant {
 			t.Fatalf("request %d: %v", i+1, st)
 		}
 	}
@@ -412,7 +412,7 @@ func TestFlushFailsOnlyThatQueuePairsRequests(t *testing.T) {
 	if len(s.writes) != n/2 || s.Pool().Free() != n {
 		t.Fatalf("%d WRITEs outstanding (want %d), %d pages free (want %d)", len(s.writes), n/2, s.Pool().Free(), n)
 	}
-	if st := s.Status(1); st != SendStatusWriting {
+	if st := s.Status(1); st != SenderWriting {
 		t.Fatalf("a request on the other queue pair: %v", st)
 	}
 }
@@ -446,7 +446,7 @@ func TestCutLeavesEndedRecordsAlone(t *testing.T) {
 	if err := r.Pool().Check(2, ref); err != nil {
 		t.Fatalf("after the cut of request 1's queue pair, request 2's page: %v", err)
 	}
-	if st := r.Status(2); st != StatusReserved {
+	if st := r.Status(2); st != ReceiverReserved {
 		t.Fatalf("request 2, on the other queue pair, is %v", st)
 	}
 }
@@ -479,14 +479,14 @@ func TestRecordsStayUnderMaxRecordsWithoutAHorizon(t *testing.T) {
 		}
 	}
 	for i := range 4 {
-		if st := r.Status(RequestID(1_000_000 + i)); st != StatusReserved {
+		if st := r.Status(RequestID(1_000_000 + i)); st != ReceiverReserved {
 			t.Fatalf("a record at work was forgotten: %v", st)
 		}
 	}
 	if err := r.Step(1, &Done{Request: 1, Tokens: 1, Pages: 1}, testNow); !errors.Is(err, ErrUnknownRequest) {
 		t.Fatalf("a late Done for a forgotten request: %v", err)
 	}
-	if st := r.Status(10_000); st != StatusClosed {
+	if st := r.Status(10_000); st != ReceiverClosed {
 		t.Fatalf("the newest ended record: %v", st)
 	}
 	if r.Pool().Free() != 4 {

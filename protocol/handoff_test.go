@@ -261,7 +261,7 @@ func TestExpireTimesOutOnlyThatRequest(t *testing.T) {
 		t.Fatal(err)
 	}
 	l.n.Settle()
-	if !errors.Is(l.rOut[2], protocol.ErrTimedOut) || l.r.Status(1) != protocol.StatusReserved || l.r.Status(2) != protocol.StatusQuarantine {
+	if !errors.Is(l.rOut[2], protocol.ErrTimedOut) || l.r.Status(1) != protocol.ReceiverReserved || l.r.Status(2) != protocol.ReceiverQuarantine {
 		t.Fatalf("r1 %s, r2 %s %v", l.r.Status(1), l.r.Status(2), l.rOut[2])
 	}
 	if err := l.r.Expire(2); !errors.Is(err, protocol.ErrNotReady) {
@@ -431,7 +431,7 @@ func TestMalformedMessagesAreRefusedWithoutEffect(t *testing.T) {
 		}
 	}
 	l.n.Settle()
-	if len(l.qp.Fwd)+len(l.qp.Back) != 0 || l.r.Status(1) != protocol.StatusNone || l.r.Pool().Free() != 2 {
+	if len(l.qp.Fwd)+len(l.qp.Back) != 0 || l.r.Status(1) != protocol.ReceiverNone || l.r.Pool().Free() != 2 {
 		t.Fatal("a refused message must change nothing")
 	}
 }
@@ -470,7 +470,7 @@ func TestEndedRecordsAreForgottenAfterTheHorizon(t *testing.T) {
 	l := newLinkWith(t, 4, time.Minute)
 	l.submit(1, 4)
 	l.run()
-	if l.r.Status(1) != protocol.StatusFinished || l.s.Status(1) != protocol.SendStatusFinished {
+	if l.r.Status(1) != protocol.ReceiverFinished || l.s.Status(1) != protocol.SenderFinished {
 		t.Fatalf("r1: %s / %s", l.r.Status(1), l.s.Status(1))
 	}
 	l.r.Tick(l.n.Now) // the first Tick that sees it ended: its age starts here
@@ -482,7 +482,7 @@ func TestEndedRecordsAreForgottenAfterTheHorizon(t *testing.T) {
 	}
 	l.r.Tick(l.n.Now.Add(time.Minute))
 	l.s.Tick(l.n.Now.Add(time.Minute))
-	if l.r.Records() != 0 || l.s.Records() != 0 || l.r.Status(1) != protocol.StatusNone {
+	if l.r.Records() != 0 || l.s.Records() != 0 || l.r.Status(1) != protocol.ReceiverNone {
 		t.Fatalf("after the horizon: %d decode records, %d prefill records", l.r.Records(), l.s.Records())
 	}
 	if err := l.r.Step(prefill, &protocol.Done{Request: 1, Tokens: 4, Pages: 1}, l.n.Now); !errors.Is(err, protocol.ErrUnknownRequest) {
@@ -513,7 +513,7 @@ func TestRecordsAtWorkAreNeverForgotten(t *testing.T) {
 		l.r.Tick(l.n.Now.Add(time.Duration(i) * time.Hour))
 		l.s.Tick(l.n.Now.Add(time.Duration(i) * time.Hour))
 	}
-	if l.r.Status(1) != protocol.StatusQuarantine || l.s.Status(1) != protocol.SendStatusAborting {
+	if l.r.Status(1) != protocol.ReceiverQuarantine || l.s.Status(1) != protocol.SenderAborting {
 		t.Fatalf("records at work were forgotten: %q / %q", l.r.Status(1), l.s.Status(1))
 	}
 	l.run() // the WRITE completes, AbortAck fences the quarantine

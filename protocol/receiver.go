@@ -88,21 +88,8 @@ type ReceiverEffects struct {
 	Outcomes []Outcome
 }
 
-// recvPhase is a record's state: the status Status reports.
-type recvPhase = ReceiverStatus
-
-const (
-	recvTombstone  = StatusTombstone
-	recvReserved   = StatusReserved
-	recvReady      = StatusReady
-	recvReading    = StatusReading
-	recvQuarantine = StatusQuarantine
-	recvFinished   = StatusFinished
-	recvClosed     = StatusClosed
-)
-
 type recvRequest struct {
-	phase    recvPhase
+	phase    ReceiverStatus
 	ended    time.Time // the first Tick that saw the request ended; zero before
 	peer     PeerID
 	key      *TagKey // the queue pair's tag key when the request was bootstrapped
@@ -197,7 +184,7 @@ func (r *Receiver) release(q *recvRequest, id RequestID) {
 }
 
 func (r *Receiver) dropSlot(q *recvRequest) {
-	if q.phase == recvReserved || q.phase == recvReady || q.phase == recvReading {
+	if q.phase == ReceiverReserved || q.phase == ReceiverReady || q.phase == ReceiverReading {
 		r.held--
 	}
 }
@@ -231,7 +218,7 @@ func (r *Receiver) lookup(peer PeerID, id RequestID) (*recvRequest, error) {
 	switch {
 	case q == nil:
 		return nil, fmt.Errorf("%w: %d", ErrUnknownRequest, id)
-	case q.phase == recvTombstone:
+	case q.phase == ReceiverTombstone:
 		return q, nil
 	case q.peer != peer:
 		return nil, fmt.Errorf("%w: request %d is on peer %d, not %d", ErrWrongPeer, id, q.peer, peer)
@@ -243,7 +230,7 @@ func (r *Receiver) lookup(peer PeerID, id RequestID) (*recvRequest, error) {
 func (r *Receiver) bootstrap(peer PeerID, m *Bootstrap, now time.Time) error {
 	id := m.Request
 	if q := r.reqs[id]; q != nil {
-		if q.phase == recvTombstone {
+		if q.phase == ReceiverTombstone {
 			r.send(peer, &Abort{Request: id, Reason: AbortCancelled})
 			return nil
 		}
@@ -274,7 +261,7 @@ func (r *Receiver) bootstrap(peer PeerID, m *Bootstrap, now time.Time) error {
 		r.tellSender(peer, id, why)
 		return nil
 	}
-	q := &recvRequest{phase: recvReserved, peer: peer, key: key, tokens: m.Tokens, refs: refs}
+	q := &recvRequest{phase: ReceiverReserved, peer: peer, key: key, tokens: m.Tokens, refs: refs}
 	r.remember(id, q)
 	r.held++
 	if r.cfg.Timeout > 0 {
@@ -300,21 +287,21 @@ func (r *Receiver) done(peer PeerID, m *Done) error {
 		return err
 	}
 	switch q.phase {
-	case recvReserved:
+	case ReceiverReserved:
 		if err := r.verify(id, q, m); err != nil {
 			if r.bug(research.ChecksumHangs) && errors.Is(err, ErrChecksumMismatch) {
 				return nil // logged, and the request waits for a Done that has come
 			}
 			r.release(q, id) // Done fenced the writer
-			r.end(id, q, recvClosed)
+			r.end(id, q, ReceiverClosed)
 			r.finish(id, q, err)
 			r.tellSender(peer, id, AbortVerifyFailed)
 			return nil
 		}
-		q.phase = recvReady
+		q.phase = ReceiverReady
 		r.effects.Verified = append(r.effects.Verified, id)
 		return nil
-	case recvReady, recvReading:
+	case ReceiverReady, ReceiverReading:
 		return fmt.Errorf("%w: second Done for request %d", ErrDuplicate, id)
 	}
 	r.fence(id, q, nil)
@@ -358,17 +345,17 @@ func (r *Receiver) verify(id RequestID, q *recvRequest, m *Done) error {
 // quarantined one is released; a terminal one ignores it: fences are idempotent.
 func (r *Receiver) fence(id RequestID, q *recvRequest, why error) {
 	switch q.phase {
-	case recvReserved:
+	case ReceiverReserved:
 		if why == nil {
 			return
 		}
 		r.release(q, id)
-		r.end(id, q, recvClosed)
+		r.end(id, q, ReceiverClosed)
 		r.finish(id, q, why)
-	case recvQuarantine:
+	case ReceiverQuarantine:
 		r.pool.Release(id, q.refs)
-		r.end(id, q, recvClosed)
-	case recvClosed, recvFinished:
+		r.end(id, q, ReceiverClosed)
+	case ReceiverClosed, ReceiverFinished:
 		if r.bug(research.DoubleFree) {
 			r.pool.Release(id, q.refs) // a second release of pages that may be someone else's now
 		}
@@ -382,7 +369,7 @@ func (r *Receiver) Cancel(id RequestID) {
 	if q == nil {
 		q = &recvRequest{reported: true}
 		r.remember(id, q)
-		r.end(id, q, recvTombstone)
+		r.end(id, q, ReceiverTombstone)
 		return
 	}
 	r.abort(id, q, fmt.Errorf("%w", ErrCancelled), true, r.bug(research.EagerRelease))
@@ -394,29 +381,29 @@ func (r *Receiver) Cancel(id RequestID) {
 func (r *Receiver) abort(id RequestID, q *recvRequest, why error, cancelled, early bool) {
 	leak := cancelled && r.bug(research.LeakOnCancel)
 	switch q.phase {
-	case recvReserved:
+	case ReceiverReserved:
 		r.dropSlot(q)
 		r.finish(id, q, why)
 		switch {
 		case leak: // the pages are forgotten, never returned
-			r.end(id, q, recvClosed)
+			r.end(id, q, ReceiverClosed)
 		case early: // the bug: the pages go back now, though the record still waits for the fence
 			r.pool.Release(id, q.refs)
-			q.phase = recvQuarantine
+			q.phase = ReceiverQuarantine
 		default:
-			q.phase = recvQuarantine
+			q.phase = ReceiverQuarantine
 			r.pool.Quarantine(id, q.refs)
 		}
-	case recvReady:
+	case ReceiverReady:
 		r.finish(id, q, why)
 		if leak {
 			r.dropSlot(q)
-			r.end(id, q, recvClosed)
+			r.end(id, q, ReceiverClosed)
 			return
 		}
 		r.release(q, id) // Done came: the writer is fenced
-		r.end(id, q, recvClosed)
-	case recvReading:
+		r.end(id, q, ReceiverClosed)
+	case ReceiverReading:
 		r.finish(id, q, why) // the pages go back when the decoder calls Finish
 	}
 }
@@ -432,7 +419,7 @@ func (r *Receiver) Tick(now time.Time) {
 		if !ok {
 			break
 		}
-		if q := r.reqs[t.id]; q == t.rec && q.phase == recvReserved && q.deadline.Equal(t.at) {
+		if q := r.reqs[t.id]; q == t.rec && q.phase == ReceiverReserved && q.deadline.Equal(t.at) {
 			due = append(due, t)
 		}
 	}
@@ -485,7 +472,7 @@ func (r *Receiver) remember(id RequestID, q *recvRequest) {
 
 // end moves q to a terminal phase and queues it, oldest first: for the next
 // Tick to start its age (with a Horizon), and for remember to forget first.
-func (r *Receiver) end(id RequestID, q *recvRequest, phase recvPhase) {
+func (r *Receiver) end(id RequestID, q *recvRequest, phase ReceiverStatus) {
 	q.phase = phase
 	r.ending.push(timer[recvRequest]{id: id, rec: q})
 }
@@ -503,7 +490,7 @@ func (r *Receiver) Expire(id RequestID) error {
 	switch {
 	case q == nil:
 		return fmt.Errorf("%w: %d", ErrUnknownRequest, id)
-	case q.phase != recvReserved:
+	case q.phase != ReceiverReserved:
 		return fmt.Errorf("%w: request %d is not waiting for Done", ErrNotReady, id)
 	}
 	r.expire(id, q)
@@ -532,7 +519,7 @@ func (r *Receiver) PeerFailed(peer PeerID) {
 func (r *Receiver) QueuePairFenced(peer PeerID) {
 	var on []RequestID // the peer's requests, in request order: effects are deterministic
 	for id, q := range r.reqs {
-		if q.peer == peer && (q.phase == recvReserved || q.phase == recvQuarantine) {
+		if q.peer == peer && (q.phase == ReceiverReserved || q.phase == ReceiverQuarantine) {
 			on = append(on, id)
 		}
 	}
@@ -547,7 +534,7 @@ func (r *Receiver) QueuePairFenced(peer PeerID) {
 // pages stay the request's until Finish.
 func (r *Receiver) Acquire(id RequestID) ([]PageRef, error) {
 	q := r.reqs[id]
-	if q == nil || q.phase != recvReady {
+	if q == nil || q.phase != ReceiverReady {
 		return nil, fmt.Errorf("%w: request %d", ErrNotReady, id)
 	}
 	for _, ref := range q.refs {
@@ -556,12 +543,12 @@ func (r *Receiver) Acquire(id RequestID) ([]PageRef, error) {
 		}
 		if err := r.pool.Check(id, ref); err != nil {
 			r.release(q, id)
-			r.end(id, q, recvClosed)
+			r.end(id, q, ReceiverClosed)
 			r.finish(id, q, err)
 			return nil, err
 		}
 	}
-	q.phase = recvReading
+	q.phase = ReceiverReading
 	return append([]PageRef(nil), q.refs...), nil
 }
 
@@ -569,11 +556,11 @@ func (r *Receiver) Acquire(id RequestID) ([]PageRef, error) {
 // (unless it was cancelled while being read).
 func (r *Receiver) Finish(id RequestID) error {
 	q := r.reqs[id]
-	if q == nil || q.phase != recvReading {
+	if q == nil || q.phase != ReceiverReading {
 		return fmt.Errorf("%w: request %d is not being read", ErrNotReady, id)
 	}
 	r.release(q, id)
-	r.end(id, q, recvFinished)
+	r.end(id, q, ReceiverFinished)
 	r.finish(id, q, nil)
 	return nil
 }
@@ -583,16 +570,16 @@ type ReceiverStatus uint8
 
 // The receiver's request states. A request a Receiver has no record of
 // (never bootstrapped, refused at intake, or forgotten after its Horizon) is
-// StatusNone.
+// ReceiverNone.
 const (
-	StatusNone       ReceiverStatus = iota
-	StatusTombstone                 // cancelled before its Bootstrap came
-	StatusReserved                  // pages granted, waiting for Done
-	StatusReady                     // verified, waiting to be read
-	StatusReading                   // acquired by the decoder
-	StatusQuarantine                // ended while its writer may still write: waiting for the fence
-	StatusFinished                  // read and released
-	StatusClosed                    // ended with an error, pages released
+	ReceiverNone       ReceiverStatus = iota
+	ReceiverTombstone                 // cancelled before its Bootstrap came
+	ReceiverReserved                  // pages granted, waiting for Done
+	ReceiverReady                     // verified, waiting to be read
+	ReceiverReading                   // acquired by the decoder
+	ReceiverQuarantine                // ended while its writer may still write: waiting for the fence
+	ReceiverFinished                  // read and released
+	ReceiverClosed                    // ended with an error, pages released
 )
 
 func (s ReceiverStatus) String() string {
@@ -608,7 +595,7 @@ var receiverStatusNames = [...]string{"none", "tombstone", "reserved", "ready", 
 func (r *Receiver) Status(id RequestID) ReceiverStatus {
 	q := r.reqs[id]
 	if q == nil {
-		return StatusNone
+		return ReceiverNone
 	}
 	return q.phase
 }

@@ -65,22 +65,8 @@ type SenderEffects struct {
 	Outcomes []Outcome
 }
 
-// sendPhase is a record's state: the status Status reports. Terminal from
-// sendFinished on.
-type sendPhase = SenderStatus
-
-const (
-	sendAwaitGrant = SendStatusAwaitGrant
-	sendWriting    = SendStatusWriting
-	sendDoneSent   = SendStatusDoneSent
-	sendAborting   = SendStatusAborting
-	sendFinished   = SendStatusFinished
-	sendAborted    = SendStatusAborted
-	sendFailed     = SendStatusFailed
-)
-
 type sendRequest struct {
-	phase     sendPhase
+	phase     SenderStatus
 	ended     time.Time // the first Tick that saw the request ended; zero before
 	peer      PeerID
 	key       *TagKey // the queue pair's tag key when the request was submitted
@@ -197,7 +183,7 @@ func (s *Sender) Submit(id RequestID, peer PeerID, tokens int) ([]uint32, error)
 	if err != nil {
 		return nil, err
 	}
-	q := &sendRequest{phase: sendAwaitGrant, peer: peer, key: key, tokens: uint32(tokens), src: src, placeholder: placeholder}
+	q := &sendRequest{phase: SenderAwaitGrant, peer: peer, key: key, tokens: uint32(tokens), src: src, placeholder: placeholder}
 	s.reqs[id] = q
 	q.bootstrap = Bootstrap{Request: id, Tokens: uint32(tokens)}
 	s.send(peer, &q.bootstrap)
@@ -256,8 +242,8 @@ func (s *Sender) admit(peer PeerID, g *Grant) error {
 		return fmt.Errorf("%w: Grant for request %d", ErrWrongPeer, id)
 	}
 	switch q.phase {
-	case sendAwaitGrant:
-	case sendAborted, sendFailed:
+	case SenderAwaitGrant:
+	case SenderAborted, SenderFailed:
 		s.send(peer, &AbortAck{Request: id}) // nothing was posted
 		return nil
 	default:
@@ -274,7 +260,7 @@ func (s *Sender) admit(peer PeerID, g *Grant) error {
 	if refuse != nil {
 		// Nothing was posted: AbortAck is the receiver's fence, and its leg fails too.
 		s.pool.Release(id, q.src)
-		s.end(id, q, sendFailed)
+		s.end(id, q, SenderFailed)
 		s.finish(id, q, refuse)
 		s.send(peer, &AbortAck{Request: id})
 		return nil
@@ -283,7 +269,7 @@ func (s *Sender) admit(peer PeerID, g *Grant) error {
 	for i, p := range g.Pages {
 		q.writes[i].Remote = p
 	}
-	q.phase = sendWriting
+	q.phase = SenderWriting
 	s.post(id, q)
 	return nil
 }
@@ -322,7 +308,7 @@ func repeatedPage(pages []PageGrant) (i, j int, found bool) {
 
 // post posts WRITEs up to the in-flight bound, then Done after the last one.
 func (s *Sender) post(id RequestID, q *sendRequest) {
-	if q.phase != sendWriting || !q.computed || q.failed != nil { // nothing more on a broken queue pair
+	if q.phase != SenderWriting || !q.computed || q.failed != nil { // nothing more on a broken queue pair
 		return
 	}
 	for q.posted < len(q.src) && q.posted-q.completed < s.cfg.MaxInFlight {
@@ -355,7 +341,7 @@ func (s *Sender) sendDone(id RequestID, q *sendRequest) {
 	}
 	q.done = Done{Request: id, Tokens: tokens, Pages: uint32(len(q.src))}
 	s.send(q.peer, &q.done)
-	q.phase = sendDoneSent
+	q.phase = SenderDoneSent
 	if s.cfg.Research.Has(research.PrefillEarlyFree) {
 		s.pool.Release(id, q.src) // before the WRITEs that read them complete
 	}
@@ -387,17 +373,17 @@ func (s *Sender) settle(id RequestID, q *sendRequest) {
 		return
 	}
 	switch {
-	case q.failed != nil && (q.phase == sendWriting || q.phase == sendDoneSent || q.phase == sendAborting):
+	case q.failed != nil && (q.phase == SenderWriting || q.phase == SenderDoneSent || q.phase == SenderAborting):
 		s.pool.Release(id, q.src)
-		s.end(id, q, sendFailed)
+		s.end(id, q, SenderFailed)
 		s.finish(id, q, q.failed)
-	case q.phase == sendDoneSent:
+	case q.phase == SenderDoneSent:
 		s.pool.Release(id, q.src)
-		s.end(id, q, sendFinished)
+		s.end(id, q, SenderFinished)
 		s.finish(id, q, nil)
-	case q.phase == sendAborting:
+	case q.phase == SenderAborting:
 		s.pool.Release(id, q.src)
-		s.end(id, q, sendAborted)
+		s.end(id, q, SenderAborted)
 		s.send(q.peer, &AbortAck{Request: id})
 	}
 }
@@ -436,7 +422,7 @@ func (s *Sender) Tick(now time.Time) {
 
 // end moves q to a terminal phase and, with a Horizon, queues it for the next
 // Tick to start its age.
-func (s *Sender) end(id RequestID, q *sendRequest, phase sendPhase) {
+func (s *Sender) end(id RequestID, q *sendRequest, phase SenderStatus) {
 	q.phase = phase
 	if s.cfg.Horizon > 0 {
 		s.ending = append(s.ending, timer[sendRequest]{id: id, rec: q})
@@ -455,23 +441,23 @@ func (s *Sender) Cancel(id RequestID) {
 
 func (s *Sender) abort(id RequestID, q *sendRequest, why error) {
 	switch q.phase {
-	case sendAwaitGrant:
+	case SenderAwaitGrant:
 		// No grant, no WRITE: a grant that comes later is answered AbortAck.
 		s.pool.Release(id, q.src)
-		s.end(id, q, sendAborted)
+		s.end(id, q, SenderAborted)
 		s.finish(id, q, why)
-	case sendWriting, sendDoneSent:
+	case SenderWriting, SenderDoneSent:
 		s.finish(id, q, why)
-		if q.phase == sendWriting && s.cfg.Research.Has(research.AbortStillSends) {
+		if q.phase == SenderWriting && s.cfg.Research.Has(research.AbortStillSends) {
 			s.sendDone(id, q) // stops writing, but claims the transfer is complete
 			return
 		}
 		if q.completed != q.posted && s.cfg.Research.Has(research.AbortFreesSource) {
 			s.pool.Release(id, q.src) // the producer's timeout frees what posted WRITEs still read
 		}
-		q.phase = sendAborting
+		q.phase = SenderAborting
 		s.settle(id, q)
-	case sendFinished:
+	case SenderFinished:
 		s.send(q.peer, &AbortAck{Request: id}) // idempotent: Done is already on its way
 	}
 }
@@ -481,7 +467,7 @@ func (s *Sender) abort(id RequestID, q *sendRequest, why error) {
 // on it fails, and its source pages are free again.
 func (s *Sender) Flushed(peer PeerID) {
 	live := func(q *sendRequest) bool {
-		return q != nil && q.peer == peer && (q.phase == sendAwaitGrant || q.phase == sendWriting || q.phase == sendDoneSent || q.phase == sendAborting)
+		return q != nil && q.peer == peer && (q.phase == SenderAwaitGrant || q.phase == SenderWriting || q.phase == SenderDoneSent || q.phase == SenderAborting)
 	}
 	var on []RequestID // the peer's live requests, in request order: effects are deterministic
 	for id, q := range s.reqs {
@@ -502,7 +488,7 @@ func (s *Sender) Flushed(peer PeerID) {
 		q := s.reqs[id]
 		q.completed = q.posted // the flush completes every posted WRITE
 		s.pool.Release(id, q.src)
-		s.end(id, q, sendFailed)
+		s.end(id, q, SenderFailed)
 		s.finish(id, q, fmt.Errorf("%w: queue pair to peer %d flushed", ErrPeerFailed, peer))
 	}
 }
@@ -512,16 +498,16 @@ type SenderStatus uint8
 
 // The sender's request states. A request a Sender has no record of (never
 // submitted, refused at intake, or forgotten after its Horizon) is
-// SendStatusNone.
+// SenderNone.
 const (
-	SendStatusNone       SenderStatus = iota
-	SendStatusAwaitGrant              // Bootstrap sent
-	SendStatusWriting                 // grant admitted; WRITEs posted once the KV is computed
-	SendStatusDoneSent                // Done posted, WRITEs completing
-	SendStatusAborting                // stopped; waiting for posted WRITEs before AbortAck
-	SendStatusFinished                // handed off, every WRITE completed
-	SendStatusAborted                 // stopped on a cancel or the receiver's Abort
-	SendStatusFailed                  // failed (a WRITE, a flush, a bad grant)
+	SenderNone       SenderStatus = iota
+	SenderAwaitGrant              // Bootstrap sent
+	SenderWriting                 // grant admitted; WRITEs posted once the KV is computed
+	SenderDoneSent                // Done posted, WRITEs completing
+	SenderAborting                // stopped; waiting for posted WRITEs before AbortAck
+	SenderFinished                // handed off, every WRITE completed
+	SenderAborted                 // stopped on a cancel or the receiver's Abort
+	SenderFailed                  // failed (a WRITE, a flush, a bad grant)
 )
 
 func (s SenderStatus) String() string {
@@ -537,7 +523,7 @@ var senderStatusNames = [...]string{"none", "awaiting-grant", "writing", "done-s
 func (s *Sender) Status(id RequestID) SenderStatus {
 	q := s.reqs[id]
 	if q == nil {
-		return SendStatusNone
+		return SenderNone
 	}
 	return q.phase
 }

@@ -60,10 +60,10 @@ func TestAbortReasonIsAnErrorThePrefillSideMatches(t *testing.T) {
 
 func TestStatusesAndReasonsHaveNames(t *testing.T) {
 	names := map[string]bool{}
-	for st := StatusNone; st <= StatusClosed; st++ {
+	for st := ReceiverNone; st <= ReceiverClosed; st++ {
 		names["r "+st.String()] = true
 	}
-	for st := SendStatusNone; st <= SendStatusFailed; st++ {
+	for st := SenderNone; st <= SenderFailed; st++ {
 		names["s "+st.String()] = true
 	}
 	for r := AbortCancelled; r <= maxAbortReason; r++ {
@@ -72,7 +72,7 @@ func TestStatusesAndReasonsHaveNames(t *testing.T) {
 	if want := 8 + 8 + 6; len(names) != want {
 		t.Fatalf("%d distinct names, want %d: %v", len(names), want, names)
 	}
-	if StatusReady.String() != "ready" || SendStatusAwaitGrant.String() != "awaiting-grant" || AbortRejected.String() != "rejected" {
+	if ReceiverReady.String() != "ready" || SenderAwaitGrant.String() != "awaiting-grant" || AbortRejected.String() != "rejected" {
 		t.Fatal("names changed")
 	}
 	if ReceiverStatus(99).String() != "ReceiverStatus(99)" || AbortReason(0).String() != "AbortReason(0)" {

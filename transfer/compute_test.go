@@ -58,7 +58,7 @@ func TestComputingKVDoesNotStopTheEndpoint(t *testing.T) {
 			if err := dn.wait(2)[2]; err != nil {
 				t.Fatalf("request 2, handed off while request 1 computes: %v", err)
 			}
-			eventually(t, "decode reserves request 1 while its KV is computed", func() bool { return d.Status(1) == protocol.StatusReserved })
+			eventually(t, "decode reserves request 1 while its KV is computed", func() bool { return d.Status(1) == protocol.ReceiverReserved })
 			close(kv.release)
 			if err := <-submitted; err != nil {
 				t.Fatal(err)
@@ -95,7 +95,7 @@ func TestWhatWouldFreeAComputingRequestsPagesWaits(t *testing.T) {
 					submitted := make(chan error, 1)
 					go func() { submitted <- p.Submit(1, "decode", 64) }() // 4 pages
 					<-kv.started
-					eventually(t, "decode reserves request 1", func() bool { return d.Status(1) == protocol.StatusReserved })
+					eventually(t, "decode reserves request 1", func() bool { return d.Status(1) == protocol.ReceiverReserved })
 					stop.do(p, d)
 					eventually(t, "what would free the pages arrives", func() bool { return stop.arrived(p, d) })
 					if free := p.Stats().PagesFree; free != 128-4 {

@@ -146,7 +146,7 @@ func (d *Decode) message(c *conn, m protocol.Message) error {
 			c.backlog = append(c.backlog, protocol.Op{Peer: c.peer, Msg: &protocol.Abort{Request: b.Request, Reason: protocol.AbortRejected}})
 			return fmt.Errorf("%w: %w: request %d of %d pages, peer %q takes %d", protocol.ErrRejected, protocol.ErrTooLong, b.Request, pages, c.name, c.maxPages)
 		}
-		if d.receiver.Status(b.Request) == protocol.StatusNone {
+		if d.receiver.Status(b.Request) == protocol.ReceiverNone {
 			d.peerOf[b.Request] = c.name
 		}
 	}

@@ -92,7 +92,7 @@ func (m *mesh) reservedAll(legs map[protocol.RequestID]leg) {
 	m.t.Helper()
 	eventually(m.t, "every request reserved", func() bool {
 		for id, l := range legs {
-			if m.decodes[l.decode].Status(id) != protocol.StatusReserved {
+			if m.decodes[l.decode].Status(id) != protocol.ReceiverReserved {
 				return false
 			}
 		}

@@ -404,7 +404,7 @@ func TestReconnectAfterACutStartsAFreshQueuePair(t *testing.T) {
 			if err := p.Submit(1, "decode-1", 64); err != nil {
 				t.Fatal(err)
 			}
-			eventually(t, "decode reserves request 1", func() bool { return d.Status(1) == protocol.StatusReserved })
+			eventually(t, "decode reserves request 1", func() bool { return d.Status(1) == protocol.ReceiverReserved })
 			p.mu.Lock()
 			old.ctl.Close() // the control connection drops: both nodes cut
 			p.mu.Unlock()
@@ -436,7 +436,7 @@ func TestReconnectAfterACutStartsAFreshQueuePair(t *testing.T) {
 			before := d.refused
 			err := d.message(dfresh, &protocol.Done{Request: 1, Tokens: 64, Pages: 4})
 			d.mu.Unlock()
-			if !errors.Is(err, protocol.ErrWrongPeer) || d.refused != before || d.Status(1) != protocol.StatusClosed {
+			if !errors.Is(err, protocol.ErrWrongPeer) || d.refused != before || d.Status(1) != protocol.ReceiverClosed {
 				t.Fatalf("a Done for the cut queue pair's request on the new one: %v, status %s", err, d.Status(1))
 			}
 			if err := p.Submit(2, "decode-1", 64); err != nil {

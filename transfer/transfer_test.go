@@ -33,15 +33,15 @@ func TestCancelledMidTransferIsFenced(t *testing.T) {
 			t.Fatal(err)
 		}
 		l.P.Poll(l.now) // Bootstrap posted
-		for l.D.Status(1) != protocol.StatusReserved {
+		for l.D.Status(1) != protocol.ReceiverReserved {
 			l.step(time.Millisecond)
-			if l.P.Status(1) != protocol.SendStatusAwaitGrant {
+			if l.P.Status(1) != protocol.SenderAwaitGrant {
 				t.Fatalf("the prefill side moved on before the test held its WRITEs: %s", l.P.Status(1))
 			}
 		}
 		qp := l.faults()
 		qp.Pause() // the Grant is on its way; the WRITEs it starts wait in the network
-		for l.P.Status(1) == protocol.SendStatusAwaitGrant {
+		for l.P.Status(1) == protocol.SenderAwaitGrant {
 			l.step(time.Millisecond)
 		}
 		l.D.Cancel(1)
@@ -80,7 +80,7 @@ func TestCutFencesAndFailsBothLegs(t *testing.T) {
 		if err := l.submit(1, 16); err != nil {
 			t.Fatal(err)
 		}
-		for l.D.Status(1) != protocol.StatusReserved {
+		for l.D.Status(1) != protocol.ReceiverReserved {
 			l.step(time.Millisecond)
 		}
 		qp := l.faults()

@@ -214,7 +214,7 @@ func TestDecodeRestartIsTheLossOfTheOldIncarnation(t *testing.T) {
 			t.Fatalf("page %d of the new incarnation: free %v, epoch %d; want free at epoch 0", p, free, pool.Epoch(p))
 		}
 	}
-	if st := d.Receiver.Status(1); st != protocol.StatusNone {
+	if st := d.Receiver.Status(1); st != protocol.ReceiverNone {
 		t.Fatalf("the new incarnation's record of r1: %v, want none", st)
 	}
 	before := append([]byte(nil), d.Mem.payloads[0]...)

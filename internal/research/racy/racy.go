@@ -108,7 +108,7 @@ func (s *staleStatus) QueuePairFenced(peer protocol.PeerID) {
 type splitAcquire struct{ Receiver }
 
 func (s *splitAcquire) Acquire(id protocol.RequestID) ([]protocol.PageRef, error) {
-	if s.Receiver.Status(id) != protocol.StatusReady {
+	if s.Receiver.Status(id) != protocol.ReceiverReady {
 		return s.Receiver.Acquire(id)
 	}
 	runtime.Gosched()
