@@ -1,5 +1,5 @@
 // Package engine is kvhandoff's bundled inference engine: a small transformer
-// (package model) computed by a backend (package backend: cpu, or cuda with
+// (package llama) computed by a backend (package backend: cpu, or cuda with
 // the build tag) over a paged KV cache (package kv) whose pages are the ones
 // the handoff moves.
 //
@@ -9,12 +9,12 @@
 //	engine/backend  what a backend computes: Backend, Step
 //	engine/cpu      the CPU backend, pure Go, parallel over heads and rows
 //	engine/cuda     the CUDA backend (build tag cuda; the only importer of gorgonia.org/cu)
-//	engine/model    architecture, weights, llama2.c checkpoints and tokenizers, the built-in model, sampling
+//	engine/llama    architecture, weights, llama2.c checkpoints and tokenizers, the built-in model, sampling
 //	engine/kv       page geometry, the pool region, page tables, the read-time check
 //
 // A request's life on one node:
 //
-//	m, _ := model.Builtin(seed)                      // or model.ReadCheckpoint(f)
+//	m, _ := llama.Builtin(seed)                      // or llama.ReadCheckpoint(f)
 //	b := cpu.New()
 //	cache, _ := kv.New(engine.GeometryOf(m.Config, pageTokens), pages)
 //	e, _ := engine.New(m, b, cache, engine.Options{})

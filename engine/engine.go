@@ -6,7 +6,7 @@ import (
 
 	"github.com/kvhandoff/kvhandoff/engine/backend"
 	"github.com/kvhandoff/kvhandoff/engine/kv"
-	"github.com/kvhandoff/kvhandoff/engine/model"
+	"github.com/kvhandoff/kvhandoff/engine/llama"
 	"github.com/kvhandoff/kvhandoff/internal/research"
 )
 
@@ -27,7 +27,7 @@ var (
 
 // Engine runs requests of one model on one backend over one KV cache.
 type Engine struct {
-	model   *model.Model
+	model   *llama.Model
 	backend backend.Backend
 	cache   *kv.Cache
 	opts    Options
@@ -37,12 +37,12 @@ type Engine struct {
 }
 
 // GeometryOf is the KV page geometry of a model with pageTokens positions per page.
-func GeometryOf(c model.Config, pageTokens int) kv.Geometry {
+func GeometryOf(c llama.Config, pageTokens int) kv.Geometry {
 	return kv.Geometry{Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim(), PageTokens: pageTokens}
 }
 
 // New loads m into b and attaches the cache, whose geometry must be m's.
-func New(m *model.Model, b backend.Backend, cache *kv.Cache, opts Options) (*Engine, error) {
+func New(m *llama.Model, b backend.Backend, cache *kv.Cache, opts Options) (*Engine, error) {
 	if err := m.Validate(); err != nil {
 		return nil, err
 	}
@@ -60,7 +60,7 @@ func New(m *model.Model, b backend.Backend, cache *kv.Cache, opts Options) (*Eng
 }
 
 // Model is the engine's model.
-func (e *Engine) Model() *model.Model { return e.model }
+func (e *Engine) Model() *llama.Model { return e.model }
 
 // Cache is the engine's KV cache.
 func (e *Engine) Cache() *kv.Cache { return e.cache }
@@ -121,7 +121,7 @@ func (e *Engine) Prefill(table kv.Table, prompt []int) ([]float32, error) {
 // prompt token, then each token it samples. It stops early at stop (if stop
 // >= 0) or at the model's context. On an error it returns the tokens
 // generated so far with it.
-func (e *Engine) Decode(table kv.Table, prompt []int, n int, s *model.Sampler, stop int) ([]int, error) {
+func (e *Engine) Decode(table kv.Table, prompt []int, n int, s *llama.Sampler, stop int) ([]int, error) {
 	if len(prompt) == 0 {
 		return nil, fmt.Errorf("%w: no tokens", ErrBadRequest)
 	}
@@ -143,7 +143,7 @@ func (e *Engine) Decode(table kv.Table, prompt []int, n int, s *model.Sampler, s
 }
 
 // Generate prefills the prompt and decodes up to n tokens after it, on one node.
-func (e *Engine) Generate(table kv.Table, prompt []int, n int, s *model.Sampler, stop int) ([]int, error) {
+func (e *Engine) Generate(table kv.Table, prompt []int, n int, s *llama.Sampler, stop int) ([]int, error) {
 	if len(prompt) > 1 {
 		if _, err := e.Step(table, prompt[:len(prompt)-1], 0); err != nil {
 			return nil, err

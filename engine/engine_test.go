@@ -9,38 +9,38 @@ import (
 	"github.com/kvhandoff/kvhandoff/engine"
 	"github.com/kvhandoff/kvhandoff/engine/cpu"
 	"github.com/kvhandoff/kvhandoff/engine/kv"
-	"github.com/kvhandoff/kvhandoff/engine/model"
+	"github.com/kvhandoff/kvhandoff/engine/llama"
 	"github.com/kvhandoff/kvhandoff/protocol"
 )
 
 // randomModel is a model of config c with seeded random weights.
-func randomModel(t testing.TB, c model.Config, seed uint64) *model.Model {
+func randomModel(t testing.TB, c llama.Config, seed uint64) *llama.Model {
 	t.Helper()
-	m, err := model.Alloc(c)
+	m, err := llama.Alloc(c)
 	if err != nil {
 		t.Fatal(err)
 	}
-	model.Randomize(m, seed)
+	llama.Randomize(m, seed)
 	return m
 }
 
 // checkpointRoundTrip writes m with our writer and reads it back with our
 // reader, returning the file's bytes too.
-func checkpointRoundTrip(t testing.TB, m *model.Model) (*model.Model, []byte) {
+func checkpointRoundTrip(t testing.TB, m *llama.Model) (*llama.Model, []byte) {
 	t.Helper()
 	var buf bytes.Buffer
-	if err := model.WriteCheckpoint(&buf, m); err != nil {
+	if err := llama.WriteCheckpoint(&buf, m); err != nil {
 		t.Fatal(err)
 	}
 	file := buf.Bytes()
-	got, err := model.ReadCheckpoint(bytes.NewReader(file), int64(len(file)))
+	got, err := llama.ReadCheckpoint(bytes.NewReader(file), int64(len(file)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	return got, file
 }
 
-func newEngine(t testing.TB, m *model.Model, pageTokens, pages int, opts engine.Options) *engine.Engine {
+func newEngine(t testing.TB, m *llama.Model, pageTokens, pages int, opts engine.Options) *engine.Engine {
 	t.Helper()
 	cache, err := kv.New(engine.GeometryOf(m.Config, pageTokens), pages)
 	if err != nil {
@@ -59,7 +59,7 @@ func newEngine(t testing.TB, m *model.Model, pageTokens, pages int, opts engine.
 // unshared classifiers, full and partial rotary, pages smaller than the
 // prompt and not dividing it.
 func TestCheckpointGenerationMatchesTheReferenceForwardPass(t *testing.T) {
-	for _, c := range []model.Config{
+	for _, c := range []llama.Config{
 		{Dim: 48, HiddenDim: 112, Layers: 3, Heads: 6, KVHeads: 2, Vocab: 70, SeqLen: 48},
 		{Dim: 32, HiddenDim: 64, Layers: 2, Heads: 4, KVHeads: 4, Vocab: 50, SeqLen: 40, SharedClassifier: true},
 		{Dim: 64, HiddenDim: 96, Layers: 2, Heads: 2, KVHeads: 1, Vocab: 40, SeqLen: 40, RotaryDims: 16},
@@ -98,7 +98,7 @@ func TestCheckpointGenerationMatchesTheReferenceForwardPass(t *testing.T) {
 					t.Fatalf("%+v: step %d, logit %d: %g, reference %g", c, i, v, got[v], wantLogits[i][v])
 				}
 			}
-			tok := model.Argmax(got)
+			tok := llama.Argmax(got)
 			if tok != want[i] {
 				t.Fatalf("%+v: token %d is %d, reference %d", c, i, tok, want[i])
 			}
@@ -107,7 +107,7 @@ func TestCheckpointGenerationMatchesTheReferenceForwardPass(t *testing.T) {
 			}
 		}
 		// Generate (prefill all but the last, decode from it) agrees.
-		out, err := e.Generate(table, prompt, n, model.Greedy(), -1)
+		out, err := e.Generate(table, prompt, n, llama.Greedy(), -1)
 		if err != nil || !equal(out, want) {
 			t.Fatalf("%+v: Generate = %v, %v; want %v", c, out, err, want)
 		}
@@ -129,24 +129,24 @@ func equal(a, b []int) bool {
 // Seeded sampling replays: the same seed gives the same tokens, and the
 // sampled tokens are not simply the greedy ones.
 func TestSeededSamplingReplaysFromItsSeed(t *testing.T) {
-	m := randomModel(t, model.Config{Dim: 32, HiddenDim: 64, Layers: 2, Heads: 4, KVHeads: 2, Vocab: 60, SeqLen: 64}, 3)
+	m := randomModel(t, llama.Config{Dim: 32, HiddenDim: 64, Layers: 2, Heads: 4, KVHeads: 2, Vocab: 60, SeqLen: 64}, 3)
 	e := newEngine(t, m, 8, 8, engine.Options{})
 	refs, _ := e.Cache().Pool().Allocate(1, 8)
-	run := func(s *model.Sampler) []int {
+	run := func(s *llama.Sampler) []int {
 		out, err := e.Generate(kv.Table(refs), []int{1, 2, 3}, 40, s, -1)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return out
 	}
-	a, b := run(model.NewSampler(1, 0.9, 42)), run(model.NewSampler(1, 0.9, 42))
+	a, b := run(llama.NewSampler(1, 0.9, 42)), run(llama.NewSampler(1, 0.9, 42))
 	if !equal(a, b) {
 		t.Fatalf("same seed, different tokens:\n%v\n%v", a, b)
 	}
-	if g := run(model.Greedy()); equal(a, g) {
+	if g := run(llama.Greedy()); equal(a, g) {
 		t.Fatalf("sampling at temperature 1 gave the greedy tokens %v", g)
 	}
-	if c := run(model.NewSampler(1, 0.9, 43)); equal(a, c) {
+	if c := run(llama.NewSampler(1, 0.9, 43)); equal(a, c) {
 		t.Fatalf("seeds 42 and 43 gave the same 40 tokens")
 	}
 }
@@ -154,7 +154,7 @@ func TestSeededSamplingReplaysFromItsSeed(t *testing.T) {
 // Bad requests get a clear error, never a panic: empty prompt, token outside
 // the vocabulary, context longer than the model's, table too short.
 func TestBadRequestsAreRefused(t *testing.T) {
-	m := randomModel(t, model.Config{Dim: 16, HiddenDim: 32, Layers: 1, Heads: 2, KVHeads: 1, Vocab: 10, SeqLen: 12}, 1)
+	m := randomModel(t, llama.Config{Dim: 16, HiddenDim: 32, Layers: 1, Heads: 2, KVHeads: 1, Vocab: 10, SeqLen: 12}, 1)
 	e := newEngine(t, m, 4, 4, engine.Options{})
 	refs, _ := e.Cache().Pool().Allocate(1, 2)
 	table := kv.Table(refs)
@@ -186,7 +186,7 @@ func protocolID(id uint64) protocol.RequestID { return protocol.RequestID(id) }
 // decode step computed it, so the decode node's recomputation of the last
 // prompt position rewrites the bytes that were verified, unchanged.
 func TestDecodeRecomputesTheLastPromptPositionBitForBit(t *testing.T) {
-	m := randomModel(t, model.Config{Dim: 40, HiddenDim: 72, Layers: 2, Heads: 4, KVHeads: 2, Vocab: 30, SeqLen: 64}, 9)
+	m := randomModel(t, llama.Config{Dim: 40, HiddenDim: 72, Layers: 2, Heads: 4, KVHeads: 2, Vocab: 30, SeqLen: 64}, 9)
 	for _, T := range []int{1, 5, 8, 13} {
 		e := newEngine(t, m, 4, 16, engine.Options{})
 		refs, _ := e.Cache().Pool().Allocate(1, 16)

@@ -7,7 +7,7 @@ import (
 
 	"github.com/kvhandoff/kvhandoff/engine"
 	"github.com/kvhandoff/kvhandoff/engine/kv"
-	"github.com/kvhandoff/kvhandoff/engine/model"
+	"github.com/kvhandoff/kvhandoff/engine/llama"
 	"github.com/kvhandoff/kvhandoff/internal/research"
 	"github.com/kvhandoff/kvhandoff/protocol"
 )
@@ -19,8 +19,8 @@ import (
 func staleRead(t *testing.T, opts engine.Options) (string, protocol.PageRef, error) {
 	t.Helper()
 	const pageTokens = 16
-	e := newEngine(t, model.Builtin(5), pageTokens, 8, opts)
-	pool, tok := e.Cache().Pool(), model.Bytes{}
+	e := newEngine(t, llama.Builtin(5), pageTokens, 8, opts)
+	pool, tok := e.Cache().Pool(), llama.Bytes{}
 	const a, b = protocol.RequestID(1), protocol.RequestID(2)
 	promptB := tok.Encode("Hello, this is B. Tell me the canary=", true, false) // pages 0-2
 	refsB, err := pool.Allocate(b, 3)
@@ -42,8 +42,8 @@ func staleRead(t *testing.T, opts engine.Options) (string, protocol.PageRef, err
 	if _, err := e.Prefill(kv.Table(refsA), promptA); err != nil {
 		t.Fatal(err)
 	}
-	out, err := e.Decode(kv.Table(refsB), promptB, 9, model.Greedy(), -1)
-	return model.Decode(tok, out, -1), refsB[0], err
+	out, err := e.Decode(kv.Table(refsB), promptB, 9, llama.Greedy(), -1)
+	return llama.Decode(tok, out, -1), refsB[0], err
 }
 
 // With the tag check on, B's read of the page now written for A fails B,
@@ -77,7 +77,7 @@ func TestWithoutTheTagCheckAnotherRequestsCanaryLeaksIntoTheOutput(t *testing.T)
 // A request that reads only its own pages at the epochs it holds passes the
 // check on every step, and its copying works across page boundaries.
 func TestOwnPagesAtTheirEpochPassTheCheck(t *testing.T) {
-	e := newEngine(t, model.Builtin(5), 16, 4, engine.Options{})
+	e := newEngine(t, llama.Builtin(5), 16, 4, engine.Options{})
 	if got := generateText(t, e, 1, "key=abc123; more text to cross a page; key=", 7); got != "abc123;" {
 		t.Fatalf("got %q", got)
 	}
@@ -88,8 +88,8 @@ func TestOwnPagesAtTheirEpochPassTheCheck(t *testing.T) {
 // another request, the read fails naming exactly that page.
 func TestAStalePageAmongHundredsIsNamed(t *testing.T) {
 	const pageTokens, pages = 2, 320
-	e := newEngine(t, model.Builtin(8), pageTokens, pages, engine.Options{})
-	pool, tok := e.Cache().Pool(), model.Bytes{}
+	e := newEngine(t, llama.Builtin(8), pageTokens, pages, engine.Options{})
+	pool, tok := e.Cache().Pool(), llama.Bytes{}
 	text := "secret: [k=Hx-3v0]. " + strings.Repeat("Words and more words, none of them secret. ", 13) + "Again [k="
 	prompt := tok.Encode(text, true, false)
 	const n = 7
@@ -100,16 +100,16 @@ func TestAStalePageAmongHundredsIsNamed(t *testing.T) {
 	if len(refs) < 295 {
 		t.Fatalf("only %d pages", len(refs))
 	}
-	out, err := e.Generate(kv.Table(refs), prompt, n, model.Greedy(), -1)
-	if err != nil || model.Decode(tok, out, -1) != "Hx-3v0]" {
-		t.Fatalf("across %d pages: %q, %v", len(refs), model.Decode(tok, out, -1), err)
+	out, err := e.Generate(kv.Table(refs), prompt, n, llama.Greedy(), -1)
+	if err != nil || llama.Decode(tok, out, -1) != "Hx-3v0]" {
+		t.Fatalf("across %d pages: %q, %v", len(refs), llama.Decode(tok, out, -1), err)
 	}
 	const victim = 217
 	pool.Release(1, refs[victim:victim+1])
 	if _, err := pool.Allocate(2, 1); err != nil {
 		t.Fatal(err)
 	}
-	_, err = e.Decode(kv.Table(refs), prompt, n, model.Greedy(), -1)
+	_, err = e.Decode(kv.Table(refs), prompt, n, llama.Greedy(), -1)
 	var te *kv.TagError
 	if !errors.As(err, &te) || te.Index != victim || te.Page != refs[victim].Page {
 		t.Fatalf("got %v, want page %d at index %d named", err, refs[victim].Page, victim)
@@ -123,8 +123,8 @@ func TestAStalePageAmongHundredsIsNamed(t *testing.T) {
 // holds its pages.
 func TestInterleavedRequestsOverReusedPagesEachGetTheirOwnCanary(t *testing.T) {
 	const pageTokens, pages, wave, waves, n = 16, 24, 8, 6, 6
-	e := newEngine(t, model.Builtin(4), pageTokens, pages, engine.Options{})
-	pool, tok := e.Cache().Pool(), model.Bytes{}
+	e := newEngine(t, llama.Builtin(4), pageTokens, pages, engine.Options{})
+	pool, tok := e.Cache().Pool(), llama.Bytes{}
 	type req struct {
 		table  kv.Table
 		prompt []int
@@ -158,12 +158,12 @@ func TestInterleavedRequestsOverReusedPagesEachGetTheirOwnCanary(t *testing.T) {
 				if err != nil {
 					t.Fatalf("wave %d: a request holding its pages failed: %v", w, err)
 				}
-				r.out = append(r.out, model.Argmax(logits))
+				r.out = append(r.out, llama.Argmax(logits))
 				r.pos++
 			}
 		}
 		for i, r := range live {
-			if got := model.Decode(tok, r.out, -1); got != r.want {
+			if got := llama.Decode(tok, r.out, -1); got != r.want {
 				t.Fatalf("wave %d request %d answered %q, its canary is %q", w, i, got, r.want)
 			}
 			pool.Release(protocol.RequestID(w*wave+i+1), r.table)
@@ -184,8 +184,8 @@ func TestInterleavedRequestsOverReusedPagesEachGetTheirOwnCanary(t *testing.T) {
 func TestWithoutItsPreviousTokensDecodeContinuesTheStalePromptFromItsStart(t *testing.T) {
 	const pageTokens = 16
 	for _, seed := range []uint64{1, 5, 99} {
-		e := newEngine(t, model.Builtin(seed), pageTokens, 16, engine.Options{Research: research.On(research.NoTagCheck)})
-		pool, tok := e.Cache().Pool(), model.Bytes{}
+		e := newEngine(t, llama.Builtin(seed), pageTokens, 16, engine.Options{Research: research.On(research.NoTagCheck)})
+		pool, tok := e.Cache().Pool(), llama.Bytes{}
 		promptA := tok.Encode(" Key is Q7xk-Abcd-Efgh. Account of tenant-1. Quarterly notes for the account. Later: the key is ", true, false)
 		refsA, err := pool.Allocate(1, e.Cache().Geometry().PagesFor(len(promptA)))
 		if err != nil {
@@ -207,11 +207,11 @@ func TestWithoutItsPreviousTokensDecodeContinuesTheStalePromptFromItsStart(t *te
 		if len(promptB) > len(table)*pageTokens || len(promptB)+16 <= (len(table)-1)*pageTokens {
 			t.Fatalf("B's prompt of %d tokens does not end in the table's last page", len(promptB))
 		}
-		out, err := e.Decode(table, promptB, 16, model.Greedy(), -1)
+		out, err := e.Decode(table, promptB, 16, llama.Greedy(), -1)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := model.Decode(tok, out, -1); !strings.Contains(got, "Q7xk-Abcd") {
+		if got := llama.Decode(tok, out, -1); !strings.Contains(got, "Q7xk-Abcd") {
 			t.Fatalf("seed %d: B decoded %q, want A's canary Q7xk-Abcd", seed, got)
 		}
 	}

@@ -9,7 +9,7 @@ import (
 	"github.com/kvhandoff/kvhandoff/engine"
 	"github.com/kvhandoff/kvhandoff/engine/cpu"
 	"github.com/kvhandoff/kvhandoff/engine/kv"
-	"github.com/kvhandoff/kvhandoff/engine/model"
+	"github.com/kvhandoff/kvhandoff/engine/llama"
 	"github.com/kvhandoff/kvhandoff/internal/research"
 	"github.com/kvhandoff/kvhandoff/protocol"
 	"github.com/kvhandoff/kvhandoff/rdma/inproc"
@@ -22,7 +22,7 @@ import (
 // decodes from the very bytes that landed, checking every page against the
 // decode pool's epochs. The answer is the one a single node gives.
 func TestHandoffOverTheTransportDecodesWhatOneNodeWould(t *testing.T) {
-	m := model.Builtin(3)
+	m := llama.Builtin(3)
 	const pageTokens, pages = 16, 12
 	g := engine.GeometryOf(m.Config, pageTokens)
 	fabric := inproc.NewFabric(t.Name())
@@ -60,16 +60,16 @@ func TestHandoffOverTheTransportDecodesWhatOneNodeWould(t *testing.T) {
 	}
 
 	text := "Tenant 7 says: the canary is bX-44-Lq@9, then more words after the canary. Several pages of text, to cross them. Again: the canary is "
-	prompt := model.Bytes{}.Encode(text, true, false)
+	prompt := llama.Bytes{}.Encode(text, true, false)
 	const n = 40
 	want := func() string {
 		e := newEngine(t, m, pageTokens, pages, engine.Options{})
 		refs, _ := e.Cache().Pool().Allocate(1, g.PagesFor(len(prompt)+n))
-		out, err := e.Generate(kv.Table(refs), prompt, n, model.Greedy(), -1)
+		out, err := e.Generate(kv.Table(refs), prompt, n, llama.Greedy(), -1)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return model.Decode(model.Bytes{}, out, -1)
+		return llama.Decode(llama.Bytes{}, out, -1)
 	}()
 	if want[:11] != "bX-44-Lq@9," {
 		t.Fatalf("one node answers %q", want)
@@ -109,11 +109,11 @@ func TestHandoffOverTheTransportDecodesWhatOneNodeWould(t *testing.T) {
 			if err := decode.Arrived(table[:len(pagesIn)]); err != nil {
 				t.Fatal(err)
 			}
-			out, err := decode.Decode(table, prompt, n, model.Greedy(), -1)
+			out, err := decode.Decode(table, prompt, n, llama.Greedy(), -1)
 			if err != nil {
 				t.Fatal(err)
 			}
-			got = model.Decode(model.Bytes{}, out, -1)
+			got = llama.Decode(llama.Bytes{}, out, -1)
 			if freed := dst.Release(ev.Request, table); freed != len(table)-len(pagesIn) || dst.OwnFree() != 4 {
 				t.Fatalf("released %d own pages, %d free", freed, dst.OwnFree())
 			}
@@ -131,7 +131,7 @@ func TestHandoffOverTheTransportDecodesWhatOneNodeWould(t *testing.T) {
 // Lookup accepts only the cache's own pages, and FillKV only a request whose
 // prompt it was told, with the token count the transport asks for.
 func TestSourceAndLookupRefuseWhatIsNotTheirs(t *testing.T) {
-	m := model.Builtin(3)
+	m := llama.Builtin(3)
 	g := engine.GeometryOf(m.Config, 16)
 	mine := make([][]byte, 4)
 	for i := range mine {
@@ -176,7 +176,7 @@ func TestSourceAndLookupRefuseWhatIsNotTheirs(t *testing.T) {
 // is on: then they are the sender's one-token placeholder (the incident), and
 // only the placeholder's KV is computed, into the one page.
 func TestSourceComputesThePlaceholderOnlyUnderAdmitFinished(t *testing.T) {
-	m := model.Builtin(3)
+	m := llama.Builtin(3)
 	g := engine.GeometryOf(m.Config, 16)
 	mine := make([][]byte, 2)
 	for i := range mine {
@@ -190,7 +190,7 @@ func TestSourceComputesThePlaceholderOnlyUnderAdmitFinished(t *testing.T) {
 	for i := range prompt {
 		prompt[i] = 'a' + i%26
 	}
-	prompt[0] = model.BOS
+	prompt[0] = llama.BOS
 	for _, bug := range []bool{false, true} {
 		opts := engine.Options{}
 		if bug {
@@ -227,7 +227,7 @@ func TestSourceComputesThePlaceholderOnlyUnderAdmitFinished(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := re.Prefill(table, []int{model.BOS}); err != nil {
+		if _, err := re.Prefill(table, []int{llama.BOS}); err != nil {
 			t.Fatal(err)
 		}
 		if c.Floats(0)[0] == 0 || !bytes.Equal(mine[0], want[0]) {

@@ -11,7 +11,7 @@ import (
 	"github.com/kvhandoff/kvhandoff/engine"
 	"github.com/kvhandoff/kvhandoff/engine/backend"
 	"github.com/kvhandoff/kvhandoff/engine/cpu"
-	"github.com/kvhandoff/kvhandoff/engine/model"
+	"github.com/kvhandoff/kvhandoff/engine/llama"
 	"github.com/kvhandoff/kvhandoff/internal/research"
 	"github.com/kvhandoff/kvhandoff/protocol"
 	"github.com/kvhandoff/kvhandoff/rdma"
@@ -31,7 +31,7 @@ type NodeConfig struct {
 	// Model computes the KV (prefill) and generates over it (decode); nil
 	// means transfer.GeneratedKV on prefill and a digest of the verified KV
 	// as the "generation" on decode.
-	Model   *model.Model
+	Model   *llama.Model
 	ModelID string // the model's name in the registry and the client API
 	// Backend computes the model; nil means engine/cpu.
 	Backend backend.Backend

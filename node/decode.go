@@ -14,7 +14,7 @@ import (
 
 	"github.com/kvhandoff/kvhandoff/engine"
 	"github.com/kvhandoff/kvhandoff/engine/kv"
-	"github.com/kvhandoff/kvhandoff/engine/model"
+	"github.com/kvhandoff/kvhandoff/engine/llama"
 	"github.com/kvhandoff/kvhandoff/internal/research"
 	"github.com/kvhandoff/kvhandoff/protocol"
 	"github.com/kvhandoff/kvhandoff/transfer"
@@ -254,7 +254,7 @@ func (n *Decode) run(id protocol.RequestID, pages [][]byte, c *decodeCall) ([]in
 		defer n.genPool.Release(id, own)
 		table = append(table, kv.Shift(own, uint32(n.cfg.Pages))...)
 	}
-	return n.engine.Decode(table, c.Prompt, c.MaxTokens, model.Greedy(), n.cfg.Stop)
+	return n.engine.Decode(table, c.Prompt, c.MaxTokens, llama.Greedy(), n.cfg.Stop)
 }
 
 // digest is the "generation" of a node without a model: the SHA-256 of the

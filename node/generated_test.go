@@ -12,7 +12,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/kvhandoff/kvhandoff/engine/model"
+	"github.com/kvhandoff/kvhandoff/engine/llama"
 	"github.com/kvhandoff/kvhandoff/protocol"
 	"github.com/kvhandoff/kvhandoff/transfer"
 )
@@ -93,7 +93,7 @@ func digestRequest(api string, tokens, pageTokens, pageBytes int) error {
 	for i := range toks {
 		toks[i] = int(sum[i%len(sum)])
 	}
-	want := model.Decode(model.Bytes{}, toks, 'k')
+	want := llama.Decode(llama.Bytes{}, toks, 'k')
 	// The answer crossed JSON, which replaces invalid UTF-8: compare alike.
 	wj, _ := json.Marshal(want)
 	var wantText string

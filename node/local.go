@@ -9,7 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kvhandoff/kvhandoff/engine/model"
+	"github.com/kvhandoff/kvhandoff/engine/llama"
 	"github.com/kvhandoff/kvhandoff/internal/pki"
 	"github.com/kvhandoff/kvhandoff/internal/research"
 	"github.com/kvhandoff/kvhandoff/protocol"
@@ -27,7 +27,7 @@ type LocalConfig struct {
 	PrefillPages, DecodePages, PageTokens int
 	// PageBytes is the page size without a model (GeneratedKV and digests).
 	PageBytes int
-	Model     *model.Model // nil: generated KV and digests
+	Model     *llama.Model // nil: generated KV and digests
 	ModelID   string
 	Timeout   time.Duration // the router's request timeout and the nodes' leg timeout
 	Log       *slog.Logger

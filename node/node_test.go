@@ -18,7 +18,7 @@ import (
 	"github.com/kvhandoff/kvhandoff/engine"
 	"github.com/kvhandoff/kvhandoff/engine/cpu"
 	"github.com/kvhandoff/kvhandoff/engine/kv"
-	"github.com/kvhandoff/kvhandoff/engine/model"
+	"github.com/kvhandoff/kvhandoff/engine/llama"
 	"github.com/kvhandoff/kvhandoff/protocol"
 	"github.com/kvhandoff/kvhandoff/transfer"
 )
@@ -26,9 +26,9 @@ import (
 func quietLog() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
 // colocated is what one process gives for prompt: the same model, no handoff.
-func colocated(t testing.TB, m *model.Model, pageTokens int, prompt string, n int) string {
+func colocated(t testing.TB, m *llama.Model, pageTokens int, prompt string, n int) string {
 	t.Helper()
-	toks := model.Bytes{}.Encode(prompt, true, false)
+	toks := llama.Bytes{}.Encode(prompt, true, false)
 	g := engine.GeometryOf(m.Config, pageTokens)
 	cache, err := kv.New(g, g.PagesFor(len(toks)+n))
 	if err != nil {
@@ -42,11 +42,11 @@ func colocated(t testing.TB, m *model.Model, pageTokens int, prompt string, n in
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := e.Generate(kv.Table(refs), toks, n, model.Greedy(), -1)
+	out, err := e.Generate(kv.Table(refs), toks, n, llama.Greedy(), -1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return model.Decode(model.Bytes{}, out, toks[len(toks)-1])
+	return llama.Decode(llama.Bytes{}, out, toks[len(toks)-1])
 }
 
 type answer struct {
@@ -140,7 +140,7 @@ func allPagesBack(t *testing.T, l *Local) {
 // prefill and two decode nodes answer exactly what one process running the
 // same model answers: the KV that decode attends over is the prompt's own.
 func TestCompletionsOverTheHandoffMatchAColocatedRun(t *testing.T) {
-	m := model.Builtin(5)
+	m := llama.Builtin(5)
 	l, err := StartLocal(LocalConfig{Prefills: 2, Decodes: 2, PrefillPages: 160, DecodePages: 160, PageTokens: 16, Model: m, Timeout: 2 * time.Minute, Log: quietLog()})
 	if err != nil {
 		t.Fatal(err)
@@ -284,7 +284,7 @@ func TestAPromptCannotInjectABeginningOfSequence(t *testing.T) {
 		t.Fatalf("a prompt holding BOS: %d %q", a.code, a.err)
 	}
 	_, err = l.Router.Complete(context.Background(), Completion{Prompt: injected, MaxTokens: 8})
-	if !errors.Is(err, ErrBadRequest) || !errors.Is(err, model.ErrText) {
+	if !errors.Is(err, ErrBadRequest) || !errors.Is(err, llama.ErrText) {
 		t.Fatalf("Complete of a prompt holding BOS: %v", err)
 	}
 	if _, err := l.Router.Complete(context.Background(), Completion{Prompt: "", MaxTokens: 8}); !errors.Is(err, ErrBadRequest) {

@@ -8,7 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kvhandoff/kvhandoff/engine/model"
+	"github.com/kvhandoff/kvhandoff/engine/llama"
 	"github.com/kvhandoff/kvhandoff/protocol"
 )
 
@@ -20,8 +20,8 @@ type RouterConfig struct {
 	// certificate must be one of their allowed callers) and checks theirs.
 	Security Security
 	// Tokenizer turns a prompt into tokens and tokens into text; nil means
-	// model.Bytes (the built-in model's).
-	Tokenizer model.Tokenizer
+	// llama.Bytes (the built-in model's).
+	Tokenizer llama.Tokenizer
 	// ModelID is the model the deployment serves: nodes of another model are
 	// not routed to, and a request naming another is refused. "" takes the
 	// first node's.
@@ -98,7 +98,7 @@ func NewRouter(cfg RouterConfig) (*Router, error) {
 		cfg.Metrics = NewMetrics()
 	}
 	if cfg.Tokenizer == nil {
-		cfg.Tokenizer = model.Bytes{}
+		cfg.Tokenizer = llama.Bytes{}
 	}
 	if cfg.Timeout == 0 {
 		cfg.Timeout = 60 * time.Second
@@ -372,7 +372,7 @@ func (rt *Router) complete(ctx context.Context, c Completion) (Result, error) {
 		return res, err
 	}
 	res.Tokens = q.tokens
-	res.Text = model.Decode(rt.cfg.Tokenizer, q.tokens, prompt[len(prompt)-1])
+	res.Text = llama.Decode(rt.cfg.Tokenizer, q.tokens, prompt[len(prompt)-1])
 	log.Info("request done", "tokens", len(prompt), "generated", len(q.tokens), "seconds", took.Seconds())
 	return res, nil
 }

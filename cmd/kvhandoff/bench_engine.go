@@ -12,8 +12,8 @@ import (
 	"github.com/kvhandoff/kvhandoff/engine/backend"
 	"github.com/kvhandoff/kvhandoff/engine/cpu"
 	"github.com/kvhandoff/kvhandoff/engine/kv"
+	"github.com/kvhandoff/kvhandoff/engine/llama"
 	"github.com/kvhandoff/kvhandoff/engine/measure"
-	"github.com/kvhandoff/kvhandoff/engine/model"
 )
 
 const benchEngineUsage = `usage: kvhandoff bench engine [flags]
@@ -75,9 +75,9 @@ func runBenchEngine(args []string, stdout, stderr io.Writer) int {
 	if *builtinOnly {
 		models = models[:1]
 	}
-	toks := map[string]model.Tokenizer{"builtin": model.Bytes{}}
+	toks := map[string]llama.Tokenizer{"builtin": llama.Bytes{}}
 	if *checkpoint != "" {
-		m, err := model.LoadCheckpoint(*checkpoint)
+		m, err := llama.LoadCheckpoint(*checkpoint)
 		if err != nil {
 			return fail(err)
 		}
@@ -86,7 +86,7 @@ func runBenchEngine(args []string, stdout, stderr io.Writer) int {
 		models = append(models, measure.Named{Name: name, Model: m,
 			Config: measure.Config{Prompt: ctx / 2, Decode: ctx - ctx/2, PageTokens: 16}})
 		if *tokenizer != "" {
-			t, err := model.LoadTokenizer(*tokenizer, m.Vocab)
+			t, err := llama.LoadTokenizer(*tokenizer, m.Vocab)
 			if err != nil {
 				return fail(err)
 			}
@@ -136,7 +136,7 @@ func runBenchEngine(args []string, stdout, stderr io.Writer) int {
 }
 
 // sample is m's greedy continuation of prompt on the CPU backend.
-func sample(m *model.Model, t model.Tokenizer, prompt string, n int) (string, error) {
+func sample(m *llama.Model, t llama.Tokenizer, prompt string, n int) (string, error) {
 	ids := t.Encode(prompt, true, false)
 	if len(ids) == 0 {
 		return "", fmt.Errorf("prompt encodes to no tokens")
@@ -159,12 +159,12 @@ func sample(m *model.Model, t model.Tokenizer, prompt string, n int) (string, er
 		return "", err
 	}
 	stop := t.EOS()
-	if _, ok := t.(*model.BPE); ok {
-		stop = model.BOS // llama2.c ends a generation at BOS, which its models emit between texts
+	if _, ok := t.(*llama.BPE); ok {
+		stop = llama.BOS // llama2.c ends a generation at BOS, which its models emit between texts
 	}
-	out, err := e.Generate(kv.Table(refs), ids, n, model.Greedy(), stop)
+	out, err := e.Generate(kv.Table(refs), ids, n, llama.Greedy(), stop)
 	if err != nil {
 		return "", err
 	}
-	return model.Decode(t, out, ids[len(ids)-1]), nil
+	return llama.Decode(t, out, ids[len(ids)-1]), nil
 }

@@ -8,17 +8,17 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvhandoff/kvhandoff/engine/model"
+	"github.com/kvhandoff/kvhandoff/engine/llama"
 )
 
 // bench engine --json prints exactly the shape: rows of model,
 // backend and the five figures, ratios consistent with the figures; a
 // checkpoint file given with --checkpoint gets its own row.
 func TestBenchEngineJSONHasTheRowsShape(t *testing.T) {
-	m, _ := model.Alloc(model.Config{Dim: 16, HiddenDim: 32, Layers: 1, Heads: 2, KVHeads: 1, Vocab: 20, SeqLen: 32})
-	model.Randomize(m, 1)
+	m, _ := llama.Alloc(llama.Config{Dim: 16, HiddenDim: 32, Layers: 1, Heads: 2, KVHeads: 1, Vocab: 20, SeqLen: 32})
+	llama.Randomize(m, 1)
 	path := filepath.Join(t.TempDir(), "tiny.bin")
-	if err := model.SaveCheckpoint(path, m); err != nil {
+	if err := llama.SaveCheckpoint(path, m); err != nil {
 		t.Fatal(err)
 	}
 	var out, errb bytes.Buffer

@@ -15,7 +15,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/kvhandoff/kvhandoff/engine/model"
+	"github.com/kvhandoff/kvhandoff/engine/llama"
 	"github.com/kvhandoff/kvhandoff/internal/pki"
 	"github.com/kvhandoff/kvhandoff/node"
 	"github.com/kvhandoff/kvhandoff/rdma"
@@ -159,7 +159,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		}
 		reg = node.NewPeerList(regCtx, list, sec, log)
 	}
-	var m *model.Model
+	var m *llama.Model
 	switch *modelName {
 	case "none":
 		if *modelID == "" {
@@ -169,13 +169,13 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 			*pageBytes = 4096
 		}
 	case "builtin":
-		m = model.Builtin(*seed)
+		m = llama.Builtin(*seed)
 		if *modelID == "" {
 			*modelID = fmt.Sprintf("kvhandoff-builtin-%d", *seed)
 		}
 	default:
 		var err error
-		if m, err = model.LoadCheckpoint(*modelName); err != nil {
+		if m, err = llama.LoadCheckpoint(*modelName); err != nil {
 			return fail("--model: %v", err)
 		}
 		if *modelID == "" {

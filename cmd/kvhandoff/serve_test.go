@@ -20,7 +20,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvhandoff/kvhandoff/engine/model"
+	"github.com/kvhandoff/kvhandoff/engine/llama"
 	"github.com/kvhandoff/kvhandoff/internal/etcdtest"
 	"github.com/kvhandoff/kvhandoff/internal/pki"
 	"github.com/kvhandoff/kvhandoff/node"
@@ -198,7 +198,7 @@ func verified(s served, tokens int) bool {
 	for i := range toks {
 		toks[i] = int(sum[i%len(sum)])
 	}
-	wj, _ := json.Marshal(model.Decode(model.Bytes{}, toks, 'p'))
+	wj, _ := json.Marshal(llama.Decode(llama.Bytes{}, toks, 'p'))
 	var want string
 	json.Unmarshal(wj, &want)
 	return s.text == want

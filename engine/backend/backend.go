@@ -2,7 +2,7 @@ package backend
 
 import (
 	"github.com/kvhandoff/kvhandoff/engine/kv"
-	"github.com/kvhandoff/kvhandoff/engine/model"
+	"github.com/kvhandoff/kvhandoff/engine/llama"
 )
 
 // Backend computes the model's forward pass over a paged KV cache.
@@ -12,7 +12,7 @@ type Backend interface {
 	// Load takes the model's weights; called once, before AttachPool. The
 	// backend may keep m's arrays (the CPU backend does) or copy them to a
 	// device; the caller does not change them afterwards.
-	Load(m *model.Model) error
+	Load(m *llama.Model) error
 	// AttachPool gives the backend the KV pool. The geometry must be the
 	// model's (layers, kv heads, head size). The host pages (c.Payload(p),
 	// c.Floats(p); not necessarily one region) are where pages arrive from

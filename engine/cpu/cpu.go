@@ -8,12 +8,12 @@ import (
 
 	"github.com/kvhandoff/kvhandoff/engine/backend"
 	"github.com/kvhandoff/kvhandoff/engine/kv"
-	"github.com/kvhandoff/kvhandoff/engine/model"
+	"github.com/kvhandoff/kvhandoff/engine/llama"
 )
 
 // Backend is the CPU backend. The zero value is not usable; call New.
 type Backend struct {
-	m       *model.Model
+	m       *llama.Model
 	cache   *kv.Cache
 	epochs  []uint64 // the mirror of the pool's current epochs, by page
 	workers int
@@ -36,7 +36,7 @@ func New() *Backend { return &Backend{workers: runtime.GOMAXPROCS(0)} }
 func (b *Backend) Name() string { return "cpu" }
 
 // Load keeps m's arrays (no copy) and precomputes the rotary tables.
-func (b *Backend) Load(m *model.Model) error {
+func (b *Backend) Load(m *llama.Model) error {
 	if err := m.Validate(); err != nil {
 		return err
 	}
@@ -45,7 +45,7 @@ func (b *Backend) Load(m *model.Model) error {
 	b.cos, b.sin = make([]float32, m.SeqLen*half), make([]float32, m.SeqLen*half)
 	for pos := 0; pos < m.SeqLen; pos++ {
 		for i := 0; i < half; i++ {
-			a := float64(pos) * model.RotaryFrequency(i, m.Rotary())
+			a := float64(pos) * llama.RotaryFrequency(i, m.Rotary())
 			b.cos[pos*half+i], b.sin[pos*half+i] = float32(math.Cos(a)), float32(math.Sin(a))
 		}
 	}
@@ -187,7 +187,7 @@ func rmsnorm(out, x, w []float32) {
 	for _, v := range x {
 		ss += v * v
 	}
-	ss = ss/float32(len(x)) + model.NormEps
+	ss = ss/float32(len(x)) + llama.NormEps
 	inv := float32(1 / math.Sqrt(float64(ss)))
 	for i := range x {
 		out[i] = w[i] * (inv * x[i])

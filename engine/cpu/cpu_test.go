@@ -7,7 +7,7 @@ import (
 
 	"github.com/kvhandoff/kvhandoff/engine/backend"
 	"github.com/kvhandoff/kvhandoff/engine/kv"
-	"github.com/kvhandoff/kvhandoff/engine/model"
+	"github.com/kvhandoff/kvhandoff/engine/llama"
 )
 
 // matmul's blocked paths (four rows for one token, one row for four tokens,
@@ -72,8 +72,8 @@ func BenchmarkMatvec(b *testing.B) {
 // reports the check's cost as a fraction of attention alone, an upper bound
 // on its share of a whole decode step.
 func BenchmarkAttentionTagCheck(b *testing.B) {
-	m, _ := model.Alloc(model.Config{Dim: 288, HiddenDim: 768, Layers: 6, Heads: 6, KVHeads: 6, Vocab: 512, SeqLen: 256})
-	model.Randomize(m, 1)
+	m, _ := llama.Alloc(llama.Config{Dim: 288, HiddenDim: 768, Layers: 6, Heads: 6, KVHeads: 6, Vocab: 512, SeqLen: 256})
+	llama.Randomize(m, 1)
 	bk := New()
 	if err := bk.Load(m); err != nil {
 		b.Fatal(err)
@@ -118,7 +118,7 @@ func BenchmarkAttentionTagCheck(b *testing.B) {
 // Forward called directly (not through the engine) refuses a table naming a
 // page outside the pool, a step past the context, and bad tokens, with errors.
 func TestForwardRefusesBadStepsWithoutPanicking(t *testing.T) {
-	m, _ := model.Alloc(model.Config{Dim: 16, HiddenDim: 16, Layers: 1, Heads: 2, KVHeads: 1, Vocab: 8, SeqLen: 8})
+	m, _ := llama.Alloc(llama.Config{Dim: 16, HiddenDim: 16, Layers: 1, Heads: 2, KVHeads: 1, Vocab: 8, SeqLen: 8})
 	bk := New()
 	bk.Load(m)
 	c, _ := kv.New(kv.Geometry{Layers: 1, KVHeads: 1, HeadDim: 8, PageTokens: 4}, 2)

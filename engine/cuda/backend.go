@@ -10,7 +10,7 @@ import (
 
 	"github.com/kvhandoff/kvhandoff/engine/backend"
 	"github.com/kvhandoff/kvhandoff/engine/kv"
-	"github.com/kvhandoff/kvhandoff/engine/model"
+	"github.com/kvhandoff/kvhandoff/engine/llama"
 )
 
 // ErrDevice: the device failed an operation (allocation, copy, launch). The CUDA context may be
@@ -48,7 +48,7 @@ const (
 type Backend struct {
 	dev device
 
-	m    *model.Model
+	m    *llama.Model
 	geom kv.Geometry
 
 	// Host state.
@@ -80,7 +80,7 @@ type Backend struct {
 }
 
 // weights are the model's arrays in device memory; per-layer arrays hold every layer's
-// matrix one after the other, as in model.Weights.
+// matrix one after the other, as in llama.Weights.
 type weights struct {
 	emb, rmsAtt, wq, wk, wv, wo, rmsFFN, w1, w2, w3, rmsFinal, cls devptr
 }
@@ -114,7 +114,7 @@ func (b *Backend) upload(a []float32) (devptr, error) {
 }
 
 // Load copies m's weights to the device and allocates the activations of one chunk.
-func (b *Backend) Load(m *model.Model) error {
+func (b *Backend) Load(m *llama.Model) error {
 	if b.dev == nil || b.m != nil {
 		return fmt.Errorf("%w: Load after Close, or twice", ErrOrder)
 	}
@@ -175,12 +175,12 @@ func (b *Backend) Load(m *model.Model) error {
 
 // ropeTables are the rotary angles' cosines and sines by position and pair, computed as the
 // CPU backend computes them, so that both backends rotate by the same float32 values.
-func ropeTables(m *model.Model) (cos, sin []float32) {
+func ropeTables(m *llama.Model) (cos, sin []float32) {
 	half := m.Rotary() / 2
 	cos, sin = make([]float32, m.SeqLen*half), make([]float32, m.SeqLen*half)
 	for pos := 0; pos < m.SeqLen; pos++ {
 		for i := 0; i < half; i++ {
-			a := float64(pos) * model.RotaryFrequency(i, m.Rotary())
+			a := float64(pos) * llama.RotaryFrequency(i, m.Rotary())
 			cos[pos*half+i], sin[pos*half+i] = float32(math.Cos(a)), float32(math.Sin(a))
 		}
 	}
@@ -334,7 +334,7 @@ func (b *Backend) chunkForward(T, pos int, first, last bool, check uint64, token
 	dim, kvDim, hidden := m.Dim, m.KVDim(), m.HiddenDim
 	u := func(v int) uint64 { return uint64(v) }
 	status := b.outBuf + devptr(4*m.Vocab)
-	eps := math.Float64bits(model.NormEps)
+	eps := math.Float64bits(llama.NormEps)
 	reset := uint64(0)
 	if first {
 		reset = 1

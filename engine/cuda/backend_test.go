@@ -13,18 +13,18 @@ import (
 	"github.com/kvhandoff/kvhandoff/engine/backend"
 	"github.com/kvhandoff/kvhandoff/engine/cpu"
 	"github.com/kvhandoff/kvhandoff/engine/kv"
-	"github.com/kvhandoff/kvhandoff/engine/model"
+	"github.com/kvhandoff/kvhandoff/engine/llama"
 	"github.com/kvhandoff/kvhandoff/internal/research"
 	"github.com/kvhandoff/kvhandoff/protocol"
 )
 
-func randomModel(t testing.TB, c model.Config, seed uint64) *model.Model {
+func randomModel(t testing.TB, c llama.Config, seed uint64) *llama.Model {
 	t.Helper()
-	m, err := model.Alloc(c)
+	m, err := llama.Alloc(c)
 	if err != nil {
 		t.Fatal(err)
 	}
-	model.Randomize(m, seed)
+	llama.Randomize(m, seed)
 	return m
 }
 
@@ -33,7 +33,7 @@ type pair struct {
 	cpu, gpu *engine.Engine
 }
 
-func newPair(t testing.TB, m *model.Model, pageTokens, pages int, opts engine.Options) pair {
+func newPair(t testing.TB, m *llama.Model, pageTokens, pages int, opts engine.Options) pair {
 	t.Helper()
 	mk := func(b backend.Backend) *engine.Engine {
 		cache, err := kv.New(engine.GeometryOf(m.Config, pageTokens), pages)
@@ -85,7 +85,7 @@ func closeLogits(t *testing.T, what string, a, b []float32, tol float64) {
 // shorter than a page and spanning several, short steps (one warp per row) and long ones
 // (the tiled matmul).
 func TestBothBackendsGiveTheSameTokens(t *testing.T) {
-	configs := []model.Config{
+	configs := []llama.Config{
 		{Dim: 48, HiddenDim: 112, Layers: 2, Heads: 6, KVHeads: 2, Vocab: 70, SeqLen: 48},
 		{Dim: 32, HiddenDim: 64, Layers: 2, Heads: 4, KVHeads: 4, Vocab: 50, SeqLen: 40, SharedClassifier: true},
 		{Dim: 64, HiddenDim: 96, Layers: 1, Heads: 2, KVHeads: 1, Vocab: 40, SeqLen: 40, RotaryDims: 16},
@@ -115,11 +115,11 @@ func TestBothBackendsGiveTheSameTokens(t *testing.T) {
 				t.Fatal(err)
 			}
 			closeLogits(t, "prefill", cl, gl, 1e-4)
-			want, err := p.cpu.Generate(ct, prompt, n, model.Greedy(), -1)
+			want, err := p.cpu.Generate(ct, prompt, n, llama.Greedy(), -1)
 			if err != nil {
 				t.Fatal(err)
 			}
-			got, err := p.gpu.Generate(gt, prompt, n, model.Greedy(), -1)
+			got, err := p.gpu.Generate(gt, prompt, n, llama.Greedy(), -1)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -141,7 +141,7 @@ func TestBothBackendsGiveTheSameTokens(t *testing.T) {
 // prefill runs in three chunks, each attending over the ones before), over 67 pages, and
 // decode past it; two requests in one pool; the same tokens as the CPU.
 func TestLongPromptsOverManyPagesGiveTheSameTokens(t *testing.T) {
-	m := randomModel(t, model.Config{Dim: 32, HiddenDim: 48, Layers: 2, Heads: 4, KVHeads: 2, Vocab: 50, SeqLen: 600}, 21)
+	m := randomModel(t, llama.Config{Dim: 32, HiddenDim: 48, Layers: 2, Heads: 4, KVHeads: 2, Vocab: 50, SeqLen: 600}, 21)
 	const pageTokens, n = 8, 6
 	p := newPair(t, m, pageTokens, 2*m.SeqLen/pageTokens, engine.Options{})
 	rng := rand.New(rand.NewPCG(3, 4))
@@ -157,10 +157,10 @@ func TestLongPromptsOverManyPagesGiveTheSameTokens(t *testing.T) {
 		ct := allocate(t, p.cpu, protocol.RequestID(i+1), len(prompt)+n)
 		gt := allocate(t, p.gpu, protocol.RequestID(i+1), len(prompt)+n)
 		var err error
-		if want[i], err = p.cpu.Generate(ct, prompt, n, model.Greedy(), -1); err != nil {
+		if want[i], err = p.cpu.Generate(ct, prompt, n, llama.Greedy(), -1); err != nil {
 			t.Fatal(err)
 		}
-		if got[i], err = p.gpu.Generate(gt, prompt, n, model.Greedy(), -1); err != nil {
+		if got[i], err = p.gpu.Generate(gt, prompt, n, llama.Greedy(), -1); err != nil {
 			t.Fatal(err)
 		}
 		if len(got[i]) != n || !slices.Equal(got[i], want[i]) {
@@ -174,7 +174,7 @@ func TestLongPromptsOverManyPagesGiveTheSameTokens(t *testing.T) {
 // (no-tag-check), the step reads the other request's KV and succeeds silently, which is what
 // the check prevents.
 func TestAStalePageFailsTheStepNamingIt(t *testing.T) {
-	m := randomModel(t, model.Config{Dim: 32, HiddenDim: 64, Layers: 2, Heads: 4, KVHeads: 2, Vocab: 50, SeqLen: 40}, 3)
+	m := randomModel(t, llama.Config{Dim: 32, HiddenDim: 64, Layers: 2, Heads: 4, KVHeads: 2, Vocab: 50, SeqLen: 40}, 3)
 	for _, unchecked := range []bool{false, true} {
 		opts := engine.Options{}
 		if unchecked {
@@ -219,7 +219,7 @@ func TestAStalePageFailsTheStepNamingIt(t *testing.T) {
 // error names the first written one, on both backends (the CPU backend checks the pages it
 // writes before anything else; the CUDA backend's status word 0 is reported first).
 func TestTheWrittenStalePageIsReportedFirst(t *testing.T) {
-	m := randomModel(t, model.Config{Dim: 32, HiddenDim: 64, Layers: 1, Heads: 4, KVHeads: 2, Vocab: 50, SeqLen: 40}, 9)
+	m := randomModel(t, llama.Config{Dim: 32, HiddenDim: 64, Layers: 1, Heads: 4, KVHeads: 2, Vocab: 50, SeqLen: 40}, 9)
 	p := newPair(t, m, 4, 6, engine.Options{})
 	for _, e := range []*engine.Engine{p.cpu, p.gpu} {
 		table := allocate(t, e, 1, 12)
@@ -239,7 +239,7 @@ func TestTheWrittenStalePageIsReportedFirst(t *testing.T) {
 // A step that would write into a stale page fails before the page changes: the other
 // request's KV in it survives.
 func TestAStalePageIsNotWritten(t *testing.T) {
-	m := randomModel(t, model.Config{Dim: 32, HiddenDim: 64, Layers: 2, Heads: 4, KVHeads: 2, Vocab: 50, SeqLen: 40}, 5)
+	m := randomModel(t, llama.Config{Dim: 32, HiddenDim: 64, Layers: 2, Heads: 4, KVHeads: 2, Vocab: 50, SeqLen: 40}, 5)
 	p := newPair(t, m, 4, 8, engine.Options{})
 	e := p.gpu
 	b := e.Backend()
@@ -272,7 +272,7 @@ func TestAStalePageIsNotWritten(t *testing.T) {
 
 // Pages go to the device and come back byte for byte, in any order, including a pool's worth.
 func TestUploadedPagesComeBackUnchanged(t *testing.T) {
-	m := randomModel(t, model.Config{Dim: 32, HiddenDim: 64, Layers: 2, Heads: 4, KVHeads: 2, Vocab: 50, SeqLen: 40}, 5)
+	m := randomModel(t, llama.Config{Dim: 32, HiddenDim: 64, Layers: 2, Heads: 4, KVHeads: 2, Vocab: 50, SeqLen: 40}, 5)
 	const pages = 300
 	p := newPair(t, m, 4, pages, engine.Options{})
 	c, b := p.gpu.Cache(), p.gpu.Backend()
@@ -318,7 +318,7 @@ func TestUploadedPagesComeBackUnchanged(t *testing.T) {
 
 // Bad steps are refused with an error before anything reaches the device.
 func TestBadStepsAreRefused(t *testing.T) {
-	m := randomModel(t, model.Config{Dim: 32, HiddenDim: 64, Layers: 1, Heads: 4, KVHeads: 2, Vocab: 50, SeqLen: 16}, 5)
+	m := randomModel(t, llama.Config{Dim: 32, HiddenDim: 64, Layers: 1, Heads: 4, KVHeads: 2, Vocab: 50, SeqLen: 16}, 5)
 	p := newPair(t, m, 4, 4, engine.Options{})
 	b := p.gpu.Backend()
 	table := allocate(t, p.gpu, 1, 8)
@@ -347,7 +347,7 @@ func TestBadStepsAreRefused(t *testing.T) {
 
 // After Close every method refuses with ErrOrder, and a second Close does nothing.
 func TestAClosedBackendRefusesEverything(t *testing.T) {
-	m := randomModel(t, model.Config{Dim: 32, HiddenDim: 64, Layers: 1, Heads: 4, KVHeads: 2, Vocab: 50, SeqLen: 16}, 5)
+	m := randomModel(t, llama.Config{Dim: 32, HiddenDim: 64, Layers: 1, Heads: 4, KVHeads: 2, Vocab: 50, SeqLen: 16}, 5)
 	b := openTest(t)
 	cache, err := kv.New(engine.GeometryOf(m.Config, 4), 4)
 	if err != nil {

@@ -10,12 +10,12 @@ import (
 	"github.com/kvhandoff/kvhandoff/engine/backend"
 	"github.com/kvhandoff/kvhandoff/engine/cpu"
 	"github.com/kvhandoff/kvhandoff/engine/kv"
-	"github.com/kvhandoff/kvhandoff/engine/model"
+	"github.com/kvhandoff/kvhandoff/engine/llama"
 )
 
 // stories15MShape is llama2.c's stories15M architecture (random weights from our writer's
 // Randomize): dim 288, 6 layers, 6 heads, seq 256, vocab 32000.
-var stories15MShape = model.Config{Dim: 288, HiddenDim: 768, Layers: 6, Heads: 6, KVHeads: 6, Vocab: 32000, SeqLen: 256, SharedClassifier: true}
+var stories15MShape = llama.Config{Dim: 288, HiddenDim: 768, Layers: 6, Heads: 6, KVHeads: 6, Vocab: 32000, SeqLen: 256, SharedClassifier: true}
 
 // benchBackends runs f on the CPU backend and on this package's, same run, so that the
 // figures are read as a ratio.
@@ -28,7 +28,7 @@ func benchBackends(b *testing.B, f func(b *testing.B, be backend.Backend)) {
 	})
 }
 
-func benchEngine(b *testing.B, be backend.Backend, c model.Config, pages int) *engine.Engine {
+func benchEngine(b *testing.B, be backend.Backend, c llama.Config, pages int) *engine.Engine {
 	m := randomModel(b, c, 1)
 	cache, err := kv.New(engine.GeometryOf(c, 16), pages)
 	if err != nil {

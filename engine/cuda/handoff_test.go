@@ -9,7 +9,7 @@ import (
 	"github.com/kvhandoff/kvhandoff/engine"
 	"github.com/kvhandoff/kvhandoff/engine/cpu"
 	"github.com/kvhandoff/kvhandoff/engine/kv"
-	"github.com/kvhandoff/kvhandoff/engine/model"
+	"github.com/kvhandoff/kvhandoff/engine/llama"
 	"github.com/kvhandoff/kvhandoff/protocol"
 	"github.com/kvhandoff/kvhandoff/rdma/inproc"
 	"github.com/kvhandoff/kvhandoff/transfer"
@@ -21,7 +21,7 @@ import (
 // verified pages to the device (Engine.Arrived) and decodes past the grant into pages of its
 // own. The answer is what one node gives on the CPU backend, the canary included.
 func TestHandoffBetweenTwoCUDANodesDecodesWhatOneCPUNodeWould(t *testing.T) {
-	m := model.Builtin(3)
+	m := llama.Builtin(3)
 	const pageTokens, pages = 16, 12
 	g := engine.GeometryOf(m.Config, pageTokens)
 	fabric := inproc.NewFabric(t.Name())
@@ -59,7 +59,7 @@ func TestHandoffBetweenTwoCUDANodesDecodesWhatOneCPUNodeWould(t *testing.T) {
 	}
 
 	text := "Tenant 7 says: the canary is bX-44-Lq@9, then more words after the canary. Several pages of text, to cross them. Again: the canary is "
-	prompt := model.Bytes{}.Encode(text, true, false)
+	prompt := llama.Bytes{}.Encode(text, true, false)
 	const n = 24
 	want := func() string {
 		cache, err := kv.New(g, pages)
@@ -71,11 +71,11 @@ func TestHandoffBetweenTwoCUDANodesDecodesWhatOneCPUNodeWould(t *testing.T) {
 			t.Fatal(err)
 		}
 		refs, _ := cache.Pool().Allocate(1, g.PagesFor(len(prompt)+n))
-		out, err := e.Generate(kv.Table(refs), prompt, n, model.Greedy(), -1)
+		out, err := e.Generate(kv.Table(refs), prompt, n, llama.Greedy(), -1)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return model.Decode(model.Bytes{}, out, -1)
+		return llama.Decode(llama.Bytes{}, out, -1)
 	}()
 	if want[:11] != "bX-44-Lq@9," {
 		t.Fatalf("one node answers %q", want)
@@ -113,11 +113,11 @@ func TestHandoffBetweenTwoCUDANodesDecodesWhatOneCPUNodeWould(t *testing.T) {
 			if err := decode.Arrived(table[:len(pagesIn)]); err != nil {
 				t.Fatal(err)
 			}
-			out, err := decode.Decode(table, prompt, n, model.Greedy(), -1)
+			out, err := decode.Decode(table, prompt, n, llama.Greedy(), -1)
 			if err != nil {
 				t.Fatal(err)
 			}
-			got = model.Decode(model.Bytes{}, out, -1)
+			got = llama.Decode(llama.Bytes{}, out, -1)
 			dst.Release(ev.Request, table)
 			if err := d.Finish(ev.Request); err != nil {
 				t.Fatal(err)

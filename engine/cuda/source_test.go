@@ -11,7 +11,7 @@ import (
 	"github.com/kvhandoff/kvhandoff/engine/backend"
 	"github.com/kvhandoff/kvhandoff/engine/cpu"
 	"github.com/kvhandoff/kvhandoff/engine/kv"
-	"github.com/kvhandoff/kvhandoff/engine/model"
+	"github.com/kvhandoff/kvhandoff/engine/llama"
 )
 
 // On a prefill node, engine.Source computes a request's KV into the transport's source pages
@@ -19,7 +19,7 @@ import (
 // on the device and must be in the host pages when FillKV returns, as the CPU backend leaves
 // it, since the WRITEs send host memory.
 func TestSourceLeavesTheDevicesKVInTheHostPages(t *testing.T) {
-	m := randomModel(t, model.Config{Dim: 32, HiddenDim: 64, Layers: 2, Heads: 4, KVHeads: 2, Vocab: 50, SeqLen: 40}, 8)
+	m := randomModel(t, llama.Config{Dim: 32, HiddenDim: 64, Layers: 2, Heads: 4, KVHeads: 2, Vocab: 50, SeqLen: 40}, 8)
 	const pageTokens, pages = 4, 6
 	g := engine.GeometryOf(m.Config, pageTokens)
 	fill := func(b backend.Backend) [][]byte {

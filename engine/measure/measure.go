@@ -7,7 +7,7 @@ import (
 	"github.com/kvhandoff/kvhandoff/engine"
 	"github.com/kvhandoff/kvhandoff/engine/backend"
 	"github.com/kvhandoff/kvhandoff/engine/kv"
-	"github.com/kvhandoff/kvhandoff/engine/model"
+	"github.com/kvhandoff/kvhandoff/engine/llama"
 	"github.com/kvhandoff/kvhandoff/internal/research"
 	"github.com/kvhandoff/kvhandoff/protocol"
 )
@@ -35,11 +35,11 @@ type Row struct {
 
 // StoriesShape is llama2.c's stories15M architecture (dim 288, 6 layers, 6
 // heads, seq 256, its 32000-token vocabulary, shared classifier).
-var StoriesShape = model.Config{Dim: 288, HiddenDim: 768, Layers: 6, Heads: 6, KVHeads: 6, Vocab: 32000, SeqLen: 256, SharedClassifier: true}
+var StoriesShape = llama.Config{Dim: 288, HiddenDim: 768, Layers: 6, Heads: 6, KVHeads: 6, Vocab: 32000, SeqLen: 256, SharedClassifier: true}
 
 // Run measures m on backends that newBackend makes: one for the paged cache
 // (checked and unchecked share it), one for the contiguous one.
-func Run(name string, m *model.Model, newBackend func() (backend.Backend, error), cfg Config) (Row, error) {
+func Run(name string, m *llama.Model, newBackend func() (backend.Backend, error), cfg Config) (Row, error) {
 	if cfg.Prompt < 1 || cfg.Decode < 1 || cfg.PageTokens < 1 || cfg.Rounds < 1 || cfg.Prompt+cfg.Decode > m.SeqLen {
 		return Row{}, fmt.Errorf("measure: prompt %d + decode %d must fit the context of %d; pages and rounds positive", cfg.Prompt, cfg.Decode, m.SeqLen)
 	}
@@ -154,17 +154,17 @@ func Run(name string, m *model.Model, newBackend func() (backend.Backend, error)
 // and a stories15M-shaped checkpoint with seeded random weights, written and
 // read back by the checkpoint code, with configurations sized to each.
 func Models() ([]Named, error) {
-	stories, err := model.Alloc(StoriesShape)
+	stories, err := llama.Alloc(StoriesShape)
 	if err != nil {
 		return nil, err
 	}
-	model.Randomize(stories, 15)
+	llama.Randomize(stories, 15)
 	stories, err = roundTrip(stories)
 	if err != nil {
 		return nil, err
 	}
 	return []Named{
-		{"builtin", model.Builtin(1), Config{Prompt: 256, Decode: 128, PageTokens: 16, Rounds: 5}},
+		{"builtin", llama.Builtin(1), Config{Prompt: 256, Decode: 128, PageTokens: 16, Rounds: 5}},
 		{"stories15M-shape", stories, Config{Prompt: 128, Decode: 128, PageTokens: 16, Rounds: 5}},
 	}, nil
 }
@@ -172,6 +172,6 @@ func Models() ([]Named, error) {
 // Named is a model to measure, with its sizes.
 type Named struct {
 	Name   string
-	Model  *model.Model
+	Model  *llama.Model
 	Config Config
 }

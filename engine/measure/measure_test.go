@@ -5,7 +5,7 @@ import (
 
 	"github.com/kvhandoff/kvhandoff/engine/backend"
 	"github.com/kvhandoff/kvhandoff/engine/cpu"
-	"github.com/kvhandoff/kvhandoff/engine/model"
+	"github.com/kvhandoff/kvhandoff/engine/llama"
 )
 
 func newCPU() (backend.Backend, error) { return cpu.New(), nil }
@@ -13,8 +13,8 @@ func newCPU() (backend.Backend, error) { return cpu.New(), nil }
 // A small run produces every figure, positive and finite, and the ratios are
 // the ratios of the figures.
 func TestRunReportsEveryFigure(t *testing.T) {
-	m, _ := model.Alloc(model.Config{Dim: 32, HiddenDim: 64, Layers: 2, Heads: 4, KVHeads: 2, Vocab: 50, SeqLen: 64})
-	model.Randomize(m, 1)
+	m, _ := llama.Alloc(llama.Config{Dim: 32, HiddenDim: 64, Layers: 2, Heads: 4, KVHeads: 2, Vocab: 50, SeqLen: 64})
+	llama.Randomize(m, 1)
 	r, err := Run("small", m, newCPU, Config{Prompt: 20, Decode: 10, PageTokens: 4, Rounds: 2})
 	if err != nil {
 		t.Fatal(err)

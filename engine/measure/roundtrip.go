@@ -3,15 +3,15 @@ package measure
 import (
 	"bytes"
 
-	"github.com/kvhandoff/kvhandoff/engine/model"
+	"github.com/kvhandoff/kvhandoff/engine/llama"
 )
 
 // roundTrip writes m as a checkpoint and reads it back, so what is measured
 // is what a checkpoint file holds.
-func roundTrip(m *model.Model) (*model.Model, error) {
+func roundTrip(m *llama.Model) (*llama.Model, error) {
 	var buf bytes.Buffer
-	if err := model.WriteCheckpoint(&buf, m); err != nil {
+	if err := llama.WriteCheckpoint(&buf, m); err != nil {
 		return nil, err
 	}
-	return model.ReadCheckpoint(bytes.NewReader(buf.Bytes()), int64(buf.Len()))
+	return llama.ReadCheckpoint(bytes.NewReader(buf.Bytes()), int64(buf.Len()))
 }

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvhandoff/kvhandoff/engine/model"
+	"github.com/kvhandoff/kvhandoff/engine/llama"
 )
 
 var (
@@ -22,7 +22,7 @@ var (
 
 func reference(t *testing.T) *Reference {
 	t.Helper()
-	refOnce.Do(func() { testRef, refErr = NewReference(model.Builtin(1), model.Bytes{}, 16, -1) })
+	refOnce.Do(func() { testRef, refErr = NewReference(llama.Builtin(1), llama.Bytes{}, 16, -1) })
 	if refErr != nil {
 		t.Fatal(refErr)
 	}

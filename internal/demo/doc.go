@@ -29,7 +29,7 @@
 // The loop:
 //
 //	w, _ := demo.NewWorkload(demo.Spec{Seed: 1, Limit: limit, Context: ctx})
-//	ref, _ := demo.NewReference(m, model.Bytes{}, pageTokens, -1)
+//	ref, _ := demo.NewReference(m, llama.Bytes{}, pageTokens, -1)
 //	outs := demo.Run(ctx, w, client, classify, 16, bar.Tick)
 //	rep, _ := demo.Check(w, outs, ref, pagesLeftPerNode, elapsed)
 //	rep.WriteTable(os.Stdout) // or rep.WriteJSON

@@ -11,7 +11,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kvhandoff/kvhandoff/engine/model"
+	"github.com/kvhandoff/kvhandoff/engine/llama"
 	"github.com/kvhandoff/kvhandoff/internal/research"
 	"github.com/kvhandoff/kvhandoff/node"
 	"github.com/kvhandoff/kvhandoff/protocol"
@@ -84,7 +84,7 @@ func DefaultFaults() Faults { return Faults{Cuts: 4, Late: 10, Corruptions: 6, C
 // InProcess is a running in-process deployment the workload can go through.
 type InProcess struct {
 	Local *node.Local
-	Model *model.Model
+	Model *llama.Model
 	cfg   Deployment
 	log   *slog.Logger
 }
@@ -94,7 +94,7 @@ func Start(d Deployment, log *slog.Logger) (*InProcess, error) {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	m := model.Builtin(d.Seed)
+	m := llama.Builtin(d.Seed)
 	l, err := node.StartLocal(node.LocalConfig{
 		Prefills: d.Prefills, Decodes: d.Decodes, PrefillPages: d.PrefillPages, DecodePages: d.DecodePages,
 		PageTokens: d.PageTokens, ContextTokens: d.ContextTokens, PrefillContextTokens: d.PrefillContextTokens, AdvertiseContext: d.AdvertiseContext,

@@ -8,7 +8,7 @@ import (
 	"github.com/kvhandoff/kvhandoff/engine"
 	"github.com/kvhandoff/kvhandoff/engine/cpu"
 	"github.com/kvhandoff/kvhandoff/engine/kv"
-	"github.com/kvhandoff/kvhandoff/engine/model"
+	"github.com/kvhandoff/kvhandoff/engine/llama"
 	"github.com/kvhandoff/kvhandoff/protocol"
 )
 
@@ -19,7 +19,7 @@ import (
 type Reference struct {
 	mu     sync.Mutex
 	e      *engine.Engine
-	tok    model.Tokenizer
+	tok    llama.Tokenizer
 	stop   int
 	memo   map[refKey][]int
 	nextID protocol.RequestID
@@ -32,7 +32,7 @@ type refKey struct {
 
 // NewReference runs m greedily (as the decode node does) with pages of
 // pageTokens tokens; stop is the decode node's stop token (-1: none).
-func NewReference(m *model.Model, tok model.Tokenizer, pageTokens, stop int) (*Reference, error) {
+func NewReference(m *llama.Model, tok llama.Tokenizer, pageTokens, stop int) (*Reference, error) {
 	g := engine.GeometryOf(m.Config, pageTokens)
 	cache, err := kv.New(g, g.PagesFor(m.SeqLen))
 	if err != nil {
@@ -65,7 +65,7 @@ func (r *Reference) Tokens(prompt string, n int) ([]int, error) {
 		return nil, err
 	}
 	defer pool.Release(r.nextID, refs)
-	out, err := r.e.Generate(kv.Table(refs), p, n, model.Greedy(), r.stop)
+	out, err := r.e.Generate(kv.Table(refs), p, n, llama.Greedy(), r.stop)
 	if err != nil {
 		return nil, err
 	}
@@ -80,5 +80,5 @@ func (r *Reference) Text(prompt string, tokens []int) string {
 	if len(p) > 0 {
 		prev = p[len(p)-1]
 	}
-	return model.Decode(r.tok, tokens, prev)
+	return llama.Decode(r.tok, tokens, prev)
 }

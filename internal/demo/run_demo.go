@@ -7,7 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/kvhandoff/kvhandoff/engine/model"
+	"github.com/kvhandoff/kvhandoff/engine/llama"
 )
 
 // Config is one demo run.
@@ -76,7 +76,7 @@ func RunInProcess(ctx context.Context, cfg Config) (*Result, error) {
 // and the colocated reference.
 func prepare(cfg *Config) (Workload, *Reference, error) {
 	d := cfg.Deployment
-	m := model.Builtin(d.Seed)
+	m := llama.Builtin(d.Seed)
 	if cfg.Workload.Limit == 0 {
 		cfg.Workload.Limit = min(d.Limit(), 128)
 	}
@@ -96,6 +96,6 @@ func prepare(cfg *Config) (Workload, *Reference, error) {
 	if err != nil {
 		return Workload{}, nil, err
 	}
-	ref, err := NewReference(m, model.Bytes{}, d.PageTokens, -1)
+	ref, err := NewReference(m, llama.Bytes{}, d.PageTokens, -1)
 	return w, ref, err
 }

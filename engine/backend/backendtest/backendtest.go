@@ -14,7 +14,7 @@ import (
 	"github.com/kvhandoff/kvhandoff/engine/backend"
 	"github.com/kvhandoff/kvhandoff/engine/cpu"
 	"github.com/kvhandoff/kvhandoff/engine/kv"
-	"github.com/kvhandoff/kvhandoff/engine/model"
+	"github.com/kvhandoff/kvhandoff/engine/llama"
 	"github.com/kvhandoff/kvhandoff/internal/research"
 	"github.com/kvhandoff/kvhandoff/protocol"
 )
@@ -24,23 +24,23 @@ const Tolerance = 1e-3
 
 // Models are the models the suite runs: grouped and ungrouped kv heads,
 // shared and unshared classifiers, partial rotary (the built-in model).
-func Models() map[string]*model.Model {
-	out := map[string]*model.Model{"builtin": model.Builtin(1)}
-	for name, c := range map[string]model.Config{
+func Models() map[string]*llama.Model {
+	out := map[string]*llama.Model{"builtin": llama.Builtin(1)}
+	for name, c := range map[string]llama.Config{
 		"gqa":    {Dim: 64, HiddenDim: 160, Layers: 3, Heads: 8, KVHeads: 2, Vocab: 300, SeqLen: 96},
 		"shared": {Dim: 48, HiddenDim: 96, Layers: 2, Heads: 4, KVHeads: 4, Vocab: 100, SeqLen: 96, SharedClassifier: true},
 	} {
-		m, err := model.Alloc(c)
+		m, err := llama.Alloc(c)
 		if err != nil {
 			panic(err)
 		}
-		model.Randomize(m, 11)
+		llama.Randomize(m, 11)
 		out[name] = m
 	}
 	return out
 }
 
-func newEngine(t *testing.T, m *model.Model, b backend.Backend, pageTokens, pages int, opts engine.Options) *engine.Engine {
+func newEngine(t *testing.T, m *llama.Model, b backend.Backend, pageTokens, pages int, opts engine.Options) *engine.Engine {
 	t.Helper()
 	c, err := kv.New(engine.GeometryOf(m.Config, pageTokens), pages)
 	if err != nil {
@@ -74,7 +74,7 @@ func Conformance(t *testing.T, newBackend func() (backend.Backend, error)) {
 
 // sameTokens: prefill as one step, then greedy decode, against the CPU
 // backend step by step.
-func sameTokens(t *testing.T, m *model.Model, b backend.Backend) {
+func sameTokens(t *testing.T, m *llama.Model, b backend.Backend) {
 	const pageTokens, n = 7, 30
 	want := newEngine(t, m, cpu.New(), pageTokens, 16, engine.Options{})
 	got := newEngine(t, m, b, pageTokens, 16, engine.Options{})
@@ -98,7 +98,7 @@ func sameTokens(t *testing.T, m *model.Model, b backend.Backend) {
 				t.Fatalf("step %d, logit %d: %g, cpu %g", i, v, gl[v], wl[v])
 			}
 		}
-		tok, gtok := model.Argmax(wl), model.Argmax(gl)
+		tok, gtok := llama.Argmax(wl), llama.Argmax(gl)
 		if tok != gtok {
 			t.Fatalf("token %d: %d, cpu %d", i, gtok, tok)
 		}
@@ -117,10 +117,10 @@ func sameTokens(t *testing.T, m *model.Model, b backend.Backend) {
 // Checked, the step fails naming the page; unchecked, it reads request 1's
 // KV exactly as the CPU backend does, and answers request 1's secret.
 func stalePage(t *testing.T, b backend.Backend, opts engine.Options) {
-	m := model.Builtin(2)
+	m := llama.Builtin(2)
 	run := func(b backend.Backend) ([]int, protocol.PageRef, error) {
 		e := newEngine(t, m, b, 16, 6, opts)
-		pool, tok := e.Cache().Pool(), model.Bytes{}
+		pool, tok := e.Cache().Pool(), llama.Bytes{}
 		promptB := tok.Encode("B's own words, then the question: the secret=", true, false)
 		refsB, _ := pool.Allocate(2, 4)
 		if _, err := e.Prefill(kv.Table(refsB), promptB[:len(promptB)-1]); err != nil {
@@ -131,7 +131,7 @@ func stalePage(t *testing.T, b backend.Backend, opts engine.Options) {
 		if _, err := e.Prefill(kv.Table(refsA), tok.Encode("secret=Zq81-k", true, false)); err != nil {
 			t.Fatal(err)
 		}
-		out, err := e.Decode(kv.Table(refsB), promptB, 6, model.Greedy(), -1)
+		out, err := e.Decode(kv.Table(refsB), promptB, 6, llama.Greedy(), -1)
 		return out, refsB[1], err
 	}
 	out, stale, err := run(b)
@@ -147,7 +147,7 @@ func stalePage(t *testing.T, b backend.Backend, opts engine.Options) {
 		t.Fatal(err)
 	}
 	want, _, _ := run(cpu.New())
-	if got := model.Decode(model.Bytes{}, out, -1); got != model.Decode(model.Bytes{}, want, -1) || got != "Zq81-k" {
-		t.Fatalf("unchecked: %q, cpu %q, want the other request's Zq81-k", model.Decode(model.Bytes{}, out, -1), model.Decode(model.Bytes{}, want, -1))
+	if got := llama.Decode(llama.Bytes{}, out, -1); got != llama.Decode(llama.Bytes{}, want, -1) || got != "Zq81-k" {
+		t.Fatalf("unchecked: %q, cpu %q, want the other request's Zq81-k", llama.Decode(llama.Bytes{}, out, -1), llama.Decode(llama.Bytes{}, want, -1))
 	}
 }

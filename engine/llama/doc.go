@@ -1,4 +1,4 @@
-// Package model is the engine's transformer: a decoder-only model in the llama
+// Package llama is the engine's transformer: a decoder-only model in the llama
 // architecture (RMSNorm, rotary positions, multi-head attention with grouped
 // key/value heads, SwiGLU feed-forward), its weights, and where they come from.
 //
@@ -35,4 +35,4 @@
 // seeded sampling with temperature and top-p, so a seed replays a generation.
 //
 // The forward pass itself is a backend's job (package backend).
-package model
+package llama
