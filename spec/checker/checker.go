@@ -6,9 +6,6 @@ import (
 	"fmt"
 	"os"
 	"runtime"
-	"slices"
-	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -216,39 +213,14 @@ func (e *LimitError) Error() string {
 
 func (e *LimitError) Unwrap() error { return e.Err }
 
+// waveBlocks is how many frontier blocks a wave expands at once (at least):
+// enough that the phases' barriers cost little and the tasks balance.
+const waveBlocks = 32
+
 // defaultFrontierMemory is the default Options.FrontierMemory: past this the
 // frontier is read and written sequentially from disk, which costs little next
 // to expanding it.
 const defaultFrontierMemory = 512 << 20
-
-// candRef marks an edge whose target is a candidate of the same expansion,
-// numbered when the expansion is merged.
-const candRef = 1 << 31
-
-// candidate is a successor not in the visited set when it was generated.
-type candidate struct {
-	parent  int32
-	succ    uint16
-	fault   bool
-	fp      fingerprint
-	badMask uint64 // invariants violated (bit i = invariant i)
-	goals   uint64 // goals reached
-}
-
-// expansion is what a worker produced from one frontier block.
-type expansion[S any] struct {
-	src         []int32  // the block's states, in order
-	edgeEnd     []int32  // per source, the end of its edges in edges
-	edges       []uint32 // protocol edges: a state number, or candRef|candidate
-	cands       []candidate
-	states      []S     // the candidates' states, without an encoder
-	data        []byte  // with an encoder: the candidates' encodings, each after its uvarint length
-	deadlocks   []int32 // sources with no enabled action that are not finished
-	transitions int
-	err         error
-	local       map[fingerprint]int32 // candidates of this block by fingerprint
-	numbers     []int32               // the candidates' state numbers, set by merge
-}
 
 // Check explores every state of m reachable from its initial states.
 func Check[S any, A comparable](m Model[S, A], props Properties[S], opt Options) (*Result[S, A], error) {
@@ -296,6 +268,9 @@ type run[S any, A comparable] struct {
 
 	blocks  blockPool[S]
 	scratch []*worker[S, A]
+	waves   [numShards]waveSet // per shard, the wave's first occurrences
+	ref     []int32            // per candidate of the wave, its first occurrence's index
+	num     []int32            // per first occurrence, its state number
 }
 
 func newRun[S any, A comparable](m Model[S, A], props Properties[S], opt Options, accept func(Violation[S, A]) bool) (*run[S, A], error) {
@@ -429,6 +404,7 @@ func (c *run[S, A]) run() (*Result[S, A], error) {
 	c.inits = c.m.Initial()
 	var buf []byte
 	var newBad []badState
+	var b0 *block[S]
 	for i := range c.inits {
 		s := &c.inits[i]
 		buf = c.m.AppendFingerprint(buf[:0], s)
@@ -445,7 +421,25 @@ func (c *run[S, A]) run() (*Result[S, A], error) {
 			newBad = append(newBad, badState{idx, bad})
 			continue
 		}
-		if err := c.push(cur, idx, s, &buf); err != nil {
+		if b0 == nil || b0.len() == blockStates {
+			if b0 != nil {
+				if err := cur.push(b0); err != nil {
+					return nil, err
+				}
+			}
+			b0 = c.blocks.get(c.enc != nil)
+		}
+		b0.idx = append(b0.idx, idx)
+		if c.enc == nil {
+			b0.states = append(b0.states, *s)
+		} else {
+			buf = c.enc.AppendState(buf[:0], s)
+			b0.data = binary.AppendUvarint(b0.data, uint64(len(buf)))
+			b0.data = append(b0.data, buf...)
+		}
+	}
+	if b0 != nil {
+		if err := cur.push(b0); err != nil {
 			return nil, err
 		}
 	}
@@ -455,14 +449,14 @@ func (c *run[S, A]) run() (*Result[S, A], error) {
 		}
 	}
 
-	outs := make([]*expansion[S], 2*c.workers) // a wave: blocks expanded in parallel, then merged in order
+	outs := make([]*expansion[S], max(waveBlocks, 4*c.workers))
 	for i := range outs {
-		outs[i] = &expansion[S]{local: map[fingerprint]int32{}}
+		outs[i] = &expansion[S]{}
 	}
 	blocks := make([]*block[S], len(outs))
 	depth := 0
 	lastTick := time.Now()
-	for cur.states > 0 && !c.stop {
+	for cur.len() > 0 && !c.stop {
 		next := c.newFrontier()
 		var deadlocks []int32
 		newBad = newBad[:0]
@@ -483,14 +477,14 @@ func (c *run[S, A]) run() (*Result[S, A], error) {
 			if n == 0 {
 				break
 			}
-			c.expandWave(blocks[:n], outs[:n])
-			for i := 0; i < n; i++ {
+			err := c.wave(blocks[:n], outs[:n], next, &deadlocks, &newBad)
+			for i := range n {
 				cur.recycle(blocks[i])
 				blocks[i] = nil
-				if err := c.merge(outs[i], next, &deadlocks, &newBad, &buf); err != nil {
-					next.close()
-					return nil, err
-				}
+			}
+			if err != nil {
+				next.close()
+				return nil, err
 			}
 			if err := c.limits(depth); err != nil {
 				next.close()
@@ -522,7 +516,7 @@ func (c *run[S, A]) run() (*Result[S, A], error) {
 				return nil, err
 			}
 		}
-		if cur.states > 0 {
+		if cur.len() > 0 {
 			depth++
 		}
 		c.res.Stats.Depth = depth
@@ -531,7 +525,7 @@ func (c *run[S, A]) run() (*Result[S, A], error) {
 	c.res.Stats.States = n
 	c.res.Stats.Depth = depth
 	c.seen.dropIndex()
-	c.blocks = blockPool[S]{}
+	c.blocks.free = nil
 
 	if c.liveness && !c.stop {
 		c.heap.over(0)
@@ -541,12 +535,23 @@ func (c *run[S, A]) run() (*Result[S, A], error) {
 		c.edges.close(n)
 		rev := c.edges.reverse(n)
 		c.heap.over(0)
+		// The cycle check and each goal's backward search are independent:
+		// they run at once, and are reported in goal order.
+		unreached := make([][]int32, len(c.goals))
+		isAcyclic := false
+		parallel(c.workers, len(c.goals)+1, func(i int) {
+			if i == 0 {
+				isAcyclic = acyclic(n, &c.edges, rev)
+				return
+			}
+			unreached[i-1] = unreachableGoal(n, rev, c.goalSets[i-1], c.bad, c.opt.MaxRejects)
+		})
 		c.res.Stats.Acyclic = No
-		if acyclic(n, &c.edges, rev) {
+		if isAcyclic {
 			c.res.Stats.Acyclic = Yes
 		}
 		for gi, g := range c.goals {
-			for _, idx := range unreachableGoal(n, rev, c.goalSets[gi], c.bad, c.opt.MaxRejects) {
+			for _, idx := range unreached[gi] {
 				ok, err := c.report(g.Name, Liveness, idx)
 				if err != nil {
 					return nil, err
@@ -601,197 +606,6 @@ func (c *run[S, A]) newFrontier() *frontier[S] {
 // frontier never dominates the per-state cost.
 func (c *run[S, A]) frontierBudget() int {
 	return max(1, min(c.opt.FrontierMemory/2, max(32<<20, 8*c.seen.len())))
-}
-
-// push appends a state to a frontier, encoded if the model can.
-func (c *run[S, A]) push(f *frontier[S], idx int32, s *S, buf *[]byte) error {
-	if c.enc == nil {
-		return f.pushState(idx, *s)
-	}
-	*buf = c.enc.AppendState((*buf)[:0], s)
-	return f.pushEncoded(idx, *buf)
-}
-
-// expandWave expands blocks[i] into outs[i], in parallel.
-func (c *run[S, A]) expandWave(blocks []*block[S], outs []*expansion[S]) {
-	for len(c.scratch) < c.workers {
-		c.scratch = append(c.scratch, newWorker(c))
-	}
-	var next atomic.Int32
-	var wg sync.WaitGroup
-	for wi := range min(c.workers, len(blocks)) {
-		wg.Add(1)
-		go func(w *worker[S, A]) {
-			defer wg.Done()
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= len(blocks) {
-					return
-				}
-				w.expand(blocks[i], outs[i])
-			}
-		}(c.scratch[wi])
-	}
-	wg.Wait()
-}
-
-// worker is one goroutine's scratch space, kept for the whole run: expanding a
-// state allocates nothing.
-type worker[S any, A comparable] struct {
-	c     *run[S, A]
-	state S // the state being expanded
-	fbuf  []byte
-	ebuf  []byte
-	emit  func(a A, succ *S) // looks at one successor of the state being expanded
-
-	out    *expansion[S] // where successors go
-	parent int32         // the number of the state being expanded
-	n      int           // its successors so far
-}
-
-func newWorker[S any, A comparable](c *run[S, A]) *worker[S, A] {
-	w := &worker[S, A]{c: c}
-	w.emit = w.successor
-	return w
-}
-
-// expand generates the successors of every state of b. It only reads the
-// visited set, which nobody writes while workers run.
-func (w *worker[S, A]) expand(b *block[S], out *expansion[S]) {
-	c := w.c
-	out.src = append(out.src[:0], b.idx...)
-	out.edgeEnd, out.edges, out.cands = out.edgeEnd[:0], out.edges[:0], out.cands[:0]
-	clear(out.states)
-	out.states, out.data, out.deadlocks = out.states[:0], out.data[:0], out.deadlocks[:0]
-	out.transitions, out.err = 0, nil
-	clear(out.local)
-	w.out = out
-	data := b.data
-	for i, parent := range b.idx {
-		var s *S
-		if c.enc == nil {
-			s = &b.states[i]
-		} else {
-			l, k := binary.Uvarint(data)
-			if k <= 0 || uint64(len(data)-k) < l {
-				out.err = errors.New("checker: corrupt frontier block")
-				return
-			}
-			if err := c.enc.DecodeState(data[k:k+int(l)], &w.state); err != nil {
-				out.err = fmt.Errorf("checker: DecodeState: %w", err)
-				return
-			}
-			data = data[k+int(l):]
-			s = &w.state
-		}
-		w.parent, w.n = parent, 0
-		c.m.Successors(s, w.emit)
-		out.transitions += w.n
-		out.edgeEnd = append(out.edgeEnd, int32(len(out.edges)))
-		if w.n == 0 && !c.m.Finished(s) {
-			out.deadlocks = append(out.deadlocks, parent)
-		}
-	}
-	w.out = nil
-}
-
-// successor looks at the next successor of the state being expanded.
-func (w *worker[S, A]) successor(a A, next *S) {
-	c, out := w.c, w.out
-	k := w.n
-	w.n++
-	if k > maxSuccessors {
-		out.err = fmt.Errorf("checker: a state has more than %d successors", maxSuccessors)
-		return
-	}
-	w.fbuf = c.m.AppendFingerprint(w.fbuf[:0], next)
-	fp := fingerprintOf(w.fbuf)
-	fault := c.m.IsFault(a)
-	protocol := c.liveness && !fault
-	if known := c.seen.lookup(fp); known >= 0 {
-		if protocol {
-			out.edges = append(out.edges, uint32(known))
-		}
-		return
-	}
-	if ci, ok := out.local[fp]; ok {
-		if protocol {
-			out.edges = append(out.edges, candRef|uint32(ci))
-		}
-		return
-	}
-	ci := int32(len(out.cands))
-	out.local[fp] = ci
-	out.cands = append(out.cands, candidate{parent: w.parent, succ: uint16(k), fault: fault, fp: fp,
-		badMask: c.evalInvs(next), goals: c.evalGoals(next)})
-	if protocol {
-		out.edges = append(out.edges, candRef|uint32(ci))
-	}
-	if c.enc == nil {
-		out.states = append(out.states, *next)
-	} else {
-		w.ebuf = c.enc.AppendState(w.ebuf[:0], next)
-		out.data = binary.AppendUvarint(out.data, uint64(len(w.ebuf)))
-		out.data = append(out.data, w.ebuf...)
-	}
-}
-
-// merge numbers the new states of one expansion, in order, and appends them to
-// the next frontier and their edges to the graph.
-func (c *run[S, A]) merge(out *expansion[S], next *frontier[S], deadlocks *[]int32, newBad *[]badState, buf *[]byte) error {
-	if out.err != nil {
-		return out.err
-	}
-	c.res.Stats.Transitions += out.transitions
-	*deadlocks = append(*deadlocks, out.deadlocks...)
-	numbers := slices.Grow(out.numbers[:0], len(out.cands))[:len(out.cands)]
-	out.numbers = numbers
-	data := out.data
-	for ci := range out.cands {
-		cd := &out.cands[ci]
-		var enc []byte
-		if c.enc != nil {
-			l, k := binary.Uvarint(data)
-			enc, data = data[k:k+int(l)], data[k+int(l):]
-		}
-		idx, added := c.seen.insert(cd.fp, cd.parent, cd.succ)
-		numbers[ci] = idx
-		if !added {
-			continue
-		}
-		c.record(idx, cd.goals, cd.badMask)
-		if cd.badMask != 0 {
-			*newBad = append(*newBad, badState{idx, cd.badMask})
-			continue
-		}
-		var err error
-		if c.enc == nil {
-			err = next.pushState(idx, out.states[ci])
-		} else {
-			err = next.pushEncoded(idx, enc)
-		}
-		if err != nil {
-			return err
-		}
-	}
-	if !c.liveness {
-		return nil
-	}
-	from := int32(0)
-	for si, src := range out.src {
-		c.edges.open(src)
-		for _, e := range out.edges[from:out.edgeEnd[si]] {
-			dst := int32(e)
-			if e&candRef != 0 {
-				dst = numbers[e&^candRef]
-			}
-			if err := c.edges.add(dst); err != nil {
-				return err
-			}
-		}
-		from = out.edgeEnd[si]
-	}
-	return nil
 }
 
 func sortByLength[S any, A comparable](v []Violation[S, A]) {
