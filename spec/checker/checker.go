@@ -101,6 +101,8 @@ type Stats struct {
 	PeakHeap uint64
 	// Spilled is how many bytes of frontier were written to disk.
 	Spilled int64
+	// Bitstate describes the bit array of a bitstate exploration.
+	Bitstate BitstateStats
 	// Acyclic says whether the graph of protocol (non-fault) transitions has no
 	// cycle. It is computed only when the model has goals, liveness is checked and
 	// exploration ran to the end; otherwise it is Unknown.
@@ -184,6 +186,16 @@ type Options struct {
 	FrontierMemory int
 	// SpillDir is the directory for spill files; "" means os.TempDir().
 	SpillDir string
+	// Bitstate, when not 0, explores in bitstate mode (see BitstateStats) with
+	// a bit array of this many bytes (rounded down to a power of two): memory
+	// for the visited set fixed, at the risk of missing states. Liveness is
+	// not checked.
+	Bitstate uint64
+	// Hashes is how many bits a state sets in bitstate mode; 0 means 3 (SPIN's default).
+	Hashes int
+	// Seed seeds the bitstate mode's hash: runs with different seeds miss
+	// different states.
+	Seed uint64
 	// MaxRejects bounds how many counterexamples per property CheckAccepting's
 	// accept function may refuse (default 100000: with a partner switch that
 	// fails alone, refused candidates number in the thousands, and stopping
@@ -257,8 +269,10 @@ type run[S any, A comparable] struct {
 	start    time.Time
 	inits    []S
 	seen     *visited
-	bad      bitset   // states that violate an invariant: never expanded
-	goalSets []bitset // per goal, the states that reach it
+	bits     *bitArray // bitstate mode: the visited set; seen holds initial states only
+	stored   int       // bitstate mode: states stored
+	bad      bitset    // states that violate an invariant: never expanded
+	goalSets []bitset  // per goal, the states that reach it
 	edges    graph
 	res      *Result[S, A]
 	found    map[string]bool
@@ -285,7 +299,13 @@ func newRun[S any, A comparable](m Model[S, A], props Properties[S], opt Options
 	if c.workers <= 0 {
 		c.workers = runtime.GOMAXPROCS(0)
 	}
-	c.liveness = len(c.goals) > 0 && !opt.SkipLiveness
+	if opt.Bitstate > 0 {
+		if c.opt.Hashes <= 0 {
+			c.opt.Hashes = 3
+		}
+		c.bits = newBitArray(opt.Bitstate, c.opt.Hashes)
+	}
+	c.liveness = len(c.goals) > 0 && !opt.SkipLiveness && c.bits == nil
 	c.deadlockName = opt.DeadlockName
 	if c.deadlockName == "" {
 		c.deadlockName = DeadlockProperty
@@ -336,14 +356,14 @@ func (c *run[S, A]) evalGoals(s *S) uint64 {
 }
 
 // report records a violation; it returns accepted=false when accept refused it.
-func (c *run[S, A]) report(prop string, kind Kind, idx int32) (bool, error) {
+func (c *run[S, A]) report(prop string, kind Kind, at stateRef) (bool, error) {
 	if c.found[prop] {
 		return true, nil
 	}
 	if c.rejects[prop] >= c.opt.MaxRejects {
 		return false, nil
 	}
-	trace, err := c.rebuild(idx)
+	trace, err := c.rebuild(at)
 	if err != nil {
 		return false, err
 	}
@@ -362,10 +382,10 @@ func (c *run[S, A]) report(prop string, kind Kind, idx int32) (bool, error) {
 	return true, nil
 }
 
-func (c *run[S, A]) reportMask(bad uint64, idx int32) error {
+func (c *run[S, A]) reportMask(bad uint64, at stateRef) error {
 	for i := range c.invs {
 		if bad&(1<<i) != 0 {
-			if _, err := c.report(c.invs[i].Name, Safety, idx); err != nil {
+			if _, err := c.report(c.invs[i].Name, Safety, at); err != nil {
 				return err
 			}
 		}
@@ -386,13 +406,21 @@ func (c *run[S, A]) record(idx int32, goals, badMask uint64) {
 }
 
 type badState struct {
-	idx  int32
+	at   stateRef
 	mask uint64
+}
+
+// count is the number of states stored.
+func (c *run[S, A]) count() int {
+	if c.bits != nil {
+		return c.stored
+	}
+	return c.seen.len()
 }
 
 func (c *run[S, A]) stats() Stats {
 	st := c.res.Stats
-	st.States = c.seen.len()
+	st.States = c.count()
 	st.Elapsed = time.Since(c.start)
 	return st
 }
@@ -411,14 +439,27 @@ func (c *run[S, A]) run() (*Result[S, A], error) {
 		if i > maxSuccessors {
 			return nil, fmt.Errorf("checker: more than %d initial states", maxSuccessors)
 		}
-		idx, added := c.seen.insert(fingerprintOf(buf), -1, uint16(i))
-		if !added {
-			continue
+		fp := c.fingerprint(buf)
+		var at stateRef
+		if c.bits != nil {
+			if !c.bits.add(fp) {
+				continue
+			}
+			c.stored++
+			at = stateRef{path: binary.AppendUvarint(nil, uint64(i)), fp: fp}
+		} else {
+			idx, added := c.seen.insert(fp, -1, uint16(i))
+			if !added {
+				continue
+			}
+			at.idx = idx
 		}
 		bad := c.evalInvs(s)
-		c.record(idx, c.evalGoals(s), bad)
+		if c.bits == nil {
+			c.record(at.idx, c.evalGoals(s), bad)
+		}
 		if bad != 0 {
-			newBad = append(newBad, badState{idx, bad})
+			newBad = append(newBad, badState{at, bad})
 			continue
 		}
 		if b0 == nil || b0.len() == blockStates {
@@ -429,7 +470,12 @@ func (c *run[S, A]) run() (*Result[S, A], error) {
 			}
 			b0 = c.blocks.get(c.enc != nil)
 		}
-		b0.idx = append(b0.idx, idx)
+		if c.bits != nil {
+			b0.paths = append(b0.paths, at.path...)
+			b0.idx = append(b0.idx, int32(len(b0.paths)))
+		} else {
+			b0.idx = append(b0.idx, at.idx)
+		}
 		if c.enc == nil {
 			b0.states = append(b0.states, *s)
 		} else {
@@ -444,7 +490,7 @@ func (c *run[S, A]) run() (*Result[S, A], error) {
 		}
 	}
 	for _, b := range newBad {
-		if err := c.reportMask(b.mask, b.idx); err != nil {
+		if err := c.reportMask(b.mask, b.at); err != nil {
 			return nil, err
 		}
 	}
@@ -458,7 +504,7 @@ func (c *run[S, A]) run() (*Result[S, A], error) {
 	lastTick := time.Now()
 	for cur.len() > 0 && !c.stop {
 		next := c.newFrontier()
-		var deadlocks []int32
+		var deadlocks []stateRef
 		newBad = newBad[:0]
 		for {
 			n := 0
@@ -503,7 +549,7 @@ func (c *run[S, A]) run() (*Result[S, A], error) {
 		for _, d := range deadlocks {
 			if c.deferDeadlocks {
 				if c.firstDeadlock < 0 {
-					c.firstDeadlock = d
+					c.firstDeadlock = d.idx
 				}
 				continue
 			}
@@ -512,7 +558,7 @@ func (c *run[S, A]) run() (*Result[S, A], error) {
 			}
 		}
 		for _, b := range newBad {
-			if err := c.reportMask(b.mask, b.idx); err != nil {
+			if err := c.reportMask(b.mask, b.at); err != nil {
 				return nil, err
 			}
 		}
@@ -521,7 +567,7 @@ func (c *run[S, A]) run() (*Result[S, A], error) {
 		}
 		c.res.Stats.Depth = depth
 	}
-	n := c.seen.len()
+	n := c.count()
 	c.res.Stats.States = n
 	c.res.Stats.Depth = depth
 	c.seen.dropIndex()
@@ -552,7 +598,7 @@ func (c *run[S, A]) run() (*Result[S, A], error) {
 		}
 		for gi, g := range c.goals {
 			for _, idx := range unreached[gi] {
-				ok, err := c.report(g.Name, Liveness, idx)
+				ok, err := c.report(g.Name, Liveness, stateRef{idx: idx})
 				if err != nil {
 					return nil, err
 				}
@@ -565,13 +611,16 @@ func (c *run[S, A]) run() (*Result[S, A], error) {
 			}
 		}
 		if c.firstDeadlock >= 0 && !c.found[c.deadlockName] && !c.stop {
-			if _, err := c.report(c.deadlockName, Deadlock, c.firstDeadlock); err != nil {
+			if _, err := c.report(c.deadlockName, Deadlock, stateRef{idx: c.firstDeadlock}); err != nil {
 				return nil, err
 			}
 		}
 	}
 	c.heap.over(0)
 	c.res.Stats.PeakHeap = c.heap.peak
+	if c.bits != nil {
+		c.res.Stats.Bitstate = c.bits.stats()
+	}
 	sortByLength(c.res.Violations)
 	c.res.Stats.Elapsed = time.Since(c.start)
 	return c.res, nil
@@ -582,17 +631,20 @@ func (c *run[S, A]) limits(depth int) error {
 	over, _ := c.heap.over(c.opt.MaxMemory)
 	var limit error
 	switch {
-	case c.opt.MaxStates > 0 && c.seen.len() > c.opt.MaxStates:
+	case c.opt.MaxStates > 0 && c.count() > c.opt.MaxStates:
 		limit = ErrTooManyStates
 	case over:
 		limit = ErrMemoryLimit
 	default:
 		return nil
 	}
-	c.res.Stats.States = c.seen.len()
+	c.res.Stats.States = c.count()
 	c.res.Stats.Depth = depth
 	c.res.Stats.PeakHeap = c.heap.peak
 	c.res.Stats.Elapsed = time.Since(c.start)
+	if c.bits != nil {
+		c.res.Stats.Bitstate = c.bits.stats()
+	}
 	return &LimitError{Err: limit, Stats: c.res.Stats}
 }
 
@@ -605,7 +657,7 @@ func (c *run[S, A]) newFrontier() *frontier[S] {
 // no more than 8 bytes per visited state (but 32 MiB at least), so that the
 // frontier never dominates the per-state cost.
 func (c *run[S, A]) frontierBudget() int {
-	return max(1, min(c.opt.FrontierMemory/2, max(32<<20, 8*c.seen.len())))
+	return max(1, min(c.opt.FrontierMemory/2, max(32<<20, 8*c.count())))
 }
 
 func sortByLength[S any, A comparable](v []Violation[S, A]) {
@@ -617,19 +669,64 @@ func sortByLength[S any, A comparable](v []Violation[S, A]) {
 	}
 }
 
+// stateRef names a state to report: by number, or in bitstate mode by its
+// path (and fingerprint, when known).
+type stateRef struct {
+	idx  int32
+	path []byte
+	fp   fingerprint
+}
+
+// fingerprint hashes a canonical encoding: with a seeded hash in bitstate
+// mode, whose collisions replay from the seed.
+func (c *run[S, A]) fingerprint(b []byte) fingerprint {
+	if c.bits != nil {
+		return seededHash(c.opt.Seed, b)
+	}
+	return fingerprintOf(b)
+}
+
 // rebuild replays the recorded choices from the initial state to produce the
-// concrete trace that reaches idx, checking each state's fingerprint.
-func (c *run[S, A]) rebuild(idx int32) ([]Step[S, A], error) {
-	p := c.seen.path(idx)
+// concrete trace that reaches a state, checking each state's fingerprint
+// (in bitstate mode, the last one's, when known).
+func (c *run[S, A]) rebuild(at stateRef) ([]Step[S, A], error) {
+	var choices []int
+	var fps []fingerprint
+	if at.path == nil {
+		for _, i := range c.seen.path(at.idx) {
+			choices = append(choices, int(c.seen.succ.at(int(i))))
+			fps = append(fps, c.seen.fps.at(int(i)))
+		}
+	} else {
+		for p := at.path; len(p) > 0; {
+			v, k := binary.Uvarint(p)
+			if k <= 0 {
+				return nil, errors.New("checker: corrupt path")
+			}
+			choices, p = append(choices, int(v)), p[k:]
+		}
+	}
+	if len(choices) == 0 || choices[0] >= len(c.inits) {
+		return nil, ErrNondeterministic
+	}
 	var buf []byte
-	cur := c.inits[c.seen.succ.at(int(p[0]))]
-	buf = c.m.AppendFingerprint(buf[:0], &cur)
-	if fingerprintOf(buf) != c.seen.fps.at(int(p[0])) {
+	check := func(i int, s *S) bool {
+		if fps == nil && (i < len(choices)-1 || at.fp == (fingerprint{})) {
+			return true
+		}
+		want := at.fp
+		if fps != nil {
+			want = fps[i]
+		}
+		buf = c.m.AppendFingerprint(buf[:0], s)
+		return c.fingerprint(buf) == want
+	}
+	cur := c.inits[choices[0]]
+	if !check(0, &cur) {
 		return nil, ErrNondeterministic
 	}
 	trace := []Step[S, A]{{State: cur, Initial: true}}
-	for _, i := range p[1:] {
-		want := int(c.seen.succ.at(int(i)))
+	for i, want := range choices[1:] {
 		var next S
 		var action A
 		n, ok := 0, false
@@ -639,11 +736,7 @@ func (c *run[S, A]) rebuild(idx int32) ([]Step[S, A], error) {
 			}
 			n++
 		})
-		if !ok {
-			return nil, ErrNondeterministic
-		}
-		buf = c.m.AppendFingerprint(buf[:0], &next)
-		if fingerprintOf(buf) != c.seen.fps.at(int(i)) {
+		if !ok || !check(i+1, &next) {
 			return nil, ErrNondeterministic
 		}
 		cur = next

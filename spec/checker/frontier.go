@@ -29,11 +29,14 @@ type block[S any] struct {
 	idx    []int32 // state numbers
 	states []S     // without an encoder
 	data   []byte  // with an encoder: per state, a uvarint length and the encoding
+	paths  []byte  // bitstate mode: the states' paths, the i-th ending at idx[i]
 }
 
 func (b *block[S]) len() int { return len(b.idx) }
 
-func (b *block[S]) bytes() int { return 4*cap(b.idx) + cap(b.data) + cap(b.states)*sizeOf[S]() }
+func (b *block[S]) bytes() int {
+	return 4*cap(b.idx) + cap(b.data) + cap(b.paths) + cap(b.states)*sizeOf[S]()
+}
 
 // frontier is a FIFO of blocks: a prefix spilled to a file, the rest in memory.
 type frontier[S any] struct {
@@ -51,7 +54,7 @@ type frontier[S any] struct {
 	r            *bufio.Reader
 	spilled      int // blocks in the file not yet read
 	spilledBytes int64
-	hdr          [8]byte
+	hdr          [12]byte
 	pool         *blockPool[S] // shared by the frontiers of one run
 }
 
@@ -74,7 +77,7 @@ func (p *blockPool[S]) get(encoded bool) *block[S] {
 	if n := len(p.free); n > 0 {
 		b := p.free[n-1]
 		p.free = p.free[:n-1]
-		b.idx, b.states, b.data = b.idx[:0], b.states[:0], b.data[:0]
+		b.idx, b.states, b.data, b.paths = b.idx[:0], b.states[:0], b.data[:0], b.paths[:0]
 		return b
 	}
 	b := &block[S]{idx: make([]int32, 0, blockStates)}
@@ -136,6 +139,7 @@ func (f *frontier[S]) spillIfOver() error {
 		b := f.mem[0]
 		binary.LittleEndian.PutUint32(f.hdr[:4], uint32(len(b.idx)))
 		binary.LittleEndian.PutUint32(f.hdr[4:], uint32(len(b.data)))
+		binary.LittleEndian.PutUint32(f.hdr[8:], uint32(len(b.paths)))
 		if _, err := f.w.Write(f.hdr[:]); err != nil {
 			return fmt.Errorf("%w: %v", errSpill, err)
 		}
@@ -147,8 +151,11 @@ func (f *frontier[S]) spillIfOver() error {
 		if _, err := f.w.Write(b.data); err != nil {
 			return fmt.Errorf("%w: %v", errSpill, err)
 		}
+		if _, err := f.w.Write(b.paths); err != nil {
+			return fmt.Errorf("%w: %v", errSpill, err)
+		}
 		f.spilled++
-		f.spilledBytes += int64(8 + 4*len(b.idx) + len(b.data))
+		f.spilledBytes += int64(len(f.hdr) + 4*len(b.idx) + len(b.data) + len(b.paths))
 		f.memBytes -= b.bytes()
 		f.mem = f.mem[1:]
 		f.states -= b.len()
@@ -174,6 +181,7 @@ func (f *frontier[S]) take() (*block[S], error) {
 			return nil, fmt.Errorf("%w: %v", errSpill, err)
 		}
 		n, size := binary.LittleEndian.Uint32(f.hdr[:4]), binary.LittleEndian.Uint32(f.hdr[4:])
+		pathBytes := binary.LittleEndian.Uint32(f.hdr[8:])
 		b := f.pool.get(f.encoded)
 		var w [4]byte
 		for range n {
@@ -187,6 +195,13 @@ func (f *frontier[S]) take() (*block[S], error) {
 		}
 		b.data = b.data[:size]
 		if _, err := io.ReadFull(f.r, b.data); err != nil {
+			return nil, fmt.Errorf("%w: %v", errSpill, err)
+		}
+		if cap(b.paths) < int(pathBytes) {
+			b.paths = make([]byte, pathBytes)
+		}
+		b.paths = b.paths[:pathBytes]
+		if _, err := io.ReadFull(f.r, b.paths); err != nil {
 			return nil, fmt.Errorf("%w: %v", errSpill, err)
 		}
 		f.spilled--

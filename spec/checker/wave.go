@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 )
@@ -46,7 +47,7 @@ type expansion[S any] struct {
 	cands       []candidate
 	states      []S     // the candidates' states, without an encoder
 	data        []byte  // with an encoder: the candidates' encodings, each after its uvarint length
-	deadlocks   []int32 // sources with no enabled action that are not finished
+	deadlocks   []int32 // sources with no enabled action that are not finished (in bitstate mode, their positions in the block)
 	transitions int
 	err         error
 
@@ -55,6 +56,7 @@ type expansion[S any] struct {
 	offset   int         // the index of its first candidate in the wave
 	next     []*block[S] // its new states, for the next level's frontier
 	bad      []badState  // its new states that violate an invariant
+	block    *block[S]   // the block expanded (bitstate mode: the parents' paths)
 }
 
 // waveFirst is a candidate that first occurs in its wave.
@@ -97,7 +99,7 @@ func parallel(workers, n int, task func(i int)) {
 }
 
 // wave expands blocks and commits their new states, in BFS order, to next.
-func (c *run[S, A]) wave(blocks []*block[S], outs []*expansion[S], next *frontier[S], deadlocks *[]int32, newBad *[]badState) error {
+func (c *run[S, A]) wave(blocks []*block[S], outs []*expansion[S], next *frontier[S], deadlocks *[]stateRef, newBad *[]badState) error {
 	for len(c.scratch) < c.workers {
 		c.scratch = append(c.scratch, newWorker(c))
 	}
@@ -132,6 +134,13 @@ func (c *run[S, A]) wave(blocks []*block[S], outs []*expansion[S], next *frontie
 
 	// 2. deduplicate, by shard.
 	parallel(c.workers, numShards, func(s int) { c.dedup(s, outs, ref) })
+	if c.bits != nil {
+		for s := range numShards {
+			c.stored += len(c.waves[s].firsts)
+		}
+		parallel(c.workers, len(outs), func(i int) { c.commitBitstate(outs[i], ref) })
+		return c.collect(outs, ref, nil, next, deadlocks, newBad)
+	}
 	var more [numShards]int
 	for s := range more {
 		more[s] = len(c.waves[s].firsts)
@@ -158,14 +167,28 @@ func (c *run[S, A]) wave(blocks []*block[S], outs []*expansion[S], next *frontie
 			c.seen.place(f.fp, num[f.g])
 		}
 	})
+	return c.collect(outs, ref, num, next, deadlocks, newBad)
+}
+
+// collect gathers the wave's results, in block order: the serial part.
+func (c *run[S, A]) collect(outs []*expansion[S], ref, num []int32, next *frontier[S], deadlocks *[]stateRef, newBad *[]badState) error {
 	for _, out := range outs {
 		if out.err != nil {
 			return out.err
 		}
 		c.res.Stats.Transitions += out.transitions
-		*deadlocks = append(*deadlocks, out.deadlocks...)
+		for _, d := range out.deadlocks {
+			if c.bits != nil {
+				*deadlocks = append(*deadlocks, stateRef{path: slices.Clone(out.block.pathOf(int(d)))})
+			} else {
+				*deadlocks = append(*deadlocks, stateRef{idx: d})
+			}
+		}
 		*newBad = append(*newBad, out.bad...)
 		for ci := range out.cands {
+			if c.bits != nil {
+				break
+			}
 			cd := &out.cands[ci]
 			if g := out.offset + ci; int(ref[g]) == g && cd.goals|cd.badMask != 0 {
 				c.record(num[g], cd.goals, cd.badMask)
@@ -211,6 +234,19 @@ func (c *run[S, A]) dedup(s int, outs []*expansion[S], ref []int32) {
 		clear(ws.slots)
 	}
 	ws.firsts = ws.firsts[:0]
+	if c.bits != nil {
+		for _, out := range outs {
+			for _, ci := range out.byShard[out.shardEnd[s]:out.shardEnd[s+1]] {
+				g := int32(out.offset) + ci
+				ref[g] = -1
+				if fp := out.cands[ci].fp; c.bits.add(fp) {
+					ref[g] = g
+					ws.firsts = append(ws.firsts, waveFirst{fp, g})
+				}
+			}
+		}
+		return
+	}
 	mask := uint64(size - 1)
 	for _, out := range outs {
 		for _, ci := range out.byShard[out.shardEnd[s]:out.shardEnd[s+1]] {
@@ -256,7 +292,7 @@ func (c *run[S, A]) commit(out *expansion[S], ref, num []int32) {
 		idx := num[g]
 		c.seen.set(idx, cd.fp, cd.parent, cd.succ)
 		if cd.badMask != 0 {
-			out.bad = append(out.bad, badState{idx, cd.badMask})
+			out.bad = append(out.bad, badState{stateRef{idx: idx}, cd.badMask})
 			continue
 		}
 		if b == nil || b.len() == blockStates {
@@ -276,6 +312,44 @@ func (c *run[S, A]) commit(out *expansion[S], ref, num []int32) {
 			if e&candRef != 0 {
 				out.edges[i] = uint32(num[ref[out.offset+int(e&^candRef)]])
 			}
+		}
+	}
+}
+
+// commitBitstate writes an expansion's new states, with their paths, to
+// blocks of the next frontier.
+func (c *run[S, A]) commitBitstate(out *expansion[S], ref []int32) {
+	out.bad = out.bad[:0]
+	var b *block[S]
+	data := out.data
+	for ci := range out.cands {
+		cd := &out.cands[ci]
+		var enc []byte
+		if c.enc != nil {
+			l, k := binary.Uvarint(data)
+			enc, data = data[k:k+int(l)], data[k+int(l):]
+		}
+		if g := out.offset + ci; int(ref[g]) != g {
+			continue
+		}
+		parent := out.block.pathOf(int(cd.parent))
+		if cd.badMask != 0 {
+			path := binary.AppendUvarint(slices.Clone(parent), uint64(cd.succ))
+			out.bad = append(out.bad, badState{stateRef{path: path, fp: cd.fp}, cd.badMask})
+			continue
+		}
+		if b == nil || b.len() == blockStates {
+			b = c.blocks.get(c.enc != nil)
+			out.next = append(out.next, b)
+		}
+		b.paths = append(b.paths, parent...)
+		b.paths = binary.AppendUvarint(b.paths, uint64(cd.succ))
+		b.idx = append(b.idx, int32(len(b.paths)))
+		if c.enc == nil {
+			b.states = append(b.states, out.states[ci])
+		} else {
+			b.data = binary.AppendUvarint(b.data, uint64(len(enc)))
+			b.data = append(b.data, enc...)
 		}
 	}
 }
@@ -313,6 +387,7 @@ func (w *worker[S, A]) expand(b *block[S], out *expansion[S]) {
 	out.transitions, out.err = 0, nil
 	clear(w.local)
 	w.out = out
+	out.block = b
 	data := b.data
 	for i, parent := range b.idx {
 		var s *S
@@ -332,11 +407,14 @@ func (w *worker[S, A]) expand(b *block[S], out *expansion[S]) {
 			s = &w.state
 		}
 		w.parent, w.n = parent, 0
+		if c.bits != nil {
+			w.parent = int32(i)
+		}
 		c.m.Successors(s, w.emit)
 		out.transitions += w.n
 		out.edgeEnd = append(out.edgeEnd, int32(len(out.edges)))
 		if w.n == 0 && !c.m.Finished(s) {
-			out.deadlocks = append(out.deadlocks, parent)
+			out.deadlocks = append(out.deadlocks, w.parent)
 		}
 	}
 	w.out = nil
@@ -371,10 +449,14 @@ func (w *worker[S, A]) successor(a A, next *S) {
 		return
 	}
 	w.fbuf = c.m.AppendFingerprint(w.fbuf[:0], next)
-	fp := fingerprintOf(w.fbuf)
+	fp := c.fingerprint(w.fbuf)
 	fault := c.m.IsFault(a)
 	protocol := c.liveness && !fault
-	if known := c.seen.lookup(fp); known >= 0 {
+	if c.bits != nil {
+		if c.bits.has(fp) {
+			return
+		}
+	} else if known := c.seen.lookup(fp); known >= 0 {
 		if protocol {
 			out.edges = append(out.edges, uint32(known))
 		}
