@@ -102,3 +102,32 @@ func TestBitstateSpilledFrontierCarriesThePaths(t *testing.T) {
 		t.Fatalf("bitstate %+v, exhaustive %+v", bit.Stats, exh.Stats)
 	}
 }
+
+// TestSwarmMembersMissDifferentStates: bitstate runs of 12 philosophers in
+// a too-small array, with different seeds and search orders, store different
+// numbers of states, none all; with room, a shuffled order finds every state
+// and the shortest deadlock.
+func TestSwarmMembersMissDifferentStates(t *testing.T) {
+	m, _ := philo.New(12)
+	want := philo.Reachable(12)
+	best := 0
+	var runs []checker.Stats
+	for i := range uint64(4) {
+		res, err := checker.Check[uint64, int](m, checker.Properties[uint64]{}, checker.Options{All: true, Bitstate: uint64(want) / 4, Seed: 1 + i, Shuffle: 1 + i})
+		if err != nil {
+			t.Fatal(err)
+		}
+		runs = append(runs, res.Stats)
+		best = max(best, res.Stats.States)
+	}
+	if runs[0].States == runs[1].States && runs[1].States == runs[2].States || best >= want {
+		t.Fatalf("members stored %+v of %d states", runs, want)
+	}
+	res, err := checker.Check[uint64, int](m, checker.Properties[uint64]{}, checker.Options{All: true, Bitstate: 16 << 20, Seed: 9, Shuffle: 9})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Stats.States != want || res.OK() || len(res.Violations[0].Trace) != 13 {
+		t.Fatalf("shuffled with room: %+v", res.Stats)
+	}
+}

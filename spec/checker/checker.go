@@ -196,6 +196,10 @@ type Options struct {
 	// Seed seeds the bitstate mode's hash: runs with different seeds miss
 	// different states.
 	Seed uint64
+	// Shuffle, when not 0 in bitstate mode, changes the order in which each
+	// level's states are expanded (not their depth), by this seed: swarm
+	// members with different seeds and orders miss different states.
+	Shuffle uint64
 	// MaxRejects bounds how many counterexamples per property CheckAccepting's
 	// accept function may refuse (default 100000: with a partner switch that
 	// fails alone, refused candidates number in the thousands, and stopping

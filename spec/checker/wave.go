@@ -57,6 +57,8 @@ type expansion[S any] struct {
 	next     []*block[S] // its new states, for the next level's frontier
 	bad      []badState  // its new states that violate an invariant
 	block    *block[S]   // the block expanded (bitstate mode: the parents' paths)
+	order    []int32     // bitstate mode: the first occurrences, in order
+	encAt    []int32     // bitstate mode: per candidate, its encoding's start and end in data
 }
 
 // waveFirst is a candidate that first occurs in its wave.
@@ -320,18 +322,30 @@ func (c *run[S, A]) commit(out *expansion[S], ref, num []int32) {
 // blocks of the next frontier.
 func (c *run[S, A]) commitBitstate(out *expansion[S], ref []int32) {
 	out.bad = out.bad[:0]
-	var b *block[S]
-	data := out.data
+	out.order = out.order[:0]
+	out.encAt = out.encAt[:0]
+	data := 0
 	for ci := range out.cands {
-		cd := &out.cands[ci]
-		var enc []byte
 		if c.enc != nil {
-			l, k := binary.Uvarint(data)
-			enc, data = data[k:k+int(l)], data[k+int(l):]
+			l, k := binary.Uvarint(out.data[data:])
+			out.encAt = append(out.encAt, int32(data+k), int32(data+k+int(l)))
+			data += k + int(l)
 		}
-		if g := out.offset + ci; int(ref[g]) != g {
-			continue
+		if g := out.offset + ci; int(ref[g]) == g {
+			out.order = append(out.order, int32(ci))
 		}
+	}
+	// A swarm member's search order: each expansion's new states start at an
+	// offset of its own, so the next level is expanded in another order (each
+	// state stays at its depth, so traces stay shortest).
+	rot := 0
+	if c.opt.Shuffle != 0 && len(out.order) > 0 {
+		rot = int(mum(c.opt.Shuffle^uint64(out.offset), 0x9e3779b97f4a7c15) % uint64(len(out.order)))
+	}
+	var b *block[S]
+	for k := range out.order {
+		ci := int(out.order[(k+rot)%len(out.order)])
+		cd := &out.cands[ci]
 		parent := out.block.pathOf(int(cd.parent))
 		if cd.badMask != 0 {
 			path := binary.AppendUvarint(slices.Clone(parent), uint64(cd.succ))
@@ -348,6 +362,7 @@ func (c *run[S, A]) commitBitstate(out *expansion[S], ref []int32) {
 		if c.enc == nil {
 			b.states = append(b.states, out.states[ci])
 		} else {
+			enc := out.data[out.encAt[2*ci]:out.encAt[2*ci+1]]
 			b.data = binary.AppendUvarint(b.data, uint64(len(enc)))
 			b.data = append(b.data, enc...)
 		}
