@@ -7,6 +7,7 @@ import (
 
 	"github.com/kvhandoff/kvhandoff/spec"
 	"github.com/kvhandoff/kvhandoff/spec/checker"
+	philo "github.com/kvhandoff/kvhandoff/spec/checker/philosophers"
 )
 
 // specProperties binds the spec's predicates, as spec/explore does (explore
@@ -88,4 +89,63 @@ func BenchmarkCheckTwoPageBounds(b *testing.B) {
 	b.ReportMetric(float64(states)/b.Elapsed().Seconds(), "states/s")
 	b.ReportMetric(float64(cpuTime()-start)/float64(states), "cpu-ns/state")
 	b.ReportMetric(heapPerState, "heap-B/state")
+}
+
+// workerRates explores with 1 and with 2 workers, alternately in the same run
+// (so that a shared machine's load falls on both alike), and reports each
+// one's states/s and CPU per state and the ratio of the two rates. Each
+// exploration must find the same states, transitions and verdicts.
+func workerRates[S any, A comparable](b *testing.B, m checker.Model[S, A], props checker.Properties[S], opt checker.Options) {
+	var wall [2]time.Duration
+	var cpu [2]time.Duration
+	var states [2]int
+	var first *checker.Result[S, A]
+	for b.Loop() {
+		for i, w := range []int{1, 2} {
+			o := opt
+			o.Workers = w
+			t0, c0 := time.Now(), cpuTime()
+			res, err := checker.Check(m, props, o)
+			if err != nil {
+				b.Fatal(err)
+			}
+			wall[i] += time.Since(t0)
+			cpu[i] += cpuTime() - c0
+			states[i] += res.Stats.States
+			if first == nil {
+				first = res
+			} else if res.Stats.States != first.Stats.States || res.Stats.Transitions != first.Stats.Transitions ||
+				len(res.Violations) != len(first.Violations) {
+				b.Fatalf("%d workers: %+v, %d violations; 1 worker: %+v, %d violations", w, res.Stats, len(res.Violations), first.Stats, len(first.Violations))
+			}
+		}
+	}
+	rate := func(i int) float64 { return float64(states[i]) / wall[i].Seconds() }
+	b.ReportMetric(rate(0), "states/s-1w")
+	b.ReportMetric(rate(1), "states/s-2w")
+	b.ReportMetric(rate(1)/rate(0), "speedup-2w")
+	b.ReportMetric(float64(cpu[0])/float64(states[0]), "cpu-ns/state-1w")
+	b.ReportMetric(float64(cpu[1])/float64(states[1]), "cpu-ns/state-2w")
+	b.ReportMetric(0, "ns/op") // an op is two explorations: the rates above say it
+}
+
+// BenchmarkWorkersDefaultBounds: 1 and 2 workers at kvhandoff check's default
+// bounds (699,452 states).
+func BenchmarkWorkersDefaultBounds(b *testing.B) {
+	m, err := spec.New(spec.NewConfig(3, 4, 2))
+	if err != nil {
+		b.Fatal(err)
+	}
+	workerRates(b, m, specProperties(m), checker.Options{DeadlockName: spec.Termination})
+}
+
+// BenchmarkWorkersPhilosophers: 1 and 2 workers on 16 naive dining
+// philosophers (1,331,714 states, every one explored: All goes on past the
+// deadlock), the model of the SPIN comparison.
+func BenchmarkWorkersPhilosophers(b *testing.B) {
+	m, err := philo.New(16)
+	if err != nil {
+		b.Fatal(err)
+	}
+	workerRates(b, m, checker.Properties[uint64]{}, checker.Options{All: true})
 }

@@ -6,9 +6,6 @@ import (
 	"fmt"
 	"os"
 	"runtime"
-	"slices"
-	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -104,6 +101,8 @@ type Stats struct {
 	PeakHeap uint64
 	// Spilled is how many bytes of frontier were written to disk.
 	Spilled int64
+	// Bitstate describes the bit array of a bitstate exploration.
+	Bitstate BitstateStats
 	// Acyclic says whether the graph of protocol (non-fault) transitions has no
 	// cycle. It is computed only when the model has goals, liveness is checked and
 	// exploration ran to the end; otherwise it is Unknown.
@@ -187,6 +186,20 @@ type Options struct {
 	FrontierMemory int
 	// SpillDir is the directory for spill files; "" means os.TempDir().
 	SpillDir string
+	// Bitstate, when not 0, explores in bitstate mode (see BitstateStats) with
+	// a bit array of this many bytes (rounded down to a power of two): memory
+	// for the visited set fixed, at the risk of missing states. Liveness is
+	// not checked.
+	Bitstate uint64
+	// Hashes is how many bits a state sets in bitstate mode; 0 means 3 (SPIN's default).
+	Hashes int
+	// Seed seeds the bitstate mode's hash: runs with different seeds miss
+	// different states.
+	Seed uint64
+	// Shuffle, when not 0 in bitstate mode, changes the order in which each
+	// level's states are expanded (not their depth), by this seed: swarm
+	// members with different seeds and orders miss different states.
+	Shuffle uint64
 	// MaxRejects bounds how many counterexamples per property CheckAccepting's
 	// accept function may refuse (default 100000: with a partner switch that
 	// fails alone, refused candidates number in the thousands, and stopping
@@ -216,39 +229,14 @@ func (e *LimitError) Error() string {
 
 func (e *LimitError) Unwrap() error { return e.Err }
 
+// waveBlocks is how many frontier blocks a wave expands at once (at least):
+// enough that the phases' barriers cost little and the tasks balance.
+const waveBlocks = 32
+
 // defaultFrontierMemory is the default Options.FrontierMemory: past this the
 // frontier is read and written sequentially from disk, which costs little next
 // to expanding it.
 const defaultFrontierMemory = 512 << 20
-
-// candRef marks an edge whose target is a candidate of the same expansion,
-// numbered when the expansion is merged.
-const candRef = 1 << 31
-
-// candidate is a successor not in the visited set when it was generated.
-type candidate struct {
-	parent  int32
-	succ    uint16
-	fault   bool
-	fp      fingerprint
-	badMask uint64 // invariants violated (bit i = invariant i)
-	goals   uint64 // goals reached
-}
-
-// expansion is what a worker produced from one frontier block.
-type expansion[S any] struct {
-	src         []int32  // the block's states, in order
-	edgeEnd     []int32  // per source, the end of its edges in edges
-	edges       []uint32 // protocol edges: a state number, or candRef|candidate
-	cands       []candidate
-	states      []S     // the candidates' states, without an encoder
-	data        []byte  // with an encoder: the candidates' encodings, each after its uvarint length
-	deadlocks   []int32 // sources with no enabled action that are not finished
-	transitions int
-	err         error
-	local       map[fingerprint]int32 // candidates of this block by fingerprint
-	numbers     []int32               // the candidates' state numbers, set by merge
-}
 
 // Check explores every state of m reachable from its initial states.
 func Check[S any, A comparable](m Model[S, A], props Properties[S], opt Options) (*Result[S, A], error) {
@@ -285,8 +273,10 @@ type run[S any, A comparable] struct {
 	start    time.Time
 	inits    []S
 	seen     *visited
-	bad      bitset   // states that violate an invariant: never expanded
-	goalSets []bitset // per goal, the states that reach it
+	bits     *bitArray // bitstate mode: the visited set; seen holds initial states only
+	stored   int       // bitstate mode: states stored
+	bad      bitset    // states that violate an invariant: never expanded
+	goalSets []bitset  // per goal, the states that reach it
 	edges    graph
 	res      *Result[S, A]
 	found    map[string]bool
@@ -296,6 +286,9 @@ type run[S any, A comparable] struct {
 
 	blocks  blockPool[S]
 	scratch []*worker[S, A]
+	waves   [numShards]waveSet // per shard, the wave's first occurrences
+	ref     []int32            // per candidate of the wave, its first occurrence's index
+	num     []int32            // per first occurrence, its state number
 }
 
 func newRun[S any, A comparable](m Model[S, A], props Properties[S], opt Options, accept func(Violation[S, A]) bool) (*run[S, A], error) {
@@ -310,7 +303,13 @@ func newRun[S any, A comparable](m Model[S, A], props Properties[S], opt Options
 	if c.workers <= 0 {
 		c.workers = runtime.GOMAXPROCS(0)
 	}
-	c.liveness = len(c.goals) > 0 && !opt.SkipLiveness
+	if opt.Bitstate > 0 {
+		if c.opt.Hashes <= 0 {
+			c.opt.Hashes = 3
+		}
+		c.bits = newBitArray(opt.Bitstate, c.opt.Hashes)
+	}
+	c.liveness = len(c.goals) > 0 && !opt.SkipLiveness && c.bits == nil
 	c.deadlockName = opt.DeadlockName
 	if c.deadlockName == "" {
 		c.deadlockName = DeadlockProperty
@@ -361,14 +360,14 @@ func (c *run[S, A]) evalGoals(s *S) uint64 {
 }
 
 // report records a violation; it returns accepted=false when accept refused it.
-func (c *run[S, A]) report(prop string, kind Kind, idx int32) (bool, error) {
+func (c *run[S, A]) report(prop string, kind Kind, at stateRef) (bool, error) {
 	if c.found[prop] {
 		return true, nil
 	}
 	if c.rejects[prop] >= c.opt.MaxRejects {
 		return false, nil
 	}
-	trace, err := c.rebuild(idx)
+	trace, err := c.rebuild(at)
 	if err != nil {
 		return false, err
 	}
@@ -387,10 +386,10 @@ func (c *run[S, A]) report(prop string, kind Kind, idx int32) (bool, error) {
 	return true, nil
 }
 
-func (c *run[S, A]) reportMask(bad uint64, idx int32) error {
+func (c *run[S, A]) reportMask(bad uint64, at stateRef) error {
 	for i := range c.invs {
 		if bad&(1<<i) != 0 {
-			if _, err := c.report(c.invs[i].Name, Safety, idx); err != nil {
+			if _, err := c.report(c.invs[i].Name, Safety, at); err != nil {
 				return err
 			}
 		}
@@ -411,13 +410,21 @@ func (c *run[S, A]) record(idx int32, goals, badMask uint64) {
 }
 
 type badState struct {
-	idx  int32
+	at   stateRef
 	mask uint64
+}
+
+// count is the number of states stored.
+func (c *run[S, A]) count() int {
+	if c.bits != nil {
+		return c.stored
+	}
+	return c.seen.len()
 }
 
 func (c *run[S, A]) stats() Stats {
 	st := c.res.Stats
-	st.States = c.seen.len()
+	st.States = c.count()
 	st.Elapsed = time.Since(c.start)
 	return st
 }
@@ -429,42 +436,79 @@ func (c *run[S, A]) run() (*Result[S, A], error) {
 	c.inits = c.m.Initial()
 	var buf []byte
 	var newBad []badState
+	var b0 *block[S]
 	for i := range c.inits {
 		s := &c.inits[i]
 		buf = c.m.AppendFingerprint(buf[:0], s)
 		if i > maxSuccessors {
 			return nil, fmt.Errorf("checker: more than %d initial states", maxSuccessors)
 		}
-		idx, added := c.seen.insert(fingerprintOf(buf), -1, uint16(i))
-		if !added {
-			continue
+		fp := c.fingerprint(buf)
+		var at stateRef
+		if c.bits != nil {
+			if !c.bits.add(fp) {
+				continue
+			}
+			c.stored++
+			at = stateRef{path: binary.AppendUvarint(nil, uint64(i)), fp: fp}
+		} else {
+			idx, added := c.seen.insert(fp, -1, uint16(i))
+			if !added {
+				continue
+			}
+			at.idx = idx
 		}
 		bad := c.evalInvs(s)
-		c.record(idx, c.evalGoals(s), bad)
+		if c.bits == nil {
+			c.record(at.idx, c.evalGoals(s), bad)
+		}
 		if bad != 0 {
-			newBad = append(newBad, badState{idx, bad})
+			newBad = append(newBad, badState{at, bad})
 			continue
 		}
-		if err := c.push(cur, idx, s, &buf); err != nil {
+		if b0 == nil || b0.len() == blockStates {
+			if b0 != nil {
+				if err := cur.push(b0); err != nil {
+					return nil, err
+				}
+			}
+			b0 = c.blocks.get(c.enc != nil)
+		}
+		if c.bits != nil {
+			b0.paths = append(b0.paths, at.path...)
+			b0.idx = append(b0.idx, int32(len(b0.paths)))
+		} else {
+			b0.idx = append(b0.idx, at.idx)
+		}
+		if c.enc == nil {
+			b0.states = append(b0.states, *s)
+		} else {
+			buf = c.enc.AppendState(buf[:0], s)
+			b0.data = binary.AppendUvarint(b0.data, uint64(len(buf)))
+			b0.data = append(b0.data, buf...)
+		}
+	}
+	if b0 != nil {
+		if err := cur.push(b0); err != nil {
 			return nil, err
 		}
 	}
 	for _, b := range newBad {
-		if err := c.reportMask(b.mask, b.idx); err != nil {
+		if err := c.reportMask(b.mask, b.at); err != nil {
 			return nil, err
 		}
 	}
 
-	outs := make([]*expansion[S], 2*c.workers) // a wave: blocks expanded in parallel, then merged in order
+	outs := make([]*expansion[S], max(waveBlocks, 4*c.workers))
 	for i := range outs {
-		outs[i] = &expansion[S]{local: map[fingerprint]int32{}}
+		outs[i] = &expansion[S]{}
 	}
 	blocks := make([]*block[S], len(outs))
 	depth := 0
 	lastTick := time.Now()
-	for cur.states > 0 && !c.stop {
+	for cur.len() > 0 && !c.stop {
 		next := c.newFrontier()
-		var deadlocks []int32
+		var deadlocks []stateRef
 		newBad = newBad[:0]
 		for {
 			n := 0
@@ -483,14 +527,14 @@ func (c *run[S, A]) run() (*Result[S, A], error) {
 			if n == 0 {
 				break
 			}
-			c.expandWave(blocks[:n], outs[:n])
-			for i := 0; i < n; i++ {
+			err := c.wave(blocks[:n], outs[:n], next, &deadlocks, &newBad)
+			for i := range n {
 				cur.recycle(blocks[i])
 				blocks[i] = nil
-				if err := c.merge(outs[i], next, &deadlocks, &newBad, &buf); err != nil {
-					next.close()
-					return nil, err
-				}
+			}
+			if err != nil {
+				next.close()
+				return nil, err
 			}
 			if err := c.limits(depth); err != nil {
 				next.close()
@@ -509,7 +553,7 @@ func (c *run[S, A]) run() (*Result[S, A], error) {
 		for _, d := range deadlocks {
 			if c.deferDeadlocks {
 				if c.firstDeadlock < 0 {
-					c.firstDeadlock = d
+					c.firstDeadlock = d.idx
 				}
 				continue
 			}
@@ -518,20 +562,20 @@ func (c *run[S, A]) run() (*Result[S, A], error) {
 			}
 		}
 		for _, b := range newBad {
-			if err := c.reportMask(b.mask, b.idx); err != nil {
+			if err := c.reportMask(b.mask, b.at); err != nil {
 				return nil, err
 			}
 		}
-		if cur.states > 0 {
+		if cur.len() > 0 {
 			depth++
 		}
 		c.res.Stats.Depth = depth
 	}
-	n := c.seen.len()
+	n := c.count()
 	c.res.Stats.States = n
 	c.res.Stats.Depth = depth
 	c.seen.dropIndex()
-	c.blocks = blockPool[S]{}
+	c.blocks.free = nil
 
 	if c.liveness && !c.stop {
 		c.heap.over(0)
@@ -541,13 +585,24 @@ func (c *run[S, A]) run() (*Result[S, A], error) {
 		c.edges.close(n)
 		rev := c.edges.reverse(n)
 		c.heap.over(0)
+		// The cycle check and each goal's backward search are independent:
+		// they run at once, and are reported in goal order.
+		unreached := make([][]int32, len(c.goals))
+		isAcyclic := false
+		parallel(c.workers, len(c.goals)+1, func(i int) {
+			if i == 0 {
+				isAcyclic = acyclic(n, &c.edges, rev)
+				return
+			}
+			unreached[i-1] = unreachableGoal(n, rev, c.goalSets[i-1], c.bad, c.opt.MaxRejects)
+		})
 		c.res.Stats.Acyclic = No
-		if acyclic(n, &c.edges, rev) {
+		if isAcyclic {
 			c.res.Stats.Acyclic = Yes
 		}
 		for gi, g := range c.goals {
-			for _, idx := range unreachableGoal(n, rev, c.goalSets[gi], c.bad, c.opt.MaxRejects) {
-				ok, err := c.report(g.Name, Liveness, idx)
+			for _, idx := range unreached[gi] {
+				ok, err := c.report(g.Name, Liveness, stateRef{idx: idx})
 				if err != nil {
 					return nil, err
 				}
@@ -560,13 +615,16 @@ func (c *run[S, A]) run() (*Result[S, A], error) {
 			}
 		}
 		if c.firstDeadlock >= 0 && !c.found[c.deadlockName] && !c.stop {
-			if _, err := c.report(c.deadlockName, Deadlock, c.firstDeadlock); err != nil {
+			if _, err := c.report(c.deadlockName, Deadlock, stateRef{idx: c.firstDeadlock}); err != nil {
 				return nil, err
 			}
 		}
 	}
 	c.heap.over(0)
 	c.res.Stats.PeakHeap = c.heap.peak
+	if c.bits != nil {
+		c.res.Stats.Bitstate = c.bits.stats()
+	}
 	sortByLength(c.res.Violations)
 	c.res.Stats.Elapsed = time.Since(c.start)
 	return c.res, nil
@@ -577,17 +635,20 @@ func (c *run[S, A]) limits(depth int) error {
 	over, _ := c.heap.over(c.opt.MaxMemory)
 	var limit error
 	switch {
-	case c.opt.MaxStates > 0 && c.seen.len() > c.opt.MaxStates:
+	case c.opt.MaxStates > 0 && c.count() > c.opt.MaxStates:
 		limit = ErrTooManyStates
 	case over:
 		limit = ErrMemoryLimit
 	default:
 		return nil
 	}
-	c.res.Stats.States = c.seen.len()
+	c.res.Stats.States = c.count()
 	c.res.Stats.Depth = depth
 	c.res.Stats.PeakHeap = c.heap.peak
 	c.res.Stats.Elapsed = time.Since(c.start)
+	if c.bits != nil {
+		c.res.Stats.Bitstate = c.bits.stats()
+	}
 	return &LimitError{Err: limit, Stats: c.res.Stats}
 }
 
@@ -600,198 +661,7 @@ func (c *run[S, A]) newFrontier() *frontier[S] {
 // no more than 8 bytes per visited state (but 32 MiB at least), so that the
 // frontier never dominates the per-state cost.
 func (c *run[S, A]) frontierBudget() int {
-	return max(1, min(c.opt.FrontierMemory/2, max(32<<20, 8*c.seen.len())))
-}
-
-// push appends a state to a frontier, encoded if the model can.
-func (c *run[S, A]) push(f *frontier[S], idx int32, s *S, buf *[]byte) error {
-	if c.enc == nil {
-		return f.pushState(idx, *s)
-	}
-	*buf = c.enc.AppendState((*buf)[:0], s)
-	return f.pushEncoded(idx, *buf)
-}
-
-// expandWave expands blocks[i] into outs[i], in parallel.
-func (c *run[S, A]) expandWave(blocks []*block[S], outs []*expansion[S]) {
-	for len(c.scratch) < c.workers {
-		c.scratch = append(c.scratch, newWorker(c))
-	}
-	var next atomic.Int32
-	var wg sync.WaitGroup
-	for wi := range min(c.workers, len(blocks)) {
-		wg.Add(1)
-		go func(w *worker[S, A]) {
-			defer wg.Done()
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= len(blocks) {
-					return
-				}
-				w.expand(blocks[i], outs[i])
-			}
-		}(c.scratch[wi])
-	}
-	wg.Wait()
-}
-
-// worker is one goroutine's scratch space, kept for the whole run: expanding a
-// state allocates nothing.
-type worker[S any, A comparable] struct {
-	c     *run[S, A]
-	state S // the state being expanded
-	fbuf  []byte
-	ebuf  []byte
-	emit  func(a A, succ *S) // looks at one successor of the state being expanded
-
-	out    *expansion[S] // where successors go
-	parent int32         // the number of the state being expanded
-	n      int           // its successors so far
-}
-
-func newWorker[S any, A comparable](c *run[S, A]) *worker[S, A] {
-	w := &worker[S, A]{c: c}
-	w.emit = w.successor
-	return w
-}
-
-// expand generates the successors of every state of b. It only reads the
-// visited set, which nobody writes while workers run.
-func (w *worker[S, A]) expand(b *block[S], out *expansion[S]) {
-	c := w.c
-	out.src = append(out.src[:0], b.idx...)
-	out.edgeEnd, out.edges, out.cands = out.edgeEnd[:0], out.edges[:0], out.cands[:0]
-	clear(out.states)
-	out.states, out.data, out.deadlocks = out.states[:0], out.data[:0], out.deadlocks[:0]
-	out.transitions, out.err = 0, nil
-	clear(out.local)
-	w.out = out
-	data := b.data
-	for i, parent := range b.idx {
-		var s *S
-		if c.enc == nil {
-			s = &b.states[i]
-		} else {
-			l, k := binary.Uvarint(data)
-			if k <= 0 || uint64(len(data)-k) < l {
-				out.err = errors.New("checker: corrupt frontier block")
-				return
-			}
-			if err := c.enc.DecodeState(data[k:k+int(l)], &w.state); err != nil {
-				out.err = fmt.Errorf("checker: DecodeState: %w", err)
-				return
-			}
-			data = data[k+int(l):]
-			s = &w.state
-		}
-		w.parent, w.n = parent, 0
-		c.m.Successors(s, w.emit)
-		out.transitions += w.n
-		out.edgeEnd = append(out.edgeEnd, int32(len(out.edges)))
-		if w.n == 0 && !c.m.Finished(s) {
-			out.deadlocks = append(out.deadlocks, parent)
-		}
-	}
-	w.out = nil
-}
-
-// successor looks at the next successor of the state being expanded.
-func (w *worker[S, A]) successor(a A, next *S) {
-	c, out := w.c, w.out
-	k := w.n
-	w.n++
-	if k > maxSuccessors {
-		out.err = fmt.Errorf("checker: a state has more than %d successors", maxSuccessors)
-		return
-	}
-	w.fbuf = c.m.AppendFingerprint(w.fbuf[:0], next)
-	fp := fingerprintOf(w.fbuf)
-	fault := c.m.IsFault(a)
-	protocol := c.liveness && !fault
-	if known := c.seen.lookup(fp); known >= 0 {
-		if protocol {
-			out.edges = append(out.edges, uint32(known))
-		}
-		return
-	}
-	if ci, ok := out.local[fp]; ok {
-		if protocol {
-			out.edges = append(out.edges, candRef|uint32(ci))
-		}
-		return
-	}
-	ci := int32(len(out.cands))
-	out.local[fp] = ci
-	out.cands = append(out.cands, candidate{parent: w.parent, succ: uint16(k), fault: fault, fp: fp,
-		badMask: c.evalInvs(next), goals: c.evalGoals(next)})
-	if protocol {
-		out.edges = append(out.edges, candRef|uint32(ci))
-	}
-	if c.enc == nil {
-		out.states = append(out.states, *next)
-	} else {
-		w.ebuf = c.enc.AppendState(w.ebuf[:0], next)
-		out.data = binary.AppendUvarint(out.data, uint64(len(w.ebuf)))
-		out.data = append(out.data, w.ebuf...)
-	}
-}
-
-// merge numbers the new states of one expansion, in order, and appends them to
-// the next frontier and their edges to the graph.
-func (c *run[S, A]) merge(out *expansion[S], next *frontier[S], deadlocks *[]int32, newBad *[]badState, buf *[]byte) error {
-	if out.err != nil {
-		return out.err
-	}
-	c.res.Stats.Transitions += out.transitions
-	*deadlocks = append(*deadlocks, out.deadlocks...)
-	numbers := slices.Grow(out.numbers[:0], len(out.cands))[:len(out.cands)]
-	out.numbers = numbers
-	data := out.data
-	for ci := range out.cands {
-		cd := &out.cands[ci]
-		var enc []byte
-		if c.enc != nil {
-			l, k := binary.Uvarint(data)
-			enc, data = data[k:k+int(l)], data[k+int(l):]
-		}
-		idx, added := c.seen.insert(cd.fp, cd.parent, cd.succ)
-		numbers[ci] = idx
-		if !added {
-			continue
-		}
-		c.record(idx, cd.goals, cd.badMask)
-		if cd.badMask != 0 {
-			*newBad = append(*newBad, badState{idx, cd.badMask})
-			continue
-		}
-		var err error
-		if c.enc == nil {
-			err = next.pushState(idx, out.states[ci])
-		} else {
-			err = next.pushEncoded(idx, enc)
-		}
-		if err != nil {
-			return err
-		}
-	}
-	if !c.liveness {
-		return nil
-	}
-	from := int32(0)
-	for si, src := range out.src {
-		c.edges.open(src)
-		for _, e := range out.edges[from:out.edgeEnd[si]] {
-			dst := int32(e)
-			if e&candRef != 0 {
-				dst = numbers[e&^candRef]
-			}
-			if err := c.edges.add(dst); err != nil {
-				return err
-			}
-		}
-		from = out.edgeEnd[si]
-	}
-	return nil
+	return max(1, min(c.opt.FrontierMemory/2, max(32<<20, 8*c.count())))
 }
 
 func sortByLength[S any, A comparable](v []Violation[S, A]) {
@@ -803,19 +673,64 @@ func sortByLength[S any, A comparable](v []Violation[S, A]) {
 	}
 }
 
+// stateRef names a state to report: by number, or in bitstate mode by its
+// path (and fingerprint, when known).
+type stateRef struct {
+	idx  int32
+	path []byte
+	fp   fingerprint
+}
+
+// fingerprint hashes a canonical encoding: with a seeded hash in bitstate
+// mode, whose collisions replay from the seed.
+func (c *run[S, A]) fingerprint(b []byte) fingerprint {
+	if c.bits != nil {
+		return seededHash(c.opt.Seed, b)
+	}
+	return fingerprintOf(b)
+}
+
 // rebuild replays the recorded choices from the initial state to produce the
-// concrete trace that reaches idx, checking each state's fingerprint.
-func (c *run[S, A]) rebuild(idx int32) ([]Step[S, A], error) {
-	p := c.seen.path(idx)
+// concrete trace that reaches a state, checking each state's fingerprint
+// (in bitstate mode, the last one's, when known).
+func (c *run[S, A]) rebuild(at stateRef) ([]Step[S, A], error) {
+	var choices []int
+	var fps []fingerprint
+	if at.path == nil {
+		for _, i := range c.seen.path(at.idx) {
+			choices = append(choices, int(c.seen.succ.at(int(i))))
+			fps = append(fps, c.seen.fps.at(int(i)))
+		}
+	} else {
+		for p := at.path; len(p) > 0; {
+			v, k := binary.Uvarint(p)
+			if k <= 0 {
+				return nil, errors.New("checker: corrupt path")
+			}
+			choices, p = append(choices, int(v)), p[k:]
+		}
+	}
+	if len(choices) == 0 || choices[0] >= len(c.inits) {
+		return nil, ErrNondeterministic
+	}
 	var buf []byte
-	cur := c.inits[c.seen.succ.at(int(p[0]))]
-	buf = c.m.AppendFingerprint(buf[:0], &cur)
-	if fingerprintOf(buf) != c.seen.fps.at(int(p[0])) {
+	check := func(i int, s *S) bool {
+		if fps == nil && (i < len(choices)-1 || at.fp == (fingerprint{})) {
+			return true
+		}
+		want := at.fp
+		if fps != nil {
+			want = fps[i]
+		}
+		buf = c.m.AppendFingerprint(buf[:0], s)
+		return c.fingerprint(buf) == want
+	}
+	cur := c.inits[choices[0]]
+	if !check(0, &cur) {
 		return nil, ErrNondeterministic
 	}
 	trace := []Step[S, A]{{State: cur, Initial: true}}
-	for _, i := range p[1:] {
-		want := int(c.seen.succ.at(int(i)))
+	for i, want := range choices[1:] {
 		var next S
 		var action A
 		n, ok := 0, false
@@ -825,11 +740,7 @@ func (c *run[S, A]) rebuild(idx int32) ([]Step[S, A], error) {
 			}
 			n++
 		})
-		if !ok {
-			return nil, ErrNondeterministic
-		}
-		buf = c.m.AppendFingerprint(buf[:0], &next)
-		if fingerprintOf(buf) != c.seen.fps.at(int(i)) {
+		if !ok || !check(i+1, &next) {
 			return nil, ErrNondeterministic
 		}
 		cur = next

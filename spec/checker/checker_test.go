@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/kvhandoff/kvhandoff/spec"
 	"github.com/kvhandoff/kvhandoff/spec/checker"
 )
 
@@ -506,5 +507,54 @@ func TestCheckRestoresTheCollectorSettingsAfterConcurrentRuns(t *testing.T) {
 	p := debug.SetGCPercent(programPercent)
 	if l := debug.SetMemoryLimit(-1); p != programPercent || l != programLimit {
 		t.Errorf("after both runs: GOGC %d and memory limit %d, want the program's %d and %d back", p, l, programPercent, programLimit)
+	}
+}
+
+// TestWorkerCountsExploreTheSameGraph: with 1, 2 and 5 workers the spec's
+// states, transitions, depth, acyclicity and counterexample are the same, for
+// the correct protocol (64,551 states at the default bounds with at most two
+// faults: 8 waves, with duplicates across blocks and shards) and a bug's
+// counterexample.
+func TestWorkerCountsExploreTheSameGraph(t *testing.T) {
+	cfg := spec.NewConfig(3, 4, 2)
+	cfg.MaxFaults = 2
+	for _, bugs := range []spec.Switches{0, spec.Switches(0).With(spec.EagerRelease)} {
+		cfg.Bugs = bugs
+		m, err := spec.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var first *checker.Result[spec.State, spec.Action]
+		for _, w := range []int{1, 2, 5} {
+			res, err := checker.Check(m, specProperties(m), checker.Options{Workers: w, DeadlockName: spec.Termination})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if bugs == 0 && (!res.OK() || res.Stats.Acyclic != checker.Yes) {
+				t.Fatalf("the correct protocol: %+v, %d violations", res.Stats, len(res.Violations))
+			}
+			if bugs != 0 && res.OK() {
+				t.Fatalf("%s: no violation", bugs)
+			}
+			if first == nil {
+				first = res
+				continue
+			}
+			if res.Stats.States != first.Stats.States || res.Stats.Transitions != first.Stats.Transitions ||
+				res.Stats.Depth != first.Stats.Depth || res.Stats.Acyclic != first.Stats.Acyclic {
+				t.Fatalf("%s: %d workers %+v, 1 worker %+v", bugs, w, res.Stats, first.Stats)
+			}
+			if len(res.Violations) != len(first.Violations) {
+				t.Fatalf("%s: %d workers found %d violations, 1 worker %d", bugs, w, len(res.Violations), len(first.Violations))
+			}
+			for i, v := range res.Violations {
+				if v.Property != first.Violations[i].Property || !slices.Equal(v.Trace, first.Violations[i].Trace) {
+					t.Fatalf("%s: %d workers' counterexample of %s differs from 1 worker's", bugs, w, v.Property)
+				}
+			}
+		}
+		if bugs == 0 && first.Stats.States != 64551 {
+			t.Fatalf("%d states, docs/spec.md says 64,551", first.Stats.States)
+		}
 	}
 }

@@ -15,11 +15,32 @@ type chunked[T any] struct {
 func (c *chunked[T]) len() int { return c.n }
 
 func (c *chunked[T]) append(v T) {
-	if c.n&(1<<chunkBits-1) == 0 {
+	if c.n&(1<<chunkBits-1) == 0 && c.n>>chunkBits == len(c.chunks) {
 		c.chunks = append(c.chunks, make([]T, 1<<chunkBits))
 	}
 	c.chunks[c.n>>chunkBits][c.n&(1<<chunkBits-1)] = v
 	c.n++
+}
+
+// appendSlice appends vs, a chunk's worth at a time.
+func (c *chunked[T]) appendSlice(vs []T) {
+	for len(vs) > 0 {
+		if c.n>>chunkBits == len(c.chunks) {
+			c.chunks = append(c.chunks, make([]T, 1<<chunkBits))
+		}
+		k := copy(c.chunks[c.n>>chunkBits][c.n&(1<<chunkBits-1):], vs)
+		c.n += k
+		vs = vs[k:]
+	}
+}
+
+// grow sets the length to n (never shrinking), allocating chunks, so that
+// goroutines may then set distinct elements at once.
+func (c *chunked[T]) grow(n int) {
+	for len(c.chunks)<<chunkBits < n {
+		c.chunks = append(c.chunks, make([]T, 1<<chunkBits))
+	}
+	c.n = max(c.n, n)
 }
 
 func (c *chunked[T]) at(i int) T { return c.chunks[i>>chunkBits][i&(1<<chunkBits-1)] }

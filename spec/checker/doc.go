@@ -26,7 +26,8 @@
 // Memory: for each visited state the checker keeps a 128-bit fingerprint, the
 // parent's number and which of the parent's successors (its index in emission
 // order) led to it: 22 bytes, in chunked arrays that grow without copying. An
-// open-addressing index of state numbers adds 5 to 11 bytes. For liveness it
+// open-addressing index of state numbers, in 64 shards that grow together,
+// adds 5 to 11 bytes. For liveness it
 // keeps the protocol transitions as a compressed sparse row graph (4 bytes per
 // state and per protocol transition) and a bit per state per goal; the
 // analysis at the end builds the reverse graph (4 more per state and per
@@ -47,11 +48,16 @@
 // the model's fingerprint is computed once per transition and its encoding
 // once per new state, and those two dominate the checker's own costs.
 //
-// Exploration is parallel (one worker per core) and deterministic: a level's
-// frontier is cut into blocks of 256 states; workers expand a wave of blocks
-// at once, reading the visited set, and the wave is then merged in block order,
-// numbering new states in the order a sequential search would, so two runs
-// report the same counterexample whatever the core count.
+// Exploration is parallel (one worker per core) and deterministic, with no
+// serial merge: a level's frontier is cut into blocks of 256 states, and a
+// wave of blocks goes through three phases, each a set of independent tasks
+// the workers share: expand the blocks (reading the visited set only), then
+// keep the first occurrence of each new state in the wave, one shard of the
+// visited set's index at a time, then record, index and enqueue the new
+// states, by block and by shard. New states are numbered in the order a
+// sequential search numbers them (a serial loop over an array), so two runs
+// report the same counterexample whatever the core count. The liveness
+// analysis runs its cycle check and each goal's search at once.
 //
 // [Simulate] explores by seeded random walks instead, for bounds too large to
 // exhaust; a walk replays exactly from its seed.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sync"
 )
 
 // Encoder is implemented by a model whose states can be written compactly. The
@@ -28,11 +29,14 @@ type block[S any] struct {
 	idx    []int32 // state numbers
 	states []S     // without an encoder
 	data   []byte  // with an encoder: per state, a uvarint length and the encoding
+	paths  []byte  // bitstate mode: the states' paths, the i-th ending at idx[i]
 }
 
 func (b *block[S]) len() int { return len(b.idx) }
 
-func (b *block[S]) bytes() int { return 4*cap(b.idx) + cap(b.data) + cap(b.states)*sizeOf[S]() }
+func (b *block[S]) bytes() int {
+	return 4*cap(b.idx) + cap(b.data) + cap(b.paths) + cap(b.states)*sizeOf[S]()
+}
 
 // frontier is a FIFO of blocks: a prefix spilled to a file, the rest in memory.
 type frontier[S any] struct {
@@ -41,14 +45,16 @@ type frontier[S any] struct {
 	dir      string
 	mem      []*block[S] // in order, after the spilled blocks
 	memBytes int
-	states   int
+	states   int // in memory
+
+	spilledStates int // in the file, not yet read
 
 	file         *os.File
 	w            *bufio.Writer
 	r            *bufio.Reader
 	spilled      int // blocks in the file not yet read
 	spilledBytes int64
-	hdr          [8]byte
+	hdr          [12]byte
 	pool         *blockPool[S] // shared by the frontiers of one run
 }
 
@@ -57,21 +63,25 @@ type frontier[S any] struct {
 // of garbage for the collector to find, which with the default GOGC may sit in
 // memory until the live heap doubles. For the same reason a new block's data
 // is allocated at the size full blocks reached, not grown by appending.
+// Workers fill blocks at once, so it is locked.
 type blockPool[S any] struct {
+	sync.Mutex
 	free     []*block[S]
 	dataHint int // bytes of data in the last full block
 }
 
-func (f *frontier[S]) newBlock() *block[S] {
-	p := f.pool
+// get returns an empty block.
+func (p *blockPool[S]) get(encoded bool) *block[S] {
+	p.Lock()
+	defer p.Unlock()
 	if n := len(p.free); n > 0 {
 		b := p.free[n-1]
 		p.free = p.free[:n-1]
-		b.idx, b.states, b.data = b.idx[:0], b.states[:0], b.data[:0]
+		b.idx, b.states, b.data, b.paths = b.idx[:0], b.states[:0], b.data[:0], b.paths[:0]
 		return b
 	}
 	b := &block[S]{idx: make([]int32, 0, blockStates)}
-	if f.encoded {
+	if encoded {
 		b.data = make([]byte, 0, p.dataHint+p.dataHint/8)
 	} else {
 		b.states = make([]S, 0, blockStates)
@@ -79,52 +89,32 @@ func (f *frontier[S]) newBlock() *block[S] {
 	return b
 }
 
-// recycle takes back a block whose states were expanded.
-func (f *frontier[S]) recycle(b *block[S]) {
+// put takes back a block whose states were expanded or moved on.
+func (p *blockPool[S]) put(b *block[S]) {
 	clear(b.states) // states may hold references
-	f.pool.free = append(f.pool.free, b)
+	p.Lock()
+	defer p.Unlock()
+	if b.len() == blockStates && len(b.data) > 0 {
+		p.dataHint = len(b.data)
+	}
+	p.free = append(p.free, b)
 }
 
-// tail returns the block to append to, starting a new one when the last is full.
-func (f *frontier[S]) tail() (*block[S], error) {
-	if n := len(f.mem); n > 0 && f.mem[n-1].len() < blockStates {
-		return f.mem[n-1], nil
+// recycle takes back a block whose states were expanded.
+func (f *frontier[S]) recycle(b *block[S]) { f.pool.put(b) }
+
+// push appends a block, which the frontier then owns; an empty one goes back to the pool.
+func (f *frontier[S]) push(b *block[S]) error {
+	if b.len() == 0 {
+		f.pool.put(b)
+		return nil
 	}
 	if err := f.spillIfOver(); err != nil {
-		return nil, err
+		return err
 	}
-	b := f.newBlock()
 	f.mem = append(f.mem, b)
-	return b, nil
-}
-
-func (f *frontier[S]) pushState(idx int32, s S) error {
-	b, err := f.tail()
-	if err != nil {
-		return err
-	}
-	b.idx = append(b.idx, idx)
-	b.states = append(b.states, s)
-	f.states++
-	if b.len() == blockStates {
-		f.memBytes += b.bytes()
-	}
-	return nil
-}
-
-func (f *frontier[S]) pushEncoded(idx int32, enc []byte) error {
-	b, err := f.tail()
-	if err != nil {
-		return err
-	}
-	b.idx = append(b.idx, idx)
-	b.data = binary.AppendUvarint(b.data, uint64(len(enc)))
-	b.data = append(b.data, enc...)
-	f.states++
-	if b.len() == blockStates {
-		f.memBytes += b.bytes()
-		f.pool.dataHint = len(b.data)
-	}
+	f.memBytes += b.bytes()
+	f.states += b.len()
 	return nil
 }
 
@@ -137,7 +127,7 @@ func (f *frontier[S]) spillIfOver() error {
 	if !f.encoded {
 		return nil
 	}
-	for budget := f.budget(); f.memBytes > budget && len(f.mem) > 1; {
+	for budget := f.budget(); f.memBytes > budget && len(f.mem) > 0; {
 		if f.file == nil {
 			file, err := os.CreateTemp(f.dir, "kvhandoff-frontier-*")
 			if err != nil {
@@ -149,6 +139,7 @@ func (f *frontier[S]) spillIfOver() error {
 		b := f.mem[0]
 		binary.LittleEndian.PutUint32(f.hdr[:4], uint32(len(b.idx)))
 		binary.LittleEndian.PutUint32(f.hdr[4:], uint32(len(b.data)))
+		binary.LittleEndian.PutUint32(f.hdr[8:], uint32(len(b.paths)))
 		if _, err := f.w.Write(f.hdr[:]); err != nil {
 			return fmt.Errorf("%w: %v", errSpill, err)
 		}
@@ -160,10 +151,15 @@ func (f *frontier[S]) spillIfOver() error {
 		if _, err := f.w.Write(b.data); err != nil {
 			return fmt.Errorf("%w: %v", errSpill, err)
 		}
+		if _, err := f.w.Write(b.paths); err != nil {
+			return fmt.Errorf("%w: %v", errSpill, err)
+		}
 		f.spilled++
-		f.spilledBytes += int64(8 + 4*len(b.idx) + len(b.data))
+		f.spilledBytes += int64(len(f.hdr) + 4*len(b.idx) + len(b.data) + len(b.paths))
 		f.memBytes -= b.bytes()
 		f.mem = f.mem[1:]
+		f.states -= b.len()
+		f.spilledStates += b.len()
 		f.recycle(b)
 	}
 	return nil
@@ -185,7 +181,8 @@ func (f *frontier[S]) take() (*block[S], error) {
 			return nil, fmt.Errorf("%w: %v", errSpill, err)
 		}
 		n, size := binary.LittleEndian.Uint32(f.hdr[:4]), binary.LittleEndian.Uint32(f.hdr[4:])
-		b := f.newBlock()
+		pathBytes := binary.LittleEndian.Uint32(f.hdr[8:])
+		b := f.pool.get(f.encoded)
 		var w [4]byte
 		for range n {
 			if _, err := io.ReadFull(f.r, w[:]); err != nil {
@@ -200,8 +197,15 @@ func (f *frontier[S]) take() (*block[S], error) {
 		if _, err := io.ReadFull(f.r, b.data); err != nil {
 			return nil, fmt.Errorf("%w: %v", errSpill, err)
 		}
+		if cap(b.paths) < int(pathBytes) {
+			b.paths = make([]byte, pathBytes)
+		}
+		b.paths = b.paths[:pathBytes]
+		if _, err := io.ReadFull(f.r, b.paths); err != nil {
+			return nil, fmt.Errorf("%w: %v", errSpill, err)
+		}
 		f.spilled--
-		f.states -= int(n)
+		f.spilledStates -= int(n)
 		return b, nil
 	}
 	if len(f.mem) == 0 {
@@ -210,12 +214,13 @@ func (f *frontier[S]) take() (*block[S], error) {
 	b := f.mem[0]
 	f.mem[0] = nil
 	f.mem = f.mem[1:]
-	if b.len() == blockStates {
-		f.memBytes -= b.bytes()
-	}
+	f.memBytes -= b.bytes()
 	f.states -= b.len()
 	return b, nil
 }
+
+// len is the number of states in the frontier.
+func (f *frontier[S]) len() int { return f.states + f.spilledStates }
 
 // close releases the spill file.
 func (f *frontier[S]) close() {

@@ -24,11 +24,12 @@ func (g *graph) open(src int32) {
 	}
 }
 
-func (g *graph) add(dst int32) error {
-	if g.dst.len() == math.MaxUint32 {
+// addAll appends edges to the list of the state opened last.
+func (g *graph) addAll(dst []uint32) error {
+	if uint64(g.dst.len())+uint64(len(dst)) > math.MaxUint32 {
 		return errTooManyEdges
 	}
-	g.dst.append(uint32(dst))
+	g.dst.appendSlice(dst)
 	return nil
 }
 
@@ -36,13 +37,6 @@ func (g *graph) add(dst int32) error {
 func (g *graph) close(n int) {
 	for g.start.len() <= n {
 		g.start.append(uint32(g.dst.len()))
-	}
-}
-
-// each calls f for every edge out of s.
-func (g *graph) each(s int32, f func(d uint32)) {
-	for j, end := int(g.start.at(int(s))), int(g.start.at(int(s)+1)); j < end; j++ {
-		f(g.dst.at(j))
 	}
 }
 
@@ -63,11 +57,12 @@ func (g *graph) reverse(n int) *reverse {
 	}
 	// Fill with start[d] as the cursor of d, then shift back: start[d] has then
 	// advanced to start[d+1].
-	for s := int32(0); s < int32(n); s++ {
-		g.each(s, func(d uint32) {
+	for s := range n {
+		for j, end := g.start.at(s), g.start.at(s+1); j < end; j++ {
+			d := g.dst.at(int(j))
 			r.src[r.start[d]] = uint32(s)
 			r.start[d]++
-		})
+		}
 	}
 	copy(r.start[1:], r.start[:n])
 	r.start[0] = 0
@@ -134,12 +129,13 @@ func acyclic(n int, g *graph, r *reverse) bool {
 		v := queue[len(queue)-1]
 		queue = queue[:len(queue)-1]
 		seen++
-		g.each(int32(v), func(d uint32) {
+		for j, end := g.start.at(int(v)), g.start.at(int(v)+1); j < end; j++ {
+			d := g.dst.at(int(j))
 			indeg[d]--
 			if indeg[d] == 0 {
 				queue = append(queue, d)
 			}
-		})
+		}
 	}
 	return seen == n
 }

@@ -17,108 +17,178 @@ func fingerprintOf(b []byte) fingerprint {
 	return fingerprint{maphash.Bytes(seedA, b), maphash.Bytes(seedB, b)}
 }
 
+// shardBits sets the number of shards of the visited set's index: 64, so that
+// the workers inserting a wave's new states in parallel, one shard at a time,
+// balance their loads.
+const shardBits = 6
+
+const numShards = 1 << shardBits
+
 // visited is the set of visited states, numbered in discovery (BFS) order. Per
 // state it keeps the fingerprint (16 bytes), the parent's number (4) and which
 // of the parent's successors led here (2): a trace is rebuilt by replaying
-// those choices from the initial state. The index is an open-addressing table
-// with linear probing, at most 3/4 full, of 4-byte slots: a table of 2^k slots
-// holds the state number + 1 in the low k bits (0 is an empty slot) and the top
-// 32-k bits of the fingerprint above them, so that most probes that do not
-// match are decided without reading the fingerprint array.
+// those choices from the initial state.
+//
+// The index is sharded by the fingerprint's top bits, so that workers insert
+// into distinct shards at once. Each shard is an open-addressing table with
+// linear probing, at most 3/4 full, of 4-byte slots; all shards have the same
+// length and grow together. With numBits = log2(shards × slots per shard), a
+// slot holds the state number + 1 in its low numBits bits (0 is an empty slot)
+// and the top 32-numBits bits of the fingerprint above them, so that most
+// probes that do not match are decided without reading the fingerprint array.
 type visited struct {
 	fps     chunked[fingerprint]
 	parents chunked[int32]  // -1 for an initial state
 	succ    chunked[uint16] // index among the parent's successors; for an initial state, among Initial()
-	table   []uint32
-	mask    uint64 // len(table) - 1
-	idxBits uint   // log2(len(table))
+	shards  [numShards]shard
+	mask    uint64 // slots per shard - 1
+	numBits uint   // log2(numShards × slots per shard)
+}
+
+// shard is one part of the index.
+type shard struct {
+	table []uint32
+	n     int // states in it
 }
 
 const maxSuccessors = 1<<16 - 1
 
 func newVisited() *visited {
 	v := &visited{}
-	v.setTable(make([]uint32, 1024))
+	for i := range v.shards {
+		v.shards[i].table = make([]uint32, 64)
+	}
+	v.setLen(64)
 	return v
 }
 
-func (v *visited) setTable(t []uint32) {
-	v.table, v.mask = t, uint64(len(t)-1)
-	v.idxBits = uint(bits.Len64(v.mask))
+func (v *visited) setLen(slots int) {
+	v.mask = uint64(slots - 1)
+	v.numBits = uint(bits.Len64(v.mask)) + shardBits
 }
 
 func (v *visited) len() int { return v.fps.len() }
 
+// shardOf is the shard that indexes fp: its top bits (the slot is its low bits).
+func shardOf(fp fingerprint) int { return int(fp[0] >> (64 - shardBits)) }
+
 // tag is the part of fp stored in a slot beside the state number.
 func (v *visited) tag(fp fingerprint) uint32 {
-	if v.idxBits >= 32 {
+	if v.numBits >= 32 {
 		return 0
 	}
-	return uint32(fp[1] >> (64 - (32 - v.idxBits)))
+	return uint32(fp[1] >> (64 - (32 - v.numBits)))
 }
 
 // lookup returns the number of the state with fingerprint fp, or -1. It only
 // reads, so workers may call it concurrently while nobody inserts.
 func (v *visited) lookup(fp fingerprint) int32 {
-	tag, low := v.tag(fp), uint32(1)<<v.idxBits-1
+	t := v.shards[shardOf(fp)].table
+	tag, low := v.tag(fp), uint32(1)<<v.numBits-1
 	for i := fp[0] & v.mask; ; i = (i + 1) & v.mask {
-		e := v.table[i]
+		e := t[i]
 		if e == 0 {
 			return -1
 		}
-		if e>>v.idxBits == tag && *v.fps.ptr(int(e&low - 1)) == fp {
+		if e>>v.numBits == tag && *v.fps.ptr(int(e&low - 1)) == fp {
 			return int32(e&low - 1)
 		}
 	}
 }
 
-// insert returns the number of the state with fingerprint fp, adding it as a
-// new state (reached from parent by successor succ) when absent; added reports which.
-func (v *visited) insert(fp fingerprint, parent int32, succ uint16) (idx int32, added bool) {
-	tag, low := v.tag(fp), uint32(1)<<v.idxBits-1
+// place indexes state idx, which must be absent, under fp. Workers may place
+// states of distinct shards at once.
+func (v *visited) place(fp fingerprint, idx int32) {
+	s := &v.shards[shardOf(fp)]
 	i := fp[0] & v.mask
-	for ; ; i = (i + 1) & v.mask {
-		e := v.table[i]
-		if e == 0 {
-			break
-		}
-		if e>>v.idxBits == tag && *v.fps.ptr(int(e&low - 1)) == fp {
-			return int32(e&low - 1), false
-		}
+	for s.table[i] != 0 {
+		i = (i + 1) & v.mask
 	}
-	if v.fps.len() >= math.MaxInt32 {
+	s.table[i] = uint32(idx) + 1 | v.tag(fp)<<v.numBits
+	s.n++
+}
+
+// reserve grows the arrays to hold n states, for workers to set at once.
+func (v *visited) reserve(n int) {
+	if n > math.MaxInt32 {
 		panic("checker: more than 2^31 states")
 	}
-	idx = int32(v.fps.len())
-	v.fps.append(fp)
-	v.parents.append(parent)
-	v.succ.append(succ)
-	v.table[i] = uint32(idx) + 1 | tag<<v.idxBits
-	if uint64(v.fps.len())*4 > uint64(len(v.table))*3 {
-		v.grow()
+	v.fps.grow(n)
+	v.parents.grow(n)
+	v.succ.grow(n)
+}
+
+// set records state idx, reserved before.
+func (v *visited) set(idx int32, fp fingerprint, parent int32, succ uint16) {
+	*v.fps.ptr(int(idx)) = fp
+	*v.parents.ptr(int(idx)) = parent
+	*v.succ.ptr(int(idx)) = succ
+}
+
+// insert returns the number of the state with fingerprint fp, adding it as a
+// new state (reached from parent by successor succ) when absent; added reports
+// which. It is the serial path, for initial states.
+func (v *visited) insert(fp fingerprint, parent int32, succ uint16) (idx int32, added bool) {
+	if idx := v.lookup(fp); idx >= 0 {
+		return idx, false
 	}
+	var more [numShards]int
+	more[shardOf(fp)] = 1
+	v.makeRoom(&more, func(f func(int)) {
+		for i := range numShards {
+			f(i)
+		}
+	})
+	idx = int32(v.len())
+	v.reserve(v.len() + 1)
+	v.set(idx, fp, parent, succ)
+	v.place(fp, idx)
 	return idx, true
 }
 
-func (v *visited) grow() {
-	old, low := v.table, uint32(1)<<v.idxBits-1
-	v.setTable(make([]uint32, 2*len(old)))
+// makeRoom grows every shard, together, until each holds its states and
+// more[i] new ones at most 3/4 full. forEach runs its argument on every
+// shard, possibly in parallel.
+func (v *visited) makeRoom(more *[numShards]int, forEach func(func(int))) {
+	slots := int(v.mask) + 1
+	for i := range v.shards {
+		for (v.shards[i].n+more[i])*4 > slots*3 {
+			slots *= 2
+		}
+	}
+	if slots == int(v.mask)+1 {
+		return
+	}
+	oldBits := v.numBits
+	v.setLen(slots)
+	forEach(func(i int) { v.regrow(i, oldBits) })
+}
+
+// regrow moves shard i's slots, written with oldBits, into a table of the current length.
+func (v *visited) regrow(i int, oldBits uint) {
+	s := &v.shards[i]
+	old, low := s.table, uint32(1)<<oldBits-1
+	s.table = make([]uint32, v.mask+1)
 	for _, e := range old {
 		if e == 0 {
 			continue
 		}
 		n := e & low
 		fp := v.fps.ptr(int(n - 1))
-		i := fp[0] & v.mask
-		for v.table[i] != 0 {
-			i = (i + 1) & v.mask
+		j := fp[0] & v.mask
+		for s.table[j] != 0 {
+			j = (j + 1) & v.mask
 		}
-		v.table[i] = n | v.tag(*fp)<<v.idxBits
+		s.table[j] = n | v.tag(*fp)<<v.numBits
 	}
 }
 
-// dropIndex frees the table once no more states will be added.
-func (v *visited) dropIndex() { v.table, v.mask, v.idxBits = nil, 0, 0 }
+// dropIndex frees the index once no more states will be added.
+func (v *visited) dropIndex() {
+	for i := range v.shards {
+		v.shards[i].table = nil
+	}
+}
 
 // path returns the state numbers from an initial state to idx.
 func (v *visited) path(idx int32) []int32 {
