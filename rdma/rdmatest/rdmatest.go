@@ -19,6 +19,7 @@ type Pair struct {
 	PDA, PDB     rdma.ProtectionDomain
 	ASend, ARecv rdma.CompletionQueue
 	BSend, BRecv rdma.CompletionQueue
+	DevA, DevB   rdma.Device // the devices they are on
 }
 
 // NewPair connects a queue pair on device a to one on device b, each with
@@ -45,7 +46,7 @@ func NewPair(t *testing.T, a, b rdma.Device) *Pair {
 		}
 		return pd, s, r, qp
 	}
-	x := &Pair{}
+	x := &Pair{DevA: a, DevB: b}
 	x.PDA, x.ASend, x.ARecv, x.A = mk(a)
 	x.PDB, x.BSend, x.BRecv, x.B = mk(b)
 	if err := x.A.Connect(x.B.Info()); err != nil {
@@ -77,6 +78,7 @@ func Run(t *testing.T, p Provider) {
 	t.Run("HeldWriteFlushedAtTheRequesterNeverLands", func(t *testing.T) { heldThenFenced(t, p, false) })
 	t.Run("CorruptNextDamagesExactlyOnePayload", func(t *testing.T) { corruptNext(t, p) })
 	t.Run("BadRequestsAreRefusedAtPost", func(t *testing.T) { badRequests(t, p) })
+	t.Run("Windows", func(t *testing.T) { runWindows(t, p) })
 }
 
 func register(t *testing.T, pd rdma.ProtectionDomain, size int, access rdma.Access) rdma.MemoryRegion {
