@@ -84,6 +84,10 @@ type conn struct {
 	backlog       []protocol.Op // in order: the queue pair cannot take them yet
 	payloadPosted bool          // the head of backlog is a WRITE whose payload half is posted
 
+	// sentHook, if set (tests), sees each control message as it is posted,
+	// a Grant with the keys its windows were bound under.
+	sentHook func(protocol.Message)
+
 	live   bool      // set up and not torn down: new requests may use it
 	broken bool      // in the error state: flush completions are draining
 	ctl    io.Closer // the out-of-band control connection, closed at teardown
@@ -267,6 +271,9 @@ func (c *conn) flush(src rdma.MemoryRegion, pageBytes int, wins *grantWindows) e
 			if err == nil {
 				c.outFree = c.outFree[:len(c.outFree)-1]
 				c.credits--
+				if c.sentHook != nil {
+					c.sentHook(op.Msg)
+				}
 			} else {
 				c.owedData += int(imm) // not sent: still owed
 			}
