@@ -12,9 +12,13 @@ import (
 // peer only, under a key that changes on every bind and opens nothing once
 // invalidated; every refusal is a RemoteAccessError that breaks the
 // offender's queue pair and no other.
-func runWindows(t *testing.T, p Provider) {
+func runWindows(t *testing.T, p Provider, o Options) {
 	t.Run("WindowWriteInsideItsRangeLands", func(t *testing.T) { windowInside(t, p) })
-	t.Run("WindowWriteOutsideItsRangeFailsAndBreaksTheQueuePair", func(t *testing.T) { windowOutside(t, p) })
+	if o.WindowRangesUnchecked {
+		t.Run("WindowWriteOutsideItsRangeLandsOnAProviderThatChecksOnlyTheRegion", func(t *testing.T) { windowOutsideUnchecked(t, p) })
+	} else {
+		t.Run("WindowWriteOutsideItsRangeFailsAndBreaksTheQueuePair", func(t *testing.T) { windowOutside(t, p) })
+	}
 	t.Run("RegionKeyOfAWindowOnlyRegionOpensNothing", func(t *testing.T) { windowRegionKey(t, p) })
 	t.Run("WindowKeyFromAnotherQueuePairFailsAndBreaksOnlyThatQueuePair", func(t *testing.T) { windowWrongQP(t, p) })
 	t.Run("WindowKeyAfterInvalidateFailsAndBreaksOnlyThatQueuePair", func(t *testing.T) { windowAfterInvalidate(t, p, false) })
@@ -128,6 +132,19 @@ func windowOutside(t *testing.T, p Provider) {
 			write(t, w.x.A, w.src, at.n, w.dst.Addr()+at.off, w.win.RKey())
 			refused(t, w.x.A, w.x.ASend, w.dst, make([]byte, 4096))
 		})
+	}
+}
+
+// windowOutsideUnchecked asserts the declared deviation as it is: a WRITE
+// under the window's key, from its own peer, outside its range but inside
+// its region, lands. Should the provider start checking ranges, this fails,
+// and the deviation comes off.
+func windowOutsideUnchecked(t *testing.T, p Provider) {
+	w := newWindowed(t, p)
+	write(t, w.x.A, w.src, 64, w.dst.Addr(), w.win.RKey())
+	expect(t, w.x.ASend, 1, rdma.Success)
+	if !bytes.Equal(w.dst.Bytes()[:64], w.src.Bytes()[:64]) {
+		t.Fatal("the provider declared unchecked window ranges, yet a WRITE outside the range did not land")
 	}
 }
 

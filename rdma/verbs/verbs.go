@@ -108,7 +108,11 @@ static int kvh_post_bind(struct ibv_qp *qp, uint64_t id, struct ibv_mw *mw, uint
 	wr.bind_mw.mw = mw; wr.bind_mw.rkey = rkey;
 	wr.bind_mw.bind_info.mr = mr; wr.bind_mw.bind_info.addr = addr; wr.bind_mw.bind_info.length = len;
 	wr.bind_mw.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_WRITE;
-	return ibv_post_send(qp, &wr, &bad);
+	int rc = ibv_post_send(qp, &wr, &bad);
+	// For a type-2 window the library leaves mw->rkey as it was; the next
+	// bind names the window by it, and the kernel (rxe) refuses a stale one.
+	if (rc == 0) mw->rkey = rkey;
+	return rc;
 }
 
 static int kvh_post_inv(struct ibv_qp *qp, uint64_t id, uint32_t rkey) {
