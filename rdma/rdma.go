@@ -166,6 +166,15 @@ type MemoryWindow interface {
 	Close() error
 }
 
+// UncheckedWindowRanges is implemented by a protection domain whose windows
+// may open more than their range: WindowRangesUnchecked reports true where a
+// WRITE under a window's key is checked against the window's region only
+// (Soft-RoCE, rxe, as of Linux 6.1). A user that needs a window's range
+// enforced there binds it on a region registered over exactly that range.
+type UncheckedWindowRanges interface {
+	WindowRangesUnchecked() bool
+}
+
 // WindowDomain is a protection domain that has memory windows (every
 // provider's: inproc, socket, verbs).
 type WindowDomain interface {

@@ -73,6 +73,15 @@ func NewDecode(dev rdma.Device, cfg DecodeConfig) (*Decode, error) {
 	if d.kv, err = d.pd.Alloc(cfg.Pages*d.slotBytes(), access); err != nil {
 		return nil, err
 	}
+	if u, ok := d.pd.(rdma.UncheckedWindowRanges); ok && d.win != nil && u.WindowRangesUnchecked() {
+		d.win.pageRegions = make([]rdma.MemoryRegion, cfg.Pages)
+		for p := range d.win.pageRegions {
+			o := p * d.slotBytes()
+			if d.win.pageRegions[p], err = d.pd.Register(d.kv.Bytes()[o:o+d.slotBytes()], rdma.LocalWrite|rdma.WindowBind); err != nil {
+				return nil, fmt.Errorf("transfer: page %d's region for its windows: %w", p, err)
+			}
+		}
+	}
 	addr, key := d.kv.Addr(), d.kv.RKey()
 	d.receiver, err = protocol.NewReceiver(protocol.ReceiverConfig{Pages: cfg.Pages, PageTokens: cfg.PageTokens,
 		Slots: cfg.Slots, MaxTokens: min(cfg.MaxRequestPages*cfg.PageTokens, protocol.MaxTokens),

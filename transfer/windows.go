@@ -36,11 +36,17 @@ const (
 // grantWindows are a decode endpoint's windows: free ones, and those bound
 // for each request with pages granted.
 type grantWindows struct {
-	d     *Decode
-	wd    rdma.WindowDomain
-	free  []rdma.MemoryWindow
-	live  int // windows allocated and not closed
-	byReq map[protocol.RequestID]*reqWindows
+	d  *Decode
+	wd rdma.WindowDomain
+	// pageRegions, where the provider's windows do not check their range
+	// (rdma.UncheckedWindowRanges: rxe), are the decode region registered
+	// again page by page (payload and tag slot): each window is bound on one
+	// of them, so the NIC's check of the window's region is the check of
+	// its page. One window per page then.
+	pageRegions []rdma.MemoryRegion
+	free        []rdma.MemoryWindow
+	live        int // windows allocated and not closed
+	byReq       map[protocol.RequestID]*reqWindows
 }
 
 // reqWindows are one request's windows, all bound on one queue pair.
@@ -96,8 +102,11 @@ func runsOf(g *protocol.Grant) []run {
 // it is not a Grant, or windows are off.
 func (w *grantWindows) binds(m protocol.Message) int {
 	g, ok := m.(*protocol.Grant)
-	if w == nil || !ok {
+	switch {
+	case w == nil || !ok:
 		return 0
+	case w.pageRegions != nil:
+		return len(g.Pages)
 	}
 	return len(runsOf(g))
 }
@@ -118,13 +127,23 @@ func (w *grantWindows) bind(c *conn, g *protocol.Grant) error {
 	rw := &reqWindows{c: c}
 	w.byReq[g.Request] = rw
 	slot := w.d.slotBytes()
-	for _, r := range runsOf(g) {
+	runs := runsOf(g)
+	if w.pageRegions != nil {
+		runs = runs[:0]
+		for i, p := range g.Pages {
+			runs = append(runs, run{first: p.Page, n: 1, at: []int{i}})
+		}
+	}
+	for _, r := range runs {
 		win, err := w.take()
 		if err != nil {
 			return err
 		}
-		if err := c.postSend(rdma.WorkRequest{Op: rdma.OpBind, Window: win,
-			Local: rdma.SGE{MR: w.d.kv, Offset: int(r.first) * slot, Length: int(r.n) * slot}},
+		local := rdma.SGE{MR: w.d.kv, Offset: int(r.first) * slot, Length: int(r.n) * slot}
+		if w.pageRegions != nil {
+			local = rdma.SGE{MR: w.pageRegions[r.first], Length: slot}
+		}
+		if err := c.postSend(rdma.WorkRequest{Op: rdma.OpBind, Window: win, Local: local},
 			wrKind{window: wrBind, req: g.Request, tag: -1, msg: -1}); err != nil {
 			win.Close()
 			w.live--
@@ -133,6 +152,9 @@ func (w *grantWindows) bind(c *conn, g *protocol.Grant) error {
 		rw.wins = append(rw.wins, win)
 		for _, i := range r.at {
 			g.Pages[i].Key = win.RKey()
+			if w.pageRegions != nil { // a region of its own may have an address of its own (software providers)
+				g.Pages[i].Addr = w.pageRegions[r.first].Addr()
+			}
 		}
 	}
 	return nil

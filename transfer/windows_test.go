@@ -338,3 +338,47 @@ func TestWindowsAreRecycledWithoutGrowth(t *testing.T) {
 		t.Logf("%d windows for %d requests", w.live, n+1)
 	})
 }
+
+// uncheckedDevice is a device whose protection domains declare window ranges
+// unchecked (as rxe's do), so that decode binds one window per page, on a
+// region of that page.
+type uncheckedDevice struct{ rdma.Device }
+
+type uncheckedPD struct{ rdma.ProtectionDomain }
+
+func (d uncheckedDevice) AllocPD() (rdma.ProtectionDomain, error) {
+	pd, err := d.Device.AllocPD()
+	return uncheckedPD{pd}, err
+}
+
+func (p uncheckedPD) AllocWindow() (rdma.MemoryWindow, error) {
+	return p.ProtectionDomain.(rdma.WindowDomain).AllocWindow()
+}
+
+func (uncheckedPD) WindowRangesUnchecked() bool { return true }
+
+// Where a provider's windows do not check their range, decode binds each
+// page's window on a region of that page alone: handoffs of many pages
+// complete, and a request's window opens no byte past its own page.
+func TestWindowsOnPageRegionsWhereRangesAreUnchecked(t *testing.T) {
+	prefill, decode := providers["inproc"](t)
+	l := newLink(t, defaultLink(), prefill, uncheckedDevice{decode})
+	if l.D.win.pageRegions == nil {
+		t.Fatal("decode did not register page regions for a provider with unchecked window ranges")
+	}
+	for id := protocol.RequestID(1); id <= 40; id++ {
+		if err := l.submit(id, int(id)*5); err != nil {
+			t.Fatal(err)
+		}
+		l.pump()
+		if !l.succeeded(id) {
+			t.Fatalf("request %d: outcomes %v", id, l.outcomes[id])
+		}
+	}
+	l.noLeak(t, 64, 32)
+	for p, m := range l.D.win.pageRegions {
+		if m.Len() != l.D.slotBytes() || &m.Bytes()[0] != &l.D.kv.Bytes()[p*l.D.slotBytes()] {
+			t.Fatalf("page %d's region is not its page and tag slot", p)
+		}
+	}
+}

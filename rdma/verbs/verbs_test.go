@@ -4,7 +4,6 @@ package verbs
 
 import (
 	"os"
-	"strings"
 	"testing"
 	"time"
 
@@ -36,7 +35,11 @@ func pair(t *testing.T) *rdmatest.Pair { return rdmatest.NewPair(t, open(t), ope
 // known deviation: its windows open their whole region to the bound queue
 // pair's peer (docs/transport.md).
 func TestConformance(t *testing.T) {
-	rdmatest.RunOptions(t, pair, rdmatest.Options{WindowRangesUnchecked: strings.HasPrefix(open(t).Name(), "rxe")})
+	pd, err := open(t).AllocPD()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdmatest.RunOptions(t, pair, rdmatest.Options{WindowRangesUnchecked: pd.(rdma.UncheckedWindowRanges).WindowRangesUnchecked()})
 }
 
 func TestDeviceListingPortAndCounters(t *testing.T) {
