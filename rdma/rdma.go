@@ -20,6 +20,13 @@
 //   - a WRITE with a wrong remote key, outside the region or into a region
 //     without remote write access fails with RemoteAccessError, and breaks the
 //     queue pair, as on hardware: every later work request is flushed;
+//   - a memory window (type 2) bound on a queue pair to a range of a region
+//     with WindowBind access lets the peer of that queue pair, and nobody
+//     else, WRITE that range under the window's own key; once the window's
+//     invalidate (OpInvalidate, or Close) has completed, a WRITE with that key
+//     fails with RemoteAccessError and breaks only the queue pair it came on,
+//     and nothing of a WRITE under it lands any more (one cut in the middle
+//     may have placed its first part, as a fence would leave it);
 //   - ToError flushes every outstanding work request (send and receive) with
 //     FlushError completions. On the responder, the queue pair whose memory is
 //     written, nothing lands after ToError returns: that is the fence a
@@ -47,6 +54,10 @@ const (
 	LocalWrite Access = 1 << iota
 	RemoteWrite
 	RemoteRead
+	// WindowBind lets memory windows be bound to the region: a region that
+	// peers write only through windows has it and no RemoteWrite, so its own
+	// key opens nothing.
+	WindowBind
 )
 
 // MemoryRegion is registered memory: the provider never moves it.
@@ -68,6 +79,13 @@ const (
 	OpSend
 	OpRecv
 	OpRecvImm // a receive completion consumed by a WRITE WITH IMMEDIATE
+	// OpBind binds WorkRequest.Window to the range Local names (a region with
+	// WindowBind access), for remote WRITE by the queue pair's peer only, under
+	// a fresh key (the window's RKey once PostSend returns). Local: no bytes move.
+	OpBind
+	// OpInvalidate invalidates WorkRequest.Window's binding (a local
+	// invalidate): once it has completed, its key opens nothing.
+	OpInvalidate
 )
 
 func (o Opcode) String() string {
@@ -82,6 +100,10 @@ func (o Opcode) String() string {
 		return "RECV"
 	case OpRecvImm:
 		return "RECV_RDMA_WITH_IMM"
+	case OpBind:
+		return "BIND_MW"
+	case OpInvalidate:
+		return "LOCAL_INV"
 	}
 	return fmt.Sprintf("Opcode(%d)", o)
 }
@@ -124,6 +146,40 @@ type WorkRequest struct {
 	RKey       uint32
 	Imm        uint32 // OpWriteImm, OpSend (when HasImm)
 	HasImm     bool
+	Window     MemoryWindow // OpBind, OpInvalidate
+}
+
+// MemoryWindow is a type-2 memory window: a remote key for a byte range of a
+// registered region, bound and invalidated by work requests on a queue pair
+// (OpBind, OpInvalidate), usable only by the peer of the queue pair it is
+// bound on, for remote WRITE only. Its address space is its region's: a WRITE
+// names the region's addresses, with the window's key.
+type MemoryWindow interface {
+	// RKey is the key of the window's latest bind: fresh random key bits on
+	// every bind (the software providers draw all 32 from crypto/rand; verbs
+	// the 8 bits the consumer owns), so a key the window had before opens
+	// nothing once the window is invalidated, even after it is bound again.
+	RKey() uint32
+	// Close invalidates the window at once, whatever the state of the queue
+	// pair it is bound on (a broken one cannot execute OpInvalidate), and
+	// frees it: when Close returns, its key opens nothing.
+	Close() error
+}
+
+// UncheckedWindowRanges is implemented by a protection domain whose windows
+// may open more than their range: WindowRangesUnchecked reports true where a
+// WRITE under a window's key is checked against the window's region only
+// (Soft-RoCE, rxe, as of Linux 6.1). A user that needs a window's range
+// enforced there binds it on a region registered over exactly that range.
+type UncheckedWindowRanges interface {
+	WindowRangesUnchecked() bool
+}
+
+// WindowDomain is a protection domain that has memory windows (every
+// provider's: inproc, socket, verbs).
+type WindowDomain interface {
+	// AllocWindow allocates an unbound memory window.
+	AllocWindow() (MemoryWindow, error)
 }
 
 // Completion reports a finished work request.

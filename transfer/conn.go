@@ -33,10 +33,12 @@ func wridSlot(id uint64) int             { return int(uint32(id)) }
 
 // wrKind is what an outstanding send-queue work request is.
 type wrKind struct {
-	write   uint64 // the protocol's WRITE id; 0 for a SEND
-	payload bool   // the payload half of a page's two WRITEs
-	tag     int    // the tag-record buffer it reads; -1 if none
-	msg     int    // the message buffer it reads; -1 if none
+	window  uint8              // wrBind or wrInvalidate (decode's windows); 0 otherwise
+	req     protocol.RequestID // the request whose window it binds or invalidates
+	write   uint64             // the protocol's WRITE id; 0 for a SEND
+	payload bool               // the payload half of a page's two WRITEs
+	tag     int                // the tag-record buffer it reads; -1 if none
+	msg     int                // the message buffer it reads; -1 if none
 }
 
 // buffers are a queue pair's registered buffers. Regions cannot be
@@ -81,6 +83,10 @@ type conn struct {
 
 	backlog       []protocol.Op // in order: the queue pair cannot take them yet
 	payloadPosted bool          // the head of backlog is a WRITE whose payload half is posted
+
+	// sentHook, if set (tests), sees each control message as it is posted,
+	// a Grant with the keys its windows were bound under.
+	sentHook func(protocol.Message)
 
 	live   bool      // set up and not torn down: new requests may use it
 	broken bool      // in the error state: flush completions are draining
@@ -211,7 +217,8 @@ func (c *conn) sent(wrid uint64) (wrKind, bool) {
 // then a credit update if one is owed. src and pageBytes locate source pages
 // (prefill). After a failed post the queue pair is broken: what is left is
 // dropped, and the state machine learns of it when the flush has drained.
-func (c *conn) flush(src rdma.MemoryRegion, pageBytes int) error {
+// On decode, a Grant's windows are bound (wins) just before its SEND.
+func (c *conn) flush(src rdma.MemoryRegion, pageBytes int, wins *grantWindows) error {
 	for len(c.backlog) > 0 && !c.broken {
 		op := c.backlog[0]
 		var err error
@@ -237,8 +244,17 @@ func (c *conn) flush(src rdma.MemoryRegion, pageBytes int) error {
 				}
 			}
 		} else {
-			if len(c.wrs) >= c.depth || len(c.outFree) == 0 || c.credits < 2 {
+			binds := wins.binds(op.Msg)
+			// Room for the binds and the SEND; a queue pair with nothing
+			// outstanding takes a Grant of more runs than its depth.
+			if (len(c.wrs)+binds >= c.depth && len(c.wrs) > 0) || len(c.outFree) == 0 || c.credits < 2 {
 				break // the last credit is kept for a credit update
+			}
+			if binds > 0 {
+				if err := wins.bind(c, op.Msg.(*protocol.Grant)); err != nil {
+					c.fail(fmt.Errorf("%w: %v", protocol.ErrPeerFailed, err))
+					return nil
+				}
 			}
 			slot := c.outFree[len(c.outFree)-1]
 			off := slot * c.outSlot
@@ -255,6 +271,9 @@ func (c *conn) flush(src rdma.MemoryRegion, pageBytes int) error {
 			if err == nil {
 				c.outFree = c.outFree[:len(c.outFree)-1]
 				c.credits--
+				if c.sentHook != nil {
+					c.sentHook(op.Msg)
+				}
 			} else {
 				c.owedData += int(imm) // not sent: still owed
 			}

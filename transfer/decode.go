@@ -39,6 +39,7 @@ type Decode struct {
 	receiver *protocol.Receiver
 	kv       rdma.MemoryRegion
 	peerOf   map[protocol.RequestID]string // requests without an outcome yet: their peer
+	win      *grantWindows                 // per-grant remote access (windows.go); nil under PoolWideKey
 }
 
 // NewDecode makes a decode endpoint on dev.
@@ -56,9 +57,30 @@ func NewDecode(dev rdma.Device, cfg DecodeConfig) (*Decode, error) {
 	if err := d.init(d, dev, cfg.QueueDepth, cfg.MaxPeers, MaxFrame(1), MaxFrame(cfg.MaxRequestPages), false); err != nil {
 		return nil, err
 	}
+	// Peers write the pages only through each grant's windows: the region's
+	// own key opens nothing (under PoolWideKey, the bug, it opens the pool).
+	access := rdma.LocalWrite | rdma.WindowBind
+	if cfg.Research.Has(research.PoolWideKey) {
+		access = rdma.LocalWrite | rdma.RemoteWrite
+	} else {
+		wd, ok := d.pd.(rdma.WindowDomain)
+		if !ok {
+			return nil, fmt.Errorf("transfer: the provider of %s has no memory windows (rdma.WindowDomain)", dev.Name())
+		}
+		d.win = &grantWindows{d: d, wd: wd, byReq: map[protocol.RequestID]*reqWindows{}}
+	}
 	var err error
-	if d.kv, err = d.pd.Alloc(cfg.Pages*d.slotBytes(), rdma.LocalWrite|rdma.RemoteWrite); err != nil {
+	if d.kv, err = d.pd.Alloc(cfg.Pages*d.slotBytes(), access); err != nil {
 		return nil, err
+	}
+	if u, ok := d.pd.(rdma.UncheckedWindowRanges); ok && d.win != nil && u.WindowRangesUnchecked() {
+		d.win.pageRegions = make([]rdma.MemoryRegion, cfg.Pages)
+		for p := range d.win.pageRegions {
+			o := p * d.slotBytes()
+			if d.win.pageRegions[p], err = d.pd.Register(d.kv.Bytes()[o:o+d.slotBytes()], rdma.LocalWrite|rdma.WindowBind); err != nil {
+				return nil, fmt.Errorf("transfer: page %d's region for its windows: %w", p, err)
+			}
+		}
 	}
 	addr, key := d.kv.Addr(), d.kv.RKey()
 	d.receiver, err = protocol.NewReceiver(protocol.ReceiverConfig{Pages: cfg.Pages, PageTokens: cfg.PageTokens,
@@ -150,14 +172,32 @@ func (d *Decode) message(c *conn, m protocol.Message) error {
 			d.peerOf[b.Request] = c.name
 		}
 	}
+	if d.win != nil {
+		if id, hold := d.win.holdsForRevocation(m); hold {
+			if held, err := d.win.revoke(c, id, m); held {
+				return err // the Receiver sees m once the request's windows are revoked
+			}
+		}
+	}
 	return d.receiver.Step(c.peer, m, d.now)
 }
 
-func (d *Decode) completed(*conn, wrKind, rdma.Status) error { return nil }
+func (d *Decode) completed(c *conn, k wrKind, st rdma.Status) error {
+	if k.window == wrInvalidate && d.win != nil {
+		d.win.invalidated(c, k.req, st)
+	}
+	return nil
+}
 
 // fenced: the queue pair is in the error state, so nothing more of it can
-// land; its requests fail and quarantined pages come back.
-func (d *Decode) fenced(c *conn) { d.receiver.QueuePairFenced(c.peer) }
+// land; its windows are closed, then its requests fail and quarantined
+// pages come back.
+func (d *Decode) fenced(c *conn) {
+	if d.win != nil {
+		d.win.fenced(c)
+	}
+	d.receiver.QueuePairFenced(c.peer)
+}
 
 func (d *Decode) carry() {
 	for {
@@ -176,6 +216,11 @@ func (d *Decode) carry() {
 		for _, o := range re.Outcomes {
 			d.emit(Event{Kind: Outcome, Request: o.Request, Peer: d.peerOf[o.Request], Err: o.Err})
 			delete(d.peerOf, o.Request)
+			if d.win != nil {
+				if st := d.receiver.Status(o.Request); st == protocol.StatusFinished || st == protocol.StatusClosed {
+					d.win.released(o.Request)
+				}
+			}
 		}
 		for _, peer := range re.Cuts {
 			if c := d.conns[peer]; c != nil {

@@ -262,10 +262,19 @@ func (e *endpoint) flushAll() {
 
 func (e *endpoint) flushConn(c *conn) {
 	src, pageBytes := e.source()
-	if err := c.flush(src, pageBytes); err != nil {
+	if err := c.flush(src, pageBytes, e.windows()); err != nil {
 		e.cut(c, err)
 	}
 	e.settle(c)
+}
+
+// windows are the decode side's grant windows (nil for prefill, and under
+// PoolWideKey).
+func (e *endpoint) windows() *grantWindows {
+	if d, ok := e.role.(*Decode); ok {
+		return d.win
+	}
+	return nil
 }
 
 // source is the prefill side's source region and page size (nil for decode).

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/kvhandoff/kvhandoff/internal/pki"
+	"github.com/kvhandoff/kvhandoff/internal/research"
 	"github.com/kvhandoff/kvhandoff/protocol"
 	"github.com/kvhandoff/kvhandoff/rdma"
 	"github.com/kvhandoff/kvhandoff/rdma/inproc"
@@ -41,6 +42,11 @@ measures), and the ratio of the two. Rounds alternate, handoffs then raw
 WRITEs, --reps times; each keeps its best round (the latencies are the best
 handoff round's).
 
+--bugs compares the decode node's defenses in the same run: a list of
+research switch sets separated by ';' ("none;pool-wide-key" is per-grant
+windows, a bind and a revoke per request, against one key for the pool, the
+behaviour before them); rounds alternate over the sets, one row each.
+
 Providers:
   inproc           the in-process provider
   socket           the socket provider over TLS 1.3 on loopback (two devices, one process)
@@ -56,6 +62,7 @@ flags:
 // handoffRow is one provider's result.
 type handoffRow struct {
 	Provider       string  `json:"provider"`
+	Bugs           string  `json:"bugs"` // research switches on the decode node ("none": every defense)
 	PageBytes      int     `json:"page_bytes"`
 	Pages          int     `json:"pages_per_request"`
 	Requests       int     `json:"requests"`
@@ -127,6 +134,7 @@ func runBenchHandoff(args []string, stdout, stderr io.Writer) int {
 	reps := fs.Int("reps", 3, "rounds, alternating handoffs and raw WRITEs; the best of each counts")
 	decodeNode := fs.String("decode-node", "", "internal: run as the decode process of socket-process, with the certificates in this directory")
 	jsonOut := fs.Bool("json", false, "print exactly one JSON object on stdout")
+	bugList := fs.String("bugs", "none", "research switch sets on the decode node, separated by ';', alternated round by round (in-process providers)")
 	if code := parseFlags(fs, args, stderr); code >= 0 {
 		return code
 	}
@@ -137,6 +145,15 @@ func runBenchHandoff(args []string, stdout, stderr io.Writer) int {
 	if *decodeNode != "" {
 		return serveDecodeNode(*decodeNode, *pageBytes, *pages, *window, stdout, stderr)
 	}
+	var sets []research.Switches
+	for _, list := range strings.Split(*bugList, ";") {
+		sw, err := research.Parse(list)
+		if err != nil {
+			fmt.Fprintf(stderr, "kvhandoff bench handoff: --bugs: %v\n", err)
+			return 2
+		}
+		sets = append(sets, sw)
+	}
 	var rows []handoffRow
 	for _, name := range strings.Split(*providers, ",") {
 		separate := name == "socket-process"
@@ -145,13 +162,38 @@ func runBenchHandoff(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "kvhandoff bench handoff: unknown provider %q\n", name)
 			return 2
 		}
-		row, err := measureHandoff(mk, separate, *pageBytes, *pages, *requests, *window, *reps)
-		if err != nil {
-			fmt.Fprintf(stderr, "kvhandoff bench handoff: %s: %v\n", name, err)
-			return 1
+		if separate && (len(sets) > 1 || sets[0].Any()) {
+			fmt.Fprintln(stderr, "kvhandoff bench handoff: --bugs applies to the in-process providers only")
+			return 2
 		}
-		row.Provider = name
-		rows = append(rows, row)
+		// Rounds alternate over the sets, so that each sees the same moments
+		// of a shared machine; each set keeps its best round.
+		best := make([]handoffRow, len(sets))
+		rounds, per := *reps, 1
+		if len(sets) == 1 {
+			rounds, per = 1, *reps // one setup (one decode process) for every round
+		}
+		for r := 0; r < rounds; r++ {
+			for i, sw := range sets {
+				row, err := measureHandoff(mk, separate, sw, *pageBytes, *pages, *requests, *window, per)
+				if err != nil {
+					fmt.Fprintf(stderr, "kvhandoff bench handoff: %s (bugs %v): %v\n", name, sw, err)
+					return 1
+				}
+				if row.HandoffsPerSec > best[i].HandoffsPerSec {
+					raw := max(row.RawGbps, best[i].RawGbps)
+					best[i] = row
+					best[i].RawGbps = raw
+				} else {
+					best[i].RawGbps = max(row.RawGbps, best[i].RawGbps)
+				}
+			}
+		}
+		for i, row := range best {
+			row.Provider, row.Bugs, row.Reps = name, sets[i].String(), *reps
+			row.Ratio = row.Gbps / row.RawGbps
+			rows = append(rows, row)
+		}
 	}
 	if *jsonOut {
 		enc := json.NewEncoder(stdout)
@@ -165,9 +207,9 @@ func runBenchHandoff(args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	tw := tabwriter.NewWriter(stdout, 2, 8, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "provider\tpage\tpages\thandoffs/s\tGbit/s\traw Gbit/s\tratio\tp50 µs\tp99 µs\t")
+	fmt.Fprintln(tw, "provider\tbugs\tpage\tpages\thandoffs/s\tGbit/s\traw Gbit/s\tratio\tp50 µs\tp99 µs\t")
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%d KiB\t%d\t%.0f\t%.2f\t%.2f\t%.2f\t%.0f\t%.0f\t\n", r.Provider, r.PageBytes>>10, r.Pages,
+		fmt.Fprintf(tw, "%s\t%s\t%d KiB\t%d\t%.0f\t%.2f\t%.2f\t%.2f\t%.0f\t%.0f\t\n", r.Provider, r.Bugs, r.PageBytes>>10, r.Pages,
 			r.HandoffsPerSec, r.Gbps, r.RawGbps, r.Ratio, r.P50Micros, r.P99Micros)
 	}
 	tw.Flush()
@@ -187,7 +229,7 @@ type handoffSetup struct {
 }
 
 // localSetup runs both endpoints in this process on two devices of a provider.
-func localSetup(ctx context.Context, mk func() (rdma.Device, rdma.Device, func(), error), pageBytes, pages, window int) (*handoffSetup, error) {
+func localSetup(ctx context.Context, mk func() (rdma.Device, rdma.Device, func(), error), bugs research.Switches, pageBytes, pages, window int) (*handoffSetup, error) {
 	devP, devD, closeDevs, err := mk()
 	if err != nil {
 		return nil, err
@@ -199,7 +241,7 @@ func localSetup(ctx context.Context, mk func() (rdma.Device, rdma.Device, func()
 		return nil, err
 	}
 	d, err := transfer.NewDecode(devD, transfer.DecodeConfig{Pages: window * pages, PageTokens: benchPageTokens, PageBytes: pageBytes,
-		Timeout: time.Minute})
+		Timeout: time.Minute, Research: bugs})
 	if err == nil {
 		err = transfer.ConnectLocal(p, "prefill", d, "decode")
 	}
@@ -213,7 +255,7 @@ func localSetup(ctx context.Context, mk func() (rdma.Device, rdma.Device, func()
 // measureHandoff runs reps rounds of requests handoffs through a Prefill and
 // a Decode endpoint on one provider, each followed by a round of the
 // provider's raw WRITEs on two other devices of the same provider.
-func measureHandoff(mk func() (rdma.Device, rdma.Device, func(), error), separate bool, pageBytes, pages, requests, window, reps int) (row handoffRow, err error) {
+func measureHandoff(mk func() (rdma.Device, rdma.Device, func(), error), separate bool, bugs research.Switches, pageBytes, pages, requests, window, reps int) (row handoffRow, err error) {
 	row = handoffRow{PageBytes: pageBytes, Pages: pages, Requests: requests, Window: window, Reps: reps, LatencyTo: "decode-read"}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -222,7 +264,7 @@ func measureHandoff(mk func() (rdma.Device, rdma.Device, func(), error), separat
 		setup, err = processSetup(ctx, pageBytes, pages, window)
 		row.LatencyTo = "prefill-done"
 	} else {
-		setup, err = localSetup(ctx, mk, pageBytes, pages, window)
+		setup, err = localSetup(ctx, mk, bugs, pageBytes, pages, window)
 	}
 	if err != nil {
 		return row, err

@@ -48,3 +48,31 @@ func TestBenchHandoffJSON(t *testing.T) {
 		t.Fatalf("an unknown provider: exit %d", code)
 	}
 }
+
+// --bugs alternates the decode node's defenses round by round, one row each:
+// per-grant windows against the pool-wide key.
+func TestBenchHandoffComparesDefensesInOneRun(t *testing.T) {
+	code, out, errOut := runCLI(t, "bench", "handoff", "--json", "--provider", "inproc", "--bugs", "none;pool-wide-key",
+		"--requests", "40", "--pages", "4", "--page-bytes", "16384", "--window", "4", "--reps", "2")
+	var r struct {
+		Rows []struct {
+			Provider       string  `json:"provider"`
+			Bugs           string  `json:"bugs"`
+			HandoffsPerSec float64 `json:"handoffs_per_sec"`
+			Reps           int     `json:"reps"`
+		} `json:"rows"`
+	}
+	if err := json.Unmarshal([]byte(out), &r); err != nil || code != 0 || len(r.Rows) != 2 {
+		t.Fatalf("exit %d, %+v, %v\n%s%s", code, r, err, out, errOut)
+	}
+	for i, row := range r.Rows {
+		if row.Provider != "inproc" || row.Bugs != []string{"none", "pool-wide-key"}[i] || row.HandoffsPerSec <= 0 || row.Reps != 2 {
+			t.Fatalf("row %d: %+v", i, row)
+		}
+	}
+	for _, bad := range [][]string{{"--bugs", "no-such-switch"}, {"--provider", "socket-process", "--bugs", "pool-wide-key"}} {
+		if code, _, _ := runCLI(t, append([]string{"bench", "handoff"}, bad...)...); code != 2 {
+			t.Fatalf("%v: exit %d, want 2", bad, code)
+		}
+	}
+}

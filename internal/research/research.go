@@ -41,6 +41,14 @@ const (
 	// name and incarnation: its new registration is an advertisement update,
 	// and the old incarnation's requests carry on as if it had not gone.
 	PeerByName
+	// PoolWideKey: the decode pool is one region under one remote key, the
+	// same in every Grant and never revoked: any peer that learned it can
+	// WRITE any page (transfer; issue 17's hole).
+	PoolWideKey
+	// VerifyBeforeRevoke: Done reaches the Receiver, which verifies, before
+	// the request's windows are revoked (only at release): the sender can
+	// still WRITE verified pages (a time-of-check/time-of-use window).
+	VerifyBeforeRevoke
 	numSwitches = iota
 )
 
@@ -58,7 +66,8 @@ const (
 
 var names = [numSwitches]string{"admit-finished", "abort-still-sends", "no-token-check", "eager-release",
 	"timeout-free", "prefill-early-free", "no-tag-check", "no-checksum", "leak-on-cancel", "no-peer-cancel", "double-free",
-	"abort-frees-source", "checksum-hangs", "peer-by-name"}
+	"abort-frees-source", "checksum-hangs", "peer-by-name",
+	"pool-wide-key", "verify-before-revoke"}
 
 func (s Switch) String() string {
 	for i, n := range names {

@@ -10,6 +10,11 @@
 // no placement is in progress and none can start. The lock serializes
 // placements across queue pairs, which costs parallelism, not correctness.
 //
+// Memory windows (rdma.MemoryWindow) are checked for every WRITE with the
+// region keys, under the same lock: an invalidate takes it, so when it
+// completes no placement under the window's key is in progress or can start.
+// Binds and invalidates execute when posted.
+//
 // Fault hooks for tests and simulations: Pause and Resume (placements and
 // completions held back: a late WRITE), CorruptNext (the next WRITE's payload
 // is damaged in transit), and ToError on either side (a cut).
@@ -91,6 +96,41 @@ func (p *pd) Register(buf []byte, access rdma.Access) (rdma.MemoryRegion, error)
 	return p.f.regions.Register(p, buf, access)
 }
 
+// AllocWindow implements rdma.WindowDomain.
+func (p *pd) AllocWindow() (rdma.MemoryWindow, error) {
+	return &window{Window: p.f.regions.AllocWindow(p), f: p.f}, nil
+}
+
+// window is a memory window: its key is checked for every WRITE under the
+// fabric's execution lock, which an invalidate takes too.
+type window struct {
+	*soft.Window
+	f *Fabric
+}
+
+// Close implements rdma.MemoryWindow: under the execution lock, so no
+// placement under its key is in progress or can start once it returns.
+func (w *window) Close() error {
+	w.f.exec.Lock()
+	defer w.f.exec.Unlock()
+	w.f.regions.Close(w.Window)
+	return nil
+}
+
+// windowOp executes a bind or invalidate posted on q.
+func (q *QP) windowOp(wr rdma.WorkRequest) error {
+	w, ok := wr.Window.(*window)
+	if !ok || w.f != q.f {
+		return fmt.Errorf("%w: a window of another provider or fabric", rdma.ErrBadRequest)
+	}
+	if wr.Op == rdma.OpBind {
+		return q.f.regions.Bind(w.Window, q.pd, q, wr.Local)
+	}
+	q.f.exec.Lock() // the fence: no placement in progress, none can start under the old key
+	defer q.f.exec.Unlock()
+	return q.f.regions.Invalidate(w.Window, q.pd)
+}
+
 func (p *pd) CreateQP(sendCQ, recvCQ rdma.CompletionQueue, depth int) (rdma.QueuePair, error) {
 	s, ok1 := sendCQ.(*soft.Queue)
 	r, ok2 := recvCQ.(*soft.Queue)
@@ -106,6 +146,7 @@ func (p *pd) CreateQP(sendCQ, recvCQ rdma.CompletionQueue, depth int) (rdma.Queu
 	}
 	q := &QP{f: f, pd: p, qpn: qpn, psn: soft.Random32() & 0xFFFFFF}
 	q.Init(p, s, r, depth, 0)
+	q.WindowOp = q.windowOp
 	f.qps[q.qpn] = q
 	return q, nil
 }
@@ -221,7 +262,7 @@ func (q *QP) step() bool {
 	}
 	switch wr.Op {
 	case rdma.OpWrite, rdma.OpWriteImm:
-		dst := f.regions.Target(r.pd, wr.RKey, wr.RemoteAddr, len(src))
+		dst, _ := f.regions.Target(r.pd, r, wr.RKey, wr.RemoteAddr, len(src)) // under f.exec: no invalidate can come in the middle
 		if dst == nil {
 			return fail(rdma.RemoteAccessError, true) // a NAK: both ends go to error, as on hardware
 		}

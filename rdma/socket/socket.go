@@ -61,6 +61,13 @@
 // already on the wire may still be placed, as on hardware (see package rdma).
 // A stalled peer cannot hold up a fence: the lock is never held across a read.
 //
+// Memory windows (rdma.MemoryWindow): a WRITE under a window's key is
+// checked against the window (bound on this very queue pair, in its range)
+// before a byte is read, and again for every piece placed, under the
+// placement lock, which the window's invalidate and Close take: once they
+// return, nothing more lands under the key. Binds and invalidates execute
+// when posted.
+//
 // The fault hooks are those of rdma.Faults: Pause holds transmission (a late
 // WRITE), CorruptNext damages the next WRITE's payload on the wire, ToError is
 // a cut. Receive-not-ready is not retried: a SEND or WRITE WITH IMMEDIATE
@@ -274,6 +281,52 @@ func (d *Device) Close() error {
 
 type pd struct{ d *Device }
 
+// AllocWindow implements rdma.WindowDomain.
+func (p *pd) AllocWindow() (rdma.MemoryWindow, error) {
+	return &window{Window: p.d.regions.AllocWindow(p), d: p.d}, nil
+}
+
+// window is a memory window. Its key is checked for every piece of a WRITE
+// placed under it, under the placement lock of the queue pair it is bound on,
+// which its invalidate takes too.
+type window struct {
+	*soft.Window
+	d *Device
+}
+
+// Close implements rdma.MemoryWindow: under the placement lock of the queue
+// pair the window is bound on, so nothing under its key lands once it returns.
+func (w *window) Close() error {
+	defer fence(w.Window)()
+	w.d.regions.Close(w.Window)
+	return nil
+}
+
+// fence takes the placement lock of the queue pair w is bound on (none if
+// unbound) and returns its unlock. Only w's owner binds it, and not
+// concurrently with this, so the queue pair cannot change meanwhile.
+func fence(w *soft.Window) func() {
+	q, _ := w.BoundOn().(*QP)
+	if q == nil {
+		return func() {}
+	}
+	q.place.Lock()
+	return q.place.Unlock
+}
+
+// windowOp executes a bind or invalidate posted on q.
+func (q *QP) windowOp(wr rdma.WorkRequest) error {
+	w, ok := wr.Window.(*window)
+	if !ok || w.d != q.d {
+		return fmt.Errorf("%w: a window of another provider or device", rdma.ErrBadRequest)
+	}
+	if wr.Op == rdma.OpBind {
+		return q.d.regions.Bind(w.Window, q.pd, q, wr.Local)
+	}
+	defer fence(w.Window)()
+	return q.d.regions.Invalidate(w.Window, q.pd)
+}
+
 // Alloc implements rdma.ProtectionDomain.
 func (p *pd) Alloc(size int, access rdma.Access) (rdma.MemoryRegion, error) {
 	return p.d.regions.Alloc(p, size, access)
@@ -304,6 +357,7 @@ func (p *pd) CreateQP(sendCQ, recvCQ rdma.CompletionQueue, depth int) (rdma.Queu
 	}
 	q := &QP{d: d, pd: p, qpn: qpn, psn: soft.Random32() & 0xFFFFFF}
 	q.Init(p, s, r, depth, MaxMessage)
+	q.WindowOp = q.windowOp
 	d.qps[q.qpn] = q
 	return q, nil
 }
@@ -845,7 +899,7 @@ func (q *QP) inboundLost(err error) {
 // payload is never read: the NAK breaks the connection. An error is the
 // connection failing mid-frame.
 func (q *QP) execute(r *bufio.Reader, op rdma.Opcode, hasImm bool, rkey uint32, addr uint64, imm uint32, n int) (rdma.Status, error) {
-	dst, st := q.target(op, rkey, addr, n)
+	dst, win, st := q.target(op, rkey, addr, n)
 	if st != rdma.Success {
 		return st, nil
 	}
@@ -859,13 +913,19 @@ func (q *QP) execute(r *bufio.Reader, op rdma.Opcode, hasImm bool, rkey uint32, 
 		q.place.Lock()
 		q.Mu.Lock()
 		ready := q.QPState == rdma.StateRTS
-		if ready {
+		// A window's invalidate takes place too: once it returns, no piece
+		// under its key lands.
+		open := win == nil || q.d.regions.Valid(win, rkey)
+		if ready && open {
 			copy(dst[off:], piece)
 		}
 		q.Mu.Unlock()
 		q.place.Unlock()
 		if !ready {
 			return rdma.FlushError, nil // fenced: nothing more lands
+		}
+		if !open {
+			return rdma.RemoteAccessError, nil // invalidated in the middle: the rest is refused
 		}
 		r.Discard(len(piece))
 		off += len(piece)
@@ -892,29 +952,30 @@ func (q *QP) execute(r *bufio.Reader, op rdma.Opcode, hasImm bool, rkey uint32, 
 // The receive a SEND or WRITE WITH IMMEDIATE consumes stays at the head of
 // the receive queue until the payload is in (only this goroutine consumes
 // it), so a fence in the middle flushes it with the rest.
-func (q *QP) target(op rdma.Opcode, rkey uint32, addr uint64, n int) ([]byte, rdma.Status) {
+func (q *QP) target(op rdma.Opcode, rkey uint32, addr uint64, n int) ([]byte, *soft.Window, rdma.Status) {
 	q.Mu.Lock()
 	defer q.Mu.Unlock()
 	if q.QPState != rdma.StateRTS {
-		return nil, rdma.FlushError // fenced: nothing lands
+		return nil, nil, rdma.FlushError // fenced: nothing lands
 	}
 	var dst []byte
+	var win *soft.Window
 	if op == rdma.OpWrite || op == rdma.OpWriteImm {
-		if dst = q.d.regions.Target(q.pd, rkey, addr, n); dst == nil {
-			return nil, rdma.RemoteAccessError
+		if dst, win = q.d.regions.Target(q.pd, q, rkey, addr, n); dst == nil {
+			return nil, nil, rdma.RemoteAccessError
 		}
 	}
 	if (op == rdma.OpWriteImm || op == rdma.OpSend) && len(q.RQ) == 0 {
-		return nil, rdma.ReceiverNotReady
+		return nil, nil, rdma.ReceiverNotReady
 	}
 	if op == rdma.OpSend {
 		recv := q.RQ[0]
 		if recv.Local.Length < n {
 			q.RQ = q.RQ[1:]
 			q.RecvCQ().Push(rdma.Completion{WRID: recv.ID, Op: rdma.OpRecv, Status: rdma.LocalLengthError})
-			return nil, rdma.RemoteAccessError
+			return nil, nil, rdma.RemoteAccessError
 		}
 		dst = recv.Local.MR.Bytes()[recv.Local.Offset : recv.Local.Offset+n]
 	}
-	return dst, rdma.Success
+	return dst, win, rdma.Success
 }

@@ -21,6 +21,13 @@
 // RNR retries exceeded (ReceiverNotReady), transport retries exceeded and
 // anything else (TransportError).
 //
+// Memory windows (rdma.MemoryWindow) are the NIC's type-2 windows:
+// ibv_alloc_mw(IBV_MW_TYPE_2), bound by IBV_WR_BIND_MW and invalidated by
+// IBV_WR_LOCAL_INV on the queue pair whose peer may use them, Close is
+// ibv_dealloc_mw. A window's key is the NIC's index (upper 24 bits) and 8
+// consumer bits the provider draws from crypto/rand on every bind, different
+// from the key before: 8 bits are all the randomness verbs allows.
+//
 // Fault hooks (rdma.Faults) are software: Pause holds work requests in the
 // provider before they reach the NIC, Resume posts them in order, and
 // CorruptNext sends the next WRITE from a damaged copy of its payload. ToError

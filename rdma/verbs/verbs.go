@@ -96,6 +96,32 @@ static int kvh_post_send(struct ibv_qp *qp, uint64_t id, int opcode, uint32_t im
 	return ibv_post_send(qp, &wr, &bad);
 }
 
+// Memory windows, type 2: bound and invalidated by work requests on the
+// queue pair whose peer may use them.
+static struct ibv_mw *kvh_alloc_mw(struct ibv_pd *pd) { return ibv_alloc_mw(pd, IBV_MW_TYPE_2); }
+static uint32_t kvh_mw_rkey(struct ibv_mw *mw) { return mw->rkey; }
+
+static int kvh_post_bind(struct ibv_qp *qp, uint64_t id, struct ibv_mw *mw, uint32_t rkey, struct ibv_mr *mr,
+                         uint64_t addr, uint64_t len) {
+	struct ibv_send_wr wr, *bad; memset(&wr, 0, sizeof wr);
+	wr.wr_id = id; wr.opcode = IBV_WR_BIND_MW; wr.send_flags = IBV_SEND_SIGNALED;
+	wr.bind_mw.mw = mw; wr.bind_mw.rkey = rkey;
+	wr.bind_mw.bind_info.mr = mr; wr.bind_mw.bind_info.addr = addr; wr.bind_mw.bind_info.length = len;
+	wr.bind_mw.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_WRITE;
+	int rc = ibv_post_send(qp, &wr, &bad);
+	// For a type-2 window the library leaves mw->rkey as it was; the next
+	// bind names the window by it, and the kernel (rxe) refuses a stale one.
+	if (rc == 0) mw->rkey = rkey;
+	return rc;
+}
+
+static int kvh_post_inv(struct ibv_qp *qp, uint64_t id, uint32_t rkey) {
+	struct ibv_send_wr wr, *bad; memset(&wr, 0, sizeof wr);
+	wr.wr_id = id; wr.opcode = IBV_WR_LOCAL_INV; wr.send_flags = IBV_SEND_SIGNALED;
+	wr.invalidate_rkey = rkey;
+	return ibv_post_send(qp, &wr, &bad);
+}
+
 static int kvh_post_recv(struct ibv_qp *qp, uint64_t id, uint64_t addr, uint32_t len, uint32_t lkey) {
 	struct ibv_sge s = { .addr = addr, .length = len, .lkey = lkey };
 	struct ibv_recv_wr wr, *bad; memset(&wr, 0, sizeof wr);
@@ -142,6 +168,7 @@ import "C"
 
 import (
 	"fmt"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -384,7 +411,87 @@ func access(a rdma.Access) C.int {
 	if a&rdma.RemoteRead != 0 {
 		f |= C.IBV_ACCESS_REMOTE_READ
 	}
+	if a&rdma.WindowBind != 0 {
+		f |= C.IBV_ACCESS_MW_BIND | C.IBV_ACCESS_LOCAL_WRITE // a window's remote write requires local write
+	}
 	return f
+}
+
+// WindowRangesUnchecked implements rdma.UncheckedWindowRanges: rxe's
+// responder checks a window key's WRITE against the window's region, not
+// its range (measured on Linux 6.1 by the conformance suite in the VM).
+func (p *pd) WindowRangesUnchecked() bool { return strings.HasPrefix(p.d.name, "rxe") }
+
+// AllocWindow implements rdma.WindowDomain: ibv_alloc_mw, type 2.
+func (p *pd) AllocWindow() (rdma.MemoryWindow, error) {
+	mw := C.kvh_alloc_mw(p.pd)
+	if mw == nil {
+		return nil, errnoErr("ibv_alloc_mw (type 2)", -1)
+	}
+	return &window{pd: p, mw: mw, key: uint32(C.kvh_mw_rkey(mw))}, nil
+}
+
+// window is a type-2 memory window. Its key's upper 24 bits are the NIC's
+// index of the window; the lower 8 are the consumer's, drawn from
+// crypto/rand on every bind (different from the key before): all the
+// randomness verbs allows.
+type window struct {
+	pd     *pd
+	mu     sync.Mutex
+	mw     *C.struct_ibv_mw
+	key    uint32
+	closed bool
+}
+
+// RKey implements rdma.MemoryWindow.
+func (w *window) RKey() uint32 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.key
+}
+
+// Close implements rdma.MemoryWindow: ibv_dealloc_mw, which invalidates a
+// bound window before it returns.
+func (w *window) Close() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return nil
+	}
+	w.closed = true
+	if rc := C.ibv_dealloc_mw(w.mw); rc != 0 {
+		return errnoErr("ibv_dealloc_mw", rc)
+	}
+	return nil
+}
+
+// postWindowLocked posts a bind (with a fresh key) or an invalidate of wr's
+// window; the caller holds q.mu.
+func (q *QP) postWindowLocked(wr rdma.WorkRequest) error {
+	w, ok := wr.Window.(*window)
+	if !ok || w.pd != q.pd {
+		return fmt.Errorf("%w: a window of another protection domain or provider", rdma.ErrBadRequest)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return fmt.Errorf("%w: window closed", rdma.ErrBadRequest)
+	}
+	id := q.d.remember(wr.ID, wr.Op)
+	if wr.Op == rdma.OpInvalidate {
+		return q.d.posted(id, "ibv_post_send (LOCAL_INV)", C.kvh_post_inv(q.qp, C.uint64_t(id), C.uint32_t(w.key)))
+	}
+	m, _ := q.checkLocal(wr.Local)
+	key := w.key
+	for key&0xFF == w.key&0xFF {
+		key = w.key&^0xFF | soft.Random32()&0xFF
+	}
+	rc := C.kvh_post_bind(q.qp, C.uint64_t(id), w.mw, C.uint32_t(key), m.mr, C.uint64_t(m.Addr()+uint64(wr.Local.Offset)), C.uint64_t(wr.Local.Length))
+	if err := q.d.posted(id, "ibv_post_send (BIND_MW)", rc); err != nil {
+		return err
+	}
+	w.key = key
+	return nil
 }
 
 // Alloc implements rdma.ProtectionDomain with anonymous mmap'd memory, which
@@ -625,11 +732,17 @@ func (q *QP) checkLocal(s rdma.SGE) (*mr, error) {
 
 // PostSend implements rdma.QueuePair.
 func (q *QP) PostSend(wr rdma.WorkRequest) error {
-	if wr.Op != rdma.OpWrite && wr.Op != rdma.OpWriteImm && wr.Op != rdma.OpSend {
+	switch wr.Op {
+	case rdma.OpWrite, rdma.OpWriteImm, rdma.OpSend, rdma.OpBind:
+		if _, err := q.checkLocal(wr.Local); err != nil {
+			return err
+		}
+	case rdma.OpInvalidate:
+	default:
 		return fmt.Errorf("%w: %v on the send queue", rdma.ErrBadRequest, wr.Op)
 	}
-	if _, err := q.checkLocal(wr.Local); err != nil {
-		return err
+	if (wr.Op == rdma.OpBind || wr.Op == rdma.OpInvalidate) && wr.Window == nil {
+		return fmt.Errorf("%w: %v without a window", rdma.ErrBadRequest, wr.Op)
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -650,6 +763,9 @@ func (q *QP) PostSend(wr rdma.WorkRequest) error {
 
 // postSendLocked hands wr to the NIC; the caller holds q.mu.
 func (q *QP) postSendLocked(wr rdma.WorkRequest) error {
+	if wr.Op == rdma.OpBind || wr.Op == rdma.OpInvalidate {
+		return q.postWindowLocked(wr)
+	}
 	m, _ := q.checkLocal(wr.Local)
 	addr := m.Addr() + uint64(wr.Local.Offset)
 	lkey := m.LKey()

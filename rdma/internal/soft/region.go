@@ -41,9 +41,16 @@ func (m *Region) Bytes() []byte { return m.Buf }
 // of two regions may overlap: a WRITE is placed by key first, then checked
 // against that one region's range.
 type Regions struct {
-	mu    sync.Mutex
-	byKey map[uint32]*Region
-	used  map[uint32]bool // every key ever issued
+	mu      sync.Mutex
+	byKey   map[uint32]*Region
+	windows map[uint32]*Window // bound windows by their key
+	used    map[uint32]bool    // every key ever issued, regions' and windows'
+}
+
+func (r *Regions) init() {
+	if r.byKey == nil {
+		r.byKey, r.windows, r.used = map[uint32]*Region{}, map[uint32]*Window{}, map[uint32]bool{}
+	}
 }
 
 // lowestAddr and addrSpan bound the base addresses: above 4 GiB (no small
@@ -61,9 +68,7 @@ func (r *Regions) Register(owner any, buf []byte, access rdma.Access) (*Region, 
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.byKey == nil {
-		r.byKey, r.used = map[uint32]*Region{}, map[uint32]bool{}
-	}
+	r.init()
 	key := Random32()
 	for key == 0 || r.used[key] {
 		key = Random32()
@@ -84,22 +89,37 @@ func (r *Regions) Alloc(owner any, size int, access rdma.Access) (*Region, error
 	return r.Register(owner, make([]byte, size), access)
 }
 
-// Target is where a remote WRITE of n bytes at addr with rkey lands in one of
-// owner's regions, or nil when the responder must refuse it: an unknown key, a
-// region of another domain or without remote write access, or out of bounds.
-func (r *Regions) Target(owner any, rkey uint32, addr uint64, n int) []byte {
+// Target is where a remote WRITE of n bytes at addr with rkey, arriving on
+// responder queue pair qp, lands in one of owner's regions, or nil when the
+// responder must refuse it: an unknown key, a region of another domain or
+// without remote write access, a window bound on another queue pair, or out
+// of bounds (of the region, or of the window's range). For a window's key it
+// also returns the window, which the placement checks again (Valid) for
+// every piece it places: an invalidate may come in the middle.
+func (r *Regions) Target(owner, qp any, rkey uint32, addr uint64, n int) ([]byte, *Window) {
 	r.mu.Lock()
-	m := r.byKey[rkey]
+	var m *Region
+	var w *Window
+	var lo, size uint64 // the range the key opens, in m
+	if m = r.byKey[rkey]; m != nil {
+		if m.Access&rdma.RemoteWrite == 0 {
+			m = nil
+		} else {
+			size = uint64(len(m.Buf))
+		}
+	} else if w = r.windows[rkey]; w != nil && w.qp == qp {
+		m, lo, size = w.region, w.off, w.n
+	}
 	r.mu.Unlock()
-	if m == nil || m.Owner != owner || m.Access&rdma.RemoteWrite == 0 || n < 0 || addr < m.addr {
-		return nil
+	if m == nil || m.Owner != owner || n < 0 || addr < m.addr || addr-m.addr < lo {
+		return nil, nil
 	}
 	// Offsets, never addr+n: a peer chooses addr, and addr+n can wrap past 2^64.
-	off, size := addr-m.addr, uint64(len(m.Buf))
+	off := addr - m.addr - lo
 	if off > size || uint64(n) > size-off {
-		return nil
+		return nil, nil
 	}
-	return m.Buf[off : off+uint64(n)]
+	return m.Buf[lo+off : lo+off+uint64(n)], w
 }
 
 // Local checks a work request's local buffer: a region of owner's, in bounds.

@@ -25,7 +25,7 @@ func TestTargetRefusesEveryAddressOutsideTheRegion(t *testing.T) {
 		{math.MaxUint64 - 7, 64}, {math.MaxUint64, 1}, {base + math.MaxUint64 - 31, 64}, {base - 1, 1},
 		{base + 4096, 1}, {base + 1, 4096}, {base, 4097}, {base, -1}, {base + 1<<63, 64}, {0, 64},
 	} {
-		if got := r.Target(owner, key, c.addr, c.n); got != nil {
+		if got, _ := r.Target(owner, nil, key, c.addr, c.n); got != nil {
 			t.Errorf("WRITE of %d bytes at %#x (region %#x+4096) was given %d bytes", c.n, c.addr, base, len(got))
 		}
 	}
@@ -33,11 +33,11 @@ func TestTargetRefusesEveryAddressOutsideTheRegion(t *testing.T) {
 		addr uint64
 		n    int
 	}{{base, 4096}, {base + 4095, 1}, {base + 4096, 0}, {base + 100, 200}} {
-		if got := r.Target(owner, key, c.addr, c.n); len(got) != c.n {
+		if got, _ := r.Target(owner, nil, key, c.addr, c.n); len(got) != c.n {
 			t.Errorf("in-bounds WRITE of %d bytes at +%d refused", c.n, c.addr-base)
 		}
 	}
-	if r.Target(new(int), key, base, 1) != nil {
+	if got, _ := r.Target(new(int), nil, key, base, 1); got != nil {
 		t.Error("a region was opened to another protection domain")
 	}
 }

@@ -22,6 +22,10 @@ type WorkQueues struct {
 	Corrupt  bool
 	Wake     chan struct{}
 
+	// WindowOp executes a bind or an invalidate (OpBind, OpInvalidate) for
+	// the provider, with its fence; nil: the provider has no windows.
+	WindowOp func(wr rdma.WorkRequest) error
+
 	owner  any // the protection domain whose regions work requests may use
 	depth  int
 	maxLen int
@@ -50,7 +54,12 @@ func (w *WorkQueues) State() rdma.QPState {
 }
 
 // PostSend implements rdma.QueuePair.
+// Binds and invalidates are local: they execute when posted, on a queue pair
+// ready to send, and complete at once, before earlier work requests may have.
 func (w *WorkQueues) PostSend(wr rdma.WorkRequest) error {
+	if wr.Op == rdma.OpBind || wr.Op == rdma.OpInvalidate {
+		return w.postWindow(wr)
+	}
 	if wr.Op != rdma.OpWrite && wr.Op != rdma.OpWriteImm && wr.Op != rdma.OpSend {
 		return fmt.Errorf("%w: %v on the send queue", rdma.ErrBadRequest, wr.Op)
 	}
@@ -64,6 +73,23 @@ func (w *WorkQueues) PostRecv(wr rdma.WorkRequest) error {
 		return fmt.Errorf("%w: %v on the receive queue", rdma.ErrBadRequest, wr.Op)
 	}
 	return w.post(&w.RQ, wr, false)
+}
+
+func (w *WorkQueues) postWindow(wr rdma.WorkRequest) error {
+	if w.WindowOp == nil || wr.Window == nil {
+		return fmt.Errorf("%w: %v without a window", rdma.ErrBadRequest, wr.Op)
+	}
+	switch w.State() {
+	case rdma.StateError:
+		return rdma.ErrQPError
+	case rdma.StateReset:
+		return rdma.ErrNotConnected
+	}
+	if err := w.WindowOp(wr); err != nil {
+		return err
+	}
+	w.sendCQ.Push(rdma.Completion{WRID: wr.ID, Op: wr.Op})
+	return nil
 }
 
 // post appends wr to one of w's queues, after the checks both share.
