@@ -217,7 +217,7 @@ func (d *Decode) carry() {
 			d.emit(Event{Kind: Outcome, Request: o.Request, Peer: d.peerOf[o.Request], Err: o.Err})
 			delete(d.peerOf, o.Request)
 			if d.win != nil {
-				if st := d.receiver.Status(o.Request); st == protocol.StatusFinished || st == protocol.StatusClosed {
+				if st := d.receiver.Status(o.Request); st == protocol.ReceiverFinished || st == protocol.ReceiverClosed {
 					d.win.released(o.Request)
 				}
 			}

@@ -118,7 +118,7 @@ func (w *grantWindows) binds(m protocol.Message) int {
 // back before its Grant could go (a peer that sent Done first) gets no
 // window: its Grant names keys that open nothing.
 func (w *grantWindows) bind(c *conn, g *protocol.Grant) error {
-	if st := w.d.receiver.Status(g.Request); w.byReq[g.Request] != nil || (st != protocol.StatusReserved && st != protocol.StatusQuarantine) {
+	if st := w.d.receiver.Status(g.Request); w.byReq[g.Request] != nil || (st != protocol.ReceiverReserved && st != protocol.ReceiverQuarantine) {
 		for i := range g.Pages {
 			g.Pages[i].Key = 0
 		}
