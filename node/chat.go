@@ -162,7 +162,7 @@ func (rt *Router) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		rt.failed(w, r, err, stream)
 		return
 	}
-	id, created, modelName := "chatcmpl-"+requestIDOf(r.Context()), time.Now().Unix(), rt.modelID(p.model)
+	id, created, modelName := "chatcmpl-"+choices[0].res.handoffHex(), time.Now().Unix(), rt.modelID(p.model)
 	u := usageOf(choices, p.n)
 	rt.counted(choices, u)
 	if stream != nil {

@@ -323,6 +323,11 @@ func (rt *Router) finish(i int, res Result, stops []string) choice {
 	return c
 }
 
+// handoffHex is the result's handoff id in hex: a completion's id names
+// its (first) handoff, as the nodes' logs and a model-less decode node's
+// digest do.
+func (res Result) handoffHex() string { return strconv.FormatUint(uint64(res.ID), 16) }
+
 // promptText is a prompt's text as echo returns it.
 func (rt *Router) promptText(res Result) string {
 	if len(res.Prompt) == 0 {
@@ -414,7 +419,7 @@ func (rt *Router) completions(w http.ResponseWriter, r *http.Request) {
 		rt.failed(w, r, err, stream)
 		return
 	}
-	id, created, modelName := "cmpl-"+requestIDOf(r.Context()), time.Now().Unix(), rt.modelID(p.model)
+	id, created, modelName := "cmpl-"+choices[0].res.handoffHex(), time.Now().Unix(), rt.modelID(p.model)
 	u := usageOf(choices, p.n)
 	rt.counted(choices, u)
 	if stream != nil {
