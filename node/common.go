@@ -121,6 +121,13 @@ func (f *flight) leave() {
 	}
 }
 
+// isDraining is whether drain has stopped new calls.
+func (f *flight) isDraining() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.draining
+}
+
 // drain stops new calls and returns a channel closed once none is in flight.
 func (f *flight) drain() <-chan struct{} {
 	f.mu.Lock()

@@ -61,17 +61,25 @@ type prefillCall struct {
 	Prompt []int              `json:"prompt"`
 	Tenant string             `json:"tenant,omitempty"`
 	Model  string             `json:"model,omitempty"`
+	// RequestID is the client's request id, for the logs.
+	RequestID string `json:"request_id,omitempty"`
 }
 
 // decodeCall is the router's request to a decode node: generate MaxTokens
 // tokens after Prompt once request ID's KV has arrived and verified.
 type decodeCall struct {
 	ID        protocol.RequestID `json:"id"`
+	RequestID string             `json:"request_id,omitempty"` // the client's, for the logs
 	Prefill   string             `json:"prefill"`
 	Prompt    []int              `json:"prompt"`
 	MaxTokens int                `json:"max_tokens"`
 	Tenant    string             `json:"tenant,omitempty"`
 	Model     string             `json:"model,omitempty"`
+	// Temperature, TopP and Seed are the sampling (model.NewSampler);
+	// temperature 0 is greedy.
+	Temperature float32 `json:"temperature,omitempty"`
+	TopP        float32 `json:"top_p,omitempty"`
+	Seed        uint64  `json:"seed,omitempty"`
 }
 
 type cancelCall struct {

@@ -254,7 +254,11 @@ func (n *Decode) run(id protocol.RequestID, pages [][]byte, c *decodeCall) ([]in
 		defer n.genPool.Release(id, own)
 		table = append(table, kv.Shift(own, uint32(n.cfg.Pages))...)
 	}
-	return n.engine.Decode(table, c.Prompt, c.MaxTokens, llama.Greedy(), n.cfg.Stop)
+	sampler := llama.Greedy()
+	if c.Temperature > 0 {
+		sampler = llama.NewSampler(c.Temperature, c.TopP, c.Seed)
+	}
+	return n.engine.Decode(table, c.Prompt, c.MaxTokens, sampler, n.cfg.Stop)
 }
 
 // digest is the "generation" of a node without a model: the SHA-256 of the
@@ -331,11 +335,11 @@ func (n *Decode) outcomeLocked(ev transfer.Event, r *decodeReq) {
 		n.ended[ev.Request] = endedReq{err: err, at: time.Now()}
 		n.cfg.Metrics.leg(RoleDecode, err, 0, 0)
 		if err != nil {
-			n.cfg.Log.Info("decode leg failed before the router's call", "request_id", uint64(ev.Request), "decode", n.cfg.Name, "prefill", ev.Peer, "reason", Reason(err), "err", err)
+			n.cfg.Log.Info("decode leg failed before the router's call", "handoff_id", idString(ev.Request), "decode", n.cfg.Name, "prefill", ev.Peer, "reason", Reason(err), "err", err)
 		}
 		return
 	}
-	log := n.cfg.Log.With("request_id", uint64(ev.Request), "tenant", c.Tenant, "model", c.Model, "prefill", c.Prefill, "decode", n.cfg.Name)
+	log := n.cfg.Log.With("request_id", c.RequestID, "handoff_id", idString(ev.Request), "tenant", c.Tenant, "model", c.Model, "prefill", c.Prefill, "decode", n.cfg.Name)
 	took := time.Since(started)
 	n.cfg.Metrics.leg(RoleDecode, err, took, protocol.PagesFor(uint32(len(c.Prompt)), n.cfg.PageTokens)*n.cfg.PageBytes)
 	if err != nil {

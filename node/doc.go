@@ -1,7 +1,9 @@
 // Package node is kvhandoff's deployable processes: the router node, the
 // prefill node and the decode node, the Registry through which they find
-// each other, their Prometheus metrics, and the router's client API
-// (POST /v1/completions). kvhandoff serve runs one of them per process;
+// each other, their Prometheus metrics, and the router's client API (the
+// OpenAI-compatible completions, chat completions and models, with
+// /healthz and /readyz: api.go, openai.go, chat.go; its HTTP server's
+// bounds: frontdoor.go). kvhandoff serve runs one of them per process;
 // StartLocal runs a whole deployment in one process (tests, the demo).
 //
 // The roles, and what each one wires together:
@@ -61,5 +63,7 @@
 // kvhandoff_pages{role,state}, kvhandoff_queue_pairs{role,state},
 // kvhandoff_credits{role}, kvhandoff_refused_messages_total{role}, and the
 // router's kvhandoff_client_requests_total{code}. Logs are log/slog, every
-// request line carrying request_id, tenant, model, prefill and decode.
+// request line carrying request_id (the client request's, a string, the
+// same across retries and on both nodes), handoff_id, tenant, model,
+// prefill and decode.
 package node

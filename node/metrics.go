@@ -23,6 +23,9 @@ type Metrics struct {
 	duration  *prometheus.HistogramVec // role
 	fenceWait prometheus.Histogram
 	requests  *prometheus.CounterVec // router's client requests by HTTP status code class
+	retries   prometheus.Counter     // router: attempts retried for want of room
+	promptTok prometheus.Counter     // router: prompt tokens of answered requests
+	genTok    prometheus.Counter     // router: generated tokens answered
 }
 
 // outcomes is the handoffs' outcome label's closed set.
@@ -61,7 +64,13 @@ func NewMetrics() *Metrics {
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvhandoff_client_requests_total",
 			Help: "Router: client completions answered, by HTTP status code."}, []string{"code"}),
 	}
-	reg.MustRegister(m.handoffs, m.failures, m.bytes, m.duration, m.fenceWait, m.requests)
+	m.retries = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvhandoff_retries_total",
+		Help: "Router: handoffs retried under the same client request because a pool had no room."})
+	m.promptTok = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvhandoff_prompt_tokens_total",
+		Help: "Router: prompt tokens of requests answered 200 (BOS counted)."})
+	m.genTok = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvhandoff_generation_tokens_total",
+		Help: "Router: generated tokens answered 200 (up to a stop)."})
+	reg.MustRegister(m.handoffs, m.failures, m.bytes, m.duration, m.fenceWait, m.requests, m.retries, m.promptTok, m.genTok)
 	return m
 }
 

@@ -280,7 +280,7 @@ func TestAPromptCannotInjectABeginningOfSequence(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a.code != http.StatusBadRequest || !strings.Contains(a.err, "invalid_request") || !strings.Contains(a.err, "0x01 at offset 14") {
+	if a.code != http.StatusBadRequest || !strings.Contains(a.err, "invalid_prompt") || !strings.Contains(a.err, "0x01 at offset 14") {
 		t.Fatalf("a prompt holding BOS: %d %q", a.code, a.err)
 	}
 	_, err = l.Router.Complete(context.Background(), Completion{Prompt: injected, MaxTokens: 8})

@@ -120,7 +120,7 @@ func (n *Prefill) prefill(ctx context.Context, c *prefillCall) (any, error) {
 		return nil, fmt.Errorf("%w: prefill node %q", ErrShuttingDown, n.cfg.Name)
 	}
 	defer n.flight.leave()
-	log := n.cfg.Log.With("request_id", uint64(c.ID), "tenant", c.Tenant, "model", c.Model, "prefill", n.cfg.Name, "decode", c.Decode)
+	log := n.cfg.Log.With("request_id", c.RequestID, "handoff_id", idString(c.ID), "tenant", c.Tenant, "model", c.Model, "prefill", n.cfg.Name, "decode", c.Decode)
 	start := time.Now()
 	// The node's own intake: the router's view of the limits is not trusted alone.
 	// admit-finished: the over-long prompt goes on to the Sender, which swaps

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -31,6 +33,15 @@ type RouterConfig struct {
 	Timeout time.Duration
 	// MaxNewTokens bounds a request's max_tokens; 0 means 4096.
 	MaxNewTokens int
+	// HTTP bounds the client API's connections and requests.
+	HTTP HTTPLimits
+	// TrustRequestID honours a client's X-Request-Id (a front proxy's,
+	// well formed) instead of making a fresh one: only where every client
+	// reaches the router through that proxy.
+	TrustRequestID bool
+	// ChatTemplate lays out /v1/chat/completions' messages as a prompt; nil
+	// means PlainChat.
+	ChatTemplate ChatTemplate
 	Metrics      *Metrics
 	Log          *slog.Logger
 
@@ -73,15 +84,26 @@ type routed struct {
 
 // Completion is a client's request.
 type Completion struct {
-	Prompt    string
+	Prompt string
+	// Tokens, if not nil, is the prompt as token ids instead of Prompt
+	// (BOS is put first unless it is there).
+	Tokens    []int
 	MaxTokens int
 	Tenant    string
 	Model     string
+	// RequestID is the client request's id in the logs, the same across
+	// the router's retries (each attempt a handoff of its own).
+	RequestID string
+	// Temperature, TopP and Seed are the decode node's sampling
+	// (llama.NewSampler); temperature 0 is greedy, exact.
+	Temperature, TopP float32
+	Seed              uint64
 }
 
 // Result is a completion's answer.
 type Result struct {
-	ID           protocol.RequestID
+	ID           protocol.RequestID // the last attempt's handoff
+	Prompt       []int              // the prompt's tokens, BOS first
 	Text         string
 	Tokens       []int
 	PromptTokens int
@@ -108,6 +130,10 @@ func NewRouter(cfg RouterConfig) (*Router, error) {
 	}
 	if cfg.Name == "" {
 		cfg.Name = "router"
+	}
+	cfg.HTTP.defaults()
+	if cfg.ChatTemplate == nil {
+		cfg.ChatTemplate = PlainChat
 	}
 	if err := cfg.Security.check(cfg.Log, "router "+cfg.Name); err != nil {
 		return nil, err
@@ -298,11 +324,12 @@ func (rt *Router) Complete(ctx context.Context, c Completion) (Result, error) {
 	defer rt.flight.leave()
 	deadline := time.Now().Add(rt.cfg.Timeout)
 	backoff := 2 * time.Millisecond
-	for {
-		res, err := rt.complete(ctx, c)
+	for attempt := 1; ; attempt++ {
+		res, err := rt.complete(ctx, c, attempt)
 		if !errors.Is(err, protocol.ErrNoCapacity) && !errors.Is(err, protocol.AbortNoCapacity) || time.Now().Add(backoff).After(deadline) {
 			return res, err
 		}
+		rt.cfg.Metrics.retries.Inc()
 		select {
 		case <-ctx.Done():
 			return res, err
@@ -312,23 +339,25 @@ func (rt *Router) Complete(ctx context.Context, c Completion) (Result, error) {
 	}
 }
 
-func (rt *Router) complete(ctx context.Context, c Completion) (Result, error) {
+func (rt *Router) complete(ctx context.Context, c Completion, attempt int) (Result, error) {
 	if c.MaxTokens < 1 || c.MaxTokens > rt.cfg.MaxNewTokens {
-		return Result{}, fmt.Errorf("%w: max_tokens %d outside 1..%d", ErrBadRequest, c.MaxTokens, rt.cfg.MaxNewTokens)
+		return Result{}, badParam("max_tokens", "invalid_value", "max_tokens %d is outside 1..%d", c.MaxTokens, rt.cfg.MaxNewTokens)
 	}
-	// Every prompt starts with BOS, the model's beginning of sequence; text
-	// that would put another one inside it is refused.
-	if c.Prompt == "" {
-		return Result{}, fmt.Errorf("%w: an empty prompt", ErrBadRequest)
+	// The deployment's limit bounds what tokenizing costs: a prompt over it
+	// is refused by its length before it is tokenized, or as soon as its
+	// tokens pass the limit.
+	limit := rt.Limit()
+	if limit == 0 {
+		return Result{}, fmt.Errorf("%w: the router knows no prefill and decode node yet", protocol.ErrNoNode)
 	}
-	if err := rt.cfg.Tokenizer.Check(c.Prompt); err != nil {
-		return Result{}, fmt.Errorf("%w: %w", ErrBadRequest, err)
+	prompt, err := rt.tokenize(c, limit)
+	if err != nil {
+		return Result{}, err
 	}
-	prompt := rt.cfg.Tokenizer.Encode(c.Prompt, true, false)
 	rt.mu.Lock()
 	if c.Model != "" && rt.cfg.ModelID != "" && c.Model != rt.cfg.ModelID {
 		rt.mu.Unlock()
-		return Result{}, fmt.Errorf("%w: model %q; this deployment serves %q", ErrBadRequest, c.Model, rt.cfg.ModelID)
+		return Result{}, badParam("model", "model_not_found", "model %.64q: this deployment serves %q", c.Model, rt.cfg.ModelID)
 	}
 	if c.Model == "" {
 		c.Model = rt.cfg.ModelID
@@ -337,7 +366,10 @@ func (rt *Router) complete(ctx context.Context, c Completion) (Result, error) {
 	id := rt.nextID
 	if rt.r.Limit() == 0 {
 		rt.mu.Unlock()
-		return Result{PromptTokens: len(prompt)}, fmt.Errorf("%w: the router knows no prefill and decode node yet", protocol.ErrNoNode)
+		return Result{Prompt: prompt, PromptTokens: len(prompt)}, fmt.Errorf("%w: the router knows no prefill and decode node yet", protocol.ErrNoNode)
+	}
+	if c.RequestID == "" {
+		c.RequestID = strconv.FormatUint(uint64(id), 10)
 	}
 	q := &routed{completion: c, prompt: prompt, done: make(chan error, 1), legs: map[protocol.NodeID]context.CancelFunc{}, cancelled: map[protocol.NodeID]bool{}}
 	rt.pending[id] = q
@@ -346,14 +378,14 @@ func (rt *Router) complete(ctx context.Context, c Completion) (Result, error) {
 		delete(rt.pending, id)
 		rt.mu.Unlock()
 		rt.cfg.Metrics.leg(RoleRouter, err, 0, 0)
-		rt.cfg.Log.Info("request refused", "request_id", uint64(id), "tenant", c.Tenant, "model", c.Model, "prefill", "", "decode", "", "tokens", len(prompt), "reason", Reason(err), "err", err)
-		return Result{ID: id, PromptTokens: len(prompt)}, err
+		rt.cfg.Log.Info("request refused", "request_id", c.RequestID, "attempt", attempt, "handoff_id", idString(id), "tenant", c.Tenant, "model", c.Model, "prefill", "", "decode", "", "tokens", len(prompt), "reason", Reason(err), "err", err)
+		return Result{ID: id, Prompt: prompt, PromptTokens: len(prompt)}, err
 	}
 	q.prefill, q.decode = rt.members[d.Prefill].Name, rt.members[d.Decode].Name
 	rt.effectsLocked()
 	rt.mu.Unlock()
 	start := time.Now()
-	log := rt.cfg.Log.With("request_id", uint64(id), "tenant", c.Tenant, "model", c.Model, "prefill", q.prefill, "decode", q.decode)
+	log := rt.cfg.Log.With("request_id", c.RequestID, "attempt", attempt, "handoff_id", idString(id), "tenant", c.Tenant, "model", c.Model, "prefill", q.prefill, "decode", q.decode)
 	log.Debug("request dispatched", "tokens", len(prompt), "max_tokens", c.MaxTokens)
 	select {
 	case err = <-q.done:
@@ -366,7 +398,7 @@ func (rt *Router) complete(ctx context.Context, c Completion) (Result, error) {
 	}
 	took := time.Since(start)
 	rt.cfg.Metrics.leg(RoleRouter, err, took, 0)
-	res := Result{ID: id, PromptTokens: len(prompt), Prefill: q.prefill, Decode: q.decode}
+	res := Result{ID: id, Prompt: prompt, PromptTokens: len(prompt), Prefill: q.prefill, Decode: q.decode}
 	if err != nil {
 		log.Info("request failed", "tokens", len(prompt), "reason", Reason(err), "err", err, "seconds", took.Seconds())
 		return res, err
@@ -376,6 +408,48 @@ func (rt *Router) complete(ctx context.Context, c Completion) (Result, error) {
 	log.Info("request done", "tokens", len(prompt), "generated", len(q.tokens), "seconds", took.Seconds())
 	return res, nil
 }
+
+// tokenize is c's prompt as tokens, BOS first, at most limit of them:
+// text over the limit is refused before it is tokenized
+// (Tokenizer.EncodeLimit), token ids before they are copied. Every prompt
+// starts with BOS, the model's beginning of sequence; a prompt that would
+// put another one inside it is refused.
+func (rt *Router) tokenize(c Completion, limit int) ([]int, error) {
+	tooLong := func(err error) error {
+		return fmt.Errorf("%w: %w: %w", protocol.ErrRejected, protocol.ErrTooLong, err)
+	}
+	if c.Tokens != nil {
+		toks := c.Tokens
+		if len(toks) > 0 && toks[0] == llama.BOS {
+			toks = toks[1:]
+		}
+		if len(toks)+1 > limit {
+			return nil, tooLong(fmt.Errorf("%d prompt tokens and BOS, the limit is %d", len(toks), limit))
+		}
+		for i, t := range toks {
+			if t < 0 || t >= rt.cfg.Tokenizer.Vocab() || t == llama.BOS {
+				return nil, badParam("prompt", "invalid_prompt", "prompt token %d at %d is not a token of the vocabulary of %d (or is BOS)", t, i, rt.cfg.Tokenizer.Vocab())
+			}
+		}
+		return append([]int{llama.BOS}, toks...), nil
+	}
+	if c.Prompt == "" {
+		return nil, badParam("prompt", "invalid_prompt", "the prompt is empty")
+	}
+	if err := rt.cfg.Tokenizer.Check(c.Prompt); err != nil {
+		return nil, &RequestError{Param: "prompt", Code: "invalid_prompt", Err: err,
+			Message: "the prompt holds text the tokenizer will not encode: " + strings.TrimPrefix(err.Error(), llama.ErrText.Error()+": ")}
+	}
+	prompt, err := rt.cfg.Tokenizer.EncodeLimit(c.Prompt, true, false, limit)
+	if err != nil {
+		return nil, tooLong(err)
+	}
+	return prompt, nil
+}
+
+// idString is a handoff's id as logs carry it: a string (a JSON number
+// above 2^53 is rounded by most readers).
+func idString(id protocol.RequestID) string { return strconv.FormatUint(uint64(id), 10) }
 
 // effectsLocked carries out the router's effects. The caller holds mu.
 func (rt *Router) effectsLocked() {
@@ -431,7 +505,8 @@ func (rt *Router) dispatchLocked(d protocol.Dispatch) {
 		}
 		var a legAnswer
 		err := rt.client.call(decCtx, dec.Name, dec.Control, pathDecode,
-			decodeCall{ID: d.Request, Prefill: pre.Name, Prompt: q.prompt, MaxTokens: c.MaxTokens, Tenant: c.Tenant, Model: c.Model}, &a)
+			decodeCall{ID: d.Request, Prefill: pre.Name, Prompt: q.prompt, MaxTokens: c.MaxTokens, Tenant: c.Tenant, Model: c.Model,
+				RequestID: c.RequestID, Temperature: c.Temperature, TopP: c.TopP, Seed: c.Seed}, &a)
 		if err != nil && decCtx.Err() != nil {
 			rt.cancelCutCall(d.Decode, d.Request, q)
 		}
@@ -440,7 +515,7 @@ func (rt *Router) dispatchLocked(d protocol.Dispatch) {
 	go func() {
 		defer preCancel()
 		err := rt.client.call(preCtx, pre.Name, pre.Control, pathPrefill,
-			prefillCall{ID: d.Request, Decode: dec.Name, Prompt: q.prompt, Tenant: c.Tenant, Model: c.Model}, nil)
+			prefillCall{ID: d.Request, Decode: dec.Name, Prompt: q.prompt, Tenant: c.Tenant, Model: c.Model, RequestID: c.RequestID}, nil)
 		rt.legEnded(d.Prefill, d.Request, err, nil, q)
 	}()
 }
@@ -466,7 +541,7 @@ func (rt *Router) callCancel(m Member, id protocol.RequestID) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := rt.client.call(ctx, m.Name, m.Control, pathCancel, cancelCall{ID: id}, nil); err != nil {
-		rt.cfg.Log.Warn("router: cancelling a leg", "request_id", uint64(id), "node", m.Name, "err", err)
+		rt.cfg.Log.Warn("router: cancelling a leg", "handoff_id", idString(id), "node", m.Name, "err", err)
 	}
 }
 
@@ -477,7 +552,7 @@ func (rt *Router) legEnded(node protocol.NodeID, id protocol.RequestID, err erro
 		q.tokens = tokens
 	}
 	if e := rt.r.LegEnded(node, id, err); e != nil && !errors.Is(e, protocol.ErrUnknownRequest) {
-		rt.cfg.Log.Warn("router: a leg's report refused", "request_id", uint64(id), "node", rt.members[node].Name, "err", e)
+		rt.cfg.Log.Warn("router: a leg's report refused", "handoff_id", idString(id), "node", rt.members[node].Name, "err", e)
 	}
 	if errors.Is(err, ErrUnreachable) && !rt.lost[node] {
 		rt.suspectLocked(node, err)

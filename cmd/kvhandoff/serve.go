@@ -25,7 +25,8 @@ import (
 const serveUsage = `usage: kvhandoff serve --role router|prefill|decode [flags]
 
 Runs one node of a deployment (docs/nodes.md). The router answers clients on
---listen (POST /v1/completions, GET /metrics); prefill and decode nodes answer
+--listen (the OpenAI-compatible /v1/completions, /v1/chat/completions and
+/v1/models; /metrics, /healthz, /readyz); prefill and decode nodes answer
 the router on --control (mutual TLS) and serve /metrics on --metrics. Nodes
 find each other through --peers (static: name=host:port of each peer's
 control API) or --etcd (a registry under leases).
@@ -78,6 +79,12 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	insecure := fs.Bool("insecure", false, "plaintext between nodes, with no authentication (a warning is logged)")
 	timeout := fs.Duration("timeout", 30*time.Second, "a request's timeout (router) or a leg's (nodes)")
 	grace := fs.Duration("grace", 10*time.Second, "how long a stopping node waits for requests in flight")
+	httpBodyTimeout := fs.Duration("http-body-timeout", 30*time.Second, "router: how long a client has to send a request's body once its headers are in (then 408, connection closed)")
+	httpIdleTimeout := fs.Duration("http-idle-timeout", 60*time.Second, "router: how long a keep-alive connection may sit idle between requests")
+	httpMaxBody := fs.Int64("http-max-body", 1<<20, "router: the largest request body, bytes (a longer one is a 400)")
+	httpMaxConns := fs.Int("http-max-conns", 1024, "router: client connections open at once (more wait to be accepted)")
+	chatTemplate := fs.String("chat-template", "", "router: /v1/chat/completions' layout: plain (role: text lines) or llama2 ([INST] ... [/INST]); default plain, llama2 for a checkpoint file")
+	trustRequestID := fs.Bool("trust-request-id", false, "router: take a client's X-Request-Id (only where every client comes through a front proxy that sets it)")
 	router := fs.String("router-name", "router", "prefill, decode: the name the router's certificate carries")
 	logFormat := fs.String("log-format", "text", "text or json")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
@@ -184,7 +191,18 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	}
 	err := func() error {
 		if *role == "router" {
-			return serveRouter(ctx, *name, *listen, reg, sec, *modelID, *timeout, *grace, log)
+			cfg := node.RouterConfig{Name: *name, Registry: reg, Security: sec, ModelID: *modelID, Timeout: *timeout, Log: log,
+				HTTP:           node.HTTPLimits{BodyTimeout: *httpBodyTimeout, IdleTimeout: *httpIdleTimeout, MaxBodyBytes: *httpMaxBody, MaxConns: *httpMaxConns},
+				TrustRequestID: *trustRequestID}
+			switch {
+			case *chatTemplate == "llama2", *chatTemplate == "" && m != nil && *modelName != "builtin":
+				cfg.ChatTemplate = node.Llama2Chat
+			case *chatTemplate == "plain", *chatTemplate == "":
+				cfg.ChatTemplate = node.PlainChat
+			default:
+				return fmt.Errorf("--chat-template %q: plain or llama2", *chatTemplate)
+			}
+			return serveRouter(ctx, cfg, *listen, *grace)
 		}
 		open := providers[*provider]
 		if open == nil {
@@ -241,8 +259,9 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-func serveRouter(ctx context.Context, name, listen string, reg node.Registry, sec node.Security, modelID string, timeout, grace time.Duration, log *slog.Logger) error {
-	rt, err := node.NewRouter(node.RouterConfig{Name: name, Registry: reg, Security: sec, ModelID: modelID, Timeout: timeout, Log: log})
+func serveRouter(ctx context.Context, cfg node.RouterConfig, listen string, grace time.Duration) error {
+	log := cfg.Log
+	rt, err := node.NewRouter(cfg)
 	if err != nil {
 		return err
 	}

@@ -21,6 +21,12 @@ type Tokenizer interface {
 	// Check says why text cannot be encoded faithfully (an error matching
 	// ErrText), or nil: callers check untrusted text before Encode.
 	Check(text string) error
+	// EncodeLimit is Encode for text of at most limit tokens (BOS and EOS
+	// counted); over it, an error matching ErrTooManyTokens. Text longer
+	// than limit tokens of the vocabulary's longest piece is refused before
+	// anything is allocated, so what untrusted text costs is bounded by
+	// limit, not by the text's length.
+	EncodeLimit(text string, bos, eos bool, limit int) ([]int, error)
 	// Piece is token's bytes, following prev (-1 at the start).
 	Piece(prev, token int) []byte
 	// Vocab is the vocabulary's size.
@@ -31,6 +37,13 @@ type Tokenizer interface {
 
 // ErrText: text a tokenizer will not encode (the byte vocabulary's BOS byte).
 var ErrText = errors.New("model: text the tokenizer will not encode")
+
+// ErrTooManyTokens: text over EncodeLimit's limit.
+var ErrTooManyTokens = errors.New("model: text over the token limit")
+
+func tooManyTokens(text string, limit int, why string) error {
+	return fmt.Errorf("%w: %d bytes %s, the limit is %d tokens", ErrTooManyTokens, len(text), why, limit)
+}
 
 // Bytes is the built-in model's vocabulary: token b is byte b, and token 1
 // (BOS, llama2.c's id) is also the beginning of sequence, so text holding
@@ -49,6 +62,19 @@ func (Bytes) Encode(text string, bos, eos bool) []int {
 		out = append(out, int(text[i]))
 	}
 	return out
+}
+
+// EncodeLimit refuses text of more than limit tokens by its length alone
+// (one token a byte) before allocating.
+func (b Bytes) EncodeLimit(text string, bos, eos bool, limit int) ([]int, error) {
+	n := len(text)
+	if bos {
+		n++
+	}
+	if n > limit {
+		return nil, tooManyTokens(text, limit, fmt.Sprintf("are %d tokens", n))
+	}
+	return b.Encode(text, bos, eos), nil
 }
 
 // Check refuses text holding byte 0x01, the vocabulary's BOS.
@@ -213,6 +239,32 @@ func (t *BPE) lookup(s string) int {
 // Check accepts every text: bytes without a piece of their own are encoded
 // by the byte-fallback tokens, never as BOS or EOS.
 func (t *BPE) Check(string) error { return nil }
+
+// maxPieceBytes is the most text bytes one token stands for: its longest
+// piece (a byte-fallback piece "<0xXX>" stands for one byte, and is counted
+// as six: an over-estimate, which only lets more text reach Encode's count).
+func (t *BPE) maxPieceBytes() int {
+	n := 1
+	for _, p := range t.Pieces {
+		n = max(n, len(p))
+	}
+	return n
+}
+
+// EncodeLimit refuses text that no limit tokens can hold (each token stands
+// for at most the longest piece's bytes) before tokenizing it, so the
+// encoder's working set is bounded by limit; text that passes is encoded and
+// its tokens counted.
+func (t *BPE) EncodeLimit(text string, bos, eos bool, limit int) ([]int, error) {
+	if limit < 0 || len(text) > limit*t.maxPieceBytes() {
+		return nil, tooManyTokens(text, limit, "cannot fit")
+	}
+	toks := t.Encode(text, bos, eos)
+	if len(toks) > limit {
+		return nil, tooManyTokens(text, limit, fmt.Sprintf("are %d tokens", len(toks)))
+	}
+	return toks, nil
+}
 
 // Encode is llama2.c's encode.
 func (t *BPE) Encode(text string, bos, eos bool) []int {

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"math"
+	"runtime"
 	"strings"
 	"testing"
 )
@@ -148,5 +149,35 @@ func TestBytesPutBOSFirstAndRefuseTextThatHoldsIt(t *testing.T) {
 	}
 	if err := testVocab().Check("ab\x01cd"); err != nil {
 		t.Fatalf("llama2.c's vocabulary encodes 0x01 as a byte-fallback token: %v", err)
+	}
+}
+
+// EncodeLimit is Encode up to the limit, and refuses text over it by an
+// error matching ErrTooManyTokens; text no limit tokens could hold is
+// refused before tokenizing: refusing a 16 MiB text allocates nothing of its
+// size.
+func TestEncodeLimitRefusesTextOverTheLimitBeforeTokenizing(t *testing.T) {
+	v := roundTrip(t, testVocab())
+	for _, tok := range []Tokenizer{Bytes{}, v} {
+		text := "hello world hello"
+		all := tok.Encode(text, true, false)
+		got, err := tok.EncodeLimit(text, true, false, len(all))
+		if err != nil || !equalInts(got, all) {
+			t.Fatalf("%T at the limit: %v %v, want %v", tok, got, err, all)
+		}
+		if _, err := tok.EncodeLimit(text, true, false, len(all)-1); !errors.Is(err, ErrTooManyTokens) {
+			t.Fatalf("%T one token over: %v", tok, err)
+		}
+		huge := strings.Repeat("hello ", 16<<20/6)
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		_, err = tok.EncodeLimit(huge, true, false, 1024)
+		runtime.ReadMemStats(&after)
+		if !errors.Is(err, ErrTooManyTokens) {
+			t.Fatalf("%T 16 MiB: %v", tok, err)
+		}
+		if n := after.TotalAlloc - before.TotalAlloc; n > 64<<10 {
+			t.Fatalf("%T refusing 16 MiB of text allocated %d bytes: it tokenized", tok, n)
+		}
 	}
 }

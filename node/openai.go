@@ -1,0 +1,559 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kvhandoff/kvhandoff/engine/llama"
+)
+
+// The OpenAI-compatible surface (docs/nodes.md "The client API"): every
+// parameter of a request is honoured or refused with a 400 naming it, never
+// dropped.
+
+// maxChoices bounds the choices of one request (prompts times n): each is a
+// handoff of its own.
+const maxChoices = 16
+
+// maxStops and maxStopBytes bound the stop strings, as OpenAI's API does.
+const (
+	maxStops     = 4
+	maxStopBytes = 256
+)
+
+// genParams are the generation parameters common to both endpoints.
+type genParams struct {
+	model        string
+	maxTokens    int
+	n            int
+	stop         []string
+	temperature  float32
+	topP         float32
+	seed         *uint64
+	echo         bool
+	stream       bool
+	includeUsage bool
+}
+
+// fields is a request body's fields, each parsed by the endpoint or refused.
+type fields map[string]json.RawMessage
+
+func isNull(raw json.RawMessage) bool { return len(raw) == 0 || string(raw) == "null" }
+
+// take parses field name into v (absent or null: v unchanged).
+func (f fields) take(name string, v any) error {
+	raw, ok := f[name]
+	delete(f, name)
+	if !ok || isNull(raw) {
+		return nil
+	}
+	if err := json.Unmarshal(raw, v); err != nil {
+		return badParam(name, "invalid_type", "%s: %s is not of the type the API takes", name, clip(raw))
+	}
+	return nil
+}
+
+// only accepts field name when it holds one of the values that mean "off"
+// (the feature is not implemented): anything else is refused, naming it.
+func (f fields) only(name string, off ...string) error {
+	raw, ok := f[name]
+	delete(f, name)
+	if !ok || isNull(raw) {
+		return nil
+	}
+	var compact bytes.Buffer
+	if json.Compact(&compact, raw) == nil && slices.Contains(off, compact.String()) {
+		return nil
+	}
+	return badParam(name, "unsupported_parameter", "%s is not supported by this deployment (only %s)", name, strings.Join(append([]string{"null"}, off...), ", "))
+}
+
+// rest refuses every field no one took.
+func (f fields) rest() error {
+	for _, k := range slices.Sorted(func(yield func(string) bool) {
+		for k := range f {
+			if !yield(k) {
+				return
+			}
+		}
+	}) {
+		return badParam(k, "unsupported_parameter", "%.64q is not a parameter this deployment supports", k)
+	}
+	return nil
+}
+
+func clip(raw json.RawMessage) string {
+	if len(raw) > 64 {
+		return string(raw[:64]) + "..."
+	}
+	return string(raw)
+}
+
+// common parses the generation parameters both endpoints share.
+func (rt *Router) common(f fields, maxTokensName string) (genParams, error) {
+	p := genParams{maxTokens: defaultMaxTokens, n: 1, topP: 1}
+	var maxTokens, n *int
+	var temperature, topP *float64
+	var seed *int64
+	var stop json.RawMessage
+	var streamOpts *struct {
+		IncludeUsage bool `json:"include_usage"`
+	}
+	for _, e := range []error{f.take("model", &p.model), f.take(maxTokensName, &maxTokens), f.take("n", &n),
+		f.take("temperature", &temperature), f.take("top_p", &topP), f.take("seed", &seed), f.take("stop", &stop),
+		f.take("stream", &p.stream), f.take("stream_options", &streamOpts), f.take("user", new(string)),
+		f.only("presence_penalty", "0", "0.0"), f.only("frequency_penalty", "0", "0.0"), f.only("logit_bias", "{}")} {
+		if e != nil {
+			return p, e
+		}
+	}
+	if maxTokens != nil {
+		if *maxTokens < 1 || *maxTokens > rt.cfg.MaxNewTokens {
+			return p, badParam(maxTokensName, "invalid_value", "%s %d is outside 1..%d", maxTokensName, *maxTokens, rt.cfg.MaxNewTokens)
+		}
+		p.maxTokens = *maxTokens
+	}
+	if n != nil {
+		if *n < 1 || *n > maxChoices {
+			return p, badParam("n", "invalid_value", "n %d is outside 1..%d", *n, maxChoices)
+		}
+		p.n = *n
+	}
+	if temperature != nil {
+		if *temperature < 0 || *temperature > 2 {
+			return p, badParam("temperature", "invalid_value", "temperature %v is outside 0..2", *temperature)
+		}
+		p.temperature = float32(*temperature)
+	}
+	if topP != nil {
+		if *topP <= 0 || *topP > 1 {
+			return p, badParam("top_p", "invalid_value", "top_p %v is outside (0, 1]", *topP)
+		}
+		p.topP = float32(*topP)
+	}
+	if seed != nil {
+		s := uint64(*seed)
+		p.seed = &s
+	}
+	if !isNull(stop) {
+		var one string
+		if json.Unmarshal(stop, &one) == nil {
+			p.stop = []string{one}
+		} else if err := json.Unmarshal(stop, &p.stop); err != nil {
+			return p, badParam("stop", "invalid_type", "stop is a string or an array of strings")
+		}
+		if len(p.stop) > maxStops {
+			return p, badParam("stop", "invalid_value", "at most %d stop sequences", maxStops)
+		}
+		for _, s := range p.stop {
+			if s == "" || len(s) > maxStopBytes {
+				return p, badParam("stop", "invalid_value", "a stop sequence is 1 to %d bytes", maxStopBytes)
+			}
+		}
+	}
+	if streamOpts != nil {
+		if !p.stream {
+			return p, badParam("stream_options", "invalid_value", "stream_options is only for stream: true")
+		}
+		p.includeUsage = streamOpts.IncludeUsage
+	}
+	return p, nil
+}
+
+// prompt is one prompt of a request: text, or token ids.
+type prompt struct {
+	text   string
+	tokens []int
+}
+
+func parsePrompt(raw json.RawMessage) ([]prompt, error) {
+	bad := badParam("prompt", "invalid_prompt", "prompt is a non-empty string, an array of strings, an array of token ids, or an array of those")
+	if isNull(raw) {
+		return nil, bad
+	}
+	var one string
+	if json.Unmarshal(raw, &one) == nil {
+		return []prompt{{text: one}}, nil
+	}
+	var texts []string
+	if json.Unmarshal(raw, &texts) == nil && len(texts) > 0 {
+		out := make([]prompt, len(texts))
+		for i, t := range texts {
+			out[i] = prompt{text: t}
+		}
+		return out, nil
+	}
+	var toks []int
+	if json.Unmarshal(raw, &toks) == nil && len(toks) > 0 {
+		return []prompt{{tokens: toks}}, nil
+	}
+	var lists [][]int
+	if json.Unmarshal(raw, &lists) == nil && len(lists) > 0 {
+		out := make([]prompt, len(lists))
+		for i, t := range lists {
+			if len(t) == 0 {
+				return nil, bad
+			}
+			out[i] = prompt{tokens: t}
+		}
+		return out, nil
+	}
+	return nil, bad
+}
+
+// choice is one generated choice, finished.
+type choice struct {
+	index  int
+	text   string
+	finish string
+	tokens int // generated tokens, up to a stop
+	res    Result
+}
+
+// tenantOf is the request's tenant, checked.
+func tenantOf(r *http.Request) (string, error) {
+	tenant := r.Header.Get(TenantHeader)
+	if err := checkTenant(tenant); err != nil {
+		return "", &RequestError{Param: TenantHeader, Code: "invalid_tenant", Message: strings.TrimPrefix(err.Error(), ErrBadRequest.Error()+": "), Err: err}
+	}
+	if tenant == "" {
+		tenant = "default"
+	}
+	return tenant, nil
+}
+
+// run generates every choice of a request (each prompt n times), each a
+// handoff of its own, concurrently; the first failure fails the request and
+// cancels the rest.
+func (rt *Router) run(ctx context.Context, r *http.Request, prompts []prompt, p genParams, tenant string) ([]choice, error) {
+	if len(prompts)*p.n > maxChoices {
+		return nil, badParam("n", "invalid_value", "%d prompts times n %d is over %d choices", len(prompts), p.n, maxChoices)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	out := make([]choice, len(prompts)*p.n)
+	errs := make([]error, len(out))
+	var wg sync.WaitGroup
+	for i := range out {
+		pr := prompts[i/p.n]
+		c := Completion{Prompt: pr.text, Tokens: pr.tokens, MaxTokens: p.maxTokens, Tenant: tenant, Model: p.model,
+			RequestID: requestIDOf(r.Context()), Temperature: p.temperature, TopP: p.topP}
+		if p.temperature > 0 {
+			if p.seed != nil {
+				c.Seed = *p.seed + uint64(i)
+			} else {
+				c.Seed = rand.Uint64()
+			}
+		}
+		if len(out) > 1 {
+			c.RequestID += "/" + strconv.Itoa(i)
+		}
+		wg.Go(func() {
+			res, err := rt.Complete(ctx, c)
+			if err != nil {
+				errs[i] = err
+				cancel()
+				return
+			}
+			out[i] = rt.finish(i, res, p.stop)
+		})
+	}
+	wg.Wait()
+	// The failure that failed the request, not the cancels it caused.
+	var first error
+	for _, err := range errs {
+		if err != nil && !isCancel(err) {
+			return nil, err
+		}
+		if first == nil {
+			first = err
+		}
+	}
+	if first != nil {
+		return nil, first
+	}
+	return out, nil
+}
+
+func isCancel(err error) bool { return Reason(err) == "cancelled" }
+
+// finish cuts a result at the end of sequence or the first stop string:
+// finish_reason "stop"; otherwise it ran to max_tokens or the context
+// window: "length".
+func (rt *Router) finish(i int, res Result, stops []string) choice {
+	c := choice{index: i, finish: "length", res: res, tokens: len(res.Tokens)}
+	toks := res.Tokens
+	if eos := rt.cfg.Tokenizer.EOS(); eos >= 0 {
+		if at := slices.Index(toks, eos); at >= 0 {
+			toks, c.finish = toks[:at], "stop"
+		}
+	}
+	prev := -1
+	if len(res.Prompt) > 0 {
+		prev = res.Prompt[len(res.Prompt)-1]
+	}
+	c.text = llama.Decode(rt.cfg.Tokenizer, toks, prev)
+	cut := -1
+	for _, s := range stops {
+		if at := strings.Index(c.text, s); at >= 0 && (cut < 0 || at < cut) {
+			cut = at
+		}
+	}
+	if cut >= 0 {
+		c.text, c.finish = c.text[:cut], "stop"
+		// The tokens the client gets: those whose text precedes the stop.
+		n, text := 0, 0
+		for n < len(toks) && text < cut {
+			text += len(rt.cfg.Tokenizer.Piece(prev, toks[n]))
+			prev = toks[n]
+			n++
+		}
+		toks = toks[:n]
+	}
+	c.tokens = len(toks)
+	return c
+}
+
+// handoffHex is the result's handoff id in hex: a completion's id names
+// its (first) handoff, as the nodes' logs and a model-less decode node's
+// digest do.
+func (res Result) handoffHex() string { return strconv.FormatUint(uint64(res.ID), 16) }
+
+// promptText is a prompt's text as echo returns it.
+func (rt *Router) promptText(res Result) string {
+	if len(res.Prompt) == 0 {
+		return ""
+	}
+	return llama.Decode(rt.cfg.Tokenizer, res.Prompt[1:], res.Prompt[0])
+}
+
+type usage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+	TotalTokens      int `json:"total_tokens"`
+}
+
+func usageOf(choices []choice, n int) usage {
+	var u usage
+	for i, c := range choices {
+		if i%n == 0 {
+			u.PromptTokens += c.res.PromptTokens
+		}
+		u.CompletionTokens += c.tokens
+	}
+	u.TotalTokens = u.PromptTokens + u.CompletionTokens
+	return u
+}
+
+// servedBy names the nodes that served the choices in the response's headers.
+func servedBy(w http.ResponseWriter, choices []choice) {
+	var pre, dec []string
+	for _, c := range choices {
+		if !slices.Contains(pre, c.res.Prefill) {
+			pre = append(pre, c.res.Prefill)
+		}
+		if !slices.Contains(dec, c.res.Decode) {
+			dec = append(dec, c.res.Decode)
+		}
+	}
+	w.Header().Set(PrefillHeader, strings.Join(pre, ","))
+	w.Header().Set(DecodeHeader, strings.Join(dec, ","))
+}
+
+func (rt *Router) modelID(asked string) string {
+	if asked != "" {
+		return asked
+	}
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	return rt.cfg.ModelID
+}
+
+type completionChoice struct {
+	Text         string  `json:"text"`
+	Index        int     `json:"index"`
+	Logprobs     any     `json:"logprobs"`
+	FinishReason *string `json:"finish_reason"`
+}
+
+type completionResponse struct {
+	ID      string             `json:"id"`
+	Object  string             `json:"object"`
+	Created int64              `json:"created"`
+	Model   string             `json:"model"`
+	Choices []completionChoice `json:"choices"`
+	Usage   *usage             `json:"usage"`
+}
+
+// completions is POST /v1/completions.
+func (rt *Router) completions(w http.ResponseWriter, r *http.Request) {
+	var f fields
+	if !rt.decodeBody(w, r, &f) {
+		return
+	}
+	p, prompts, err := rt.completionRequest(f)
+	if err != nil {
+		rt.answerFailure(w, r, err)
+		return
+	}
+	tenant, err := tenantOf(r)
+	if err != nil {
+		rt.answerFailure(w, r, err)
+		return
+	}
+	var stream *sse
+	if p.stream {
+		stream = rt.startStream(w)
+	}
+	choices, err := rt.run(r.Context(), r, prompts, p, tenant)
+	if err != nil {
+		rt.failed(w, r, err, stream)
+		return
+	}
+	id, created, modelName := "cmpl-"+choices[0].res.handoffHex(), time.Now().Unix(), rt.modelID(p.model)
+	u := usageOf(choices, p.n)
+	rt.counted(choices, u)
+	if stream != nil {
+		for _, c := range choices {
+			text := c.text
+			if p.echo {
+				text = rt.promptText(c.res) + text
+			}
+			stream.send(completionResponse{ID: id, Object: "text_completion", Created: created, Model: modelName,
+				Choices: []completionChoice{{Text: text, Index: c.index}}})
+			stream.send(completionResponse{ID: id, Object: "text_completion", Created: created, Model: modelName,
+				Choices: []completionChoice{{Index: c.index, FinishReason: &c.finish}}})
+		}
+		if p.includeUsage {
+			stream.send(completionResponse{ID: id, Object: "text_completion", Created: created, Model: modelName, Choices: []completionChoice{}, Usage: &u})
+		}
+		stream.done()
+		return
+	}
+	out := completionResponse{ID: id, Object: "text_completion", Created: created, Model: modelName, Usage: &u}
+	for _, c := range choices {
+		text := c.text
+		if p.echo {
+			text = rt.promptText(c.res) + text
+		}
+		out.Choices = append(out.Choices, completionChoice{Text: text, Index: c.index, FinishReason: &c.finish})
+	}
+	servedBy(w, choices)
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (rt *Router) completionRequest(f fields) (genParams, []prompt, error) {
+	p, err := rt.common(f, "max_tokens")
+	if err != nil {
+		return p, nil, err
+	}
+	raw := f["prompt"]
+	delete(f, "prompt")
+	prompts, err := parsePrompt(raw)
+	if err != nil {
+		return p, nil, err
+	}
+	for _, e := range []error{f.take("echo", &p.echo), f.only("logprobs"), f.only("best_of", "1"), f.only("suffix", `""`), f.rest()} {
+		if e != nil {
+			return p, nil, e
+		}
+	}
+	return p, prompts, nil
+}
+
+// failed answers a request whose choices failed: an error body, or, once
+// a stream has begun, an error event (the status line was sent).
+func (rt *Router) failed(w http.ResponseWriter, r *http.Request, err error, stream *sse) {
+	if r.Context().Err() != nil {
+		rt.cfg.Metrics.requests.WithLabelValues("499").Inc() // the client went away: no one to answer
+		rt.cfg.Log.Info("request abandoned by its client", "request_id", requestIDOf(r.Context()), "err", err)
+		return
+	}
+	if stream == nil {
+		rt.answerFailure(w, r, err)
+		return
+	}
+	rec := &errorRecorder{header: http.Header{}}
+	rt.answerFailure(rec, r, err)
+	stream.event(rec.body.Bytes())
+	stream.done()
+}
+
+// errorRecorder keeps an error body to send as a stream's last event.
+type errorRecorder struct {
+	header http.Header
+	body   bytes.Buffer
+}
+
+func (e *errorRecorder) Header() http.Header         { return e.header }
+func (e *errorRecorder) Write(b []byte) (int, error) { return e.body.Write(b) }
+func (e *errorRecorder) WriteHeader(int)             {}
+
+// sse writes server-sent events.
+type sse struct {
+	w  http.ResponseWriter
+	rc *http.ResponseController
+}
+
+// startStream sends the status line and the event-stream headers at once
+// (a client sees the request accepted), then events as they come.
+func (rt *Router) startStream(w http.ResponseWriter) *sse {
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.WriteHeader(http.StatusOK)
+	s := &sse{w: w, rc: http.NewResponseController(w)}
+	fmt.Fprint(w, ": kvhandoff\n\n")
+	s.rc.Flush()
+	return s
+}
+
+func (s *sse) send(v any) {
+	b, _ := json.Marshal(v)
+	s.event(b)
+}
+
+func (s *sse) event(b []byte) {
+	s.w.Write([]byte("data: "))
+	s.w.Write(bytes.TrimSpace(b))
+	s.w.Write([]byte("\n\n"))
+	s.rc.Flush()
+}
+
+func (s *sse) done() {
+	s.w.Write([]byte("data: [DONE]\n\n"))
+	s.rc.Flush()
+}
+
+// models is GET /v1/models: the model this deployment serves.
+func (rt *Router) models(w http.ResponseWriter, r *http.Request) {
+	type entry struct {
+		ID      string `json:"id"`
+		Object  string `json:"object"`
+		Created int64  `json:"created"`
+		OwnedBy string `json:"owned_by"`
+	}
+	out := struct {
+		Object string  `json:"object"`
+		Data   []entry `json:"data"`
+	}{Object: "list", Data: []entry{}}
+	if id := rt.modelID(""); id != "" {
+		out.Data = append(out.Data, entry{ID: id, Object: "model", OwnedBy: "kvhandoff"})
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// counted records an answered request's tokens.
+func (rt *Router) counted(choices []choice, u usage) {
+	rt.cfg.Metrics.requests.WithLabelValues("200").Inc()
+	rt.cfg.Metrics.promptTok.Add(float64(u.PromptTokens))
+	rt.cfg.Metrics.genTok.Add(float64(u.CompletionTokens))
+}
