@@ -75,7 +75,7 @@ type decodeCall struct {
 	MaxTokens int                `json:"max_tokens"`
 	Tenant    string             `json:"tenant,omitempty"`
 	Model     string             `json:"model,omitempty"`
-	// Temperature, TopP and Seed are the sampling (model.NewSampler);
+	// Temperature, TopP and Seed are the sampling (llama.NewSampler);
 	// temperature 0 is greedy.
 	Temperature float32 `json:"temperature,omitempty"`
 	TopP        float32 `json:"top_p,omitempty"`
