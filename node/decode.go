@@ -245,6 +245,12 @@ func (n *Decode) run(id protocol.RequestID, pages [][]byte, c *decodeCall) ([]in
 	if err != nil {
 		return nil, err
 	}
+	// The pages arrived in host memory: a device backend copies them into
+	// its own pool before anything reads them (the CPU backend reads them
+	// where they are).
+	if err := n.engine.Arrived(table); err != nil {
+		return nil, err
+	}
 	end := min(len(c.Prompt)+c.MaxTokens, n.cfg.Model.SeqLen)
 	var own []protocol.PageRef
 	if extra := protocol.PagesFor(uint32(end), n.cfg.PageTokens) - len(pages); extra > 0 {

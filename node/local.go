@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvhandoff/kvhandoff/engine/backend"
 	"github.com/kvhandoff/kvhandoff/engine/llama"
 	"github.com/kvhandoff/kvhandoff/internal/pki"
 	"github.com/kvhandoff/kvhandoff/internal/research"
@@ -39,6 +40,9 @@ type LocalConfig struct {
 
 	// prefillKV wraps prefill node i's KV source (tests: hold a transfer).
 	prefillKV func(i int, src transfer.KVSource) transfer.KVSource
+	// decodeBackend, if set, is decode node i's backend (tests: a backend
+	// that checks what a device backend needs).
+	decodeBackend func(i int) backend.Backend
 	// beforeDecodeCall is the router's RouterConfig.beforeDecodeCall.
 	beforeDecodeCall func(protocol.RequestID)
 	// ContextTokens is every node's own limit (NodeConfig.ContextTokens),
@@ -126,6 +130,12 @@ func StartLocal(cfg LocalConfig) (*Local, error) {
 		return Security{TLS: tc}, err
 	}
 	l.security = security
+	decodeBackend := func(i int) backend.Backend {
+		if cfg.decodeBackend == nil {
+			return nil // NodeConfig's default
+		}
+		return cfg.decodeBackend(i)
+	}
 	for i := range cfg.Decodes {
 		name := fmt.Sprintf("decode-%d", i)
 		sec, err := security(name)
@@ -138,7 +148,7 @@ func StartLocal(cfg LocalConfig) (*Local, error) {
 		}
 		d, err := NewDecode(DecodeConfig{NodeConfig: NodeConfig{Name: name, Device: fabric.Device(name), Pages: cfg.DecodePages,
 			PageTokens: cfg.PageTokens, PageBytes: cfg.PageBytes, Model: cfg.Model, ModelID: cfg.ModelID, Security: sec,
-			Registry: reg, Log: cfg.Log, Timeout: cfg.Timeout, ContextTokens: cfg.ContextTokens, Research: cfg.Research}, Stop: -1})
+			Registry: reg, Log: cfg.Log, Timeout: cfg.Timeout, ContextTokens: cfg.ContextTokens, Research: cfg.Research, Backend: decodeBackend(i)}, Stop: -1})
 		if err != nil {
 			return fail(err)
 		}
