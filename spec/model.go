@@ -395,6 +395,11 @@ func (m *Model) encode(dst []byte, s *State, perm []int8) []byte {
 	} else if restarts {
 		dst = append(dst, 0)
 	}
+	if g := &s.Ghost; g.Tampered {
+		dst = append(dst, 1, req(g.TamperedReq))
+	} else {
+		dst = append(dst, 0)
+	}
 	dst = append(dst, s.Budget[:]...)
 	if s.Foreign.Happened {
 		dst = append(dst, 1, req(s.Foreign.Req), page(s.Foreign.Node, s.Foreign.Page), req(s.Foreign.Owner))

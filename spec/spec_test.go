@@ -300,6 +300,8 @@ func TestEveryInvariantCanFail(t *testing.T) {
 		OutcomeFinal:      func(s *State) { s.Ghost.Changed, s.Ghost.ChangedReq, s.Ghost.ChangedFrom = true, 0, OK },
 		NoSpuriousFailure: func(s *State) { s.Ghost.Spurious, s.Ghost.SpuriousReq = true, 0 },
 		NoOldIncarnation:  func(s *State) { s.Ghost.OldInc, s.Ghost.OldIncReq, s.Ghost.OldIncWhat = true, 0, OldIncPlaced },
+		ReadAsVerified:    func(s *State) { s.Ghost.Tampered, s.Ghost.TamperedReq = true, 0 },
+		Ticketed:          func(s *State) { s.Req[1].R.Slot = 1 }, // r1 was never dispatched
 	}
 	for _, inv := range Invariants {
 		if !inv.Holds(w.m, &ready) {
@@ -327,8 +329,8 @@ func TestParseSwitchesAndFaults(t *testing.T) {
 	if _, err := ParseSwitches("admit-finishd"); !errors.Is(err, ErrUnknownSwitch) {
 		t.Fatalf("want ErrUnknownSwitch, got %v", err)
 	}
-	if len(AllSwitches()) != 15 {
-		t.Fatal("the catalogue has 15 switches")
+	if len(AllSwitches()) != 18 {
+		t.Fatal("the catalogue has 18 switches")
 	}
 	b, err := ParseFaults("cancel=2,late")
 	if err != nil || b[FaultCancel] != 2 || b[FaultLate] != 1 || b[FaultCrash] != 0 {
@@ -336,7 +338,7 @@ func TestParseSwitchesAndFaults(t *testing.T) {
 	}
 	// "all" in a list is the one-pair faults once, beside the others named.
 	b, err = ParseFaults("all,restart=2")
-	if err != nil || b[FaultCrash] != 1 || b[FaultCorrupt] != 1 || b[FaultLease] != 0 || b[FaultRestart] != 2 || b.String() != "cancel=1,crash=1,timeout=1,cut=1,late=1,corrupt=1,restart=2" {
+	if err != nil || b[FaultCrash] != 1 || b[FaultCorrupt] != 1 || b[FaultLease] != 0 || b[FaultRestart] != 2 || b.String() != "cancel=1,crash=1,timeout=1,cut=1,late=1,corrupt=1,rogue=1,restart=2" {
 		t.Fatalf("%v %v", b, err)
 	}
 	if all, _ := ParseFaults("all"); all[FaultRestart] != 0 || all[FaultLease] != 0 {
