@@ -517,7 +517,7 @@ func (h *Refinement) step(a spec.Action) error {
 	}
 	h.s = chosen
 	if h.s.Overflow {
-		return fmt.Errorf("%w after %v (spec.MaxQueue %d)", ErrOutOfBounds, a, spec.MaxQueue)
+		return fmt.Errorf("%w after %v (queue bound %d)", ErrOutOfBounds, a, h.cfg.QueueBound())
 	}
 	// Whatever the spec put on a queue pair in this step, the harness hands
 	// from the Sender's backlog to the wire, in the same order. A queue

@@ -286,6 +286,10 @@ type Config struct {
 	// queue pairs. Off, only prefill nodes restart (the state space of
 	// every earlier run is unchanged).
 	DecodeRestarts bool
+	// MaxQueue bounds every channel (0: the default, MaxQueue; at most
+	// QueueCapacity). A message sent on a full one is dropped and flags
+	// WithinBounds: the bound, not the protocol, was too small.
+	MaxQueue int
 	// The deployment: Prefills prefill and Decodes decode nodes (0 means 1),
 	// each with the pools above, and a queue pair per (prefill, decode) pair.
 	Prefills, Decodes int
@@ -293,6 +297,14 @@ type Config struct {
 
 // NumPrefills is the number of prefill nodes.
 func (c *Config) NumPrefills() int { return max(1, c.Prefills) }
+
+// QueueBound is the bound of every channel.
+func (c *Config) QueueBound() int {
+	if c.MaxQueue == 0 {
+		return MaxQueue
+	}
+	return c.MaxQueue
+}
 
 // NumDecodes is the number of decode nodes.
 func (c *Config) NumDecodes() int { return max(1, c.Decodes) }
@@ -303,7 +315,8 @@ const (
 	MaxDecodePages  = 8
 	MaxPrefillPages = 8
 	MaxSlots        = 4
-	MaxQueue        = 8
+	MaxQueue        = 8  // the default bound of every channel (Config.MaxQueue)
+	QueueCapacity   = 12 // the largest bound Config.MaxQueue may set: the encoding's
 	MaxPrefills     = 2
 	MaxDecodes      = 2
 )
@@ -374,6 +387,8 @@ func (c *Config) Validate() error {
 		return bad("prefill nodes must be 1..%d, got %d", MaxPrefills, c.Prefills)
 	case c.Decodes < 0 || c.Decodes > MaxDecodes:
 		return bad("decode nodes must be 1..%d, got %d", MaxDecodes, c.Decodes)
+	case c.MaxQueue < 0 || c.MaxQueue > QueueCapacity:
+		return bad("the queue bound must be 1..%d (0: %d), got %d", QueueCapacity, MaxQueue, c.MaxQueue)
 	case c.ContextLimit < 1:
 		return bad("context limit must be at least 1 token")
 	case c.DecodeRestarts && c.Faults[FaultRestart] == 0:

@@ -232,7 +232,7 @@ func (m *Model) encode(dst []byte, s *State, perm []int8) []byte {
 		for p := 0; p < np; p++ {
 			for i, msg := range s.QP[p][d].Items() {
 				if msg.Kind == MWrite {
-					see(msg.Target.Page, uint16(1000+p*MaxQueue+i))
+					see(msg.Target.Page, uint16(1000+p*QueueCapacity+i))
 				}
 			}
 		}

@@ -407,3 +407,34 @@ func TestAnySourcePagesExploresEveryChoice(t *testing.T) {
 		}
 	}
 }
+
+func TestMaxQueueBoundsEveryChannel(t *testing.T) {
+	var q Queue
+	for i := 0; i < 3; i++ {
+		if !q.Push(Msg{Kind: MAbort}, 3) {
+			t.Fatalf("push %d refused under a bound of 3", i)
+		}
+	}
+	if q.Push(Msg{Kind: MAbort}, 3) {
+		t.Fatal("a fourth message fits a bound of 3")
+	}
+	if q.Push(Msg{}, QueueCapacity+5); q.N != 4 {
+		t.Fatal("a bound past the capacity must not grow the queue past it")
+	}
+	cfg := DefaultConfig()
+	cfg.MaxQueue = QueueCapacity + 1
+	if _, err := New(cfg); err == nil {
+		t.Fatal("a queue bound past QueueCapacity must be refused")
+	}
+	cfg.MaxQueue = 1 // a cancel's Abort behind the Prefill on the router's queue overflows it
+	w := &world{t: t}
+	m, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.m, w.s = m, m.Initial()[0]
+	w.do(Submit, 0, 0).do(Cancel, 0, 0)
+	if w.holds(WithinBounds) {
+		t.Fatal("a bound of 1 must overflow with two messages to one node")
+	}
+}

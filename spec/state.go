@@ -246,12 +246,13 @@ const (
 // Queue is a FIFO channel.
 type Queue struct {
 	N   uint8
-	Buf [MaxQueue]Msg
+	Buf [QueueCapacity]Msg
 }
 
-// Push appends m; it reports false when the queue is full (a bound of the model).
-func (q *Queue) Push(m Msg) bool {
-	if int(q.N) == MaxQueue {
+// Push appends m unless the queue holds bound messages already (a bound of
+// the model, at most QueueCapacity); it reports whether it did.
+func (q *Queue) Push(m Msg, bound int) bool {
+	if int(q.N) >= min(bound, QueueCapacity) {
 		return false
 	}
 	q.Buf[q.N] = m

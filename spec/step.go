@@ -665,7 +665,7 @@ func (x *sys) crashed(r int) bool {
 func (x *sys) oldIncarnation(r int) bool { q := &x.s.Req[r]; return q.PInc != x.s.Inc[q.P] }
 
 func (x *sys) push(q *Queue, msg Msg) {
-	if !q.Push(msg) {
+	if !q.Push(msg, x.m.cfg.QueueBound()) {
 		x.s.Overflow = true
 	}
 }
