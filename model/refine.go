@@ -128,6 +128,9 @@ type Refinement struct {
 	// that takes the news of a decode node's restart moves its queue pair
 	// to the new incarnation without cutting the old one (its legs live on).
 	keepQueuePairAtDecodeRestart bool
+	// rogueIgnoresKeys is a test-only mutation: every rogue WRITE lands,
+	// whatever its key (a pool-wide key, never revoked).
+	rogueIgnoresKeys bool
 
 	// Faults picks the fault variant (spec.Late, spec.Corrupt bits) of each
 	// WRITE the Sender posts, for request r; nil posts every WRITE cleanly.
@@ -522,7 +525,7 @@ func (h *Refinement) step(a spec.Action) error {
 	}
 	h.s = chosen
 	if h.s.Overflow {
-		return fmt.Errorf("%w after %v (spec.MaxQueue %d)", ErrOutOfBounds, a, spec.MaxQueue)
+		return fmt.Errorf("%w after %v (queue bound %d)", ErrOutOfBounds, a, h.cfg.QueueBound())
 	}
 	// Whatever the spec put on a queue pair in this step, the harness hands
 	// from the Sender's backlog to the wire, in the same order. A queue
@@ -710,6 +713,13 @@ func (h *Refinement) apply(a spec.Action, popped *[spec.MaxPrefills][spec.MaxDec
 		}
 	case spec.Cut:
 		h.cut(ap, ad)
+	case spec.RogueWrite:
+		h.rogueWrite(r, int(a.Arg))
+	case spec.RogueBootstrap:
+		// A Bootstrap without the router's ticket: decode's refusal of it
+		// is the implementation side of unticketed-bootstrap, which lands
+		// with branch mw/peer; the harness delivers none until then (the
+		// spec's correct protocol refuses it, and nothing changes).
 	case spec.CorruptSend:
 		p, d := h.routeOf(r)
 		pr := h.pairs[p][d]
@@ -740,6 +750,35 @@ func (h *Refinement) apply(a spec.Action, popped *[spec.MaxPrefills][spec.MaxDec
 		h.dec[d].recv.Step(qpTo(prefillID(p)), &damaged, time.Unix(0, 0)) // refusals come back as effects or are no-ops
 	}
 	return h.collect(a)
+}
+
+// rogueWrite is a peer's WRITE of page of r's decode node with the key of
+// r's Grant (the spec's rogue fault). The remote key per grant (a memory
+// window bound to the grant's pages on its queue pair, revoked before Done
+// is fed to the Receiver) is the implementation side, which lands with
+// branch mw/peer; until then the harness applies the rule the windows
+// enforce, reading the key's liveness off the implementation's state: the
+// key of r's Grant is live while the Receiver's record of r waits for Done,
+// covers the pages of r's grant, and is valid only on r's queue pair while
+// it joins the incarnations the grant was made between. A WRITE it lets
+// through writes the rogue's bytes over the payload; a refused one changes
+// nothing (the queue pair it breaks is the Cut fault's step).
+func (h *Refinement) rogueWrite(r, page int) {
+	p, d := h.routeOf(r)
+	de := h.dec[d]
+	if h.rogueIgnoresKeys {
+		copy(de.dst.Payload(uint32(page)), h.bytesOf(spec.Label{Req: spec.Rogue}))
+		return
+	}
+	if de.recv.Status(id(r)) != protocol.ReceiverReserved || h.pre[p].crashed || !h.live(p, d) {
+		return
+	}
+	for _, ref := range h.granted[r] {
+		if int(ref.Page) == page {
+			copy(de.dst.Payload(uint32(page)), h.bytesOf(spec.Label{Req: spec.Rogue}))
+			return
+		}
+	}
 }
 
 // routerEffects carries the router's effects: its messages onto the queues

@@ -40,7 +40,7 @@ if [ -n "${KVH_MATRIX:-}" ]; then
 else
   { echo '```'; output check --matrix; echo '```'; } | fill docs/spec.md matrix
 fi
-for sw in admit-finished eager-release timeout-free no-checksum leak-on-cancel no-peer-cancel double-free checksum-hangs; do
+for sw in admit-finished eager-release timeout-free no-checksum leak-on-cancel no-peer-cancel double-free checksum-hangs pool-wide-key verify-before-revoke unticketed-bootstrap; do
   { echo '```'; output check --bug "$sw" | grep -E '^(VIOLATION|  *[0-9]+\. )'; echo '```'; } | fill docs/spec.md "trace-$sw"
 done
 { echo '```'; output check --bug peer-by-name --restarts 1 | grep -E '^(VIOLATION|  *[0-9]+\. )'; echo '```'; } | fill docs/spec.md trace-peer-by-name

@@ -11,32 +11,36 @@ import (
 // Switch is one bug of the catalogue (docs/design.md §5, and the peers' issue
 // trackers: docs/spec.md). A set of switches is a Switches value; the zero
 // value is the correct protocol.
-type Switch uint16
+type Switch uint32
 
 // The switches, with exactly the catalogue's names (see Switch.String).
 const (
-	AdmitFinished    Switch = 1 << iota // admission checks "finished", not "rejected"
-	AbortStillSends                     // an aborted sender still sends Done
-	NoTokenCheck                        // decode accepts a Done whose token or page count differs
-	EagerRelease                        // decode frees pages on abort while a WRITE may be in flight
-	TimeoutFree                         // decode frees pages on timeout without fencing the sender
-	PrefillEarlyFree                    // prefill frees source pages before their WRITEs complete
-	DoneUnmatched                       // Done is matched by slot, not by request
-	NoTagCheck                          // tag records and page epochs are not checked
-	NoChecksum                          // payload checksums are not verified
-	LeakOnCancel                        // a cancelled request's pages are never returned
-	NoPeerCancel                        // a failure on one leg is not propagated to the other
-	DoubleFree                          // a page can be freed twice
-	AbortFreesSource                    // an aborted sender frees its source pages before its posted WRITEs complete (vLLM #21570)
-	ChecksumHangs                       // a checksum mismatch at Done neither fails nor readies the request (SGLang #39729)
-	PeerByName                          // the router knows a restarted prefill node by its name only, not name and incarnation: the old incarnation's requests carry on
-	numSwitches      = iota
+	AdmitFinished       Switch = 1 << iota // admission checks "finished", not "rejected"
+	AbortStillSends                        // an aborted sender still sends Done
+	NoTokenCheck                           // decode accepts a Done whose token or page count differs
+	EagerRelease                           // decode frees pages on abort while a WRITE may be in flight
+	TimeoutFree                            // decode frees pages on timeout without fencing the sender
+	PrefillEarlyFree                       // prefill frees source pages before their WRITEs complete
+	DoneUnmatched                          // Done is matched by slot, not by request
+	NoTagCheck                             // tag records and page epochs are not checked
+	NoChecksum                             // payload checksums are not verified
+	LeakOnCancel                           // a cancelled request's pages are never returned
+	NoPeerCancel                           // a failure on one leg is not propagated to the other
+	DoubleFree                             // a page can be freed twice
+	AbortFreesSource                       // an aborted sender frees its source pages before its posted WRITEs complete (vLLM #21570)
+	ChecksumHangs                          // a checksum mismatch at Done neither fails nor readies the request (SGLang #39729)
+	PeerByName                             // the router knows a restarted prefill node by its name only, not name and incarnation: the old incarnation's requests carry on
+	PoolWideKey                            // every Grant carries one remote key for the whole decode pool, never revoked (issue 17): any peer that took a Grant can WRITE any page
+	VerifyBeforeRevoke                     // Done verifies while the grant's key is still live; the key is revoked only when the pages are released (the time-of-check/time-of-use window)
+	UnticketedBootstrap                    // decode reserves pages for any Bootstrap, not only for a request the router dispatched to it
+	numSwitches         = iota
 )
 
 var switchNames = [numSwitches]string{
 	"admit-finished", "abort-still-sends", "no-token-check", "eager-release", "timeout-free",
 	"prefill-early-free", "done-unmatched", "no-tag-check", "no-checksum", "leak-on-cancel",
 	"no-peer-cancel", "double-free", "abort-frees-source", "checksum-hangs", "peer-by-name",
+	"pool-wide-key", "verify-before-revoke", "unticketed-bootstrap",
 }
 
 // AllSwitches lists every switch in catalogue order.
@@ -54,11 +58,11 @@ func (s Switch) String() string {
 			return switchNames[i]
 		}
 	}
-	return fmt.Sprintf("Switch(%#x)", uint16(s))
+	return fmt.Sprintf("Switch(%#x)", uint32(s))
 }
 
 // Switches is a set of switches.
-type Switches uint16
+type Switches uint32
 
 // Has reports whether sw is in the set.
 func (s Switches) Has(sw Switch) bool { return s&Switches(sw) != 0 }
@@ -131,6 +135,7 @@ const (
 	FaultCut                  // the queue pair breaks: everything in flight is flushed
 	FaultLate                 // a posted WRITE stays in the network, placed arbitrarily later
 	FaultCorrupt              // a WRITE's payload is corrupted in transit
+	FaultRogue                // a peer WRITEs any page with any key it has held, or sends a Bootstrap for a request nobody dispatched (issue 17)
 	FaultLease                // a node's registry lease expires (the node may live on, unreachable)
 	FaultRestart              // a crashed prefill node comes back under a new incarnation (and, with Config.DecodeRestarts, a decode node crashes and comes back under one)
 	NumFaults
@@ -141,7 +146,7 @@ const (
 // that the one-pair runs read as they did before the topology existed.
 const numClassicFaults = FaultLease
 
-var faultNames = [NumFaults]string{"cancel", "crash", "timeout", "cut", "late", "corrupt", "lease", "restart"}
+var faultNames = [NumFaults]string{"cancel", "crash", "timeout", "cut", "late", "corrupt", "rogue", "lease", "restart"}
 
 func (f Fault) String() string {
 	if f >= 0 && f < NumFaults {
@@ -281,6 +286,10 @@ type Config struct {
 	// queue pairs. Off, only prefill nodes restart (the state space of
 	// every earlier run is unchanged).
 	DecodeRestarts bool
+	// MaxQueue bounds every channel (0: the default, MaxQueue; at most
+	// QueueCapacity). A message sent on a full one is dropped and flags
+	// WithinBounds: the bound, not the protocol, was too small.
+	MaxQueue int
 	// The deployment: Prefills prefill and Decodes decode nodes (0 means 1),
 	// each with the pools above, and a queue pair per (prefill, decode) pair.
 	Prefills, Decodes int
@@ -288,6 +297,14 @@ type Config struct {
 
 // NumPrefills is the number of prefill nodes.
 func (c *Config) NumPrefills() int { return max(1, c.Prefills) }
+
+// QueueBound is the bound of every channel.
+func (c *Config) QueueBound() int {
+	if c.MaxQueue == 0 {
+		return MaxQueue
+	}
+	return c.MaxQueue
+}
 
 // NumDecodes is the number of decode nodes.
 func (c *Config) NumDecodes() int { return max(1, c.Decodes) }
@@ -298,7 +315,8 @@ const (
 	MaxDecodePages  = 8
 	MaxPrefillPages = 8
 	MaxSlots        = 4
-	MaxQueue        = 8
+	MaxQueue        = 8  // the default bound of every channel (Config.MaxQueue)
+	QueueCapacity   = 12 // the largest bound Config.MaxQueue may set: the encoding's
 	MaxPrefills     = 2
 	MaxDecodes      = 2
 )
@@ -369,6 +387,8 @@ func (c *Config) Validate() error {
 		return bad("prefill nodes must be 1..%d, got %d", MaxPrefills, c.Prefills)
 	case c.Decodes < 0 || c.Decodes > MaxDecodes:
 		return bad("decode nodes must be 1..%d, got %d", MaxDecodes, c.Decodes)
+	case c.MaxQueue < 0 || c.MaxQueue > QueueCapacity:
+		return bad("the queue bound must be 1..%d (0: %d), got %d", QueueCapacity, MaxQueue, c.MaxQueue)
 	case c.ContextLimit < 1:
 		return bad("context limit must be at least 1 token")
 	case c.DecodeRestarts && c.Faults[FaultRestart] == 0:

@@ -56,6 +56,12 @@ const (
 	PrefillOldIncarnation               // prefill: a message for a request of an incarnation it replaced: no record, ignored
 	RestartLoss                         // restart: the new registration tells the router the old incarnation is lost
 	RestartFence                        // decode: the queue pair of a replaced incarnation cut before the new one's is accepted
+	RogueRevoked                        // a rogue WRITE with the key of a Grant decode has revoked: refused
+	RogueUncovered                      // a rogue WRITE with a live key, to a page the key does not cover: refused
+	RogueLanded                         // a rogue WRITE with a live key, to a page of its request: landed (verification sees it)
+	RogueLandedFree                     // a rogue WRITE landed in a free page (pool-wide-key)
+	RogueLandedForeign                  // a rogue WRITE landed in another request's page (pool-wide-key)
+	DecodeNoTicket                      // decode intake: a Bootstrap for a request the router did not dispatch to it: refused
 	NumBranches
 )
 
@@ -74,6 +80,7 @@ var branchNames = [NumBranches]string{
 	"write-landed", "write-landed-free", "write-landed-foreign",
 	"sender-abort-waits", "cut-fails",
 	"prefill-old-incarnation", "restart-loss", "restart-fence",
+	"rogue-revoked", "rogue-uncovered", "rogue-landed", "rogue-landed-free", "rogue-landed-foreign", "decode-no-ticket",
 }
 
 func (b Branch) String() string {
@@ -85,14 +92,16 @@ func (b Branch) String() string {
 
 // Defense reports whether b is one of the protocol's refusing checks that a
 // run of the correct protocol can reach: an intake rejection, a capacity
-// refusal, a verification check, the grant check at admission, or the fence
-// of a replaced incarnation's queue pair. A coverage
-// gate requires each to fire.
+// refusal, a verification check, the grant check at admission, the fence
+// of a replaced incarnation's queue pair, a remote key's check (revoked, or
+// not covering the page) or the router's ticket at decode's intake. A
+// coverage gate requires each to fire.
 func (b Branch) Defense() bool {
 	switch b {
 	case RouterOverLimit, PrefillOverLimit, PrefillNoCapacity, AdmitGrantMismatch, DecodeOverLimit,
 		DecodeNoSlot, DecodeNoPages, VerifyTokens, VerifyPages, VerifyTagRequest,
-		VerifyTagIndex, VerifyTagEpoch, VerifyChecksumFirst, VerifyChecksumLater, RestartFence:
+		VerifyTagIndex, VerifyTagEpoch, VerifyChecksumFirst, VerifyChecksumLater, RestartFence,
+		RogueRevoked, RogueUncovered, DecodeNoTicket:
 		return true
 	}
 	return false

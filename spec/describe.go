@@ -125,6 +125,21 @@ func (m *Model) describeAction(s *State, a Action) string {
 			return fmt.Sprintf("[FAULT restart] %s crashes and comes back as incarnation %d (a fresh pool, epochs from zero, no records, new queue pairs) and registers under its name", m.decodeName(d), s.DInc[d]+1)
 		}
 		return fmt.Sprintf("[FAULT restart] %s comes back as incarnation %d (fresh pools, no records) and registers under its name", m.prefillName(int(a.Arg)), s.Inc[a.Arg]+1)
+	case RogueWrite:
+		out := fmt.Sprintf("[FAULT rogue] %s WRITEs page %d of %s with the key of r%d's Grant", m.prefillName(rp), a.Arg, m.decodeName(rd), r)
+		switch {
+		case !m.keyLive(s, int(r)):
+			return out + ": decode has revoked that key, so the WRITE fails with a remote access error"
+		case !m.keyCovers(s, int(r), int(a.Arg)):
+			return out + ": the key does not cover that page, so the WRITE fails with a remote access error"
+		}
+		return out + ": the key is live and covers the page, so it lands"
+	case RogueBootstrap:
+		out := fmt.Sprintf("[FAULT rogue] a peer sends %s a Bootstrap for r%d, which the router never dispatched", m.decodeName(rd), r)
+		if !m.cfg.Bugs.Has(UnticketedBootstrap) {
+			return out + ": it carries no ticket, so decode refuses it"
+		}
+		return out
 	case CorruptSend:
 		field := [...]string{"token", "page"}[a.Arg&SendPages]
 		if a.Arg&SendBack != 0 {
@@ -265,6 +280,9 @@ func (m *Model) changes(p *State, a Action, n *State) []string {
 		default:
 			add("that message was sent by a replaced incarnation of %s, on the queue pair decode now holds for its successor", m.prefillName(int(n.Req[g.OldIncReq].P)))
 		}
+	}
+	if g := &n.Ghost; g.Tampered && !p.Ghost.Tampered {
+		add("r%d was verified, and a page of it changed before it was freed: decode will read KV it did not verify", g.TamperedReq)
 	}
 	if g := &n.Ghost; g.Spurious && !p.Ghost.Spurious {
 		add("no fault has happened, and nothing in the state before this step gives r%d that outcome", g.SpuriousReq)

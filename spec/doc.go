@@ -58,7 +58,11 @@
 // and two variants of PostWrite: Late (the WRITE stays in the network and is
 // placed at any later point, still in order) and Corrupt (its payload is
 // damaged in transit; with [Config.Damage], instead one field of its tag
-// record, or, as the action CorruptSend, a count of a Done or a Grant). Without the Late fault a WRITE posted on an empty queue
+// record, or, as the action CorruptSend, a count of a Done or a Grant), and
+// Rogue (RogueWrite: a peer WRITEs any page with any key it has held, which
+// lands only if the key is live and covers the page; RogueBootstrap: a
+// Bootstrap for a request nobody dispatched, which decode refuses; keys.go).
+// Without the Late fault a WRITE posted on an empty queue
 // pair is placed at once; that keeps the state space small without losing any
 // interleaving that matters, since every in-flight WRITE a bug needs can be
 // made late.
@@ -67,7 +71,9 @@
 //
 // The bugs of docs/design.md §5, from the incident and the public engines'
 // issue trackers (abort-frees-source, vLLM #21570; checksum-hangs, SGLang
-// #39729; peer-by-name, Mooncake #2762 and vLLM #49238, among them), are
+// #39729; peer-by-name, Mooncake #2762 and vLLM #49238, among them), and the
+// enforcement switches of remote access per grant (pool-wide-key,
+// verify-before-revoke, unticketed-bootstrap), are
 // [Switch] values with the catalogue's names; [Config.Bugs] turns them on. Each
 // changes exactly the branch the catalogue describes (grep the switch's
 // constant to find it). docs/spec.md tells the story of each one's
@@ -78,7 +84,9 @@
 //
 // Safety, checked in every reachable state: Isolation, HonestOutcome,
 // NoForeignWrite, RejectedStaysOut, Conservation, OutcomeFinal (an outcome the
-// client saw never changes), NoSpuriousFailure (the progress property: without
+// client saw never changes), ReadAsVerified (a verified page does not change
+// before it is freed), Ticketed (decode holds pages only for a dispatched
+// request), NoSpuriousFailure (the progress property: without
 // faults, a request fails only for a reason the state gives) and WithinBounds (a
 // modelling limit: a queue overflowed its fixed bound). The two that judge a step
 // by the state before it read a [Ghost] that Successors records around every

@@ -232,7 +232,7 @@ func (m *Model) encode(dst []byte, s *State, perm []int8) []byte {
 		for p := 0; p < np; p++ {
 			for i, msg := range s.QP[p][d].Items() {
 				if msg.Kind == MWrite {
-					see(msg.Target.Page, uint16(1000+p*MaxQueue+i))
+					see(msg.Target.Page, uint16(1000+p*QueueCapacity+i))
 				}
 			}
 		}
@@ -393,6 +393,11 @@ func (m *Model) encode(dst []byte, s *State, perm []int8) []byte {
 	if g := &s.Ghost; g.OldInc {
 		dst = append(dst, 1, req(g.OldIncReq), g.OldIncWhat)
 	} else if restarts {
+		dst = append(dst, 0)
+	}
+	if g := &s.Ghost; g.Tampered {
+		dst = append(dst, 1, req(g.TamperedReq))
+	} else {
 		dst = append(dst, 0)
 	}
 	dst = append(dst, s.Budget[:]...)

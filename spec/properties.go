@@ -15,8 +15,14 @@ const (
 	// NoOldIncarnation: nothing of a node's replaced incarnation (prefill, or decode with Config.DecodeRestarts)
 	// completes or lands after its successor is known.
 	NoOldIncarnation = "NoOldIncarnation"
-	Termination      = "Termination"
-	NoLeak           = "NoLeak"
+	// ReadAsVerified: the KV decode reads for a request is the KV it
+	// verified: no page of a verified request changes before it is freed.
+	ReadAsVerified = "ReadAsVerified"
+	// Ticketed: decode holds pages only for a request the router
+	// dispatched (the router's ticket).
+	Ticketed    = "Ticketed"
+	Termination = "Termination"
+	NoLeak      = "NoLeak"
 )
 
 // Invariant is a named safety predicate over a state.
@@ -45,6 +51,8 @@ var Invariants = []Invariant{
 	{OutcomeFinal, "a client-visible outcome never changes: once a request is ok, rejected, cancelled or failed, it stays so, with the same reason", func(_ *Model, s *State) bool { return !s.Ghost.Changed }},
 	{NoSpuriousFailure, "in a run without faults a request ends other than ok only for a reason the state gave: over the limit of the node that refused it, or that node's pool or slots really too full for it at that moment", func(_ *Model, s *State) bool { return !s.Ghost.Spurious }},
 	{NoOldIncarnation, "nothing of a restarted node's old incarnation completes or lands after the restart: no request dispatched to it reaches the client as ok once the node has a new incarnation, no WRITE or SEND the old one posted lands on a decode node that has accepted the new one's queue pair, nothing posted to a replaced decode incarnation lands on its successor, and no prefill node takes a Grant of a decode incarnation it has replaced", func(_ *Model, s *State) bool { return !s.Ghost.OldInc }},
+	{ReadAsVerified, "the KV decode reads for a request is the KV it verified: no page of a verified request changes (payload or tag record) before it is freed", func(_ *Model, s *State) bool { return !s.Ghost.Tampered }},
+	{Ticketed, "decode holds pages or a slot only for a request the router dispatched", ticketed},
 	{WithinBounds, "no queue exceeded the model's bound (a modelling limit, not a protocol property)", func(_ *Model, s *State) bool { return !s.Overflow }},
 }
 
@@ -83,6 +91,15 @@ func honestOutcome(m *Model, s *State) bool {
 			if q.Reason == NoReason {
 				return false
 			}
+		}
+	}
+	return true
+}
+
+func ticketed(m *Model, s *State) bool {
+	for r := range m.cfg.Prompts {
+		if q := &s.Req[r]; !q.Submitted && (holds(&q.R) || q.R.Slot >= 0) {
+			return false
 		}
 	}
 	return true

@@ -300,6 +300,8 @@ func TestEveryInvariantCanFail(t *testing.T) {
 		OutcomeFinal:      func(s *State) { s.Ghost.Changed, s.Ghost.ChangedReq, s.Ghost.ChangedFrom = true, 0, OK },
 		NoSpuriousFailure: func(s *State) { s.Ghost.Spurious, s.Ghost.SpuriousReq = true, 0 },
 		NoOldIncarnation:  func(s *State) { s.Ghost.OldInc, s.Ghost.OldIncReq, s.Ghost.OldIncWhat = true, 0, OldIncPlaced },
+		ReadAsVerified:    func(s *State) { s.Ghost.Tampered, s.Ghost.TamperedReq = true, 0 },
+		Ticketed:          func(s *State) { s.Req[1].R.Slot = 1 }, // r1 was never dispatched
 	}
 	for _, inv := range Invariants {
 		if !inv.Holds(w.m, &ready) {
@@ -327,8 +329,8 @@ func TestParseSwitchesAndFaults(t *testing.T) {
 	if _, err := ParseSwitches("admit-finishd"); !errors.Is(err, ErrUnknownSwitch) {
 		t.Fatalf("want ErrUnknownSwitch, got %v", err)
 	}
-	if len(AllSwitches()) != 15 {
-		t.Fatal("the catalogue has 15 switches")
+	if len(AllSwitches()) != 18 {
+		t.Fatal("the catalogue has 18 switches")
 	}
 	b, err := ParseFaults("cancel=2,late")
 	if err != nil || b[FaultCancel] != 2 || b[FaultLate] != 1 || b[FaultCrash] != 0 {
@@ -336,7 +338,7 @@ func TestParseSwitchesAndFaults(t *testing.T) {
 	}
 	// "all" in a list is the one-pair faults once, beside the others named.
 	b, err = ParseFaults("all,restart=2")
-	if err != nil || b[FaultCrash] != 1 || b[FaultCorrupt] != 1 || b[FaultLease] != 0 || b[FaultRestart] != 2 || b.String() != "cancel=1,crash=1,timeout=1,cut=1,late=1,corrupt=1,restart=2" {
+	if err != nil || b[FaultCrash] != 1 || b[FaultCorrupt] != 1 || b[FaultLease] != 0 || b[FaultRestart] != 2 || b.String() != "cancel=1,crash=1,timeout=1,cut=1,late=1,corrupt=1,rogue=1,restart=2" {
 		t.Fatalf("%v %v", b, err)
 	}
 	if all, _ := ParseFaults("all"); all[FaultRestart] != 0 || all[FaultLease] != 0 {
@@ -403,5 +405,36 @@ func TestAnySourcePagesExploresEveryChoice(t *testing.T) {
 		if want := map[bool]int{false: 1, true: cfg.PrefillPages}[anySrc]; len(took) != want || !took[0] {
 			t.Errorf("AnySourcePages %v: r0's intake took source pages %v, want %d choices including page 0", anySrc, took, want)
 		}
+	}
+}
+
+func TestMaxQueueBoundsEveryChannel(t *testing.T) {
+	var q Queue
+	for i := 0; i < 3; i++ {
+		if !q.Push(Msg{Kind: MAbort}, 3) {
+			t.Fatalf("push %d refused under a bound of 3", i)
+		}
+	}
+	if q.Push(Msg{Kind: MAbort}, 3) {
+		t.Fatal("a fourth message fits a bound of 3")
+	}
+	if q.Push(Msg{}, QueueCapacity+5); q.N != 4 {
+		t.Fatal("a bound past the capacity must not grow the queue past it")
+	}
+	cfg := DefaultConfig()
+	cfg.MaxQueue = QueueCapacity + 1
+	if _, err := New(cfg); err == nil {
+		t.Fatal("a queue bound past QueueCapacity must be refused")
+	}
+	cfg.MaxQueue = 1 // a cancel's Abort behind the Prefill on the router's queue overflows it
+	w := &world{t: t}
+	m, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.m, w.s = m, m.Initial()[0]
+	w.do(Submit, 0, 0).do(Cancel, 0, 0)
+	if w.holds(WithinBounds) {
+		t.Fatal("a bound of 1 must overflow with two messages to one node")
 	}
 }

@@ -6,6 +6,10 @@ import "fmt"
 // are never zeroed, so at the start every page holds someone else's prompt.
 const Tenant int8 = -1
 
+// Rogue is the request id of what a rogue WRITE (the rogue fault) puts in a
+// page: bytes of no request's prompt.
+const Rogue int8 = -2
+
 // Free is the owner of a free page or slot.
 const Free int8 = -1
 
@@ -20,8 +24,11 @@ type Label struct {
 
 func (l Label) String() string {
 	s := fmt.Sprintf("r%d[%d]", l.Req, l.Index)
-	if l.Req == Tenant {
+	switch l.Req {
+	case Tenant:
 		s = "tenant"
+	case Rogue:
+		s = "rogue"
 	}
 	if l.Corrupt {
 		s += "(corrupt)"
@@ -239,12 +246,13 @@ const (
 // Queue is a FIFO channel.
 type Queue struct {
 	N   uint8
-	Buf [MaxQueue]Msg
+	Buf [QueueCapacity]Msg
 }
 
-// Push appends m; it reports false when the queue is full (a bound of the model).
-func (q *Queue) Push(m Msg) bool {
-	if int(q.N) == MaxQueue {
+// Push appends m unless the queue holds bound messages already (a bound of
+// the model, at most QueueCapacity); it reports whether it did.
+func (q *Queue) Push(m Msg, bound int) bool {
+	if int(q.N) >= min(bound, QueueCapacity) {
 		return false
 	}
 	q.Buf[q.N] = m
@@ -317,6 +325,8 @@ type Ghost struct {
 	OldInc      bool // NoOldIncarnation: something of a replaced incarnation completed or landed
 	OldIncReq   int8
 	OldIncWhat  uint8 // OldIncOK, OldIncPlaced
+	Tampered    bool  // ReadAsVerified: a page of a verified request changed before it was freed
+	TamperedReq int8
 }
 
 // What a NoOldIncarnation violation was (Ghost.OldIncWhat).

@@ -25,6 +25,8 @@ const (
 	CorruptSend                      // fault: the SEND at the head of a queue-pair direction arrives with a count damaged (Arg: SendTokens or SendPages, plus SendBack for decode→prefill)
 	LeaseLost                        // fault: a live node's registry lease expires (Arg: the node, DecodeNode for a decode node)
 	Restart                          // fault: a crashed prefill node comes back under a new incarnation, or a decode node crashes and comes back under one (Arg: the node, DecodeNode|d for a decode node)
+	RogueWrite                       // fault: r's prefill node WRITEs a page of r's decode node with the key of r's Grant, at any time (Arg: the page)
+	RogueBootstrap                   // fault: a peer sends decode a Bootstrap for r, which the router never dispatched
 	NumActionKinds                   // the number of action kinds
 )
 
@@ -101,6 +103,9 @@ func (a Action) String() string {
 			s += fmt.Sprintf("@d%d", a.Arg)
 		}
 	}
+	if a.Kind == RogueWrite {
+		s += fmt.Sprintf("@page%d", a.Arg)
+	}
 	if a.Kind == LeaseLost || a.Kind == Restart {
 		s += fmt.Sprintf("@%c%d", "pd"[a.Arg>>8], a.Arg&15)
 	}
@@ -108,7 +113,8 @@ func (a Action) String() string {
 }
 
 var actionNames = [NumActionKinds]string{"Submit", "PrefillRecv", "PrefillRecvQP", "DecodeRecv", "DecodeRecvQP",
-	"PostWrite", "DecodeRead", "DetectCrash", "Cancel", "Crash", "Timeout", "Cut", "CorruptSend", "LeaseLost", "Restart"}
+	"PostWrite", "DecodeRead", "DetectCrash", "Cancel", "Crash", "Timeout", "Cut", "CorruptSend", "LeaseLost", "Restart",
+	"RogueWrite", "RogueBootstrap"}
 
 func (k ActionKind) String() string {
 	if k < NumActionKinds {
@@ -302,6 +308,16 @@ func (m *Model) Successors(s *State, emit func(Action, *State)) {
 			}
 		}
 	}
+	if s.Budget[FaultRogue] > 0 {
+		m.rogueWrites(s, func(r, page int) {
+			do(Action{RogueWrite, int8(r), uint16(page)}, r, 0, 0, page, func(x *sys, r, _, _, page int) { x.rogueWrite(r, page) })
+		})
+		for r := 0; r < nreq; r++ {
+			if !s.Req[r].Submitted {
+				do(Action{RogueBootstrap, int8(r), 0}, r, 0, 0, 0, func(x *sys, r, _, _, _ int) { x.rogueBootstrap(r) })
+			}
+		}
+	}
 	if s.Budget[FaultLease] > 0 {
 		for p := 0; p < np; p++ {
 			if !s.PrefillCrashed[p] && !s.CrashDetected[p] {
@@ -405,6 +421,20 @@ func (m *Model) observe(prev *State, a Action, next *State) {
 		}
 		if h := prev.QPBack[p][d].Head(); h.DInc < prev.PQPInc[p][d] {
 			next.Ghost.OldInc, next.Ghost.OldIncReq, next.Ghost.OldIncWhat = true, h.Req, OldIncGrant
+		}
+	}
+	for r := range m.cfg.Prompts {
+		// ReadAsVerified: a verified request's pages hold what decode
+		// verified until they are freed (its record leaves RReady).
+		q := &prev.Req[r]
+		if q.R.Phase != RReady || next.Ghost.Tampered {
+			continue
+		}
+		for i := 0; i < int(q.R.N); i++ {
+			pg := q.R.Pages[i].Page
+			if a, b := &prev.Pages[q.D][pg], &next.Pages[q.D][pg]; a.Data != b.Data || a.Tag != b.Tag {
+				next.Ghost.Tampered, next.Ghost.TamperedReq = true, int8(r)
+			}
 		}
 	}
 	for r := range m.cfg.Prompts {
@@ -635,7 +665,7 @@ func (x *sys) crashed(r int) bool {
 func (x *sys) oldIncarnation(r int) bool { q := &x.s.Req[r]; return q.PInc != x.s.Inc[q.P] }
 
 func (x *sys) push(q *Queue, msg Msg) {
-	if !q.Push(msg) {
+	if !q.Push(msg, x.m.cfg.QueueBound()) {
 		x.s.Overflow = true
 	}
 }

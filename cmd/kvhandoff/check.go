@@ -51,6 +51,7 @@ type checkFlags struct {
 	restarts                  int
 	anySource                 bool
 	decodeRestarts            bool
+	maxQueue                  int
 }
 
 func runCheck(args []string, stdout, stderr io.Writer) int {
@@ -67,6 +68,7 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&f.restarts, "restarts", -1, "restarts of a crashed prefill node under a new incarnation (0..3; the same as restart=N in --faults, which it overrides; needs a crash budget)")
 	fs.BoolVar(&f.decodeRestarts, "decode-restarts", false, "the restart fault may also crash a decode node and bring it back at once under a new incarnation (a fresh pool, epochs from zero); needs a restart budget, shared with prefill restarts")
 	fs.BoolVar(&f.anySource, "any-source-pages", false, "a prefill node's intake may take any free source pages, in any order, not only the lowest: every choice explored (the refinement mapping's setting; more states)")
+	fs.IntVar(&f.maxQueue, "max-queue", 0, fmt.Sprintf("the bound of every channel, in messages (0: %d; at most %d); a message sent on a full one breaks WithinBounds", spec.MaxQueue, spec.QueueCapacity))
 	fs.IntVar(&f.maxFaults, "max-faults", 0, "faults in one execution, all kinds together (0: only the budgets bound them; with --matrix the default is 2)")
 	fs.StringVar(&f.bugs, "bug", "", "switches of the bug catalogue to turn on, comma-separated")
 	fs.BoolVar(&f.needAll, "need-all", false, "report only counterexamples that need every --bug switch (the matrix's rule): replayed with any one of them off, they no longer fail")
@@ -223,6 +225,7 @@ func (f *checkFlags) config() (spec.Config, error) {
 	cfg.MaxFaults = f.maxFaults
 	cfg.AnySourcePages = f.anySource
 	cfg.DecodeRestarts = f.decodeRestarts
+	cfg.MaxQueue = f.maxQueue
 	cfg.Prefills, cfg.Decodes = f.prefills, f.decodes
 	if f.prefills < 1 || f.decodes < 1 {
 		return cfg, fmt.Errorf("--prefills and --decodes must be at least 1")
@@ -240,6 +243,9 @@ func describeConfig(c spec.Config) string {
 		limit = fmt.Sprintf("at most %d per execution", c.MaxFaults)
 	}
 	topology := ""
+	if c.MaxQueue != 0 {
+		limit += fmt.Sprintf(", queues of %d", c.QueueBound())
+	}
 	if c.NumPrefills()*c.NumDecodes() > 1 {
 		topology = fmt.Sprintf("%d prefill x %d decode nodes, ", c.NumPrefills(), c.NumDecodes())
 	}

@@ -56,6 +56,9 @@ func TestEverySwitchIsExposed(t *testing.T) {
 		{"abort-frees-source,no-checksum", []string{spec.Isolation, spec.HonestOutcome}}, // vLLM #21570
 		{"checksum-hangs", []string{spec.Termination}},                                   // SGLang #39729
 		{"peer-by-name", []string{spec.NoOldIncarnation}},                                // vLLM/Mooncake reconnects: a restarted peer known by name only
+		{"pool-wide-key", []string{spec.ReadAsVerified, spec.NoForeignWrite}},            // issue 17: one key for the pool
+		{"verify-before-revoke", []string{spec.ReadAsVerified}},                          // issue 17: the time-of-check/time-of-use window
+		{"unticketed-bootstrap", []string{spec.Ticketed}},                                // issue 17: anyone signed is a prefill node
 	}
 	covered := spec.Switches(0)
 	for name, base := range map[string]spec.Config{"default": spec.DefaultConfig(), "multi-page": multiPage()} {
@@ -170,6 +173,7 @@ func TestMatrixOfSingleSwitches(t *testing.T) {
 		"admit-finished": spec.NoSpuriousFailure, "eager-release": spec.NoForeignWrite, "timeout-free": spec.NoForeignWrite, "no-checksum": spec.Isolation,
 		"leak-on-cancel": spec.NoLeak, "no-peer-cancel": spec.Termination, "double-free": spec.Conservation,
 		"checksum-hangs": spec.Termination,
+		"pool-wide-key":  spec.ReadAsVerified, "verify-before-revoke": spec.ReadAsVerified, "unticketed-bootstrap": spec.Ticketed,
 	}
 	if !x.Base.OK || len(x.Rows) != len(spec.AllSwitches()) || x.OK() {
 		t.Fatalf("base ok=%v rows=%d ok=%v: want a passing base, a row per switch, and some switches unexposed alone", x.Base.OK, len(x.Rows), x.OK())
