@@ -39,17 +39,20 @@ func (m *Region) Bytes() []byte { return m.Buf }
 // page-aligned base address drawn the same way: a peer cannot guess a key, and
 // a key a predecessor device issued opens nothing on its successor. Addresses
 // of two regions may overlap: a WRITE is placed by key first, then checked
-// against that one region's range.
+// against that one region's range. Window keys are never reused either, for
+// 2^32 binds, without remembering them (windowKeys).
 type Regions struct {
 	mu      sync.Mutex
 	byKey   map[uint32]*Region
 	windows map[uint32]*Window // bound windows by their key
-	used    map[uint32]bool    // every key ever issued, regions' and windows'
+	used    map[uint32]bool    // every region key ever issued (regions are few)
+	keys    *windowKeys
 }
 
 func (r *Regions) init() {
 	if r.byKey == nil {
 		r.byKey, r.windows, r.used = map[uint32]*Region{}, map[uint32]*Window{}, map[uint32]bool{}
+		r.keys = newWindowKeys()
 	}
 }
 

@@ -43,8 +43,8 @@ func (r *Regions) AllocWindow(owner any) *Window {
 }
 
 // Bind binds w on queue pair qp of protection domain owner to the range s
-// names, under a fresh key drawn from crypto/rand that no region or window of
-// these Regions ever had: the window must be unbound, of owner, and the
+// names, under a fresh key that no region of these Regions ever had, nor any
+// window in its last 2^32 binds (windowKeys): the window must be unbound, of owner, and the
 // range inside a region of owner's with WindowBind access.
 func (r *Regions) Bind(w *Window, owner, qp any, s rdma.SGE) error {
 	m, ok := s.MR.(*Region)
@@ -63,11 +63,10 @@ func (r *Regions) Bind(w *Window, owner, qp any, s rdma.SGE) error {
 		return fmt.Errorf("%w: window already bound (invalidate it first)", rdma.ErrBadRequest)
 	}
 	r.init()
-	key := Random32()
-	for key == 0 || r.used[key] {
-		key = Random32()
+	key := r.keys.next()
+	for key == 0 || r.used[key] || r.windows[key] != nil {
+		key = r.keys.next()
 	}
-	r.used[key] = true
 	w.region, w.off, w.n, w.qp, w.key, w.bound = m, uint64(s.Offset), uint64(s.Length), qp, key, true
 	r.windows[key] = w
 	return nil
