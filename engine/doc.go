@@ -37,9 +37,9 @@
 //	// of its own past the grant
 //	dp, _ := kv.NewDecodePool(g, d, ownPages)
 //	e, _ := engine.New(m, cpu.New(), dp.Cache(), engine.Options{})
-//	pages, _ := d.Acquire(id)                          // after Verified
-//	table, _ := dp.Table(id, pages, len(prompt)+n)     // granted pages, then own ones
-//	e.Arrived(table[:len(pages)])                      // a device backend copies them in
+//	refs, _ := d.Acquire(id)                           // after Verified: pages and granted epochs
+//	table, _ := dp.Table(id, refs, len(prompt)+n)      // granted pages, then own ones
+//	e.Arrived(table[:len(refs)])                       // a device backend copies them in
 //	out, err := e.Decode(table, prompt, n, sampler, stop)
 //	dp.Release(id, table)
 //	d.Finish(id)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/kvhandoff/kvhandoff/engine/kv"
 	"github.com/kvhandoff/kvhandoff/internal/research"
 	"github.com/kvhandoff/kvhandoff/protocol"
 )
@@ -47,13 +48,13 @@ func (s *Source) Forget(id protocol.RequestID) {
 }
 
 // FillKV computes request id's prompt KV into pages, the request's source
-// pages in order. The prompt must be the one Expect recorded, tokens long,
+// pages in order, named by their numbers in the engine's cache. The prompt must be the one Expect recorded, tokens long,
 // and the pages must hold it; with the engine's Options.Research holding
 // admit-finished, fewer pages are the sender's one-token placeholder, and
 // the placeholder's KV is what is computed (the 2026 incident).
 // Calls for different requests run one at a time: the engine is one
 // backend, used by one goroutine at a time.
-func (s *Source) FillKV(id protocol.RequestID, tokens int, pages [][]byte) error {
+func (s *Source) FillKV(id protocol.RequestID, tokens int, pages []uint32, _ [][]byte) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.e == nil {
@@ -67,8 +68,8 @@ func (s *Source) FillKV(id protocol.RequestID, tokens int, pages [][]byte) error
 	if tokens != len(prompt) {
 		return fmt.Errorf("%w: request %d: %d tokens to compute, its prompt has %d", ErrBadRequest, id, tokens, len(prompt))
 	}
-	table, err := s.e.cache.Lookup(pages)
-	if err != nil {
+	table := kv.SourceTable(pages)
+	if err := s.e.cache.ValidTable(table); err != nil {
 		return err
 	}
 	if need := s.e.cache.Geometry().PagesFor(len(prompt)); len(table) < need {

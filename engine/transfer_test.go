@@ -128,9 +128,9 @@ func TestHandoffOverTheTransportDecodesWhatOneNodeWould(t *testing.T) {
 	}
 }
 
-// Lookup accepts only the cache's own pages, and FillKV only a request whose
-// prompt it was told, with the token count the transport asks for.
-func TestSourceAndLookupRefuseWhatIsNotTheirs(t *testing.T) {
+// FillKV takes only the cache's own pages, by number, and only a request
+// whose prompt it was told, with the token count the transport asks for.
+func TestSourceRefusesWhatIsNotItsOwn(t *testing.T) {
 	m := llama.Builtin(3)
 	g := engine.GeometryOf(m.Config, 16)
 	mine := make([][]byte, 4)
@@ -145,26 +145,24 @@ func TestSourceAndLookupRefuseWhatIsNotTheirs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Lookup([][]byte{make([]byte, g.PageBytes())}); !errors.Is(err, kv.ErrGeometry) {
-		t.Fatalf("foreign page: %v", err)
-	}
-	if _, err := c.Lookup([][]byte{mine[0][:8]}); !errors.Is(err, kv.ErrGeometry) {
-		t.Fatalf("short page: %v", err)
-	}
 	s := engine.NewSource()
-	if err := s.FillKV(1, 3, mine[:1]); !errors.Is(err, engine.ErrBadRequest) {
+	if err := s.FillKV(1, 3, []uint32{0}, mine[:1]); !errors.Is(err, engine.ErrBadRequest) {
 		t.Fatalf("no engine: %v", err)
 	}
 	s.Use(e)
-	if err := s.FillKV(1, 3, mine[:1]); !errors.Is(err, engine.ErrBadRequest) {
+	if err := s.FillKV(1, 3, []uint32{0}, mine[:1]); !errors.Is(err, engine.ErrBadRequest) {
 		t.Fatalf("unknown request: %v", err)
 	}
 	s.Expect(1, []int{1, 2, 3})
-	if err := s.FillKV(1, 4, mine[:1]); !errors.Is(err, engine.ErrBadRequest) {
+	if err := s.FillKV(1, 4, []uint32{0}, mine[:1]); !errors.Is(err, engine.ErrBadRequest) {
 		t.Fatalf("wrong token count: %v", err)
 	}
+	s.Expect(3, []int{1, 2, 3})
+	if err := s.FillKV(3, 3, []uint32{4}, [][]byte{make([]byte, g.PageBytes())}); !errors.Is(err, kv.ErrGeometry) {
+		t.Fatalf("a page outside the cache: %v", err)
+	}
 	s.Expect(2, []int{1, 2, 3})
-	if err := s.FillKV(2, 3, mine[1:2]); err != nil {
+	if err := s.FillKV(2, 3, []uint32{1}, mine[1:2]); err != nil {
 		t.Fatal(err)
 	}
 	if nonzero := c.Floats(1)[0] != 0 || c.Floats(1)[1] != 0; !nonzero {
@@ -203,7 +201,7 @@ func TestSourceComputesThePlaceholderOnlyUnderAdmitFinished(t *testing.T) {
 		s := engine.NewSource()
 		s.Use(e)
 		s.Expect(1, prompt)
-		err = s.FillKV(1, len(prompt), mine[:1])
+		err = s.FillKV(1, len(prompt), []uint32{0}, mine[:1])
 		if !bug {
 			if !errors.Is(err, engine.ErrBadRequest) {
 				t.Fatalf("3 pages' prompt into 1 page: %v, want ErrBadRequest", err)
@@ -223,11 +221,7 @@ func TestSourceComputesThePlaceholderOnlyUnderAdmitFinished(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		table, err := rc.Lookup(want)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := re.Prefill(table, []int{llama.BOS}); err != nil {
+		if _, err := re.Prefill(kv.SourceTable([]uint32{0}), []int{llama.BOS}); err != nil {
 			t.Fatal(err)
 		}
 		if c.Floats(0)[0] == 0 || !bytes.Equal(mine[0], want[0]) {

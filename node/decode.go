@@ -43,10 +43,9 @@ type Decode struct {
 	ctl         *controlServer
 	flight      flight
 
-	gen     sync.Mutex // the engine runs one request at a time
-	engine  *engine.Engine
-	cache   *kv.Cache
-	genPool *protocol.Pool
+	gen    sync.Mutex // the engine runs one request at a time
+	engine *engine.Engine
+	pool   *kv.DecodePool // the endpoint's pages, then pages of its own for generated tokens
 
 	mu     sync.Mutex
 	reqs   map[protocol.RequestID]*decodeReq
@@ -90,16 +89,10 @@ func NewDecode(cfg DecodeConfig) (*Decode, error) {
 		return nil, err
 	}
 	if cfg.Model != nil {
-		g := engine.GeometryOf(cfg.Model.Config, cfg.PageTokens)
-		n.genPool = protocol.NewPool(cfg.GenPages)
-		all := n.ep.Pages()
-		for range cfg.GenPages {
-			all = append(all, make([]byte, g.PageBytes()))
-		}
-		if n.cache, err = kv.OverPages(g, all, kv.Split{At: uint32(cfg.Pages), Low: n.ep, High: n.genPool}); err != nil {
+		if n.pool, err = kv.NewDecodePool(engine.GeometryOf(cfg.Model.Config, cfg.PageTokens), n.ep, cfg.GenPages); err != nil {
 			return nil, err
 		}
-		if n.engine, err = engine.New(cfg.Model, cfg.backend(), n.cache, engine.Options{Research: cfg.Research}); err != nil {
+		if n.engine, err = engine.New(cfg.Model, cfg.backend(), n.pool.Cache(), engine.Options{Research: cfg.Research}); err != nil {
 			return nil, err
 		}
 	}
@@ -216,19 +209,19 @@ func (n *Decode) generate(id protocol.RequestID, r *decodeReq) {
 	n.gen.Lock()
 	defer n.gen.Unlock()
 	c := r.call
-	pages, err := n.ep.Acquire(id)
+	refs, err := n.ep.Acquire(id)
 	if err != nil {
 		n.fail(id, r, err) // the outcome event follows (or came already)
 		return
 	}
-	if want := protocol.PagesFor(uint32(len(c.Prompt)), n.cfg.PageTokens); len(pages) != want && !n.cfg.Research.Has(research.NoTokenCheck) {
-		n.fail(id, r, fmt.Errorf("%w: %d pages arrived for a prompt of %d tokens (%d pages)", protocol.ErrTokenMismatch, len(pages), len(c.Prompt), want))
+	if want := protocol.PagesFor(uint32(len(c.Prompt)), n.cfg.PageTokens); len(refs) != want && !n.cfg.Research.Has(research.NoTokenCheck) {
+		n.fail(id, r, fmt.Errorf("%w: %d pages arrived for a prompt of %d tokens (%d pages)", protocol.ErrTokenMismatch, len(refs), len(c.Prompt), want))
 		return
 	}
 	var out []int
 	if n.engine == nil {
-		out = digest(pages, c.MaxTokens)
-	} else if out, err = n.run(id, pages, c); err != nil {
+		out = n.digest(refs, c.MaxTokens)
+	} else if out, err = n.run(id, refs, c); err != nil {
 		n.fail(id, r, err)
 		return
 	}
@@ -240,25 +233,21 @@ func (n *Decode) generate(id protocol.RequestID, r *decodeReq) {
 	}
 }
 
-func (n *Decode) run(id protocol.RequestID, pages [][]byte, c *decodeCall) ([]int, error) {
-	table, err := n.cache.Lookup(pages)
+// run generates over the acquired pages, at the epochs they were granted
+// (every read checks the page is still at it), and pages of the node's own
+// for the generated tokens past them.
+func (n *Decode) run(id protocol.RequestID, acquired []protocol.PageRef, c *decodeCall) ([]int, error) {
+	end := min(len(c.Prompt)+c.MaxTokens, n.cfg.Model.SeqLen)
+	table, err := n.pool.Table(id, acquired, end)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("decode node %q: pages for %d generated tokens: %w", n.cfg.Name, c.MaxTokens, err)
 	}
+	defer n.pool.Release(id, table)
 	// The pages arrived in host memory: a device backend copies them into
 	// its own pool before anything reads them (the CPU backend reads them
 	// where they are).
-	if err := n.engine.Arrived(table); err != nil {
+	if err := n.engine.Arrived(table[:len(acquired)]); err != nil {
 		return nil, err
-	}
-	end := min(len(c.Prompt)+c.MaxTokens, n.cfg.Model.SeqLen)
-	var own []protocol.PageRef
-	if extra := protocol.PagesFor(uint32(end), n.cfg.PageTokens) - len(pages); extra > 0 {
-		if own, err = n.genPool.Allocate(id, extra); err != nil {
-			return nil, fmt.Errorf("decode node %q: pages for %d generated tokens: %w", n.cfg.Name, c.MaxTokens, err)
-		}
-		defer n.genPool.Release(id, own)
-		table = append(table, kv.Shift(own, uint32(n.cfg.Pages))...)
 	}
 	sampler := llama.Greedy()
 	if c.Temperature > 0 {
@@ -270,13 +259,13 @@ func (n *Decode) run(id protocol.RequestID, pages [][]byte, c *decodeCall) ([]in
 // digest is the "generation" of a node without a model: the SHA-256 of the
 // verified KV, its bytes as tokens (repeated to n), so the end-to-end path
 // is real and any foreign or stale page changes the answer.
-func digest(pages [][]byte, n int) []int {
+func (n *Decode) digest(acquired []protocol.PageRef, tokens int) []int {
 	h := sha256.New()
-	for _, p := range pages {
-		h.Write(p)
+	for _, ref := range acquired {
+		h.Write(n.ep.Payload(ref.Page))
 	}
 	sum := h.Sum(nil)
-	out := make([]int, n)
+	out := make([]int, tokens)
 	for i := range out {
 		out[i] = int(sum[i%len(sum)])
 	}

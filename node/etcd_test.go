@@ -29,7 +29,7 @@ type holdKV struct {
 	last    protocol.RequestID
 }
 
-func (h *holdKV) FillKV(id protocol.RequestID, tokens int, pages [][]byte) error {
+func (h *holdKV) FillKV(id protocol.RequestID, tokens int, pages []uint32, memory [][]byte) error {
 	h.mu.Lock()
 	armed := h.armed
 	h.last = id
@@ -38,7 +38,7 @@ func (h *holdKV) FillKV(id protocol.RequestID, tokens int, pages [][]byte) error
 		h.held <- id
 		<-h.release
 	}
-	return h.src.FillKV(id, tokens, pages)
+	return h.src.FillKV(id, tokens, pages, memory)
 }
 
 // Nodes register in a real etcd under leases; the router adds them as they

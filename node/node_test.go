@@ -122,8 +122,8 @@ func allPagesBack(t *testing.T, l *Local) {
 			if g := d.Endpoint().Gauges(); g.PagesFree != g.Pages {
 				held = append(held, fmt.Sprintf("%s %+v", d.cfg.Name, g))
 			}
-			if d.genPool != nil && d.genPool.Free() != d.genPool.Len() {
-				held = append(held, fmt.Sprintf("%s generation pool: %d of %d free", d.cfg.Name, d.genPool.Free(), d.genPool.Len()))
+			if d.pool != nil && d.pool.OwnFree() != d.cfg.GenPages {
+				held = append(held, fmt.Sprintf("%s generation pool: %d of %d free", d.cfg.Name, d.pool.OwnFree(), d.cfg.GenPages))
 			}
 		}
 		if len(held) == 0 {

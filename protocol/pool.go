@@ -3,6 +3,7 @@ package protocol
 import (
 	"errors"
 	"fmt"
+	"sync/atomic"
 )
 
 // PageRef is an ownership tag: a decode page and the epoch it was allocated at.
@@ -32,7 +33,10 @@ const (
 
 type page struct {
 	state pageState
-	epoch uint64
+	// epoch is written only by the pool's owner (Allocate) and read
+	// atomically, so that a decoder checks it at read time through an
+	// EpochView without the owner's lock.
+	epoch atomic.Uint64
 	owner RequestID
 }
 
@@ -75,9 +79,9 @@ func (p *Pool) Allocate(owner RequestID, n int) ([]PageRef, error) {
 		id := p.free[len(p.free)-1]
 		p.free = p.free[:len(p.free)-1]
 		pg := &p.pages[id]
-		pg.epoch++
+		e := pg.epoch.Add(1)
 		pg.state, pg.owner = pageOwned, owner
-		refs[i] = PageRef{Page: id, Epoch: pg.epoch}
+		refs[i] = PageRef{Page: id, Epoch: e}
 	}
 	return refs, nil
 }
@@ -88,7 +92,7 @@ func (p *Pool) holds(owner RequestID, ref PageRef) bool {
 		return false
 	}
 	pg := &p.pages[ref.Page]
-	return pg.state != pageFree && pg.owner == owner && pg.epoch == ref.Epoch
+	return pg.state != pageFree && pg.owner == owner && pg.epoch.Load() == ref.Epoch
 }
 
 // Quarantine keeps owner's pages out of circulation until Release: the
@@ -139,7 +143,29 @@ func (p *Pool) Owner(page uint32) (owner RequestID, quarantined, free bool) {
 }
 
 // Epoch is a page's current epoch.
-func (p *Pool) Epoch(page uint32) uint64 { return p.pages[page].epoch }
+func (p *Pool) Epoch(page uint32) uint64 { return p.pages[page].epoch.Load() }
+
+// EpochView reads a pool's current epochs, and nothing else. Unlike the
+// Pool, it is safe for concurrent use, also while the pool's owner changes
+// the pool: a decoder holds one to check, at every read of a page, that the
+// page is still at the epoch it was granted, without taking the lock its
+// endpoint guards the pool with.
+type EpochView struct{ p *Pool }
+
+// View is p's EpochView.
+func (p *Pool) View() EpochView { return EpochView{p} }
+
+// Len is the number of pages in the pool.
+func (v EpochView) Len() int { return len(v.p.pages) }
+
+// Epoch is page's current epoch; a page outside the pool has none
+// (math.MaxUint64, which no PageRef carries).
+func (v EpochView) Epoch(page uint32) uint64 {
+	if int(page) >= len(v.p.pages) {
+		return ^uint64(0)
+	}
+	return v.p.pages[page].epoch.Load()
+}
 
 // Quarantined is the number of quarantined pages.
 func (p *Pool) Quarantined() int {

@@ -14,12 +14,12 @@ type slowKV struct {
 	started, release chan struct{}
 }
 
-func (s slowKV) FillKV(id protocol.RequestID, tokens int, pages [][]byte) error {
+func (s slowKV) FillKV(id protocol.RequestID, tokens int, pages []uint32, memory [][]byte) error {
 	if id == 1 {
 		close(s.started)
 		<-s.release
 	}
-	return GeneratedKV{PageTokens: pageTokens}.FillKV(id, tokens, pages)
+	return GeneratedKV{PageTokens: pageTokens}.FillKV(id, tokens, pages, memory)
 }
 
 // slowPair is a prefill and a decode node on their own run loops, whose KV

@@ -106,9 +106,11 @@ func (d *Decode) payload(p uint32) []byte {
 }
 
 // Acquire hands a verified request's pages to the decoder, in request order,
-// after the read-time check of each page's epoch. They stay the request's,
-// and nothing can write them, until Finish.
-func (d *Decode) Acquire(id protocol.RequestID) ([][]byte, error) {
+// after the check of each page's epoch: each is the page's number in the
+// region (Payload, Pages) and the epoch it was granted at, which the
+// decoder's every read compares with the page's current epoch (Epochs). They
+// stay the request's, and nothing can write them, until Finish.
+func (d *Decode) Acquire(id protocol.RequestID) ([]protocol.PageRef, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	refs, err := d.receiver.Acquire(id)
@@ -116,11 +118,7 @@ func (d *Decode) Acquire(id protocol.RequestID) ([][]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	pages := make([][]byte, len(refs))
-	for i, r := range refs {
-		pages[i] = d.payload(r.Page)
-	}
-	return pages, nil
+	return refs, nil
 }
 
 // Finish ends a read: the pages go back to the pool and the request succeeds

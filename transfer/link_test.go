@@ -166,8 +166,8 @@ func (l *link) events() int {
 				if err != nil {
 					continue
 				}
-				for i, page := range pages {
-					if !bytes.Equal(page, kv(ev.Request, i)) {
+				for i, ref := range pages {
+					if !bytes.Equal(l.D.Payload(ref.Page), kv(ev.Request, i)) {
 						l.t.Fatalf("request %d page %d: decode would read foreign KV", ev.Request, i)
 					}
 				}

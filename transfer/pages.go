@@ -1,6 +1,6 @@
 package transfer
 
-import "math"
+import "github.com/kvhandoff/kvhandoff/protocol"
 
 // Pages are the source region's pages in page order, PageBytes each: an
 // engine's KV cache over them computes, in FillKV, the very bytes the WRITEs
@@ -24,13 +24,11 @@ func (d *Decode) Pages() [][]byte {
 	return out
 }
 
-// Epoch is decode page's current epoch, for the engine's read-time check of
-// every page it reads (a page outside the pool has none: MaxUint64).
-func (d *Decode) Epoch(page uint32) uint64 {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if int(page) >= d.cfg.Pages {
-		return math.MaxUint64
-	}
-	return d.receiver.Pool().Epoch(page)
-}
+// Epochs reads the decode pool's current epochs, for the engine's read-time
+// check of every page it reads against the epoch Acquire granted. It is safe
+// for concurrent use and takes no lock of the endpoint's.
+func (d *Decode) Epochs() protocol.EpochView { return d.receiver.Pool().View() }
+
+// Payload is decode page's payload (PageBytes; its tag slot follows it in the
+// region and is the endpoint's).
+func (d *Decode) Payload(page uint32) []byte { return d.payload(page) }

@@ -13,20 +13,23 @@ import (
 // KVSource computes a request's KV into the prefill node's source pages. The
 // engine's KV cache implements it; GeneratedKV stands in until then.
 type KVSource interface {
-	// FillKV writes request id's KV (tokens tokens) into pages, its source
-	// pages in request order, each PageBytes long. It runs on the goroutine
-	// that called Submit, outside the endpoint's lock; the pages are the
-	// request's alone until it returns. Calls for different requests may run
-	// at once.
-	FillKV(id protocol.RequestID, tokens int, pages [][]byte) error
+	// FillKV writes request id's KV (tokens tokens) into its source pages,
+	// given in request order by their numbers in the endpoint's source
+	// region (what an engine whose KV cache is over Prefill.Pages builds its
+	// page table from), and as memory: memory[i] is page pages[i],
+	// PageBytes long, for a source that writes bytes itself. It runs on the
+	// goroutine that called Submit, outside the endpoint's lock; the pages
+	// are the request's alone until it returns. Calls for different requests
+	// may run at once.
+	FillKV(id protocol.RequestID, tokens int, pages []uint32, memory [][]byte) error
 }
 
 // GeneratedKV is a KVSource of deterministic bytes (GenerateKV).
 type GeneratedKV struct{ PageTokens int }
 
 // FillKV implements KVSource.
-func (g GeneratedKV) FillKV(id protocol.RequestID, _ int, pages [][]byte) error {
-	for i, p := range pages {
+func (g GeneratedKV) FillKV(id protocol.RequestID, _ int, _ []uint32, memory [][]byte) error {
+	for i, p := range memory {
 		GenerateKV(id, i, g.PageTokens, p)
 	}
 	return nil
@@ -140,9 +143,9 @@ func (p *Prefill) Submit(id protocol.RequestID, peer string, tokens int) error {
 		return err
 	}
 	p.peerOf[id] = peer
-	views := make([][]byte, len(pages))
+	memory := make([][]byte, len(pages))
 	for i, pg := range pages {
-		views[i] = p.page(pg)
+		memory[i] = p.page(pg)
 	}
 	st := &computing{peer: c.peer}
 	p.computing[id] = st
@@ -150,7 +153,7 @@ func (p *Prefill) Submit(id protocol.RequestID, peer string, tokens int) error {
 	p.flushAll()
 	p.mu.Unlock()
 
-	err = p.cfg.KV.FillKV(id, tokens, views)
+	err = p.cfg.KV.FillKV(id, tokens, pages, memory)
 
 	p.mu.Lock()
 	defer p.mu.Unlock()

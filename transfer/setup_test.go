@@ -92,8 +92,8 @@ func (n *node) handle(ev Event, d *Decode) {
 		if err != nil {
 			return
 		}
-		for i, page := range pages {
-			if !bytes.Equal(page, kv(ev.Request, i)) {
+		for i, ref := range pages {
+			if !bytes.Equal(d.Payload(ref.Page), kv(ev.Request, i)) {
 				n.mu.Lock()
 				n.foreign = append(n.foreign, fmt.Sprintf("request %d page %d", ev.Request, i))
 				n.mu.Unlock()

@@ -157,8 +157,8 @@ func (r *rogueRig) answerIsOwn(id protocol.RequestID) bool {
 		r.t.Fatalf("request %d: %v", id, err)
 	}
 	defer r.d.Finish(id)
-	for i, page := range pages {
-		if !bytes.Equal(page, kv(id, i)) {
+	for i, ref := range pages {
+		if !bytes.Equal(r.d.Payload(ref.Page), kv(id, i)) {
 			return false
 		}
 	}

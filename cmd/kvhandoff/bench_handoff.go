@@ -116,8 +116,8 @@ var handoffDevices = map[string]func() (p, d rdma.Device, close func(), err erro
 // not a generator's; the decode side checks every marker.
 type markedKV struct{}
 
-func (markedKV) FillKV(id protocol.RequestID, _ int, pages [][]byte) error {
-	for i, p := range pages {
+func (markedKV) FillKV(id protocol.RequestID, _ int, _ []uint32, memory [][]byte) error {
+	for i, p := range memory {
 		binary.LittleEndian.PutUint64(p, uint64(id))
 		binary.LittleEndian.PutUint64(p[8:], uint64(i))
 	}
@@ -605,7 +605,8 @@ func readMarked(d *transfer.Decode, id protocol.RequestID) error {
 	if err != nil {
 		return err
 	}
-	for i, page := range got {
+	for i, ref := range got {
+		page := d.Payload(ref.Page)
 		if binary.LittleEndian.Uint64(page) != uint64(id) || binary.LittleEndian.Uint64(page[8:]) != uint64(i) {
 			err = fmt.Errorf("request %d page %d holds another page's KV", id, i)
 			break

@@ -45,7 +45,7 @@ func TestSourceLeavesTheDevicesKVInTheHostPages(t *testing.T) {
 		prompt := []int{5, 4, 3, 2, 1, 9, 8, 7, 6, 10, 11}
 		src.Expect(7, prompt)
 		// The request's source pages, out of order.
-		if err := src.FillKV(7, len(prompt), [][]byte{host[4], host[1], host[3]}); err != nil {
+		if err := src.FillKV(7, len(prompt), []uint32{4, 1, 3}, [][]byte{host[4], host[1], host[3]}); err != nil {
 			t.Fatal(err)
 		}
 		return host

@@ -8,10 +8,11 @@ import (
 )
 
 // Endpoint is a decode node's transport endpoint as the cache sees it: its
-// pages, which the WRITEs fill, and their current epochs (transfer.Decode).
+// pages, which the WRITEs fill, and a view of their current epochs that
+// takes none of the endpoint's locks (transfer.Decode).
 type Endpoint interface {
 	Pages() [][]byte
-	Epoch(page uint32) uint64
+	Epochs() protocol.EpochView
 }
 
 // DecodePool is a decode node's KV: the endpoint's pages, then pages of the
@@ -19,8 +20,8 @@ type Endpoint interface {
 // pages for its prompt only; decode appends its own tokens' KV after the
 // prompt, past the grant once the last granted page is full.
 //
-// It is safe for concurrent use (the endpoint locks its own epochs; the own
-// pool is locked here), so several engines, each with its own backend, can
+// It is safe for concurrent use (the endpoint's epochs are read atomically;
+// the own pool is locked here), so several engines, each with its own backend, can
 // decode different requests over one DecodePool at once.
 type DecodePool struct {
 	cache *Cache
@@ -57,7 +58,7 @@ func NewDecodePool(g Geometry, ep Endpoint, own int) (*DecodePool, error) {
 	}
 	all := append(pages[:len(pages):len(pages)], ownPages.payloads...)
 	d := &DecodePool{own: protocol.NewPool(own), at: uint32(len(pages))}
-	if d.cache, err = OverPages(g, all, Split{At: d.at, Low: ep, High: ownEpochs{d}}); err != nil {
+	if d.cache, err = OverPages(g, all, Split{At: d.at, Low: ep.Epochs(), High: ownEpochs{d}}); err != nil {
 		return nil, err
 	}
 	return d, nil
@@ -74,15 +75,13 @@ func (d *DecodePool) OwnFree() int {
 }
 
 // Table is request id's table for positions positions: the pages the
-// endpoint acquired for it (at their current epochs), then as many of the
-// node's own pages as the positions past them need (allocated to id; give
-// them back with Release). Without enough own pages free it fails with
+// endpoint acquired for it, at the epochs they were granted (every read
+// checks the page is still at it), then as many of the node's own pages as
+// the positions past them need (allocated to id; give them back with
+// Release). Without enough own pages free it fails with
 // protocol.ErrNoCapacity and allocates nothing.
-func (d *DecodePool) Table(id protocol.RequestID, acquired [][]byte, positions int) (Table, error) {
-	t, err := d.cache.Lookup(acquired)
-	if err != nil {
-		return nil, err
-	}
+func (d *DecodePool) Table(id protocol.RequestID, acquired []protocol.PageRef, positions int) (Table, error) {
+	t := append(make(Table, 0, d.cache.geom.PagesFor(positions)), acquired...)
 	for _, ref := range t {
 		if ref.Page >= d.at {
 			return nil, fmt.Errorf("%w: an acquired page is one of the node's own", ErrGeometry)

@@ -14,8 +14,8 @@ type endpoint struct {
 	pool  *protocol.Pool
 }
 
-func (e *endpoint) Pages() [][]byte          { return e.pages }
-func (e *endpoint) Epoch(page uint32) uint64 { return e.pool.Epoch(page) }
+func (e *endpoint) Pages() [][]byte            { return e.pages }
+func (e *endpoint) Epochs() protocol.EpochView { return e.pool.View() }
 
 // A request's table is its granted pages, then the node's own pages for the
 // positions past them; own pages run out with ErrNoCapacity, allocating
@@ -33,7 +33,7 @@ func TestDecodePoolExtendsTheGrantWithOwnPages(t *testing.T) {
 		t.Fatal(err)
 	}
 	granted, _ := ep.pool.Allocate(7, 2)
-	acquired := [][]byte{ep.pages[granted[0].Page], ep.pages[granted[1].Page]}
+	acquired := granted
 	table, err := d.Table(7, acquired, 4*geom.PageTokens)
 	if err != nil {
 		t.Fatal(err)
@@ -49,7 +49,7 @@ func TestDecodePoolExtendsTheGrantWithOwnPages(t *testing.T) {
 	if _, err := d.Table(8, acquired[:1], 4*geom.PageTokens); !errors.Is(err, protocol.ErrNoCapacity) || d.OwnFree() != 1 {
 		t.Fatalf("past the own pages: %v, %d free", err, d.OwnFree())
 	}
-	if _, err := d.Table(8, [][]byte{d.Cache().Payload(7)}, 1); !errors.Is(err, ErrGeometry) {
+	if _, err := d.Table(8, []protocol.PageRef{{Page: 7, Epoch: 1}}, 1); !errors.Is(err, ErrGeometry) {
 		t.Fatalf("an own page passed off as acquired: %v", err)
 	}
 	ep.pool.Release(7, granted[1:])
@@ -62,27 +62,24 @@ func TestDecodePoolExtendsTheGrantWithOwnPages(t *testing.T) {
 	}
 }
 
-// lockedEndpoint is an endpoint whose epochs are read under a lock, as
-// transfer.Decode's are.
+// lockedEndpoint is an endpoint whose pool its owner changes under a lock,
+// as transfer.Decode's Receiver does, while the cache reads its epochs
+// through the pool's EpochView, without that lock.
 type lockedEndpoint struct {
 	endpoint
 	mu sync.Mutex
 }
 
-func (e *lockedEndpoint) Epoch(page uint32) uint64 {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.pool.Epoch(page)
-}
-
 // Requests on several goroutines take and return own pages and read epochs
 // at once (run with -race): every live table is checked clean, and every own
 // page comes back; a stale reader checking pages it gave back, while others
-// reallocate them, reads their epochs safely.
+// reallocate them, reads their epochs safely; and so does a reader of
+// endpoint pages that the endpoint's owner reallocates, under its own lock,
+// meanwhile.
 func TestDecodePoolIsSafeForConcurrentUse(t *testing.T) {
-	c, _ := New(geom, 8)
+	c, _ := New(geom, 12)
 	ep := &lockedEndpoint{endpoint: endpoint{pool: c.Pool()}}
-	for p := range 8 {
+	for p := range 12 {
 		ep.pages = append(ep.pages, c.Payload(uint32(p)))
 	}
 	d, err := NewDecodePool(geom, ep, 16)
@@ -95,7 +92,28 @@ func TestDecodePoolIsSafeForConcurrentUse(t *testing.T) {
 		t.Fatal(err)
 	}
 	d.Release(99, stale)
-	wg.Add(1)
+	ep.mu.Lock()
+	churned, err := ep.pool.Allocate(98, 2) // pages the owner keeps reallocating below
+	ep.pool.Release(98, churned)
+	ep.mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		for range 2000 {
+			ep.mu.Lock()
+			refs, err := ep.pool.Allocate(98, 2)
+			if err == nil {
+				ep.pool.Release(98, refs)
+			}
+			ep.mu.Unlock()
+			for i := range churned {
+				d.Cache().Check(Table(churned), i) // fails once reallocated, never races
+			}
+		}
+	}()
 	go func() {
 		defer wg.Done()
 		for range 2000 {
@@ -116,7 +134,7 @@ func TestDecodePoolIsSafeForConcurrentUse(t *testing.T) {
 				t.Error(err)
 				return
 			}
-			acquired := [][]byte{ep.pages[granted[0].Page], ep.pages[granted[1].Page]}
+			acquired := granted
 			for range 200 {
 				table, err := d.Table(id, acquired, 6*geom.PageTokens)
 				if err != nil {

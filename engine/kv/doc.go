@@ -25,26 +25,30 @@
 // pages in place) and protocol.SourceMemory (the sender checksums them).
 //
 // A transport endpoint that allocated and registered its own pages hands
-// them out as slices: OverPages wraps them (transfer's Prefill.Pages and
-// Decode.Pages), Lookup turns the slices an endpoint gives a request (its
-// FillKV, its Acquire) into the request's table, and DecodePool puts a
-// decode node's own pages after the endpoint's, for the tokens it generates
-// past what the protocol granted.
+// them out by number: OverPages wraps its pages once (transfer's
+// Prefill.Pages and Decode.Pages), and a request's table is the page
+// references the endpoint gives it, unchanged from the grant to the read:
+// the granted pages and epochs a decode endpoint's Acquire returns
+// (DecodePool.Table), or the source page numbers a prefill endpoint's
+// FillKV names (SourceTable). DecodePool puts a decode node's own pages
+// after the endpoint's, for the tokens it generates past what the protocol
+// granted.
 //
 // # Ownership and epochs
 //
 // Ownership is protocol.Pool's, the one implementation of pages, epochs and
 // quarantine: Cache reads epochs from the pool it is given (a fresh one, or
-// through an endpoint that owns a Receiver's, as Epochs) and never keeps a
-// second copy of the truth. A
-// request reads its pages through a Table of protocol.PageRef, the tags it was
-// granted. Every page read checks the page's current epoch against the tag
+// the protocol.EpochView of the pool an endpoint's Receiver owns) and never
+// keeps a second copy of the truth. A request reads its pages through a
+// Table of protocol.PageRef, the tags it was granted, carried from the grant,
+// never re-read. Every page read checks the page's current epoch against the
+// tag
 // (docs/design.md §3 step 7); a mismatch is a *TagError naming the page, which
 // matches protocol.ErrTagMismatch with errors.Is. The research switch
 // no-tag-check turns the check off, so that a demo can show what it prevents.
 //
 // A Cache never changes after it is made; reading epochs is as safe as its
 // Epochs source: a bare protocol.Pool is not safe for concurrent use (the
-// caller serializes steps with allocations), an endpoint's locked epochs and
-// DecodePool are.
+// caller serializes steps with allocations); an EpochView (atomic reads,
+// whatever the pool's owner does meanwhile) and DecodePool are.
 package kv

@@ -84,8 +84,8 @@ func (e *TagError) Error() string {
 // Unwrap makes a TagError match protocol.ErrTagMismatch.
 func (e *TagError) Unwrap() error { return protocol.ErrTagMismatch }
 
-// Epochs is where a cache reads each page's current epoch: a protocol.Pool,
-// or a transport endpoint that owns one (and locks it).
+// Epochs is where a cache reads each page's current epoch: a protocol.Pool
+// it owns, or the protocol.EpochView of a pool a transport endpoint owns.
 type Epochs interface {
 	Epoch(page uint32) uint64
 }
@@ -98,7 +98,6 @@ type Cache struct {
 	tags     [][]byte // page p's tag record slot; nil for OverPages
 	pool     *protocol.Pool
 	epochs   Epochs
-	index    map[*byte]uint32 // a payload's first byte -> its page
 }
 
 // New allocates a region of pages pages and a fresh pool for them.
@@ -161,7 +160,8 @@ func overPages(g Geometry, payloads [][]byte, epochs Epochs) (*Cache, error) {
 	if len(payloads) == 0 {
 		return nil, fmt.Errorf("%w: no pages", ErrGeometry)
 	}
-	c := &Cache{geom: g, payloads: payloads, epochs: epochs, index: make(map[*byte]uint32, len(payloads))}
+	c := &Cache{geom: g, payloads: payloads, epochs: epochs}
+	seen := make(map[*byte]bool, len(payloads)) // only to refuse a page listed twice
 	for p, b := range payloads {
 		if len(b) != g.PageBytes() {
 			return nil, fmt.Errorf("%w: page %d has %d bytes, the geometry %d", ErrGeometry, p, len(b), g.PageBytes())
@@ -169,10 +169,10 @@ func overPages(g Geometry, payloads [][]byte, epochs Epochs) (*Cache, error) {
 		if uintptr(unsafe.Pointer(unsafe.SliceData(b)))%4 != 0 {
 			return nil, fmt.Errorf("%w: page %d is not 4-byte aligned", ErrGeometry, p)
 		}
-		if _, dup := c.index[&b[0]]; dup {
+		if seen[&b[0]] {
 			return nil, fmt.Errorf("%w: page %d is listed twice", ErrGeometry, p)
 		}
-		c.index[&b[0]] = uint32(p)
+		seen[&b[0]] = true
 	}
 	return c, nil
 }
@@ -233,23 +233,16 @@ func (c *Cache) Check(table Table, index int) error {
 	return nil
 }
 
-// Lookup is the table of pages, which must be this cache's own pages (the
-// same memory, as a transport endpoint hands them out: transfer's FillKV
-// and Acquire), each at its current epoch: the tags a request holds from
-// the moment the endpoint handed it the pages.
-func (c *Cache) Lookup(pages [][]byte) (Table, error) {
+// SourceTable is the table of a prefill node's source pages, by their
+// numbers in the cache (the transport's Sender hands them out: transfer's
+// FillKV), at epoch 0: source pages are Unversioned, a request's alone for
+// the whole call that computes them.
+func SourceTable(pages []uint32) Table {
 	t := make(Table, len(pages))
-	for i, b := range pages {
-		if len(b) != c.geom.PageBytes() {
-			return nil, fmt.Errorf("%w: page %d of the request has %d bytes, the geometry %d", ErrGeometry, i, len(b), c.geom.PageBytes())
-		}
-		p, ok := c.index[&b[0]]
-		if !ok {
-			return nil, fmt.Errorf("%w: page %d of the request is not a page of this cache", ErrGeometry, i)
-		}
-		t[i] = protocol.PageRef{Page: p, Epoch: c.epochs.Epoch(p)}
+	for i, p := range pages {
+		t[i] = protocol.PageRef{Page: p}
 	}
-	return t, nil
+	return t
 }
 
 // ValidTable checks that every page of table is in the pool, so a backend can
