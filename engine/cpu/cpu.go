@@ -32,6 +32,11 @@ var _ backend.Backend = (*Backend)(nil)
 // New returns a CPU backend that uses every core.
 func New() *Backend { return &Backend{workers: runtime.GOMAXPROCS(0)} }
 
+// NewThreads returns a CPU backend that splits each product over at most
+// threads goroutines (1: every step on the caller's goroutine, as a
+// single-threaded C engine computes it).
+func NewThreads(threads int) *Backend { return &Backend{workers: max(threads, 1)} }
+
 // Name is "cpu".
 func (b *Backend) Name() string { return "cpu" }
 
