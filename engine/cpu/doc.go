@@ -13,3 +13,5 @@
 // mismatch fails the step with a *kv.TagError naming the page. The check
 // costs one comparison per page read per head and layer.
 package cpu
+
+//go:generate go run -tags asmgen ./asmgen -out kernels_amd64.s -stubs kernels_amd64.go -pkg cpu
