@@ -87,14 +87,14 @@ func llama2cBaseline(name string, m *model.Model, checkpointPath, tokenizerPath,
 			return nil, err
 		}
 		forwards = n
-		full, err := runLlama2c(binary, append(args, "-n", strconv.Itoa(steps)))
+		full, err := runLlama2c(binary, slices.Concat(args, []string{"-n", strconv.Itoa(steps)}))
 		if err != nil {
 			return nil, err
 		}
 		if full.stdout != text {
 			return nil, fmt.Errorf("%w: %s printed %q, kvhandoff generated %q from the same checkpoint and prompt", errBaseline, binary, full.stdout, text)
 		}
-		one, err := runLlama2c(binary, append(args, "-n", "1"))
+		one, err := runLlama2c(binary, slices.Concat(args, []string{"-n", "1"}))
 		if err != nil {
 			return nil, err
 		}

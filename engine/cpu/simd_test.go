@@ -2,9 +2,11 @@ package cpu
 
 import (
 	"bytes"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"github.com/kvhandoff/kvhandoff/engine"
 	"github.com/kvhandoff/kvhandoff/engine/kv"
@@ -167,4 +169,60 @@ func TestBothPathsGenerateTheSameTokensAndBatchesWriteTheSameKV(t *testing.T) {
 			}
 		}
 	}
+}
+
+// BenchmarkDecodeThreads decodes a stories15M-shaped model (seeded random
+// weights; positions 1 to 255 after the first) on one thread and on two,
+// alternating every round, and reports each one's tokens per wall second
+// and per CPU-second of the process, and the wall speedup of two threads
+// (best round of each). On a machine shared with other work the wall
+// figures carry its load; equal CPU-second rates say the split costs
+// nothing in work.
+func BenchmarkDecodeThreads(b *testing.B) {
+	m, err := model.Alloc(model.Config{Dim: 288, HiddenDim: 768, Layers: 6, Heads: 6, KVHeads: 6, Vocab: 32000, SeqLen: 256, SharedClassifier: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	model.Randomize(m, 15)
+	g := engine.GeometryOf(m.Config, 16)
+	type run struct {
+		e           *engine.Engine
+		table       kv.Table
+		wall, cpu   time.Duration
+		bestWall    time.Duration
+		totalTokens int
+	}
+	var runs []*run
+	for _, threads := range []int{1, 2} {
+		cache, _ := kv.New(g, g.PagesFor(256))
+		e, err := engine.New(m, NewThreads(threads), cache, engine.Options{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		refs, _ := cache.Pool().Allocate(1, cache.Pages())
+		runs = append(runs, &run{e: e, table: kv.Table(refs)})
+	}
+	for b.Loop() {
+		for _, r := range runs {
+			if _, err := r.e.Step(r.table, []int{1}, 0); err != nil {
+				b.Fatal(err)
+			}
+			start, c0 := time.Now(), cpuTime()
+			for pos := 1; pos < 256; pos++ {
+				if _, err := r.e.Step(r.table, []int{(pos * 7919) % 32000}, pos); err != nil {
+					b.Fatal(err)
+				}
+			}
+			w := time.Since(start)
+			r.wall, r.cpu, r.totalTokens = r.wall+w, r.cpu+cpuTime()-c0, r.totalTokens+255
+			if r.bestWall == 0 || w < r.bestWall {
+				r.bestWall = w
+			}
+		}
+	}
+	for i, r := range runs {
+		b.ReportMetric(255/r.bestWall.Seconds(), fmt.Sprintf("tok/s-%dthread", i+1))
+		b.ReportMetric(float64(r.totalTokens)/r.cpu.Seconds(), fmt.Sprintf("tok/CPU-s-%dthread", i+1))
+	}
+	b.ReportMetric(float64(runs[0].bestWall)/float64(runs[1].bestWall), "speedup-2threads")
 }
