@@ -37,7 +37,13 @@ func gemv4SIMD(out, x, w []float32, n, groups int) {
 // gemm4x3SIMD sets out[r+c*ldo] = w[r*n:(r+1)*n]·x[c*n:(c+1)*n] for r < 4
 // and c < 3*groups.
 func gemm4x3SIMD(out, x, w []float32, n, ldo, groups int) {
-	if groups == 0 || n == 0 {
+	if groups == 0 {
+		return
+	}
+	if n == 0 {
+		for c := 0; c < 3*groups; c++ {
+			clear(out[c*ldo : c*ldo+4])
+		}
 		return
 	}
 	_, _, _ = out[(3*groups-1)*ldo+3], x[3*groups*n-1], w[4*n-1]

@@ -32,7 +32,7 @@ func unaligned(rng *rand.Rand, n int) []float32 {
 func TestMatmulComputesEveryProductTheSameWayInABatchAsAlone(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	shapes := []struct{ T, n, d int }{
-		{1, 1, 1}, {2, 7, 3}, {3, 8, 4}, {4, 9, 5}, {5, 15, 9}, {7, 16, 12}, {13, 17, 17},
+		{1, 1, 1}, {4, 0, 5}, {2, 7, 3}, {3, 8, 4}, {4, 9, 5}, {5, 15, 9}, {7, 16, 12}, {13, 17, 17},
 		{6, 33, 8}, {11, 288, 13}, {40, 100, 6}, {1, 288, 64}, {130, 768, 7}, // 130 tokens of 768: three tiles
 	}
 	paths(func(path string) {
