@@ -121,9 +121,10 @@ func (b *Backend) parallel(n, cost int, f func(lo, hi int)) {
 	wg.Wait()
 }
 
-// matmul: out[t*d+i] = Σ_j w[i*n+j]·x[t*n+j] for T tokens. Each weight
-// row is read once for every token, and the inner products go four at a
-// time (four rows for one token, or one row for four tokens), so each value
+// matmul: out[t*d+i] = Σ_j w[i*n+j]·x[t*n+j] for T tokens, by the vector
+// kernels where the CPU has them (matmulSIMD). On the pure-Go path each
+// weight row is read once for every token, and the inner products go four at
+// a time (four rows for one token, or one row for four tokens), so each value
 // loaded serves four products.
 func (b *Backend) matmul(out, x, w []float32, T, n, d int) {
 	b.parallel(d, n*T, func(lo, hi int) {
