@@ -7,7 +7,7 @@
 //
 //	engine          requests: prefill, decode, generation, the tag check's switch
 //	engine/backend  what a backend computes: Backend, Step
-//	engine/cpu      the CPU backend, pure Go, parallel over heads and rows
+//	engine/cpu      the CPU backend, AVX2+FMA kernels or pure Go, parallel over heads and rows
 //	engine/cuda     the CUDA backend (build tag cuda; the only importer of gorgonia.org/cu)
 //	engine/llama    architecture, weights, llama2.c checkpoints and tokenizers, the built-in model, sampling
 //	engine/kv       page geometry, the pool region, page tables, the read-time check

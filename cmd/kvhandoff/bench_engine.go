@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"strings"
 	"text/tabwriter"
@@ -27,6 +28,17 @@ decode against the same attention over contiguous KV (paged_over_contiguous).
 Decode steps alternate between the three at every position; each position's
 fastest step over --rounds counts.
 
+--llama2c PATH adds "baseline" rows: llama2.c's run binary (built by you from
+its public source, e.g. its Makefile's runfast) and the CPU backend on
+--threads threads generate greedily from the same prompt (--prompt, or "Once
+upon a time") on the same checkpoint (--checkpoint, or the stories15M-shaped
+one written to a temporary file), one token per step as run.c does, --rounds
+times in turn; each reports tokens per CPU-second of the steps after the
+first, and the ratio kvhandoff/llama2.c is the median of the rounds' ratios.
+run's CPU time is the operating system's accounting of the child less that of
+a one-step run (start-up, mapping, first step). Its tokenizer is --tokenizer,
+or tokenizer.bin beside the binary. Both must print the same text.
+
 flags:
 `
 
@@ -45,6 +57,8 @@ func runBenchEngine(args []string, stdout, stderr io.Writer) int {
 	tokens := fs.Int("tokens", 64, "tokens --prompt generates")
 	builtinOnly := fs.Bool("builtin-only", false, "measure the built-in model (and --checkpoint) only")
 	jsonOut := fs.Bool("json", false, "print exactly one JSON object on stdout")
+	llama2c := fs.String("llama2c", "", "also compare decode tokens per CPU-second with this llama2.c run binary (baseline rows)")
+	threads := fs.Int("threads", 1, "kvhandoff's threads in the --llama2c comparison")
 	if code := parseFlags(fs, args, stderr); code >= 0 {
 		return code
 	}
@@ -52,8 +66,8 @@ func runBenchEngine(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "kvhandoff bench engine: %v\n", err)
 		return 1
 	}
-	if *rounds < 1 || *tokens < 1 {
-		fmt.Fprintln(stderr, "kvhandoff bench engine: --rounds and --tokens must be positive")
+	if *rounds < 1 || *tokens < 1 || *threads < 1 {
+		fmt.Fprintln(stderr, "kvhandoff bench engine: --rounds, --tokens and --threads must be positive")
 		return 2
 	}
 	var names []string
@@ -72,6 +86,7 @@ func runBenchEngine(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return fail(err)
 	}
+	stories := models[1]
 	if *builtinOnly {
 		models = models[:1]
 	}
@@ -91,6 +106,35 @@ func runBenchEngine(args []string, stdout, stderr io.Writer) int {
 				return fail(err)
 			}
 			toks[name] = t
+		}
+	}
+	// The baseline runs on the stories15M-shaped model (or --checkpoint),
+	// which run reads from a file.
+	var baseline []BaselineRow
+	if *llama2c != "" {
+		tpath, err := llama2cTokenizer(*tokenizer, *llama2c)
+		if err != nil {
+			return fail(err)
+		}
+		n, path := models[len(models)-1], *checkpoint
+		if path == "" {
+			n = stories
+			dir, err := os.MkdirTemp("", "kvhandoff-bench-")
+			if err != nil {
+				return fail(err)
+			}
+			defer os.RemoveAll(dir)
+			path = filepath.Join(dir, n.Name+".bin")
+			if err := llama.SaveCheckpoint(path, n.Model); err != nil {
+				return fail(err)
+			}
+		}
+		text := *prompt
+		if text == "" {
+			text = "Once upon a time"
+		}
+		if baseline, err = llama2cBaseline(n.Name, n.Model, path, tpath, *llama2c, text, *threads, *rounds); err != nil {
+			return fail(err)
 		}
 	}
 	if *prompt != "" {
@@ -119,8 +163,9 @@ func runBenchEngine(args []string, stdout, stderr io.Writer) int {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		if err := enc.Encode(struct {
-			Rows []measure.Row `json:"rows"`
-		}{rows}); err != nil {
+			Rows     []measure.Row `json:"rows"`
+			Baseline []BaselineRow `json:"baseline,omitempty"`
+		}{rows, baseline}); err != nil {
 			return fail(err)
 		}
 		return 0
@@ -132,6 +177,15 @@ func runBenchEngine(args []string, stdout, stderr io.Writer) int {
 			r.DecodeTokensPerS, r.DecodeTokensPerSUnchecked, 100*r.TagCheckCost, r.PagedOverContiguous)
 	}
 	tw.Flush()
+	if len(baseline) > 0 {
+		fmt.Fprintln(stdout)
+		tw = tabwriter.NewWriter(stdout, 2, 8, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "model\tengine\tthreads\tsteps\ttok/CPU-s\treported tok/s\tkvhandoff/this\t")
+		for _, r := range baseline {
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.1f\t%.1f\t%.3f\t\n", r.Model, r.Engine, r.Threads, r.Steps, r.TokensPerCPUSecond, r.ReportedTokensPerS, r.Ratio)
+		}
+		tw.Flush()
+	}
 	return 0
 }
 

@@ -32,6 +32,11 @@ var _ backend.Backend = (*Backend)(nil)
 // New returns a CPU backend that uses every core.
 func New() *Backend { return &Backend{workers: runtime.GOMAXPROCS(0)} }
 
+// NewThreads returns a CPU backend that splits each product over at most
+// threads goroutines (1: every step on the caller's goroutine, as a
+// single-threaded C engine computes it).
+func NewThreads(threads int) *Backend { return &Backend{workers: max(threads, 1)} }
+
 // Name is "cpu".
 func (b *Backend) Name() string { return "cpu" }
 
@@ -116,12 +121,17 @@ func (b *Backend) parallel(n, cost int, f func(lo, hi int)) {
 	wg.Wait()
 }
 
-// matmul: out[t*d+i] = Σ_j w[i*n+j]·x[t*n+j] for T tokens. Each weight
-// row is read once for every token, and the inner products go four at a
-// time (four rows for one token, or one row for four tokens), so each value
+// matmul: out[t*d+i] = Σ_j w[i*n+j]·x[t*n+j] for T tokens, by the vector
+// kernels where the CPU has them (matmulSIMD). On the pure-Go path each
+// weight row is read once for every token, and the inner products go four at
+// a time (four rows for one token, or one row for four tokens), so each value
 // loaded serves four products.
 func (b *Backend) matmul(out, x, w []float32, T, n, d int) {
 	b.parallel(d, n*T, func(lo, hi int) {
+		if simd {
+			matmulSIMD(out, x, w, T, n, d, lo, hi)
+			return
+		}
 		if T == 1 {
 			i := lo
 			for ; i+4 <= hi; i += 4 {
@@ -143,6 +153,47 @@ func (b *Backend) matmul(out, x, w []float32, T, n, d int) {
 			}
 		}
 	})
+}
+
+// tileFloats bounds the tokens' inputs that one pass over a block of weight
+// rows reads (128 KiB), so that they stay in the core's L2 cache while every
+// row block of the matrix goes past them.
+const tileFloats = 32 << 10
+
+// matmulSIMD is matmul's rows [lo, hi) by the vector kernels: four rows at
+// a time, for one token (gemv4) or three tokens (gemm4x3: each weight row
+// loaded once serves three tokens, each token's chunk four rows), the tokens
+// in tiles of at most tileFloats inputs. Every product is computed the same
+// way by every kernel (see asmgen), so a token's outputs do not depend on
+// the batch it came in.
+func matmulSIMD(out, x, w []float32, T, n, d, lo, hi int) {
+	groups := (hi - lo) / 4
+	if T == 1 {
+		gemv4SIMD(out[lo:hi], x[:n], w[lo*n:hi*n], n, groups)
+		for i := lo + 4*groups; i < hi; i++ {
+			out[i] = dotSIMD(w[i*n:(i+1)*n], x[:n])
+		}
+		return
+	}
+	tile := max(3, tileFloats/max(n, 1)/3*3)
+	for t0 := 0; t0 < T; t0 += tile {
+		t1 := min(T, t0+tile)
+		tg := (t1 - t0) / 3
+		for i := lo; i < lo+4*groups; i += 4 {
+			rows := w[i*n : (i+4)*n]
+			if tg > 0 {
+				gemm4x3SIMD(out[t0*d+i:], x[t0*n:(t0+3*tg)*n], rows, n, d, tg)
+			}
+			for t := t0 + 3*tg; t < t1; t++ {
+				gemv4SIMD(out[t*d+i:t*d+i+4], x[t*n:(t+1)*n], rows, n, 1)
+			}
+		}
+		for i := lo + 4*groups; i < hi; i++ {
+			for t := t0; t < t1; t++ {
+				out[t*d+i] = dotSIMD(w[i*n:(i+1)*n], x[t*n:(t+1)*n])
+			}
+		}
+	}
 }
 
 // dot4 is the inner products of a with each of b0..b3.
@@ -307,6 +358,10 @@ func (b *Backend) attention(l, pos0, T int, table kv.Table, check bool) error {
 	}
 	fail := b.fail[:T*m.Heads]
 	clear(fail)
+	qk, av := dot, axpy
+	if simd {
+		qk, av = dotSIMD, axpySIMD
+	}
 	b.parallel(T*m.Heads, (pos0+T)*hd*2, func(lo, hi int) {
 		for pair := lo; pair < hi; pair++ {
 			t, h := pair/m.Heads, pair%m.Heads
@@ -324,7 +379,7 @@ func (b *Backend) attention(l, pos0, T int, table kv.Table, check bool) error {
 				page := b.pages[i]
 				for j := 0; j < pt && p+j <= pos; j++ {
 					o := kOff + j*kvDim + kvh
-					sc := dot(q, page[o:o+hd]) * scale
+					sc := qk(q, page[o:o+hd]) * scale
 					att[p+j] = sc
 					hi = max(hi, sc)
 				}
@@ -350,7 +405,7 @@ func (b *Backend) attention(l, pos0, T int, table kv.Table, check bool) error {
 				page := b.pages[i]
 				for j := 0; j < pt && p+j <= pos; j++ {
 					o := vOff + j*kvDim + kvh
-					axpy(out, page[o:o+hd], att[p+j]*inv)
+					av(out, page[o:o+hd], att[p+j]*inv)
 				}
 			}
 		}

@@ -1,6 +1,12 @@
-// Package cpu is the engine's CPU backend: the llama forward pass in pure Go
-// (no cgo), parallel over output rows in the matrix products and over
-// (token, head) pairs in attention, on every core.
+// Package cpu is the engine's CPU backend: the llama forward pass in Go (no
+// cgo), parallel over output rows in the matrix products and over (token,
+// head) pairs in attention.
+//
+// On amd64 with AVX2 and FMA the matrix products and attention's inner
+// products run in assembly (kernels_amd64.s, written by the avo generator in
+// asmgen: go generate), elsewhere pure Go. Every kernel computes an inner
+// product in the same order (see asmgen), so a product's bits do not depend
+// on the kernel, the batch or the split over threads.
 //
 // Its KV pool is the cache's host region itself, so the pages it writes are
 // the bytes the transport moves, with no copy (UploadPages and DownloadPages
@@ -13,3 +19,5 @@
 // mismatch fails the step with a *kv.TagError naming the page. The check
 // costs one comparison per page read per head and layer.
 package cpu
+
+//go:generate go run -tags asmgen ./asmgen -out kernels_amd64.s -stubs kernels_amd64.go -pkg cpu

@@ -1,0 +1,230 @@
+//go:build asmgen
+
+// Command asmgen writes the CPU backend's AVX2+FMA kernels
+// (engine/cpu/kernels_amd64.s) and their Go declarations
+// (kernels_amd64.go) with avo:
+//
+//	cd engine/cpu && go run -tags asmgen ./asmgen -out kernels_amd64.s -stubs kernels_amd64.go -pkg cpu
+//
+// TestCommittedAssemblyIsWhatTheGeneratorWrites checks that the committed
+// files are what this writes.
+//
+// Every inner product in every kernel is computed the same way, so that a
+// product's bits do not depend on which kernel computed it (a position's KV
+// is the same from a prefill batch as from a decode step): one 8-lane
+// accumulator, acc += a[j:j+8]*b[j:j+8] by fused multiply-add over the
+// multiples of 8; then its lanes summed as (l0+l4)+(l2+l6) + (l1+l5)+(l3+l7)
+// (halves, then pairs, then the two); then s += a[j]*b[j] by scalar fused
+// multiply-add over the tail, in order.
+package main
+
+import (
+	. "github.com/mmcloughlin/avo/build"
+	. "github.com/mmcloughlin/avo/operand"
+	. "github.com/mmcloughlin/avo/reg"
+)
+
+func main() {
+	ConstraintExpr("amd64")
+	dot()
+	gemv4()
+	gemm4x3()
+	axpy()
+	Generate()
+}
+
+// block computes the R×C inner products of rows w[r] with vectors x[c],
+// each n long, leaving each in the low lane of its accumulator.
+func block(name string, w, x []GPVirtual, n GPVirtual) [][]VecVirtual {
+	R, C := len(w), len(x)
+	acc := make([][]VecVirtual, R)
+	for r := range acc {
+		acc[r] = make([]VecVirtual, C)
+		for c := range acc[r] {
+			acc[r][c] = YMM()
+			VXORPS(acc[r][c], acc[r][c], acc[r][c])
+		}
+	}
+	j, nvec := GP64(), GP64()
+	XORQ(j, j)
+	MOVQ(n, nvec)
+	ANDQ(I32(-8), nvec)
+	Label(name + "_vec")
+	CMPQ(j, nvec)
+	JGE(LabelRef(name + "_reduce"))
+	xs := make([]VecVirtual, C)
+	for c := range xs {
+		xs[c] = YMM()
+		VMOVUPS(Mem{Base: x[c], Index: j, Scale: 4}, xs[c])
+	}
+	for r := range w {
+		if C == 1 {
+			VFMADD231PS(Mem{Base: w[r], Index: j, Scale: 4}, xs[0], acc[r][0])
+			continue
+		}
+		wr := YMM()
+		VMOVUPS(Mem{Base: w[r], Index: j, Scale: 4}, wr)
+		for c := range xs {
+			VFMADD231PS(xs[c], wr, acc[r][c])
+		}
+	}
+	ADDQ(U8(8), j)
+	JMP(LabelRef(name + "_vec"))
+
+	Label(name + "_reduce")
+	for r := range acc {
+		for c := range acc[r] {
+			a, hi, t := acc[r][c], XMM(), XMM()
+			VEXTRACTF128(U8(1), a, hi)
+			VADDPS(hi, a.AsX(), a.AsX()) // l0+l4, l1+l5, l2+l6, l3+l7
+			VMOVHLPS(a.AsX(), a.AsX(), t)
+			VADDPS(t, a.AsX(), a.AsX()) // (l0+l4)+(l2+l6), (l1+l5)+(l3+l7)
+			VMOVSHDUP(a.AsX(), t)
+			VADDSS(t, a.AsX(), a.AsX())
+		}
+	}
+
+	Label(name + "_tail")
+	CMPQ(j, n)
+	JGE(LabelRef(name + "_done"))
+	xt := make([]VecVirtual, C)
+	for c := range xt {
+		xt[c] = XMM()
+		VMOVSS(Mem{Base: x[c], Index: j, Scale: 4}, xt[c])
+	}
+	for r := range w {
+		if C == 1 {
+			VFMADD231SS(Mem{Base: w[r], Index: j, Scale: 4}, xt[0], acc[r][0].AsX())
+			continue
+		}
+		wr := XMM()
+		VMOVSS(Mem{Base: w[r], Index: j, Scale: 4}, wr)
+		for c := range xt {
+			VFMADD231SS(xt[c], wr, acc[r][c].AsX())
+		}
+	}
+	INCQ(j)
+	JMP(LabelRef(name + "_tail"))
+	Label(name + "_done")
+	return acc
+}
+
+// param loads the named integer or pointer argument into a register.
+func param(name string) GPVirtual {
+	r := GP64()
+	Load(Param(name), r)
+	return r
+}
+
+func dot() {
+	TEXT("dotAVX", NOSPLIT, "func(a, b *float32, n int) float32")
+	Doc("dotAVX is the inner product of a[:n] and b[:n].")
+	a, b, n := param("a"), param("b"), param("n")
+	acc := block("dot", []GPVirtual{a}, []GPVirtual{b}, n)
+	VZEROUPPER()
+	Store(acc[0][0].AsX(), ReturnIndex(0))
+	RET()
+}
+
+func gemv4() {
+	TEXT("gemv4AVX", NOSPLIT, "func(w, x, out *float32, n, groups int)")
+	Doc("gemv4AVX sets out[i] = w[i*n:(i+1)*n]·x[:n] for i < 4*groups.")
+	w, x, out := param("w"), param("x"), param("out")
+	n, groups := param("n"), param("groups")
+	stride := GP64()
+	MOVQ(n, stride)
+	SHLQ(U8(2), stride)
+	Label("gemv_group")
+	CMPQ(groups, Imm(0))
+	JE(LabelRef("gemv_end"))
+	rows := []GPVirtual{w, GP64(), GP64(), GP64()}
+	for r := 1; r < 4; r++ {
+		LEAQ(Mem{Base: rows[r-1], Index: stride, Scale: 1}, rows[r])
+	}
+	acc := block("gemv", rows, []GPVirtual{x}, n)
+	for r := range acc {
+		VMOVSS(acc[r][0].AsX(), Mem{Base: out, Disp: 4 * r})
+	}
+	LEAQ(Mem{Base: rows[3], Index: stride, Scale: 1}, w)
+	ADDQ(U8(16), out)
+	DECQ(groups)
+	JMP(LabelRef("gemv_group"))
+	Label("gemv_end")
+	VZEROUPPER()
+	RET()
+}
+
+func gemm4x3() {
+	TEXT("gemm4x3AVX", NOSPLIT, "func(w, x, out *float32, n, ldx, ldo, groups int)")
+	Doc("gemm4x3AVX sets out[r+c*ldo] = w[r*n:(r+1)*n]·x[c*ldx:c*ldx+n] for r < 4, c < 3*groups.")
+	w, x, out := param("w"), param("x"), param("out")
+	n, groups := param("n"), param("groups")
+	ldx, ldo := param("ldx"), param("ldo")
+	SHLQ(U8(2), ldx)
+	SHLQ(U8(2), ldo)
+	Label("gemm_group")
+	CMPQ(groups, Imm(0))
+	JE(LabelRef("gemm_end"))
+	stride := GP64()
+	MOVQ(n, stride)
+	SHLQ(U8(2), stride)
+	rows := []GPVirtual{GP64(), GP64(), GP64(), GP64()}
+	MOVQ(w, rows[0])
+	for r := 1; r < 4; r++ {
+		LEAQ(Mem{Base: rows[r-1], Index: stride, Scale: 1}, rows[r])
+	}
+	xs := []GPVirtual{GP64(), GP64(), GP64()}
+	MOVQ(x, xs[0])
+	for c := 1; c < 3; c++ {
+		LEAQ(Mem{Base: xs[c-1], Index: ldx, Scale: 1}, xs[c])
+	}
+	acc := block("gemm", rows, xs, n)
+	o := GP64()
+	MOVQ(out, o)
+	for c := 0; c < 3; c++ {
+		for r := 0; r < 4; r++ {
+			VMOVSS(acc[r][c].AsX(), Mem{Base: o, Disp: 4 * r})
+		}
+		ADDQ(ldo, o)
+	}
+	MOVQ(o, out)
+	LEAQ(Mem{Base: xs[2], Index: ldx, Scale: 1}, x)
+	DECQ(groups)
+	JMP(LabelRef("gemm_group"))
+	Label("gemm_end")
+	VZEROUPPER()
+	RET()
+}
+
+func axpy() {
+	TEXT("axpyAVX", NOSPLIT, "func(out, v *float32, a float32, n int)")
+	Doc("axpyAVX sets out[i] += a*v[i] for i < n.")
+	out, v, n := param("out"), param("v"), param("n")
+	a := YMM()
+	VBROADCASTSS(Load(Param("a"), XMM()), a)
+	j, nvec := GP64(), GP64()
+	XORQ(j, j)
+	MOVQ(n, nvec)
+	ANDQ(I32(-8), nvec)
+	Label("axpy_vec")
+	CMPQ(j, nvec)
+	JGE(LabelRef("axpy_tail"))
+	o := YMM()
+	VMOVUPS(Mem{Base: out, Index: j, Scale: 4}, o)
+	VFMADD231PS(Mem{Base: v, Index: j, Scale: 4}, a, o)
+	VMOVUPS(o, Mem{Base: out, Index: j, Scale: 4})
+	ADDQ(U8(8), j)
+	JMP(LabelRef("axpy_vec"))
+	Label("axpy_tail")
+	CMPQ(j, n)
+	JGE(LabelRef("axpy_done"))
+	t := XMM()
+	VMOVSS(Mem{Base: out, Index: j, Scale: 4}, t)
+	VFMADD231SS(Mem{Base: v, Index: j, Scale: 4}, a.AsX(), t)
+	VMOVSS(t, Mem{Base: out, Index: j, Scale: 4})
+	INCQ(j)
+	JMP(LabelRef("axpy_tail"))
+	Label("axpy_done")
+	VZEROUPPER()
+	RET()
+}

@@ -1,0 +1,51 @@
+package cpu
+
+import "golang.org/x/sys/cpu"
+
+// simd selects the AVX2+FMA kernels (kernels_amd64.s, written by asmgen)
+// where the CPU has both; tests turn it off to run the pure-Go path. It is
+// set once, before any Backend computes: the two paths round differently,
+// so one process uses one.
+var simd = cpu.X86.HasAVX2 && cpu.X86.HasFMA
+
+func dotSIMD(a, b []float32) float32 {
+	if len(a) == 0 {
+		return 0
+	}
+	_ = b[len(a)-1]
+	return dotAVX(&a[0], &b[0], len(a))
+}
+
+func axpySIMD(out, v []float32, a float32) {
+	if len(out) == 0 {
+		return
+	}
+	_ = v[len(out)-1]
+	axpyAVX(&out[0], &v[0], a, len(out))
+}
+
+// gemv4SIMD sets out[r] = w[r*n:(r+1)*n]·x[:n] for r < 4*groups.
+func gemv4SIMD(out, x, w []float32, n, groups int) {
+	if groups == 0 || n == 0 {
+		clear(out[:4*groups])
+		return
+	}
+	_, _, _ = out[4*groups-1], x[n-1], w[4*groups*n-1]
+	gemv4AVX(&w[0], &x[0], &out[0], n, groups)
+}
+
+// gemm4x3SIMD sets out[r+c*ldo] = w[r*n:(r+1)*n]·x[c*n:(c+1)*n] for r < 4
+// and c < 3*groups.
+func gemm4x3SIMD(out, x, w []float32, n, ldo, groups int) {
+	if groups == 0 {
+		return
+	}
+	if n == 0 {
+		for c := 0; c < 3*groups; c++ {
+			clear(out[c*ldo : c*ldo+4])
+		}
+		return
+	}
+	_, _, _ = out[(3*groups-1)*ldo+3], x[3*groups*n-1], w[4*n-1]
+	gemm4x3AVX(&w[0], &x[0], &out[0], n, n, ldo, groups)
+}
