@@ -83,8 +83,12 @@ func (f *checkFlags) setBitstate(out *jsonReport, s checker.Stats) {
 // bitstateSummary is the text report's note on a bitstate run.
 func bitstateSummary(s checker.Stats) string {
 	b := s.Bitstate
-	return fmt.Sprintf("bitstate: %d MiB of bits, %d per state, %.2f%% set; expected states missed %.3g, coverage estimate %.6f; liveness not checked",
-		b.Bits>>23, b.Hashes, 100*float64(b.BitsSet)/float64(b.Bits), b.ExpectedMissed, s.Coverage())
+	size := fmt.Sprintf("%d MiB", b.Bits>>23)
+	if b.Bits < 8<<20 {
+		size = fmt.Sprintf("%d KiB", b.Bits>>13)
+	}
+	return fmt.Sprintf("bitstate: %s of bits, %d per state, %.2f%% set; expected states missed %.3g, coverage estimate %.6f; liveness not checked",
+		size, b.Hashes, 100*float64(b.BitsSet)/float64(b.Bits), b.ExpectedMissed, s.Coverage())
 }
 
 const mergeUsage = `usage: kvhandoff check merge [--json] REPORT.json...
