@@ -52,9 +52,16 @@ type checkFlags struct {
 	anySource                 bool
 	decodeRestarts            bool
 	maxQueue                  int
+	bitstate                  bool
+	bitstateSize              string
+	hashes                    int
+	swarmIndex, swarmCount    int
 }
 
 func runCheck(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "merge" {
+		return runCheckMerge(args[1:], stdout, stderr)
+	}
 	var f checkFlags
 	fs := newFlags("check", checkUsage, stderr)
 	fs.IntVar(&f.requests, "requests", 3, "requests: all but the last fit, the last is over-long (1..4)")
@@ -73,7 +80,12 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&f.bugs, "bug", "", "switches of the bug catalogue to turn on, comma-separated")
 	fs.BoolVar(&f.needAll, "need-all", false, "report only counterexamples that need every --bug switch (the matrix's rule): replayed with any one of them off, they no longer fail")
 	fs.BoolVar(&f.simulate, "simulate", false, "random walks instead of exhaustive exploration")
-	fs.Uint64Var(&f.seed, "seed", 1, "simulation seed: the same seed replays the same walks")
+	fs.Uint64Var(&f.seed, "seed", 1, "simulation seed: the same seed replays the same walks; with --bitstate, the hash's seed")
+	fs.BoolVar(&f.bitstate, "bitstate", false, "bitstate mode (SPIN's supertrace) for bounds too large to store: the visited set is a bit array of half of --max-memory, each state 3 bits; states whose bits collide are missed, and the coverage estimate says how many; no liveness check (docs/spec.md)")
+	fs.StringVar(&f.bitstateSize, "bitstate-size", "", "bitstate: the bit array's size, e.g. 1GiB (default: half of --max-memory)")
+	fs.IntVar(&f.hashes, "hashes", 3, "bitstate: bits set per state (1..8)")
+	fs.IntVar(&f.swarmIndex, "swarm-index", 0, "bitstate swarm: this member's index, 0..--swarm-count-1 (its hash seed is --seed plus the index, and its search order its own); combine the members' --json reports with kvhandoff check merge FILE...")
+	fs.IntVar(&f.swarmCount, "swarm-count", 0, "bitstate swarm: the number of members (0: no swarm)")
 	fs.IntVar(&f.walks, "walks", 10000, "simulation: number of walks")
 	fs.IntVar(&f.depth, "depth", 60, "simulation: steps per walk before it drains")
 	fs.BoolVar(&f.jsonOut, "json", false, "print exactly one JSON object on stdout")
@@ -136,6 +148,9 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 		}
 		opt.Coverage = new(spec.Coverage)
 	}
+	if err := f.bitstateOptions(&opt); err != nil {
+		return f.usageError(err, stdout, stderr)
+	}
 	var r *explore.Report
 	if f.needAll {
 		r, err = explore.CheckNeeding(cfg, opt)
@@ -175,6 +190,7 @@ func (f *checkFlags) explorationFailed(err error, cfg spec.Config, stdout, stder
 		var limit *checker.LimitError
 		if errors.As(err, &limit) {
 			out.setStats(limit.Stats)
+			f.setBitstate(&out, limit.Stats)
 		}
 		printJSON(stdout, stderr, out)
 	}
@@ -278,6 +294,13 @@ type jsonReport struct {
 	// Coverage: with --coverage, every action kind and branch of the spec and
 	// how often it fired.
 	Coverage []explore.CoverageRow `json:"coverage,omitempty"`
+	// Bitstate: with --bitstate, the bit array and the coverage estimate.
+	Bitstate *jsonBitstate `json:"bitstate,omitempty"`
+	// Swarm: with --swarm-count, which member this is.
+	Swarm *jsonSwarm `json:"swarm,omitempty"`
+	// Bounds: with --bitstate, the configuration, so that merge can refuse
+	// reports of different bounds.
+	Bounds string `json:"bounds,omitempty"`
 }
 
 func (out *jsonReport) setStats(s checker.Stats) {
@@ -317,6 +340,7 @@ func (f *checkFlags) printReport(r *explore.Report, stdout, stderr io.Writer) in
 		if r.Coverage != nil {
 			out.Coverage = explore.CoverageRows(r.Coverage)
 		}
+		f.setBitstate(&out, r.Stats)
 		if !printJSON(stdout, stderr, out) {
 			return 2
 		}
@@ -326,6 +350,13 @@ func (f *checkFlags) printReport(r *explore.Report, stdout, stderr io.Writer) in
 		r.Stats.States, r.Stats.Transitions, r.Stats.Depth, r.Stats.Elapsed.Seconds(), r.Stats.StatesPerSecond())
 	if sim := r.Simulation; sim != nil {
 		what = fmt.Sprintf("%d walks from seed %d, %d steps, longest %d, %.2fs", sim.Walks, sim.Seed, sim.Steps, r.Stats.Depth, r.Stats.Elapsed.Seconds())
+	}
+	if r.Stats.Bitstate.Bits > 0 {
+		what += "; " + bitstateSummary(r.Stats)
+	}
+	if r.OK && r.Stats.Bitstate.Bits > 0 {
+		fmt.Fprintf(stdout, "ok: no safety violation and no deadlock among the states explored (%s)\n", what)
+		return f.printCoverage(r, stdout, 0)
 	}
 	if r.OK {
 		fmt.Fprintf(stdout, "ok: every property holds within the bounds (%s%s)\n", what, acyclicity(r))

@@ -513,7 +513,7 @@ func TestCheckRestoresTheCollectorSettingsAfterConcurrentRuns(t *testing.T) {
 // TestWorkerCountsExploreTheSameGraph: with 1, 2 and 5 workers the spec's
 // states, transitions, depth, acyclicity and counterexample are the same, for
 // the correct protocol (64,551 states at the default bounds with at most two
-// faults: 8 waves, with duplicates across blocks and shards) and a bug's
+// faults: a wave or more per level, with duplicates across blocks and shards) and a bug's
 // counterexample.
 func TestWorkerCountsExploreTheSameGraph(t *testing.T) {
 	cfg := spec.NewConfig(3, 4, 2)

@@ -59,6 +59,13 @@
 // report the same counterexample whatever the core count. The liveness
 // analysis runs its cycle check and each goal's search at once.
 //
+// Bitstate mode ([Options].Bitstate, SPIN's supertrace) replaces the visited
+// set by a bit array of a fixed size, for bounds too large to store: a state
+// sets a few bits, and a new state whose bits are all set is missed;
+// [BitstateStats] estimates how many. Frontier states then carry their
+// paths, from which traces are replayed. [Options].Shuffle gives a swarm
+// member a search order of its own.
+//
 // [Simulate] explores by seeded random walks instead, for bounds too large to
 // exhaust; a walk replays exactly from its seed.
 package checker

@@ -47,6 +47,11 @@ type Options struct {
 	// Coverage, if set, counts every action and branch of the spec the
 	// exploration takes (see CoverageRows).
 	Coverage *spec.Coverage
+	// Bitstate, Hashes, Seed and Shuffle select bitstate mode; see checker.Options.
+	Bitstate uint64
+	Hashes   int
+	Seed     uint64
+	Shuffle  uint64
 }
 
 // Properties binds the spec's predicates to m.
@@ -64,7 +69,8 @@ func Properties(m *spec.Model) checker.Properties[spec.State] {
 // checkerOptions are the options every spec exploration uses: a deadlock is a
 // Termination violation, since Finished is exactly Termination's goal.
 func checkerOptions(opt Options) checker.Options {
-	return checker.Options{Workers: opt.Workers, MaxStates: opt.MaxStates, MaxMemory: opt.MaxMemory, All: opt.All, Progress: opt.Progress, DeadlockName: spec.Termination}
+	return checker.Options{Workers: opt.Workers, MaxStates: opt.MaxStates, MaxMemory: opt.MaxMemory, All: opt.All, Progress: opt.Progress, DeadlockName: spec.Termination,
+		Bitstate: opt.Bitstate, Hashes: opt.Hashes, Seed: opt.Seed, Shuffle: opt.Shuffle}
 }
 
 // Check explores cfg exhaustively.
