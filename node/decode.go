@@ -420,13 +420,20 @@ func (n *Decode) Serve(ctx context.Context, control, transferLn net.Listener, gr
 	}
 	run, stop := context.WithCancel(context.Background())
 	defer stop()
+	// Who may be a peer: the prefill nodes the registry lists, in that role.
+	peers, err := watchRoster(run, n.cfg.Registry)
+	if err != nil {
+		return err
+	}
+	n.ctl.admit = peers.admit
 	var wg sync.WaitGroup
 	wg.Go(func() { n.ep.Run(run) })
 	wg.Go(func() { n.events(run) })
 	wg.Go(func() { n.sweep(run) })
 	setupCtx, stopSetup := context.WithCancel(run)
 	wg.Go(func() {
-		n.ep.Serve(setupCtx, transferLn, transfer.SetupConfig{Name: n.cfg.Name, TLS: n.cfg.Security.TLS, Insecure: n.cfg.Security.TLS == nil, Log: n.cfg.Log})
+		n.ep.Serve(setupCtx, transferLn, transfer.SetupConfig{Name: n.cfg.Name, TLS: n.cfg.Security.TLS, Insecure: n.cfg.Security.TLS == nil,
+			Admit: peers.admit, Log: n.cfg.Log})
 	})
 	serveCtx, stopServe := context.WithCancel(run)
 	served := make(chan error, 1)

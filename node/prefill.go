@@ -286,6 +286,11 @@ func (n *Prefill) Serve(ctx context.Context, control net.Listener, grace time.Du
 	if err != nil {
 		return err
 	}
+	peers, err := watchRoster(run, n.cfg.Registry)
+	if err != nil {
+		return err
+	}
+	n.ctl.admit = peers.admit
 	wg.Go(func() { n.dialer(run, changes) })
 	serveCtx, stopServe := context.WithCancel(run)
 	served := make(chan error, 1)

@@ -117,6 +117,16 @@ func NewRouter(cfg RouterConfig) (*Router, error) {
 		r:   protocol.NewRouter(protocol.RouterConfig{Timeout: cfg.Timeout, Horizon: time.Minute}),
 		ids: map[string]protocol.PeerID{}, members: map[protocol.PeerID]Member{}, lost: map[protocol.PeerID]bool{},
 		suspect: map[protocol.PeerID]bool{}, pending: map[protocol.RequestID]*routed{}, nextID: protocol.RequestID(time.Now().UnixNano()), ready: make(chan struct{})}
+	rt.client.expect = func(name string) (Role, bool) {
+		// A node's certificate must carry the role its registry record gives it.
+		rt.mu.Lock()
+		defer rt.mu.Unlock()
+		id, ok := rt.ids[name]
+		if !ok || rt.members[id].Role == "" {
+			return "", false
+		}
+		return rt.members[id].Role, true
+	}
 	cfg.Metrics.routerGauges(func() (prefills, decodes, inFlight int) {
 		rt.mu.Lock()
 		defer rt.mu.Unlock()

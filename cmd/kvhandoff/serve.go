@@ -28,7 +28,10 @@ Runs one node of a deployment (docs/nodes.md). The router answers clients on
 --listen (POST /v1/completions, GET /metrics); prefill and decode nodes answer
 the router on --control (mutual TLS) and serve /metrics on --metrics. Nodes
 find each other through --peers (static: name=host:port of each peer's
-control API) or --etcd (a registry under leases).
+control API) or --etcd (a registry under leases). A node is a peer only
+under the name and in the role the registry lists for it, its certificate's
+(kvhandoff certs writes the role): a decode node needs --peers (its prefill
+nodes) or --etcd too.
 
 At start-up a prefill or decode node reads what the registry holds, adds
 itself and runs kvhandoff preflight's check: if it would add a problem (its
@@ -130,6 +133,14 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		} else if *name != certName {
 			return fail("--name %q, but the certificate names %q", *name, certName)
 		}
+		// Peers accept a node only in the role its certificate carries.
+		certRole, err := pki.OwnRole(tc)
+		if err != nil {
+			return fail("%v (kvhandoff certs writes the role)", err)
+		}
+		if string(certRole) != *role {
+			return fail("--role %s, but the certificate is a %s node's", *role, certRole)
+		}
 	}
 	if *name == "" {
 		*name = *role
@@ -137,7 +148,9 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	if *peers != "" && *etcd != "" {
 		return fail("--peers and --etcd exclude each other")
 	}
-	if *peers == "" && *etcd == "" && *role != "decode" {
+	if *peers == "" && *etcd == "" {
+		// A decode node accepts queue pairs only from the prefill nodes the
+		// registry lists: it needs one too.
 		return fail("--peers or --etcd is required for a %s", *role)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
