@@ -75,7 +75,7 @@ func TestSimulationFindsEverySwitch(t *testing.T) {
 		})
 	}
 	for _, sw := range research.All() {
-		if !covered[sw] {
+		if !covered[sw] && !notInTheModel[sw] {
 			t.Errorf("no case for %v", sw)
 		}
 	}
@@ -150,3 +150,15 @@ func TestSimulationWithDecodeRestartsKeepsEveryProperty(t *testing.T) {
 			cfg, n, s.DecodeRestarts, s.ServedByRestartedDecode, s.Outcomes, s.FailedBy)
 	}
 }
+
+// notInTheModel are the implementation's switches whose defense lives
+// outside the state machines the simulation and the refinement drive, so
+// no walk of theirs can tell the switch on from off; each has its own test:
+//
+//   - unticketed-bootstrap: the defense is the receiver's Authorize hook,
+//     which the deployment gives it (the router's signed tickets); the model
+//     runs honest peers, every Bootstrap one the router dispatched.
+//     Caught by protocol.TestBootstrapWithoutAValidTicketReservesNothing and
+//     node.TestUnticketedFloodFromAnIntruderReservesNothing (and the switch
+//     off in each, showing the flood reserving the pool).
+var notInTheModel = map[research.Switch]bool{research.UnticketedBootstrap: true}

@@ -63,6 +63,9 @@ type prefillCall struct {
 	Prompt []int              `json:"prompt"`
 	Tenant string             `json:"tenant,omitempty"`
 	Model  string             `json:"model,omitempty"`
+	// Ticket is the router's signed ticket for the request (ticket.go),
+	// which the Bootstrap carries to the decode node.
+	Ticket []byte `json:"ticket,omitempty"`
 }
 
 // decodeCall is the router's request to a decode node: generate MaxTokens

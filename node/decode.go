@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"crypto/ed25519"
 	"crypto/sha256"
 	"errors"
 	"fmt"
@@ -28,6 +29,15 @@ type DecodeConfig struct {
 	GenPages int
 	// Stop is the token that ends generation early (-1: none).
 	Stop int
+	// TicketKey is the public half of the router's ticket key: a Bootstrap
+	// reserves pages only with a valid ticket (TicketChecker). Required with
+	// TLS; without TLS (Insecure), nil checks no ticket.
+	TicketKey ed25519.PublicKey
+	// PeerRequests and PeerPages bound what one prefill node may hold here:
+	// its open requests, and its requests' pages not yet back in the pool
+	// (protocol.ReceiverConfig). 0 means the node's slots and pool, bounds
+	// an honest deployment never passes (docs/security.md).
+	PeerRequests, PeerPages int
 }
 
 // Decode is a decode node: a transfer.Decode endpoint that prefill nodes
@@ -79,9 +89,22 @@ func NewDecode(cfg DecodeConfig) (*Decode, error) {
 	if cfg.GenPages == 0 {
 		cfg.GenPages = cfg.Pages
 	}
+	if cfg.TicketKey == nil && cfg.Security.TLS != nil {
+		return nil, fmt.Errorf("node: decode %s: no ticket key (the router's public ticket key: kvhandoff certs writes it)", cfg.Name)
+	}
+	if cfg.PeerPages == 0 {
+		cfg.PeerPages = cfg.Pages
+	}
+	if cfg.PeerRequests == 0 {
+		cfg.PeerRequests = cfg.Pages
+	}
 	n := &Decode{incarnation: uint64(time.Now().UnixNano()), cfg: cfg, reqs: map[protocol.RequestID]*decodeReq{}, ended: map[protocol.RequestID]endedReq{},
 		fences: map[protocol.RequestID]time.Time{}}
-	dc := transfer.DecodeConfig{Pages: cfg.Pages, PageTokens: cfg.PageTokens, PageBytes: cfg.PageBytes, Timeout: cfg.Timeout, Horizon: time.Minute, Research: cfg.Research}
+	dc := transfer.DecodeConfig{Pages: cfg.Pages, PageTokens: cfg.PageTokens, PageBytes: cfg.PageBytes, Timeout: cfg.Timeout, Horizon: time.Minute, Research: cfg.Research,
+		Admission: transfer.Admission{PeerRequests: cfg.PeerRequests, PeerPages: cfg.PeerPages}}
+	if cfg.TicketKey != nil {
+		dc.Authorize = NewTicketChecker(cfg.TicketKey, cfg.Name).Check
+	}
 	if cfg.ContextTokens > 0 {
 		dc.MaxRequestPages = min(cfg.Pages, protocol.MaxGrantPages, protocol.PagesFor(uint32(cfg.ContextTokens), cfg.PageTokens))
 	}

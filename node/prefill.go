@@ -146,7 +146,7 @@ func (n *Prefill) prefill(ctx context.Context, c *prefillCall) (any, error) {
 	if n.source != nil {
 		n.source.Expect(c.ID, c.Prompt)
 	}
-	if err := n.ep.Submit(c.ID, c.Decode, len(c.Prompt)); err != nil {
+	if err := n.ep.SubmitTicket(c.ID, c.Decode, len(c.Prompt), c.Ticket); err != nil {
 		if n.source != nil {
 			n.source.Forget(c.ID)
 		}

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -31,8 +32,12 @@ type RouterConfig struct {
 	Timeout time.Duration
 	// MaxNewTokens bounds a request's max_tokens; 0 means 4096.
 	MaxNewTokens int
-	Metrics      *Metrics
-	Log          *slog.Logger
+	// TicketKey signs a ticket for each dispatched request (ticket.go), the
+	// only Bootstrap a decode node reserves for. Required with TLS; without
+	// TLS (Insecure), nil signs none.
+	TicketKey ed25519.PrivateKey
+	Metrics   *Metrics
+	Log       *slog.Logger
 
 	// beforeDecodeCall, if set, runs before the router calls a request's
 	// decode leg (tests: hold the call in flight).
@@ -111,6 +116,9 @@ func NewRouter(cfg RouterConfig) (*Router, error) {
 	}
 	if err := cfg.Security.check(cfg.Log, "router "+cfg.Name); err != nil {
 		return nil, err
+	}
+	if cfg.TicketKey == nil && cfg.Security.TLS != nil {
+		return nil, fmt.Errorf("node: router %s: no ticket key (kvhandoff certs writes it)", cfg.Name)
 	}
 	cfg.Metrics.prime(RoleRouter)
 	rt := &Router{cfg: cfg, client: newControlClient(cfg.Security),
@@ -431,6 +439,17 @@ func (rt *Router) dispatchLocked(d protocol.Dispatch) {
 	}
 	pre, dec := rt.members[d.Prefill], rt.members[d.Decode]
 	c := q.completion
+	var ticket []byte
+	if rt.cfg.TicketKey != nil {
+		// The decode node's proof that this router dispatched the request,
+		// from this prefill node, with these tokens, for as long as it waits.
+		var err error
+		ticket, err = SignTicket(rt.cfg.TicketKey, Ticket{Request: d.Request, Tokens: uint32(len(q.prompt)), Prefill: pre.Name, Decode: dec.Name,
+			Expires: time.Now().Add(rt.cfg.Timeout)})
+		if err != nil {
+			rt.cfg.Log.Error("router: signing a ticket", "request_id", uint64(d.Request), "err", err)
+		}
+	}
 	preCtx, preCancel := context.WithCancel(context.Background())
 	decCtx, decCancel := context.WithCancel(context.Background())
 	q.legs[d.Prefill], q.legs[d.Decode] = preCancel, decCancel
@@ -450,7 +469,7 @@ func (rt *Router) dispatchLocked(d protocol.Dispatch) {
 	go func() {
 		defer preCancel()
 		err := rt.client.call(preCtx, pre.Name, pre.Control, pathPrefill,
-			prefillCall{ID: d.Request, Decode: dec.Name, Prompt: q.prompt, Tenant: c.Tenant, Model: c.Model}, nil)
+			prefillCall{ID: d.Request, Decode: dec.Name, Prompt: q.prompt, Tenant: c.Tenant, Model: c.Model, Ticket: ticket}, nil)
 		rt.legEnded(d.Prefill, d.Request, err, nil, q)
 	}()
 }

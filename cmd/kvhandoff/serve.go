@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/ed25519"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -39,7 +41,10 @@ pool smaller than the context length, its page size or model differing from
 a registered node's) it refuses to start, exit 1, naming each problem.
 
 Every connection between nodes is mutual TLS 1.3 (--tls-cert, --tls-key,
---tls-ca; kvhandoff certs makes them), unless --insecure. SIGTERM or SIGINT
+--tls-ca; kvhandoff certs makes them), unless --insecure. The router signs a
+ticket for each request it dispatches (--ticket-key), and a decode node
+reserves pages only for a Bootstrap with a valid one (--ticket-pub); both
+default to kvhandoff certs' files beside --tls-ca. SIGTERM or SIGINT
 stops the node gracefully: no new request, those in flight drained for
 --grace, then failed explicitly, and no page left owned.
 
@@ -82,6 +87,10 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	timeout := fs.Duration("timeout", 30*time.Second, "a request's timeout (router) or a leg's (nodes)")
 	grace := fs.Duration("grace", 10*time.Second, "how long a stopping node waits for requests in flight")
 	router := fs.String("router-name", "router", "prefill, decode: the name the router's certificate carries")
+	ticketKey := fs.String("ticket-key", "", "router: the ticket signing key (default: ticket-key.pem beside --tls-ca)")
+	ticketPub := fs.String("ticket-pub", "", "decode: the router's public ticket key (default: ticket.pem beside --tls-ca)")
+	peerRequests := fs.Int("peer-requests", 0, "decode: the most open requests one prefill node may hold here; 0 means --pool-pages")
+	peerPages := fs.Int("peer-pages", 0, "decode: the most pages one prefill node's requests may hold here; 0 means --pool-pages")
 	logFormat := fs.String("log-format", "text", "text or json")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	if code := parseFlags(fs, args, stderr); code >= 0 {
@@ -145,6 +154,28 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	if *name == "" {
 		*name = *role
 	}
+	// The router signs a ticket for each request it dispatches; a decode
+	// node reserves pages only for a Bootstrap carrying a valid one.
+	var signer ed25519.PrivateKey
+	var verifier ed25519.PublicKey
+	if sec.TLS != nil || *ticketKey != "" || *ticketPub != "" {
+		var err error
+		switch *role {
+		case "router":
+			if *ticketKey == "" {
+				*ticketKey = filepath.Join(filepath.Dir(*tlsCA), pki.TicketKeyFile)
+			}
+			signer, err = pki.LoadTicketKey(*ticketKey)
+		case "decode":
+			if *ticketPub == "" {
+				*ticketPub = filepath.Join(filepath.Dir(*tlsCA), pki.TicketPublicFile)
+			}
+			verifier, err = pki.LoadTicketPublic(*ticketPub)
+		}
+		if err != nil {
+			return fail("the ticket key: %v", err)
+		}
+	}
 	if *peers != "" && *etcd != "" {
 		return fail("--peers and --etcd exclude each other")
 	}
@@ -197,7 +228,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	}
 	err := func() error {
 		if *role == "router" {
-			return serveRouter(ctx, *name, *listen, reg, sec, *modelID, *timeout, *grace, log)
+			return serveRouter(ctx, *name, *listen, reg, sec, *modelID, *timeout, *grace, log, signer)
 		}
 		open := providers[*provider]
 		if open == nil {
@@ -236,7 +267,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		if err != nil {
 			return err
 		}
-		d, err := node.NewDecode(node.DecodeConfig{NodeConfig: cfg, Stop: -1})
+		d, err := node.NewDecode(node.DecodeConfig{NodeConfig: cfg, Stop: -1, TicketKey: verifier, PeerRequests: *peerRequests, PeerPages: *peerPages})
 		if err != nil {
 			return err
 		}
@@ -254,8 +285,9 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-func serveRouter(ctx context.Context, name, listen string, reg node.Registry, sec node.Security, modelID string, timeout, grace time.Duration, log *slog.Logger) error {
-	rt, err := node.NewRouter(node.RouterConfig{Name: name, Registry: reg, Security: sec, ModelID: modelID, Timeout: timeout, Log: log})
+func serveRouter(ctx context.Context, name, listen string, reg node.Registry, sec node.Security, modelID string, timeout, grace time.Duration, log *slog.Logger,
+	ticketKey ed25519.PrivateKey) error {
+	rt, err := node.NewRouter(node.RouterConfig{Name: name, Registry: reg, Security: sec, ModelID: modelID, Timeout: timeout, Log: log, TicketKey: ticketKey})
 	if err != nil {
 		return err
 	}

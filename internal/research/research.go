@@ -41,6 +41,10 @@ const (
 	// name and incarnation: its new registration is an advertisement update,
 	// and the old incarnation's requests carry on as if it had not gone.
 	PeerByName
+	// UnticketedBootstrap: the decode node reserves pages for any Bootstrap,
+	// without asking whether the router dispatched it (its ticket), so any
+	// peer that connected a queue pair can hold the pool (issue 17).
+	UnticketedBootstrap
 	numSwitches = iota
 )
 
@@ -58,7 +62,7 @@ const (
 
 var names = [numSwitches]string{"admit-finished", "abort-still-sends", "no-token-check", "eager-release",
 	"timeout-free", "prefill-early-free", "no-tag-check", "no-checksum", "leak-on-cancel", "no-peer-cancel", "double-free",
-	"abort-frees-source", "checksum-hangs", "peer-by-name"}
+	"abort-frees-source", "checksum-hangs", "peer-by-name", "unticketed-bootstrap"}
 
 func (s Switch) String() string {
 	for i, n := range names {
