@@ -5,6 +5,8 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"github.com/kvhandoff/kvhandoff/internal/research"
+	"github.com/kvhandoff/kvhandoff/protocol"
 	"log/slog"
 	"sync"
 	"testing"
@@ -154,5 +156,79 @@ func TestHandshakeAcceptsOnlyTheRoleAndNameTheRegistryLists(t *testing.T) {
 				t.Fatalf("without the registry's check intruder should connect (the attack): %v", err)
 			}
 		})
+	}
+}
+
+// Over each software provider, a decode endpoint whose Authorize refuses
+// a Bootstrap reserves nothing for it: the flood, 16 Bootstraps of
+// 1,024 tokens on a pool of 1,024 pages of 16, ends in 16 outcomes of
+// protocol.AbortUnauthorized at the sender and every page free, and the
+// queue pair still carries an authorized request. With unticketed-bootstrap
+// on, the same flood takes the whole pool.
+func TestUnauthorizedBootstrapsReserveNothingOverEachProvider(t *testing.T) {
+	for _, provider := range providerNames() {
+		for _, bug := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/unticketed-bootstrap=%v", provider, bug), func(t *testing.T) {
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				ca := newTestCA(t)
+				devs := devices(t, provider, "prefill-1", "decode-1")
+				p, err := NewPrefill(devs[0], PrefillConfig{Pages: 2048, PageTokens: 16, PageBytes: pageBytes})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(p.Close)
+				cfg := DecodeConfig{Pages: 1024, PageTokens: 16, PageBytes: pageBytes, Timeout: time.Minute,
+					Admission: Admission{Authorize: func(peer string, b *protocol.Bootstrap) error {
+						if peer != "prefill-1" || string(b.Ticket) != "ok" {
+							return errors.New("no ticket of the router's")
+						}
+						return nil
+					}}}
+				if bug {
+					cfg.Research = research.On(research.UnticketedBootstrap)
+				}
+				d, err := NewDecode(devs[1], cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(d.Close)
+				ln := listen(t)
+				go d.Serve(ctx, ln, SetupConfig{Name: "decode-1", TLS: ca.config(t, "decode-1"), Log: quiet})
+				pn := runNode(t, ctx, p, nil)
+				go d.Run(ctx) // verified requests stay held: nothing reads them
+				if err := p.Dial(ctx, "decode-1", ln.Addr().String(), SetupConfig{Name: "prefill-1", TLS: ca.config(t, "prefill-1"), Log: quiet}); err != nil {
+					t.Fatal(err)
+				}
+				var ids []protocol.RequestID
+				for id := protocol.RequestID(1); id <= 16; id++ {
+					if err := p.SubmitTicket(id, "decode-1", 1024, []byte("forged")); err != nil {
+						t.Fatal(err)
+					}
+					ids = append(ids, id)
+				}
+				outcomes := pn.wait(ids...)
+				if bug {
+					if free := d.Stats().PagesFree; free != 0 {
+						t.Fatalf("with the defense off the flood left %d of 1,024 pages free", free)
+					}
+					return
+				}
+				for id, err := range outcomes {
+					if !errors.Is(err, protocol.AbortUnauthorized) {
+						t.Fatalf("request %d: %v, want AbortUnauthorized", id, err)
+					}
+				}
+				if s := d.Stats(); s.PagesFree != 1024 || s.Records != 0 {
+					t.Fatalf("the flood left %d of 1,024 pages free, %d records", s.PagesFree, s.Records)
+				}
+				if err := p.SubmitTicket(100, "decode-1", 100, []byte("ok")); err != nil {
+					t.Fatal(err)
+				}
+				if err := pn.wait(100)[100]; err != nil {
+					t.Fatalf("the authorized request: %v", err)
+				}
+			})
+		}
 	}
 }
