@@ -35,8 +35,10 @@ type DecodeConfig struct {
 	TicketKey ed25519.PublicKey
 	// PeerRequests and PeerPages bound what one prefill node may hold here:
 	// its open requests, and its requests' pages not yet back in the pool
-	// (protocol.ReceiverConfig). 0 means the node's slots and pool, bounds
-	// an honest deployment never passes (docs/security.md).
+	// (protocol.ReceiverConfig). 0 means no bound but the node's own slots
+	// and pool, which an honest deployment never passes; a peer over its
+	// quota is refused with protocol.AbortOverQuota, which the router
+	// retries as it does a full pool (docs/security.md).
 	PeerRequests, PeerPages int
 }
 
@@ -92,12 +94,7 @@ func NewDecode(cfg DecodeConfig) (*Decode, error) {
 	if cfg.TicketKey == nil && cfg.Security.TLS != nil {
 		return nil, fmt.Errorf("node: decode %s: no ticket key (the router's public ticket key: kvhandoff certs writes it)", cfg.Name)
 	}
-	if cfg.PeerPages == 0 {
-		cfg.PeerPages = cfg.Pages
-	}
-	if cfg.PeerRequests == 0 {
-		cfg.PeerRequests = cfg.Pages
-	}
+
 	n := &Decode{incarnation: uint64(time.Now().UnixNano()), cfg: cfg, reqs: map[protocol.RequestID]*decodeReq{}, ended: map[protocol.RequestID]endedReq{},
 		fences: map[protocol.RequestID]time.Time{}}
 	dc := transfer.DecodeConfig{Pages: cfg.Pages, PageTokens: cfg.PageTokens, PageBytes: cfg.PageBytes, Timeout: cfg.Timeout, Horizon: time.Minute, Research: cfg.Research,

@@ -306,7 +306,8 @@ func (rt *Router) checkReadyLocked() {
 // ends first (the client went away) the request is cancelled on both legs.
 //
 // A request that failed only because a pool had no room (no capacity on
-// prefill or decode: nothing was transferred) is retried under a new ID,
+// prefill or decode, or over the prefill node's quota on decode: nothing was
+// transferred) is retried under a new ID,
 // with backoff, until the router's timeout: full pools make clients wait,
 // not fail, while room comes back.
 func (rt *Router) Complete(ctx context.Context, c Completion) (Result, error) {
@@ -318,7 +319,9 @@ func (rt *Router) Complete(ctx context.Context, c Completion) (Result, error) {
 	backoff := 2 * time.Millisecond
 	for {
 		res, err := rt.complete(ctx, c)
-		if !errors.Is(err, protocol.ErrNoCapacity) && !errors.Is(err, protocol.AbortNoCapacity) || time.Now().Add(backoff).After(deadline) {
+		// Over a peer's quota is no room for that peer now, as a full pool is.
+		full := errors.Is(err, protocol.ErrNoCapacity) || errors.Is(err, protocol.AbortNoCapacity) || errors.Is(err, protocol.AbortOverQuota)
+		if !full || time.Now().Add(backoff).After(deadline) {
 			return res, err
 		}
 		select {

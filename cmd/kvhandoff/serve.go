@@ -89,8 +89,8 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	router := fs.String("router-name", "router", "prefill, decode: the name the router's certificate carries")
 	ticketKey := fs.String("ticket-key", "", "router: the ticket signing key (default: ticket-key.pem beside --tls-ca)")
 	ticketPub := fs.String("ticket-pub", "", "decode: the router's public ticket key (default: ticket.pem beside --tls-ca)")
-	peerRequests := fs.Int("peer-requests", 0, "decode: the most open requests one prefill node may hold here; 0 means --pool-pages")
-	peerPages := fs.Int("peer-pages", 0, "decode: the most pages one prefill node's requests may hold here; 0 means --pool-pages")
+	peerRequests := fs.Int("peer-requests", 0, "decode: the most open requests one prefill node may hold here; 0 means no bound but the pool's")
+	peerPages := fs.Int("peer-pages", 0, "decode: the most pages one prefill node's requests may hold here; 0 means no bound but the pool's")
 	logFormat := fs.String("log-format", "text", "text or json")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	if code := parseFlags(fs, args, stderr); code >= 0 {
