@@ -90,3 +90,33 @@ func TestTicketCheckRefusesEveryTicketButTheRoutersForThisBootstrap(t *testing.T
 		t.Fatal("a ticket with a 300-byte name was signed")
 	}
 }
+
+// The ticket's cost per request: the router's signature, and the decode
+// node's check (signature verification, the replay map).
+func BenchmarkTicket(b *testing.B) {
+	pub, key, _ := pki.NewTicketKey()
+	tk := Ticket{Request: 1, Tokens: 1024, Prefill: "prefill-0", Decode: "decode-0", Expires: time.Now().Add(time.Hour)}
+	b.Run("sign", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := SignTicket(key, tk); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("check", func(b *testing.B) {
+		c := NewTicketChecker(pub, "decode-0")
+		var id protocol.RequestID
+		for b.Loop() {
+			b.StopTimer()
+			id++
+			t := tk
+			t.Request = id
+			sig, _ := SignTicket(key, t)
+			boot := &protocol.Bootstrap{Request: id, Tokens: 1024, Ticket: sig}
+			b.StartTimer()
+			if err := c.Check("prefill-0", boot); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
