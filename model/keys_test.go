@@ -8,36 +8,26 @@ import (
 	"github.com/kvhandoff/kvhandoff/spec"
 )
 
-// pendingImplementation lists the spec's switches whose implementation side
-// is still to be built in internal/research.
-var pendingImplementation = map[string]string{
-	"unticketed-bootstrap": "implementation side lands with the router's tickets",
-}
-
 // Every switch of the spec has an implementation counterpart, except
-// done-unmatched (the wire carries no slot) and those listed as pending,
-// which must not have one yet. The refinement tests walk each counterpart
-// on both sides, except the transport's (transportSwitches): those live in
-// package transfer, outside the state machines the refinement runs, and are
-// caught there.
+// done-unmatched (the wire carries no slot). The refinement tests walk each
+// counterpart on both sides, except those whose defense lives outside the
+// state machines the refinement runs (notInTheModel), which are caught by
+// tests of their own.
 func TestEverySpecSwitchHasAnImplementationCounterpart(t *testing.T) {
 	for _, sw := range spec.AllSwitches() {
 		_, err := research.Parse(sw.String())
-		_, pending := pendingImplementation[sw.String()]
 		switch {
 		case sw == spec.DoneUnmatched:
 			if err == nil {
 				t.Errorf("done-unmatched has an implementation counterpart now: walk it in the refinement tests")
 			}
-		case pending && err == nil:
-			t.Errorf("%v has landed in internal/research: remove it from pendingImplementation and walk it in the refinement tests", sw)
-		case !pending && err != nil:
+		case err != nil:
 			t.Errorf("%v: no implementation counterpart: %v", sw, err)
 		}
 	}
-	for tsw := range transportSwitches {
+	for tsw := range notInTheModel {
 		if _, err := spec.ParseSwitches(tsw.String()); err != nil {
-			t.Errorf("the transport's switch %v has no spec counterpart: %v", tsw, err)
+			t.Errorf("the switch %v has no spec counterpart: %v", tsw, err)
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvhandoff/kvhandoff/internal/pki"
 	"github.com/kvhandoff/kvhandoff/protocol"
 )
 
@@ -63,6 +65,9 @@ type prefillCall struct {
 	Model  string             `json:"model,omitempty"`
 	// RequestID is the client's request id, for the logs.
 	RequestID string `json:"request_id,omitempty"`
+	// Ticket is the router's signed ticket for the request (ticket.go),
+	// which the Bootstrap carries to the decode node.
+	Ticket []byte `json:"ticket,omitempty"`
 }
 
 // decodeCall is the router's request to a decode node: generate MaxTokens
@@ -100,9 +105,13 @@ type legAnswer struct {
 // controlServer is the HTTP side of a node's control API.
 type controlServer struct {
 	sec     Security
-	callers []string // names a caller's certificate must carry one of
+	callers []string // names a router's certificate must carry one of
 	log     *slog.Logger
 	mux     *http.ServeMux
+	// admit is the registry's word on a prefill or decode peer (a roster's
+	// admit): such a peer may read the node's record, nothing else. Set
+	// before serve; nil refuses every peer but the router.
+	admit func(name string, role pki.Role) error
 }
 
 func newControlServer(sec Security, callers []string, log *slog.Logger) *controlServer {
@@ -151,13 +160,41 @@ func (s *controlServer) authorized(r *http.Request) error {
 	if r.TLS == nil || len(r.TLS.PeerCertificates) == 0 {
 		return errors.New("node: control API: no client certificate")
 	}
-	cert := r.TLS.PeerCertificates[0]
+	return s.router(r.TLS.PeerCertificates[0])
+}
+
+// router is nil if cert is an allowed caller's, in the router role.
+func (s *controlServer) router(cert *x509.Certificate) error {
 	for _, name := range s.callers {
-		if cert.VerifyHostname(name) == nil {
+		if pki.CheckPeer(cert, name, pki.RoleRouter) == nil {
 			return nil
 		}
 	}
-	return fmt.Errorf("node: control API: the certificate of %q is not an allowed caller", cert.Subject.CommonName)
+	return fmt.Errorf("node: control API: %w: the certificate of %q is not an allowed caller's (%v, in the router role)", pki.ErrUnknownPeer, cert.Subject.CommonName, s.callers)
+}
+
+// verifyPeer is the control API's check at the TLS handshake: the client's
+// certificate carries a role, and is an allowed router's, or a prefill or
+// decode node's that the registry lists in that role. Anyone else is
+// refused before any call is read.
+func (s *controlServer) verifyPeer(cs tls.ConnectionState) error {
+	if len(cs.PeerCertificates) == 0 {
+		return errors.New("node: control API: no client certificate")
+	}
+	cert := cs.PeerCertificates[0]
+	role, err := pki.RoleOf(cert)
+	switch {
+	case err != nil:
+		return fmt.Errorf("node: control API: %w", err)
+	case role == pki.RoleRouter:
+		return s.router(cert)
+	case s.admit == nil || len(cert.DNSNames) == 0:
+		return fmt.Errorf("node: control API: %w: %q as %s", pki.ErrUnknownPeer, cert.Subject.CommonName, role)
+	}
+	if err := s.admit(cert.DNSNames[0], role); err != nil {
+		return fmt.Errorf("node: control API: %w", err)
+	}
+	return nil
 }
 
 // serve runs the control API on ln until ctx ends.
@@ -167,7 +204,12 @@ func (s *controlServer) serve(ctx context.Context, ln net.Listener, extra map[st
 	for p, h := range extra {
 		mux.Handle(p, h)
 	}
-	return serveHTTP(ctx, ln, mux, s.sec.TLS, s.log)
+	cfg := s.sec.TLS
+	if cfg != nil {
+		cfg = cfg.Clone()
+		cfg.VerifyConnection = s.verifyPeer
+	}
+	return serveHTTP(ctx, ln, mux, cfg, s.log)
 }
 
 // serveHTTP serves h on ln (TLS 1.3 with client certificates when cfg is
@@ -204,15 +246,28 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 }
 
 // controlClient calls nodes' control APIs, each checked to be the node the
-// registry names.
+// registry names, in a role.
 type controlClient struct {
-	sec     Security
+	sec Security
+	// expect is the role the registry gives a node, if it knows the node:
+	// its certificate must carry that role. nil: any role.
+	expect  func(name string) (Role, bool)
 	mu      sync.Mutex
 	clients map[string]*http.Client // by node name
+	roles   map[string]pki.Role     // the role each node's certificate carried at its last handshake
 }
 
 func newControlClient(sec Security) *controlClient {
-	return &controlClient{sec: sec, clients: map[string]*http.Client{}}
+	return &controlClient{sec: sec, clients: map[string]*http.Client{}, roles: map[string]pki.Role{}}
+}
+
+// certRole is the role node name's certificate carried at its last
+// handshake (false before any, or without TLS).
+func (c *controlClient) certRole(name string) (pki.Role, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	r, ok := c.roles[name]
+	return r, ok
 }
 
 func (c *controlClient) client(name string) *http.Client {
@@ -227,6 +282,24 @@ func (c *controlClient) client(name string) *http.Client {
 		cfg := c.sec.TLS.Clone()
 		cfg.MinVersion = tls.VersionTLS13
 		cfg.ServerName = name // the node's certificate must name it
+		cfg.VerifyConnection = func(cs tls.ConnectionState) error {
+			if len(cs.PeerCertificates) == 0 {
+				return errors.New("node: control API: no server certificate")
+			}
+			role, err := pki.RoleOf(cs.PeerCertificates[0])
+			if err != nil {
+				return fmt.Errorf("node: %q: %w", name, err)
+			}
+			if c.expect != nil {
+				if want, ok := c.expect(name); ok && pki.Role(want) != role {
+					return fmt.Errorf("node: %w: %q is certified as %s; the registry lists it as %s", pki.ErrWrongRole, name, role, want)
+				}
+			}
+			c.mu.Lock()
+			c.roles[name] = role
+			c.mu.Unlock()
+			return nil
+		}
 		tr.TLSClientConfig = cfg
 		tr.ForceAttemptHTTP2 = true
 	}

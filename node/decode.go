@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"crypto/ed25519"
 	"crypto/sha256"
 	"errors"
 	"fmt"
@@ -28,6 +29,17 @@ type DecodeConfig struct {
 	GenPages int
 	// Stop is the token that ends generation early (-1: none).
 	Stop int
+	// TicketKey is the public half of the router's ticket key: a Bootstrap
+	// reserves pages only with a valid ticket (TicketChecker). Required with
+	// TLS; without TLS (Insecure), nil checks no ticket.
+	TicketKey ed25519.PublicKey
+	// PeerRequests and PeerPages bound what one prefill node may hold here:
+	// its open requests, and its requests' pages not yet back in the pool
+	// (protocol.ReceiverConfig). 0 means no bound but the node's own slots
+	// and pool, which an honest deployment never passes; a peer over its
+	// quota is refused with protocol.AbortOverQuota, which the router
+	// retries as it does a full pool (docs/security.md).
+	PeerRequests, PeerPages int
 }
 
 // Decode is a decode node: a transfer.Decode endpoint that prefill nodes
@@ -78,9 +90,17 @@ func NewDecode(cfg DecodeConfig) (*Decode, error) {
 	if cfg.GenPages == 0 {
 		cfg.GenPages = cfg.Pages
 	}
+	if cfg.TicketKey == nil && cfg.Security.TLS != nil {
+		return nil, fmt.Errorf("node: decode %s: no ticket key (the router's public ticket key: kvhandoff certs writes it)", cfg.Name)
+	}
+
 	n := &Decode{incarnation: uint64(time.Now().UnixNano()), cfg: cfg, reqs: map[protocol.RequestID]*decodeReq{}, ended: map[protocol.RequestID]endedReq{},
 		fences: map[protocol.RequestID]time.Time{}}
-	dc := transfer.DecodeConfig{Pages: cfg.Pages, PageTokens: cfg.PageTokens, PageBytes: cfg.PageBytes, Timeout: cfg.Timeout, Horizon: time.Minute, Research: cfg.Research}
+	dc := transfer.DecodeConfig{Pages: cfg.Pages, PageTokens: cfg.PageTokens, PageBytes: cfg.PageBytes, Timeout: cfg.Timeout, Horizon: time.Minute, Research: cfg.Research,
+		Admission: transfer.Admission{PeerRequests: cfg.PeerRequests, PeerPages: cfg.PeerPages}}
+	if cfg.TicketKey != nil {
+		dc.Authorize = NewTicketChecker(cfg.TicketKey, cfg.Name).Check
+	}
 	if cfg.ContextTokens > 0 {
 		dc.MaxRequestPages = min(cfg.Pages, protocol.MaxGrantPages, protocol.PagesFor(uint32(cfg.ContextTokens), cfg.PageTokens))
 	}
@@ -419,13 +439,20 @@ func (n *Decode) Serve(ctx context.Context, control, transferLn net.Listener, gr
 	}
 	run, stop := context.WithCancel(context.Background())
 	defer stop()
+	// Who may be a peer: the prefill nodes the registry lists, in that role.
+	peers, err := watchRoster(run, n.cfg.Registry)
+	if err != nil {
+		return err
+	}
+	n.ctl.admit = peers.admit
 	var wg sync.WaitGroup
 	wg.Go(func() { n.ep.Run(run) })
 	wg.Go(func() { n.events(run) })
 	wg.Go(func() { n.sweep(run) })
 	setupCtx, stopSetup := context.WithCancel(run)
 	wg.Go(func() {
-		n.ep.Serve(setupCtx, transferLn, transfer.SetupConfig{Name: n.cfg.Name, TLS: n.cfg.Security.TLS, Insecure: n.cfg.Security.TLS == nil, Log: n.cfg.Log})
+		n.ep.Serve(setupCtx, transferLn, transfer.SetupConfig{Name: n.cfg.Name, TLS: n.cfg.Security.TLS, Insecure: n.cfg.Security.TLS == nil,
+			Admit: peers.admit, Log: n.cfg.Log})
 	})
 	serveCtx, stopServe := context.WithCancel(run)
 	served := make(chan error, 1)

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -52,6 +53,9 @@ type LocalConfig struct {
 	// deployments, the incident's among them.
 	ContextTokens, PrefillContextTokens, AdvertiseContext int
 	Research                                              research.Switches
+	// PeerRequests and PeerPages are the decode nodes' per-peer quotas
+	// (DecodeConfig); 0 means their defaults.
+	PeerRequests, PeerPages int
 }
 
 // Local is a running in-process deployment.
@@ -68,13 +72,15 @@ type Local struct {
 	errs   chan error
 
 	// what CrashPrefill and RestartPrefill need
-	cfg      LocalConfig
-	ctx      context.Context
-	fabric   *inproc.Fabric
-	security func(name string) (Security, error)
-	registry func(name string) (Registry, error)
-	mu       sync.Mutex
-	stopped  []chan struct{} // per prefill node: closed when its Serve returned
+	cfg       LocalConfig
+	ctx       context.Context
+	fabric    *inproc.Fabric
+	security  func(name string) (Security, error)
+	registry  func(name string) (Registry, error)
+	ca        *pki.CA            // the deployment's authority (tests: a peer of their own)
+	ticketKey ed25519.PrivateKey // the router's (tests: tickets of their own)
+	mu        sync.Mutex
+	stopped   []chan struct{} // per prefill node: closed when its Serve returned
 }
 
 // StartLocal starts a deployment in one process; Stop ends it.
@@ -104,6 +110,10 @@ func StartLocal(cfg LocalConfig) (*Local, error) {
 	if err != nil {
 		return nil, err
 	}
+	ticketPub, ticketKey, err := pki.NewTicketKey()
+	if err != nil {
+		return nil, err
+	}
 	static, err := NewStatic()
 	if err != nil {
 		return nil, err
@@ -119,7 +129,8 @@ func StartLocal(cfg LocalConfig) (*Local, error) {
 	}
 	fabric := inproc.NewFabric(fmt.Sprintf("local-%d", time.Now().UnixNano()))
 	ctx, cancel := context.WithCancel(context.Background())
-	l := &Local{Registry: static, cancel: cancel, errs: make(chan error, 1+cfg.Prefills+cfg.Decodes), cfg: cfg, ctx: ctx, fabric: fabric, registry: registry}
+	l := &Local{Registry: static, cancel: cancel, errs: make(chan error, 1+cfg.Prefills+cfg.Decodes), cfg: cfg, ctx: ctx, fabric: fabric, registry: registry,
+		ca: ca, ticketKey: ticketKey}
 	fail := func(err error) (*Local, error) {
 		l.Stop()
 		return nil, err
@@ -148,7 +159,8 @@ func StartLocal(cfg LocalConfig) (*Local, error) {
 		}
 		d, err := NewDecode(DecodeConfig{NodeConfig: NodeConfig{Name: name, Device: fabric.Device(name), Pages: cfg.DecodePages,
 			PageTokens: cfg.PageTokens, PageBytes: cfg.PageBytes, Model: cfg.Model, ModelID: cfg.ModelID, Security: sec,
-			Registry: reg, Log: cfg.Log, Timeout: cfg.Timeout, ContextTokens: cfg.ContextTokens, Research: cfg.Research, Backend: decodeBackend(i)}, Stop: -1})
+			Registry: reg, Log: cfg.Log, Timeout: cfg.Timeout, ContextTokens: cfg.ContextTokens, Research: cfg.Research, Backend: decodeBackend(i)}, Stop: -1,
+			TicketKey: ticketPub, PeerRequests: cfg.PeerRequests, PeerPages: cfg.PeerPages})
 		if err != nil {
 			return fail(err)
 		}
@@ -179,7 +191,7 @@ func StartLocal(cfg LocalConfig) (*Local, error) {
 	if err != nil {
 		return fail(err)
 	}
-	if l.Router, err = NewRouter(RouterConfig{Name: "router", Registry: reg, Security: sec, ModelID: cfg.ModelID, Timeout: cfg.Timeout, Log: cfg.Log,
+	if l.Router, err = NewRouter(RouterConfig{Name: "router", Registry: reg, Security: sec, ModelID: cfg.ModelID, Timeout: cfg.Timeout, Log: cfg.Log, TicketKey: ticketKey,
 		beforeDecodeCall: cfg.beforeDecodeCall}); err != nil {
 		return fail(err)
 	}

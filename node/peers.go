@@ -7,6 +7,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/kvhandoff/kvhandoff/internal/pki"
 )
 
 // Peer is a node a static deployment names: its name (its certificate's)
@@ -77,6 +79,11 @@ func NewPeerList(ctx context.Context, peers []Peer, sec Security, log *slog.Logg
 				if err == nil && m.Name != p.Name {
 					err = fmt.Errorf("it says it is %q", m.Name)
 				}
+				if r, ok := client.certRole(p.Name); err == nil && ok && Role(r) != m.Role {
+					// The record is the node's own word; its certificate is the
+					// authority's: a node is listed only in the role it is certified for.
+					err = fmt.Errorf("%w: %q says it is a %s node; its certificate is a %s node's", pki.ErrWrongRole, p.Name, m.Role, r)
+				}
 				if err == nil {
 					m.Control = p.Control
 					if err = m.validate(); err == nil {
@@ -136,4 +143,74 @@ func (l *PeerList) Register(ctx context.Context, m Member) (<-chan struct{}, err
 	done := make(chan struct{})
 	context.AfterFunc(ctx, func() { close(done) })
 	return done, nil
+}
+
+// rosterWait is how long a roster waits for a name it does not list yet to
+// appear in the registry's watch (a prefill node that dials a decode node
+// just as it registers, before the decode node's watch has told it).
+const rosterWait = 2 * time.Second
+
+// roster is a node's view of its peers' names and roles, from the
+// registry's watch: who may be a peer, and in which role (docs/security.md).
+// A static peer list's names are listed from the start, their role unknown
+// ("") until the peer's record answers; the certificate's role is checked
+// against the record's when it does (PeerList), and by every handshake.
+type roster struct {
+	mu      sync.Mutex
+	roles   map[string]Role
+	changed chan struct{} // closed and replaced at every change
+}
+
+// watchRoster follows reg's members until ctx ends.
+func watchRoster(ctx context.Context, reg Registry) (*roster, error) {
+	r := &roster{roles: map[string]Role{}, changed: make(chan struct{})}
+	if l, ok := reg.(*PeerList); ok {
+		for _, p := range l.peers {
+			r.roles[p.Name] = ""
+		}
+	}
+	changes, err := reg.Watch(ctx)
+	if err != nil {
+		return nil, err
+	}
+	go func() {
+		for c := range changes {
+			r.mu.Lock()
+			switch c.Kind {
+			case Joined:
+				r.roles[c.Member.Name] = c.Member.Role
+			case Lost:
+				delete(r.roles, c.Member.Name)
+			}
+			close(r.changed)
+			r.changed = make(chan struct{})
+			r.mu.Unlock()
+		}
+	}()
+	return r, nil
+}
+
+// admit is nil if the registry lists name in role (or lists the name of a
+// static peer whose record has yet to answer), waiting up to rosterWait for
+// a name it does not list yet; else an error wrapping pki.ErrUnknownPeer.
+func (r *roster) admit(name string, role pki.Role) error {
+	deadline := time.NewTimer(rosterWait)
+	defer deadline.Stop()
+	for {
+		r.mu.Lock()
+		got, listed := r.roles[name]
+		changed := r.changed
+		r.mu.Unlock()
+		switch {
+		case listed && (got == "" || pki.Role(got) == role):
+			return nil
+		case listed:
+			return fmt.Errorf("%w: %q is listed as %s, not %s", pki.ErrUnknownPeer, name, got, role)
+		}
+		select {
+		case <-changed:
+		case <-deadline.C:
+			return fmt.Errorf("%w: %q (as %s)", pki.ErrUnknownPeer, name, role)
+		}
+	}
 }

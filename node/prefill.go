@@ -146,7 +146,7 @@ func (n *Prefill) prefill(ctx context.Context, c *prefillCall) (any, error) {
 	if n.source != nil {
 		n.source.Expect(c.ID, c.Prompt)
 	}
-	if err := n.ep.Submit(c.ID, c.Decode, len(c.Prompt)); err != nil {
+	if err := n.ep.SubmitTicket(c.ID, c.Decode, len(c.Prompt), c.Ticket); err != nil {
 		if n.source != nil {
 			n.source.Forget(c.ID)
 		}
@@ -286,6 +286,11 @@ func (n *Prefill) Serve(ctx context.Context, control net.Listener, grace time.Du
 	if err != nil {
 		return err
 	}
+	peers, err := watchRoster(run, n.cfg.Registry)
+	if err != nil {
+		return err
+	}
+	n.ctl.admit = peers.admit
 	wg.Go(func() { n.dialer(run, changes) })
 	serveCtx, stopServe := context.WithCancel(run)
 	served := make(chan error, 1)

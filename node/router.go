@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -42,8 +43,12 @@ type RouterConfig struct {
 	// ChatTemplate lays out /v1/chat/completions' messages as a prompt; nil
 	// means PlainChat.
 	ChatTemplate ChatTemplate
-	Metrics      *Metrics
-	Log          *slog.Logger
+	// TicketKey signs a ticket for each dispatched request (ticket.go), the
+	// only Bootstrap a decode node reserves for. Required with TLS; without
+	// TLS (Insecure), nil signs none.
+	TicketKey ed25519.PrivateKey
+	Metrics   *Metrics
+	Log       *slog.Logger
 
 	// beforeDecodeCall, if set, runs before the router calls a request's
 	// decode leg (tests: hold the call in flight).
@@ -138,11 +143,24 @@ func NewRouter(cfg RouterConfig) (*Router, error) {
 	if err := cfg.Security.check(cfg.Log, "router "+cfg.Name); err != nil {
 		return nil, err
 	}
+	if cfg.TicketKey == nil && cfg.Security.TLS != nil {
+		return nil, fmt.Errorf("node: router %s: no ticket key (kvhandoff certs writes it)", cfg.Name)
+	}
 	cfg.Metrics.prime(RoleRouter)
 	rt := &Router{cfg: cfg, client: newControlClient(cfg.Security),
 		r:   protocol.NewRouter(protocol.RouterConfig{Timeout: cfg.Timeout, Horizon: time.Minute}),
 		ids: map[string]protocol.NodeID{}, members: map[protocol.NodeID]Member{}, lost: map[protocol.NodeID]bool{},
 		suspect: map[protocol.NodeID]bool{}, pending: map[protocol.RequestID]*routed{}, nextID: protocol.RequestID(time.Now().UnixNano()), ready: make(chan struct{})}
+	rt.client.expect = func(name string) (Role, bool) {
+		// A node's certificate must carry the role its registry record gives it.
+		rt.mu.Lock()
+		defer rt.mu.Unlock()
+		id, ok := rt.ids[name]
+		if !ok || rt.members[id].Role == "" {
+			return "", false
+		}
+		return rt.members[id].Role, true
+	}
 	cfg.Metrics.routerGauges(func() (prefills, decodes, inFlight int) {
 		rt.mu.Lock()
 		defer rt.mu.Unlock()
@@ -314,7 +332,8 @@ func (rt *Router) checkReadyLocked() {
 // ends first (the client went away) the request is cancelled on both legs.
 //
 // A request that failed only because a pool had no room (no capacity on
-// prefill or decode: nothing was transferred) is retried under a new ID,
+// prefill or decode, or over the prefill node's quota on decode: nothing was
+// transferred) is retried under a new ID,
 // with backoff, until the router's timeout: full pools make clients wait,
 // not fail, while room comes back.
 func (rt *Router) Complete(ctx context.Context, c Completion) (Result, error) {
@@ -326,7 +345,9 @@ func (rt *Router) Complete(ctx context.Context, c Completion) (Result, error) {
 	backoff := 2 * time.Millisecond
 	for attempt := 1; ; attempt++ {
 		res, err := rt.complete(ctx, c, attempt)
-		if !errors.Is(err, protocol.ErrNoCapacity) && !errors.Is(err, protocol.AbortNoCapacity) || time.Now().Add(backoff).After(deadline) {
+		// Over a peer's quota is no room for that peer now, as a full pool is.
+		full := errors.Is(err, protocol.ErrNoCapacity) || errors.Is(err, protocol.AbortNoCapacity) || errors.Is(err, protocol.AbortOverQuota)
+		if !full || time.Now().Add(backoff).After(deadline) {
 			return res, err
 		}
 		rt.cfg.Metrics.retries.Inc()
@@ -495,6 +516,17 @@ func (rt *Router) dispatchLocked(d protocol.Dispatch) {
 	}
 	pre, dec := rt.members[d.Prefill], rt.members[d.Decode]
 	c := q.completion
+	var ticket []byte
+	if rt.cfg.TicketKey != nil {
+		// The decode node's proof that this router dispatched the request,
+		// from this prefill node, with these tokens, for as long as it waits.
+		var err error
+		ticket, err = SignTicket(rt.cfg.TicketKey, Ticket{Request: d.Request, Tokens: uint32(len(q.prompt)), Prefill: pre.Name, Decode: dec.Name,
+			Expires: time.Now().Add(rt.cfg.Timeout)})
+		if err != nil {
+			rt.cfg.Log.Error("router: signing a ticket", "request_id", uint64(d.Request), "err", err)
+		}
+	}
 	preCtx, preCancel := context.WithCancel(context.Background())
 	decCtx, decCancel := context.WithCancel(context.Background())
 	q.legs[d.Prefill], q.legs[d.Decode] = preCancel, decCancel
@@ -515,7 +547,7 @@ func (rt *Router) dispatchLocked(d protocol.Dispatch) {
 	go func() {
 		defer preCancel()
 		err := rt.client.call(preCtx, pre.Name, pre.Control, pathPrefill,
-			prefillCall{ID: d.Request, Decode: dec.Name, Prompt: q.prompt, Tenant: c.Tenant, Model: c.Model, RequestID: c.RequestID}, nil)
+			prefillCall{ID: d.Request, Decode: dec.Name, Prompt: q.prompt, Tenant: c.Tenant, Model: c.Model, RequestID: c.RequestID, Ticket: ticket}, nil)
 		rt.legEnded(d.Prefill, d.Request, err, nil, q)
 	}()
 }

@@ -53,6 +53,11 @@ var wireErrors = []struct {
 	{"abort_timed_out", protocol.AbortTimedOut},
 	{"abort_verify_failed", protocol.AbortVerifyFailed},
 	{"abort_peer_failed", protocol.AbortPeerFailed},
+	{"unauthorized", protocol.ErrUnauthorized},
+	{"over_quota", protocol.ErrOverQuota},
+	{"abort_unauthorized", protocol.AbortUnauthorized},
+	{"abort_over_quota", protocol.AbortOverQuota},
+	{"ticket", ErrTicket},
 	{"no_peer", transfer.ErrNoPeer},
 	{"engine_bad_request", engine.ErrBadRequest},
 	{"geometry", kv.ErrGeometry},
@@ -111,7 +116,8 @@ func Reason(err error) string {
 	switch {
 	case err == nil:
 		return ""
-	case errors.Is(err, protocol.ErrRejected):
+	case errors.Is(err, protocol.ErrRejected), errors.Is(err, protocol.ErrUnauthorized), errors.Is(err, protocol.AbortUnauthorized),
+		errors.Is(err, protocol.ErrOverQuota), errors.Is(err, protocol.AbortOverQuota):
 		return "rejected"
 	case errors.Is(err, protocol.ErrTagMismatch), errors.Is(err, protocol.ErrTagMalformed), errors.Is(err, protocol.ErrFenced):
 		return "tag"

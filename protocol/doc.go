@@ -86,6 +86,7 @@
 //  17. Defensive decoding: DecodeMessage, validate, Receiver.lookup; TestDecoderRejectsBrokenFramesWithTypedErrors, TestMalformedMessagesAreRefusedWithoutEffect, TestWrongDirectionMessagesAreRefused, TestTypedNilMessagesAreRefused, TestRouterRefusesBadReports
 //  18. Bounded records: Receiver.Tick, Sender.Tick, Router.Tick; TestEndedRecordsAreForgottenAfterTheHorizon, TestRecordsAtWorkAreNeverForgotten, TestSenderForgetsEndedRecordsAfterTheHorizon, TestRouterHorizonForgetsEndedRecords, TestHorizonQueueNeverForgetsEarly, TestRecordsStayUnderMaxRecordsWithoutAHorizon
 //  19. Keyed tag records: NewTagKey, Tag.appendMAC, parseTag, Sender.Submit, Receiver.bootstrap; TestForgedRecordFailsWithoutTheKey, TestReceiverRefusesAStrangersPage, TestNoKeyForThePeerRefusesTheRequest, TestCMACMatchesRFC4493
+//  20. Authorized intake and per-peer quotas: Receiver.authorize, Receiver.overQuota, Sender.SubmitTicket; TestBootstrapWithoutAValidTicketReservesNothing, TestOnePeerHoldsNoMoreThanItsQuota, TestBootstrapTicketLengthMustMatchItsBytes
 //
 // # Encodings
 //

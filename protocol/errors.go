@@ -51,6 +51,13 @@ var (
 	ErrTimedOut = errors.New("protocol: timed out")
 	// ErrPeerFailed: the other leg failed, gave up, or its queue pair broke.
 	ErrPeerFailed = errors.New("protocol: peer failed")
+	// ErrUnauthorized: the receiver's Authorize refused a Bootstrap (no
+	// ticket, or one that is forged, expired, for another request, node or
+	// token count, or replayed); it never held pages.
+	ErrUnauthorized = errors.New("protocol: unauthorized")
+	// ErrOverQuota: the Bootstrap's peer already holds as many open requests
+	// or reserved pages as the receiver allows one peer; it never held pages.
+	ErrOverQuota = errors.New("protocol: over the peer's quota")
 )
 
 // Misuse and protocol violations: returned by the call that caused them, with

@@ -70,6 +70,20 @@ type ReceiverConfig struct {
 	// Region says where the sender writes a page: the remote address and key of
 	// its memory region.
 	Region func(page uint32) (addr uint64, key uint32)
+	// Authorize, if set, decides whether a Bootstrap from peer may reserve
+	// anything: nil, or why not (a missing, forged, expired, misrouted or
+	// replayed ticket). A refused Bootstrap leaves no record, is an outcome
+	// wrapping ErrUnauthorized and the error, and its sender is told with
+	// AbortUnauthorized. It is called at intake, after the limits every
+	// Bootstrap is held to and before the quotas and the pool. It must not
+	// keep b (a Decoder's message is reused).
+	Authorize func(peer PeerID, b *Bootstrap) error
+	// PeerRequests and PeerPages bound what one peer holds: its requests
+	// holding a slot, and the pages of its requests not yet back in the pool
+	// (reserved, verified, being read, quarantined). A Bootstrap past either
+	// is refused (ErrOverQuota, AbortOverQuota) and reserves nothing. 0 means
+	// no bound of its own (Slots and Pages bound every peer together).
+	PeerRequests, PeerPages int
 	// Research turns bugs of the catalogue on. Only code inside this module can
 	// set it (see internal/research); everywhere else it is the zero value.
 	Research research.Switches
@@ -98,7 +112,14 @@ type recvRequest struct {
 	deadline time.Time
 	reported bool
 	grant    Grant // the Grant sent for it, kept in the record: one allocation less
+	// holding and owning say what the record counts in its peer's use: a
+	// slot, and its pages until they are back in the pool.
+	holding, owning bool
 }
+
+// peerUse is what one peer holds: its requests holding a slot and the pages
+// of its requests not yet back (ReceiverConfig.PeerRequests, PeerPages).
+type peerUse struct{ requests, pages int }
 
 // Receiver is the decode node's side of the handoff, for every request from
 // every sender: intake, reservation, verification, the read-time checks, and
@@ -109,7 +130,8 @@ type Receiver struct {
 	cfg     ReceiverConfig
 	pool    *Pool
 	reqs    map[RequestID]*recvRequest
-	held    int // requests holding a slot
+	held    int                 // requests holding a slot
+	use     map[PeerID]*peerUse // per peer, while it holds anything
 	effects ReceiverEffects
 	spare   ReceiverEffects // the batch before the last, whose slices the next one reuses
 	// deadlines holds a timer per reserved request with a Timeout; horizon one
@@ -137,7 +159,7 @@ func NewReceiver(cfg ReceiverConfig) (*Receiver, error) {
 	}
 	pool := NewPool(cfg.Pages)
 	pool.doubleFree = cfg.Research.Has(research.DoubleFree)
-	return &Receiver{cfg: cfg, pool: pool, reqs: map[RequestID]*recvRequest{}}, nil
+	return &Receiver{cfg: cfg, pool: pool, reqs: map[RequestID]*recvRequest{}, use: map[PeerID]*peerUse{}}, nil
 }
 
 func (r *Receiver) bug(sw research.Switch) bool { return r.cfg.Research.Has(sw) }
@@ -179,7 +201,7 @@ func (r *Receiver) finish(id RequestID, q *recvRequest, err error) {
 
 // release returns q's pages (only those it still holds at its epochs) and its slot.
 func (r *Receiver) release(q *recvRequest, id RequestID) {
-	r.pool.Release(id, q.refs)
+	r.freePages(q, id)
 	r.dropSlot(q)
 }
 
@@ -187,6 +209,64 @@ func (r *Receiver) dropSlot(q *recvRequest) {
 	if q.phase == ReceiverReserved || q.phase == ReceiverReady || q.phase == ReceiverReading {
 		r.held--
 	}
+	if q.holding {
+		q.holding = false
+		r.charge(q.peer, -1, 0)
+	}
+}
+
+// freePages returns q's pages to the pool, and takes them off its peer's use.
+func (r *Receiver) freePages(q *recvRequest, id RequestID) {
+	r.pool.Release(id, q.refs)
+	r.disown(q)
+}
+
+// disown takes q's pages off its peer's use: they are back in the pool (or,
+// under leak-on-cancel, never will be, which is no fault of the peer's).
+func (r *Receiver) disown(q *recvRequest) {
+	if q.owning {
+		q.owning = false
+		r.charge(q.peer, 0, -len(q.refs))
+	}
+}
+
+// charge adds to peer's use; an entry goes when its peer holds nothing.
+func (r *Receiver) charge(peer PeerID, requests, pages int) {
+	u := r.use[peer]
+	if u == nil {
+		u = &peerUse{}
+		r.use[peer] = u
+	}
+	u.requests += requests
+	u.pages += pages
+	if u.requests == 0 && u.pages == 0 {
+		delete(r.use, peer)
+	}
+}
+
+// overQuota says why a Bootstrap of n pages from peer would take more than
+// one peer may hold, or nil.
+func (r *Receiver) overQuota(peer PeerID, n int) error {
+	var u peerUse
+	if p := r.use[peer]; p != nil {
+		u = *p
+	}
+	switch {
+	case r.cfg.PeerRequests > 0 && u.requests >= r.cfg.PeerRequests:
+		return fmt.Errorf("%w: peer %d holds %d open requests, the most one peer may", ErrOverQuota, peer, u.requests)
+	case r.cfg.PeerPages > 0 && u.pages+n > r.cfg.PeerPages:
+		return fmt.Errorf("%w: peer %d holds %d pages; %d more would pass the %d one peer may", ErrOverQuota, peer, u.pages, n, r.cfg.PeerPages)
+	}
+	return nil
+}
+
+// PeerUse is what peer holds now: its requests holding a slot, and the
+// pages of its requests not yet back in the pool (for tests and metrics).
+func (r *Receiver) PeerUse(peer PeerID) (requests, pages int) {
+	if u := r.use[peer]; u != nil {
+		return u.requests, u.pages
+	}
+	return 0, 0
 }
 
 // Step handles a message from a sender. A message that breaks the protocol
@@ -250,6 +330,10 @@ func (r *Receiver) bootstrap(peer PeerID, m *Bootstrap, now time.Time) error {
 		err = fmt.Errorf("%w: %w: %d tokens, this node takes %d", ErrRejected, ErrTooLong, m.Tokens, r.cfg.MaxTokens)
 	case n > MaxGrantPages:
 		err = fmt.Errorf("%w: %w: %d tokens need %d pages, a grant carries %d", ErrRejected, ErrTooManyPages, m.Tokens, n, MaxGrantPages)
+	case r.authorize(peer, m, &err):
+		why = AbortUnauthorized
+	case r.quota(peer, n, &err):
+		why = AbortOverQuota
 	case r.held >= r.cfg.Slots:
 		why, err = AbortNoCapacity, fmt.Errorf("%w: every slot is taken", ErrNoCapacity)
 	default:
@@ -261,9 +345,10 @@ func (r *Receiver) bootstrap(peer PeerID, m *Bootstrap, now time.Time) error {
 		r.tellSender(peer, id, why)
 		return nil
 	}
-	q := &recvRequest{phase: ReceiverReserved, peer: peer, key: key, tokens: m.Tokens, refs: refs}
+	q := &recvRequest{phase: ReceiverReserved, peer: peer, key: key, tokens: m.Tokens, refs: refs, holding: true, owning: true}
 	r.remember(id, q)
 	r.held++
+	r.charge(peer, 1, len(refs))
 	if r.cfg.Timeout > 0 {
 		q.deadline = now.Add(r.cfg.Timeout)
 		r.deadlines.push(timer[recvRequest]{at: q.deadline, id: id, rec: q})
@@ -276,6 +361,29 @@ func (r *Receiver) bootstrap(peer PeerID, m *Bootstrap, now time.Time) error {
 	}
 	r.send(peer, g)
 	return nil
+}
+
+// authorize runs the Authorize hook on a Bootstrap: true, with *err set,
+// if it refuses it. Under unticketed-bootstrap it is never asked.
+func (r *Receiver) authorize(peer PeerID, m *Bootstrap, err *error) bool {
+	if r.cfg.Authorize == nil || r.bug(research.UnticketedBootstrap) {
+		return false
+	}
+	if e := r.cfg.Authorize(peer, m); e != nil {
+		*err = fmt.Errorf("%w: request %d from peer %d: %w", ErrUnauthorized, m.Request, peer, e)
+		return true
+	}
+	return false
+}
+
+// quota is true, with *err set, if a Bootstrap of n pages would take peer
+// past its quota.
+func (r *Receiver) quota(peer PeerID, n int, err *error) bool {
+	if e := r.overQuota(peer, n); e != nil {
+		*err = e
+		return true
+	}
+	return false
 }
 
 // done handles Done (rule 7). Reliable-connected ordering puts it behind every
@@ -353,7 +461,7 @@ func (r *Receiver) fence(id RequestID, q *recvRequest, why error) {
 		r.end(id, q, ReceiverClosed)
 		r.finish(id, q, why)
 	case ReceiverQuarantine:
-		r.pool.Release(id, q.refs)
+		r.freePages(q, id)
 		r.end(id, q, ReceiverClosed)
 	case ReceiverClosed, ReceiverFinished:
 		if r.bug(research.DoubleFree) {
@@ -386,9 +494,10 @@ func (r *Receiver) abort(id RequestID, q *recvRequest, why error, cancelled, ear
 		r.finish(id, q, why)
 		switch {
 		case leak: // the pages are forgotten, never returned
+			r.disown(q)
 			r.end(id, q, ReceiverClosed)
 		case early: // the bug: the pages go back now, though the record still waits for the fence
-			r.pool.Release(id, q.refs)
+			r.freePages(q, id)
 			q.phase = ReceiverQuarantine
 		default:
 			q.phase = ReceiverQuarantine
@@ -398,6 +507,7 @@ func (r *Receiver) abort(id RequestID, q *recvRequest, why error, cancelled, ear
 		r.finish(id, q, why)
 		if leak {
 			r.dropSlot(q)
+			r.disown(q)
 			r.end(id, q, ReceiverClosed)
 			return
 		}

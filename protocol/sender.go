@@ -156,6 +156,16 @@ func (s *Sender) send(peer PeerID, m Message) {
 // KV, which it returns in request order for the engine to compute into (then
 // call Computed), and announces the request to the receiver at peer.
 func (s *Sender) Submit(id RequestID, peer PeerID, tokens int) ([]uint32, error) {
+	return s.SubmitTicket(id, peer, tokens, nil)
+}
+
+// SubmitTicket is Submit with the router's ticket for the request, which
+// its Bootstrap carries to the receiver (a copy: the caller keeps ticket).
+// A ticket over MaxTicket bytes is refused (ErrRejected), never sent.
+func (s *Sender) SubmitTicket(id RequestID, peer PeerID, tokens int, ticket []byte) ([]uint32, error) {
+	if len(ticket) > MaxTicket {
+		return nil, fmt.Errorf("%w: a ticket of %d bytes, at most %d", ErrRejected, len(ticket), MaxTicket)
+	}
 	if s.reqs[id] != nil {
 		return nil, fmt.Errorf("%w: request %d", ErrDuplicate, id)
 	}
@@ -186,6 +196,9 @@ func (s *Sender) Submit(id RequestID, peer PeerID, tokens int) ([]uint32, error)
 	q := &sendRequest{phase: SenderAwaitGrant, peer: peer, key: key, tokens: uint32(tokens), src: src, placeholder: placeholder}
 	s.reqs[id] = q
 	q.bootstrap = Bootstrap{Request: id, Tokens: uint32(tokens)}
+	if len(ticket) > 0 {
+		q.bootstrap.Ticket = slices.Clone(ticket)
+	}
 	s.send(peer, &q.bootstrap)
 	pages := make([]uint32, n)
 	for i, ref := range src {

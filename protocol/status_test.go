@@ -69,7 +69,7 @@ func TestStatusesAndReasonsHaveNames(t *testing.T) {
 	for r := AbortCancelled; r <= maxAbortReason; r++ {
 		names["a "+r.String()] = true
 	}
-	if want := 8 + 8 + 6; len(names) != want {
+	if want := 8 + 8 + 8; len(names) != want {
 		t.Fatalf("%d distinct names, want %d: %v", len(names), want, names)
 	}
 	if ReceiverReady.String() != "ready" || SenderAwaitGrant.String() != "awaiting-grant" || AbortRejected.String() != "rejected" {

@@ -5,8 +5,9 @@ import (
 	"fmt"
 )
 
-// Version is the wire format version this package speaks.
-const Version = 1
+// Version is the wire format version this package speaks. Version 2's
+// Bootstrap carries a ticket; a frame of version 1 is refused (ErrVersion).
+const Version = 2
 
 // Limits on every length the wire carries. A frame that exceeds one is an error,
 // and nothing larger than these is ever allocated while decoding.
@@ -15,6 +16,7 @@ const (
 	MaxBody       = 4 << 20       // bytes in one frame's body
 	MaxGrantPages = 1 << 17       // pages in one grant: 131072
 	MaxTokens     = 1<<31 - 1     // tokens in one request
+	MaxTicket     = 1024          // bytes of a Bootstrap's ticket
 	grantPageSize = 4 + 8 + 8 + 4 // page, epoch, address, key
 )
 
@@ -84,6 +86,11 @@ type Message interface {
 type Bootstrap struct {
 	Request RequestID
 	Tokens  uint32
+	// Ticket is the router's signed word that it dispatched this request,
+	// opaque to the protocol (at most MaxTicket bytes): the receiver's
+	// Authorize checks it before anything is reserved. A Decoder's Bootstrap
+	// reuses its memory, like a Grant's pages.
+	Ticket []byte
 }
 
 // PageGrant is one granted page: its ownership tag (page, epoch) and where to
@@ -123,10 +130,13 @@ const (
 	AbortTimedOut                            // decode waited too long for Done
 	AbortVerifyFailed                        // decode's verification failed (counts, tag records, checksums)
 	AbortPeerFailed                          // the other leg failed
-	maxAbortReason    = AbortPeerFailed
+	AbortUnauthorized                        // decode's Authorize refused the Bootstrap (its ticket)
+	AbortOverQuota                           // the sender holds as much of decode as one peer may
+	maxAbortReason    = AbortOverQuota
 )
 
-var abortReasonNames = [...]string{"", "cancelled", "rejected", "no capacity", "timed out", "verification failed", "peer failed"}
+var abortReasonNames = [...]string{"", "cancelled", "rejected", "no capacity", "timed out", "verification failed", "peer failed",
+	"unauthorized", "over quota"}
 
 func (r AbortReason) String() string {
 	if r >= 1 && r <= maxAbortReason {
@@ -196,6 +206,7 @@ func DecodeMessage(b []byte) (Message, int, error) {
 // concurrent use.
 type Decoder struct {
 	bootstrap Bootstrap
+	ticket    []byte // the Bootstrap's ticket's memory, kept while a Bootstrap carries none
 	grant     Grant
 	done      Done
 	abort     Abort
@@ -234,6 +245,7 @@ func decodeInto(b []byte, d *Decoder) (Message, int, error) {
 			m = new(AbortAck)
 		}
 	case t == TypeBootstrap:
+		d.bootstrap.Ticket = d.ticket[:0]
 		m = &d.bootstrap
 	case t == TypeGrant:
 		d.grant.Pages = d.grant.Pages[:0]
@@ -251,7 +263,11 @@ func decodeInto(b []byte, d *Decoder) (Message, int, error) {
 	if uint64(len(b)) < HeaderSize+uint64(n) {
 		return nil, 0, ErrShortFrame
 	}
-	if err := m.decodeBody(b[HeaderSize : HeaderSize+int(n)]); err != nil {
+	err := m.decodeBody(b[HeaderSize : HeaderSize+int(n)])
+	if b, ok := m.(*Bootstrap); ok && d != nil && b.Ticket != nil {
+		d.ticket = b.Ticket[:0]
+	}
+	if err != nil {
 		return nil, 0, fmt.Errorf("%s: %w", m.Type(), err)
 	}
 	if err := validate(m); err != nil {
@@ -272,6 +288,9 @@ func validate(m Message) error {
 	case *Bootstrap:
 		if m.Tokens == 0 || m.Tokens > MaxTokens {
 			return bad("tokens %d outside 1..%d", m.Tokens, MaxTokens)
+		}
+		if len(m.Ticket) > MaxTicket {
+			return bad("a ticket of %d bytes, at most %d", len(m.Ticket), MaxTicket)
 		}
 	case *Grant:
 		if m.Tokens == 0 || m.Tokens > MaxTokens {
@@ -341,13 +360,29 @@ func (r *body) end() error {
 
 func (m *Bootstrap) appendBody(dst []byte) []byte {
 	dst = binary.BigEndian.AppendUint64(dst, uint64(m.Request))
-	return binary.BigEndian.AppendUint32(dst, m.Tokens)
+	dst = binary.BigEndian.AppendUint32(dst, m.Tokens)
+	dst = binary.BigEndian.AppendUint16(dst, uint16(len(m.Ticket)))
+	return append(dst, m.Ticket...)
 }
 
 func (m *Bootstrap) decodeBody(b []byte) error {
 	r := body{b: b}
 	m.Request, m.Tokens = RequestID(r.u64()), r.u32()
-	return r.end()
+	n := int(binary.BigEndian.Uint16(r.take(2)))
+	if r.err != nil {
+		return r.err
+	}
+	// The length must fit in what is left, and in MaxTicket, before anything is
+	// allocated for it.
+	if n > MaxTicket || n != len(r.b) {
+		return fmt.Errorf("%w: a ticket of %d bytes in %d", ErrMalformed, n, len(r.b))
+	}
+	buf := m.Ticket[:0] // a Decoder's Bootstrap: its ticket's memory is reused
+	m.Ticket = nil
+	if n > 0 {
+		m.Ticket = append(buf, r.b...)
+	}
+	return nil
 }
 
 func (m *Grant) appendBody(dst []byte) []byte {

@@ -16,6 +16,7 @@ func sampleMessages() []Message {
 		&Done{Request: 7, Tokens: 5, Pages: 2},
 		&Abort{Request: 7, Reason: AbortTimedOut},
 		&AbortAck{Request: 7},
+		&Bootstrap{Request: 8, Tokens: 3, Ticket: []byte("the router's signed word")},
 	}
 }
 
@@ -66,7 +67,8 @@ func TestDecoderRejectsBrokenFramesWithTypedErrors(t *testing.T) {
 		frame []byte
 		want  error
 	}{
-		"version":        {mutate(func(b []byte) []byte { b[0] = 2; return b }), ErrVersion},
+		"version 1":      {mutate(func(b []byte) []byte { b[0] = 1; return b }), ErrVersion}, // before tickets: refused, not misread
+		"a later one":    {mutate(func(b []byte) []byte { b[0] = Version + 1; return b }), ErrVersion},
 		"unknown type":   {mutate(func(b []byte) []byte { b[1] = 99; return b }), ErrUnknownType},
 		"too long":       {mutate(func(b []byte) []byte { binary.BigEndian.PutUint32(b[2:], MaxBody+1); return b }), ErrFrameTooLong},
 		"trailing bytes": {mutate(func(b []byte) []byte { binary.BigEndian.PutUint32(b[2:], 17); return append(b, 0) }), ErrMalformed},
@@ -105,6 +107,7 @@ func TestEncoderRefusesWhatTheDecoderWould(t *testing.T) {
 		"grant without pages": &Grant{Request: 1, Tokens: 1},
 		"too many pages":      &Grant{Request: 1, Tokens: 1, Pages: make([]PageGrant, MaxGrantPages+1)},
 		"tokens over limit":   &Bootstrap{Request: 1, Tokens: MaxTokens + 1},
+		"ticket over limit":   &Bootstrap{Request: 1, Tokens: 1, Ticket: make([]byte, MaxTicket+1)},
 		"abort without why":   &Abort{Request: 1},
 		"nil":                 nil,
 	} {
@@ -151,4 +154,30 @@ func FuzzDecodeMessage(f *testing.F) {
 			t.Fatalf("re-encoding differs: %v\n%x\n%x", err, again, b[:n])
 		}
 	})
+}
+
+// A Bootstrap's ticket length must match its bytes, and MaxTicket, before
+// anything is allocated for it; a version-1 Bootstrap (no ticket field) is
+// refused as another version, not read as a Bootstrap without a ticket.
+func TestBootstrapTicketLengthMustMatchItsBytes(t *testing.T) {
+	frame, _ := AppendMessage(nil, &Bootstrap{Request: 1, Tokens: 2, Ticket: []byte("abc")})
+	for name, n := range map[string]uint16{"longer than the body": 4, "past MaxTicket": MaxTicket + 1, "shorter": 2} {
+		f := bytes.Clone(frame)
+		binary.BigEndian.PutUint16(f[HeaderSize+12:], n)
+		if _, _, err := DecodeMessage(f); !errors.Is(err, ErrMalformed) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	old := []byte{1, byte(TypeBootstrap), 0, 0, 0, 12, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 2}
+	if _, _, err := DecodeMessage(old); !errors.Is(err, ErrVersion) {
+		t.Fatalf("a version-1 Bootstrap: %v", err)
+	}
+	var d Decoder
+	for _, ticket := range []string{"a longer ticket", "short", ""} {
+		f, _ := AppendMessage(nil, &Bootstrap{Request: 1, Tokens: 2, Ticket: []byte(ticket)})
+		m, _, err := d.Decode(f)
+		if err != nil || string(m.(*Bootstrap).Ticket) != ticket {
+			t.Fatalf("Decoder: %q, %v; want %q", m.(*Bootstrap).Ticket, err, ticket)
+		}
+	}
 }

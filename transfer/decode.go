@@ -28,6 +28,8 @@ type DecodeConfig struct {
 	// Research turns bugs of the catalogue on in the Receiver (the demo's
 	// --bug); only code inside this module can set it.
 	Research research.Switches
+	// Authorize and the per-peer quotas: see authorize.go.
+	Admission
 }
 
 // Decode is a decode node's transfer endpoint: a protocol.Receiver, its page
@@ -86,6 +88,7 @@ func NewDecode(dev rdma.Device, cfg DecodeConfig) (*Decode, error) {
 	d.receiver, err = protocol.NewReceiver(protocol.ReceiverConfig{Pages: cfg.Pages, PageTokens: cfg.PageTokens,
 		Slots: cfg.Slots, MaxTokens: min(cfg.MaxRequestPages*cfg.PageTokens, protocol.MaxTokens),
 		Timeout: cfg.Timeout, Horizon: cfg.Horizon, Memory: pagesOf{d}, TagKeys: d.tagKeyOf, Research: cfg.Research,
+		Authorize: d.authorizer(), PeerRequests: cfg.PeerRequests, PeerPages: cfg.PeerPages,
 		Region: func(p uint32) (uint64, uint32) { return addr + uint64(int(p)*d.slotBytes()), key }})
 	return d, err
 }

@@ -131,13 +131,20 @@ func (p *Prefill) page(page uint32) []byte {
 // node, the queue pair's flush) waits until FillKV returns, then applies in
 // the order it came.
 func (p *Prefill) Submit(id protocol.RequestID, peer string, tokens int) error {
+	return p.SubmitTicket(id, peer, tokens, nil)
+}
+
+// SubmitTicket is Submit with the router's ticket for the request, which
+// its Bootstrap carries (protocol.Sender.SubmitTicket): a decode node that
+// checks tickets reserves nothing for a request without a valid one.
+func (p *Prefill) SubmitTicket(id protocol.RequestID, peer string, tokens int, ticket []byte) error {
 	p.mu.Lock()
 	c := p.names[peer]
 	if c == nil || !c.live {
 		p.mu.Unlock()
 		return fmt.Errorf("%w: %q", ErrNoPeer, peer)
 	}
-	pages, err := p.sender.Submit(id, c.peer, tokens)
+	pages, err := p.sender.SubmitTicket(id, c.peer, tokens, ticket)
 	if err != nil {
 		p.mu.Unlock()
 		return err

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvhandoff/kvhandoff/internal/admission"
+	"github.com/kvhandoff/kvhandoff/internal/pki"
 	"github.com/kvhandoff/kvhandoff/protocol"
 	"github.com/kvhandoff/kvhandoff/rdma"
 )
@@ -41,6 +42,11 @@ type SetupConfig struct {
 	// address holding the most (package internal/admission), so a flood
 	// from one address evicts only its own. 0 means 64.
 	MaxHandshakes int
+	// Admit is the registry's word on a peer: nil if it lists the node name
+	// in role, else an error wrapping pki.ErrUnknownPeer. Serve asks it of
+	// every prefill node before anything is allocated for it; nil admits any
+	// name (the certificate's role is checked all the same).
+	Admit func(name string, role pki.Role) error
 	// Log receives warnings (plaintext, refused peers); nil means slog.Default().
 	Log *slog.Logger
 }
@@ -218,18 +224,20 @@ func queuePairKey(conn net.Conn, prefill, decode string) (*protocol.TagKey, erro
 }
 
 // authenticated checks that the peer's certificate names the node its hello
-// says it is (with TLS; without, the hello's word is all there is).
-func authenticated(conn net.Conn, name string) error {
-	t, ok := conn.(*tls.Conn)
-	if !ok {
-		return nil
+// says it is and carries role (with TLS; without, the hello's word is all
+// there is), then that the registry lists it in that role (cfg.Admit).
+func authenticated(conn net.Conn, name string, role pki.Role, cfg *SetupConfig) error {
+	if t, ok := conn.(*tls.Conn); ok {
+		certs := t.ConnectionState().PeerCertificates
+		if len(certs) == 0 {
+			return errors.New("no certificate")
+		}
+		if err := pki.CheckPeer(certs[0], name, role); err != nil {
+			return err
+		}
 	}
-	certs := t.ConnectionState().PeerCertificates
-	if len(certs) == 0 {
-		return errors.New("no certificate")
-	}
-	if err := certs[0].VerifyHostname(name); err != nil {
-		return fmt.Errorf("the certificate does not name %q: %w", name, err)
+	if cfg.Admit != nil {
+		return cfg.Admit(name, role)
 	}
 	return nil
 }
@@ -291,8 +299,8 @@ func (e *endpoint) attach(c *conn, ctl net.Conn) {
 }
 
 // Dial sets up a queue pair to the decode node peer listening at addr (its
-// Serve): TLS 1.3 with the peer's certificate checked against peer, the
-// hellos, both queue pairs to RTS. A peer that does not answer within
+// Serve): TLS 1.3 with the peer's certificate checked against peer and the
+// decode role (pki.CheckPeer), the hellos, both queue pairs to RTS. A peer that does not answer within
 // cfg.Timeout, or answers anything but a matching hello, fails with ErrSetup
 // and leaves nothing behind. A queue pair already live to peer is cut once
 // the new one is (a reconnect).
@@ -313,6 +321,12 @@ func (p *Prefill) Dial(ctx context.Context, peer, addr string, cfg SetupConfig) 
 		return fail("dial", err)
 	}
 	conn, err := secure(ctx, raw, &cfg, true, peer)
+	if err == nil {
+		// Who the peer is, before anything of this node's goes to it.
+		if err = authenticated(conn, peer, pki.RoleDecode, &cfg); err != nil {
+			conn.Close()
+		}
+	}
 	if err != nil {
 		raw.Close()
 		return fail("TLS handshake", err)
@@ -362,8 +376,11 @@ func (p *Prefill) Dial(ctx context.Context, peer, addr string, cfg SetupConfig) 
 
 // Serve accepts prefill nodes' control connections on ln until ctx ends and
 // sets up a queue pair with each: TLS 1.3 with a client certificate that
-// must name the node its hello says it is, the hellos, the queue pair to
-// RTS. Nothing is allocated for a peer before it has authenticated and sent
+// must name the node its hello says it is and carry the prefill role
+// (pki.CheckPeer), a name cfg.Admit lists as a prefill node, the hellos,
+// the queue pair to RTS. A peer refused for who it is is logged with an
+// error wrapping ErrSetup and pki.ErrPeerRefused (ErrWrongRole,
+// ErrUnknownPeer, ...). Nothing is allocated for a peer before it has authenticated and sent
 // a hello that matches this node; a peer that stalls, or sends anything else,
 // is dropped after cfg.Timeout, or sooner when the handshakes held reach
 // cfg.MaxHandshakes and its source address holds the most of them. Temporary accept errors (a full file table)
@@ -430,7 +447,7 @@ func (d *Decode) accept(ctx context.Context, raw, watched net.Conn, cfg *SetupCo
 		err = h.check('P', d.cfg.PageTokens, d.cfg.PageBytes)
 	}
 	if err == nil {
-		err = authenticated(conn, h.name)
+		err = authenticated(conn, h.name, pki.RolePrefill, cfg)
 	}
 	if err != nil {
 		conn.Close()

@@ -9,20 +9,27 @@ import (
 	"github.com/kvhandoff/kvhandoff/internal/pki"
 )
 
-const certsUsage = `usage: kvhandoff certs --dir DIR --nodes NAME,... [flags]
+const certsUsage = `usage: kvhandoff certs --dir DIR --nodes NAME[:ROLE],... [flags]
 
-Writes a certificate authority for a deployment and a certificate and key for
-each node, as PEM files the nodes read with --tls-cert, --tls-key and --tls-ca
+Writes a certificate authority for a deployment, a certificate and key for
+each node, and the router's ticket key, as PEM files the nodes read with
+--tls-cert, --tls-key, --tls-ca, --ticket-key and --ticket-pub
 (docs/security.md):
 
-  DIR/ca.pem        the authority's certificate: every node's --tls-ca
-  DIR/ca-key.pem    the authority's key (mode 0600): keep it offline; it issues more
-  DIR/NAME.pem      node NAME's certificate (its only DNS name is NAME): --tls-cert
-  DIR/NAME-key.pem  node NAME's key (mode 0600): --tls-key
+  DIR/ca.pem          the authority's certificate: every node's --tls-ca
+  DIR/ca-key.pem      the authority's key (mode 0600): keep it offline; it issues more
+  DIR/NAME.pem        node NAME's certificate: --tls-cert. Its only DNS name is
+                      NAME, and it carries ROLE (router, prefill or decode) as a
+                      URI, kvhandoff:role/ROLE
+  DIR/NAME-key.pem    node NAME's key (mode 0600): --tls-key
+  DIR/ticket-key.pem  the router's ticket signing key (ed25519, mode 0600): --ticket-key
+  DIR/ticket.pem      its public half: every decode node's --ticket-pub
 
-A node is accepted by its peers only under NAME, the name the registry knows it
-by. With --ca and --ca-key, the nodes are issued by that existing authority and
-no new one is made. Existing files are never overwritten.
+A node is accepted by its peers only under NAME and in ROLE, and only if the
+registry lists it so. ROLE may be left out of a NAME that begins with it
+(router, prefill-0, decode-1). With --ca and --ca-key, the nodes are issued
+by that existing authority, and no new authority or ticket key is made.
+Existing files are never overwritten.
 
 `
 
@@ -30,7 +37,7 @@ no new one is made. Existing files are never overwritten.
 func runCerts(args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("certs", certsUsage, stderr)
 	dir := fs.String("dir", "", "directory to write the files into (required)")
-	nodes := fs.String("nodes", "", "comma-separated node names, as the registry knows them (required)")
+	nodes := fs.String("nodes", "", "comma-separated nodes, NAME or NAME:ROLE, as the registry knows them (required)")
 	name := fs.String("ca-name", "kvhandoff", "the new authority's common name")
 	caCert := fs.String("ca", "", "an existing authority's certificate, to issue from it")
 	caKey := fs.String("ca-key", "", "that authority's key")
@@ -60,15 +67,20 @@ func runCerts(args []string, stdout, stderr io.Writer) int {
 	if err == nil {
 		err = ca.WriteFiles(*dir, fresh, names...)
 	}
+	if err == nil && fresh {
+		err = pki.WriteTicketKey(*dir)
+	}
 	if err != nil {
 		fmt.Fprintln(stderr, "kvhandoff certs:", err)
 		return 1
 	}
 	if fresh {
 		fmt.Fprintf(stdout, "authority %s: %s, %s\n", *name, filepath.Join(*dir, pki.CAFile), filepath.Join(*dir, pki.CAKeyFile))
+		fmt.Fprintf(stdout, "ticket key: %s (router), %s (decode nodes)\n", filepath.Join(*dir, pki.TicketKeyFile), filepath.Join(*dir, pki.TicketPublicFile))
 	}
-	for _, n := range names {
-		fmt.Fprintf(stdout, "node %s: %s, %s\n", n, filepath.Join(*dir, pki.CertFile(n)), filepath.Join(*dir, pki.KeyFile(n)))
+	for _, spec := range names {
+		n, role, _ := pki.ParseNode(spec) // WriteFiles parsed each already
+		fmt.Fprintf(stdout, "%s node %s: %s, %s\n", role, n, filepath.Join(*dir, pki.CertFile(n)), filepath.Join(*dir, pki.KeyFile(n)))
 	}
 	return 0
 }

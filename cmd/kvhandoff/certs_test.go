@@ -14,7 +14,8 @@ import (
 // The files `kvhandoff certs` writes are what two nodes need to connect
 // queue pairs over TLS: a WRITE from one lands in the other; a second run
 // into the same directory overwrites nothing; a name that cannot be a DNS
-// name is refused.
+// name is refused, and so is a node without one of the three roles; each
+// certificate carries its node's role, and the ticket key is written.
 func TestCertsWritesWhatNodesConnectWith(t *testing.T) {
 	dir := t.TempDir()
 	if code, _, stderr := runCLI(t, "certs", "--dir", dir, "--nodes", "prefill-0,decode-0"); code != 0 {
@@ -54,6 +55,32 @@ func TestCertsWritesWhatNodesConnectWith(t *testing.T) {
 	}
 	if code, _, _ := runCLI(t, "certs", "--dir", t.TempDir(), "--nodes", "Decode_0"); code != 1 {
 		t.Fatalf("a bad node name: exit %d, want 1", code)
+	}
+	for _, nodes := range []string{"intruder", "gpu-1:admin"} {
+		if code, _, _ := runCLI(t, "certs", "--dir", t.TempDir(), "--nodes", nodes); code != 1 {
+			t.Fatalf("--nodes %s (no role of the three): exit %d, want 1", nodes, code)
+		}
+	}
+	// Each certificate carries its role, inferred or named; the ticket key's
+	// halves are written beside the authority.
+	roles := t.TempDir()
+	if code, _, stderr := runCLI(t, "certs", "--dir", roles, "--nodes", "router,prefill-0,gpu-7:decode"); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	for name, want := range map[string]pki.Role{"router": pki.RoleRouter, "prefill-0": pki.RolePrefill, "gpu-7": pki.RoleDecode} {
+		tc, err := pki.Load(filepath.Join(roles, pki.CertFile(name)), filepath.Join(roles, pki.KeyFile(name)), filepath.Join(roles, pki.CAFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, err := pki.OwnRole(tc); err != nil || got != want {
+			t.Fatalf("%s: role %q, %v; want %q", name, got, err, want)
+		}
+	}
+	if _, err := pki.LoadTicketKey(filepath.Join(roles, pki.TicketKeyFile)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pki.LoadTicketPublic(filepath.Join(roles, pki.TicketPublicFile)); err != nil {
+		t.Fatal(err)
 	}
 	if code, _, _ := runCLI(t, "certs", "--nodes", "a"); code != 2 {
 		t.Fatalf("no --dir: exit %d, want 2", code)

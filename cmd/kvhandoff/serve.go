@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/ed25519"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -29,7 +31,10 @@ Runs one node of a deployment (docs/nodes.md). The router answers clients on
 /v1/models; /metrics, /healthz, /readyz); prefill and decode nodes answer
 the router on --control (mutual TLS) and serve /metrics on --metrics. Nodes
 find each other through --peers (static: name=host:port of each peer's
-control API) or --etcd (a registry under leases).
+control API) or --etcd (a registry under leases). A node is a peer only
+under the name and in the role the registry lists for it, its certificate's
+(kvhandoff certs writes the role): a decode node needs --peers (its prefill
+nodes) or --etcd too.
 
 At start-up a prefill or decode node reads what the registry holds, adds
 itself and runs kvhandoff preflight's check: if it would add a problem (its
@@ -37,7 +42,10 @@ pool smaller than the context length, its page size or model differing from
 a registered node's) it refuses to start, exit 1, naming each problem.
 
 Every connection between nodes is mutual TLS 1.3 (--tls-cert, --tls-key,
---tls-ca; kvhandoff certs makes them), unless --insecure. SIGTERM or SIGINT
+--tls-ca; kvhandoff certs makes them), unless --insecure. The router signs a
+ticket for each request it dispatches (--ticket-key), and a decode node
+reserves pages only for a Bootstrap with a valid one (--ticket-pub); both
+default to kvhandoff certs' files beside --tls-ca. SIGTERM or SIGINT
 stops the node gracefully: no new request, those in flight drained for
 --grace, then failed explicitly, and no page left owned.
 
@@ -86,6 +94,10 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	chatTemplate := fs.String("chat-template", "", "router: /v1/chat/completions' layout: plain (role: text lines) or llama2 ([INST] ... [/INST]); default plain, llama2 for a checkpoint file")
 	trustRequestID := fs.Bool("trust-request-id", false, "router: take a client's X-Request-Id (only where every client comes through a front proxy that sets it)")
 	router := fs.String("router-name", "router", "prefill, decode: the name the router's certificate carries")
+	ticketKey := fs.String("ticket-key", "", "router: the ticket signing key (default: ticket-key.pem beside --tls-ca)")
+	ticketPub := fs.String("ticket-pub", "", "decode: the router's public ticket key (default: ticket.pem beside --tls-ca)")
+	peerRequests := fs.Int("peer-requests", 0, "decode: the most open requests one prefill node may hold here; 0 means no bound but the pool's")
+	peerPages := fs.Int("peer-pages", 0, "decode: the most pages one prefill node's requests may hold here; 0 means no bound but the pool's")
 	logFormat := fs.String("log-format", "text", "text or json")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	if code := parseFlags(fs, args, stderr); code >= 0 {
@@ -137,14 +149,46 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		} else if *name != certName {
 			return fail("--name %q, but the certificate names %q", *name, certName)
 		}
+		// Peers accept a node only in the role its certificate carries.
+		certRole, err := pki.OwnRole(tc)
+		if err != nil {
+			return fail("%v (kvhandoff certs writes the role)", err)
+		}
+		if string(certRole) != *role {
+			return fail("--role %s, but the certificate is a %s node's", *role, certRole)
+		}
 	}
 	if *name == "" {
 		*name = *role
 	}
+	// The router signs a ticket for each request it dispatches; a decode
+	// node reserves pages only for a Bootstrap carrying a valid one.
+	var signer ed25519.PrivateKey
+	var verifier ed25519.PublicKey
+	if sec.TLS != nil || *ticketKey != "" || *ticketPub != "" {
+		var err error
+		switch *role {
+		case "router":
+			if *ticketKey == "" {
+				*ticketKey = filepath.Join(filepath.Dir(*tlsCA), pki.TicketKeyFile)
+			}
+			signer, err = pki.LoadTicketKey(*ticketKey)
+		case "decode":
+			if *ticketPub == "" {
+				*ticketPub = filepath.Join(filepath.Dir(*tlsCA), pki.TicketPublicFile)
+			}
+			verifier, err = pki.LoadTicketPublic(*ticketPub)
+		}
+		if err != nil {
+			return fail("the ticket key: %v", err)
+		}
+	}
 	if *peers != "" && *etcd != "" {
 		return fail("--peers and --etcd exclude each other")
 	}
-	if *peers == "" && *etcd == "" && *role != "decode" {
+	if *peers == "" && *etcd == "" {
+		// A decode node accepts queue pairs only from the prefill nodes the
+		// registry lists: it needs one too.
 		return fail("--peers or --etcd is required for a %s", *role)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
@@ -193,7 +237,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		if *role == "router" {
 			cfg := node.RouterConfig{Name: *name, Registry: reg, Security: sec, ModelID: *modelID, Timeout: *timeout, Log: log,
 				HTTP:           node.HTTPLimits{BodyTimeout: *httpBodyTimeout, IdleTimeout: *httpIdleTimeout, MaxBodyBytes: *httpMaxBody, MaxConns: *httpMaxConns},
-				TrustRequestID: *trustRequestID}
+				TrustRequestID: *trustRequestID, TicketKey: signer}
 			switch {
 			case *chatTemplate == "llama2", *chatTemplate == "" && m != nil && *modelName != "builtin":
 				cfg.ChatTemplate = node.Llama2Chat
@@ -241,7 +285,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		if err != nil {
 			return err
 		}
-		d, err := node.NewDecode(node.DecodeConfig{NodeConfig: cfg, Stop: -1})
+		d, err := node.NewDecode(node.DecodeConfig{NodeConfig: cfg, Stop: -1, TicketKey: verifier, PeerRequests: *peerRequests, PeerPages: *peerPages})
 		if err != nil {
 			return err
 		}

@@ -225,6 +225,9 @@ func TestServeProcessesSurviveAPrefillKill(t *testing.T) {
 	if err := ca.WriteFiles(dir, false, names...); err != nil {
 		t.Fatal(err)
 	}
+	if err := pki.WriteTicketKey(dir); err != nil { // the router's tickets, beside ca.pem
+		t.Fatal(err)
+	}
 	common := func(name string) []string {
 		return []string{"--etcd", etcd, "--lease", "2s", "--timeout", "10s", "--grace", "5s", "--model", "none",
 			"--tls-cert", filepath.Join(dir, pki.CertFile(name)), "--tls-key", filepath.Join(dir, pki.KeyFile(name)), "--tls-ca", filepath.Join(dir, pki.CAFile)}

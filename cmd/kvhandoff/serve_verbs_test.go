@@ -50,6 +50,9 @@ func TestServeProcessesOverVerbsAnswerVerifiedRequests(t *testing.T) {
 	if err := ca.WriteFiles(dir, false, names...); err != nil {
 		t.Fatal(err)
 	}
+	if err := pki.WriteTicketKey(dir); err != nil { // the router's tickets, beside ca.pem
+		t.Fatal(err)
+	}
 	// Generous timeouts: under software emulation (TCG) every step is slow.
 	common := func(name string) []string {
 		return []string{"--etcd", etcd, "--lease", "10s", "--timeout", "60s", "--grace", "10s", "--model", "none",

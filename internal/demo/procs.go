@@ -86,19 +86,26 @@ func StartProcs(bin, dir string, d Deployment, etcd string, logs io.Writer) (*Pr
 		}
 		return a
 	}
-	var decodePeers, allPeers []string
+	var decodePeers, prefillPeers, allPeers []string
+	prefillCtl := map[string]string{}
+	for i := range d.Prefills {
+		name := fmt.Sprintf("prefill-%d", i)
+		prefillCtl[name] = addr()
+		prefillPeers = append(prefillPeers, name+"="+prefillCtl[name])
+	}
 	for i := range d.Decodes {
 		name := fmt.Sprintf("decode-%d", i)
 		ctl, met := addr(), addr()
 		p.metrics[name] = met
 		decodePeers = append(decodePeers, name+"="+ctl)
+		// A decode node accepts queue pairs only from the prefill nodes it lists.
 		p.args[name] = append(append([]string{"serve", "--role", "decode", "--name", name, "--control", ctl, "--transfer", addr(), "--rdma", addr(),
-			"--metrics", met, "--pool-pages", strconv.Itoa(d.DecodePages)}, common...), tls(name)...)
+			"--metrics", met, "--pool-pages", strconv.Itoa(d.DecodePages), "--peers", strings.Join(prefillPeers, ",")}, common...), tls(name)...)
 	}
 	allPeers = append(allPeers, decodePeers...)
 	for i := range d.Prefills {
 		name := fmt.Sprintf("prefill-%d", i)
-		ctl, met := addr(), addr()
+		ctl, met := prefillCtl[name], addr()
 		p.metrics[name] = met
 		allPeers = append(allPeers, name+"="+ctl)
 		p.args[name] = append(append([]string{"serve", "--role", "prefill", "--name", name, "--control", ctl, "--rdma", addr(),

@@ -1,9 +1,17 @@
 // Package pki makes and loads the certificates kvhandoff's nodes authenticate
 // each other with (docs/security.md): a certificate authority of the
 // deployment, and one certificate per node naming the node the way the
-// registry knows it. Every connection a node accepts is TLS 1.3 with both
-// sides presenting a certificate of that authority, and a peer is accepted
-// only under the name the caller expects.
+// registry knows it and carrying its role (router, prefill or decode) as a
+// URI SAN, kvhandoff:role/ROLE. Every connection a node accepts is TLS 1.3
+// with both sides presenting a certificate of that authority, and a peer is
+// accepted only under the name and in the role the caller expects (CheckPeer).
+//
+// The role is a URI SAN rather than an extended key usage OID because it is
+// an identity, not a key usage: Go's verifier matches EKUs against the
+// usage asked for (client or server authentication) and would treat an
+// unknown OID as a usage to refuse or ignore, while URIs are parsed into
+// x509.Certificate.URIs, printed by openssl, and the convention SPIFFE uses
+// for workload identities.
 //
 // NewCA makes an authority in memory (tests and the demo throw it away);
 // CA.Issue makes a node's certificate; CA.WriteFiles writes both as PEM files
@@ -24,9 +32,11 @@ import (
 	"errors"
 	"fmt"
 	"math/big"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"time"
 )
 
@@ -47,6 +57,105 @@ var nameRule = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9
 // ErrBadName is returned for a node name that cannot be a certificate's DNS
 // name (lower-case letters, digits, '-' and '.').
 var ErrBadName = errors.New("pki: a node name is lower-case letters, digits, '-' and '.', like a DNS name")
+
+// Role is what a node does in a deployment; a certificate carries one.
+type Role string
+
+// The roles a certificate can carry.
+const (
+	RoleRouter  Role = "router"
+	RolePrefill Role = "prefill"
+	RoleDecode  Role = "decode"
+)
+
+// roleURI is the scheme and opaque prefix of a certificate's role URI:
+// kvhandoff:role/prefill.
+const (
+	roleScheme = "kvhandoff"
+	rolePrefix = "role/"
+)
+
+// Valid reports whether r is one of the three roles.
+func (r Role) Valid() bool { return r == RoleRouter || r == RolePrefill || r == RoleDecode }
+
+// Errors of a peer's identity; each wraps ErrPeerRefused, so a caller that
+// only needs to know the peer was refused for who it is matches that.
+var (
+	// ErrPeerRefused: a peer's certificate is not the one of a node this
+	// node accepts where it stands.
+	ErrPeerRefused = errors.New("pki: peer refused")
+	// ErrNoRole: the certificate carries no role (or more than one); it was
+	// made before roles, or by hand.
+	ErrNoRole = fmt.Errorf("%w: the certificate carries no single kvhandoff role", ErrPeerRefused)
+	// ErrWrongRole: the certificate's role is not the one expected (a
+	// decode certificate acting as a prefill node).
+	ErrWrongRole = fmt.Errorf("%w: the certificate's role is not the one expected", ErrPeerRefused)
+	// ErrWrongName: the certificate does not carry the name expected.
+	ErrWrongName = fmt.Errorf("%w: the certificate does not carry the name expected", ErrPeerRefused)
+	// ErrUnknownPeer: the name is not one the registry lists in that role.
+	ErrUnknownPeer = fmt.Errorf("%w: a name the registry does not list in that role", ErrPeerRefused)
+)
+
+// RoleOf is the role cert carries: exactly one kvhandoff:role/ROLE URI of
+// a known role, or ErrNoRole.
+func RoleOf(cert *x509.Certificate) (Role, error) {
+	var found Role
+	n := 0
+	for _, u := range cert.URIs {
+		if u.Scheme != roleScheme || !strings.HasPrefix(u.Opaque, rolePrefix) {
+			continue
+		}
+		n++
+		found = Role(strings.TrimPrefix(u.Opaque, rolePrefix))
+	}
+	if n != 1 || !found.Valid() {
+		return "", fmt.Errorf("%w (%d role URIs, %q)", ErrNoRole, n, found)
+	}
+	return found, nil
+}
+
+// CheckPeer checks that a peer's verified certificate carries name (as a
+// DNS name) and role want. The chain was verified against the deployment's
+// authority by the TLS handshake; this is who the peer is within it.
+func CheckPeer(cert *x509.Certificate, name string, want Role) error {
+	if err := cert.VerifyHostname(name); err != nil {
+		return fmt.Errorf("%w: %q: %v", ErrWrongName, name, err)
+	}
+	got, err := RoleOf(cert)
+	if err != nil {
+		return fmt.Errorf("%q: %w", name, err)
+	}
+	if got != want {
+		return fmt.Errorf("%w: %q is certified as %s, not %s", ErrWrongRole, name, got, want)
+	}
+	return nil
+}
+
+// InferRole is the role a node name begins with: "router", "prefill-0"
+// and "decode1" name their roles; any other name has none ("").
+func InferRole(name string) Role {
+	for _, r := range []Role{RoleRouter, RolePrefill, RoleDecode} {
+		rest, ok := strings.CutPrefix(name, string(r))
+		if ok && (rest == "" || rest[0] == '-' || rest[0] == '.' || (rest[0] >= '0' && rest[0] <= '9')) {
+			return r
+		}
+	}
+	return ""
+}
+
+// ParseNode reads a node of `kvhandoff certs --nodes`: NAME:ROLE, or NAME
+// alone when it begins with its role (InferRole).
+func ParseNode(s string) (name string, role Role, err error) {
+	name, r, explicit := strings.Cut(s, ":")
+	role = Role(r)
+	if !explicit {
+		role = InferRole(name)
+	}
+	if !role.Valid() {
+		return "", "", fmt.Errorf("pki: node %q: a role of router, prefill or decode is needed (NAME:ROLE, or a name that begins with its role)", s)
+	}
+	return name, role, nil
+}
 
 // NewCA makes a fresh authority named name, valid for Validity from now.
 func NewCA(name string) (*CA, error) {
@@ -88,11 +197,26 @@ func (ca *CA) Pool() *x509.CertPool {
 	return p
 }
 
-// Issue makes the certificate of the node called name: its only DNS name is
-// name, and it serves both to accept connections and to dial them.
+// Issue makes the certificate of the node called name in the role its name
+// begins with (InferRole; none if it begins with none, a certificate that
+// no node accepts as a peer): see IssueAs.
 func (ca *CA) Issue(name string) (tls.Certificate, error) {
+	return ca.IssueAs(name, InferRole(name))
+}
+
+// IssueAs makes the certificate of the node called name in role: its only
+// DNS name is name, its role a URI SAN kvhandoff:role/ROLE ("" writes
+// none), and it serves both to accept connections and to dial them.
+func (ca *CA) IssueAs(name string, role Role) (tls.Certificate, error) {
 	if !nameRule.MatchString(name) {
 		return tls.Certificate{}, fmt.Errorf("%w: %q", ErrBadName, name)
+	}
+	var uris []*url.URL
+	switch {
+	case role.Valid():
+		uris = []*url.URL{{Scheme: roleScheme, Opaque: rolePrefix + string(role)}}
+	case role != "":
+		return tls.Certificate{}, fmt.Errorf("pki: role %q: router, prefill or decode", role)
 	}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -103,6 +227,7 @@ func (ca *CA) Issue(name string) (tls.Certificate, error) {
 		SerialNumber: serial(),
 		Subject:      pkix.Name{CommonName: name},
 		DNSNames:     []string{name},
+		URIs:         uris,
 		NotBefore:    now.Add(-time.Minute),
 		NotAfter:     now.Add(Validity),
 		KeyUsage:     x509.KeyUsageDigitalSignature,
@@ -123,7 +248,12 @@ func (ca *CA) Issue(name string) (tls.Certificate, error) {
 // certificate from ca, and ca as the only authority it trusts, for accepting
 // (client certificates required) and for dialling.
 func (ca *CA) Config(name string) (*tls.Config, error) {
-	cert, err := ca.Issue(name)
+	return ca.ConfigAs(name, InferRole(name))
+}
+
+// ConfigAs is Config for a certificate of role (IssueAs).
+func (ca *CA) ConfigAs(name string, role Role) (*tls.Config, error) {
+	cert, err := ca.IssueAs(name, role)
 	if err != nil {
 		return nil, err
 	}
@@ -157,8 +287,9 @@ func CertFile(name string) string { return name + ".pem" }
 func KeyFile(name string) string { return name + "-key.pem" }
 
 // WriteFiles writes, into dir, the authority's certificate (CAFile) and, if
-// withKey, its key (CAKeyFile, to issue more later), and for each node a
-// certificate (CertFile) and a key (KeyFile). Keys are written mode 0600. It
+// withKey, its key (CAKeyFile, to issue more later), and for each node
+// (NAME:ROLE, or a NAME that begins with its role: ParseNode) a certificate
+// of that role (CertFile) and a key (KeyFile). Keys are written mode 0600. It
 // refuses to overwrite an existing file: a deployment's keys are not
 // replaced by accident.
 func (ca *CA) WriteFiles(dir string, withKey bool, nodes ...string) error {
@@ -176,12 +307,16 @@ func (ca *CA) WriteFiles(dir string, withKey bool, nodes ...string) error {
 		files = append(files, file{CAKeyFile, pemBlock("PRIVATE KEY", k), true})
 	}
 	seen := map[string]bool{}
-	for _, n := range nodes {
+	for _, spec := range nodes {
+		n, role, err := ParseNode(spec)
+		if err != nil {
+			return err
+		}
 		if seen[n] {
 			return fmt.Errorf("pki: node %q named twice", n)
 		}
 		seen[n] = true
-		cert, err := ca.Issue(n)
+		cert, err := ca.IssueAs(n, role)
 		if err != nil {
 			return err
 		}
@@ -282,4 +417,19 @@ func Name(cfg *tls.Config) (string, error) {
 		return "", errors.New("pki: the certificate names no node (no DNS name)")
 	}
 	return leaf.DNSNames[0], nil
+}
+
+// OwnRole is the role a configuration's own certificate carries (RoleOf).
+func OwnRole(cfg *tls.Config) (Role, error) {
+	if cfg == nil || len(cfg.Certificates) == 0 || len(cfg.Certificates[0].Certificate) == 0 {
+		return "", errors.New("pki: the TLS configuration has no certificate")
+	}
+	leaf := cfg.Certificates[0].Leaf
+	if leaf == nil {
+		var err error
+		if leaf, err = x509.ParseCertificate(cfg.Certificates[0].Certificate[0]); err != nil {
+			return "", fmt.Errorf("pki: %w", err)
+		}
+	}
+	return RoleOf(leaf)
 }

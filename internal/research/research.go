@@ -49,6 +49,10 @@ const (
 	// the request's windows are revoked (only at release): the sender can
 	// still WRITE verified pages (a time-of-check/time-of-use window).
 	VerifyBeforeRevoke
+	// UnticketedBootstrap: the decode node reserves pages for any Bootstrap,
+	// without asking whether the router dispatched it (its ticket), so any
+	// peer that connected a queue pair can hold the pool (issue 17).
+	UnticketedBootstrap
 	numSwitches = iota
 )
 
@@ -67,7 +71,7 @@ const (
 var names = [numSwitches]string{"admit-finished", "abort-still-sends", "no-token-check", "eager-release",
 	"timeout-free", "prefill-early-free", "no-tag-check", "no-checksum", "leak-on-cancel", "no-peer-cancel", "double-free",
 	"abort-frees-source", "checksum-hangs", "peer-by-name",
-	"pool-wide-key", "verify-before-revoke"}
+	"pool-wide-key", "verify-before-revoke", "unticketed-bootstrap"}
 
 func (s Switch) String() string {
 	for i, n := range names {
