@@ -125,7 +125,7 @@ func responder(t *testing.T) error {
 // and the child, woken by the SEND behind them, finds every byte in place.
 func TestWritesCrossProcesses(t *testing.T) {
 	dir := t.TempDir()
-	if err := testCA().WriteFiles(dir, false, "parent", "child"); err != nil {
+	if err := testCA().WriteFiles(dir, false, "parent:prefill", "child:decode"); err != nil {
 		t.Fatal(err)
 	}
 	child := exec.Command(os.Args[0], "-test.run=^TestHelperResponder$", "-test.count=1")
