@@ -67,6 +67,12 @@
 // control message) stays its own until the request completes, because a NIC
 // reads it when it executes the request, not when it is posted.
 //
+// Remote access is per grant (windows.go): the decode region opens nothing
+// under its own key; each Grant's pages are opened by memory windows bound on
+// the queue pair its Bootstrap came on, invalidated before Done (or AbortAck)
+// reaches the Receiver, so verification runs on pages nobody can write and
+// no page is freed while a window opens it.
+//
 // A cut is the queue pair's error state. Every work request it held then
 // completes with a flush error; once the last has, the state machine learns
 // of it (Sender.Flushed, Receiver.QueuePairFenced), its requests fail and its

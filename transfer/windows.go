@@ -116,9 +116,13 @@ func (w *grantWindows) binds(m protocol.Message) int {
 // follows the binds on the same send queue. A request in quarantine still
 // holds its pages, until its fence revokes the windows; one whose pages went
 // back before its Grant could go (a peer that sent Done first) gets no
-// window: its Grant names keys that open nothing.
+// window: its Grant names keys that open nothing. A Grant whose SEND was
+// refused after its binds (a full send queue) is posted again as it is.
 func (w *grantWindows) bind(c *conn, g *protocol.Grant) error {
-	if st := w.d.receiver.Status(g.Request); w.byReq[g.Request] != nil || (st != protocol.ReceiverReserved && st != protocol.ReceiverQuarantine) {
+	if w.byReq[g.Request] != nil {
+		return nil // bound already: g holds the keys
+	}
+	if st := w.d.receiver.Status(g.Request); st != protocol.ReceiverReserved && st != protocol.ReceiverQuarantine {
 		for i := range g.Pages {
 			g.Pages[i].Key = 0
 		}

@@ -27,6 +27,28 @@ func runWindows(t *testing.T, p Provider, o Options) {
 	t.Run("GuessedWindowKeysOpenNothing", func(t *testing.T) { windowGuessed(t, p) })
 	t.Run("HeldWriteUnderAnInvalidatedWindowNeverLands", func(t *testing.T) { windowHeld(t, p) })
 	t.Run("WindowKeyChangesOnEveryBind", func(t *testing.T) { windowKeys(t, p) })
+	t.Run("BindHeldByPauseBindsUnderTheKeyItReported", func(t *testing.T) { windowHeldBind(t, p) })
+}
+
+// windowHeldBind: a bind posted while its queue pair is paused reports its
+// key when posted (a Grant naming it is built then) and binds under that
+// key when it runs.
+func windowHeldBind(t *testing.T, p Provider) {
+	w := newWindowed(t, p)
+	invalidate(t, w.x.B, w.x.BSend, w.win)
+	b := faults(t, w.x.B)
+	b.Pause()
+	if err := w.x.B.PostSend(rdma.WorkRequest{ID: 1 << 40, Op: rdma.OpBind, Window: w.win, Local: rdma.SGE{MR: w.dst, Offset: winOff, Length: winLen}}); err != nil {
+		t.Fatal(err)
+	}
+	key := w.win.RKey()
+	b.Resume()
+	expect(t, w.x.BSend, 1, rdma.Success)
+	write(t, w.x.A, w.src, 64, w.dst.Addr()+winOff, key)
+	expect(t, w.x.ASend, 1, rdma.Success)
+	if !bytes.Equal(w.dst.Bytes()[winOff:winOff+64], w.src.Bytes()[:64]) {
+		t.Fatal("a WRITE under the key a held bind reported did not land")
+	}
 }
 
 // windowed is a pair with a region on B that only windows open, and a

@@ -465,13 +465,23 @@ func (w *window) Close() error {
 	return nil
 }
 
-// postWindowLocked posts a bind (with a fresh key) or an invalidate of wr's
-// window; the caller holds q.mu.
-func (q *QP) postWindowLocked(wr rdma.WorkRequest) error {
-	w, ok := wr.Window.(*window)
-	if !ok || w.pd != q.pd {
-		return fmt.Errorf("%w: a window of another protection domain or provider", rdma.ErrBadRequest)
+// chooseKey draws the key wr (a bind of w) will bind under, when it is
+// posted, even if it is held (Pause) before it reaches the NIC: RKey reports
+// it at once, and the held bind carries it in wr.RKey.
+func (w *window) chooseKey(wr *rdma.WorkRequest) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	key := w.key
+	for key&0xFF == w.key&0xFF {
+		key = w.key&^0xFF | soft.Random32()&0xFF
 	}
+	w.key, wr.RKey = key, key
+}
+
+// postWindowLocked posts a bind (under the key chooseKey drew) or an
+// invalidate of wr's window; the caller holds q.mu.
+func (q *QP) postWindowLocked(wr rdma.WorkRequest) error {
+	w := wr.Window.(*window) // checked by PostSend
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.closed {
@@ -479,19 +489,12 @@ func (q *QP) postWindowLocked(wr rdma.WorkRequest) error {
 	}
 	id := q.d.remember(wr.ID, wr.Op)
 	if wr.Op == rdma.OpInvalidate {
-		return q.d.posted(id, "ibv_post_send (LOCAL_INV)", C.kvh_post_inv(q.qp, C.uint64_t(id), C.uint32_t(w.key)))
+		// The key the NIC holds now: that of the last bind posted.
+		return q.d.posted(id, "ibv_post_send (LOCAL_INV)", C.kvh_post_inv(q.qp, C.uint64_t(id), C.kvh_mw_rkey(w.mw)))
 	}
 	m, _ := q.checkLocal(wr.Local)
-	key := w.key
-	for key&0xFF == w.key&0xFF {
-		key = w.key&^0xFF | soft.Random32()&0xFF
-	}
-	rc := C.kvh_post_bind(q.qp, C.uint64_t(id), w.mw, C.uint32_t(key), m.mr, C.uint64_t(m.Addr()+uint64(wr.Local.Offset)), C.uint64_t(wr.Local.Length))
-	if err := q.d.posted(id, "ibv_post_send (BIND_MW)", rc); err != nil {
-		return err
-	}
-	w.key = key
-	return nil
+	rc := C.kvh_post_bind(q.qp, C.uint64_t(id), w.mw, C.uint32_t(wr.RKey), m.mr, C.uint64_t(m.Addr()+uint64(wr.Local.Offset)), C.uint64_t(wr.Local.Length))
+	return q.d.posted(id, "ibv_post_send (BIND_MW)", rc)
 }
 
 // Alloc implements rdma.ProtectionDomain with anonymous mmap'd memory, which
@@ -741,8 +744,14 @@ func (q *QP) PostSend(wr rdma.WorkRequest) error {
 	default:
 		return fmt.Errorf("%w: %v on the send queue", rdma.ErrBadRequest, wr.Op)
 	}
-	if (wr.Op == rdma.OpBind || wr.Op == rdma.OpInvalidate) && wr.Window == nil {
-		return fmt.Errorf("%w: %v without a window", rdma.ErrBadRequest, wr.Op)
+	if wr.Op == rdma.OpBind || wr.Op == rdma.OpInvalidate {
+		w, ok := wr.Window.(*window)
+		if !ok || w.pd != q.pd {
+			return fmt.Errorf("%w: %v of no window of this protection domain", rdma.ErrBadRequest, wr.Op)
+		}
+		if wr.Op == rdma.OpBind {
+			w.chooseKey(&wr)
+		}
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
