@@ -113,9 +113,44 @@ func (rt *Router) withRequestID(h http.Handler) http.Handler {
 		}
 		w.Header().Set(RequestIDHeader, id)
 		w.Header().Set(VersionHeader, Version())
-		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), requestIDKey, id)))
+		start := time.Now()
+		rec := &statusRecorder{ResponseWriter: w}
+		h.ServeHTTP(rec, r.WithContext(context.WithValue(r.Context(), requestIDKey, id)))
+		if strings.HasPrefix(r.URL.Path, "/v1/") {
+			code := rec.code
+			if code == 0 {
+				code = http.StatusOK
+				if r.Context().Err() != nil {
+					code = 499 // the client went away before an answer
+				}
+			}
+			rt.cfg.Metrics.latency.WithLabelValues(strconv.Itoa(code)).Observe(time.Since(start).Seconds())
+		}
 	})
 }
+
+// statusRecorder keeps the status an answer was given (for the latency by
+// status); Unwrap lets http.ResponseController reach the connection.
+type statusRecorder struct {
+	http.ResponseWriter
+	code int
+}
+
+func (s *statusRecorder) WriteHeader(code int) {
+	if s.code == 0 {
+		s.code = code
+	}
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *statusRecorder) Write(b []byte) (int, error) {
+	if s.code == 0 {
+		s.code = http.StatusOK
+	}
+	return s.ResponseWriter.Write(b)
+}
+
+func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 
 // Handler is the router's client API in the OpenAI-compatible shape:
 // POST /v1/completions and /v1/chat/completions, GET /v1/models, and

@@ -77,6 +77,7 @@ type routed struct {
 	prefill    string
 	decode     string
 	tokens     []int
+	bytes      int        // the KV the handoff moves: the prompt's pages on the decode node
 	done       chan error // the client-visible outcome, once
 	legs       map[protocol.PeerID]context.CancelFunc
 	cancelled  map[protocol.PeerID]bool // legs the router sent a cancel call
@@ -140,7 +141,7 @@ func NewRouter(cfg RouterConfig) (*Router, error) {
 	}
 	cfg.Metrics.prime(RoleRouter)
 	rt := &Router{cfg: cfg, client: newControlClient(cfg.Security),
-		r:   protocol.NewRouter(protocol.RouterConfig{Timeout: cfg.Timeout, Horizon: time.Minute}),
+		r:   protocol.NewRouter(protocol.RouterConfig{Timeout: cfg.Timeout, Horizon: time.Minute, Policy: LeastOutstanding{}}),
 		ids: map[string]protocol.PeerID{}, members: map[protocol.PeerID]Member{}, lost: map[protocol.PeerID]bool{},
 		suspect: map[protocol.PeerID]bool{}, pending: map[protocol.RequestID]*routed{}, nextID: protocol.RequestID(time.Now().UnixNano()), ready: make(chan struct{})}
 	cfg.Metrics.routerGauges(func() (prefills, decodes, inFlight int) {
@@ -277,12 +278,20 @@ func (rt *Router) change(ch Change) {
 		}
 		// A larger incarnation is a restart: the old life's requests fail.
 		rt.effectsLocked()
+		event := "joined"
+		if rt.members[id].Role != "" {
+			event = "rejoined"
+		}
+		rt.cfg.Metrics.nodeEvents.WithLabelValues(string(m.Role), event).Inc()
 		rt.members[id] = m
 		delete(rt.lost, id)
 		delete(rt.suspect, id)
 		rt.cfg.Log.Info("router: node joined", "node", m.Name, "role", m.Role, "control", m.Control, "pool_tokens", m.PoolTokens(), "context_tokens", m.ContextTokens)
 		rt.checkReadyLocked()
 	case Lost:
+		if !rt.lost[id] {
+			rt.cfg.Metrics.nodeEvents.WithLabelValues(string(m.Role), "lost").Inc()
+		}
 		delete(rt.suspect, id)
 		rt.lost[id] = true
 		if err := rt.r.NodeLost(id); err != nil {
@@ -330,11 +339,15 @@ func (rt *Router) Complete(ctx context.Context, c Completion) (Result, error) {
 			return res, err
 		}
 		rt.cfg.Metrics.retries.Inc()
+		rt.cfg.Log.Info("request waits for room", "request_id", c.RequestID, "attempt", attempt, "handoff_id", idString(res.ID), "reason", Reason(err))
+		rt.cfg.Metrics.waiting.Inc()
 		select {
 		case <-ctx.Done():
+			rt.cfg.Metrics.waiting.Dec()
 			return res, err
 		case <-time.After(backoff):
 		}
+		rt.cfg.Metrics.waiting.Dec()
 		backoff = min(2*backoff, 100*time.Millisecond)
 	}
 }
@@ -382,6 +395,8 @@ func (rt *Router) complete(ctx context.Context, c Completion, attempt int) (Resu
 		return Result{ID: id, Prompt: prompt, PromptTokens: len(prompt)}, err
 	}
 	q.prefill, q.decode = rt.members[d.Prefill].Name, rt.members[d.Decode].Name
+	dm := rt.members[d.Decode]
+	q.bytes = protocol.PagesFor(uint32(len(prompt)), dm.PageTokens) * dm.PageBytes
 	rt.effectsLocked()
 	rt.mu.Unlock()
 	start := time.Now()
@@ -397,7 +412,15 @@ func (rt *Router) complete(ctx context.Context, c Completion, attempt int) (Resu
 		err = <-q.done
 	}
 	took := time.Since(start)
-	rt.cfg.Metrics.leg(RoleRouter, err, took, 0)
+	var bytes int
+	if err == nil {
+		bytes = q.bytes
+		rt.cfg.Metrics.ttft.Observe(took.Seconds())
+		if n := len(q.tokens); n > 0 {
+			rt.cfg.Metrics.tpot.Observe(took.Seconds() / float64(n))
+		}
+	}
+	rt.cfg.Metrics.leg(RoleRouter, err, took, bytes)
 	res := Result{ID: id, Prompt: prompt, PromptTokens: len(prompt), Prefill: q.prefill, Decode: q.decode}
 	if err != nil {
 		log.Info("request failed", "tokens", len(prompt), "reason", Reason(err), "err", err, "seconds", took.Seconds())
@@ -568,6 +591,7 @@ func (rt *Router) legEnded(node protocol.PeerID, id protocol.RequestID, err erro
 // it for good. The caller holds mu.
 func (rt *Router) suspectLocked(node protocol.PeerID, why error) {
 	m := rt.members[node]
+	rt.cfg.Metrics.nodeEvents.WithLabelValues(string(m.Role), "lost").Inc()
 	rt.lost[node], rt.suspect[node] = true, true
 	if err := rt.r.NodeLost(node); err != nil {
 		rt.cfg.Log.Error("router: losing an unreachable node", "node", m.Name, "err", err)
