@@ -424,7 +424,7 @@ func (rt *Router) complete(ctx context.Context, c Completion, attempt int) (Resu
 	res := Result{ID: id, Prompt: prompt, PromptTokens: len(prompt), Prefill: q.prefill, Decode: q.decode}
 	if err != nil {
 		log.Info("request failed", "tokens", len(prompt), "reason", Reason(err), "err", err, "seconds", took.Seconds())
-		return res, err
+		return res, &HandoffError{Prefill: q.prefill, Decode: q.decode, Err: err}
 	}
 	res.Tokens = q.tokens
 	res.Text = model.Decode(rt.cfg.Tokenizer, q.tokens, prompt[len(prompt)-1])
