@@ -61,7 +61,8 @@ type decodeReq struct {
 	verified time.Time      // zero until Verified
 	started  time.Time
 	tokens   []int
-	local    error // why this node ended it (it overrides the endpoint's "cancelled")
+	logprobs []model.TokenLogprob // when the call asked for them
+	local    error                // why this node ended it (it overrides the endpoint's "cancelled")
 	running  bool
 }
 
@@ -226,30 +227,31 @@ func (n *Decode) generate(id protocol.RequestID, r *decodeReq) {
 		return
 	}
 	var out []int
+	var logprobs []model.TokenLogprob
 	if n.engine == nil {
 		out = digest(pages, c.MaxTokens)
-	} else if out, err = n.run(id, pages, c); err != nil {
+	} else if out, logprobs, err = n.run(id, pages, c); err != nil {
 		n.fail(id, r, err)
 		return
 	}
 	n.mu.Lock()
-	r.tokens = out
+	r.tokens, r.logprobs = out, logprobs
 	n.mu.Unlock()
 	if err := n.ep.Finish(id); err != nil {
 		n.fail(id, r, err)
 	}
 }
 
-func (n *Decode) run(id protocol.RequestID, pages [][]byte, c *decodeCall) ([]int, error) {
+func (n *Decode) run(id protocol.RequestID, pages [][]byte, c *decodeCall) ([]int, []model.TokenLogprob, error) {
 	table, err := n.cache.Lookup(pages)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	end := min(len(c.Prompt)+c.MaxTokens, n.cfg.Model.SeqLen)
 	var own []protocol.PageRef
 	if extra := protocol.PagesFor(uint32(end), n.cfg.PageTokens) - len(pages); extra > 0 {
 		if own, err = n.genPool.Allocate(id, extra); err != nil {
-			return nil, fmt.Errorf("decode node %q: pages for %d generated tokens: %w", n.cfg.Name, c.MaxTokens, err)
+			return nil, nil, fmt.Errorf("decode node %q: pages for %d generated tokens: %w", n.cfg.Name, c.MaxTokens, err)
 		}
 		defer n.genPool.Release(id, own)
 		table = append(table, kv.Shift(own, uint32(n.cfg.Pages))...)
@@ -258,7 +260,14 @@ func (n *Decode) run(id protocol.RequestID, pages [][]byte, c *decodeCall) ([]in
 	if c.Temperature > 0 {
 		sampler = model.NewSampler(c.Temperature, c.TopP, c.Seed)
 	}
-	return n.engine.Decode(table, c.Prompt, c.MaxTokens, sampler, n.cfg.Stop)
+	if c.Logprobs != nil {
+		sampler.RecordLogprobs(*c.Logprobs)
+	}
+	out, err := n.engine.Decode(table, c.Prompt, c.MaxTokens, sampler, n.cfg.Stop)
+	if sampler.Logprobs != nil {
+		return out, sampler.Logprobs.Tokens, err
+	}
+	return out, nil, err
 }
 
 // digest is the "generation" of a node without a model: the SHA-256 of the
@@ -348,7 +357,7 @@ func (n *Decode) outcomeLocked(ev transfer.Event, r *decodeReq) {
 		return
 	}
 	log.Debug("decode leg done", "tokens", len(c.Prompt), "generated", len(r.tokens), "seconds", took.Seconds())
-	r.answer <- legAnswer{Tokens: r.tokens}
+	r.answer <- legAnswer{Tokens: r.tokens, Logprobs: r.logprobs}
 }
 
 // sweep, every few milliseconds: a verified request whose prompt never

@@ -11,8 +11,8 @@ import (
 
 // The official OpenAI Node client (npm "openai") against a running
 // deployment: models.list, completions and chat completions with and
-// without stream: true, n, stop, and an unsupported parameter a 400 naming
-// it (testdata/openai_client.cjs). It needs node and the openai module, in
+// without stream: true, n, stop, logprobs, and an unsupported parameter a
+// 400 naming it (testdata/openai_client.cjs). It needs node and the openai module, in
 // the node_modules directory KVH_OPENAI_MODULES names (.ci/run installs both
 // and sets it); without node it skips, saying so, and with
 // KVH_OPENAI_MODULES set it never skips.
@@ -45,7 +45,7 @@ func TestOfficialOpenAINodeClient(t *testing.T) {
 		t.Fatalf("the client printed %q: %v", out, err)
 	}
 	t.Logf("the OpenAI client saw %v", seen)
-	if seen["model"] != l.Router.modelID("") || !strings.HasPrefix(seen["completion"], "QX7-zeta") || seen["stopped"] != "QX7" || seen["refused"] != "logprobs unsupported_parameter" {
+	if seen["model"] != l.Router.modelID("") || !strings.HasPrefix(seen["completion"], "QX7-zeta") || seen["stopped"] != "QX7" || seen["refused"] != "suffix unsupported_parameter" {
 		t.Fatalf("the OpenAI client saw %v", seen)
 	}
 	allPagesBack(t, l)

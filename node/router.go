@@ -77,6 +77,7 @@ type routed struct {
 	prefill    string
 	decode     string
 	tokens     []int
+	logprobs   []model.TokenLogprob
 	bytes      int        // the KV the handoff moves: the prompt's pages on the decode node
 	done       chan error // the client-visible outcome, once
 	legs       map[protocol.PeerID]context.CancelFunc
@@ -99,6 +100,9 @@ type Completion struct {
 	// (model.NewSampler); temperature 0 is greedy, exact.
 	Temperature, TopP float32
 	Seed              uint64
+	// Logprobs, if set, asks decode for each generated token's log
+	// probability and this many most likely tokens' (Result.Logprobs).
+	Logprobs *int
 }
 
 // Result is a completion's answer.
@@ -110,6 +114,7 @@ type Result struct {
 	PromptTokens int
 	Prefill      string
 	Decode       string
+	Logprobs     []model.TokenLogprob // one a generated token, if asked for
 }
 
 // NewRouter makes a router node; Run drives it.
@@ -426,7 +431,7 @@ func (rt *Router) complete(ctx context.Context, c Completion, attempt int) (Resu
 		log.Info("request failed", "tokens", len(prompt), "reason", Reason(err), "err", err, "seconds", took.Seconds())
 		return res, &HandoffError{Prefill: q.prefill, Decode: q.decode, Err: err}
 	}
-	res.Tokens = q.tokens
+	res.Tokens, res.Logprobs = q.tokens, q.logprobs
 	res.Text = model.Decode(rt.cfg.Tokenizer, q.tokens, prompt[len(prompt)-1])
 	log.Info("request done", "tokens", len(prompt), "generated", len(q.tokens), "seconds", took.Seconds())
 	return res, nil
@@ -529,17 +534,17 @@ func (rt *Router) dispatchLocked(d protocol.Dispatch) {
 		var a legAnswer
 		err := rt.client.call(decCtx, dec.Name, dec.Control, pathDecode,
 			decodeCall{ID: d.Request, Prefill: pre.Name, Prompt: q.prompt, MaxTokens: c.MaxTokens, Tenant: c.Tenant, Model: c.Model,
-				RequestID: c.RequestID, Temperature: c.Temperature, TopP: c.TopP, Seed: c.Seed}, &a)
+				RequestID: c.RequestID, Temperature: c.Temperature, TopP: c.TopP, Seed: c.Seed, Logprobs: c.Logprobs}, &a)
 		if err != nil && decCtx.Err() != nil {
 			rt.cancelCutCall(d.Decode, d.Request, q)
 		}
-		rt.legEnded(d.Decode, d.Request, err, a.Tokens, q)
+		rt.legEnded(d.Decode, d.Request, err, a, q)
 	}()
 	go func() {
 		defer preCancel()
 		err := rt.client.call(preCtx, pre.Name, pre.Control, pathPrefill,
 			prefillCall{ID: d.Request, Decode: dec.Name, Prompt: q.prompt, Tenant: c.Tenant, Model: c.Model, RequestID: c.RequestID}, nil)
-		rt.legEnded(d.Prefill, d.Request, err, nil, q)
+		rt.legEnded(d.Prefill, d.Request, err, legAnswer{}, q)
 	}()
 }
 
@@ -568,11 +573,11 @@ func (rt *Router) callCancel(m Member, id protocol.RequestID) {
 	}
 }
 
-func (rt *Router) legEnded(node protocol.PeerID, id protocol.RequestID, err error, tokens []int, q *routed) {
+func (rt *Router) legEnded(node protocol.PeerID, id protocol.RequestID, err error, a legAnswer, q *routed) {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
-	if err == nil && tokens != nil {
-		q.tokens = tokens
+	if err == nil && a.Tokens != nil {
+		q.tokens, q.logprobs = a.Tokens, a.Logprobs
 	}
 	if e := rt.r.LegEnded(node, id, err); e != nil && !errors.Is(e, protocol.ErrUnknownRequest) {
 		rt.cfg.Log.Warn("router: a leg's report refused", "handoff_id", idString(id), "node", rt.members[node].Name, "err", e)

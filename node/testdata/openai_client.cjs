@@ -1,7 +1,8 @@
 // The official OpenAI Node client against a running kvhandoff router
 // (node's TestOfficialOpenAINodeClient runs it): models.list,
 // completions.create and chat.completions.create with and without
-// stream: true, and an unsupported parameter refused as a 400 naming it.
+// stream: true, logprobs, and an unsupported parameter refused as a 400
+// naming it.
 // Prints one JSON line of what it saw; exits 1 on the first failure.
 const OpenAI = require("openai");
 
@@ -53,12 +54,16 @@ function check(cond, what) {
   }
   check(chatStreamed === seen.chat, "streamed chat " + JSON.stringify(chatStreamed) + " != " + JSON.stringify(seen.chat));
 
+  const lp = await client.completions.create({ model, prompt, max_tokens: 8, logprobs: 2 });
+  check(lp.choices[0].logprobs && lp.choices[0].logprobs.tokens.join("") === lp.choices[0].text &&
+    lp.choices[0].logprobs.token_logprobs.every((x) => x <= 0), "logprobs: " + JSON.stringify(lp.choices[0]));
+
   try {
-    await client.completions.create({ model, prompt, max_tokens: 8, logprobs: 3 });
-    check(false, "logprobs was not refused");
+    await client.completions.create({ model, prompt, max_tokens: 8, suffix: "x" });
+    check(false, "suffix was not refused");
   } catch (e) {
-    check(e instanceof OpenAI.BadRequestError && e.status === 400 && e.param === "logprobs" && e.code === "unsupported_parameter",
-      "logprobs refused as " + e);
+    check(e instanceof OpenAI.BadRequestError && e.status === 400 && e.param === "suffix" && e.code === "unsupported_parameter",
+      "suffix refused as " + e);
     seen.refused = e.param + " " + e.code;
   }
   console.log(JSON.stringify(seen));
