@@ -276,16 +276,15 @@ var failureCauses = []struct {
 	{ErrNoPrompt, "the prompt never reached the decode node"},
 }
 
-// HandoffError is a dispatched request's failure: the nodes that served it,
-// and the cause.
+// HandoffError is a dispatched request's failure: the nodes that served it
+// (for the client's answer), and the cause, whose message it keeps as its
+// own (the logs already name the nodes).
 type HandoffError struct {
 	Prefill, Decode string
 	Err             error
 }
 
-func (e *HandoffError) Error() string {
-	return fmt.Sprintf("handoff on prefill %q, decode %q: %v", e.Prefill, e.Decode, e.Err)
-}
+func (e *HandoffError) Error() string { return e.Err.Error() }
 
 // Unwrap is the cause.
 func (e *HandoffError) Unwrap() error { return e.Err }
