@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kvhandoff/kvhandoff/protocol"
+	"github.com/kvhandoff/kvhandoff/transfer"
 )
 
 // TenantHeader is the client API's header naming the request's tenant.
@@ -113,9 +114,44 @@ func (rt *Router) withRequestID(h http.Handler) http.Handler {
 		}
 		w.Header().Set(RequestIDHeader, id)
 		w.Header().Set(VersionHeader, Version())
-		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), requestIDKey, id)))
+		start := time.Now()
+		rec := &statusRecorder{ResponseWriter: w}
+		h.ServeHTTP(rec, r.WithContext(context.WithValue(r.Context(), requestIDKey, id)))
+		if strings.HasPrefix(r.URL.Path, "/v1/") {
+			code := rec.code
+			if code == 0 {
+				code = http.StatusOK
+				if r.Context().Err() != nil {
+					code = 499 // the client went away before an answer
+				}
+			}
+			rt.cfg.Metrics.latency.WithLabelValues(strconv.Itoa(code)).Observe(time.Since(start).Seconds())
+		}
 	})
 }
+
+// statusRecorder keeps the status an answer was given (for the latency by
+// status); Unwrap lets http.ResponseController reach the connection.
+type statusRecorder struct {
+	http.ResponseWriter
+	code int
+}
+
+func (s *statusRecorder) WriteHeader(code int) {
+	if s.code == 0 {
+		s.code = code
+	}
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *statusRecorder) Write(b []byte) (int, error) {
+	if s.code == 0 {
+		s.code = http.StatusOK
+	}
+	return s.ResponseWriter.Write(b)
+}
+
+func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 
 // Handler is the router's client API in the OpenAI-compatible shape:
 // POST /v1/completions and /v1/chat/completions, GET /v1/models, and
@@ -200,10 +236,58 @@ func (rt *Router) answerFailure(w http.ResponseWriter, r *http.Request, err erro
 		rt.answerError(w, r, http.StatusServiceUnavailable, "server_error", "", "no_node",
 			"the router knows no live prefill and decode node", err)
 	default:
+		why := Reason(err)
+		for _, c := range failureCauses {
+			if errors.Is(err, c.err) {
+				why += ": " + c.says
+				break
+			}
+		}
+		var he *HandoffError
+		if errors.As(err, &he) {
+			why += fmt.Sprintf("; prefill node %q, decode node %q", he.Prefill, he.Decode)
+		}
 		rt.answerError(w, r, http.StatusServiceUnavailable, "server_error", "", "handoff_failed_"+Reason(err),
-			fmt.Sprintf("the handoff failed (%s); nothing was answered from unverified data, and the request may be retried", Reason(err)), err)
+			fmt.Sprintf("the handoff failed (%s); nothing was answered from unverified data, and the request may be retried", why), err)
 	}
 }
+
+// failureCauses are what a client is told of a failed handoff's cause: the
+// sentinel's plain words, never the error's chain (which may hold addresses).
+var failureCauses = []struct {
+	err  error
+	says string
+}{
+	{protocol.ErrNodeLost, "node lost"},
+	{ErrUnreachable, "node unreachable"},
+	{protocol.ErrTimedOut, "timed out"},
+	{protocol.AbortTimedOut, "timed out"},
+	{protocol.ErrChecksumMismatch, "checksum mismatch"},
+	{protocol.ErrTagMismatch, "tag mismatch"},
+	{protocol.ErrTagMalformed, "tag malformed"},
+	{protocol.ErrFenced, "fenced"},
+	{protocol.ErrTokenMismatch, "token mismatch"},
+	{protocol.ErrNoCapacity, "no room in a pool"},
+	{protocol.AbortNoCapacity, "no room in a pool"},
+	{protocol.ErrPeerFailed, "the other leg failed"},
+	{protocol.ErrCancelled, "cancelled"},
+	{protocol.AbortCancelled, "cancelled"},
+	{transfer.ErrNoPeer, "no queue pair between the nodes"},
+	{ErrNoPrompt, "the prompt never reached the decode node"},
+}
+
+// HandoffError is a dispatched request's failure: the nodes that served it
+// (for the client's answer), and the cause, whose message it keeps as its
+// own (the logs already name the nodes).
+type HandoffError struct {
+	Prefill, Decode string
+	Err             error
+}
+
+func (e *HandoffError) Error() string { return e.Err.Error() }
+
+// Unwrap is the cause.
+func (e *HandoffError) Unwrap() error { return e.Err }
 
 // answerError writes an error body; err (the internal detail) goes to the
 // log with the request's id, never to the client. A 503 carries Retry-After.

@@ -168,7 +168,7 @@ func (rt *Router) chatCompletions(w http.ResponseWriter, r *http.Request) {
 	if stream != nil {
 		for _, c := range choices {
 			stream.send(chatResponse{ID: id, Object: "chat.completion.chunk", Created: created, Model: modelName,
-				Choices: []chatChoice{{Index: c.index, Delta: &chatMessageOut{Role: "assistant", Content: c.text}}}})
+				Choices: []chatChoice{{Index: c.index, Delta: &chatMessageOut{Role: "assistant", Content: c.text}, Logprobs: c.chatLogprobs()}}})
 			stream.send(chatResponse{ID: id, Object: "chat.completion.chunk", Created: created, Model: modelName,
 				Choices: []chatChoice{{Index: c.index, Delta: &chatMessageOut{}, FinishReason: &c.finish}}})
 		}
@@ -180,7 +180,7 @@ func (rt *Router) chatCompletions(w http.ResponseWriter, r *http.Request) {
 	}
 	out := chatResponse{ID: id, Object: "chat.completion", Created: created, Model: modelName, Usage: &u}
 	for _, c := range choices {
-		out.Choices = append(out.Choices, chatChoice{Index: c.index, Message: &chatMessageOut{Role: "assistant", Content: c.text}, FinishReason: &c.finish})
+		out.Choices = append(out.Choices, chatChoice{Index: c.index, Message: &chatMessageOut{Role: "assistant", Content: c.text}, Logprobs: c.chatLogprobs(), FinishReason: &c.finish})
 	}
 	servedBy(w, choices)
 	writeJSON(w, http.StatusOK, out)
@@ -204,11 +204,25 @@ func (rt *Router) chatRequest(f fields) (genParams, []ChatMessage, error) {
 	if err != nil {
 		return p, nil, err
 	}
-	for _, e := range []error{f.only("logprobs", "false"), f.only("top_logprobs"), f.only("tools", "[]"), f.only("tool_choice", `"none"`),
+	var logprobs bool
+	var top *int
+	for _, e := range []error{f.take("logprobs", &logprobs), f.take("top_logprobs", &top), f.only("tools", "[]"), f.only("tool_choice", `"none"`),
 		f.only("response_format", `{"type":"text"}`), f.only("parallel_tool_calls"), f.rest()} {
 		if e != nil {
 			return p, nil, e
 		}
+	}
+	switch {
+	case top != nil && !logprobs:
+		return p, nil, badParam("top_logprobs", "invalid_value", "top_logprobs needs logprobs: true")
+	case top != nil && (*top < 0 || *top > maxTopLogprobs):
+		return p, nil, badParam("top_logprobs", "invalid_value", "top_logprobs %d is outside 0..%d", *top, maxTopLogprobs)
+	case logprobs:
+		k := 0
+		if top != nil {
+			k = *top
+		}
+		p.logprobs = &k
 	}
 	return p, messages, nil
 }

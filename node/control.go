@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvhandoff/kvhandoff/engine/llama"
 	"github.com/kvhandoff/kvhandoff/internal/pki"
 	"github.com/kvhandoff/kvhandoff/protocol"
 )
@@ -85,6 +86,9 @@ type decodeCall struct {
 	Temperature float32 `json:"temperature,omitempty"`
 	TopP        float32 `json:"top_p,omitempty"`
 	Seed        uint64  `json:"seed,omitempty"`
+	// Logprobs, if set, asks for each generated token's log probability and
+	// this many most likely tokens' (llama.Sampler.Logprobs).
+	Logprobs *int `json:"logprobs,omitempty"`
 }
 
 type cancelCall struct {
@@ -98,8 +102,9 @@ type peerLostCall struct {
 // legAnswer is a node's answer to a prefill or decode call: the leg's
 // outcome (and decode's generated tokens).
 type legAnswer struct {
-	Tokens []int      `json:"tokens,omitempty"`
-	Error  *wireError `json:"error,omitempty"`
+	Tokens   []int                `json:"tokens,omitempty"`
+	Logprobs []llama.TokenLogprob `json:"logprobs,omitempty"`
+	Error    *wireError           `json:"error,omitempty"`
 }
 
 // controlServer is the HTTP side of a node's control API.

@@ -72,7 +72,8 @@ type decodeReq struct {
 	verified time.Time      // zero until Verified
 	started  time.Time
 	tokens   []int
-	local    error // why this node ended it (it overrides the endpoint's "cancelled")
+	logprobs []llama.TokenLogprob // when the call asked for them
+	local    error                // why this node ended it (it overrides the endpoint's "cancelled")
 	running  bool
 }
 
@@ -239,14 +240,15 @@ func (n *Decode) generate(id protocol.RequestID, r *decodeReq) {
 		return
 	}
 	var out []int
+	var logprobs []llama.TokenLogprob
 	if n.engine == nil {
 		out = n.digest(refs, c.MaxTokens)
-	} else if out, err = n.run(id, refs, c); err != nil {
+	} else if out, logprobs, err = n.run(id, refs, c); err != nil {
 		n.fail(id, r, err)
 		return
 	}
 	n.mu.Lock()
-	r.tokens = out
+	r.tokens, r.logprobs = out, logprobs
 	n.mu.Unlock()
 	if err := n.ep.Finish(id); err != nil {
 		n.fail(id, r, err)
@@ -256,24 +258,31 @@ func (n *Decode) generate(id protocol.RequestID, r *decodeReq) {
 // run generates over the acquired pages, at the epochs they were granted
 // (every read checks the page is still at it), and pages of the node's own
 // for the generated tokens past them.
-func (n *Decode) run(id protocol.RequestID, acquired []protocol.PageRef, c *decodeCall) ([]int, error) {
+func (n *Decode) run(id protocol.RequestID, acquired []protocol.PageRef, c *decodeCall) ([]int, []llama.TokenLogprob, error) {
 	end := min(len(c.Prompt)+c.MaxTokens, n.cfg.Model.SeqLen)
 	table, err := n.pool.Table(id, acquired, end)
 	if err != nil {
-		return nil, fmt.Errorf("decode node %q: pages for %d generated tokens: %w", n.cfg.Name, c.MaxTokens, err)
+		return nil, nil, fmt.Errorf("decode node %q: pages for %d generated tokens: %w", n.cfg.Name, c.MaxTokens, err)
 	}
 	defer n.pool.Release(id, table)
 	// The pages arrived in host memory: a device backend copies them into
 	// its own pool before anything reads them (the CPU backend reads them
 	// where they are).
 	if err := n.engine.Arrived(table[:len(acquired)]); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	sampler := llama.Greedy()
 	if c.Temperature > 0 {
 		sampler = llama.NewSampler(c.Temperature, c.TopP, c.Seed)
 	}
-	return n.engine.Decode(table, c.Prompt, c.MaxTokens, sampler, n.cfg.Stop)
+	if c.Logprobs != nil {
+		sampler.RecordLogprobs(*c.Logprobs)
+	}
+	out, err := n.engine.Decode(table, c.Prompt, c.MaxTokens, sampler, n.cfg.Stop)
+	if sampler.Logprobs != nil {
+		return out, sampler.Logprobs.Tokens, err
+	}
+	return out, nil, err
 }
 
 // digest is the "generation" of a node without a model: the SHA-256 of the
@@ -363,7 +372,7 @@ func (n *Decode) outcomeLocked(ev transfer.Event, r *decodeReq) {
 		return
 	}
 	log.Debug("decode leg done", "tokens", len(c.Prompt), "generated", len(r.tokens), "seconds", took.Seconds())
-	r.answer <- legAnswer{Tokens: r.tokens}
+	r.answer <- legAnswer{Tokens: r.tokens, Logprobs: r.logprobs}
 }
 
 // sweep, every few milliseconds: a verified request whose prompt never

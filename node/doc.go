@@ -61,8 +61,10 @@
 // other), kvhandoff_transfer_bytes_total{role},
 // kvhandoff_handoff_duration_seconds{role}, kvhandoff_fence_wait_seconds,
 // kvhandoff_pages{role,state}, kvhandoff_queue_pairs{role,state},
-// kvhandoff_credits{role}, kvhandoff_refused_messages_total{role}, and the
-// router's kvhandoff_client_requests_total{code}. Logs are log/slog, every
+// kvhandoff_credits{role}, kvhandoff_refused_messages_total{role},
+// kvhandoff_build_info, and the router's operator signals (requests by code,
+// tokens, time to first token, per output token, latency by status, queue,
+// retries, node events: docs/nodes.md lists them). Logs are log/slog, every
 // request line carrying request_id (the client request's, a string, the
 // same across retries and on both nodes), handoff_id, tenant, model,
 // prefill and decode.

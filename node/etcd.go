@@ -2,10 +2,13 @@ package node
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"time"
 
@@ -27,24 +30,69 @@ type Etcd struct {
 	beforeCommit func()
 }
 
-// NewEtcd connects to the etcd cluster at endpoints. ttl is the lease a
-// node registers under: a node that stops keeping it alive is lost about
-// ttl later.
+// NewEtcd connects to the etcd cluster at endpoints in plaintext. ttl is
+// the lease a node registers under: a node that stops keeping it alive is
+// lost about ttl later.
 func NewEtcd(endpoints []string, prefix string, ttl time.Duration, log *slog.Logger) (*Etcd, error) {
-	if log == nil {
-		log = slog.Default()
+	return NewEtcdConfig(EtcdConfig{Endpoints: endpoints, Prefix: prefix, TTL: ttl, Log: log})
+}
+
+// EtcdConfig is how a node reaches the etcd cluster.
+type EtcdConfig struct {
+	Endpoints []string
+	Prefix    string
+	TTL       time.Duration // the lease a node registers under
+	// TLS, if set, is the client's TLS (EtcdTLS): the cluster's authority,
+	// and the client certificate a cluster with client-cert-auth requires.
+	TLS *tls.Config
+	Log *slog.Logger
+}
+
+// NewEtcdConfig connects to the etcd cluster cfg names.
+func NewEtcdConfig(cfg EtcdConfig) (*Etcd, error) {
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
 	}
-	if ttl < time.Second {
-		return nil, fmt.Errorf("node: an etcd lease of %v; at least 1 s", ttl)
+	if cfg.TTL < time.Second {
+		return nil, fmt.Errorf("node: an etcd lease of %v; at least 1 s", cfg.TTL)
 	}
-	if !strings.HasSuffix(prefix, "/") {
-		prefix += "/"
+	if !strings.HasSuffix(cfg.Prefix, "/") {
+		cfg.Prefix += "/"
 	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	cli, err := clientv3.New(clientv3.Config{Endpoints: cfg.Endpoints, DialTimeout: 5 * time.Second, TLS: cfg.TLS, Logger: zap.NewNop()})
 	if err != nil {
 		return nil, fmt.Errorf("node: etcd: %w", err)
 	}
-	return &Etcd{cli: cli, prefix: prefix, ttl: ttl, log: log}, nil
+	return &Etcd{cli: cli, prefix: cfg.Prefix, ttl: cfg.TTL, log: cfg.Log}, nil
+}
+
+// EtcdTLS is an etcd client's TLS from the files etcdctl names --cacert,
+// --cert and --key: the authority that signed the cluster's certificates
+// (required), and a client certificate and its key (both or neither).
+func EtcdTLS(caFile, certFile, keyFile string) (*tls.Config, error) {
+	if caFile == "" {
+		return nil, errors.New("node: etcd TLS needs the cluster's authority (--etcd-cacert)")
+	}
+	if (certFile == "") != (keyFile == "") {
+		return nil, errors.New("node: etcd TLS: a client certificate needs its key, and a key its certificate (--etcd-cert, --etcd-key)")
+	}
+	pem, err := os.ReadFile(caFile)
+	if err != nil {
+		return nil, fmt.Errorf("node: etcd TLS: %w", err)
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("node: etcd TLS: %s holds no PEM certificate", caFile)
+	}
+	cfg := &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
+	if certFile != "" {
+		cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			return nil, fmt.Errorf("node: etcd TLS: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	}
+	return cfg, nil
 }
 
 // Close closes the client.

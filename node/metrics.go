@@ -2,6 +2,7 @@ package node
 
 import (
 	"net/http"
+	"runtime"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -16,16 +17,21 @@ import (
 // Prometheus's conventions: base units (seconds, bytes), _total counters,
 // closed label sets.
 type Metrics struct {
-	reg       *prometheus.Registry
-	handoffs  *prometheus.CounterVec   // role, outcome
-	failures  *prometheus.CounterVec   // role, reason
-	bytes     *prometheus.CounterVec   // role
-	duration  *prometheus.HistogramVec // role
-	fenceWait prometheus.Histogram
-	requests  *prometheus.CounterVec // router's client requests by HTTP status code class
-	retries   prometheus.Counter     // router: attempts retried for want of room
-	promptTok prometheus.Counter     // router: prompt tokens of answered requests
-	genTok    prometheus.Counter     // router: generated tokens answered
+	reg        *prometheus.Registry
+	handoffs   *prometheus.CounterVec   // role, outcome
+	failures   *prometheus.CounterVec   // role, reason
+	bytes      *prometheus.CounterVec   // role
+	duration   *prometheus.HistogramVec // role
+	fenceWait  prometheus.Histogram
+	requests   *prometheus.CounterVec   // router's client requests by HTTP status code class
+	retries    prometheus.Counter       // router: attempts retried for want of room
+	promptTok  prometheus.Counter       // router: prompt tokens of answered requests
+	genTok     prometheus.Counter       // router: generated tokens answered
+	ttft       prometheus.Histogram     // router: intake to the first token at the router
+	tpot       prometheus.Histogram     // router: per output token, after the first
+	latency    *prometheus.HistogramVec // router: client request end to end, by status code
+	waiting    prometheus.Gauge         // router: requests waiting for room (between retries)
+	nodeEvents *prometheus.CounterVec   // router: nodes joined, lost, rejoined, by role
 }
 
 // outcomes is the handoffs' outcome label's closed set.
@@ -59,8 +65,9 @@ func NewMetrics() *Metrics {
 			Help:    "Time from a leg's start on this node to its outcome.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}, []string{"role"}),
 		fenceWait: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvhandoff_fence_wait_seconds",
-			Help:    "Decode: time from a request's failure until its quarantined pages were fenced and came back.",
-			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)}),
+			Help:        "Decode: time from a request's failure until its quarantined pages were fenced and came back.",
+			ConstLabels: prometheus.Labels{"role": string(RoleDecode)},
+			Buckets:     prometheus.ExponentialBuckets(0.001, 2, 16)}),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvhandoff_client_requests_total",
 			Help: "Router: client completions answered, by HTTP status code."}, []string{"code"}),
 	}
@@ -70,7 +77,23 @@ func NewMetrics() *Metrics {
 		Help: "Router: prompt tokens of requests answered 200 (BOS counted)."})
 	m.genTok = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvhandoff_generation_tokens_total",
 		Help: "Router: generated tokens answered 200 (up to a stop)."})
-	reg.MustRegister(m.handoffs, m.failures, m.bytes, m.duration, m.fenceWait, m.requests, m.retries, m.promptTok, m.genTok)
+	m.ttft = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvhandoff_time_to_first_token_seconds",
+		Help:    "Router: a request's intake to its first generated token at the router (the decode leg answers once, so this is its whole generation).",
+		Buckets: prometheus.ExponentialBuckets(0.005, 2, 14)})
+	m.tpot = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvhandoff_time_per_output_token_seconds",
+		Help:    "Router: a request's handoff time over its generated tokens (its mean per output token).",
+		Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16)})
+	m.latency = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kvhandoff_request_duration_seconds",
+		Help:    "Router: client requests of the API end to end, by HTTP status code.",
+		Buckets: prometheus.ExponentialBuckets(0.001, 2, 17)}, []string{"code"})
+	m.waiting = prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvhandoff_requests_waiting",
+		Help: "Router: requests waiting for a pool to have room, between their retries (the queue)."})
+	m.nodeEvents = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvhandoff_node_events_total",
+		Help: "Router: nodes that joined, were lost (lease, unreachable, restart) or rejoined, by role."}, []string{"role", "event"})
+	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kvhandoff_build_info",
+		Help: "The running build: its version (module version or VCS revision) and Go version; always 1."}, []string{"version", "goversion"})
+	build.WithLabelValues(Version(), runtime.Version()).Set(1)
+	reg.MustRegister(m.handoffs, m.failures, m.bytes, m.duration, m.fenceWait, m.requests, build)
 	return m
 }
 
@@ -96,6 +119,14 @@ func (m *Metrics) prime(role Role) {
 	}
 	m.bytes.WithLabelValues(string(role))
 	m.duration.WithLabelValues(string(role))
+	if role == RoleRouter {
+		m.reg.MustRegister(m.retries, m.promptTok, m.genTok, m.ttft, m.tpot, m.latency, m.waiting, m.nodeEvents)
+		for _, r := range []Role{RolePrefill, RoleDecode} {
+			for _, e := range []string{"joined", "lost", "rejoined"} {
+				m.nodeEvents.WithLabelValues(string(r), e)
+			}
+		}
+	}
 }
 
 // endpointGauges exports a transfer endpoint's gauges when scraped.

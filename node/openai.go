@@ -24,6 +24,13 @@ import (
 // handoff of its own.
 const maxChoices = 16
 
+// maxLogprobs bounds the completions API's logprobs (OpenAI's bound), and
+// maxTopLogprobs the chat API's top_logprobs.
+const (
+	maxLogprobs    = 5
+	maxTopLogprobs = 20
+)
+
 // maxStops and maxStopBytes bound the stop strings, as OpenAI's API does.
 const (
 	maxStops     = 4
@@ -42,6 +49,7 @@ type genParams struct {
 	echo         bool
 	stream       bool
 	includeUsage bool
+	logprobs     *int // the most likely tokens to report a step; nil: none
 }
 
 // fields is a request body's fields, each parsed by the endpoint or refused.
@@ -217,6 +225,20 @@ type choice struct {
 	finish string
 	tokens int // generated tokens, up to a stop
 	res    Result
+	steps  []step // each token's text and log probabilities, if asked for
+}
+
+// step is one generated token as logprobs report it: its text (after the
+// token before it), its log probability, and the most likely tokens'.
+type step struct {
+	text    string
+	logprob float32
+	top     []stepAlt
+}
+
+type stepAlt struct {
+	text    string
+	logprob float32
 }
 
 // tenantOf is the request's tenant, checked.
@@ -246,7 +268,7 @@ func (rt *Router) run(ctx context.Context, r *http.Request, prompts []prompt, p 
 	for i := range out {
 		pr := prompts[i/p.n]
 		c := Completion{Prompt: pr.text, Tokens: pr.tokens, MaxTokens: p.maxTokens, Tenant: tenant, Model: p.model,
-			RequestID: requestIDOf(r.Context()), Temperature: p.temperature, TopP: p.topP}
+			RequestID: requestIDOf(r.Context()), Temperature: p.temperature, TopP: p.topP, Logprobs: p.logprobs}
 		if p.temperature > 0 {
 			if p.seed != nil {
 				c.Seed = *p.seed + uint64(i)
@@ -320,7 +342,87 @@ func (rt *Router) finish(i int, res Result, stops []string) choice {
 		toks = toks[:n]
 	}
 	c.tokens = len(toks)
+	if res.Logprobs != nil {
+		prev := -1
+		if len(res.Prompt) > 0 {
+			prev = res.Prompt[len(res.Prompt)-1]
+		}
+		for i, lp := range res.Logprobs[:min(c.tokens, len(res.Logprobs))] {
+			st := step{text: string(rt.cfg.Tokenizer.Piece(prev, lp.Token)), logprob: lp.Logprob}
+			for _, alt := range lp.Top {
+				st.top = append(st.top, stepAlt{text: string(rt.cfg.Tokenizer.Piece(prev, alt.Token)), logprob: alt.Logprob})
+			}
+			c.steps = append(c.steps, st)
+			prev = toks[i]
+		}
+	}
 	return c
+}
+
+// completionLogprobs is a completion choice's logprobs in the legacy
+// completions shape.
+type completionLogprobs struct {
+	Tokens        []string             `json:"tokens"`
+	TokenLogprobs []float32            `json:"token_logprobs"`
+	TopLogprobs   []map[string]float32 `json:"top_logprobs"`
+	TextOffset    []int                `json:"text_offset"`
+}
+
+func (c choice) completionLogprobs() any {
+	if c.steps == nil && c.res.Logprobs == nil {
+		return nil
+	}
+	out := completionLogprobs{Tokens: []string{}, TokenLogprobs: []float32{}, TopLogprobs: []map[string]float32{}, TextOffset: []int{}}
+	offset := 0
+	for _, st := range c.steps {
+		out.Tokens = append(out.Tokens, st.text)
+		out.TokenLogprobs = append(out.TokenLogprobs, st.logprob)
+		top := map[string]float32{}
+		for _, a := range st.top {
+			if _, ok := top[a.text]; !ok {
+				top[a.text] = a.logprob
+			}
+		}
+		out.TopLogprobs = append(out.TopLogprobs, top)
+		out.TextOffset = append(out.TextOffset, offset)
+		offset += len(st.text)
+	}
+	return out
+}
+
+// chatLogprobs is a chat choice's logprobs.
+type chatLogprobs struct {
+	Content []chatTokenLogprob `json:"content"`
+}
+
+type chatTokenLogprob struct {
+	Token       string             `json:"token"`
+	Logprob     float32            `json:"logprob"`
+	Bytes       []int              `json:"bytes"`
+	TopLogprobs []chatTokenLogprob `json:"top_logprobs,omitempty"`
+}
+
+func bytesOf(s string) []int {
+	out := make([]int, len(s))
+	for i := range len(s) {
+		out[i] = int(s[i])
+	}
+	return out
+}
+
+func (c choice) chatLogprobs() any {
+	if c.steps == nil && c.res.Logprobs == nil {
+		return nil
+	}
+	out := chatLogprobs{Content: []chatTokenLogprob{}}
+	for _, st := range c.steps {
+		t := chatTokenLogprob{Token: st.text, Logprob: st.logprob, Bytes: bytesOf(st.text), TopLogprobs: []chatTokenLogprob{}}
+		for _, a := range st.top {
+			t.TopLogprobs = append(t.TopLogprobs, chatTokenLogprob{Token: a.text, Logprob: a.logprob, Bytes: bytesOf(a.text)})
+		}
+		out.Content = append(out.Content, t)
+	}
+	return out
 }
 
 // handoffHex is the result's handoff id in hex: a completion's id names
@@ -429,7 +531,7 @@ func (rt *Router) completions(w http.ResponseWriter, r *http.Request) {
 				text = rt.promptText(c.res) + text
 			}
 			stream.send(completionResponse{ID: id, Object: "text_completion", Created: created, Model: modelName,
-				Choices: []completionChoice{{Text: text, Index: c.index}}})
+				Choices: []completionChoice{{Text: text, Index: c.index, Logprobs: c.completionLogprobs()}}})
 			stream.send(completionResponse{ID: id, Object: "text_completion", Created: created, Model: modelName,
 				Choices: []completionChoice{{Index: c.index, FinishReason: &c.finish}}})
 		}
@@ -445,7 +547,7 @@ func (rt *Router) completions(w http.ResponseWriter, r *http.Request) {
 		if p.echo {
 			text = rt.promptText(c.res) + text
 		}
-		out.Choices = append(out.Choices, completionChoice{Text: text, Index: c.index, FinishReason: &c.finish})
+		out.Choices = append(out.Choices, completionChoice{Text: text, Index: c.index, Logprobs: c.completionLogprobs(), FinishReason: &c.finish})
 	}
 	servedBy(w, choices)
 	writeJSON(w, http.StatusOK, out)
@@ -462,9 +564,17 @@ func (rt *Router) completionRequest(f fields) (genParams, []prompt, error) {
 	if err != nil {
 		return p, nil, err
 	}
-	for _, e := range []error{f.take("echo", &p.echo), f.only("logprobs"), f.only("best_of", "1"), f.only("suffix", `""`), f.rest()} {
+	for _, e := range []error{f.take("echo", &p.echo), f.take("logprobs", &p.logprobs), f.only("best_of", "1"), f.only("suffix", `""`), f.rest()} {
 		if e != nil {
 			return p, nil, e
+		}
+	}
+	if p.logprobs != nil {
+		if *p.logprobs < 0 || *p.logprobs > maxLogprobs {
+			return p, nil, badParam("logprobs", "invalid_value", "logprobs %d is outside 0..%d", *p.logprobs, maxLogprobs)
+		}
+		if p.echo {
+			return p, nil, badParam("echo", "unsupported_parameter", "echo with logprobs is not supported (the prompt's tokens have no log probabilities here)")
 		}
 	}
 	return p, prompts, nil

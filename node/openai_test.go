@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"math"
 	"net/http"
 	"strings"
 	"testing"
@@ -94,7 +95,9 @@ func TestErrorsAreOpenAIShapedAndNameNoInternals(t *testing.T) {
 		{"GET", "/v1/nothing", nil, 404, "not_found", ""},
 		{"GET", "/v1/completions", nil, 405, "method_not_allowed", ""},
 		{"POST", "/v1/completions", map[string]any{"prompt": "hi", "frobnicate": 1}, 400, "unsupported_parameter", "frobnicate"},
-		{"POST", "/v1/completions", map[string]any{"prompt": "hi", "logprobs": 2}, 400, "unsupported_parameter", "logprobs"},
+		{"POST", "/v1/completions", map[string]any{"prompt": "hi", "logprobs": 9}, 400, "invalid_value", "logprobs"},
+		{"POST", "/v1/completions", map[string]any{"prompt": "hi", "logprobs": 2, "echo": true}, 400, "unsupported_parameter", "echo"},
+		{"POST", "/v1/completions", map[string]any{"prompt": "hi", "suffix": "x"}, 400, "unsupported_parameter", "suffix"},
 		{"POST", "/v1/completions", map[string]any{"prompt": "hi", "presence_penalty": 0.5}, 400, "unsupported_parameter", "presence_penalty"},
 		{"POST", "/v1/completions", map[string]any{"prompt": "hi", "max_tokens": 0}, 400, "invalid_value", "max_tokens"},
 		{"POST", "/v1/completions", map[string]any{"prompt": "hi", "n": 99}, 400, "invalid_value", "n"},
@@ -483,5 +486,64 @@ func TestStreamDisconnectCancelsBothLegs(t *testing.T) {
 	waitUntil(t, "the router to count the client gone", func() bool {
 		return counter(t, l.Router.Metrics(), "kvhandoff_client_requests_total", "code", "499") == 1
 	})
+	allPagesBack(t, l)
+}
+
+// logprobs are the decode node's: each generated token's log probability
+// under the model and the most likely tokens', what a colocated run records
+// for the same prompt; the tokens spell the text; greedy stays greedy. (The
+// legacy shape keys top_logprobs by text: byte tokens that are not UTF-8
+// all read U+FFFD in JSON, and the first of them is kept.)
+func TestLogprobsAreTheModelsOwn(t *testing.T) {
+	l := localBuiltin(t, LocalConfig{PrefillPages: 128, DecodePages: 128})
+	const p = "the secret is QX7-zeta; again, the secret is "
+	a := call(t, "POST", "http://"+l.API+"/v1/completions", map[string]any{"prompt": p, "max_tokens": 8, "logprobs": 3}, nil)
+	var out struct {
+		Choices []struct {
+			Text     string `json:"text"`
+			Logprobs struct {
+				Tokens        []string             `json:"tokens"`
+				TokenLogprobs []float64            `json:"token_logprobs"`
+				TopLogprobs   []map[string]float64 `json:"top_logprobs"`
+				TextOffset    []int                `json:"text_offset"`
+			} `json:"logprobs"`
+		} `json:"choices"`
+	}
+	if err := json.Unmarshal(a.raw, &out); a.code != 200 || err != nil {
+		t.Fatalf("%d %q %v", a.code, a.raw, err)
+	}
+	c := out.Choices[0]
+	if c.Text != "QX7-zeta" || strings.Join(c.Logprobs.Tokens, "") != c.Text || len(c.Logprobs.TokenLogprobs) != 8 || len(c.Logprobs.TopLogprobs) != 8 || c.Logprobs.TextOffset[7] != 7 {
+		t.Fatalf("logprobs of %q: %+v", c.Text, c.Logprobs)
+	}
+	s := llama.Greedy().RecordLogprobs(3)
+	colocatedSampled(t, p, 8, s)
+	for i, want := range s.Logprobs.Tokens {
+		got := c.Logprobs.TokenLogprobs[i]
+		if math.Abs(got-float64(want.Logprob)) > 1e-4 || got > 0 || len(c.Logprobs.TopLogprobs[i]) == 0 || len(c.Logprobs.TopLogprobs[i]) > 3 || math.Abs(c.Logprobs.TopLogprobs[i][c.Logprobs.Tokens[i]]-got) > 1e-6 {
+			t.Fatalf("token %d: logprob %v, top %v; a colocated run records %+v", i, got, c.Logprobs.TopLogprobs[i], want)
+		}
+	}
+	chat := call(t, "POST", "http://"+l.API+"/v1/chat/completions", map[string]any{"messages": []map[string]any{{"role": "user", "content": p}}, "max_tokens": 4, "logprobs": true, "top_logprobs": 2}, nil)
+	var cout struct {
+		Choices []struct {
+			Logprobs struct {
+				Content []struct {
+					Token       string  `json:"token"`
+					Logprob     float64 `json:"logprob"`
+					Bytes       []int   `json:"bytes"`
+					TopLogprobs []struct {
+						Token string `json:"token"`
+					} `json:"top_logprobs"`
+				} `json:"content"`
+			} `json:"logprobs"`
+		} `json:"choices"`
+	}
+	if err := json.Unmarshal(chat.raw, &cout); chat.code != 200 || err != nil {
+		t.Fatalf("chat: %d %q %v", chat.code, chat.raw, err)
+	}
+	if content := cout.Choices[0].Logprobs.Content; len(content) != 4 || len(content[0].TopLogprobs) != 2 || len(content[0].Bytes) != len(content[0].Token) {
+		t.Fatalf("chat logprobs: %q", chat.raw)
+	}
 	allPagesBack(t, l)
 }

@@ -82,6 +82,8 @@ type routed struct {
 	prefill    string
 	decode     string
 	tokens     []int
+	logprobs   []llama.TokenLogprob
+	bytes      int        // the KV the handoff moves: the prompt's pages on the decode node
 	done       chan error // the client-visible outcome, once
 	legs       map[protocol.NodeID]context.CancelFunc
 	cancelled  map[protocol.NodeID]bool // legs the router sent a cancel call
@@ -103,6 +105,9 @@ type Completion struct {
 	// (llama.NewSampler); temperature 0 is greedy, exact.
 	Temperature, TopP float32
 	Seed              uint64
+	// Logprobs, if set, asks decode for each generated token's log
+	// probability and this many most likely tokens' (Result.Logprobs).
+	Logprobs *int
 }
 
 // Result is a completion's answer.
@@ -114,6 +119,7 @@ type Result struct {
 	PromptTokens int
 	Prefill      string
 	Decode       string
+	Logprobs     []llama.TokenLogprob // one a generated token, if asked for
 }
 
 // NewRouter makes a router node; Run drives it.
@@ -148,7 +154,7 @@ func NewRouter(cfg RouterConfig) (*Router, error) {
 	}
 	cfg.Metrics.prime(RoleRouter)
 	rt := &Router{cfg: cfg, client: newControlClient(cfg.Security),
-		r:   protocol.NewRouter(protocol.RouterConfig{Timeout: cfg.Timeout, Horizon: time.Minute}),
+		r:   protocol.NewRouter(protocol.RouterConfig{Timeout: cfg.Timeout, Horizon: time.Minute, Policy: LeastOutstanding{}}),
 		ids: map[string]protocol.NodeID{}, members: map[protocol.NodeID]Member{}, lost: map[protocol.NodeID]bool{},
 		suspect: map[protocol.NodeID]bool{}, pending: map[protocol.RequestID]*routed{}, nextID: protocol.RequestID(time.Now().UnixNano()), ready: make(chan struct{})}
 	rt.client.expect = func(name string) (Role, bool) {
@@ -295,12 +301,20 @@ func (rt *Router) change(ch Change) {
 		}
 		// A larger incarnation is a restart: the old life's requests fail.
 		rt.effectsLocked()
+		event := "joined"
+		if rt.members[id].Role != "" {
+			event = "rejoined"
+		}
+		rt.cfg.Metrics.nodeEvents.WithLabelValues(string(m.Role), event).Inc()
 		rt.members[id] = m
 		delete(rt.lost, id)
 		delete(rt.suspect, id)
 		rt.cfg.Log.Info("router: node joined", "node", m.Name, "role", m.Role, "control", m.Control, "pool_tokens", m.PoolTokens(), "context_tokens", m.ContextTokens)
 		rt.checkReadyLocked()
 	case Lost:
+		if !rt.lost[id] {
+			rt.cfg.Metrics.nodeEvents.WithLabelValues(string(m.Role), "lost").Inc()
+		}
 		delete(rt.suspect, id)
 		rt.lost[id] = true
 		if err := rt.r.NodeLost(id); err != nil {
@@ -351,11 +365,15 @@ func (rt *Router) Complete(ctx context.Context, c Completion) (Result, error) {
 			return res, err
 		}
 		rt.cfg.Metrics.retries.Inc()
+		rt.cfg.Log.Info("request waits for room", "request_id", c.RequestID, "attempt", attempt, "handoff_id", idString(res.ID), "reason", Reason(err))
+		rt.cfg.Metrics.waiting.Inc()
 		select {
 		case <-ctx.Done():
+			rt.cfg.Metrics.waiting.Dec()
 			return res, err
 		case <-time.After(backoff):
 		}
+		rt.cfg.Metrics.waiting.Dec()
 		backoff = min(2*backoff, 100*time.Millisecond)
 	}
 }
@@ -403,6 +421,8 @@ func (rt *Router) complete(ctx context.Context, c Completion, attempt int) (Resu
 		return Result{ID: id, Prompt: prompt, PromptTokens: len(prompt)}, err
 	}
 	q.prefill, q.decode = rt.members[d.Prefill].Name, rt.members[d.Decode].Name
+	dm := rt.members[d.Decode]
+	q.bytes = protocol.PagesFor(uint32(len(prompt)), dm.PageTokens) * dm.PageBytes
 	rt.effectsLocked()
 	rt.mu.Unlock()
 	start := time.Now()
@@ -418,13 +438,21 @@ func (rt *Router) complete(ctx context.Context, c Completion, attempt int) (Resu
 		err = <-q.done
 	}
 	took := time.Since(start)
-	rt.cfg.Metrics.leg(RoleRouter, err, took, 0)
+	var bytes int
+	if err == nil {
+		bytes = q.bytes
+		rt.cfg.Metrics.ttft.Observe(took.Seconds())
+		if n := len(q.tokens); n > 0 {
+			rt.cfg.Metrics.tpot.Observe(took.Seconds() / float64(n))
+		}
+	}
+	rt.cfg.Metrics.leg(RoleRouter, err, took, bytes)
 	res := Result{ID: id, Prompt: prompt, PromptTokens: len(prompt), Prefill: q.prefill, Decode: q.decode}
 	if err != nil {
 		log.Info("request failed", "tokens", len(prompt), "reason", Reason(err), "err", err, "seconds", took.Seconds())
-		return res, err
+		return res, &HandoffError{Prefill: q.prefill, Decode: q.decode, Err: err}
 	}
-	res.Tokens = q.tokens
+	res.Tokens, res.Logprobs = q.tokens, q.logprobs
 	res.Text = llama.Decode(rt.cfg.Tokenizer, q.tokens, prompt[len(prompt)-1])
 	log.Info("request done", "tokens", len(prompt), "generated", len(q.tokens), "seconds", took.Seconds())
 	return res, nil
@@ -538,17 +566,17 @@ func (rt *Router) dispatchLocked(d protocol.Dispatch) {
 		var a legAnswer
 		err := rt.client.call(decCtx, dec.Name, dec.Control, pathDecode,
 			decodeCall{ID: d.Request, Prefill: pre.Name, Prompt: q.prompt, MaxTokens: c.MaxTokens, Tenant: c.Tenant, Model: c.Model,
-				RequestID: c.RequestID, Temperature: c.Temperature, TopP: c.TopP, Seed: c.Seed}, &a)
+				RequestID: c.RequestID, Temperature: c.Temperature, TopP: c.TopP, Seed: c.Seed, Logprobs: c.Logprobs}, &a)
 		if err != nil && decCtx.Err() != nil {
 			rt.cancelCutCall(d.Decode, d.Request, q)
 		}
-		rt.legEnded(d.Decode, d.Request, err, a.Tokens, q)
+		rt.legEnded(d.Decode, d.Request, err, a, q)
 	}()
 	go func() {
 		defer preCancel()
 		err := rt.client.call(preCtx, pre.Name, pre.Control, pathPrefill,
 			prefillCall{ID: d.Request, Decode: dec.Name, Prompt: q.prompt, Tenant: c.Tenant, Model: c.Model, RequestID: c.RequestID, Ticket: ticket}, nil)
-		rt.legEnded(d.Prefill, d.Request, err, nil, q)
+		rt.legEnded(d.Prefill, d.Request, err, legAnswer{}, q)
 	}()
 }
 
@@ -577,11 +605,11 @@ func (rt *Router) callCancel(m Member, id protocol.RequestID) {
 	}
 }
 
-func (rt *Router) legEnded(node protocol.NodeID, id protocol.RequestID, err error, tokens []int, q *routed) {
+func (rt *Router) legEnded(node protocol.NodeID, id protocol.RequestID, err error, a legAnswer, q *routed) {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
-	if err == nil && tokens != nil {
-		q.tokens = tokens
+	if err == nil && a.Tokens != nil {
+		q.tokens, q.logprobs = a.Tokens, a.Logprobs
 	}
 	if e := rt.r.LegEnded(node, id, err); e != nil && !errors.Is(e, protocol.ErrUnknownRequest) {
 		rt.cfg.Log.Warn("router: a leg's report refused", "handoff_id", idString(id), "node", rt.members[node].Name, "err", e)
@@ -600,6 +628,7 @@ func (rt *Router) legEnded(node protocol.NodeID, id protocol.RequestID, err erro
 // it for good. The caller holds mu.
 func (rt *Router) suspectLocked(node protocol.NodeID, why error) {
 	m := rt.members[node]
+	rt.cfg.Metrics.nodeEvents.WithLabelValues(string(m.Role), "lost").Inc()
 	rt.lost[node], rt.suspect[node] = true, true
 	if err := rt.r.NodeLost(node); err != nil {
 		rt.cfg.Log.Error("router: losing an unreachable node", "node", m.Name, "err", err)

@@ -80,6 +80,9 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	peers := fs.String("peers", "", "static registry: name=host:port of each peer's control API, comma-separated")
 	etcd := fs.String("etcd", "", "etcd registry: host:port,... of the etcd cluster")
 	etcdPrefix := fs.String("etcd-prefix", "/kvhandoff/nodes/", "etcd registry: the key prefix")
+	etcdCA := fs.String("etcd-cacert", "", "etcd registry: the authority of the cluster's certificates (PEM): TLS to etcd, as etcdctl's --cacert")
+	etcdCert := fs.String("etcd-cert", "", "etcd registry: the client certificate (PEM) a cluster with client-cert-auth requires, as etcdctl's --cert")
+	etcdKey := fs.String("etcd-key", "", "etcd registry: the client certificate's key (PEM), as etcdctl's --key")
 	lease := fs.Duration("lease", 5*time.Second, "etcd registry: the registration lease's time to live (a node that stops keeping it alive is lost after it)")
 	tlsCert := fs.String("tls-cert", "", "the node's certificate (PEM)")
 	tlsKey := fs.String("tls-key", "", "the node's key (PEM)")
@@ -197,7 +200,15 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	defer stopReg()
 	var reg node.Registry
 	if *etcd != "" {
-		r, err := node.NewEtcd(strings.Split(*etcd, ","), *etcdPrefix, *lease, log)
+		ecfg := node.EtcdConfig{Endpoints: strings.Split(*etcd, ","), Prefix: *etcdPrefix, TTL: *lease, Log: log}
+		if *etcdCA != "" || *etcdCert != "" || *etcdKey != "" {
+			tc, err := node.EtcdTLS(*etcdCA, *etcdCert, *etcdKey)
+			if err != nil {
+				return fail("%v", err)
+			}
+			ecfg.TLS = tc
+		}
+		r, err := node.NewEtcdConfig(ecfg)
 		if err != nil {
 			return fail("--etcd: %v", err)
 		}

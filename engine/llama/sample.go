@@ -3,6 +3,7 @@ package llama
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sort"
 )
 
@@ -13,9 +14,67 @@ import (
 type Sampler struct {
 	Temperature float32
 	TopP        float32
-	rng         *rand.Rand
-	probs       []float32
-	order       []int
+	// Logprobs, if not nil, records each sampled token's log probability
+	// and the Logprobs.Top most likely tokens' (RecordLogprobs); recording
+	// never changes which token is sampled.
+	Logprobs *Logprobs
+	rng      *rand.Rand
+	probs    []float32
+	order    []int
+}
+
+// Logprobs are the log probabilities of sampled tokens under the model's
+// distribution (the softmax of the logits, before temperature and top_p:
+// what the model assigns, as vLLM reports by default).
+type Logprobs struct {
+	Top    int // how many of the most likely tokens each step records
+	Tokens []TokenLogprob
+}
+
+// TokenLogprob is one step: the sampled token, its log probability, and
+// the most likely tokens' (highest first, the lowest token on a tie).
+type TokenLogprob struct {
+	Token   int          `json:"token"`
+	Logprob float32      `json:"logprob"`
+	Top     []TopLogprob `json:"top,omitempty"`
+}
+
+// TopLogprob is one of a step's most likely tokens.
+type TopLogprob struct {
+	Token   int     `json:"token"`
+	Logprob float32 `json:"logprob"`
+}
+
+// RecordLogprobs makes s record log probabilities, with the top most
+// likely tokens of each step.
+func (s *Sampler) RecordLogprobs(top int) *Sampler {
+	s.Logprobs = &Logprobs{Top: top}
+	return s
+}
+
+// record appends the step whose logits sampled tok.
+func (l *Logprobs) record(logits []float32, tok int) {
+	hi := logits[Argmax(logits)]
+	var sum float64
+	for _, v := range logits {
+		sum += math.Exp(float64(v - hi))
+	}
+	lse := float64(hi) + math.Log(sum)
+	step := TokenLogprob{Token: tok, Logprob: float32(float64(logits[tok]) - lse)}
+	for len(step.Top) < min(l.Top, len(logits)) {
+		// The best token not taken yet: Top is small (OpenAI allows 20).
+		best := -1
+		for i, v := range logits {
+			if slices.ContainsFunc(step.Top, func(t TopLogprob) bool { return t.Token == i }) {
+				continue
+			}
+			if best < 0 || v > logits[best] {
+				best = i
+			}
+		}
+		step.Top = append(step.Top, TopLogprob{Token: best, Logprob: float32(float64(logits[best]) - lse)})
+	}
+	l.Tokens = append(l.Tokens, step)
 }
 
 // Greedy is a greedy sampler.
@@ -39,6 +98,14 @@ func Argmax(x []float32) int {
 
 // Sample picks a token from logits (which it leaves unchanged).
 func (s *Sampler) Sample(logits []float32) int {
+	tok := s.sample(logits)
+	if s.Logprobs != nil {
+		s.Logprobs.record(logits, tok)
+	}
+	return tok
+}
+
+func (s *Sampler) sample(logits []float32) int {
 	if s.Temperature <= 0 || s.rng == nil {
 		return Argmax(logits)
 	}
