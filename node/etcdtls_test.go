@@ -21,7 +21,7 @@ func TestEtcdOverTLSWithClientCertificates(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := ca.WriteFiles(dir, false, "localhost", "router"); err != nil {
+	if err := ca.WriteFiles(dir, false, "localhost:router", "router"); err != nil { // etcd's server certificate: the role is only what the authority requires
 		t.Fatal(err)
 	}
 	other := t.TempDir()
