@@ -40,6 +40,13 @@ if [ -n "${KVH_MATRIX:-}" ]; then
 else
   { echo '```'; output check --matrix; echo '```'; } | fill docs/spec.md matrix
 fi
+# KVH_MUTANTS: a file holding the output of `kvhandoff check --mutants scripts/check-configs`
+# from this commit (CI passes the one its mutation gate just printed).
+if [ -n "${KVH_MUTANTS:-}" ]; then
+  { echo '```'; grep -v -E '^[0-9]+ explorations in ' "$KVH_MUTANTS" | trim; echo '```'; } | fill docs/spec.md mutants
+else
+  { echo '```'; output check --mutants scripts/check-configs; echo '```'; } | fill docs/spec.md mutants
+fi
 for sw in admit-finished eager-release timeout-free no-checksum leak-on-cancel no-peer-cancel double-free checksum-hangs pool-wide-key verify-before-revoke unticketed-bootstrap; do
   { echo '```'; output check --bug "$sw" | grep -E '^(VIOLATION|  *[0-9]+\. )'; echo '```'; } | fill docs/spec.md "trace-$sw"
 done

@@ -290,6 +290,9 @@ type Config struct {
 	// QueueCapacity). A message sent on a full one is dropped and flags
 	// WithinBounds: the bound, not the protocol, was too small.
 	MaxQueue int
+	// Mutation removes or weakens one rule of the spec (the mutation gate;
+	// NoMutation, the zero value, for the protocol as it is).
+	Mutation Mutation
 	// The deployment: Prefills prefill and Decodes decode nodes (0 means 1),
 	// each with the pools above, and a queue pair per (prefill, decode) pair.
 	Prefills, Decodes int
@@ -389,6 +392,8 @@ func (c *Config) Validate() error {
 		return bad("decode nodes must be 1..%d, got %d", MaxDecodes, c.Decodes)
 	case c.MaxQueue < 0 || c.MaxQueue > QueueCapacity:
 		return bad("the queue bound must be 1..%d (0: %d), got %d", QueueCapacity, MaxQueue, c.MaxQueue)
+	case c.Mutation >= NumMutations:
+		return bad("unknown mutation %d", c.Mutation)
 	case c.ContextLimit < 1:
 		return bad("context limit must be at least 1 token")
 	case c.DecodeRestarts && c.Faults[FaultRestart] == 0:

@@ -36,6 +36,8 @@ func (m *Model) keyLive(s *State, r int) bool {
 		return true
 	case ph == RReady:
 		return m.cfg.Bugs.Has(VerifyBeforeRevoke)
+	case ph == RQuarantine || ph == RClosed:
+		return m.cfg.Mutation == KeyOutlivesRecord
 	}
 	return false
 }
@@ -44,7 +46,7 @@ func (m *Model) keyLive(s *State, r int) bool {
 // node: a page granted to r (by its physical page: a window is bound to a
 // range of the registered region), or with pool-wide-key any page.
 func (m *Model) keyCovers(s *State, r, page int) bool {
-	if m.cfg.Bugs.Has(PoolWideKey) {
+	if m.cfg.Bugs.Has(PoolWideKey) || m.cfg.Mutation == KeyCoversPool {
 		return true
 	}
 	rec := &s.Req[r].R
@@ -166,7 +168,7 @@ func (x *sys) rogueWrite(r, page int) {
 // it would for a dispatched request. Before the router dispatches r its
 // route is unset, so it names decode node 0.
 func (x *sys) rogueBootstrap(r int) {
-	if !x.bug(UnticketedBootstrap) {
+	if !x.bug(UnticketedBootstrap) && !x.mut(NoTicketCheck) {
 		x.hit(DecodeNoTicket)
 		return
 	}

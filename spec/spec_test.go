@@ -438,3 +438,38 @@ func TestMaxQueueBoundsEveryChannel(t *testing.T) {
 		t.Fatal("a bound of 1 must overflow with two messages to one node")
 	}
 }
+
+func TestParseMutation(t *testing.T) {
+	for _, mu := range AllMutations() {
+		if got, err := ParseMutation(mu.String()); err != nil || got != mu {
+			t.Errorf("%v: %v %v", mu, got, err)
+		}
+	}
+	if _, err := ParseMutation("no-such-rule"); !errors.Is(err, ErrUnknownMutation) {
+		t.Fatalf("want ErrUnknownMutation, got %v", err)
+	}
+	for name := range Equivalent {
+		_, errM := ParseMutation(name)
+		_, errS := ParseSwitches(name)
+		if errM != nil && errS != nil {
+			t.Errorf("Equivalent lists %q, which is neither a mutation nor a switch", name)
+		}
+	}
+	cfg := DefaultConfig()
+	cfg.Mutation = NumMutations
+	if _, err := New(cfg); !errors.Is(err, ErrBadConfig) {
+		t.Fatalf("an unknown mutation must be refused: %v", err)
+	}
+}
+
+// A mutation changes the model: key-outlives-record lets a rogue WRITE with
+// the key of a cancelled request's Grant land in its released page.
+func TestKeyOutlivesRecordLetsARevokedKeyLand(t *testing.T) {
+	w := newWorld(t, 0).granted(0)
+	w.m.cfg.Mutation = KeyOutlivesRecord
+	w.do(PostWrite, 0, Late).do(Cancel, 0, 0).do(DecodeRecv, 0, 0) // quarantined
+	page := int(w.s.Req[0].R.Pages[0].Page)
+	if n := w.tryRogue(0, page); n.Pages[0][page].Data.Req != Rogue {
+		t.Fatal("with key-outlives-record the quarantined page's key must still let the WRITE land")
+	}
+}

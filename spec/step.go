@@ -160,7 +160,7 @@ func (m *Model) Successors(s *State, emit func(Action, *State)) {
 		// (every node of a role has the same pools): protocol.Router's
 		// policy is one of these choices. Refused, the choice is moot.
 		routes := 0
-		if c.Prompts[r] <= c.ContextLimit {
+		if c.Prompts[r] <= c.ContextLimit || c.Mutation == RouterIgnoresLimit {
 			for p := 0; p < np; p++ {
 				for d := 0; d < nd; d++ {
 					if !s.CrashDetected[p] && !s.DecodeLost[d] {
@@ -724,7 +724,7 @@ func (x *sys) submit(r, p, d int) {
 	q.Submitted = true
 	t := x.m.cfg.Prompts[r]
 	switch {
-	case t > x.m.cfg.ContextLimit:
+	case t > x.m.cfg.ContextLimit && !x.mut(RouterIgnoresLimit):
 		x.hit(RouterOverLimit)
 		x.report(r, Rejected, OverLimit)
 	case p < 0:
@@ -781,7 +781,7 @@ func (x *sys) decodeLoss(d int) {
 	for r := range x.m.cfg.Prompts {
 		if q := &x.s.Req[r]; q.Submitted && int(q.D) == d && q.Outcome == Pending {
 			x.report(r, Failed, PeerFailed)
-			if q.S.Phase == SNone || q.S.Phase.Live() { // a leg that has ended needs no cancel
+			if (q.S.Phase == SNone || q.S.Phase.Live()) && !x.mut(NoRouterLegCancel) { // a leg that has ended needs no cancel
 				x.toPrefill(int(q.P), &x.s.ToPrefill[q.P], Msg{Kind: MAbort, Req: int8(r)})
 			}
 		}
@@ -811,7 +811,9 @@ func (x *sys) prefillRecv(p, choice int) {
 	case MAbort:
 		x.prefillAbort(int(msg.Req))
 	case MPeerFailed:
-		x.fenceQP(p, int(msg.Peer)) // the fence for a lost decode node
+		if !x.mut(NoLostDecodeFence) {
+			x.fenceQP(p, int(msg.Peer)) // the fence for a lost decode node
+		}
 	case MPeerRestarted:
 		x.acceptDecodeIncarnation(p, int(msg.Peer), msg.DInc)
 	}
@@ -822,7 +824,7 @@ func (x *sys) prefillIntake(r, choice int) {
 	snd := &x.s.Req[r].S
 	t := c.Prompts[r]
 	pages := c.PagesFor(t)
-	if t > c.PrefillLimit() {
+	if t > c.PrefillLimit() && !x.mut(PrefillIgnoresLimit) {
 		if !x.bug(AdmitFinished) {
 			x.hit(PrefillOverLimit)
 			snd.Phase = SRejected
@@ -893,7 +895,7 @@ func (x *sys) admit(r int, g Msg) {
 	switch snd.Phase {
 	case SAwaitGrant:
 		t := c.Prompts[r]
-		if int(g.Tokens) != t || int(g.Pages) != c.PagesFor(t) {
+		if (int(g.Tokens) != t || int(g.Pages) != c.PagesFor(t)) && !x.mut(AdmitIgnoresGrant) {
 			x.hit(AdmitGrantMismatch)
 			x.freeSrc(r)
 			snd.Phase = SFailed
@@ -1055,7 +1057,9 @@ func (x *sys) restart(p int) {
 // its queue pair to the old incarnation before it accepts the new one's.
 func (x *sys) restartDecode(d int) {
 	x.s.Budget[FaultRestart]--
-	x.s.DInc[d]++
+	if !x.mut(DecodeRestartSameIncarnation) {
+		x.s.DInc[d]++
+	}
 	for r := range x.m.cfg.Prompts {
 		if q := &x.s.Req[r]; q.Submitted && int(q.D) == d {
 			q.R = Receiver{Slot: -1}
@@ -1090,7 +1094,9 @@ func (x *sys) restartDecode(d int) {
 // holds a queue pair to the new one.
 func (x *sys) acceptDecodeIncarnation(p, d int, inc uint8) {
 	x.hit(RestartFence)
-	x.cutQP(p, d, PeerFailed)
+	if !x.mut(NoDecodeRestartFence) {
+		x.cutQP(p, d, PeerFailed)
+	}
 	x.s.PQPInc[p][d] = inc
 	x.s.Fenced[p][d] = x.s.CrashDetected[p]
 }
@@ -1226,7 +1232,7 @@ func (x *sys) reserve(r int, b Msg, choice int) {
 		return // duplicate
 	}
 	t := int(b.Tokens)
-	if t > c.DecodeLimit() {
+	if t > c.DecodeLimit() && !x.mut(DecodeIgnoresLimit) {
 		x.hit(DecodeOverLimit)
 		rec.Phase, rec.Reason = RRejected, OverLimit
 		x.report(r, Rejected, OverLimit)
@@ -1327,7 +1333,7 @@ func (x *sys) verify(r int, d Msg) Reason {
 		pg := &x.pool(r)[ref.Page]
 		if !x.bug(NoTagCheck) {
 			switch {
-			case pg.Epoch != ref.Epoch:
+			case pg.Epoch != ref.Epoch && !x.mut(NoPoolEpochCheck):
 				x.hit(VerifyPageEpoch)
 				return TagMismatch
 			case pg.Tag.Req != int8(r):
@@ -1406,7 +1412,7 @@ func (x *sys) release(r int) {
 	for i := 0; i < int(rec.N); i++ {
 		ref := rec.Pages[i]
 		pg := &x.pool(r)[ref.Page]
-		if pg.Owner == int8(r) && pg.Epoch == ref.Epoch {
+		if pg.Owner == int8(r) && pg.Epoch == ref.Epoch || x.mut(ReleaseIgnoresEpoch) {
 			pg.Owner, pg.Quarantined = Free, false
 		}
 	}
@@ -1478,7 +1484,9 @@ func (x *sys) decodeRecv(d int) {
 // the implementation cannot take one for the other.)
 func (x *sys) acceptIncarnation(p, d int, inc uint8) {
 	x.hit(RestartFence)
-	x.cutQP(p, d, PeerFailed)
+	if !x.mut(NoRestartFence) {
+		x.cutQP(p, d, PeerFailed)
+	}
 	x.s.QPInc[p][d], x.s.Fenced[p][d] = inc, false
 }
 
@@ -1495,7 +1503,7 @@ func (x *sys) decodeRead(r int) {
 	rec := &q.R
 	if !x.bug(NoTagCheck) {
 		for i := 0; i < int(rec.N); i++ {
-			if ref := rec.Pages[i]; x.pool(r)[ref.Page].Epoch != ref.Epoch {
+			if ref := rec.Pages[i]; x.pool(r)[ref.Page].Epoch != ref.Epoch && !x.mut(NoReadEpochCheck) {
 				x.hit(ReadEpoch)
 				x.closeReceiver(r, TagMismatch)
 				x.report(r, Failed, TagMismatch)

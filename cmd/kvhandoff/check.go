@@ -56,6 +56,8 @@ type checkFlags struct {
 	bitstateSize              string
 	hashes                    int
 	swarmIndex, swarmCount    int
+	mutants                   string
+	mutation                  string
 }
 
 func runCheck(args []string, stdout, stderr io.Writer) int {
@@ -64,41 +66,8 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 	}
 	var f checkFlags
 	fs := newFlags("check", checkUsage, stderr)
-	fs.IntVar(&f.requests, "requests", 3, "requests: all but the last fit, the last is over-long (1..4)")
-	fs.IntVar(&f.pages, "pages", 4, "decode pool pages; the prefill pool gets half (1..8)")
-	fs.IntVar(&f.pageSize, "page-size", 2, "tokens per page")
-	fs.StringVar(&f.prompts, "prompts", "", "prompt lengths in tokens, comma-separated (overrides --requests), e.g. 4,4,9")
-	fs.IntVar(&f.prefillPages, "prefill-pages", 0, "prefill pool pages (0: half of --pages); its intake rejects longer prompts")
-	fs.StringVar(&f.faults, "faults", "all", `fault budgets: "all" (every one but lease and restart), "none" or name[=N],... of all, cancel, crash, timeout, cut, late, corrupt, lease, restart`)
-	fs.IntVar(&f.prefills, "prefills", 1, fmt.Sprintf("prefill nodes, each with the prefill pool (1..%d)", spec.MaxPrefills))
-	fs.IntVar(&f.decodes, "decodes", 1, fmt.Sprintf("decode nodes, each with the decode pool and slots (1..%d); a queue pair per (prefill, decode) pair", spec.MaxDecodes))
-	fs.IntVar(&f.restarts, "restarts", -1, "restarts of a crashed prefill node under a new incarnation (0..3; the same as restart=N in --faults, which it overrides; needs a crash budget)")
-	fs.BoolVar(&f.decodeRestarts, "decode-restarts", false, "the restart fault may also crash a decode node and bring it back at once under a new incarnation (a fresh pool, epochs from zero); needs a restart budget, shared with prefill restarts")
-	fs.BoolVar(&f.anySource, "any-source-pages", false, "a prefill node's intake may take any free source pages, in any order, not only the lowest: every choice explored (the refinement mapping's setting; more states)")
-	fs.IntVar(&f.maxQueue, "max-queue", 0, fmt.Sprintf("the bound of every channel, in messages (0: %d; at most %d); a message sent on a full one breaks WithinBounds", spec.MaxQueue, spec.QueueCapacity))
-	fs.IntVar(&f.maxFaults, "max-faults", 0, "faults in one execution, all kinds together (0: only the budgets bound them; with --matrix the default is 2)")
-	fs.StringVar(&f.bugs, "bug", "", "switches of the bug catalogue to turn on, comma-separated")
-	fs.BoolVar(&f.needAll, "need-all", false, "report only counterexamples that need every --bug switch (the matrix's rule): replayed with any one of them off, they no longer fail")
-	fs.BoolVar(&f.simulate, "simulate", false, "random walks instead of exhaustive exploration")
-	fs.Uint64Var(&f.seed, "seed", 1, "simulation seed: the same seed replays the same walks; with --bitstate, the hash's seed")
-	fs.BoolVar(&f.bitstate, "bitstate", false, "bitstate mode (SPIN's supertrace) for bounds too large to store: the visited set is a bit array of half of --max-memory, each state 3 bits; states whose bits collide are missed, and the coverage estimate says how many; no liveness check (docs/spec.md)")
-	fs.StringVar(&f.bitstateSize, "bitstate-size", "", "bitstate: the bit array's size, e.g. 1GiB (default: half of --max-memory)")
-	fs.IntVar(&f.hashes, "hashes", 3, "bitstate: bits set per state (1..8)")
-	fs.IntVar(&f.swarmIndex, "swarm-index", 0, "bitstate swarm: this member's index, 0..--swarm-count-1 (its hash seed is --seed plus the index, and its search order its own); combine the members' --json reports with kvhandoff check merge FILE...")
-	fs.IntVar(&f.swarmCount, "swarm-count", 0, "bitstate swarm: the number of members (0: no swarm)")
-	fs.IntVar(&f.walks, "walks", 10000, "simulation: number of walks")
-	fs.IntVar(&f.depth, "depth", 60, "simulation: steps per walk before it drains")
-	fs.BoolVar(&f.jsonOut, "json", false, "print exactly one JSON object on stdout")
-	fs.StringVar(&f.traceFormat, "trace-format", "text", "counterexample format: text or mermaid")
-	fs.BoolVar(&f.matrix, "matrix", false, "compute the defense matrix")
-	fs.IntVar(&f.matrixSize, "matrix-size", 3, "matrix: largest combination of switches tried")
-	fs.IntVar(&f.maxStates, "max-states", 0, "give up (exit 3) past this many distinct states (0: no limit but --max-memory)")
-	fs.StringVar(&f.maxMemory, "max-memory", "", "give up (exit 3) when the live heap exceeds this, e.g. 16GiB, 500MB (default: 3/4 of the machine's memory); a visited state costs about 65-80 bytes at the peak on large runs (the runtime's ~10 MiB on top), docs/spec.md")
-	fs.IntVar(&f.workers, "workers", 0, "exploration goroutines (0: one per core)")
-	fs.BoolVar(&f.quiet, "quiet", false, "no progress on stderr")
-	fs.IntVar(&f.contextLimit, "context-limit", 0, "the router's limit in tokens, the advertised context (0: the decode pool's capacity)")
-	fs.StringVar(&f.damage, "damage", "payload", `what the corrupt fault may damage: payload (always), tag (a tag record's request, index or epoch), send (a Done's or Grant's token or page count), comma-separated`)
-	fs.BoolVar(&f.coverage, "coverage", false, "count how often each action and each guarded branch of the spec fired; printed after the result (\"coverage\" in --json)")
+	f.define(fs)
+	fs.StringVar(&f.mutants, "mutants", "", "run the mutation gate (docs/spec.md) over the configurations in this file, one line of check flags each (# starts a comment): every mutation and every switch must be caught by one, or be listed as equivalent")
 	if code := parseFlags(fs, args, stderr); code >= 0 {
 		if code != 0 && f.jsonOut {
 			printJSON(stdout, stderr, jsonReport{Result: "error", Error: "bad usage (see stderr)", Bugs: []string{}, Trace: []jsonStep{}})
@@ -123,6 +92,8 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "kvhandoff check: %s\n", describeConfig(cfg))
 	}
 	switch {
+	case f.mutants != "":
+		return f.runMutants(stdout, stderr)
 	case f.matrix:
 		return f.runMatrix(cfg, stdout, stderr)
 	case f.simulate:
@@ -161,6 +132,47 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 		return f.explorationFailed(err, cfg, stdout, stderr)
 	}
 	return f.printReport(r, stdout, stderr)
+}
+
+// define declares the flags of one check: its configuration and how it runs.
+// The mutation gate parses each of its configurations with them.
+func (f *checkFlags) define(fs *flag.FlagSet) {
+	fs.IntVar(&f.requests, "requests", 3, "requests: all but the last fit, the last is over-long (1..4)")
+	fs.IntVar(&f.pages, "pages", 4, "decode pool pages; the prefill pool gets half (1..8)")
+	fs.IntVar(&f.pageSize, "page-size", 2, "tokens per page")
+	fs.StringVar(&f.prompts, "prompts", "", "prompt lengths in tokens, comma-separated (overrides --requests), e.g. 4,4,9")
+	fs.IntVar(&f.prefillPages, "prefill-pages", 0, "prefill pool pages (0: half of --pages); its intake rejects longer prompts")
+	fs.StringVar(&f.faults, "faults", "all", `fault budgets: "all" (every one but lease and restart), "none" or name[=N],... of all, cancel, crash, timeout, cut, late, corrupt, lease, restart`)
+	fs.IntVar(&f.prefills, "prefills", 1, fmt.Sprintf("prefill nodes, each with the prefill pool (1..%d)", spec.MaxPrefills))
+	fs.IntVar(&f.decodes, "decodes", 1, fmt.Sprintf("decode nodes, each with the decode pool and slots (1..%d); a queue pair per (prefill, decode) pair", spec.MaxDecodes))
+	fs.IntVar(&f.restarts, "restarts", -1, "restarts of a crashed prefill node under a new incarnation (0..3; the same as restart=N in --faults, which it overrides; needs a crash budget)")
+	fs.BoolVar(&f.decodeRestarts, "decode-restarts", false, "the restart fault may also crash a decode node and bring it back at once under a new incarnation (a fresh pool, epochs from zero); needs a restart budget, shared with prefill restarts")
+	fs.BoolVar(&f.anySource, "any-source-pages", false, "a prefill node's intake may take any free source pages, in any order, not only the lowest: every choice explored (the refinement mapping's setting; more states)")
+	fs.IntVar(&f.maxQueue, "max-queue", 0, fmt.Sprintf("the bound of every channel, in messages (0: %d; at most %d); a message sent on a full one breaks WithinBounds", spec.MaxQueue, spec.QueueCapacity))
+	fs.IntVar(&f.maxFaults, "max-faults", 0, "faults in one execution, all kinds together (0: only the budgets bound them; with --matrix the default is 2)")
+	fs.StringVar(&f.bugs, "bug", "", "switches of the bug catalogue to turn on, comma-separated")
+	fs.StringVar(&f.mutation, "mutation", "", "one mutation of the spec's rules to turn on (the mutation gate's: docs/spec.md), e.g. key-outlives-record")
+	fs.BoolVar(&f.needAll, "need-all", false, "report only counterexamples that need every --bug switch (the matrix's rule): replayed with any one of them off, they no longer fail")
+	fs.BoolVar(&f.simulate, "simulate", false, "random walks instead of exhaustive exploration")
+	fs.Uint64Var(&f.seed, "seed", 1, "simulation seed: the same seed replays the same walks; with --bitstate, the hash's seed")
+	fs.BoolVar(&f.bitstate, "bitstate", false, "bitstate mode (SPIN's supertrace) for bounds too large to store: the visited set is a bit array of half of --max-memory, each state 3 bits; states whose bits collide are missed, and the coverage estimate says how many; no liveness check (docs/spec.md)")
+	fs.StringVar(&f.bitstateSize, "bitstate-size", "", "bitstate: the bit array's size, e.g. 1GiB (default: half of --max-memory)")
+	fs.IntVar(&f.hashes, "hashes", 3, "bitstate: bits set per state (1..8)")
+	fs.IntVar(&f.swarmIndex, "swarm-index", 0, "bitstate swarm: this member's index, 0..--swarm-count-1 (its hash seed is --seed plus the index, and its search order its own); combine the members' --json reports with kvhandoff check merge FILE...")
+	fs.IntVar(&f.swarmCount, "swarm-count", 0, "bitstate swarm: the number of members (0: no swarm)")
+	fs.IntVar(&f.walks, "walks", 10000, "simulation: number of walks")
+	fs.IntVar(&f.depth, "depth", 60, "simulation: steps per walk before it drains")
+	fs.BoolVar(&f.jsonOut, "json", false, "print exactly one JSON object on stdout")
+	fs.StringVar(&f.traceFormat, "trace-format", "text", "counterexample format: text or mermaid")
+	fs.BoolVar(&f.matrix, "matrix", false, "compute the defense matrix")
+	fs.IntVar(&f.matrixSize, "matrix-size", 3, "matrix: largest combination of switches tried")
+	fs.IntVar(&f.maxStates, "max-states", 0, "give up (exit 3) past this many distinct states (0: no limit but --max-memory)")
+	fs.StringVar(&f.maxMemory, "max-memory", "", "give up (exit 3) when the live heap exceeds this, e.g. 16GiB, 500MB (default: 3/4 of the machine's memory); a visited state costs about 65-80 bytes at the peak on large runs (the runtime's ~10 MiB on top), docs/spec.md")
+	fs.IntVar(&f.workers, "workers", 0, "exploration goroutines (0: one per core)")
+	fs.BoolVar(&f.quiet, "quiet", false, "no progress on stderr")
+	fs.IntVar(&f.contextLimit, "context-limit", 0, "the router's limit in tokens, the advertised context (0: the decode pool's capacity)")
+	fs.StringVar(&f.damage, "damage", "payload", `what the corrupt fault may damage: payload (always), tag (a tag record's request, index or epoch), send (a Done's or Grant's token or page count), comma-separated`)
+	fs.BoolVar(&f.coverage, "coverage", false, "count how often each action and each guarded branch of the spec fired; printed after the result (\"coverage\" in --json)")
 }
 
 // usageError reports bad usage: exit 2, and with --json an error object.
@@ -233,6 +245,9 @@ func (f *checkFlags) config() (spec.Config, error) {
 		cfg.Faults[spec.FaultRestart] = uint8(f.restarts)
 	}
 	if cfg.Bugs, err = spec.ParseSwitches(f.bugs); err != nil {
+		return cfg, err
+	}
+	if cfg.Mutation, err = spec.ParseMutation(f.mutation); err != nil {
 		return cfg, err
 	}
 	if cfg.Damage, err = spec.ParseDamage(f.damage); err != nil {

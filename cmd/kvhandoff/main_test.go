@@ -146,7 +146,7 @@ func TestMatrixJSON(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &m); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	if len(m.Matrix) != 15 || m.Matrix[0].Bug != "admit-finished" || m.Matrix[0].ExposedBy == nil || m.Matrix[0].Violated == nil {
+	if len(m.Matrix) != 18 || m.Matrix[0].Bug != "admit-finished" || m.Matrix[0].ExposedBy == nil || m.Matrix[0].Violated == nil {
 		t.Fatalf("got %+v", m.Matrix)
 	}
 }
