@@ -128,31 +128,69 @@ func (k ActionKind) String() string {
 // it to keep it (the checker calls this for every state it explores, and a
 // State is about 2 KB: passing it by value cost a third of the run).
 func (m *Model) Successors(s *State, emit func(Action, *State)) {
-	c := &m.cfg
-	nreq := len(c.Prompts)
 	// The steps are called through function values, so the state they work
 	// on escapes to the heap: it is a scratch state from a pool, not one
 	// allocated per step (the checker calls this for every state it explores).
 	x := scratch.Get().(*sys)
 	defer scratch.Put(x)
 	x.m = m
-	// Each step gets the request, nodes and choice it is about (those it does
-	// not use are 0) as arguments, never captured: a closure that captures
-	// them reaches the tests' hook, escapes, and costs an allocation per
-	// transition (a sixth of the checker's time).
-	do := func(a Action, r, p, d, n int, f step) {
-		if m.cov != nil || m.mutate != nil {
-			m.hooked(x, s, a, func() { f(x, r, p, d, n) })
-			emit(a, x.s)
-			return
-		}
-		copyState(x.s, s)
-		f(x, r, p, d, n)
-		m.observe(s, a, x.s)
-		emit(a, x.s)
+	g := successors{m: m, c: &m.cfg, x: x, s: s, emit: emit}
+	g.submits()
+	g.prefillRecvs()
+	g.prefillRecvQPs()
+	g.decodeRecvs()
+	g.decodeRecvQPs()
+	g.postWrites()
+	g.decodeReads()
+	g.detectCrashes()
+	// Faults.
+	if !m.faultAllowed(s) {
+		return
 	}
+	g.cancels()
+	g.crashes()
+	g.timeouts()
+	g.cuts()
+	g.corruptSends()
+	g.restarts()
+	g.rogues()
+	g.leasesLost()
+}
+
+// successors enumerates the actions enabled in one state, one method per
+// action kind, in the order Successors calls them (the order is part of the
+// checker's output: traces and state counts replay from it).
+type successors struct {
+	m    *Model
+	c    *Config
+	x    *sys
+	s    *State
+	emit func(Action, *State)
+}
+
+// do applies f to a copy of g.s and emits a with the result. Each step gets
+// the request, nodes and choice it is about (those it does not use are 0) as
+// arguments, never captured: a closure that captures them reaches the tests'
+// hook, escapes, and costs an allocation per transition (a sixth of the
+// checker's time).
+func (g *successors) do(a Action, r, p, d, n int, f step) {
+	m, x, s := g.m, g.x, g.s
+	if m.cov != nil || m.mutate != nil {
+		m.hooked(x, s, a, func() { f(x, r, p, d, n) })
+		g.emit(a, x.s)
+		return
+	}
+	copyState(x.s, s)
+	f(x, r, p, d, n)
+	m.observe(s, a, x.s)
+	g.emit(a, x.s)
+}
+
+// submits emits the router's Submit of each request not yet submitted.
+func (g *successors) submits() {
+	c, s := g.c, g.s
 	np, nd := c.NumPrefills(), c.NumDecodes()
-	for r := 0; r < nreq; r++ {
+	for r := 0; r < len(c.Prompts); r++ {
 		if s.Req[r].Submitted {
 			continue
 		}
@@ -165,39 +203,63 @@ func (m *Model) Successors(s *State, emit func(Action, *State)) {
 				for d := 0; d < nd; d++ {
 					if !s.CrashDetected[p] && !s.DecodeLost[d] {
 						routes++
-						do(Action{Submit, int8(r), Route(p, d)}, r, p, d, 0, func(x *sys, r, p, d, _ int) { x.submit(r, p, d) })
+						g.do(Action{Submit, int8(r), Route(p, d)}, r, p, d, 0, func(x *sys, r, p, d, _ int) { x.submit(r, p, d) })
 					}
 				}
 			}
 		}
 		if routes == 0 {
-			do(Action{Submit, int8(r), 0}, r, 0, 0, 0, func(x *sys, r, _, _, _ int) { x.submit(r, -1, -1) })
+			g.do(Action{Submit, int8(r), 0}, r, 0, 0, 0, func(x *sys, r, _, _, _ int) { x.submit(r, -1, -1) })
 		}
 	}
-	for p := 0; p < np; p++ {
+}
+
+// prefillRecvs emits each live prefill node's receipt of the head of its
+// queue from the router, once per source-page choice.
+func (g *successors) prefillRecvs() {
+	m, s := g.m, g.s
+	for p := 0; p < g.c.NumPrefills(); p++ {
 		if !s.PrefillCrashed[p] && s.ToPrefill[p].N > 0 {
 			h := s.ToPrefill[p].Head()
 			if n := m.sourceChoices(s, p); n > 1 {
 				for i := 0; i < n; i++ {
-					do(Action{PrefillRecv, h.Req, uint16(p) | uint16(i)<<8}, 0, p, 0, i, func(x *sys, _, p, _, i int) { x.prefillRecv(p, i) })
+					g.do(Action{PrefillRecv, h.Req, uint16(p) | uint16(i)<<8}, 0, p, 0, i, func(x *sys, _, p, _, i int) { x.prefillRecv(p, i) })
 				}
 			} else {
-				do(Action{PrefillRecv, h.Req, uint16(p)}, 0, p, 0, 0, func(x *sys, _, p, _, _ int) { x.prefillRecv(p, 0) })
+				g.do(Action{PrefillRecv, h.Req, uint16(p)}, 0, p, 0, 0, func(x *sys, _, p, _, _ int) { x.prefillRecv(p, 0) })
 			}
 		}
 	}
+}
+
+// prefillRecvQPs emits each live prefill node's receipt of the head of a
+// queue pair's back channel.
+func (g *successors) prefillRecvQPs() {
+	s, np, nd := g.s, g.c.NumPrefills(), g.c.NumDecodes()
 	for p := 0; p < np; p++ {
 		for d := 0; d < nd; d++ {
 			if !s.PrefillCrashed[p] && s.QPBack[p][d].N > 0 {
-				do(Action{PrefillRecvQP, s.QPBack[p][d].Head().Req, Route(p, d)}, 0, p, d, 0, func(x *sys, _, p, d, _ int) { x.prefillRecvQP(p, d) })
+				g.do(Action{PrefillRecvQP, s.QPBack[p][d].Head().Req, Route(p, d)}, 0, p, d, 0, func(x *sys, _, p, d, _ int) { x.prefillRecvQP(p, d) })
 			}
 		}
 	}
-	for d := 0; d < nd; d++ {
+}
+
+// decodeRecvs emits each decode node's receipt of the head of its queue from
+// the router.
+func (g *successors) decodeRecvs() {
+	s := g.s
+	for d := 0; d < g.c.NumDecodes(); d++ {
 		if s.ToDecode[d].N > 0 {
-			do(Action{DecodeRecv, s.ToDecode[d].Head().Req, uint16(d)}, 0, 0, d, 0, func(x *sys, _, _, d, _ int) { x.decodeRecv(d) })
+			g.do(Action{DecodeRecv, s.ToDecode[d].Head().Req, uint16(d)}, 0, 0, d, 0, func(x *sys, _, _, d, _ int) { x.decodeRecv(d) })
 		}
 	}
+}
+
+// decodeRecvQPs emits each decode node's receipt of the head of a queue
+// pair, once per reservation choice.
+func (g *successors) decodeRecvQPs() {
+	m, s, np, nd := g.m, g.s, g.c.NumPrefills(), g.c.NumDecodes()
 	for p := 0; p < np; p++ {
 		for d := 0; d < nd; d++ {
 			if s.QP[p][d].N == 0 {
@@ -206,14 +268,20 @@ func (m *Model) Successors(s *State, emit func(Action, *State)) {
 			h := s.QP[p][d].Head()
 			if choices := m.reservations(s, d, h); choices > 0 {
 				for i := 0; i < choices; i++ {
-					do(Action{DecodeRecvQP, h.Req, uint16(i)}, 0, p, d, i, func(x *sys, _, p, d, i int) { x.decodeRecvQP(p, d, i) })
+					g.do(Action{DecodeRecvQP, h.Req, uint16(i)}, 0, p, d, i, func(x *sys, _, p, d, i int) { x.decodeRecvQP(p, d, i) })
 				}
 			} else {
-				do(Action{DecodeRecvQP, h.Req, 0}, 0, p, d, 0, func(x *sys, _, p, d, _ int) { x.decodeRecvQP(p, d, 0) })
+				g.do(Action{DecodeRecvQP, h.Req, 0}, 0, p, d, 0, func(x *sys, _, p, d, _ int) { x.decodeRecvQP(p, d, 0) })
 			}
 		}
 	}
-	for r := 0; r < nreq; r++ {
+}
+
+// postWrites emits each sender's next WRITE, once per variant (late,
+// corrupt, tag damage) the fault budget allows.
+func (g *successors) postWrites() {
+	m, c, s := g.m, g.c, g.s
+	for r := 0; r < len(c.Prompts); r++ {
 		snd := &s.Req[r].S
 		if s.PrefillCrashed[s.Req[r].P] || snd.Phase != SWriting || snd.Posted >= snd.Pages ||
 			int(snd.Posted-snd.Completed) >= c.MaxInFlight {
@@ -232,52 +300,84 @@ func (m *Model) Successors(s *State, emit func(Action, *State)) {
 			if v&Late != 0 && s.Budget[FaultLate] == 0 || v&Corrupt != 0 && s.Budget[FaultCorrupt] == 0 {
 				continue
 			}
-			do(Action{PostWrite, int8(r), v}, r, 0, 0, int(v), func(x *sys, r, _, _, v int) { x.postWrite(r, uint16(v)) })
+			g.do(Action{PostWrite, int8(r), v}, r, 0, 0, int(v), func(x *sys, r, _, _, v int) { x.postWrite(r, uint16(v)) })
 		}
 	}
-	for r := 0; r < nreq; r++ {
+}
+
+// decodeReads emits the read of each request whose pages are ready.
+func (g *successors) decodeReads() {
+	s := g.s
+	for r := 0; r < len(g.c.Prompts); r++ {
 		if s.Req[r].R.Phase == RReady {
-			do(Action{DecodeRead, int8(r), 0}, r, 0, 0, 0, func(x *sys, r, _, _, _ int) { x.decodeRead(r) })
+			g.do(Action{DecodeRead, int8(r), 0}, r, 0, 0, 0, func(x *sys, r, _, _, _ int) { x.decodeRead(r) })
 		}
 	}
-	for p := 0; p < np; p++ {
+}
+
+// detectCrashes emits the router's detection of each crashed prefill node.
+func (g *successors) detectCrashes() {
+	s := g.s
+	for p := 0; p < g.c.NumPrefills(); p++ {
 		if s.PrefillCrashed[p] && !s.CrashDetected[p] {
-			do(Action{DetectCrash, -1, uint16(p)}, 0, p, 0, 0, func(x *sys, _, p, _, _ int) { x.detectLoss(p) })
+			g.do(Action{DetectCrash, -1, uint16(p)}, 0, p, 0, 0, func(x *sys, _, p, _, _ int) { x.detectLoss(p) })
 		}
 	}
-	// Faults.
-	if !m.faultAllowed(s) {
-		return
-	}
+}
+
+// cancels emits the client's cancel of each pending request.
+func (g *successors) cancels() {
+	s := g.s
 	if s.Budget[FaultCancel] > 0 {
-		for r := 0; r < nreq; r++ {
+		for r := 0; r < len(g.c.Prompts); r++ {
 			if s.Req[r].Submitted && s.Req[r].Outcome == Pending {
-				do(Action{Cancel, int8(r), 0}, r, 0, 0, 0, func(x *sys, r, _, _, _ int) { x.cancel(r) })
+				g.do(Action{Cancel, int8(r), 0}, r, 0, 0, 0, func(x *sys, r, _, _, _ int) { x.cancel(r) })
 			}
 		}
 	}
-	for p := 0; p < np; p++ {
+}
+
+// crashes emits the crash of each live prefill node.
+func (g *successors) crashes() {
+	s := g.s
+	for p := 0; p < g.c.NumPrefills(); p++ {
 		if s.Budget[FaultCrash] > 0 && !s.PrefillCrashed[p] {
-			do(Action{Crash, -1, uint16(p)}, 0, p, 0, 0, func(x *sys, _, p, _, _ int) { x.crash(p) })
+			g.do(Action{Crash, -1, uint16(p)}, 0, p, 0, 0, func(x *sys, _, p, _, _ int) { x.crash(p) })
 		}
 	}
+}
+
+// timeouts emits the reservation timeout of each reserved request.
+func (g *successors) timeouts() {
+	s := g.s
 	if s.Budget[FaultTimeout] > 0 {
-		for r := 0; r < nreq; r++ {
+		for r := 0; r < len(g.c.Prompts); r++ {
 			if s.Req[r].R.Phase == RReserved {
-				do(Action{Timeout, int8(r), 0}, r, 0, 0, 0, func(x *sys, r, _, _, _ int) { x.timeout(r) })
+				g.do(Action{Timeout, int8(r), 0}, r, 0, 0, 0, func(x *sys, r, _, _, _ int) { x.timeout(r) })
 			}
 		}
 	}
+}
+
+// cuts emits the cut of each queue pair whose cut matters.
+func (g *successors) cuts() {
+	m, s, np, nd := g.m, g.s, g.c.NumPrefills(), g.c.NumDecodes()
 	for p := 0; p < np; p++ {
 		for d := 0; d < nd; d++ {
 			if s.Budget[FaultCut] > 0 && m.cutMatters(s, p, d) {
-				do(Action{Cut, -1, Route(p, d)}, 0, p, d, 0, func(x *sys, _, p, d, _ int) {
+				g.do(Action{Cut, -1, Route(p, d)}, 0, p, d, 0, func(x *sys, _, p, d, _ int) {
 					x.s.Budget[FaultCut]--
 					x.cutQP(p, d, Flushed)
 				})
 			}
 		}
 	}
+}
+
+// corruptSends emits the corruption of a field of each queue pair's head
+// Done, and of each back channel's head Grant.
+func (g *successors) corruptSends() {
+	c, s, np, nd := g.c, g.s, g.c.NumPrefills(), g.c.NumDecodes()
 	if s.Budget[FaultCorrupt] > 0 && c.Damage.Has(DamageSend) {
 		for p := 0; p < np; p++ {
 			for d := 0; d < nd; d++ {
@@ -290,46 +390,64 @@ func (m *Model) Successors(s *State, emit func(Action, *State)) {
 						continue
 					}
 					for _, field := range []uint16{SendTokens, SendPages} {
-						do(Action{CorruptSend, q.Head().Req, arg | field}, 0, p, d, int(arg|field), func(x *sys, _, p, d, n int) { x.corruptSend(p, d, uint16(n)) })
+						g.do(Action{CorruptSend, q.Head().Req, arg | field}, 0, p, d, int(arg|field), func(x *sys, _, p, d, n int) { x.corruptSend(p, d, uint16(n)) })
 					}
 				}
 			}
 		}
 	}
+}
+
+// restarts emits the restart of each crashed prefill node and, where the
+// configuration has them, of each decode node.
+func (g *successors) restarts() {
+	m, c, s := g.m, g.c, g.s
 	if s.Budget[FaultRestart] > 0 {
-		for p := 0; p < np; p++ {
+		for p := 0; p < c.NumPrefills(); p++ {
 			if s.PrefillCrashed[p] {
-				do(Action{Restart, -1, uint16(p)}, 0, p, 0, 0, func(x *sys, _, p, _, _ int) { x.restart(p) })
+				g.do(Action{Restart, -1, uint16(p)}, 0, p, 0, 0, func(x *sys, _, p, _, _ int) { x.restart(p) })
 			}
 		}
 		if c.DecodeRestarts && !m.restartNewsPending(s) { // a bound of the model: see restartNewsPending
-			for d := 0; d < nd; d++ {
-				do(Action{Restart, -1, DecodeNode | uint16(d)}, 0, 0, d, 0, func(x *sys, _, _, d, _ int) { x.restartDecode(d) })
+			for d := 0; d < c.NumDecodes(); d++ {
+				g.do(Action{Restart, -1, DecodeNode | uint16(d)}, 0, 0, d, 0, func(x *sys, _, _, d, _ int) { x.restartDecode(d) })
 			}
 		}
 	}
+}
+
+// rogues emits each rogue WRITE worth exploring and the rogue bootstrap of
+// each request not yet submitted.
+func (g *successors) rogues() {
+	s := g.s
 	if s.Budget[FaultRogue] > 0 {
-		m.rogueWrites(s, func(r, page int) {
-			do(Action{RogueWrite, int8(r), uint16(page)}, r, 0, 0, page, func(x *sys, r, _, _, page int) { x.rogueWrite(r, page) })
+		g.m.rogueWrites(s, func(r, page int) {
+			g.do(Action{RogueWrite, int8(r), uint16(page)}, r, 0, 0, page, func(x *sys, r, _, _, page int) { x.rogueWrite(r, page) })
 		})
-		for r := 0; r < nreq; r++ {
+		for r := 0; r < len(g.c.Prompts); r++ {
 			if !s.Req[r].Submitted {
-				do(Action{RogueBootstrap, int8(r), 0}, r, 0, 0, 0, func(x *sys, r, _, _, _ int) { x.rogueBootstrap(r) })
+				g.do(Action{RogueBootstrap, int8(r), 0}, r, 0, 0, 0, func(x *sys, r, _, _, _ int) { x.rogueBootstrap(r) })
 			}
 		}
 	}
+}
+
+// leasesLost emits the loss of the lease of each node the router still
+// counts live.
+func (g *successors) leasesLost() {
+	s := g.s
 	if s.Budget[FaultLease] > 0 {
-		for p := 0; p < np; p++ {
+		for p := 0; p < g.c.NumPrefills(); p++ {
 			if !s.PrefillCrashed[p] && !s.CrashDetected[p] {
-				do(Action{LeaseLost, -1, uint16(p)}, 0, p, 0, 0, func(x *sys, _, p, _, _ int) {
+				g.do(Action{LeaseLost, -1, uint16(p)}, 0, p, 0, 0, func(x *sys, _, p, _, _ int) {
 					x.s.Budget[FaultLease]--
 					x.detectLoss(p)
 				})
 			}
 		}
-		for d := 0; d < nd; d++ {
+		for d := 0; d < g.c.NumDecodes(); d++ {
 			if !s.DecodeLost[d] {
-				do(Action{LeaseLost, -1, DecodeNode | uint16(d)}, 0, 0, d, 0, func(x *sys, _, _, d, _ int) { x.decodeLost(d) })
+				g.do(Action{LeaseLost, -1, DecodeNode | uint16(d)}, 0, 0, d, 0, func(x *sys, _, _, d, _ int) { x.decodeLost(d) })
 			}
 		}
 	}
