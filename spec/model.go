@@ -158,65 +158,121 @@ func (m *Model) sortsByKey(perm []int8, keys *[MaxRequests]uint64) bool {
 // renamed canonically. A one-pair deployment leaves out the route and node
 // fields, which are all zero there.
 func (m *Model) encode(dst []byte, s *State, perm []int8) []byte {
+	var e encoder
+	e.init(m, s, perm)
+	e.sortPages()
+	dst = e.appendPages(dst)
+	dst = e.appendSources(dst)
+	dst = e.appendSlots(dst)
+	dst = e.appendRequests(dst)
+	dst = e.appendQueues(dst)
+	dst = e.appendNodes(dst)
+	dst = append(dst, b2b(s.Overflow))
+	dst = e.appendGhost(dst)
+	dst = append(dst, s.Budget[:]...)
+	return e.appendForeign(dst)
+}
+
+// encoder holds what encode works out once per encoding (the renamings and
+// which fields the configuration leaves out); its methods write the field
+// groups, in the order encode calls them.
+type encoder struct {
+	c              *Config
+	s              *State
+	perm           []int8
+	npages         int
+	np, nd         int
+	multi          bool
+	restarts       bool
+	decodeRestarts bool
+	inv            [MaxRequests]int8 // new id -> old id
+	keyArr         [MaxDecodes][MaxDecodePages]pageKey
+	rename         [MaxDecodes][MaxDecodePages]int8
+}
+
+// pageKey is a decode page's sort key: its content, then the first place that
+// refers to it. Places are distinct per page, so only unreferenced pages with
+// equal content tie, and those are interchangeable. The content is 12 bytes,
+// packed big endian into hi and the top of lo (the fingerprint writes them in
+// that order); the place is lo's low 16 bits.
+type pageKey struct {
+	hi, lo uint64
+	page   int8
+}
+
+// noSite is a pageKey's place for a page nothing refers to.
+const noSite = 0xffff
+
+func (e *encoder) init(m *Model, s *State, perm []int8) {
 	c := &m.cfg
-	nreq := len(c.Prompts)
-	npages := c.DecodePages
-	np, nd := c.NumPrefills(), c.NumDecodes()
-	multi := np*nd > 1
+	e.c, e.s, e.perm = c, s, perm
+	e.npages = c.DecodePages
+	e.np, e.nd = c.NumPrefills(), c.NumDecodes()
+	e.multi = e.np*e.nd > 1
 	// Incarnations change only at a restart: without the fault they are all
 	// 0 and left out.
-	restarts := c.Faults[FaultRestart] > 0
-	decodeRestarts := restarts && c.DecodeRestarts
-	// A sender's grant has as many pages as decode's record of it: its N,
-	// except after a decode restart, which drops the record while the old
-	// incarnation's grant lives on at the sender (its WRITEs are flushed, but
-	// it is state): then the reservation's size, PagesFor(prompt).
-	grantLen := func(r int8) int {
-		if q := &s.Req[r]; decodeRestarts && q.S.Granted && q.DInc != s.DInc[q.D] {
-			return c.PagesFor(c.Prompts[r])
-		}
-		return int(s.Req[r].R.N)
-	}
-	var inv [MaxRequests]int8 // new id -> old id
+	e.restarts = c.Faults[FaultRestart] > 0
+	e.decodeRestarts = e.restarts && c.DecodeRestarts
 	for old, nw := range perm {
-		inv[nw] = int8(old)
+		e.inv[nw] = int8(old)
 	}
-	req := func(r int8) byte {
-		if r < 0 {
-			return byte(r)
-		}
-		return byte(perm[r])
+}
+
+// grantLen is the number of pages of request r's grant at its sender. A
+// sender's grant has as many pages as decode's record of it: its N, except
+// after a decode restart, which drops the record while the old incarnation's
+// grant lives on at the sender (its WRITEs are flushed, but it is state):
+// then the reservation's size, PagesFor(prompt).
+func (e *encoder) grantLen(r int8) int {
+	s, c := e.s, e.c
+	if q := &s.Req[r]; e.decodeRestarts && q.S.Granted && q.DInc != s.DInc[q.D] {
+		return c.PagesFor(c.Prompts[r])
 	}
-	// Each page's sort key: its content, then the first place that refers to it.
-	// Places are distinct per page, so only unreferenced pages with equal content
-	// tie, and those are interchangeable. The content is 12 bytes, packed big
-	// endian into hi and the top of lo (the fingerprint writes them in that
-	// order); the place is lo's low 16 bits.
-	type key struct {
-		hi, lo uint64
-		page   int8
+	return int(s.Req[r].R.N)
+}
+
+// req is request r's new name (a negative r, no request, stays as it is).
+func (e *encoder) req(r int8) byte {
+	if r < 0 {
+		return byte(r)
 	}
-	const noSite = 0xffff
-	var keyArr [MaxDecodes][MaxDecodePages]key
-	var rename [MaxDecodes][MaxDecodePages]int8
-	for d := 0; d < nd; d++ {
-		keys := keyArr[d][:npages]
+	return byte(e.perm[r])
+}
+
+// page is decode node d's page p's new name (an out-of-range p stays).
+func (e *encoder) page(d int8, p int8) byte {
+	if p < 0 || int(p) >= e.npages {
+		return byte(p)
+	}
+	return byte(e.rename[d][p])
+}
+
+func (e *encoder) label(b []byte, l Label) []byte {
+	return append(b, e.req(l.Req), byte(l.Index), b2b(l.Corrupt))
+}
+
+// sortPages works out each decode node's page keys, sorts them and renames
+// the pages in their order.
+func (e *encoder) sortPages() {
+	s, npages := e.s, e.npages
+	for d := 0; d < e.nd; d++ {
+		keys := e.keyArr[d][:npages]
 		for p := 0; p < npages; p++ {
 			pg := &s.Pages[d][p]
-			hi := uint64(pg.Epoch)<<56 | uint64(req(pg.Owner))<<48 | uint64(b2b(pg.Quarantined))<<40 |
-				uint64(req(pg.Data.Req))<<32 | uint64(byte(pg.Data.Index))<<24 | uint64(b2b(pg.Data.Corrupt))<<16 |
-				uint64(req(pg.Tag.Req))<<8 | uint64(byte(pg.Tag.Index))
-			lo := uint64(pg.Tag.Epoch)<<56 | uint64(req(pg.Tag.Sum.Req))<<48 | uint64(byte(pg.Tag.Sum.Index))<<40 |
+			hi := uint64(pg.Epoch)<<56 | uint64(e.req(pg.Owner))<<48 | uint64(b2b(pg.Quarantined))<<40 |
+				uint64(e.req(pg.Data.Req))<<32 | uint64(byte(pg.Data.Index))<<24 | uint64(b2b(pg.Data.Corrupt))<<16 |
+				uint64(e.req(pg.Tag.Req))<<8 | uint64(byte(pg.Tag.Index))
+			lo := uint64(pg.Tag.Epoch)<<56 | uint64(e.req(pg.Tag.Sum.Req))<<48 | uint64(byte(pg.Tag.Sum.Index))<<40 |
 				uint64(b2b(pg.Tag.Sum.Corrupt))<<32 | noSite
-			keys[p] = key{hi: hi, lo: lo, page: int8(p)}
+			keys[p] = pageKey{hi: hi, lo: lo, page: int8(p)}
 		}
 		see := func(page int8, site uint16) {
 			if page >= 0 && int(page) < npages && uint64(site) < keys[page].lo&noSite {
 				keys[page].lo = keys[page].lo&^noSite | uint64(site)
 			}
 		}
-		for nw := 0; nw < nreq; nw++ {
-			q := &s.Req[inv[nw]]
+		for nw := 0; nw < len(e.c.Prompts); nw++ {
+			q := &s.Req[e.inv[nw]]
 			if int(q.D) != d {
 				continue
 			}
@@ -224,12 +280,12 @@ func (m *Model) encode(dst []byte, s *State, perm []int8) []byte {
 				see(q.R.Pages[i].Page, uint16(nw*32+i))
 			}
 			if q.S.Granted {
-				for i := 0; i < grantLen(inv[nw]); i++ {
+				for i := 0; i < e.grantLen(e.inv[nw]); i++ {
 					see(q.S.Grant[i].Page, uint16(nw*32+16+i))
 				}
 			}
 		}
-		for p := 0; p < np; p++ {
+		for p := 0; p < e.np; p++ {
 			for i, msg := range s.QP[p][d].Items() {
 				if msg.Kind == MWrite {
 					see(msg.Target.Page, uint16(1000+p*QueueCapacity+i))
@@ -251,44 +307,58 @@ func (m *Model) encode(dst []byte, s *State, perm []int8) []byte {
 			}
 		}
 		for nw, k := range keys {
-			rename[d][k.page] = int8(nw)
+			e.rename[d][k.page] = int8(nw)
 		}
 	}
-	page := func(d int8, p int8) byte {
-		if p < 0 || int(p) >= npages {
-			return byte(p)
-		}
-		return byte(rename[d][p])
-	}
-	label := func(b []byte, l Label) []byte { return append(b, req(l.Req), byte(l.Index), b2b(l.Corrupt)) }
+}
 
-	for d := 0; d < nd; d++ {
-		for _, k := range keyArr[d][:npages] {
+// appendPages writes each decode page's content, in sorted order.
+func (e *encoder) appendPages(dst []byte) []byte {
+	for d := 0; d < e.nd; d++ {
+		for _, k := range e.keyArr[d][:e.npages] {
 			dst = binary.BigEndian.AppendUint64(dst, k.hi)
 			dst = binary.BigEndian.AppendUint32(dst, uint32(k.lo>>32))
 		}
 	}
-	for sp := 0; sp < np; sp++ {
-		for p := 0; p < c.PrefillPages; p++ {
-			dst = append(dst, req(s.Src[sp][p].Owner))
-			dst = label(dst, s.Src[sp][p].Data)
+	return dst
+}
+
+// appendSources writes each prefill node's source pages.
+func (e *encoder) appendSources(dst []byte) []byte {
+	s := e.s
+	for sp := 0; sp < e.np; sp++ {
+		for p := 0; p < e.c.PrefillPages; p++ {
+			dst = append(dst, e.req(s.Src[sp][p].Owner))
+			dst = e.label(dst, s.Src[sp][p].Data)
 		}
 	}
-	for d := 0; d < nd; d++ {
-		for i := 0; i < c.DecodeSlots; i++ {
-			dst = append(dst, req(s.Slots[d][i]))
+	return dst
+}
+
+// appendSlots writes each decode node's slots.
+func (e *encoder) appendSlots(dst []byte) []byte {
+	for d := 0; d < e.nd; d++ {
+		for i := 0; i < e.c.DecodeSlots; i++ {
+			dst = append(dst, e.req(e.s.Slots[d][i]))
 		}
 	}
-	for nw := 0; nw < nreq; nw++ {
-		q := &s.Req[inv[nw]]
+	return dst
+}
+
+// appendRequests writes each request's record, in the order of the new
+// names: its route, its sender and its receiver.
+func (e *encoder) appendRequests(dst []byte) []byte {
+	s := e.s
+	for nw := 0; nw < len(e.c.Prompts); nw++ {
+		q := &s.Req[e.inv[nw]]
 		dst = append(dst, b2b(q.Submitted), byte(q.Outcome), byte(q.Reason))
-		if multi {
+		if e.multi {
 			dst = append(dst, byte(q.P), byte(q.D))
 		}
-		if restarts {
+		if e.restarts {
 			dst = append(dst, q.PInc)
 		}
-		if decodeRestarts {
+		if e.decodeRestarts {
 			dst = append(dst, q.DInc)
 		}
 		sn := &q.S
@@ -297,72 +367,88 @@ func (m *Model) encode(dst []byte, s *State, perm []int8) []byte {
 			dst = append(dst, byte(sn.Src[i]))
 		}
 		if sn.Granted {
-			for i := 0; i < grantLen(inv[nw]); i++ {
-				dst = append(dst, page(q.D, sn.Grant[i].Page), sn.Grant[i].Epoch)
+			for i := 0; i < e.grantLen(e.inv[nw]); i++ {
+				dst = append(dst, e.page(q.D, sn.Grant[i].Page), sn.Grant[i].Epoch)
 			}
 		}
 		rc := &q.R
 		dst = append(dst, byte(rc.Phase), byte(rc.Reason), rc.N, byte(rc.Slot), b2b(rc.Released))
 		for i := 0; i < int(rc.N); i++ {
-			dst = append(dst, page(q.D, rc.Pages[i].Page), rc.Pages[i].Epoch)
+			dst = append(dst, e.page(q.D, rc.Pages[i].Page), rc.Pages[i].Epoch)
 		}
 		dst = append(dst, b2b(q.Read), q.ReadN)
 		for i := 0; i < int(q.ReadN); i++ {
-			dst = label(dst, q.ReadData[i])
+			dst = e.label(dst, q.ReadData[i])
 		}
 	}
-	queue := func(qu *Queue, d int8) {
-		dst = append(dst, qu.N)
-		for _, msg := range qu.Items() {
-			dst = append(dst, byte(msg.Kind), req(msg.Req), msg.Tokens, msg.Pages, byte(msg.Slot))
-			if msg.Kind == MWrite { // only a WRITE uses these; elsewhere they are zero, not request 0
-				dst = append(dst, byte(msg.Index), page(d, msg.Target.Page), msg.Target.Epoch, byte(msg.Src), msg.Damage)
-				dst = label(dst, msg.Sum)
-			}
-			if multi && msg.Kind == MPeerFailed {
+	return dst
+}
+
+// appendQueues writes every queue: the router's to each node, then each
+// queue pair's two directions.
+func (e *encoder) appendQueues(dst []byte) []byte {
+	s := e.s
+	for sp := 0; sp < e.np; sp++ {
+		dst = e.appendQueue(dst, &s.ToPrefill[sp], 0)
+	}
+	for d := 0; d < e.nd; d++ {
+		dst = e.appendQueue(dst, &s.ToDecode[d], int8(d))
+	}
+	for sp := 0; sp < e.np; sp++ {
+		for d := 0; d < e.nd; d++ {
+			dst = e.appendQueue(dst, &s.QP[sp][d], int8(d))
+			dst = e.appendQueue(dst, &s.QPBack[sp][d], int8(d))
+		}
+	}
+	return dst
+}
+
+// appendQueue writes one queue, whose WRITEs target decode node d's pages.
+func (e *encoder) appendQueue(dst []byte, qu *Queue, d int8) []byte {
+	dst = append(dst, qu.N)
+	for _, msg := range qu.Items() {
+		dst = append(dst, byte(msg.Kind), e.req(msg.Req), msg.Tokens, msg.Pages, byte(msg.Slot))
+		if msg.Kind == MWrite { // only a WRITE uses these; elsewhere they are zero, not request 0
+			dst = append(dst, byte(msg.Index), e.page(d, msg.Target.Page), msg.Target.Epoch, byte(msg.Src), msg.Damage)
+			dst = e.label(dst, msg.Sum)
+		}
+		if e.multi && msg.Kind == MPeerFailed {
+			dst = append(dst, byte(msg.Peer))
+		}
+		if e.restarts {
+			dst = append(dst, msg.Inc)
+			if msg.Kind == MPeerRestarted {
 				dst = append(dst, byte(msg.Peer))
 			}
-			if restarts {
-				dst = append(dst, msg.Inc)
-				if msg.Kind == MPeerRestarted {
-					dst = append(dst, byte(msg.Peer))
-				}
-			}
-			if decodeRestarts {
-				dst = append(dst, msg.DInc)
-			}
+		}
+		if e.decodeRestarts {
+			dst = append(dst, msg.DInc)
 		}
 	}
-	for sp := 0; sp < np; sp++ {
-		queue(&s.ToPrefill[sp], 0)
-	}
-	for d := 0; d < nd; d++ {
-		queue(&s.ToDecode[d], int8(d))
-	}
-	for sp := 0; sp < np; sp++ {
-		for d := 0; d < nd; d++ {
-			queue(&s.QP[sp][d], int8(d))
-			queue(&s.QPBack[sp][d], int8(d))
-		}
-	}
+	return dst
+}
+
+// appendNodes writes each node's liveness, incarnations and fences.
+func (e *encoder) appendNodes(dst []byte) []byte {
+	s, np, nd := e.s, e.np, e.nd
 	for sp := 0; sp < np; sp++ {
 		dst = append(dst, b2b(s.PrefillCrashed[sp]), b2b(s.CrashDetected[sp]))
-		if restarts {
+		if e.restarts {
 			dst = append(dst, s.Inc[sp])
 			for d := 0; d < nd; d++ {
 				dst = append(dst, s.QPInc[sp][d])
 			}
 		}
-		if decodeRestarts {
+		if e.decodeRestarts {
 			for d := 0; d < nd; d++ {
 				dst = append(dst, s.PQPInc[sp][d])
 			}
 		}
 	}
-	if decodeRestarts {
+	if e.decodeRestarts {
 		dst = append(dst, s.DInc[:nd]...)
 	}
-	if multi || c.Faults[FaultLease] > 0 || restarts {
+	if e.multi || e.c.Faults[FaultLease] > 0 || e.restarts {
 		// Without the lease fault or restarts a fenced queue pair's prefill
 		// end has crashed, never to return: the fence changes nothing then.
 		// With restarts it may come back (accepting the new incarnation
@@ -378,32 +464,42 @@ func (m *Model) encode(dst []byte, s *State, perm []int8) []byte {
 			}
 		}
 	}
-	dst = append(dst, b2b(s.Overflow))
-	// An unset ghost's request field is not request 0: it is left out.
-	if g := &s.Ghost; g.Changed {
-		dst = append(dst, 1, req(g.ChangedReq), byte(g.ChangedFrom))
+	return dst
+}
+
+// appendGhost writes the ghost variables. An unset ghost's request field is
+// not request 0: it is left out.
+func (e *encoder) appendGhost(dst []byte) []byte {
+	g := &e.s.Ghost
+	if g.Changed {
+		dst = append(dst, 1, e.req(g.ChangedReq), byte(g.ChangedFrom))
 	} else {
 		dst = append(dst, 0)
 	}
-	if g := &s.Ghost; g.Spurious {
-		dst = append(dst, 1, req(g.SpuriousReq))
+	if g.Spurious {
+		dst = append(dst, 1, e.req(g.SpuriousReq))
 	} else {
 		dst = append(dst, 0)
 	}
-	if g := &s.Ghost; g.OldInc {
-		dst = append(dst, 1, req(g.OldIncReq), g.OldIncWhat)
-	} else if restarts {
+	if g.OldInc {
+		dst = append(dst, 1, e.req(g.OldIncReq), g.OldIncWhat)
+	} else if e.restarts {
 		dst = append(dst, 0)
 	}
-	if g := &s.Ghost; g.Tampered {
-		dst = append(dst, 1, req(g.TamperedReq))
+	if g.Tampered {
+		dst = append(dst, 1, e.req(g.TamperedReq))
 	} else {
 		dst = append(dst, 0)
 	}
-	dst = append(dst, s.Budget[:]...)
+	return dst
+}
+
+// appendForeign writes the rogue write that landed, if one did.
+func (e *encoder) appendForeign(dst []byte) []byte {
+	s := e.s
 	if s.Foreign.Happened {
-		dst = append(dst, 1, req(s.Foreign.Req), page(s.Foreign.Node, s.Foreign.Page), req(s.Foreign.Owner))
-		if multi {
+		dst = append(dst, 1, e.req(s.Foreign.Req), e.page(s.Foreign.Node, s.Foreign.Page), e.req(s.Foreign.Owner))
+		if e.multi {
 			dst = append(dst, byte(s.Foreign.Node))
 		}
 	} else {
