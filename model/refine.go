@@ -556,162 +556,42 @@ func (h *Refinement) step(a spec.Action) error {
 // took off the head of each pair's wire.
 func (h *Refinement) apply(a spec.Action, popped *[spec.MaxPrefills][spec.MaxDecodes]int) error {
 	r := int(a.Req)
-	ap, ad := int(a.Arg>>4), int(a.Arg&15) // the pair of the actions that name one
+	var err error
 	switch a.Kind {
 	case spec.Submit:
 		// Router.Submit ran in Step, which chose this action by its route.
-		if err := h.routerEffects(a, false); err != nil {
-			return err
-		}
+		err = h.routerEffects(a, false)
 	case spec.PrefillRecv:
-		pe := h.pre[a.Arg]
-		msg := pe.toPrefill[0]
-		pe.toPrefill = pe.toPrefill[1:]
-		switch msg.Kind {
-		case spec.MAbort:
-			pe.snd.Cancel(id(int(msg.Req)))
-		case spec.MPeerFailed: // a lost decode node: the fence is the cut, for good
-			h.pairs[a.Arg][msg.Peer].fenced = true
-			h.cut(int(a.Arg), int(msg.Peer))
-		case spec.MPeerRestarted:
-			// A decode node is back under a new incarnation: the queue pair
-			// to the old one is cut (its legs fail, what the old one sent is
-			// flushed) before one to the new one is held.
-			p, d := int(a.Arg), int(msg.Peer)
-			if !h.keepQueuePairAtDecodeRestart {
-				h.cut(p, d)
-			}
-			listed, _ := h.registered(prefillID(p))
-			h.pairs[p][d].dinc, h.pairs[p][d].fenced = uint64(msg.DInc), !listed
-		default:
-			if err := h.intake(int(a.Arg), int(msg.Req)); err != nil {
-				return fmt.Errorf("%w after %v: %v", ErrRefinement, a, err)
-			}
-		}
+		err = h.applyPrefillRecv(a)
 	case spec.PrefillRecvQP:
-		pr := h.pairs[ap][ad]
-		msg := pr.back[0].msg
-		pr.back = pr.back[1:]
-		if err := h.pre[ap].snd.Step(qpTo(decodeID(ad)), msg); err != nil && !errors.Is(err, protocol.ErrUnknownRequest) {
-			return fmt.Errorf("%w after %v: the sender refused %s: %v", ErrRefinement, a, msg.Type(), err)
-		}
+		err = h.applyPrefillRecvQP(a)
 	case spec.PostWrite:
-		p, d := h.routeOf(r)
-		if a.Arg&spec.Late == 0 && len(h.pairs[p][d].wire) == 0 && h.live(p, d) {
-			// Nothing ahead of it on the queue pair: the spec places it at once.
-			msg := spec.Msg{Kind: spec.MWrite, Req: a.Req, Index: int8(h.s.Req[r].S.Posted)}
-			if err := h.release(p, msg, writeDamage(a.Arg)); err != nil {
-				return fmt.Errorf("%w after %v: %v", ErrRefinement, a, err)
-			}
-			h.deliver(p, d)
-		}
+		err = h.applyPostWrite(a)
 	case spec.DecodeRecvQP:
 		p, d := h.routeOf(r)
 		popped[p][d] = 1
 		h.deliver(p, d)
 	case spec.DecodeRecv:
-		de := h.dec[a.Arg]
-		msg := de.toDecode[0]
-		de.toDecode = de.toDecode[1:]
-		switch msg.Kind {
-		case spec.MAbort:
-			de.recv.Cancel(id(int(msg.Req)))
-		case spec.MPeerFailed:
-			de.recv.PeerFailed(qpTo(prefillID(int(msg.Peer))))
-		case spec.MPeerRestarted:
-			// The old incarnation's queue pair is cut before the new one's
-			// is accepted (a reconnect is a new queue pair in transfer).
-			p, d := int(msg.Peer), int(a.Arg)
-			h.cut(p, d)
-			h.pairs[p][d].inc, h.pairs[p][d].fenced = uint64(msg.Inc), false
-		}
+		h.applyDecodeRecv(a)
 	case spec.DecodeRead:
 		if err := h.read(r); err != nil {
 			return fmt.Errorf("%w after %v: %v", ErrRefinement, a, err)
 		}
 	case spec.DetectCrash, spec.LeaseLost:
-		if a.Arg&spec.DecodeNode == 0 { // a prefill node's loss: the same whether detected or its lease expired
-			if err := h.router.NodeLost(prefillID(int(a.Arg))); err != nil {
-				return fmt.Errorf("%w after %v: %v", ErrRefinement, a, err)
-			}
-			if err := h.routerEffects(a, false); err != nil {
-				return err
-			}
-			h.tellLostDecodes(int(a.Arg))
-			break
-		}
-		// A decode node's lease: the Router fails its requests and cancels
-		// their prefill legs (delivered: the spec's Aborts), and the registry
-		// tells every prefill node, which cuts its queue pair to it.
-		d := int(a.Arg & 15)
-		if err := h.router.NodeLost(decodeID(d)); err != nil {
-			return fmt.Errorf("%w after %v: %v", ErrRefinement, a, err)
-		}
-		if err := h.routerEffects(a, true); err != nil {
-			return err
-		}
-		if !h.bugs.Has(research.NoPeerCancel) {
-			h.tellPrefills(spec.Msg{Kind: spec.MPeerFailed, Req: -1, Peer: int8(d)})
-		}
+		err = h.applyLoss(a)
 	case spec.Cancel:
-		if err := h.router.Cancel(id(r)); err != nil {
-			return fmt.Errorf("%w after %v: the router refused it: %v", ErrRefinement, a, err)
-		}
-		if err := h.routerEffects(a, true); err != nil {
-			return err
-		}
+		err = h.applyCancel(a)
 	case spec.Crash:
-		p := int(a.Arg)
-		pe := h.pre[p]
-		for q := range h.cfg.Prompts {
-			if h.s.Req[q].Submitted && int(h.s.Req[q].P) == p && h.gone[q] == "" {
-				h.gone[q] = h.senderView(q) // the records die with the node
-				if st := h.gone[q]; st != "finished" && st != "aborted" && st != "-" {
-					h.gone[q] = "failed"
-				}
-			}
-		}
-		pe.crashed = true
-		pe.staged, pe.toPrefill = nil, nil
-		for _, pr := range h.pairs[p] {
-			pr.back = nil
-		}
+		h.applyCrash(a)
 	case spec.Restart:
-		if a.Arg&spec.DecodeNode != 0 {
-			if err := h.restartDecode(a); err != nil {
-				return err
-			}
-			break
-		}
-		p := int(a.Arg)
-		pe := h.pre[p]
-		snd, err := protocol.NewSender(pe.cfg) // fresh pools and records, over the same memory
-		if err != nil {
-			return err
-		}
-		pe.snd, pe.crashed = snd, false
-		pe.inc++
-		for d, pr := range h.pairs[p] { // its new queue pairs are to each decode node's live incarnation
-			pr.dinc = h.dec[d].inc
-		}
-		if err := h.router.AddNode(h.nodeInfo(prefillID(p), protocol.RolePrefill, pe.inc)); err != nil {
-			return fmt.Errorf("%w after %v: the router refused the new incarnation: %v", ErrRefinement, a, err)
-		}
-		if err := h.routerEffects(a, false); err != nil {
-			return err
-		}
-		if !h.s.CrashDetected[p] && !h.bugs.Has(research.PeerByName) {
-			h.tellLostDecodes(p) // the restart was the loss of the old incarnation
-		}
-		for _, de := range h.dec { // the registry's news, to every decode node
-			de.toDecode = append(de.toDecode, spec.Msg{Kind: spec.MPeerRestarted, Req: -1, Peer: int8(p), Inc: uint8(pe.inc)})
-		}
+		err = h.applyRestart(a)
 	case spec.Timeout:
 		_, d := h.routeOf(r)
 		if err := h.dec[d].recv.Expire(id(r)); err != nil {
 			return fmt.Errorf("%w after %v: %v", ErrRefinement, a, err)
 		}
 	case spec.Cut:
+		ap, ad := int(a.Arg>>4), int(a.Arg&15) // the pair of the actions that name one
 		h.cut(ap, ad)
 	case spec.RogueWrite:
 		h.rogueWrite(r, int(a.Arg))
@@ -721,35 +601,212 @@ func (h *Refinement) apply(a spec.Action, popped *[spec.MaxPrefills][spec.MaxDec
 		// with branch mw/peer; the harness delivers none until then (the
 		// spec's correct protocol refuses it, and nothing changes).
 	case spec.CorruptSend:
-		p, d := h.routeOf(r)
-		pr := h.pairs[p][d]
-		if a.Arg&spec.SendBack != 0 {
-			g, ok := pr.back[0].msg.(*protocol.Grant)
-			if !ok {
-				return fmt.Errorf("%w after %v: the head of decode→prefill is %s, not a Grant", ErrRefinement, a, pr.back[0].msg.Type())
-			}
-			pr.back = pr.back[1:]
-			if err := h.pre[p].snd.Step(qpTo(decodeID(d)), damageGrant(g, a.Arg)); err != nil && !errors.Is(err, protocol.ErrUnknownRequest) {
-				return fmt.Errorf("%w after %v: the sender refused the damaged Grant: %v", ErrRefinement, a, err)
-			}
-			break
-		}
-		popped[p][d] = 1
-		w := pr.wire[0]
-		dn, ok := w.op.Msg.(*protocol.Done)
-		if !ok {
-			return fmt.Errorf("%w after %v: the head of the queue pair is %s, not a Done", ErrRefinement, a, h.describe(w.op))
-		}
-		pr.wire = pr.wire[1:]
-		damaged := *dn
-		if a.Arg&spec.SendPages != 0 {
-			damaged.Pages++
-		} else {
-			damaged.Tokens++
-		}
-		h.dec[d].recv.Step(qpTo(prefillID(p)), &damaged, time.Unix(0, 0)) // refusals come back as effects or are no-ops
+		err = h.applyCorruptSend(a, popped)
+	}
+	if err != nil {
+		return err
 	}
 	return h.collect(a)
+}
+
+// applyPrefillRecv hands the head of the router's queue to prefill node
+// a.Arg: a cancel, a decode node's loss or restart, or a request's intake.
+func (h *Refinement) applyPrefillRecv(a spec.Action) error {
+	pe := h.pre[a.Arg]
+	msg := pe.toPrefill[0]
+	pe.toPrefill = pe.toPrefill[1:]
+	switch msg.Kind {
+	case spec.MAbort:
+		pe.snd.Cancel(id(int(msg.Req)))
+	case spec.MPeerFailed: // a lost decode node: the fence is the cut, for good
+		h.pairs[a.Arg][msg.Peer].fenced = true
+		h.cut(int(a.Arg), int(msg.Peer))
+	case spec.MPeerRestarted:
+		// A decode node is back under a new incarnation: the queue pair
+		// to the old one is cut (its legs fail, what the old one sent is
+		// flushed) before one to the new one is held.
+		p, d := int(a.Arg), int(msg.Peer)
+		if !h.keepQueuePairAtDecodeRestart {
+			h.cut(p, d)
+		}
+		listed, _ := h.registered(prefillID(p))
+		h.pairs[p][d].dinc, h.pairs[p][d].fenced = uint64(msg.DInc), !listed
+	default:
+		if err := h.intake(int(a.Arg), int(msg.Req)); err != nil {
+			return fmt.Errorf("%w after %v: %v", ErrRefinement, a, err)
+		}
+	}
+	return nil
+}
+
+// applyPrefillRecvQP feeds the head of a queue pair's back channel to its
+// prefill node's Sender.
+func (h *Refinement) applyPrefillRecvQP(a spec.Action) error {
+	ap, ad := int(a.Arg>>4), int(a.Arg&15)
+	pr := h.pairs[ap][ad]
+	msg := pr.back[0].msg
+	pr.back = pr.back[1:]
+	if err := h.pre[ap].snd.Step(qpTo(decodeID(ad)), msg); err != nil && !errors.Is(err, protocol.ErrUnknownRequest) {
+		return fmt.Errorf("%w after %v: the sender refused %s: %v", ErrRefinement, a, msg.Type(), err)
+	}
+	return nil
+}
+
+// applyPostWrite places a WRITE the spec posts on time onto an empty, live
+// queue pair; a late one, or one behind others, waits on the wire.
+func (h *Refinement) applyPostWrite(a spec.Action) error {
+	r := int(a.Req)
+	p, d := h.routeOf(r)
+	if a.Arg&spec.Late == 0 && len(h.pairs[p][d].wire) == 0 && h.live(p, d) {
+		// Nothing ahead of it on the queue pair: the spec places it at once.
+		msg := spec.Msg{Kind: spec.MWrite, Req: a.Req, Index: int8(h.s.Req[r].S.Posted)}
+		if err := h.release(p, msg, writeDamage(a.Arg)); err != nil {
+			return fmt.Errorf("%w after %v: %v", ErrRefinement, a, err)
+		}
+		h.deliver(p, d)
+	}
+	return nil
+}
+
+// applyDecodeRecv hands the head of the router's queue to decode node a.Arg:
+// a cancel, or a prefill node's loss or restart.
+func (h *Refinement) applyDecodeRecv(a spec.Action) {
+	de := h.dec[a.Arg]
+	msg := de.toDecode[0]
+	de.toDecode = de.toDecode[1:]
+	switch msg.Kind {
+	case spec.MAbort:
+		de.recv.Cancel(id(int(msg.Req)))
+	case spec.MPeerFailed:
+		de.recv.PeerFailed(qpTo(prefillID(int(msg.Peer))))
+	case spec.MPeerRestarted:
+		// The old incarnation's queue pair is cut before the new one's
+		// is accepted (a reconnect is a new queue pair in transfer).
+		p, d := int(msg.Peer), int(a.Arg)
+		h.cut(p, d)
+		h.pairs[p][d].inc, h.pairs[p][d].fenced = uint64(msg.Inc), false
+	}
+}
+
+// applyLoss is the Router's loss of a node, detected or by its lease.
+func (h *Refinement) applyLoss(a spec.Action) error {
+	if a.Arg&spec.DecodeNode == 0 { // a prefill node's loss: the same whether detected or its lease expired
+		if err := h.router.NodeLost(prefillID(int(a.Arg))); err != nil {
+			return fmt.Errorf("%w after %v: %v", ErrRefinement, a, err)
+		}
+		if err := h.routerEffects(a, false); err != nil {
+			return err
+		}
+		h.tellLostDecodes(int(a.Arg))
+		return nil
+	}
+	// A decode node's lease: the Router fails its requests and cancels
+	// their prefill legs (delivered: the spec's Aborts), and the registry
+	// tells every prefill node, which cuts its queue pair to it.
+	d := int(a.Arg & 15)
+	if err := h.router.NodeLost(decodeID(d)); err != nil {
+		return fmt.Errorf("%w after %v: %v", ErrRefinement, a, err)
+	}
+	if err := h.routerEffects(a, true); err != nil {
+		return err
+	}
+	if !h.bugs.Has(research.NoPeerCancel) {
+		h.tellPrefills(spec.Msg{Kind: spec.MPeerFailed, Req: -1, Peer: int8(d)})
+	}
+	return nil
+}
+
+// applyCancel is the client's cancel of a request, through the Router.
+func (h *Refinement) applyCancel(a spec.Action) error {
+	if err := h.router.Cancel(id(int(a.Req))); err != nil {
+		return fmt.Errorf("%w after %v: the router refused it: %v", ErrRefinement, a, err)
+	}
+	return h.routerEffects(a, true)
+}
+
+// applyCrash is prefill node a.Arg's crash: its records, staged messages and
+// queues die with it.
+func (h *Refinement) applyCrash(a spec.Action) {
+	p := int(a.Arg)
+	pe := h.pre[p]
+	for q := range h.cfg.Prompts {
+		if h.s.Req[q].Submitted && int(h.s.Req[q].P) == p && h.gone[q] == "" {
+			h.gone[q] = h.senderView(q) // the records die with the node
+			if st := h.gone[q]; st != "finished" && st != "aborted" && st != "-" {
+				h.gone[q] = "failed"
+			}
+		}
+	}
+	pe.crashed = true
+	pe.staged, pe.toPrefill = nil, nil
+	for _, pr := range h.pairs[p] {
+		pr.back = nil
+	}
+}
+
+// applyRestart restarts a node under a new incarnation: a decode node (see
+// restartDecode) or a prefill node, with a fresh Sender registered anew.
+func (h *Refinement) applyRestart(a spec.Action) error {
+	if a.Arg&spec.DecodeNode != 0 {
+		return h.restartDecode(a)
+	}
+	p := int(a.Arg)
+	pe := h.pre[p]
+	snd, err := protocol.NewSender(pe.cfg) // fresh pools and records, over the same memory
+	if err != nil {
+		return err
+	}
+	pe.snd, pe.crashed = snd, false
+	pe.inc++
+	for d, pr := range h.pairs[p] { // its new queue pairs are to each decode node's live incarnation
+		pr.dinc = h.dec[d].inc
+	}
+	if err := h.router.AddNode(h.nodeInfo(prefillID(p), protocol.RolePrefill, pe.inc)); err != nil {
+		return fmt.Errorf("%w after %v: the router refused the new incarnation: %v", ErrRefinement, a, err)
+	}
+	if err := h.routerEffects(a, false); err != nil {
+		return err
+	}
+	if !h.s.CrashDetected[p] && !h.bugs.Has(research.PeerByName) {
+		h.tellLostDecodes(p) // the restart was the loss of the old incarnation
+	}
+	for _, de := range h.dec { // the registry's news, to every decode node
+		de.toDecode = append(de.toDecode, spec.Msg{Kind: spec.MPeerRestarted, Req: -1, Peer: int8(p), Inc: uint8(pe.inc)})
+	}
+	return nil
+}
+
+// applyCorruptSend feeds a damaged copy of the head of a queue pair (a Done)
+// or of its back channel (a Grant) to the end that takes it.
+func (h *Refinement) applyCorruptSend(a spec.Action, popped *[spec.MaxPrefills][spec.MaxDecodes]int) error {
+	p, d := h.routeOf(int(a.Req))
+	pr := h.pairs[p][d]
+	if a.Arg&spec.SendBack != 0 {
+		g, ok := pr.back[0].msg.(*protocol.Grant)
+		if !ok {
+			return fmt.Errorf("%w after %v: the head of decode→prefill is %s, not a Grant", ErrRefinement, a, pr.back[0].msg.Type())
+		}
+		pr.back = pr.back[1:]
+		if err := h.pre[p].snd.Step(qpTo(decodeID(d)), damageGrant(g, a.Arg)); err != nil && !errors.Is(err, protocol.ErrUnknownRequest) {
+			return fmt.Errorf("%w after %v: the sender refused the damaged Grant: %v", ErrRefinement, a, err)
+		}
+		return nil
+	}
+	popped[p][d] = 1
+	w := pr.wire[0]
+	dn, ok := w.op.Msg.(*protocol.Done)
+	if !ok {
+		return fmt.Errorf("%w after %v: the head of the queue pair is %s, not a Done", ErrRefinement, a, h.describe(w.op))
+	}
+	pr.wire = pr.wire[1:]
+	damaged := *dn
+	if a.Arg&spec.SendPages != 0 {
+		damaged.Pages++
+	} else {
+		damaged.Tokens++
+	}
+	h.dec[d].recv.Step(qpTo(prefillID(p)), &damaged, time.Unix(0, 0)) // refusals come back as effects or are no-ops
+	return nil
 }
 
 // rogueWrite is a peer's WRITE of page of r's decode node with the key of
