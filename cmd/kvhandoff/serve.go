@@ -5,6 +5,7 @@ import (
 	"crypto/ed25519"
 	"crypto/tls"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -62,47 +63,7 @@ var providers = map[string]func(name, listen string, tc *tls.Config, insecure bo
 // runServe is `kvhandoff serve`.
 func runServe(args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("serve", serveUsage, stderr)
-	role := fs.String("role", "", "router, prefill or decode (required)")
-	name := fs.String("name", "", "the node's name, as its certificate and the registry know it (default: the certificate's name, or the role)")
-	provider := fs.String("provider", "socket", "RDMA provider: socket, or verbs in a -tags verbs build")
-	listen := fs.String("listen", "127.0.0.1:8080", "router: the client API's address (HTTP)")
-	control := fs.String("control", "127.0.0.1:0", "prefill, decode: the control API's address (HTTPS, mutual TLS)")
-	transferAddr := fs.String("transfer", "127.0.0.1:0", "decode: the queue-pair setup listener's address")
-	rdmaAddr := fs.String("rdma", "127.0.0.1:0", "prefill, decode: the socket provider's address; with --provider verbs, the device name (default: the first)")
-	metricsAddr := fs.String("metrics", "", "prefill, decode: a plaintext /metrics listener's address (the router serves /metrics on --listen)")
-	pages := fs.Int("pool-pages", 1024, "prefill, decode: KV pool pages")
-	pageTokens := fs.Int("page-tokens", 16, "tokens per page")
-	pageBytes := fs.Int("page-bytes", 0, "bytes per page (--model none only; with a model the model's geometry sets it); 0 means 4096")
-	contextTokens := fs.Int("context-tokens", 0, "the longest prompt this node takes; 0 means the model's context")
-	modelName := fs.String("model", "builtin", "builtin (the built-in copy model, --seed), none (generated KV, a digest as the answer), or a llama2.c checkpoint file")
-	seed := fs.Uint64("seed", 1, "the built-in model's seed")
-	modelID := fs.String("model-id", "", "the model's name in the registry and the client API (default: kvhandoff-builtin-SEED, or the file's name)")
-	peers := fs.String("peers", "", "static registry: name=host:port of each peer's control API, comma-separated")
-	etcd := fs.String("etcd", "", "etcd registry: host:port,... of the etcd cluster")
-	etcdPrefix := fs.String("etcd-prefix", "/kvhandoff/nodes/", "etcd registry: the key prefix")
-	etcdCA := fs.String("etcd-cacert", "", "etcd registry: the authority of the cluster's certificates (PEM): TLS to etcd, as etcdctl's --cacert")
-	etcdCert := fs.String("etcd-cert", "", "etcd registry: the client certificate (PEM) a cluster with client-cert-auth requires, as etcdctl's --cert")
-	etcdKey := fs.String("etcd-key", "", "etcd registry: the client certificate's key (PEM), as etcdctl's --key")
-	lease := fs.Duration("lease", 5*time.Second, "etcd registry: the registration lease's time to live (a node that stops keeping it alive is lost after it)")
-	tlsCert := fs.String("tls-cert", "", "the node's certificate (PEM)")
-	tlsKey := fs.String("tls-key", "", "the node's key (PEM)")
-	tlsCA := fs.String("tls-ca", "", "the deployment's authority (PEM)")
-	insecure := fs.Bool("insecure", false, "plaintext between nodes, with no authentication (a warning is logged)")
-	timeout := fs.Duration("timeout", 30*time.Second, "a request's timeout (router) or a leg's (nodes)")
-	grace := fs.Duration("grace", 10*time.Second, "how long a stopping node waits for requests in flight")
-	httpBodyTimeout := fs.Duration("http-body-timeout", 30*time.Second, "router: how long a client has to send a request's body once its headers are in (then 408, connection closed)")
-	httpIdleTimeout := fs.Duration("http-idle-timeout", 60*time.Second, "router: how long a keep-alive connection may sit idle between requests")
-	httpMaxBody := fs.Int64("http-max-body", 1<<20, "router: the largest request body, bytes (a longer one is a 400)")
-	httpMaxConns := fs.Int("http-max-conns", 1024, "router: client connections open at once (more wait to be accepted)")
-	chatTemplate := fs.String("chat-template", "", "router: /v1/chat/completions' layout: plain (role: text lines) or llama2 ([INST] ... [/INST]); default plain, llama2 for a checkpoint file")
-	trustRequestID := fs.Bool("trust-request-id", false, "router: take a client's X-Request-Id (only where every client comes through a front proxy that sets it)")
-	router := fs.String("router-name", "router", "prefill, decode: the name the router's certificate carries")
-	ticketKey := fs.String("ticket-key", "", "router: the ticket signing key (default: ticket-key.pem beside --tls-ca)")
-	ticketPub := fs.String("ticket-pub", "", "decode: the router's public ticket key (default: ticket.pem beside --tls-ca)")
-	peerRequests := fs.Int("peer-requests", 0, "decode: the most open requests one prefill node may hold here; 0 means no bound but the pool's")
-	peerPages := fs.Int("peer-pages", 0, "decode: the most pages one prefill node's requests may hold here; 0 means no bound but the pool's")
-	logFormat := fs.String("log-format", "text", "text or json")
-	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	o := defineServeFlags(fs)
 	if code := parseFlags(fs, args, stderr); code >= 0 {
 		return code
 	}
@@ -110,198 +71,52 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "kvhandoff serve: "+format+"\n", a...)
 		return 2
 	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
-		return fail("--log-level %q: %v", *logLevel, err)
+	log, err := o.logger(stderr)
+	if err != nil {
+		return fail("%v", err)
 	}
-	var log *slog.Logger
-	switch *logFormat {
-	case "text":
-		log = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
-	case "json":
-		log = slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
-	default:
-		return fail("--log-format %q: text or json", *logFormat)
-	}
-	switch *role {
+	switch o.role {
 	case "router", "prefill", "decode":
 	default:
-		return fail("--role %q: router, prefill or decode", *role)
+		return fail("--role %q: router, prefill or decode", o.role)
 	}
-	var sec node.Security
-	switch {
-	case *insecure && (*tlsCert != "" || *tlsKey != "" || *tlsCA != ""):
-		return fail("--insecure and --tls-* exclude each other")
-	case *insecure:
-		sec.Insecure = true
-		log.Warn("serve: --insecure: nodes talk in plaintext and accept anyone who reaches their ports")
-	case *tlsCert == "" || *tlsKey == "" || *tlsCA == "":
-		return fail("--tls-cert, --tls-key and --tls-ca are required (or --insecure)")
-	default:
-		tc, err := pki.Load(*tlsCert, *tlsKey, *tlsCA)
-		if err != nil {
-			return fail("%v", err)
-		}
-		sec.TLS = tc
-		certName, err := pki.Name(tc)
-		if err != nil {
-			return fail("%v", err)
-		}
-		if *name == "" {
-			*name = certName
-		} else if *name != certName {
-			return fail("--name %q, but the certificate names %q", *name, certName)
-		}
-		// Peers accept a node only in the role its certificate carries.
-		certRole, err := pki.OwnRole(tc)
-		if err != nil {
-			return fail("%v (kvhandoff certs writes the role)", err)
-		}
-		if string(certRole) != *role {
-			return fail("--role %s, but the certificate is a %s node's", *role, certRole)
-		}
+	sec, err := o.security(log)
+	if err != nil {
+		return fail("%v", err)
 	}
-	if *name == "" {
-		*name = *role
+	if o.name == "" {
+		o.name = o.role
 	}
-	// The router signs a ticket for each request it dispatches; a decode
-	// node reserves pages only for a Bootstrap carrying a valid one.
-	var signer ed25519.PrivateKey
-	var verifier ed25519.PublicKey
-	if sec.TLS != nil || *ticketKey != "" || *ticketPub != "" {
-		var err error
-		switch *role {
-		case "router":
-			if *ticketKey == "" {
-				*ticketKey = filepath.Join(filepath.Dir(*tlsCA), pki.TicketKeyFile)
-			}
-			signer, err = pki.LoadTicketKey(*ticketKey)
-		case "decode":
-			if *ticketPub == "" {
-				*ticketPub = filepath.Join(filepath.Dir(*tlsCA), pki.TicketPublicFile)
-			}
-			verifier, err = pki.LoadTicketPublic(*ticketPub)
-		}
-		if err != nil {
-			return fail("the ticket key: %v", err)
-		}
+	keys, err := o.loadTicketKeys(sec)
+	if err != nil {
+		return fail("the ticket key: %v", err)
 	}
-	if *peers != "" && *etcd != "" {
+	if o.peers != "" && o.etcd != "" {
 		return fail("--peers and --etcd exclude each other")
 	}
-	if *peers == "" && *etcd == "" {
+	if o.peers == "" && o.etcd == "" {
 		// A decode node accepts queue pairs only from the prefill nodes the
 		// registry lists: it needs one too.
-		return fail("--peers or --etcd is required for a %s", *role)
+		return fail("--peers or --etcd is required for a %s", o.role)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	regCtx, stopReg := context.WithCancel(context.Background())
 	defer stopReg()
-	var reg node.Registry
-	if *etcd != "" {
-		ecfg := node.EtcdConfig{Endpoints: strings.Split(*etcd, ","), Prefix: *etcdPrefix, TTL: *lease, Log: log}
-		if *etcdCA != "" || *etcdCert != "" || *etcdKey != "" {
-			tc, err := node.EtcdTLS(*etcdCA, *etcdCert, *etcdKey)
-			if err != nil {
-				return fail("%v", err)
-			}
-			ecfg.TLS = tc
-		}
-		r, err := node.NewEtcdConfig(ecfg)
-		if err != nil {
-			return fail("--etcd: %v", err)
-		}
-		defer r.Close()
-		reg = r
+	reg, closeReg, err := o.registry(regCtx, sec, log)
+	if err != nil {
+		return fail("%v", err)
+	}
+	defer closeReg()
+	m, err := o.model()
+	if err != nil {
+		return fail("%v", err)
+	}
+	if o.role == "router" {
+		err = o.runRouter(ctx, reg, sec, m, keys, log)
 	} else {
-		list, err := node.ParsePeers(*peers)
-		if err != nil {
-			return fail("--peers: %v", err)
-		}
-		reg = node.NewPeerList(regCtx, list, sec, log)
+		err = o.runNode(ctx, reg, sec, m, keys, log)
 	}
-	var m *llama.Model
-	switch *modelName {
-	case "none":
-		if *modelID == "" {
-			*modelID = "kvhandoff-generated"
-		}
-		if *pageBytes == 0 {
-			*pageBytes = 4096
-		}
-	case "builtin":
-		m = llama.Builtin(*seed)
-		if *modelID == "" {
-			*modelID = fmt.Sprintf("kvhandoff-builtin-%d", *seed)
-		}
-	default:
-		var err error
-		if m, err = llama.LoadCheckpoint(*modelName); err != nil {
-			return fail("--model: %v", err)
-		}
-		if *modelID == "" {
-			*modelID = *modelName
-		}
-	}
-	err := func() error {
-		if *role == "router" {
-			cfg := node.RouterConfig{Name: *name, Registry: reg, Security: sec, ModelID: *modelID, Timeout: *timeout, Log: log,
-				HTTP:           node.HTTPLimits{BodyTimeout: *httpBodyTimeout, IdleTimeout: *httpIdleTimeout, MaxBodyBytes: *httpMaxBody, MaxConns: *httpMaxConns},
-				TrustRequestID: *trustRequestID, TicketKey: signer}
-			switch {
-			case *chatTemplate == "llama2", *chatTemplate == "" && m != nil && *modelName != "builtin":
-				cfg.ChatTemplate = node.Llama2Chat
-			case *chatTemplate == "plain", *chatTemplate == "":
-				cfg.ChatTemplate = node.PlainChat
-			default:
-				return fmt.Errorf("--chat-template %q: plain or llama2", *chatTemplate)
-			}
-			return serveRouter(ctx, cfg, *listen, *grace)
-		}
-		open := providers[*provider]
-		if open == nil {
-			return fmt.Errorf("--provider %q: not in this build (socket; verbs needs -tags verbs)", *provider)
-		}
-		dev, err := open(*name, *rdmaAddr, sec.TLS, sec.Insecure, log)
-		if err != nil {
-			return fmt.Errorf("opening the %s device: %w", *provider, err)
-		}
-		defer dev.Close()
-		cfg := node.NodeConfig{Name: *name, Device: dev, Pages: *pages, PageTokens: *pageTokens, PageBytes: *pageBytes,
-			ContextTokens: *contextTokens, Model: m, ModelID: *modelID, Security: sec, Callers: []string{*router},
-			Registry: reg, Metrics: node.NewMetrics(), Log: log, Timeout: *timeout, CheckJoin: true}
-		ctl, err := net.Listen("tcp", *control)
-		if err != nil {
-			return err
-		}
-		if *metricsAddr != "" {
-			ln, err := net.Listen("tcp", *metricsAddr)
-			if err != nil {
-				return err
-			}
-			log.Info("serve: metrics", "addr", ln.Addr().String())
-			srv := &http.Server{Handler: cfg.Metrics.Handler(), ReadHeaderTimeout: 10 * time.Second}
-			go srv.Serve(ln)
-			defer srv.Close()
-		}
-		if *role == "prefill" {
-			p, err := node.NewPrefill(cfg)
-			if err != nil {
-				return err
-			}
-			return p.Serve(ctx, ctl, *grace)
-		}
-		tl, err := net.Listen("tcp", *transferAddr)
-		if err != nil {
-			return err
-		}
-		d, err := node.NewDecode(node.DecodeConfig{NodeConfig: cfg, Stop: -1, TicketKey: verifier, PeerRequests: *peerRequests, PeerPages: *peerPages})
-		if err != nil {
-			return err
-		}
-		return d.Serve(ctx, ctl, tl, *grace)
-	}()
 	if errors.Is(err, node.ErrWouldBreak) {
 		fmt.Fprintf(stderr, "kvhandoff serve: refusing to join: %v\n", err)
 		return 1
@@ -310,8 +125,298 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		log.Error("serve: stopped", "err", err)
 		return 1
 	}
-	log.Info("serve: stopped cleanly", "role", *role, "name", *name)
+	log.Info("serve: stopped cleanly", "role", o.role, "name", o.name)
 	return 0
+}
+
+// serveFlags is what `kvhandoff serve`'s flags set.
+type serveFlags struct {
+	role, name, provider                        string
+	listen, control, transferAddr, rdmaAddr     string
+	metricsAddr                                 string
+	pages, pageTokens, pageBytes, contextTokens int
+	modelName                                   string
+	seed                                        uint64
+	modelID                                     string
+	peers, etcd, etcdPrefix                     string
+	etcdCA, etcdCert, etcdKey                   string
+	lease                                       time.Duration
+	tlsCert, tlsKey, tlsCA                      string
+	insecure                                    bool
+	timeout, grace                              time.Duration
+	httpBodyTimeout, httpIdleTimeout            time.Duration
+	httpMaxBody                                 int64
+	httpMaxConns                                int
+	chatTemplate                                string
+	trustRequestID                              bool
+	router, ticketKey, ticketPub                string
+	peerRequests, peerPages                     int
+	logFormat, logLevel                         string
+}
+
+// defineServeFlags defines serve's flags on fs, to be read once fs has
+// parsed the arguments.
+func defineServeFlags(fs *flag.FlagSet) *serveFlags {
+	o := new(serveFlags)
+	fs.StringVar(&o.role, "role", "", "router, prefill or decode (required)")
+	fs.StringVar(&o.name, "name", "", "the node's name, as its certificate and the registry know it (default: the certificate's name, or the role)")
+	fs.StringVar(&o.provider, "provider", "socket", "RDMA provider: socket, or verbs in a -tags verbs build")
+	fs.StringVar(&o.listen, "listen", "127.0.0.1:8080", "router: the client API's address (HTTP)")
+	fs.StringVar(&o.control, "control", "127.0.0.1:0", "prefill, decode: the control API's address (HTTPS, mutual TLS)")
+	fs.StringVar(&o.transferAddr, "transfer", "127.0.0.1:0", "decode: the queue-pair setup listener's address")
+	fs.StringVar(&o.rdmaAddr, "rdma", "127.0.0.1:0", "prefill, decode: the socket provider's address; with --provider verbs, the device name (default: the first)")
+	fs.StringVar(&o.metricsAddr, "metrics", "", "prefill, decode: a plaintext /metrics listener's address (the router serves /metrics on --listen)")
+	fs.IntVar(&o.pages, "pool-pages", 1024, "prefill, decode: KV pool pages")
+	fs.IntVar(&o.pageTokens, "page-tokens", 16, "tokens per page")
+	fs.IntVar(&o.pageBytes, "page-bytes", 0, "bytes per page (--model none only; with a model the model's geometry sets it); 0 means 4096")
+	fs.IntVar(&o.contextTokens, "context-tokens", 0, "the longest prompt this node takes; 0 means the model's context")
+	fs.StringVar(&o.modelName, "model", "builtin", "builtin (the built-in copy model, --seed), none (generated KV, a digest as the answer), or a llama2.c checkpoint file")
+	fs.Uint64Var(&o.seed, "seed", 1, "the built-in model's seed")
+	fs.StringVar(&o.modelID, "model-id", "", "the model's name in the registry and the client API (default: kvhandoff-builtin-SEED, or the file's name)")
+	fs.StringVar(&o.peers, "peers", "", "static registry: name=host:port of each peer's control API, comma-separated")
+	fs.StringVar(&o.etcd, "etcd", "", "etcd registry: host:port,... of the etcd cluster")
+	fs.StringVar(&o.etcdPrefix, "etcd-prefix", "/kvhandoff/nodes/", "etcd registry: the key prefix")
+	fs.StringVar(&o.etcdCA, "etcd-cacert", "", "etcd registry: the authority of the cluster's certificates (PEM): TLS to etcd, as etcdctl's --cacert")
+	fs.StringVar(&o.etcdCert, "etcd-cert", "", "etcd registry: the client certificate (PEM) a cluster with client-cert-auth requires, as etcdctl's --cert")
+	fs.StringVar(&o.etcdKey, "etcd-key", "", "etcd registry: the client certificate's key (PEM), as etcdctl's --key")
+	fs.DurationVar(&o.lease, "lease", 5*time.Second, "etcd registry: the registration lease's time to live (a node that stops keeping it alive is lost after it)")
+	fs.StringVar(&o.tlsCert, "tls-cert", "", "the node's certificate (PEM)")
+	fs.StringVar(&o.tlsKey, "tls-key", "", "the node's key (PEM)")
+	fs.StringVar(&o.tlsCA, "tls-ca", "", "the deployment's authority (PEM)")
+	fs.BoolVar(&o.insecure, "insecure", false, "plaintext between nodes, with no authentication (a warning is logged)")
+	fs.DurationVar(&o.timeout, "timeout", 30*time.Second, "a request's timeout (router) or a leg's (nodes)")
+	fs.DurationVar(&o.grace, "grace", 10*time.Second, "how long a stopping node waits for requests in flight")
+	fs.DurationVar(&o.httpBodyTimeout, "http-body-timeout", 30*time.Second, "router: how long a client has to send a request's body once its headers are in (then 408, connection closed)")
+	fs.DurationVar(&o.httpIdleTimeout, "http-idle-timeout", 60*time.Second, "router: how long a keep-alive connection may sit idle between requests")
+	fs.Int64Var(&o.httpMaxBody, "http-max-body", 1<<20, "router: the largest request body, bytes (a longer one is a 400)")
+	fs.IntVar(&o.httpMaxConns, "http-max-conns", 1024, "router: client connections open at once (more wait to be accepted)")
+	fs.StringVar(&o.chatTemplate, "chat-template", "", "router: /v1/chat/completions' layout: plain (role: text lines) or llama2 ([INST] ... [/INST]); default plain, llama2 for a checkpoint file")
+	fs.BoolVar(&o.trustRequestID, "trust-request-id", false, "router: take a client's X-Request-Id (only where every client comes through a front proxy that sets it)")
+	fs.StringVar(&o.router, "router-name", "router", "prefill, decode: the name the router's certificate carries")
+	fs.StringVar(&o.ticketKey, "ticket-key", "", "router: the ticket signing key (default: ticket-key.pem beside --tls-ca)")
+	fs.StringVar(&o.ticketPub, "ticket-pub", "", "decode: the router's public ticket key (default: ticket.pem beside --tls-ca)")
+	fs.IntVar(&o.peerRequests, "peer-requests", 0, "decode: the most open requests one prefill node may hold here; 0 means no bound but the pool's")
+	fs.IntVar(&o.peerPages, "peer-pages", 0, "decode: the most pages one prefill node's requests may hold here; 0 means no bound but the pool's")
+	fs.StringVar(&o.logFormat, "log-format", "text", "text or json")
+	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	return o
+}
+
+// logger is the node's logger, as --log-format and --log-level ask.
+func (o *serveFlags) logger(stderr io.Writer) (*slog.Logger, error) {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: %v", o.logLevel, err)
+	}
+	switch o.logFormat {
+	case "text":
+		return slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level})), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level})), nil
+	default:
+		return nil, fmt.Errorf("--log-format %q: text or json", o.logFormat)
+	}
+}
+
+// security loads the node's certificates (or takes --insecure) and checks
+// that --name and --role are those the certificate carries; a certificate
+// names the node when --name does not.
+func (o *serveFlags) security(log *slog.Logger) (node.Security, error) {
+	var sec node.Security
+	switch {
+	case o.insecure && (o.tlsCert != "" || o.tlsKey != "" || o.tlsCA != ""):
+		return sec, errors.New("--insecure and --tls-* exclude each other")
+	case o.insecure:
+		sec.Insecure = true
+		log.Warn("serve: --insecure: nodes talk in plaintext and accept anyone who reaches their ports")
+	case o.tlsCert == "" || o.tlsKey == "" || o.tlsCA == "":
+		return sec, errors.New("--tls-cert, --tls-key and --tls-ca are required (or --insecure)")
+	default:
+		tc, err := pki.Load(o.tlsCert, o.tlsKey, o.tlsCA)
+		if err != nil {
+			return sec, err
+		}
+		sec.TLS = tc
+		certName, err := pki.Name(tc)
+		if err != nil {
+			return sec, err
+		}
+		if o.name == "" {
+			o.name = certName
+		} else if o.name != certName {
+			return sec, fmt.Errorf("--name %q, but the certificate names %q", o.name, certName)
+		}
+		// Peers accept a node only in the role its certificate carries.
+		certRole, err := pki.OwnRole(tc)
+		if err != nil {
+			return sec, fmt.Errorf("%v (kvhandoff certs writes the role)", err)
+		}
+		if string(certRole) != o.role {
+			return sec, fmt.Errorf("--role %s, but the certificate is a %s node's", o.role, certRole)
+		}
+	}
+	return sec, nil
+}
+
+// ticketKeys are the router's key that signs a ticket for each request it
+// dispatches and a decode node's key that checks them: a decode node
+// reserves pages only for a Bootstrap carrying a valid one.
+type ticketKeys struct {
+	signer   ed25519.PrivateKey
+	verifier ed25519.PublicKey
+}
+
+// loadTicketKeys loads the key the node's role uses, by default from beside
+// --tls-ca.
+func (o *serveFlags) loadTicketKeys(sec node.Security) (ticketKeys, error) {
+	var keys ticketKeys
+	if sec.TLS != nil || o.ticketKey != "" || o.ticketPub != "" {
+		var err error
+		switch o.role {
+		case "router":
+			if o.ticketKey == "" {
+				o.ticketKey = filepath.Join(filepath.Dir(o.tlsCA), pki.TicketKeyFile)
+			}
+			keys.signer, err = pki.LoadTicketKey(o.ticketKey)
+		case "decode":
+			if o.ticketPub == "" {
+				o.ticketPub = filepath.Join(filepath.Dir(o.tlsCA), pki.TicketPublicFile)
+			}
+			keys.verifier, err = pki.LoadTicketPublic(o.ticketPub)
+		}
+		if err != nil {
+			return keys, err
+		}
+	}
+	return keys, nil
+}
+
+// registry opens the registry --etcd or --peers names; closeReg closes it.
+func (o *serveFlags) registry(ctx context.Context, sec node.Security, log *slog.Logger) (reg node.Registry, closeReg func(), err error) {
+	if o.etcd != "" {
+		ecfg := node.EtcdConfig{Endpoints: strings.Split(o.etcd, ","), Prefix: o.etcdPrefix, TTL: o.lease, Log: log}
+		if o.etcdCA != "" || o.etcdCert != "" || o.etcdKey != "" {
+			tc, err := node.EtcdTLS(o.etcdCA, o.etcdCert, o.etcdKey)
+			if err != nil {
+				return nil, nil, err
+			}
+			ecfg.TLS = tc
+		}
+		r, err := node.NewEtcdConfig(ecfg)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--etcd: %v", err)
+		}
+		return r, func() { r.Close() }, nil
+	}
+	list, err := node.ParsePeers(o.peers)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--peers: %v", err)
+	}
+	return node.NewPeerList(ctx, list, sec, log), func() {}, nil
+}
+
+// model loads the model --model names (nil for none) and fills in the
+// defaults that depend on it.
+func (o *serveFlags) model() (*llama.Model, error) {
+	var m *llama.Model
+	switch o.modelName {
+	case "none":
+		if o.modelID == "" {
+			o.modelID = "kvhandoff-generated"
+		}
+		if o.pageBytes == 0 {
+			o.pageBytes = 4096
+		}
+	case "builtin":
+		m = llama.Builtin(o.seed)
+		if o.modelID == "" {
+			o.modelID = fmt.Sprintf("kvhandoff-builtin-%d", o.seed)
+		}
+	default:
+		var err error
+		if m, err = llama.LoadCheckpoint(o.modelName); err != nil {
+			return nil, fmt.Errorf("--model: %v", err)
+		}
+		if o.modelID == "" {
+			o.modelID = o.modelName
+		}
+	}
+	return m, nil
+}
+
+// runRouter runs the router until ctx is done.
+func (o *serveFlags) runRouter(ctx context.Context, reg node.Registry, sec node.Security, m *llama.Model, keys ticketKeys, log *slog.Logger) error {
+	cfg := node.RouterConfig{Name: o.name, Registry: reg, Security: sec, ModelID: o.modelID, Timeout: o.timeout, Log: log,
+		HTTP:           node.HTTPLimits{BodyTimeout: o.httpBodyTimeout, IdleTimeout: o.httpIdleTimeout, MaxBodyBytes: o.httpMaxBody, MaxConns: o.httpMaxConns},
+		TrustRequestID: o.trustRequestID, TicketKey: keys.signer}
+	switch {
+	case o.chatTemplate == "llama2", o.chatTemplate == "" && m != nil && o.modelName != "builtin":
+		cfg.ChatTemplate = node.Llama2Chat
+	case o.chatTemplate == "plain", o.chatTemplate == "":
+		cfg.ChatTemplate = node.PlainChat
+	default:
+		return fmt.Errorf("--chat-template %q: plain or llama2", o.chatTemplate)
+	}
+	return serveRouter(ctx, cfg, o.listen, o.grace)
+}
+
+// runNode runs a prefill or decode node until ctx is done: the set-up they
+// share (the device, the control listener, the metrics listener), then the
+// role's own.
+func (o *serveFlags) runNode(ctx context.Context, reg node.Registry, sec node.Security, m *llama.Model, keys ticketKeys, log *slog.Logger) error {
+	open := providers[o.provider]
+	if open == nil {
+		return fmt.Errorf("--provider %q: not in this build (socket; verbs needs -tags verbs)", o.provider)
+	}
+	dev, err := open(o.name, o.rdmaAddr, sec.TLS, sec.Insecure, log)
+	if err != nil {
+		return fmt.Errorf("opening the %s device: %w", o.provider, err)
+	}
+	defer dev.Close()
+	cfg := node.NodeConfig{Name: o.name, Device: dev, Pages: o.pages, PageTokens: o.pageTokens, PageBytes: o.pageBytes,
+		ContextTokens: o.contextTokens, Model: m, ModelID: o.modelID, Security: sec, Callers: []string{o.router},
+		Registry: reg, Metrics: node.NewMetrics(), Log: log, Timeout: o.timeout, CheckJoin: true}
+	ctl, err := net.Listen("tcp", o.control)
+	if err != nil {
+		return err
+	}
+	if o.metricsAddr != "" {
+		ln, err := net.Listen("tcp", o.metricsAddr)
+		if err != nil {
+			return err
+		}
+		log.Info("serve: metrics", "addr", ln.Addr().String())
+		srv := &http.Server{Handler: cfg.Metrics.Handler(), ReadHeaderTimeout: 10 * time.Second}
+		go srv.Serve(ln)
+		defer srv.Close()
+	}
+	if o.role == "prefill" {
+		return o.runPrefill(ctx, cfg, ctl)
+	}
+	return o.runDecode(ctx, cfg, ctl, keys)
+}
+
+// runPrefill runs a prefill node on its control listener ctl.
+func (o *serveFlags) runPrefill(ctx context.Context, cfg node.NodeConfig, ctl net.Listener) error {
+	p, err := node.NewPrefill(cfg)
+	if err != nil {
+		return err
+	}
+	return p.Serve(ctx, ctl, o.grace)
+}
+
+// runDecode runs a decode node on its control listener ctl and its own
+// queue-pair setup listener.
+func (o *serveFlags) runDecode(ctx context.Context, cfg node.NodeConfig, ctl net.Listener, keys ticketKeys) error {
+	tl, err := net.Listen("tcp", o.transferAddr)
+	if err != nil {
+		return err
+	}
+	d, err := node.NewDecode(node.DecodeConfig{NodeConfig: cfg, Stop: -1, TicketKey: keys.verifier, PeerRequests: o.peerRequests, PeerPages: o.peerPages})
+	if err != nil {
+		return err
+	}
+	return d.Serve(ctx, ctl, tl, o.grace)
 }
 
 func serveRouter(ctx context.Context, cfg node.RouterConfig, listen string, grace time.Duration) error {
