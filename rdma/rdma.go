@@ -169,7 +169,8 @@ type MemoryWindow interface {
 // UncheckedWindowRanges is implemented by a protection domain whose windows
 // may open more than their range: WindowRangesUnchecked reports true where a
 // WRITE under a window's key is checked against the window's region only
-// (Soft-RoCE, rxe, as of Linux 6.1). A user that needs a window's range
+// (Soft-RoCE, rxe, as of Linux 6.1), or may be: verbs reports true for every
+// device whose driver is not known to check ranges. A user that needs a window's range
 // enforced there binds it on a region registered over exactly that range.
 type UncheckedWindowRanges interface {
 	WindowRangesUnchecked() bool
