@@ -402,3 +402,114 @@ func TestGrantPostedAgainKeepsItsKeys(t *testing.T) {
 		t.Fatalf("a Grant of a request holding no pages: %v, key %#x", err, ended.Pages[0].Key)
 	}
 }
+
+// An AbortAck is a fence like Done: the windows of the request it ends are
+// revoked before its pages go back. The rogue's request is cancelled, it
+// acknowledges, its pages go back and are granted to request 1 (prefill-1),
+// verified; a WRITE under the rogue's old key at its old page is refused
+// and request 1's answer stays its own.
+func TestAbortAckRevokesWindowsBeforeThePagesGoBack(t *testing.T) {
+	for _, provider := range providerNames() {
+		t.Run(provider, func(t *testing.T) {
+			r := newRogueRig(t, provider, research.Switches{})
+			g2 := r.reservedBy(r.rogue, 2)
+			r.d.Cancel(2)
+			b, err := protocol.AppendMessage(nil, &protocol.AbortAck{Request: 2})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rawSend(t, r.rogue, "decode", b, 0)
+			r.until("request 2 closed", func() bool { return r.d.Status(2) == protocol.ReceiverClosed })
+			g1 := r.verifiedRequest(1)
+			reused := slices.ContainsFunc(g1.Pages, func(p protocol.PageGrant) bool { return p.Page == g2.Pages[0].Page })
+			rawWrite(t, r.rogue, r.pageAddr(g2.Pages[0].Page), g2.Pages[0].Key)
+			landed := r.refusedOrLanded(r.rogue, "rogue", r.pageAddr(g2.Pages[0].Page))
+			if own := r.answerIsOwn(1); landed || !own {
+				t.Fatalf("old key after AbortAck: landed %v, request 1 own %v (page reused %v)", landed, own, reused)
+			}
+		})
+	}
+}
+
+// holdSends pauses p's queue pair to decode right after a Grant of a
+// request p's endpoint never submitted went out: the AbortAck its Sender
+// answers with waits in the network until the returned resume, so the
+// request stays reserved, its windows bound on p's queue pair.
+func holdSends(t *testing.T, p *Prefill) (resume func()) {
+	t.Helper()
+	p.mu.Lock()
+	qp := p.names["decode"].qp.(rdma.Faults)
+	p.mu.Unlock()
+	qp.Pause()
+	return qp.Resume
+}
+
+// A Done revokes only the windows of a request of its sender's: the rogue's
+// Done for request 1, whose windows are bound on prefill-1's queue pair,
+// neither revokes them nor reaches the Receiver as prefill-1's Done.
+func TestDoneFromAnotherPeerRevokesNoWindow(t *testing.T) {
+	for _, provider := range providerNames() {
+		t.Run(provider, func(t *testing.T) {
+			r := newRogueRig(t, provider, research.Switches{})
+			g1 := r.reservedBy(r.good, 1)
+			resume := holdSends(t, r.good)
+			b, err := protocol.AppendMessage(nil, &protocol.Done{Request: 1, Tokens: g1.Tokens, Pages: uint32(len(g1.Pages))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rawSend(t, r.rogue, "decode", b, 0)
+			r.until("the rogue's Done refused, or taken for a revocation", func() bool {
+				r.d.mu.Lock()
+				rw := r.d.win.byReq[1]
+				judged := r.d.refused > 0 || rw == nil || rw.held != nil || rw.pending > 0
+				r.d.mu.Unlock()
+				return judged || !slices.Contains(r.d.Peers(), "rogue")
+			})
+			for range 20 {
+				r.poll()
+			}
+			r.d.mu.Lock()
+			rw := r.d.win.byReq[1]
+			bound := rw != nil && len(rw.wins) > 0 && rw.pending == 0 && rw.held == nil
+			r.d.mu.Unlock()
+			if st := r.d.Status(1); !bound || st != protocol.ReceiverReserved {
+				t.Fatalf("after the rogue's Done for prefill-1's request: windows still bound %v, status %v", bound, st)
+			}
+			resume() // prefill-1's own AbortAck ends it, windows and all
+			r.until("request 1 closed by its own peer", func() bool { return r.d.Status(1) == protocol.ReceiverClosed })
+			r.d.mu.Lock()
+			defer r.d.mu.Unlock()
+			if r.d.win.byReq[1] != nil {
+				t.Fatal("request 1's windows outlived its own peer's AbortAck")
+			}
+		})
+	}
+}
+
+// A queue pair that decode cuts takes its windows with it, closed (an
+// invalidate cannot run there), before the Receiver hears of its fence and
+// the request's pages go back.
+func TestCutQueuePairsWindowsAreClosedBeforeItsFence(t *testing.T) {
+	for _, provider := range providerNames() {
+		t.Run(provider, func(t *testing.T) {
+			r := newRogueRig(t, provider, research.Switches{})
+			r.reservedBy(r.rogue, 2)
+			defer holdSends(t, r.rogue)()
+			r.d.mu.Lock()
+			wins := slices.Clone(r.d.win.byReq[2].wins)
+			r.d.cut(r.d.names["rogue"], protocol.ErrPeerFailed)
+			r.d.mu.Unlock()
+			r.until("request 2 ended by the fence", func() bool { return r.d.Status(2) != protocol.ReceiverReserved })
+			r.d.mu.Lock()
+			defer r.d.mu.Unlock()
+			w := r.d.win
+			bound := 0
+			for _, rw := range w.byReq {
+				bound += len(rw.wins)
+			}
+			if len(wins) == 0 || w.byReq[2] != nil || w.live != len(w.free)+bound || slices.ContainsFunc(w.free, func(f rdma.MemoryWindow) bool { return slices.Contains(wins, f) }) {
+				t.Fatalf("after the fence: request 2 holds windows %v, %d live, %d free, %d bound", w.byReq[2] != nil, w.live, len(w.free), bound)
+			}
+		})
+	}
+}
