@@ -176,6 +176,15 @@ type UncheckedWindowRanges interface {
 	WindowRangesUnchecked() bool
 }
 
+// Deregistrar is a protection domain that deregisters one of its regions
+// before the device closes (every provider's; without it a region lives as
+// long as its device). A region with a window still bound on it is refused
+// (ErrBadRequest); the caller has no WRITE under the region's own key in
+// flight. Its key never opens anything again.
+type Deregistrar interface {
+	Deregister(MemoryRegion) error
+}
+
 // WindowDomain is a protection domain that has memory windows (every
 // provider's: inproc, socket, verbs).
 type WindowDomain interface {

@@ -272,6 +272,40 @@ func (w *grantWindows) fenced(c *conn) {
 	}
 }
 
+// close closes every window, free or bound (Close, after the endpoint's
+// queue pairs are cut: nothing of theirs lands any more), and deregisters
+// the page regions, where the protection domain can (rdma.Deregistrar):
+// an endpoint that closes leaves no window or region of its own on the
+// device. It reports the first failure; the rest are still closed.
+func (w *grantWindows) close() error {
+	var first error
+	keep := func(err error) {
+		if first == nil {
+			first = err
+		}
+	}
+	for id, rw := range w.byReq {
+		w.free = append(w.free, rw.wins...)
+		delete(w.byReq, id)
+	}
+	for _, win := range w.free {
+		if err := win.Close(); err != nil {
+			keep(err)
+		}
+		w.live--
+	}
+	w.free = nil
+	if dr, ok := w.d.pd.(rdma.Deregistrar); ok {
+		for _, m := range w.pageRegions {
+			if err := dr.Deregister(m); err != nil {
+				keep(err)
+			}
+		}
+	}
+	w.pageRegions = nil
+	return first
+}
+
 // released revokes the windows of a request whose pages the Receiver
 // released without a held message: under VerifyBeforeRevoke, its release
 // after the read or a failed verification (otherwise its windows are gone

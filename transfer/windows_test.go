@@ -2,6 +2,7 @@ package transfer
 
 import (
 	"bytes"
+	"errors"
 	"slices"
 	"strings"
 	"sync"
@@ -540,6 +541,57 @@ func TestWaitingGrantIsSplitIntoRunsOnce(t *testing.T) {
 			flush()
 			if a := testing.AllocsPerRun(100, flush); a != 0 {
 				t.Fatalf("%v allocations per flush pass while a Grant of 300 runs waits", a)
+			}
+		})
+	}
+}
+
+func (p uncheckedPD) Deregister(m rdma.MemoryRegion) error {
+	return p.ProtectionDomain.(rdma.Deregistrar).Deregister(m)
+}
+
+// Close frees what the grant windows hold on the device: every window,
+// free or bound (a request still reserved), closed; every page region,
+// where ranges are unchecked, deregistered, so its key opens nothing and it
+// cannot be deregistered twice.
+func TestCloseFreesWindowsAndPageRegions(t *testing.T) {
+	for _, unchecked := range []bool{false, true} {
+		t.Run(map[bool]string{false: "runs", true: "page regions"}[unchecked], func(t *testing.T) {
+			prefill, decode := providers["inproc"](t)
+			if unchecked {
+				decode = uncheckedDevice{decode}
+			}
+			l := newLink(t, defaultLink(), prefill, decode)
+			for id := protocol.RequestID(1); id <= 20; id++ {
+				if err := l.submit(id, int(id)*5); err != nil {
+					t.Fatal(err)
+				}
+				l.pump()
+			}
+			l.D.mu.Lock()
+			w := l.D.win
+			pages := slices.Clone(w.pageRegions)
+			wins := slices.Clone(w.free)
+			l.D.mu.Unlock()
+			if len(wins) == 0 || unchecked != (len(pages) > 0) {
+				t.Fatalf("before Close: %d free windows, %d page regions", len(wins), len(pages))
+			}
+			l.D.Close()
+			if err := l.D.CloseErr(); err != nil {
+				t.Fatal(err)
+			}
+			if w.live != 0 || len(w.free) != 0 || len(w.byReq) != 0 {
+				t.Fatalf("after Close: %d windows live, %d free, %d requests hold some", w.live, len(w.free), len(w.byReq))
+			}
+			for _, win := range wins {
+				if !win.(interface{ Closed() bool }).Closed() {
+					t.Fatal("a free window was left open by Close")
+				}
+			}
+			for p, m := range pages {
+				if err := l.D.pd.(rdma.Deregistrar).Deregister(m); !errors.Is(err, rdma.ErrBadRequest) {
+					t.Fatalf("page %d's region was still registered after Close: %v", p, err)
+				}
 			}
 		})
 	}

@@ -2,6 +2,7 @@ package rdmatest
 
 import (
 	"bytes"
+	"errors"
 	"testing"
 
 	"github.com/kvhandoff/kvhandoff/rdma"
@@ -31,6 +32,28 @@ func runWindows(t *testing.T, p Provider, o Options) {
 	t.Run("BindOnARegionWithoutWindowBindIsRefused", func(t *testing.T) { windowBindNoAccess(t, p) })
 	t.Run("RebindOfABoundWindowIsRefused", func(t *testing.T) { windowRebind(t, p) })
 	t.Run("BindOfAnotherProtectionDomainsWindowIsRefused", func(t *testing.T) { windowOtherPD(t, p) })
+	t.Run("DeregisteredRegionsKeyOpensNothing", func(t *testing.T) { deregistered(t, p) })
+}
+
+// deregistered: a region deregistered before its device closes
+// (rdma.Deregistrar) opens nothing under its key, and is not deregistered
+// twice. Its memory is not read after: the provider may have unmapped it.
+func deregistered(t *testing.T, p Provider) {
+	w := newWindowed(t, p)
+	dr, ok := w.x.PDB.(rdma.Deregistrar)
+	if !ok {
+		t.Fatalf("%T cannot deregister a region (rdma.Deregistrar)", w.x.PDB)
+	}
+	m := register(t, w.x.PDB, 4096, rdma.LocalWrite|rdma.RemoteWrite)
+	addr, key := m.Addr(), m.RKey()
+	if err := dr.Deregister(m); err != nil {
+		t.Fatal(err)
+	}
+	if err := dr.Deregister(m); !errors.Is(err, rdma.ErrBadRequest) {
+		t.Fatalf("a region deregistered twice: %v", err)
+	}
+	write(t, w.x.A, w.src, 64, addr, key)
+	expect(t, w.x.ASend, 1, rdma.RemoteAccessError)
 }
 
 // bindRefused posts a bind of w on qp over [off, off+n) of mr and checks that

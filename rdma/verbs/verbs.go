@@ -561,6 +561,27 @@ func (p *pd) register(buf []byte, a rdma.Access) (*mr, error) {
 	return m, nil
 }
 
+// Deregister implements rdma.Deregistrar: ibv_dereg_mr, which the kernel
+// refuses (EBUSY) while a window is bound on the region.
+func (p *pd) Deregister(m rdma.MemoryRegion) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i, x := range p.mrs {
+		if rdma.MemoryRegion(x) != m {
+			continue
+		}
+		if rc := C.ibv_dereg_mr(x.mr); rc != 0 {
+			return fmt.Errorf("%w: %w", rdma.ErrBadRequest, errnoErr("ibv_dereg_mr", rc))
+		}
+		if x.mapped {
+			syscall.Munmap(x.buf[:cap(x.buf)])
+		}
+		p.mrs = append(p.mrs[:i], p.mrs[i+1:]...)
+		return nil
+	}
+	return fmt.Errorf("%w: deregistration of a region this protection domain has not registered", rdma.ErrBadRequest)
+}
+
 // CreateQP implements rdma.ProtectionDomain: an RC queue pair in RESET.
 func (p *pd) CreateQP(sendCQ, recvCQ rdma.CompletionQueue, depth int) (rdma.QueuePair, error) {
 	s, ok1 := sendCQ.(*cq)

@@ -37,6 +37,13 @@ func (w *Window) BoundOn() any {
 	return w.qp
 }
 
+// Closed is whether w was closed (Close): freed for good.
+func (w *Window) Closed() bool {
+	w.regions.mu.Lock()
+	defer w.regions.mu.Unlock()
+	return w.closed
+}
+
 // AllocWindow allocates an unbound window for owner.
 func (r *Regions) AllocWindow(owner any) *Window {
 	return &Window{regions: r, owner: owner}
