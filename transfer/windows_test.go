@@ -596,3 +596,52 @@ func TestCloseFreesWindowsAndPageRegions(t *testing.T) {
 		})
 	}
 }
+
+// Done reaches the Receiver only once its request's windows are revoked:
+// while decode's queue pair is paused (Pause holds its work requests, binds
+// and invalidates included), the invalidates wait and so does Done; at
+// Resume they run, and the request is verified.
+func TestHeldInvalidateHoldsDoneBack(t *testing.T) {
+	for _, provider := range providerNames() {
+		t.Run(provider, func(t *testing.T) {
+			r := newRogueRig(t, provider, research.Switches{})
+			if err := r.good.Submit(1, "decode", 4*pageTokens); err != nil {
+				t.Fatal(err)
+			}
+			r.good.Poll(r.now) // the Bootstrap
+			r.d.mu.Lock()
+			c := r.d.names["prefill-1"]
+			r.d.mu.Unlock()
+			// Decode alone runs until its Grant's SEND has completed; prefill-1
+			// has not yet read it, so nothing of request 1 is written.
+			eventually(t, "the Grant sent", func() bool {
+				r.now = r.now.Add(time.Millisecond)
+				r.d.Poll(r.now)
+				_, sent := r.grant(1)
+				r.d.mu.Lock()
+				defer r.d.mu.Unlock()
+				return sent && len(c.wrs) == 0
+			})
+			qp := c.qp.(rdma.Faults)
+			qp.Pause()
+			held := func() bool {
+				r.d.mu.Lock()
+				defer r.d.mu.Unlock()
+				rw := r.d.win.byReq[1]
+				return rw != nil && rw.held != nil
+			}
+			r.until("Done arrived", func() bool { return held() || r.verified[1] })
+			for range 20 {
+				r.poll()
+			}
+			if !held() || r.verified[1] {
+				t.Fatalf("with its invalidates held, Done held %v, request verified %v", held(), r.verified[1])
+			}
+			qp.Resume()
+			r.until("request 1 verified once its windows are revoked", func() bool { return r.verified[1] })
+			if !r.answerIsOwn(1) {
+				t.Fatal("request 1's answer is not its own")
+			}
+		})
+	}
+}
