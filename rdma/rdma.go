@@ -169,10 +169,20 @@ type MemoryWindow interface {
 // UncheckedWindowRanges is implemented by a protection domain whose windows
 // may open more than their range: WindowRangesUnchecked reports true where a
 // WRITE under a window's key is checked against the window's region only
-// (Soft-RoCE, rxe, as of Linux 6.1). A user that needs a window's range
+// (Soft-RoCE, rxe, as of Linux 6.1), or may be: verbs reports true for every
+// device whose driver is not known to check ranges. A user that needs a window's range
 // enforced there binds it on a region registered over exactly that range.
 type UncheckedWindowRanges interface {
 	WindowRangesUnchecked() bool
+}
+
+// Deregistrar is a protection domain that deregisters one of its regions
+// before the device closes (every provider's; without it a region lives as
+// long as its device). A region with a window still bound on it is refused
+// (ErrBadRequest); the caller has no WRITE under the region's own key in
+// flight. Its key never opens anything again.
+type Deregistrar interface {
+	Deregister(MemoryRegion) error
 }
 
 // WindowDomain is a protection domain that has memory windows (every

@@ -83,6 +83,9 @@ type conn struct {
 
 	backlog       []protocol.Op // in order: the queue pair cannot take them yet
 	payloadPosted bool          // the head of backlog is a WRITE whose payload half is posted
+	// headRuns are the window runs of the Grant at the head of backlog
+	// (decode), computed once however many flushes it waits through.
+	headRuns grantRuns
 
 	// sentHook, if set (tests), sees each control message as it is posted,
 	// a Grant with the keys its windows were bound under.
@@ -244,11 +247,14 @@ func (c *conn) flush(src rdma.MemoryRegion, pageBytes int, wins *grantWindows) e
 				}
 			}
 		} else {
-			binds := wins.binds(op.Msg)
+			if len(c.outFree) == 0 || c.credits < 2 {
+				break // the last credit is kept for a credit update
+			}
+			binds := wins.binds(c, op.Msg)
 			// Room for the binds and the SEND; a queue pair with nothing
 			// outstanding takes a Grant of more runs than its depth.
-			if (len(c.wrs)+binds >= c.depth && len(c.wrs) > 0) || len(c.outFree) == 0 || c.credits < 2 {
-				break // the last credit is kept for a credit update
+			if len(c.wrs)+binds >= c.depth && len(c.wrs) > 0 {
+				break
 			}
 			if binds > 0 {
 				if err := wins.bind(c, op.Msg.(*protocol.Grant)); err != nil {
@@ -281,6 +287,7 @@ func (c *conn) flush(src rdma.MemoryRegion, pageBytes int, wins *grantWindows) e
 		switch {
 		case err == nil:
 			c.backlog = c.backlog[1:]
+			c.headRuns = grantRuns{}
 		case errors.Is(err, rdma.ErrQueueFull):
 			return nil
 		default:

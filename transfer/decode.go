@@ -40,6 +40,7 @@ type Decode struct {
 	cfg      DecodeConfig
 	receiver *protocol.Receiver
 	kv       rdma.MemoryRegion
+	closeErr error                         // Close's failure to free a window or region
 	peerOf   map[protocol.RequestID]string // requests without an outcome yet: their peer
 	win      *grantWindows                 // per-grant remote access (windows.go); nil under PoolWideKey
 }
@@ -91,6 +92,28 @@ func NewDecode(dev rdma.Device, cfg DecodeConfig) (*Decode, error) {
 		Authorize: d.authorizer(), PeerRequests: cfg.PeerRequests, PeerPages: cfg.PeerPages,
 		Region: func(p uint32) (uint64, uint32) { return addr + uint64(int(p)*d.slotBytes()), key }})
 	return d, err
+}
+
+// Close cuts every queue pair and refuses new ones, like every endpoint's,
+// then closes the grant windows and deregisters the page regions, the
+// memory windows' own: a node may close a Decode and open another on the
+// same device. The device stays the caller's. What the provider failed to
+// free, CloseErr reports (the device's own Close frees it).
+func (d *Decode) Close() {
+	d.endpoint.Close()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.win != nil && d.closeErr == nil {
+		d.closeErr = d.win.close()
+	}
+}
+
+// CloseErr is the first window or region Close failed to free, nil if
+// none (or Close has not run).
+func (d *Decode) CloseErr() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.closeErr
 }
 
 func (d *Decode) slotBytes() int { return d.cfg.PageBytes + protocol.TagSize }

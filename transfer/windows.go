@@ -98,17 +98,42 @@ func runsOf(g *protocol.Grant) []run {
 	return out
 }
 
-// binds is how many binds g's Grant needs on c before it is sent: 0 when
-// it is not a Grant, or windows are off.
-func (w *grantWindows) binds(m protocol.Message) int {
-	g, ok := m.(*protocol.Grant)
-	switch {
-	case w == nil || !ok:
-		return 0
-	case w.pageRegions != nil:
-		return len(g.Pages)
+// grantRuns are the runs a Grant's windows are bound over, kept with the
+// Grant at the head of a conn's backlog: a Grant waiting for credits or
+// room in the send queue is split into runs once, not on every flush.
+type grantRuns struct {
+	g    *protocol.Grant
+	runs []run
+}
+
+// runs are g's runs, one window each: its contiguous runs, or one per page
+// where each page has a region of its own. c caches them for its head
+// Grant.
+func (w *grantWindows) runs(c *conn, g *protocol.Grant) []run {
+	if c.headRuns.g == g {
+		return c.headRuns.runs
 	}
-	return len(runsOf(g))
+	var runs []run
+	if w.pageRegions != nil {
+		runs = make([]run, len(g.Pages))
+		for i, p := range g.Pages {
+			runs[i] = run{first: p.Page, n: 1, at: []int{i}}
+		}
+	} else {
+		runs = runsOf(g)
+	}
+	c.headRuns = grantRuns{g: g, runs: runs}
+	return runs
+}
+
+// binds is how many binds m, at the head of c's backlog, needs before it
+// is sent: 0 when it is not a Grant, or windows are off.
+func (w *grantWindows) binds(c *conn, m protocol.Message) int {
+	g, ok := m.(*protocol.Grant)
+	if w == nil || !ok {
+		return 0
+	}
+	return len(w.runs(c, g))
 }
 
 // bind binds windows for Grant g on c, over its pages and tag slots, and
@@ -131,14 +156,7 @@ func (w *grantWindows) bind(c *conn, g *protocol.Grant) error {
 	rw := &reqWindows{c: c}
 	w.byReq[g.Request] = rw
 	slot := w.d.slotBytes()
-	runs := runsOf(g)
-	if w.pageRegions != nil {
-		runs = runs[:0]
-		for i, p := range g.Pages {
-			runs = append(runs, run{first: p.Page, n: 1, at: []int{i}})
-		}
-	}
-	for _, r := range runs {
+	for _, r := range w.runs(c, g) {
 		win, err := w.take()
 		if err != nil {
 			return err
@@ -252,6 +270,40 @@ func (w *grantWindows) fenced(c *conn) {
 		}
 		delete(w.byReq, id)
 	}
+}
+
+// close closes every window, free or bound (Close, after the endpoint's
+// queue pairs are cut: nothing of theirs lands any more), and deregisters
+// the page regions, where the protection domain can (rdma.Deregistrar):
+// an endpoint that closes leaves no window or region of its own on the
+// device. It reports the first failure; the rest are still closed.
+func (w *grantWindows) close() error {
+	var first error
+	keep := func(err error) {
+		if first == nil {
+			first = err
+		}
+	}
+	for id, rw := range w.byReq {
+		w.free = append(w.free, rw.wins...)
+		delete(w.byReq, id)
+	}
+	for _, win := range w.free {
+		if err := win.Close(); err != nil {
+			keep(err)
+		}
+		w.live--
+	}
+	w.free = nil
+	if dr, ok := w.d.pd.(rdma.Deregistrar); ok {
+		for _, m := range w.pageRegions {
+			if err := dr.Deregister(m); err != nil {
+				keep(err)
+			}
+		}
+	}
+	w.pageRegions = nil
+	return first
 }
 
 // released revokes the windows of a request whose pages the Receiver

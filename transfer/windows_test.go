@@ -2,6 +2,7 @@ package transfer
 
 import (
 	"bytes"
+	"errors"
 	"slices"
 	"strings"
 	"sync"
@@ -400,5 +401,247 @@ func TestGrantPostedAgainKeepsItsKeys(t *testing.T) {
 	ended := protocol.Grant{Request: 999, Tokens: g.Tokens, Pages: slices.Clone(g.Pages)}
 	if err := r.d.win.bind(c, &ended); err != nil || ended.Pages[0].Key != 0 || r.d.win.byReq[999] != nil {
 		t.Fatalf("a Grant of a request holding no pages: %v, key %#x", err, ended.Pages[0].Key)
+	}
+}
+
+// An AbortAck is a fence like Done: the windows of the request it ends are
+// revoked before its pages go back. The rogue's request is cancelled, it
+// acknowledges, its pages go back and are granted to request 1 (prefill-1),
+// verified; a WRITE under the rogue's old key at its old page is refused
+// and request 1's answer stays its own.
+func TestAbortAckRevokesWindowsBeforeThePagesGoBack(t *testing.T) {
+	for _, provider := range providerNames() {
+		t.Run(provider, func(t *testing.T) {
+			r := newRogueRig(t, provider, research.Switches{})
+			g2 := r.reservedBy(r.rogue, 2)
+			r.d.Cancel(2)
+			b, err := protocol.AppendMessage(nil, &protocol.AbortAck{Request: 2})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rawSend(t, r.rogue, "decode", b, 0)
+			r.until("request 2 closed", func() bool { return r.d.Status(2) == protocol.ReceiverClosed })
+			g1 := r.verifiedRequest(1)
+			reused := slices.ContainsFunc(g1.Pages, func(p protocol.PageGrant) bool { return p.Page == g2.Pages[0].Page })
+			rawWrite(t, r.rogue, r.pageAddr(g2.Pages[0].Page), g2.Pages[0].Key)
+			landed := r.refusedOrLanded(r.rogue, "rogue", r.pageAddr(g2.Pages[0].Page))
+			if own := r.answerIsOwn(1); landed || !own {
+				t.Fatalf("old key after AbortAck: landed %v, request 1 own %v (page reused %v)", landed, own, reused)
+			}
+		})
+	}
+}
+
+// holdSends pauses p's queue pair to decode right after a Grant of a
+// request p's endpoint never submitted went out: the AbortAck its Sender
+// answers with waits in the network until the returned resume, so the
+// request stays reserved, its windows bound on p's queue pair.
+func holdSends(t *testing.T, p *Prefill) (resume func()) {
+	t.Helper()
+	p.mu.Lock()
+	qp := p.names["decode"].qp.(rdma.Faults)
+	p.mu.Unlock()
+	qp.Pause()
+	return qp.Resume
+}
+
+// A Done revokes only the windows of a request of its sender's: the rogue's
+// Done for request 1, whose windows are bound on prefill-1's queue pair,
+// neither revokes them nor reaches the Receiver as prefill-1's Done.
+func TestDoneFromAnotherPeerRevokesNoWindow(t *testing.T) {
+	for _, provider := range providerNames() {
+		t.Run(provider, func(t *testing.T) {
+			r := newRogueRig(t, provider, research.Switches{})
+			g1 := r.reservedBy(r.good, 1)
+			resume := holdSends(t, r.good)
+			b, err := protocol.AppendMessage(nil, &protocol.Done{Request: 1, Tokens: g1.Tokens, Pages: uint32(len(g1.Pages))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rawSend(t, r.rogue, "decode", b, 0)
+			r.until("the rogue's Done refused, or taken for a revocation", func() bool {
+				r.d.mu.Lock()
+				rw := r.d.win.byReq[1]
+				judged := r.d.refused > 0 || rw == nil || rw.held != nil || rw.pending > 0
+				r.d.mu.Unlock()
+				return judged || !slices.Contains(r.d.Peers(), "rogue")
+			})
+			for range 20 {
+				r.poll()
+			}
+			r.d.mu.Lock()
+			rw := r.d.win.byReq[1]
+			bound := rw != nil && len(rw.wins) > 0 && rw.pending == 0 && rw.held == nil
+			r.d.mu.Unlock()
+			if st := r.d.Status(1); !bound || st != protocol.ReceiverReserved {
+				t.Fatalf("after the rogue's Done for prefill-1's request: windows still bound %v, status %v", bound, st)
+			}
+			resume() // prefill-1's own AbortAck ends it, windows and all
+			r.until("request 1 closed by its own peer", func() bool { return r.d.Status(1) == protocol.ReceiverClosed })
+			r.d.mu.Lock()
+			defer r.d.mu.Unlock()
+			if r.d.win.byReq[1] != nil {
+				t.Fatal("request 1's windows outlived its own peer's AbortAck")
+			}
+		})
+	}
+}
+
+// A queue pair that decode cuts takes its windows with it, closed (an
+// invalidate cannot run there), before the Receiver hears of its fence and
+// the request's pages go back.
+func TestCutQueuePairsWindowsAreClosedBeforeItsFence(t *testing.T) {
+	for _, provider := range providerNames() {
+		t.Run(provider, func(t *testing.T) {
+			r := newRogueRig(t, provider, research.Switches{})
+			r.reservedBy(r.rogue, 2)
+			defer holdSends(t, r.rogue)()
+			r.d.mu.Lock()
+			wins := slices.Clone(r.d.win.byReq[2].wins)
+			r.d.cut(r.d.names["rogue"], protocol.ErrPeerFailed)
+			r.d.mu.Unlock()
+			r.until("request 2 ended by the fence", func() bool { return r.d.Status(2) != protocol.ReceiverReserved })
+			r.d.mu.Lock()
+			defer r.d.mu.Unlock()
+			w := r.d.win
+			bound := 0
+			for _, rw := range w.byReq {
+				bound += len(rw.wins)
+			}
+			if len(wins) == 0 || w.byReq[2] != nil || w.live != len(w.free)+bound || slices.ContainsFunc(w.free, func(f rdma.MemoryWindow) bool { return slices.Contains(wins, f) }) {
+				t.Fatalf("after the fence: request 2 holds windows %v, %d live, %d free, %d bound", w.byReq[2] != nil, w.live, len(w.free), bound)
+			}
+		})
+	}
+}
+
+// A Grant waiting at the head of the backlog, for a credit or for room in
+// the send queue, costs a flush pass no allocation: its runs are computed
+// once, after the cheap checks, and kept with it. 300 pages, every other
+// one (300 runs).
+func TestWaitingGrantIsSplitIntoRunsOnce(t *testing.T) {
+	g := &protocol.Grant{Request: 1, Tokens: 300 * pageTokens}
+	for i := range 300 {
+		g.Pages = append(g.Pages, protocol.PageGrant{Page: uint32(2 * i)})
+	}
+	for name, block := range map[string]func(c *conn){
+		"no credit":          func(c *conn) { c.credits = 1 },
+		"send queue is full": func(c *conn) { c.wrs[1] = wrKind{tag: -1, msg: -1} },
+	} {
+		t.Run(name, func(t *testing.T) {
+			c := newConn(1, "prefill-1", nil, &buffers{}, 64, 64, 8, 512)
+			block(c)
+			c.backlog = []protocol.Op{{Peer: 1, Msg: g}}
+			w := &grantWindows{}
+			flush := func() {
+				if err := c.flush(nil, 0, w); err != nil || len(c.backlog) != 1 {
+					t.Fatalf("the Grant did not wait: %v, backlog %d", err, len(c.backlog))
+				}
+			}
+			flush()
+			if a := testing.AllocsPerRun(100, flush); a != 0 {
+				t.Fatalf("%v allocations per flush pass while a Grant of 300 runs waits", a)
+			}
+		})
+	}
+}
+
+func (p uncheckedPD) Deregister(m rdma.MemoryRegion) error {
+	return p.ProtectionDomain.(rdma.Deregistrar).Deregister(m)
+}
+
+// Close frees what the grant windows hold on the device: every window,
+// free or bound (a request still reserved), closed; every page region,
+// where ranges are unchecked, deregistered, so its key opens nothing and it
+// cannot be deregistered twice.
+func TestCloseFreesWindowsAndPageRegions(t *testing.T) {
+	for _, unchecked := range []bool{false, true} {
+		t.Run(map[bool]string{false: "runs", true: "page regions"}[unchecked], func(t *testing.T) {
+			prefill, decode := providers["inproc"](t)
+			if unchecked {
+				decode = uncheckedDevice{decode}
+			}
+			l := newLink(t, defaultLink(), prefill, decode)
+			for id := protocol.RequestID(1); id <= 20; id++ {
+				if err := l.submit(id, int(id)*5); err != nil {
+					t.Fatal(err)
+				}
+				l.pump()
+			}
+			l.D.mu.Lock()
+			w := l.D.win
+			pages := slices.Clone(w.pageRegions)
+			wins := slices.Clone(w.free)
+			l.D.mu.Unlock()
+			if len(wins) == 0 || unchecked != (len(pages) > 0) {
+				t.Fatalf("before Close: %d free windows, %d page regions", len(wins), len(pages))
+			}
+			l.D.Close()
+			if err := l.D.CloseErr(); err != nil {
+				t.Fatal(err)
+			}
+			if w.live != 0 || len(w.free) != 0 || len(w.byReq) != 0 {
+				t.Fatalf("after Close: %d windows live, %d free, %d requests hold some", w.live, len(w.free), len(w.byReq))
+			}
+			for _, win := range wins {
+				if !win.(interface{ Closed() bool }).Closed() {
+					t.Fatal("a free window was left open by Close")
+				}
+			}
+			for p, m := range pages {
+				if err := l.D.pd.(rdma.Deregistrar).Deregister(m); !errors.Is(err, rdma.ErrBadRequest) {
+					t.Fatalf("page %d's region was still registered after Close: %v", p, err)
+				}
+			}
+		})
+	}
+}
+
+// Done reaches the Receiver only once its request's windows are revoked:
+// while decode's queue pair is paused (Pause holds its work requests, binds
+// and invalidates included), the invalidates wait and so does Done; at
+// Resume they run, and the request is verified.
+func TestHeldInvalidateHoldsDoneBack(t *testing.T) {
+	for _, provider := range providerNames() {
+		t.Run(provider, func(t *testing.T) {
+			r := newRogueRig(t, provider, research.Switches{})
+			if err := r.good.Submit(1, "decode", 4*pageTokens); err != nil {
+				t.Fatal(err)
+			}
+			r.good.Poll(r.now) // the Bootstrap
+			r.d.mu.Lock()
+			c := r.d.names["prefill-1"]
+			r.d.mu.Unlock()
+			// Decode alone runs until its Grant's SEND has completed; prefill-1
+			// has not yet read it, so nothing of request 1 is written.
+			eventually(t, "the Grant sent", func() bool {
+				r.now = r.now.Add(time.Millisecond)
+				r.d.Poll(r.now)
+				_, sent := r.grant(1)
+				r.d.mu.Lock()
+				defer r.d.mu.Unlock()
+				return sent && len(c.wrs) == 0
+			})
+			qp := c.qp.(rdma.Faults)
+			qp.Pause()
+			held := func() bool {
+				r.d.mu.Lock()
+				defer r.d.mu.Unlock()
+				rw := r.d.win.byReq[1]
+				return rw != nil && rw.held != nil
+			}
+			r.until("Done arrived", func() bool { return held() || r.verified[1] })
+			for range 20 {
+				r.poll()
+			}
+			if !held() || r.verified[1] {
+				t.Fatalf("with its invalidates held, Done held %v, request verified %v", held(), r.verified[1])
+			}
+			qp.Resume()
+			r.until("request 1 verified once its windows are revoked", func() bool { return r.verified[1] })
+			if !r.answerIsOwn(1) {
+				t.Fatal("request 1's answer is not its own")
+			}
+		})
 	}
 }

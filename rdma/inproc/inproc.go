@@ -96,6 +96,9 @@ func (p *pd) Register(buf []byte, access rdma.Access) (rdma.MemoryRegion, error)
 	return p.f.regions.Register(p, buf, access)
 }
 
+// Deregister implements rdma.Deregistrar.
+func (p *pd) Deregister(m rdma.MemoryRegion) error { return p.f.regions.Deregister(p, m) }
+
 // AllocWindow implements rdma.WindowDomain.
 func (p *pd) AllocWindow() (rdma.MemoryWindow, error) {
 	return &window{Window: p.f.regions.AllocWindow(p), f: p.f}, nil

@@ -2,6 +2,7 @@ package rdmatest
 
 import (
 	"bytes"
+	"errors"
 	"testing"
 
 	"github.com/kvhandoff/kvhandoff/rdma"
@@ -28,6 +29,98 @@ func runWindows(t *testing.T, p Provider, o Options) {
 	t.Run("HeldWriteUnderAnInvalidatedWindowNeverLands", func(t *testing.T) { windowHeld(t, p) })
 	t.Run("WindowKeyChangesOnEveryBind", func(t *testing.T) { windowKeys(t, p) })
 	t.Run("BindHeldByPauseBindsUnderTheKeyItReported", func(t *testing.T) { windowHeldBind(t, p) })
+	t.Run("BindOnARegionWithoutWindowBindIsRefused", func(t *testing.T) { windowBindNoAccess(t, p) })
+	t.Run("RebindOfABoundWindowIsRefused", func(t *testing.T) { windowRebind(t, p) })
+	t.Run("BindOfAnotherProtectionDomainsWindowIsRefused", func(t *testing.T) { windowOtherPD(t, p) })
+	t.Run("DeregisteredRegionsKeyOpensNothing", func(t *testing.T) { deregistered(t, p) })
+}
+
+// deregistered: a region deregistered before its device closes
+// (rdma.Deregistrar) opens nothing under its key, and is not deregistered
+// twice. Its memory is not read after: the provider may have unmapped it.
+func deregistered(t *testing.T, p Provider) {
+	w := newWindowed(t, p)
+	dr, ok := w.x.PDB.(rdma.Deregistrar)
+	if !ok {
+		t.Fatalf("%T cannot deregister a region (rdma.Deregistrar)", w.x.PDB)
+	}
+	m := register(t, w.x.PDB, 4096, rdma.LocalWrite|rdma.RemoteWrite)
+	addr, key := m.Addr(), m.RKey()
+	if err := dr.Deregister(m); err != nil {
+		t.Fatal(err)
+	}
+	if err := dr.Deregister(m); !errors.Is(err, rdma.ErrBadRequest) {
+		t.Fatalf("a region deregistered twice: %v", err)
+	}
+	write(t, w.x.A, w.src, 64, addr, key)
+	expect(t, w.x.ASend, 1, rdma.RemoteAccessError)
+}
+
+// bindRefused posts a bind of w on qp over [off, off+n) of mr and checks that
+// it is refused: at post (software providers) or by its completion (a NIC),
+// never a success.
+func bindRefused(t *testing.T, qp rdma.QueuePair, cq rdma.CompletionQueue, w rdma.MemoryWindow, mr rdma.MemoryRegion, off, n int) {
+	t.Helper()
+	if err := qp.PostSend(rdma.WorkRequest{ID: 1 << 42, Op: rdma.OpBind, Window: w, Local: rdma.SGE{MR: mr, Offset: off, Length: n}}); err != nil {
+		return
+	}
+	if c := collect(t, cq, 1)[0]; c.Status == rdma.Success {
+		t.Fatalf("the bind completed: %+v", c)
+	}
+}
+
+// landsNothing WRITEs 64 bytes at addr in dst under key and checks that the
+// WRITE fails (it may find its queue pair broken by a refused bind) and
+// that dst is as before.
+func landsNothing(t *testing.T, w *windowed, dst rdma.MemoryRegion, addr uint64, key uint32) {
+	t.Helper()
+	before := bytes.Clone(dst.Bytes())
+	fill(w.src, 0x5A)
+	if err := w.x.A.PostSend(rdma.WorkRequest{ID: 9, Op: rdma.OpWrite, Local: rdma.SGE{MR: w.src, Length: 64}, RemoteAddr: addr, RKey: key}); err != nil {
+		return // A is broken already: nothing can land through it
+	}
+	if c := collect(t, w.x.ASend, 1)[0]; c.Status == rdma.Success {
+		t.Fatalf("a WRITE under key %#x after a refused bind completed", key)
+	}
+	if !bytes.Equal(dst.Bytes(), before) {
+		t.Fatal("bytes of a WRITE under a refused bind's window landed")
+	}
+}
+
+// windowBindNoAccess: a region registered without WindowBind takes no
+// window, and the window's key then opens nothing of it.
+func windowBindNoAccess(t *testing.T, p Provider) {
+	w := newWindowed(t, p)
+	plain := register(t, w.x.PDB, 4096, rdma.LocalWrite)
+	other := allocWindow(t, w.x.PDB)
+	bindRefused(t, w.x.B, w.x.BSend, other, plain, winOff, winLen)
+	landsNothing(t, w, plain, plain.Addr()+winOff, other.RKey())
+}
+
+// windowRebind: a bound window must be invalidated before it is bound
+// again; a provider that rebinds in place could leave the old key naming
+// the new binding (a revoked Grant's key opening the next request's pages).
+func windowRebind(t *testing.T, p Provider) {
+	w := newWindowed(t, p)
+	old := w.win.RKey()
+	bindRefused(t, w.x.B, w.x.BSend, w.win, w.dst, 0, winOff)
+	landsNothing(t, w, w.dst, w.dst.Addr(), old)
+	if k := w.win.RKey(); k != old {
+		landsNothing(t, w, w.dst, w.dst.Addr(), k)
+	}
+}
+
+// windowOtherPD: a window of another protection domain (of the same device)
+// is not bound on a queue pair of this one.
+func windowOtherPD(t *testing.T, p Provider) {
+	w := newWindowed(t, p)
+	pd, err := w.x.DevB.AllocPD()
+	if err != nil {
+		t.Fatal(err)
+	}
+	foreign := allocWindow(t, pd)
+	bindRefused(t, w.x.B, w.x.BSend, foreign, w.dst, 0, winOff)
+	landsNothing(t, w, w.dst, w.dst.Addr(), foreign.RKey())
 }
 
 // windowHeldBind: a bind posted while its queue pair is paused reports its

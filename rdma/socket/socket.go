@@ -332,6 +332,9 @@ func (p *pd) Alloc(size int, access rdma.Access) (rdma.MemoryRegion, error) {
 	return p.d.regions.Alloc(p, size, access)
 }
 
+// Deregister implements rdma.Deregistrar.
+func (p *pd) Deregister(m rdma.MemoryRegion) error { return p.d.regions.Deregister(p, m) }
+
 // Register implements rdma.ProtectionDomain. Keys and addresses are the
 // device's own (see soft.Regions): random, keys never reused.
 func (p *pd) Register(buf []byte, access rdma.Access) (rdma.MemoryRegion, error) {

@@ -4,6 +4,7 @@ package verbs
 
 import (
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -31,15 +32,37 @@ func open(t *testing.T) *Device {
 
 func pair(t *testing.T) *rdmatest.Pair { return rdmatest.NewPair(t, open(t), open(t)) }
 
-// TestConformance holds the device to the suite; Soft-RoCE (rxe) with its one
-// known deviation: its windows open their whole region to the bound queue
-// pair's peer (docs/transport.md).
+// TestConformance holds the device to the suite. Soft-RoCE (rxe, as the VM
+// names it) is held to its one known deviation: its windows open their whole
+// region to the bound queue pair's peer (docs/transport.md). Every other
+// device is held to the full window semantics: passing is what puts its
+// driver on rangeCheckingDrivers; the provider itself trusts no device name.
 func TestConformance(t *testing.T) {
-	pd, err := open(t).AllocPD()
-	if err != nil {
-		t.Fatal(err)
+	d := open(t)
+	rdmatest.RunOptions(t, pair, rdmatest.Options{WindowRangesUnchecked: strings.HasPrefix(d.Name(), "rxe") && !rangeCheckingDrivers[d.driver]})
+}
+
+// TestWindowRangesUncheckedUnlessTheDriverIsAllowListed: whatever a device
+// is called, its windows count as unchecked (one window per page, on the
+// page's own registration, in transfer.Decode) unless its kernel driver is
+// on the allow-list; an rxe device renamed to look like a NIC gets no
+// run-wide windows.
+func TestWindowRangesUncheckedUnlessTheDriverIsAllowListed(t *testing.T) {
+	for _, d := range []*Device{
+		{name: "rxe0"},
+		{name: "mlx5_0", driver: ""},        // rxe renamed: no parent device
+		{name: "roce0", driver: "rdma_rxe"}, // however sysfs names it
+		{name: "mlx5_0", driver: "mlx5_core"},
+	} {
+		if !(&pd{d: d}).WindowRangesUnchecked() {
+			t.Errorf("device %q (driver %q), on no allow-list, reports checked window ranges", d.name, d.driver)
+		}
 	}
-	rdmatest.RunOptions(t, pair, rdmatest.Options{WindowRangesUnchecked: pd.(rdma.UncheckedWindowRanges).WindowRangesUnchecked()})
+	rangeCheckingDrivers["test_driver"] = true
+	defer delete(rangeCheckingDrivers, "test_driver")
+	if (&pd{d: &Device{name: "rxe0", driver: "test_driver"}}).WindowRangesUnchecked() {
+		t.Error("an allow-listed driver reports unchecked window ranges")
+	}
 }
 
 func TestDeviceListingPortAndCounters(t *testing.T) {

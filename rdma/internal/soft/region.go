@@ -83,6 +83,25 @@ func (r *Regions) Register(owner any, buf []byte, access rdma.Access) (*Region, 
 	return m, nil
 }
 
+// Deregister deregisters owner's region m (rdma.Deregistrar): its key,
+// never reissued, opens nothing from now on. A region with a window bound
+// on it is refused.
+func (r *Regions) Deregister(owner any, m rdma.MemoryRegion) error {
+	reg, ok := m.(*Region)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !ok || reg == nil || reg.Owner != owner || r.byKey[reg.key] != reg {
+		return fmt.Errorf("%w: deregistration of a region this protection domain has not registered", rdma.ErrBadRequest)
+	}
+	for _, w := range r.windows {
+		if w.region == reg {
+			return fmt.Errorf("%w: deregistration of a region with a window bound on it", rdma.ErrBadRequest)
+		}
+	}
+	delete(r.byKey, reg.key)
+	return nil
+}
+
 // Alloc registers size bytes of fresh memory for owner: Go memory never
 // moves under these providers.
 func (r *Regions) Alloc(owner any, size int, access rdma.Access) (*Region, error) {

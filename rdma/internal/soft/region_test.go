@@ -58,3 +58,37 @@ func TestLocalRefusesOverflowingBuffers(t *testing.T) {
 		t.Errorf("in-bounds buffer: %v", err)
 	}
 }
+
+// A region with a window bound on it is not deregistered (the window would
+// name a region that no longer exists); once the window is invalidated, it
+// is, and its key opens nothing.
+func TestDeregisterRefusesARegionWithABoundWindow(t *testing.T) {
+	var r Regions
+	owner := new(int)
+	m, err := r.Alloc(owner, 4096, rdma.LocalWrite|rdma.RemoteWrite|rdma.WindowBind)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := r.AllocWindow(owner)
+	if err := r.Bind(w, owner, nil, rdma.SGE{MR: m, Offset: 0, Length: 4096}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Deregister(owner, m); !errors.Is(err, rdma.ErrBadRequest) {
+		t.Fatalf("a region with a bound window was deregistered: %v", err)
+	}
+	if err := r.Deregister(new(int), m); !errors.Is(err, rdma.ErrBadRequest) {
+		t.Fatalf("another owner deregistered the region: %v", err)
+	}
+	if err := r.Invalidate(w, owner); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := r.Target(owner, nil, m.RKey(), m.Addr(), 64); b == nil {
+		t.Fatal("the region's own key places nothing before deregistration")
+	}
+	if err := r.Deregister(owner, m); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := r.Target(owner, nil, m.RKey(), m.Addr(), 64); b != nil {
+		t.Fatal("a deregistered region's key still places a WRITE")
+	}
+}

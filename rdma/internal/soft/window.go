@@ -16,15 +16,35 @@ type Window struct {
 	off, n  uint64 // the bound range, in the region
 	qp      any    // the responder queue pair whose peer may use it
 	key     uint32 // the latest bind's key, kept after invalidation for RKey
+	next    uint32 // the key a held bind reported, reserved for it (0: none)
 	bound   bool
 	closed  bool
 }
 
-// RKey implements rdma.MemoryWindow.
+// RKey implements rdma.MemoryWindow: a held bind's key once it is posted.
 func (w *Window) RKey() uint32 {
 	w.regions.mu.Lock()
 	defer w.regions.mu.Unlock()
+	if w.next != 0 {
+		return w.next
+	}
 	return w.key
+}
+
+func (w *Window) softWindow() *Window { return w }
+
+// reserveKey draws the key of a bind held by Pause, when it is posted: RKey
+// reports it at once, and the bind takes it when it runs.
+func (w *Window) reserveKey() {
+	r := w.regions
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.init()
+	key := r.keys.next()
+	for key == 0 || r.used[key] || r.windows[key] != nil {
+		key = r.keys.next()
+	}
+	w.next = key
 }
 
 // BoundOn is the queue pair w is bound on, nil when unbound.
@@ -35,6 +55,13 @@ func (w *Window) BoundOn() any {
 		return nil
 	}
 	return w.qp
+}
+
+// Closed is whether w was closed (Close): freed for good.
+func (w *Window) Closed() bool {
+	w.regions.mu.Lock()
+	defer w.regions.mu.Unlock()
+	return w.closed
 }
 
 // AllocWindow allocates an unbound window for owner.
@@ -63,7 +90,8 @@ func (r *Regions) Bind(w *Window, owner, qp any, s rdma.SGE) error {
 		return fmt.Errorf("%w: window already bound (invalidate it first)", rdma.ErrBadRequest)
 	}
 	r.init()
-	key := r.keys.next()
+	key := w.next
+	w.next = 0
 	for key == 0 || r.used[key] || r.windows[key] != nil {
 		key = r.keys.next()
 	}

@@ -19,8 +19,11 @@ type WorkQueues struct {
 	InFlight []rdma.WorkRequest // sends executing (transmitted, not yet answered)
 	RQ       []rdma.WorkRequest // posted receives
 	Paused   bool
-	Corrupt  bool
-	Wake     chan struct{}
+	// HeldWindows are binds and invalidates posted while Paused: they run,
+	// in order, at Resume (a bind under the key it reported when posted).
+	HeldWindows []rdma.WorkRequest
+	Corrupt     bool
+	Wake        chan struct{}
 
 	// WindowOp executes a bind or an invalidate (OpBind, OpInvalidate) for
 	// the provider, with its fence; nil: the provider has no windows.
@@ -55,7 +58,8 @@ func (w *WorkQueues) State() rdma.QPState {
 
 // PostSend implements rdma.QueuePair.
 // Binds and invalidates are local: they execute when posted, on a queue pair
-// ready to send, and complete at once, before earlier work requests may have.
+// ready to send, and complete at once, before earlier work requests may have;
+// while the queue pair is paused they wait, with nothing else, until Resume.
 func (w *WorkQueues) PostSend(wr rdma.WorkRequest) error {
 	if wr.Op == rdma.OpBind || wr.Op == rdma.OpInvalidate {
 		return w.postWindow(wr)
@@ -79,12 +83,27 @@ func (w *WorkQueues) postWindow(wr rdma.WorkRequest) error {
 	if w.WindowOp == nil || wr.Window == nil {
 		return fmt.Errorf("%w: %v without a window", rdma.ErrBadRequest, wr.Op)
 	}
-	switch w.State() {
-	case rdma.StateError:
+	w.Mu.Lock()
+	switch {
+	case w.QPState == rdma.StateError:
+		w.Mu.Unlock()
 		return rdma.ErrQPError
-	case rdma.StateReset:
+	case w.QPState == rdma.StateReset:
+		w.Mu.Unlock()
 		return rdma.ErrNotConnected
+	case w.Paused:
+		if len(w.SQ)+len(w.InFlight)+len(w.HeldWindows) >= w.depth {
+			w.Mu.Unlock()
+			return rdma.ErrQueueFull
+		}
+		if sw, ok := wr.Window.(interface{ softWindow() *Window }); ok && wr.Op == rdma.OpBind {
+			sw.softWindow().reserveKey()
+		}
+		w.HeldWindows = append(w.HeldWindows, wr)
+		w.Mu.Unlock()
+		return nil
 	}
+	w.Mu.Unlock()
 	if err := w.WindowOp(wr); err != nil {
 		return err
 	}
@@ -137,7 +156,7 @@ func (w *WorkQueues) FailLocked(head *rdma.Completion) bool {
 	if head != nil {
 		w.sendCQ.Push(*head)
 	}
-	for _, q := range [][]rdma.WorkRequest{w.InFlight, w.SQ} {
+	for _, q := range [][]rdma.WorkRequest{w.HeldWindows, w.InFlight, w.SQ} {
 		for _, wr := range q {
 			w.sendCQ.Push(rdma.Completion{WRID: wr.ID, Op: wr.Op, Status: rdma.FlushError})
 		}
@@ -145,7 +164,7 @@ func (w *WorkQueues) FailLocked(head *rdma.Completion) bool {
 	for _, wr := range w.RQ {
 		w.recvCQ.Push(rdma.Completion{WRID: wr.ID, Op: rdma.OpRecv, Status: rdma.FlushError})
 	}
-	w.InFlight, w.SQ, w.RQ = nil, nil, nil
+	w.HeldWindows, w.InFlight, w.SQ, w.RQ = nil, nil, nil, nil
 	w.KickLocked()
 	return true
 }
@@ -168,12 +187,29 @@ func (w *WorkQueues) Pause() {
 	w.Mu.Unlock()
 }
 
-// Resume implements rdma.Faults.
+// Resume implements rdma.Faults: held binds and invalidates run first, in
+// order; one refused now fails the queue pair, as a NIC's bind error does
+// (rdma has no status of its own for it: TransportError).
 func (w *WorkQueues) Resume() {
-	w.Mu.Lock()
-	w.Paused = false
-	w.KickLocked()
-	w.Mu.Unlock()
+	for {
+		w.Mu.Lock()
+		if len(w.HeldWindows) == 0 { // none posted meanwhile either
+			w.Paused = false
+			w.KickLocked()
+			w.Mu.Unlock()
+			return
+		}
+		wr := w.HeldWindows[0]
+		w.HeldWindows = w.HeldWindows[1:]
+		w.Mu.Unlock()
+		if err := w.WindowOp(wr); err != nil {
+			w.Mu.Lock()
+			w.FailLocked(&rdma.Completion{WRID: wr.ID, Op: wr.Op, Status: rdma.TransportError})
+			w.Mu.Unlock()
+			continue // FailLocked flushed the rest
+		}
+		w.sendCQ.Push(rdma.Completion{WRID: wr.ID, Op: wr.Op})
+	}
 }
 
 // CorruptNext implements rdma.Faults: the next WRITE's payload is damaged in
