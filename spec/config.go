@@ -8,7 +8,7 @@ import (
 	"strings"
 )
 
-// Switch is one bug of the catalogue (docs/design.md §5, and the peers' issue
+// Switch is one bug of the catalogue (docs/spec.md#the-switches-and-their-counterexamples, and the peers' issue
 // trackers: docs/spec.md). A set of switches is a Switches value; the zero
 // value is the correct protocol.
 type Switch uint32

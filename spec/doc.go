@@ -1,5 +1,5 @@
 // Package spec is the executable specification of kvhandoff's prefill→decode
-// page handoff (docs/design.md §3): the whole system as one deterministic state
+// page handoff (docs/protocol.md#the-happy-path): the whole system as one deterministic state
 // machine over a global [State], small enough to read next to the design.
 //
 // # What is modelled
@@ -69,11 +69,12 @@
 //
 // # Switches
 //
-// The bugs of docs/design.md §5, from the incident and the public engines'
-// issue trackers (abort-frees-source, vLLM #21570; checksum-hangs, SGLang
-// #39729; peer-by-name, Mooncake #2762 and vLLM #49238, among them), and the
-// enforcement switches of remote access per grant (pool-wide-key,
-// verify-before-revoke, unticketed-bootstrap), are
+// The bugs of the catalogue
+// (docs/spec.md#the-switches-and-their-counterexamples), from the incident
+// and the public engines' issue trackers (abort-frees-source, vLLM #21570;
+// checksum-hangs, SGLang #39729; peer-by-name, Mooncake #2762 and vLLM
+// #49238, among them), and the enforcement switches of remote access per
+// grant (pool-wide-key, verify-before-revoke, unticketed-bootstrap), are
 // [Switch] values with the catalogue's names; [Config.Bugs] turns them on. Each
 // changes exactly the branch the catalogue describes (grep the switch's
 // constant to find it). docs/spec.md tells the story of each one's

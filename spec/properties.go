@@ -1,6 +1,6 @@
 package spec
 
-// Property names, as docs/design.md §6 gives them.
+// Property names, as docs/spec.md#properties states them.
 const (
 	Isolation        = "Isolation"
 	HonestOutcome    = "HonestOutcome"

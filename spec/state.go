@@ -45,7 +45,7 @@ type PageRef struct {
 	Epoch uint8
 }
 
-// Tag is the tag record written after a page's payload (docs/design.md §3 step 4).
+// Tag is the tag record written after a page's payload (docs/protocol.md#tag-record-implemented-protocol).
 type Tag struct {
 	Req   int8
 	Index int8

@@ -750,8 +750,8 @@ func nthTuple(free []int8, n, choice int) []int8 {
 	return out
 }
 
-// sys applies one step to a state. Its methods are the protocol of docs/design.md §3
-// with the switches of docs/design.md §5.
+// sys applies one step to a state. Its methods are the protocol of docs/protocol.md
+// with the switches of docs/spec.md#the-switches-and-their-counterexamples.
 type sys struct {
 	m *Model
 	s *State

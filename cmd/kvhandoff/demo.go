@@ -40,7 +40,7 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 	tenants := fs.Int("tenants", 8, "tenants, each with its canary")
 	seed := fs.Uint64("seed", 1, "the workload's and the faults' seed")
 	concurrency := fs.Int("concurrency", 16, "clients sending at once")
-	bugs := fs.String("bug", "", "switches of the bug catalogue to turn on, comma-separated (docs/design.md §5)")
+	bugs := fs.String("bug", "", "switches of the bug catalogue to turn on, comma-separated (docs/spec.md)")
 	incident := fs.Bool("incident", false, "the incident's deployment: prefill pools smaller than the advertised context")
 	noFaults := fs.Bool("no-faults", false, "inject no faults")
 	procs := fs.Bool("procs", false, "run the nodes as separate kvhandoff serve processes over the socket provider (faults: a prefill node killed and restarted)")

@@ -59,7 +59,7 @@
 // kernel into the pool. DownloadPages is the reverse for a prefill node. The NIC writing
 // straight into device memory (GPUDirect RDMA) needs a GPU and an RDMA NIC on the same PCIe
 // root and the nvidia-peermem driver, which we do not have; with it, the receiver would also
-// have to flush the NIC's writes before verifying (docs/design.md §3).
+// have to flush the NIC's writes before verifying (docs/protocol.md#the-happy-path).
 //
 // # The kernels, compiled ahead of time
 //

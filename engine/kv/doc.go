@@ -43,7 +43,7 @@
 // Table of protocol.PageRef, the tags it was granted, carried from the grant,
 // never re-read. Every page read checks the page's current epoch against the
 // tag
-// (docs/design.md §3 step 7); a mismatch is a *TagError naming the page, which
+// (docs/protocol.md#rule-index, rule 8); a mismatch is a *TagError naming the page, which
 // matches protocol.ErrTagMismatch with errors.Is. The research switch
 // no-tag-check turns the check off, so that a demo can show what it prevents.
 //

@@ -1,4 +1,4 @@
-// Package research turns on bugs of the catalogue (docs/design.md §5) in the protocol
+// Package research turns on bugs of the catalogue (docs/spec.md) in the protocol
 // implementation, for research and to prove that the checkers can fail.
 //
 // It is internal to the kvhandoff module on purpose. A Switches value with
