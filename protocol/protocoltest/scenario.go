@@ -22,10 +22,12 @@ import (
 // Commands (IDs are decimal; a network has one prefill and one decode node
 // unless new says otherwise, and then node=N names one by its ID):
 //
-//	new pages=N [prefill-pages=8] [advertise=M] [prefills=1] [decodes=1] [bugs=a,b]
+//	new pages=N [prefill-pages=8] [advertise=M] [prefills=1] [decodes=1] [bugs=a,b] [horizon=D]
 //	                            a fresh deployment: decode nodes of N pages, prefill nodes
 //	                            of prefill-pages, each prefill node advertising M pages to
-//	                            the router (default its own: more is the incident's lie)
+//	                            the router (default its own: more is the incident's lie),
+//	                            every node forgetting ended records after horizon D
+//	                            (default never)
 //	submit r=ID tokens=T        the client's request: router intake, the dispatch taken by
 //	                            the prefill node at once, its KV computed at once
 //	deliver [n=K] [qp=P,D]      place or deliver the next K items prefill→decode
@@ -191,8 +193,14 @@ func (s *scenario) newNetwork(a *args) error {
 	if err != nil {
 		return err
 	}
-	pre := NodeConfig{Pages: a.num("prefill-pages", 8), PageBytes: 256, Advertise: a.num("advertise", 0)}
-	dec := NodeConfig{Pages: a.num("pages", 4), PageBytes: 256, Timeout: time.Second}
+	var horizon time.Duration
+	if v, ok := a.kv["horizon"]; ok {
+		if horizon, err = time.ParseDuration(v); err != nil {
+			return err
+		}
+	}
+	pre := NodeConfig{Pages: a.num("prefill-pages", 8), PageBytes: 256, Advertise: a.num("advertise", 0), Horizon: horizon}
+	dec := NodeConfig{Pages: a.num("pages", 4), PageBytes: 256, Timeout: time.Second, Horizon: horizon}
 	cfg := Config{Research: bugs}
 	for range a.num("prefills", 1) {
 		cfg.Prefill = append(cfg.Prefill, pre)
