@@ -178,6 +178,7 @@ func (r *rogueRig) pageAddr(page uint32) uint64 {
 // its own. Under pool-wide-key (every Grant carries the region's key, never
 // revoked) the same WRITEs land, and the verified KV changes.
 func TestRogueWriteIsRefusedByPerGrantWindows(t *testing.T) {
+	skipUnderRace(t)
 	attacks := []struct {
 		name string
 		// aim returns where the rogue WRITEs and under which key, given
@@ -262,6 +263,7 @@ func ungranted(gs ...protocol.Grant) uint32 {
 // of a request already read opens nothing on the pages the next request is
 // granted (a stale key).
 func TestVerifiedPagesCannotChange(t *testing.T) {
+	skipUnderRace(t)
 	for _, provider := range providerNames() {
 		t.Run(provider, func(t *testing.T) {
 			for _, sw := range []research.Switches{{}, research.On(research.VerifyBeforeRevoke)} {
@@ -410,6 +412,7 @@ func TestGrantPostedAgainKeepsItsKeys(t *testing.T) {
 // verified; a WRITE under the rogue's old key at its old page is refused
 // and request 1's answer stays its own.
 func TestAbortAckRevokesWindowsBeforeThePagesGoBack(t *testing.T) {
+	skipUnderRace(t)
 	for _, provider := range providerNames() {
 		t.Run(provider, func(t *testing.T) {
 			r := newRogueRig(t, provider, research.Switches{})
@@ -643,5 +646,18 @@ func TestHeldInvalidateHoldsDoneBack(t *testing.T) {
 				t.Fatal("request 1's answer is not its own")
 			}
 		})
+	}
+}
+
+// skipUnderRace skips a test that reads decode pages while a peer's WRITE
+// may be placing bytes in them: the foreign WRITE the test shows landing, or
+// races to see refused, is memory written by the provider's goroutine with no
+// Go synchronization the reader can share (a NIC's placement, over a socket
+// for the socket provider), which the race detector rightly reports. These
+// tests run in every run without -race.
+func skipUnderRace(t *testing.T) {
+	t.Helper()
+	if raceDetector {
+		t.Skip("reads pages a peer's WRITE may be placing at that moment: run without -race")
 	}
 }
