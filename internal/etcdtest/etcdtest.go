@@ -25,17 +25,7 @@ func Start(t testing.TB) string {
 	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{*u}, []url.URL{*u}
 	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*u}, []url.URL{*u}
 	cfg.InitialCluster = cfg.Name + "=" + u.String()
-	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
-	e, err := embed.StartEtcd(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.Close)
-	select {
-	case <-e.Server.ReadyNotify():
-	case <-time.After(30 * time.Second):
-		t.Fatal("etcd did not start")
-	}
+	e := run(t, cfg)
 	return e.Clients[0].Addr().String()
 }
 
@@ -54,6 +44,14 @@ func StartTLS(t testing.TB, caFile, certFile, keyFile string) string {
 	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*peer}, []url.URL{*peer}
 	cfg.InitialCluster = cfg.Name + "=" + peer.String()
 	cfg.ClientTLSInfo = transport.TLSInfo{CertFile: certFile, KeyFile: keyFile, TrustedCAFile: caFile, ClientCertAuth: true}
+	e := run(t, cfg)
+	_, port, _ := net.SplitHostPort(e.Clients[0].Addr().String())
+	return net.JoinHostPort("localhost", port)
+}
+
+// run starts the configured server for t, quiet, and waits until it serves.
+func run(t testing.TB, cfg *embed.Config) *embed.Etcd {
+	t.Helper()
 	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {
@@ -65,6 +63,5 @@ func StartTLS(t testing.TB, caFile, certFile, keyFile string) string {
 	case <-time.After(30 * time.Second):
 		t.Fatal("etcd did not start")
 	}
-	_, port, _ := net.SplitHostPort(e.Clients[0].Addr().String())
-	return net.JoinHostPort("localhost", port)
+	return e
 }
