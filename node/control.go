@@ -31,6 +31,10 @@ const (
 	pathDecode   = "/control/v1/decode"
 	pathCancel   = "/control/v1/cancel"
 	pathPeerLost = "/control/v1/peer-lost"
+	// pathEnough tells a decode node the client has what it wants of a
+	// request (a stop string came): generation ends, and the leg succeeds
+	// with the tokens so far.
+	pathEnough = "/control/v1/enough"
 	// maxControlBody bounds what a node reads of a control call: a prompt of
 	// protocol.MaxTokens tokens as JSON numbers, and nothing sized by the caller.
 	maxControlBody = 32 << 20

@@ -86,6 +86,9 @@ type decodeReq struct {
 	// a cancel came, the request failed): generation stops before its next
 	// token.
 	halted atomic.Bool
+	// enough: the router has what it wants (a stop string came):
+	// generation ends before its next token, and the leg succeeds.
+	enough atomic.Bool
 }
 
 // halt stops r's generation before its next token.
@@ -157,6 +160,14 @@ func NewDecode(cfg DecodeConfig) (*Decode, error) {
 			}
 			n.mu.Unlock()
 		}
+		return struct{}{}, nil
+	})
+	handle(n.ctl, pathEnough, func(_ context.Context, c *cancelCall) (any, error) {
+		n.mu.Lock()
+		if r := n.reqs[c.ID]; r != nil {
+			r.enough.Store(true)
+		}
+		n.mu.Unlock()
 		return struct{}{}, nil
 	})
 	handle(n.ctl, pathPeerLost, func(_ context.Context, c *peerLostCall) (any, error) {
@@ -351,6 +362,9 @@ func (n *Decode) run(id protocol.RequestID, acquired []protocol.PageRef, c *deco
 	for generated := 0; generated < c.MaxTokens && pos < n.cfg.Model.SeqLen; generated++ {
 		if r.halted.Load() {
 			return fmt.Errorf("%w: halted after %d tokens: no one waits for the answer", protocol.ErrCancelled, generated)
+		}
+		if r.enough.Load() {
+			break // the router has its answer: a stop string came
 		}
 		logits, err := n.engine.Step(table, []int{tok}, pos)
 		if err != nil {

@@ -282,8 +282,24 @@ func (rt *Router) run(ctx context.Context, r *http.Request, prompts []prompt, p 
 		if len(out) > 1 {
 			c.RequestID += "/" + strconv.Itoa(i)
 		}
-		if relay != nil {
-			c.Stream = func(g Generated) { relay.push(relayEvent{index: i, part: &g}) }
+		// A stop string ends the generation on the decode node as soon as
+		// the router sees it (the text after it is not the client's).
+		watch := &choiceStream{}
+		stopped := false
+		c.Stream = func(g Generated) {
+			if relay != nil {
+				relay.push(relayEvent{index: i, part: &g})
+			}
+			if len(p.stop) == 0 || stopped {
+				return
+			}
+			watch.add(rt.cfg.Tokenizer, &g)
+			upTo, stop := watch.release(p.stop, watch.eos)
+			watch.sent = upTo
+			if stop {
+				stopped = true
+				rt.enough(g.Handoff)
+			}
 		}
 		wg.Go(func() {
 			res, err := rt.Complete(ctx, c)

@@ -647,6 +647,30 @@ func (rt *Router) relay(id protocol.RequestID, node string, q *routed, f legAnsw
 	return nil
 }
 
+// enough tells the decode node of request id's attempt that the client has
+// its answer (a stop string came): the node ends the generation before its
+// next token, and the leg succeeds with the tokens so far. Asynchronous,
+// and harmless after the leg ended.
+func (rt *Router) enough(id protocol.RequestID) {
+	rt.mu.Lock()
+	q := rt.pending[id]
+	var m Member
+	if q != nil {
+		m = rt.members[rt.ids[q.decode]]
+	}
+	rt.mu.Unlock()
+	if q == nil || m.Control == "" {
+		return
+	}
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := rt.client.call(ctx, m.Name, m.Control, pathEnough, cancelCall{ID: id}, nil); err != nil {
+			rt.cfg.Log.Info("router: ending a generation at its stop", "handoff_id", idString(id), "node", m.Name, "err", err)
+		}
+	}()
+}
+
 // cancelCutCall: the router cut a decode leg's call short (the request
 // failed elsewhere, a lost prefill node's above all, which ends the decode
 // leg without a cancel of the protocol's). A call cut in flight may never

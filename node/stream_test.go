@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/kvhandoff/kvhandoff/engine/llama"
 	"github.com/kvhandoff/kvhandoff/protocol"
@@ -395,4 +396,64 @@ func TestStreamedTokensAreBoundedByTheRequest(t *testing.T) {
 			t.Errorf("%s: %d frames taken (want %d), err %v, %d tokens relayed, %d kept", c.what, taken, c.ok, err, len(relayed), len(q.tokens))
 		}
 	}
+}
+
+// A stop string ends the generation on the decode node: once the router
+// has the stop's text it tells the node (enough), which generates no
+// further token and answers with those it has, a success. Held after the
+// token that completes "-ze" until the node has been told, the generation
+// ends there: 6 tokens of 200, streamed or not, the answer cut at the stop.
+func TestAStopStringEndsTheGenerationOnTheDecodeNode(t *testing.T) {
+	l := localBuiltin(t, LocalConfig{PrefillPages: 128, DecodePages: 128})
+	d := l.Decodes[0]
+	var mu sync.Mutex
+	most := map[protocol.RequestID]int{}
+	hook := func(id protocol.RequestID, generated int) {
+		mu.Lock()
+		most[id] = max(most[id], generated)
+		mu.Unlock()
+		// (Not waitUntil: this is the decode node's goroutine. Past the
+		// deadline the generation goes on, and the test fails on its count.)
+		for deadline := time.Now().Add(30 * time.Second); generated == 6 && time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+			d.mu.Lock()
+			r := d.reqs[id]
+			told := r == nil || r.enough.Load()
+			d.mu.Unlock()
+			if told {
+				break
+			}
+		}
+	}
+	d.tokenHook.Store(&hook)
+	for _, stream := range []bool{false, true} {
+		body := map[string]any{"prompt": "the secret is QX7-zeta; again, the secret is ", "max_tokens": 200, "stop": "-ze"}
+		var text, finish string
+		if stream {
+			resp := startStream(t, context.Background(), l, "/v1/completions", body)
+			events := newSSEReader(t, resp)
+			for ev := events.next(); ev != nil; ev = events.next() {
+				s, f, _ := textOf(ev, 0)
+				text += s
+				finish = max(finish, f)
+			}
+			resp.Body.Close()
+		} else {
+			out, _ := post(t, l, "/v1/completions", body)
+			text, finish = out.Choices[0].Text, out.Choices[0].FinishReason
+		}
+		mu.Lock()
+		var generated []int
+		for id, n := range most {
+			generated = append(generated, n)
+			delete(most, id)
+		}
+		mu.Unlock()
+		if text != "QX7" || finish != "stop" || len(generated) != 1 || generated[0] != 6 {
+			t.Fatalf("stream %v: %q, %q, generated %v of 200 tokens; want QX7, stop, 6", stream, text, finish, generated)
+		}
+	}
+	if s := counter(t, d.Metrics(), "kvhandoff_handoffs_total", "outcome", "success"); s != 2 {
+		t.Fatalf("decode legs succeeded %v times; want 2", s)
+	}
+	allPagesBack(t, l)
 }
