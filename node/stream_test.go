@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -455,5 +456,96 @@ func TestAStopStringEndsTheGenerationOnTheDecodeNode(t *testing.T) {
 	if s := counter(t, d.Metrics(), "kvhandoff_handoffs_total", "outcome", "success"); s != 2 {
 		t.Fatalf("decode legs succeeded %v times; want 2", s)
 	}
+	allPagesBack(t, l)
+}
+
+// streamText is a streamed completion's text, finish_reason and text
+// chunks, or an error (an error event, or no [DONE]).
+func streamText(ctx context.Context, api, tenant, prompt string, maxTokens int) (text, finish string, chunks int, err error) {
+	b, _ := json.Marshal(map[string]any{"prompt": prompt, "max_tokens": maxTokens, "stream": true})
+	req, err := http.NewRequestWithContext(ctx, "POST", "http://"+api+"/v1/completions", bytes.NewReader(b))
+	if err != nil {
+		return "", "", 0, err
+	}
+	req.Header.Set(TenantHeader, tenant)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", "", 0, err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		if line == "[DONE]" {
+			return text, finish, chunks, nil
+		}
+		var ev map[string]any
+		if err := json.Unmarshal([]byte(line), &ev); err != nil {
+			return "", "", 0, err
+		}
+		if e, ok := ev["error"]; ok {
+			return "", "", 0, fmt.Errorf("an error event: %v", e)
+		}
+		s, f, _ := textOf(ev, 0)
+		if s != "" {
+			chunks++
+		}
+		text += s
+		finish = max(finish, f)
+	}
+	return "", "", 0, fmt.Errorf("no [DONE]: %v", sc.Err())
+}
+
+// At a realistic size: 100 streamed completions from 16 clients through 2
+// prefill and 2 decode nodes, each stream's text what one process running
+// the same model answers, finish_reason length, every page back.
+func TestStreamedCompletionsOverTheHandoffMatchAColocatedRun(t *testing.T) {
+	m := llama.Builtin(5)
+	l, err := StartLocal(LocalConfig{Prefills: 2, Decodes: 2, PrefillPages: 160, DecodePages: 160, PageTokens: 16, Model: m, Timeout: 2 * time.Minute, Log: quietLog()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Stop()
+	requests, clients := 100, 16
+	if testing.Short() {
+		requests = 40
+	}
+	ps := prompts(requests, 2)
+	want := make([]string, len(ps))
+	for i, p := range ps {
+		want[i] = asJSONText(colocated(t, m, 16, p, 8+i%9))
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, requests)
+	next := make(chan int, requests)
+	for i := range ps {
+		next <- i
+	}
+	close(next)
+	var chunks atomic.Int64
+	for range clients {
+		wg.Go(func() {
+			for i := range next {
+				text, finish, n, err := streamText(context.Background(), l.API, fmt.Sprintf("tenant-%d", i%7), ps[i], 8+i%9)
+				chunks.Add(int64(n))
+				switch {
+				case err != nil:
+					errs <- fmt.Errorf("request %d: %v", i, err)
+				case text != want[i] || finish != "length":
+					errs <- fmt.Errorf("request %d: %q (%s) streamed, %q colocated", i, text, finish, want[i])
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	t.Logf("%d streams, %d text chunks", requests, chunks.Load())
 	allPagesBack(t, l)
 }
