@@ -153,31 +153,19 @@ func (rt *Router) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		rt.answerFailure(w, r, err)
 		return
 	}
-	var stream *sse
+	prompts := []prompt{{text: rt.cfg.ChatTemplate(messages)}}
 	if p.stream {
-		stream = rt.startStream(w)
+		rt.streamAnswer(w, r, prompts, p, tenant, true)
+		return
 	}
-	choices, err := rt.run(r.Context(), r, []prompt{{text: rt.cfg.ChatTemplate(messages)}}, p, tenant)
+	choices, err := rt.run(r.Context(), r, prompts, p, tenant, nil)
 	if err != nil {
-		rt.failed(w, r, err, stream)
+		rt.failed(w, r, err, nil)
 		return
 	}
 	id, created, modelName := "chatcmpl-"+choices[0].res.handoffHex(), time.Now().Unix(), rt.modelID(p.model)
 	u := usageOf(choices, p.n)
 	rt.counted(choices, u)
-	if stream != nil {
-		for _, c := range choices {
-			stream.send(chatResponse{ID: id, Object: "chat.completion.chunk", Created: created, Model: modelName,
-				Choices: []chatChoice{{Index: c.index, Delta: &chatMessageOut{Role: "assistant", Content: c.text}, Logprobs: c.chatLogprobs()}}})
-			stream.send(chatResponse{ID: id, Object: "chat.completion.chunk", Created: created, Model: modelName,
-				Choices: []chatChoice{{Index: c.index, Delta: &chatMessageOut{}, FinishReason: &c.finish}}})
-		}
-		if p.includeUsage {
-			stream.send(chatResponse{ID: id, Object: "chat.completion.chunk", Created: created, Model: modelName, Choices: []chatChoice{}, Usage: &u})
-		}
-		stream.done()
-		return
-	}
 	out := chatResponse{ID: id, Object: "chat.completion", Created: created, Model: modelName, Usage: &u}
 	for _, c := range choices {
 		out.Choices = append(out.Choices, chatChoice{Index: c.index, Message: &chatMessageOut{Role: "assistant", Content: c.text}, Logprobs: c.chatLogprobs(), FinishReason: &c.finish})

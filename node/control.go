@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -30,6 +31,10 @@ const (
 	pathDecode   = "/control/v1/decode"
 	pathCancel   = "/control/v1/cancel"
 	pathPeerLost = "/control/v1/peer-lost"
+	// pathEnough tells a decode node the client has what it wants of a
+	// request (a stop string came): generation ends, and the leg succeeds
+	// with the tokens so far.
+	pathEnough = "/control/v1/enough"
 	// maxControlBody bounds what a node reads of a control call: a prompt of
 	// protocol.MaxTokens tokens as JSON numbers, and nothing sized by the caller.
 	maxControlBody = 32 << 20
@@ -100,11 +105,15 @@ type peerLostCall struct {
 }
 
 // legAnswer is a node's answer to a prefill or decode call: the leg's
-// outcome (and decode's generated tokens).
+// outcome. A decode node streams its answer as a sequence of them, one JSON
+// line each (handleStream): the tokens generated since the last, with
+// their log probabilities if asked for, and End on the last, with the
+// leg's error if it failed after the first.
 type legAnswer struct {
 	Tokens   []int                `json:"tokens,omitempty"`
 	Logprobs []llama.TokenLogprob `json:"logprobs,omitempty"`
 	Error    *wireError           `json:"error,omitempty"`
+	End      bool                 `json:"end,omitempty"`
 }
 
 // controlServer is the HTTP side of a node's control API.
@@ -157,6 +166,54 @@ func handleFor[In any](s *controlServer, path string, anyPeer bool, h func(ctx c
 		writeJSON(w, http.StatusOK, out)
 	})
 }
+
+// handleStream registers a call answered as a stream of frames, one JSON
+// line each, flushed as it is sent (a decode node's tokens as it generates
+// them). Only an allowed caller may make it. h sends frames through send,
+// which fails once the caller has gone; an error h returns before its
+// first frame is the answer handle gives (400, legAnswer), after it a last
+// frame holding it; a stream that ends well ends with a frame of End.
+func handleStream[In any](s *controlServer, path string, h func(ctx context.Context, in *In, send func(legAnswer) error) error) {
+	s.mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
+		if err := s.authorized(r); err != nil {
+			http.Error(w, err.Error(), http.StatusForbidden)
+			return
+		}
+		in := new(In)
+		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxControlBody))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(in); err != nil {
+			http.Error(w, fmt.Sprintf("malformed call: %v", err), http.StatusBadRequest)
+			return
+		}
+		rc := http.NewResponseController(w)
+		started := false
+		enc := json.NewEncoder(w)
+		send := func(f legAnswer) error {
+			if !started {
+				w.Header().Set("Content-Type", frameType)
+				w.WriteHeader(http.StatusOK)
+				started = true
+			}
+			if err := enc.Encode(f); err != nil {
+				return err
+			}
+			return rc.Flush()
+		}
+		err := h(r.Context(), in, send)
+		switch {
+		case err != nil && !started:
+			writeJSON(w, http.StatusBadRequest, legAnswer{Error: toWire(err)})
+		case err != nil:
+			send(legAnswer{Error: toWire(err), End: true})
+		default:
+			send(legAnswer{End: true})
+		}
+	})
+}
+
+// frameType is a streamed answer's content type: JSON lines.
+const frameType = "application/x-ndjson"
 
 func (s *controlServer) authorized(r *http.Request) error {
 	if s.sec.TLS == nil {
@@ -362,6 +419,71 @@ func (c *controlClient) call(ctx context.Context, name, addr, path string, in, o
 		}
 	}
 	return nil
+}
+
+// stream posts in to node's path at addr and reads its answer as a
+// stream of frames (handleStream), each to onFrame as it arrives, until the
+// last (End): its error, or nil. An answer that is not a stream is read as
+// call reads one. What is read is bounded as call's answer is (the whole
+// stream at most maxControlBody); onFrame bounds what it keeps, and its
+// error ends the call. A stream that breaks off before its End is
+// ErrUnreachable, with ErrPeerFailed.
+func (c *controlClient) stream(ctx context.Context, name, addr, path string, in any, onFrame func(legAnswer) error) error {
+	b, err := json.Marshal(in)
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.scheme()+addr+path, bytes.NewReader(b))
+	if err != nil {
+		return err
+	}
+	resp, err := c.client(name).Do(req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("%w: call to %q ended: %w", protocol.ErrCancelled, name, ctx.Err())
+		}
+		return fmt.Errorf("%w: %w: %s at %s: %v", protocol.ErrPeerFailed, ErrUnreachable, name, addr, err)
+	}
+	defer resp.Body.Close()
+	body := io.LimitReader(resp.Body, maxControlBody)
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != frameType {
+		b, err := io.ReadAll(body)
+		if err != nil {
+			return fmt.Errorf("%w: %w: %s: reading the answer: %v", protocol.ErrPeerFailed, ErrUnreachable, name, err)
+		}
+		var a legAnswer
+		if json.Unmarshal(b, &a) == nil && a.Error != nil {
+			return a.Error.err()
+		}
+		return fmt.Errorf("%w: %s answered %s: %s", protocol.ErrPeerFailed, name, resp.Status, bytes.TrimSpace(b))
+	}
+	dec := json.NewDecoder(body)
+	dec.DisallowUnknownFields()
+	for {
+		var f legAnswer
+		if err := dec.Decode(&f); err != nil {
+			if ctx.Err() != nil {
+				return fmt.Errorf("%w: call to %q ended: %w", protocol.ErrCancelled, name, ctx.Err())
+			}
+			var syntax *json.SyntaxError
+			var typ *json.UnmarshalTypeError
+			if errors.As(err, &syntax) || errors.As(err, &typ) || strings.HasPrefix(err.Error(), "json: unknown field") {
+				return fmt.Errorf("%w: %s: a malformed frame: %v", protocol.ErrPeerFailed, name, err)
+			}
+			return fmt.Errorf("%w: %w: %s: the answer broke off: %v", protocol.ErrPeerFailed, ErrUnreachable, name, err)
+		}
+		if len(f.Tokens) > 0 || len(f.Logprobs) > 0 {
+			if err := onFrame(f); err != nil {
+				return err
+			}
+		}
+		if f.End {
+			if f.Error != nil {
+				return f.Error.err()
+			}
+			return nil
+		}
+	}
 }
 
 func (c *controlClient) close() {

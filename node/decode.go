@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvhandoff/kvhandoff/engine"
@@ -59,6 +60,10 @@ type Decode struct {
 	engine *engine.Engine
 	pool   *kv.DecodePool // the endpoint's pages, then pages of its own for generated tokens
 
+	// tokenHook, if set, runs after each generated token is published
+	// (tests: hold a generation between two tokens).
+	tokenHook atomic.Pointer[func(id protocol.RequestID, generated int)]
+
 	mu     sync.Mutex
 	reqs   map[protocol.RequestID]*decodeReq
 	ended  map[protocol.RequestID]endedReq // outcomes no call has collected yet
@@ -71,11 +76,23 @@ type decodeReq struct {
 	answer   chan legAnswer // set with call
 	verified time.Time      // zero until Verified
 	started  time.Time
-	tokens   []int
+	tokens   []int                // generated so far (mu)
 	logprobs []llama.TokenLogprob // when the call asked for them
 	local    error                // why this node ended it (it overrides the endpoint's "cancelled")
 	running  bool
+	// more wakes the call's stream when tokens were added (set with call).
+	more chan struct{}
+	// halted: no one waits for the answer any more (the router's call ended,
+	// a cancel came, the request failed): generation stops before its next
+	// token.
+	halted atomic.Bool
+	// enough: the router has what it wants (a stop string came):
+	// generation ends before its next token, and the leg succeeds.
+	enough atomic.Bool
 }
+
+// halt stops r's generation before its next token.
+func (r *decodeReq) halt() { r.halted.Store(true) }
 
 type endedReq struct {
 	err error
@@ -125,8 +142,13 @@ func NewDecode(cfg DecodeConfig) (*Decode, error) {
 		defer n.mu.Unlock()
 		return n.self, nil
 	})
-	handle(n.ctl, pathDecode, n.decode)
+	handleStream(n.ctl, pathDecode, n.decode)
 	handle(n.ctl, pathCancel, func(_ context.Context, c *cancelCall) (any, error) {
+		n.mu.Lock()
+		if r := n.reqs[c.ID]; r != nil {
+			r.halt()
+		}
+		n.mu.Unlock()
 		n.ep.Cancel(c.ID)
 		// A request cancelled before its Bootstrap came leaves only a
 		// tombstone and no outcome: a call waiting for it ends here.
@@ -138,6 +160,14 @@ func NewDecode(cfg DecodeConfig) (*Decode, error) {
 			}
 			n.mu.Unlock()
 		}
+		return struct{}{}, nil
+	})
+	handle(n.ctl, pathEnough, func(_ context.Context, c *cancelCall) (any, error) {
+		n.mu.Lock()
+		if r := n.reqs[c.ID]; r != nil {
+			r.enough.Store(true)
+		}
+		n.mu.Unlock()
 		return struct{}{}, nil
 	})
 	handle(n.ctl, pathPeerLost, func(_ context.Context, c *peerLostCall) (any, error) {
@@ -165,13 +195,18 @@ func (n *Decode) Member(control, transferAddr string) Member {
 		Incarnation: n.incarnation}
 }
 
-func (n *Decode) decode(ctx context.Context, c *decodeCall) (any, error) {
+// decode is the router's decode call: it waits for the request's KV to
+// verify, and streams the tokens to the router as the engine generates
+// them (each batch a frame, sent as soon as it is there), then the leg's
+// outcome. A call that ends (the router went away) halts the generation
+// before its next token and cancels the leg.
+func (n *Decode) decode(ctx context.Context, c *decodeCall, send func(legAnswer) error) error {
 	if !n.flight.enter() {
-		return nil, fmt.Errorf("%w: decode node %q", ErrShuttingDown, n.cfg.Name)
+		return fmt.Errorf("%w: decode node %q", ErrShuttingDown, n.cfg.Name)
 	}
 	defer n.flight.leave()
 	if c.MaxTokens < 1 {
-		return nil, fmt.Errorf("%w: max_tokens %d", ErrBadRequest, c.MaxTokens)
+		return fmt.Errorf("%w: max_tokens %d", ErrBadRequest, c.MaxTokens)
 	}
 	// max_tokens sizes what this node allocates and generates: it is bounded
 	// by the node's own context (or its pool), never by the caller's word, as
@@ -186,7 +221,7 @@ func (n *Decode) decode(ctx context.Context, c *decodeCall) (any, error) {
 		// The leg ended before the router's call came (it failed early).
 		delete(n.ended, c.ID)
 		n.mu.Unlock()
-		return nil, e.err
+		return e.err
 	}
 	r := n.reqs[c.ID]
 	if r == nil {
@@ -195,21 +230,50 @@ func (n *Decode) decode(ctx context.Context, c *decodeCall) (any, error) {
 	}
 	if r.call != nil {
 		n.mu.Unlock()
-		return nil, fmt.Errorf("%w: request %d is already on decode node %q", protocol.ErrDuplicate, c.ID, n.cfg.Name)
+		return fmt.Errorf("%w: request %d is already on decode node %q", protocol.ErrDuplicate, c.ID, n.cfg.Name)
 	}
-	r.call, r.answer, r.started = c, make(chan legAnswer, 1), time.Now()
+	r.call, r.answer, r.more, r.started = c, make(chan legAnswer, 1), make(chan struct{}, 1), time.Now()
 	answer := r.answer
 	n.startLocked(c.ID, r)
 	n.mu.Unlock()
-	select {
-	case a := <-answer:
-		if a.Error != nil {
-			return nil, a.Error.err()
+	sent := 0 // tokens streamed
+	// flush sends the tokens generated since the last frame.
+	flush := func(tokens []int, logprobs []llama.TokenLogprob) error {
+		if len(tokens) <= sent {
+			return nil
 		}
-		return a, nil
-	case <-ctx.Done():
+		f := legAnswer{Tokens: tokens[sent:]}
+		if len(logprobs) >= len(tokens) {
+			f.Logprobs = logprobs[sent:len(tokens)]
+		}
+		sent = len(tokens)
+		return send(f)
+	}
+	gone := func() error {
+		r.halt()
 		n.ep.Cancel(c.ID) // the router went away: the leg is cancelled
-		return nil, fmt.Errorf("%w: the router's call ended", protocol.ErrCancelled)
+		return fmt.Errorf("%w: the router's call ended", protocol.ErrCancelled)
+	}
+	for {
+		select {
+		case a := <-answer:
+			if a.Error != nil {
+				return a.Error.err()
+			}
+			if flush(a.Tokens, a.Logprobs) != nil {
+				return gone()
+			}
+			return nil
+		case <-r.more:
+			n.mu.Lock()
+			tokens, logprobs := r.tokens, r.logprobs
+			n.mu.Unlock()
+			if flush(tokens, logprobs) != nil {
+				return gone()
+			}
+		case <-ctx.Done():
+			return gone()
+		}
 	}
 }
 
@@ -239,37 +303,48 @@ func (n *Decode) generate(id protocol.RequestID, r *decodeReq) {
 		n.fail(id, r, fmt.Errorf("%w: %d pages arrived for a prompt of %d tokens (%d pages)", protocol.ErrTokenMismatch, len(refs), len(c.Prompt), want))
 		return
 	}
-	var out []int
-	var logprobs []llama.TokenLogprob
 	if n.engine == nil {
-		out = n.digest(refs, c.MaxTokens)
-	} else if out, logprobs, err = n.run(id, refs, c); err != nil {
+		n.publish(r, n.digest(refs, c.MaxTokens), nil)
+	} else if err := n.run(id, refs, c, r); err != nil {
+		// The outcome is this error (or the cancel's that halted it); the
+		// pages the read holds go back at Finish.
 		n.fail(id, r, err)
-		return
 	}
-	n.mu.Lock()
-	r.tokens, r.logprobs = out, logprobs
-	n.mu.Unlock()
 	if err := n.ep.Finish(id); err != nil {
 		n.fail(id, r, err)
 	}
 }
 
+// publish adds generated tokens to r's answer and wakes its call's stream.
+func (n *Decode) publish(r *decodeReq, tokens []int, logprobs []llama.TokenLogprob) {
+	n.mu.Lock()
+	r.tokens = append(r.tokens, tokens...)
+	r.logprobs = append(r.logprobs, logprobs...)
+	n.mu.Unlock()
+	select {
+	case r.more <- struct{}{}:
+	default: // a wake is pending: the stream reads everything then
+	}
+}
+
 // run generates over the acquired pages, at the epochs they were granted
 // (every read checks the page is still at it), and pages of the node's own
-// for the generated tokens past them.
-func (n *Decode) run(id protocol.RequestID, acquired []protocol.PageRef, c *decodeCall) ([]int, []llama.TokenLogprob, error) {
+// for the generated tokens past them; each token is published to the call's
+// stream as it is sampled. A halted request stops before its next token:
+// at most the step in flight when the halt came is computed after it
+// (counted in kvhandoff_decode_tokens_after_cancel_total).
+func (n *Decode) run(id protocol.RequestID, acquired []protocol.PageRef, c *decodeCall, r *decodeReq) error {
 	end := min(len(c.Prompt)+c.MaxTokens, n.cfg.Model.SeqLen)
 	table, err := n.pool.Table(id, acquired, end)
 	if err != nil {
-		return nil, nil, fmt.Errorf("decode node %q: pages for %d generated tokens: %w", n.cfg.Name, c.MaxTokens, err)
+		return fmt.Errorf("decode node %q: pages for %d generated tokens: %w", n.cfg.Name, c.MaxTokens, err)
 	}
 	defer n.pool.Release(id, table)
 	// The pages arrived in host memory: a device backend copies them into
 	// its own pool before anything reads them (the CPU backend reads them
 	// where they are).
 	if err := n.engine.Arrived(table[:len(acquired)]); err != nil {
-		return nil, nil, err
+		return err
 	}
 	sampler := llama.Greedy()
 	if c.Temperature > 0 {
@@ -278,11 +353,41 @@ func (n *Decode) run(id protocol.RequestID, acquired []protocol.PageRef, c *deco
 	if c.Logprobs != nil {
 		sampler.RecordLogprobs(*c.Logprobs)
 	}
-	out, err := n.engine.Decode(table, c.Prompt, c.MaxTokens, sampler, n.cfg.Stop)
-	if sampler.Logprobs != nil {
-		return out, sampler.Logprobs.Tokens, err
+	if len(c.Prompt) == 0 {
+		return fmt.Errorf("%w: no tokens", engine.ErrBadRequest)
 	}
-	return out, nil, err
+	// engine.Decode's loop, a token at a time, so that each is streamed as
+	// it is sampled and a halt is seen between two.
+	tok, pos := c.Prompt[len(c.Prompt)-1], len(c.Prompt)-1
+	for generated := 0; generated < c.MaxTokens && pos < n.cfg.Model.SeqLen; generated++ {
+		if r.halted.Load() {
+			return fmt.Errorf("%w: halted after %d tokens: no one waits for the answer", protocol.ErrCancelled, generated)
+		}
+		if r.enough.Load() {
+			break // the router has its answer: a stop string came
+		}
+		logits, err := n.engine.Step(table, []int{tok}, pos)
+		if err != nil {
+			return err
+		}
+		tok = sampler.Sample(logits)
+		if r.halted.Load() {
+			n.cfg.Metrics.afterCancel.Inc()
+		}
+		var lp []llama.TokenLogprob
+		if sampler.Logprobs != nil {
+			lp = sampler.Logprobs.Tokens[len(sampler.Logprobs.Tokens)-1:]
+		}
+		n.publish(r, []int{tok}, lp)
+		if hook := n.tokenHook.Load(); hook != nil {
+			(*hook)(id, generated+1)
+		}
+		if tok == n.cfg.Stop {
+			break
+		}
+		pos++
+	}
+	return nil
 }
 
 // digest is the "generation" of a node without a model: the SHA-256 of the
@@ -348,6 +453,9 @@ func (n *Decode) outcomeLocked(ev transfer.Event, r *decodeReq) {
 	}
 	if err != nil {
 		n.fences[ev.Request] = time.Now()
+		if r != nil {
+			r.halt() // failed or cancelled: no one will take more tokens
+		}
 	}
 	var c *decodeCall
 	var started time.Time

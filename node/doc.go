@@ -29,14 +29,17 @@
 //	router ── decode call {id, prompt, max_tokens} ──▶ decode node (waits)
 //	router ── prefill call {id, decode, prompt} ──▶ prefill node:
 //	  its own intake, KV computed, Bootstrap, Grant, WRITEs, Done
-//	decode node: Verified → Acquire → generate → Finish; answers its call
-//	  with the tokens; prefill answers its call with its leg's outcome
-//	router: Router.LegEnded for each; the first outcome is the client's:
-//	  200 with the text, or 503 with the reason (never 200 without a
-//	  verified handoff)
+//	decode node: Verified → Acquire → generate → Finish; streams each
+//	  token to its call as it samples it (JSON lines), then its leg's
+//	  outcome; prefill answers its call with its leg's outcome
+//	router: relays each token to a streaming client at once (an SSE
+//	  event); Router.LegEnded for each leg; the first outcome is the
+//	  client's: 200 with the text, or 503 with the reason (never 200
+//	  without a verified handoff; a stream's failure is an error event)
 //
 // A client that disconnects: Router.Cancel, and a cancel call to each leg's
-// node (and the legs' calls closed). A leg that fails: the router cancels
+// node (and the legs' calls closed); the decode node stops generating
+// before its next token. A leg that fails: the router cancels
 // the other. A node the registry loses: Router.NodeLost fails its requests
 // on every leg, and each decode node is told to cut its queue pair to a
 // lost prefill node: the cut is the fence for the pages it may still write

@@ -27,11 +27,14 @@ type Metrics struct {
 	retries    prometheus.Counter       // router: attempts retried for want of room
 	promptTok  prometheus.Counter       // router: prompt tokens of answered requests
 	genTok     prometheus.Counter       // router: generated tokens answered
-	ttft       prometheus.Histogram     // router: intake to the first token at the router
+	ttft       prometheus.Histogram     // router: dispatch to the first token at the router
 	tpot       prometheus.Histogram     // router: per output token, after the first
 	latency    *prometheus.HistogramVec // router: client request end to end, by status code
 	waiting    prometheus.Gauge         // router: requests waiting for room (between retries)
 	nodeEvents *prometheus.CounterVec   // router: nodes joined, lost, rejoined, by role
+	// afterCancel, decode: tokens generated for a request no one waited
+	// for any more (at most the step in flight when the cancel came).
+	afterCancel prometheus.Counter
 }
 
 // outcomes is the handoffs' outcome label's closed set.
@@ -78,10 +81,10 @@ func NewMetrics() *Metrics {
 	m.genTok = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvhandoff_generation_tokens_total",
 		Help: "Router: generated tokens answered 200 (up to a stop)."})
 	m.ttft = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvhandoff_time_to_first_token_seconds",
-		Help:    "Router: a request's intake to its first generated token at the router (the decode leg answers once, so this is its whole generation).",
+		Help:    "Router: a handoff's dispatch to its first generated token at the router (the decode node streams each token as it samples it).",
 		Buckets: prometheus.ExponentialBuckets(0.005, 2, 14)})
 	m.tpot = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvhandoff_time_per_output_token_seconds",
-		Help:    "Router: a request's handoff time over its generated tokens (its mean per output token).",
+		Help:    "Router: a request's time from its first generated token to its last, over the tokens after the first.",
 		Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16)})
 	m.latency = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kvhandoff_request_duration_seconds",
 		Help:    "Router: client requests of the API end to end, by HTTP status code.",
@@ -90,6 +93,9 @@ func NewMetrics() *Metrics {
 		Help: "Router: requests waiting for a pool to have room, between their retries (the queue)."})
 	m.nodeEvents = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvhandoff_node_events_total",
 		Help: "Router: nodes that joined, were lost (lease, unreachable, restart) or rejoined, by role."}, []string{"role", "event"})
+	m.afterCancel = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvhandoff_decode_tokens_after_cancel_total",
+		Help:        "Decode: tokens generated for a request after it was cancelled or failed (the step in flight when the cancel came: at most one per request).",
+		ConstLabels: prometheus.Labels{"role": string(RoleDecode)}})
 	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kvhandoff_build_info",
 		Help: "The running build: its version (module version or VCS revision) and Go version; always 1."}, []string{"version", "goversion"})
 	build.WithLabelValues(Version(), runtime.Version()).Set(1)
@@ -119,6 +125,9 @@ func (m *Metrics) prime(role Role) {
 	}
 	m.bytes.WithLabelValues(string(role))
 	m.duration.WithLabelValues(string(role))
+	if role == RoleDecode {
+		m.reg.MustRegister(m.afterCancel)
+	}
 	if role == RoleRouter {
 		m.reg.MustRegister(m.retries, m.promptTok, m.genTok, m.ttft, m.tpot, m.latency, m.waiting, m.nodeEvents)
 		for _, r := range []Role{RolePrefill, RoleDecode} {

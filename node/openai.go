@@ -12,8 +12,10 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/kvhandoff/kvhandoff/engine/llama"
+	"github.com/kvhandoff/kvhandoff/protocol"
 )
 
 // The OpenAI-compatible surface (docs/nodes.md "The client API"): every
@@ -255,8 +257,9 @@ func tenantOf(r *http.Request) (string, error) {
 
 // run generates every choice of a request (each prompt n times), each a
 // handoff of its own, concurrently; the first failure fails the request and
-// cancels the rest.
-func (rt *Router) run(ctx context.Context, r *http.Request, prompts []prompt, p genParams, tenant string) ([]choice, error) {
+// cancels the rest. With a relay (a stream), each choice's tokens go to it
+// as they reach the router, then the choice's end.
+func (rt *Router) run(ctx context.Context, r *http.Request, prompts []prompt, p genParams, tenant string, relay *relayQueue) ([]choice, error) {
 	if len(prompts)*p.n > maxChoices {
 		return nil, badParam("n", "invalid_value", "%d prompts times n %d is over %d choices", len(prompts), p.n, maxChoices)
 	}
@@ -279,6 +282,25 @@ func (rt *Router) run(ctx context.Context, r *http.Request, prompts []prompt, p 
 		if len(out) > 1 {
 			c.RequestID += "/" + strconv.Itoa(i)
 		}
+		// A stop string ends the generation on the decode node as soon as
+		// the router sees it (the text after it is not the client's).
+		watch := &choiceStream{}
+		stopped := false
+		c.Stream = func(g Generated) {
+			if relay != nil {
+				relay.push(relayEvent{index: i, part: &g})
+			}
+			if len(p.stop) == 0 || stopped {
+				return
+			}
+			watch.add(rt.cfg.Tokenizer, &g)
+			upTo, stop := watch.release(p.stop, watch.eos)
+			watch.sent = upTo
+			if stop {
+				stopped = true
+				rt.enough(g.Handoff)
+			}
+		}
 		wg.Go(func() {
 			res, err := rt.Complete(ctx, c)
 			if err != nil {
@@ -287,6 +309,10 @@ func (rt *Router) run(ctx context.Context, r *http.Request, prompts []prompt, p 
 				return
 			}
 			out[i] = rt.finish(i, res, p.stop)
+			if relay != nil {
+				end := out[i]
+				relay.push(relayEvent{index: i, end: &end})
+			}
 		})
 	}
 	wg.Wait()
@@ -324,6 +350,7 @@ func (rt *Router) finish(i int, res Result, stops []string) choice {
 		prev = res.Prompt[len(res.Prompt)-1]
 	}
 	c.text = llama.Decode(rt.cfg.Tokenizer, toks, prev)
+	// (choiceStream releases a stream's text by the same rules.)
 	cut := -1
 	for _, s := range stops {
 		if at := strings.Index(c.text, s); at >= 0 && (cut < 0 || at < cut) {
@@ -348,15 +375,20 @@ func (rt *Router) finish(i int, res Result, stops []string) choice {
 			prev = res.Prompt[len(res.Prompt)-1]
 		}
 		for i, lp := range res.Logprobs[:min(c.tokens, len(res.Logprobs))] {
-			st := step{text: string(rt.cfg.Tokenizer.Piece(prev, lp.Token)), logprob: lp.Logprob}
-			for _, alt := range lp.Top {
-				st.top = append(st.top, stepAlt{text: string(rt.cfg.Tokenizer.Piece(prev, alt.Token)), logprob: alt.Logprob})
-			}
-			c.steps = append(c.steps, st)
+			c.steps = append(c.steps, stepOf(rt.cfg.Tokenizer, prev, lp))
 			prev = toks[i]
 		}
 	}
 	return c
+}
+
+// stepOf is a generated token's logprobs step, after prev.
+func stepOf(tok llama.Tokenizer, prev int, lp llama.TokenLogprob) step {
+	st := step{text: string(tok.Piece(prev, lp.Token)), logprob: lp.Logprob}
+	for _, alt := range lp.Top {
+		st.top = append(st.top, stepAlt{text: string(tok.Piece(prev, alt.Token)), logprob: alt.Logprob})
+	}
+	return st
 }
 
 // completionLogprobs is a completion choice's logprobs in the legacy
@@ -372,9 +404,14 @@ func (c choice) completionLogprobs() any {
 	if c.steps == nil && c.res.Logprobs == nil {
 		return nil
 	}
+	return stepsAsCompletion(c.steps, 0)
+}
+
+// stepsAsCompletion is steps in the legacy completions shape, the first at
+// text offset offset.
+func stepsAsCompletion(steps []step, offset int) completionLogprobs {
 	out := completionLogprobs{Tokens: []string{}, TokenLogprobs: []float32{}, TopLogprobs: []map[string]float32{}, TextOffset: []int{}}
-	offset := 0
-	for _, st := range c.steps {
+	for _, st := range steps {
 		out.Tokens = append(out.Tokens, st.text)
 		out.TokenLogprobs = append(out.TokenLogprobs, st.logprob)
 		top := map[string]float32{}
@@ -414,8 +451,13 @@ func (c choice) chatLogprobs() any {
 	if c.steps == nil && c.res.Logprobs == nil {
 		return nil
 	}
+	return stepsAsChat(c.steps)
+}
+
+// stepsAsChat is steps in the chat shape.
+func stepsAsChat(steps []step) chatLogprobs {
 	out := chatLogprobs{Content: []chatTokenLogprob{}}
-	for _, st := range c.steps {
+	for _, st := range steps {
 		t := chatTokenLogprob{Token: st.text, Logprob: st.logprob, Bytes: bytesOf(st.text), TopLogprobs: []chatTokenLogprob{}}
 		for _, a := range st.top {
 			t.TopLogprobs = append(t.TopLogprobs, chatTokenLogprob{Token: a.text, Logprob: a.logprob, Bytes: bytesOf(a.text)})
@@ -512,35 +554,18 @@ func (rt *Router) completions(w http.ResponseWriter, r *http.Request) {
 		rt.answerFailure(w, r, err)
 		return
 	}
-	var stream *sse
 	if p.stream {
-		stream = rt.startStream(w)
+		rt.streamAnswer(w, r, prompts, p, tenant, false)
+		return
 	}
-	choices, err := rt.run(r.Context(), r, prompts, p, tenant)
+	choices, err := rt.run(r.Context(), r, prompts, p, tenant, nil)
 	if err != nil {
-		rt.failed(w, r, err, stream)
+		rt.failed(w, r, err, nil)
 		return
 	}
 	id, created, modelName := "cmpl-"+choices[0].res.handoffHex(), time.Now().Unix(), rt.modelID(p.model)
 	u := usageOf(choices, p.n)
 	rt.counted(choices, u)
-	if stream != nil {
-		for _, c := range choices {
-			text := c.text
-			if p.echo {
-				text = rt.promptText(c.res) + text
-			}
-			stream.send(completionResponse{ID: id, Object: "text_completion", Created: created, Model: modelName,
-				Choices: []completionChoice{{Text: text, Index: c.index, Logprobs: c.completionLogprobs()}}})
-			stream.send(completionResponse{ID: id, Object: "text_completion", Created: created, Model: modelName,
-				Choices: []completionChoice{{Index: c.index, FinishReason: &c.finish}}})
-		}
-		if p.includeUsage {
-			stream.send(completionResponse{ID: id, Object: "text_completion", Created: created, Model: modelName, Choices: []completionChoice{}, Usage: &u})
-		}
-		stream.done()
-		return
-	}
 	out := completionResponse{ID: id, Object: "text_completion", Created: created, Model: modelName, Usage: &u}
 	for _, c := range choices {
 		text := c.text
@@ -666,4 +691,349 @@ func (rt *Router) counted(choices []choice, u usage) {
 	rt.cfg.Metrics.requests.WithLabelValues("200").Inc()
 	rt.cfg.Metrics.promptTok.Add(float64(u.PromptTokens))
 	rt.cfg.Metrics.genTok.Add(float64(u.CompletionTokens))
+}
+
+// The streamed answer (stream: true). Each choice's tokens reach the router
+// as the decode node generates them (Completion.Stream); the handler's
+// goroutine, the only one that writes the response, turns them into text
+// and sends each part as a server-sent event at once (flushed). What is
+// held back is only what could still change: bytes that could begin a stop
+// string, and an incomplete UTF-8 sequence at the end. The text a stream
+// sends is the text the same request answers without streaming (a choice's
+// end checks it against finish's).
+
+// relayQueue carries a stream's choices' parts and ends from their legs'
+// goroutines to the handler's. It holds at most what the choices generate
+// (each bounded by max_tokens), and never blocks a leg.
+type relayQueue struct {
+	mu     sync.Mutex
+	events []relayEvent
+	wake   chan struct{}
+}
+
+type relayEvent struct {
+	index int
+	part  *Generated // tokens of choice index, or
+	end   *choice    // its end, answered
+}
+
+func newRelayQueue() *relayQueue { return &relayQueue{wake: make(chan struct{}, 1)} }
+
+func (q *relayQueue) push(e relayEvent) {
+	q.mu.Lock()
+	q.events = append(q.events, e)
+	q.mu.Unlock()
+	select {
+	case q.wake <- struct{}{}:
+	default: // a wake is pending: take reads everything then
+	}
+}
+
+func (q *relayQueue) take() []relayEvent {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	out := q.events
+	q.events = nil
+	return out
+}
+
+// choiceStream is one choice's text as it streams: what was generated,
+// and how much of it was sent.
+type choiceStream struct {
+	primed    bool   // prev is the prompt's last token
+	begun     bool   // its first chunk was sent (echo, the chat role)
+	ended     bool   // its finish_reason was sent
+	eos       bool   // the end of sequence came: no more text
+	prev      int    // the last token, for its successor's piece
+	text      []byte // the generated text, up to the end of sequence
+	starts    []int  // where each token's text starts in text
+	sent      int    // bytes of text sent
+	steps     []step // each token's logprobs, if asked for
+	stepsSent int
+	finish    string // "stop" once a stop string or the end of sequence ended it
+}
+
+// add takes generated tokens: their text, up to the end of sequence.
+func (cs *choiceStream) add(tok llama.Tokenizer, g *Generated) {
+	if !cs.primed && len(g.Prompt) > 0 {
+		cs.prev, cs.primed = g.Prompt[len(g.Prompt)-1], true
+	}
+	for i, t := range g.Tokens {
+		if cs.eos {
+			return
+		}
+		if eos := tok.EOS(); eos >= 0 && t == eos {
+			cs.eos = true
+			return
+		}
+		if i < len(g.Logprobs) {
+			cs.steps = append(cs.steps, stepOf(tok, cs.prev, g.Logprobs[i]))
+		}
+		cs.starts = append(cs.starts, len(cs.text))
+		cs.text = append(cs.text, tok.Piece(cs.prev, t)...)
+		cs.prev = t
+	}
+}
+
+// release is how far the text may be sent now, and whether that ends the
+// choice: at the first stop string, once no longer stop string could
+// still begin before it; otherwise before the first bytes that could still
+// begin a stop string and before an incomplete UTF-8 sequence at the end
+// (whose bytes would each read as U+FFFD alone); all of it once no more
+// text comes (final). Nothing before sent can begin a stop string: a byte
+// is sent only once no stop string can start at it.
+func (cs *choiceStream) release(stops []string, final bool) (upTo int, stopped bool) {
+	text := cs.text
+	match := -1
+	for _, s := range stops {
+		if at := bytes.Index(text[cs.sent:], []byte(s)); at >= 0 && (match < 0 || cs.sent+at < match) {
+			match = cs.sent + at
+		}
+	}
+	limit := len(text)
+	if match >= 0 {
+		limit = match
+	}
+	if !final {
+		// The first position from which the rest of the text is a proper
+		// prefix of a stop string: more text may complete it.
+		longest := 0
+		for _, s := range stops {
+			longest = max(longest, len(s))
+		}
+		for q := max(cs.sent, len(text)-longest+1); q < limit; q++ {
+			if slices.ContainsFunc(stops, func(s string) bool { return len(text)-q < len(s) && strings.HasPrefix(s, string(text[q:])) }) {
+				limit, match = q, -1
+				break
+			}
+		}
+	}
+	if match >= 0 {
+		return match, true
+	}
+	if final {
+		return len(text), false
+	}
+	// Whole runes only, as a decoder reads the whole text from its start.
+	at := cs.sent
+	for at < limit && utf8.FullRune(text[at:limit]) {
+		_, w := utf8.DecodeRune(text[at:limit])
+		at += w
+	}
+	return at, false
+}
+
+// tokensBefore is how many tokens' text starts before at (a stop's cut:
+// the tokens the client is charged for, as finish counts them).
+func (cs *choiceStream) tokensBefore(at int) int {
+	n, _ := slices.BinarySearch(cs.starts, at)
+	return n
+}
+
+// tokensWithin is how many tokens' text ends by at.
+func (cs *choiceStream) tokensWithin(at int) int {
+	n := cs.stepsSent
+	for n < len(cs.starts) {
+		end := len(cs.text)
+		if n+1 < len(cs.starts) {
+			end = cs.starts[n+1]
+		}
+		if end > at {
+			break
+		}
+		n++
+	}
+	return n
+}
+
+// streamWriter writes one request's server-sent events.
+type streamWriter struct {
+	rt      *Router
+	s       *sse
+	p       genParams
+	chat    bool
+	id      string // the first handoff that streamed: cmpl- or chatcmpl- and its hex
+	created int64
+	model   string
+	choices []*choiceStream
+}
+
+// streamAnswer answers a request with stream: true: the event stream's
+// status line and a comment at once, then each choice's text as it is
+// generated, its finish_reason when it ends, usage if asked for, [DONE];
+// a failure after the status line is an error event before [DONE].
+func (rt *Router) streamAnswer(w http.ResponseWriter, r *http.Request, prompts []prompt, p genParams, tenant string, chat bool) {
+	sw := &streamWriter{rt: rt, s: rt.startStream(w), p: p, chat: chat, created: time.Now().Unix(), model: rt.modelID(p.model)}
+	for range len(prompts) * p.n {
+		sw.choices = append(sw.choices, &choiceStream{})
+	}
+	relay := newRelayQueue()
+	type ran struct {
+		choices []choice
+		err     error
+	}
+	done := make(chan ran, 1)
+	go func() {
+		choices, err := rt.run(r.Context(), r, prompts, p, tenant, relay)
+		done <- ran{choices, err}
+	}()
+	for {
+		select {
+		case <-relay.wake:
+			sw.write(relay.take())
+		case res := <-done:
+			sw.write(relay.take())
+			if res.err != nil {
+				rt.failed(w, r, res.err, sw.s)
+				return
+			}
+			u := usageOf(res.choices, p.n)
+			rt.counted(res.choices, u)
+			if p.includeUsage {
+				sw.send(-1, "", nil, nil, &u)
+			}
+			sw.s.done()
+			return
+		}
+	}
+}
+
+func (sw *streamWriter) write(events []relayEvent) {
+	for _, e := range events {
+		if e.index < 0 || e.index >= len(sw.choices) {
+			continue
+		}
+		cs := sw.choices[e.index]
+		if cs.ended {
+			continue // its stop came: the rest is not the client's
+		}
+		if sw.id == "" {
+			h := protocol.RequestID(0)
+			if e.part != nil {
+				h = e.part.Handoff
+			} else {
+				h = e.end.res.ID
+			}
+			sw.id = strconv.FormatUint(uint64(h), 16)
+			if sw.chat {
+				sw.id = "chatcmpl-" + sw.id
+			} else {
+				sw.id = "cmpl-" + sw.id
+			}
+		}
+		if e.part != nil {
+			sw.part(e.index, cs, e.part)
+		} else {
+			sw.end(e.index, cs, e.end)
+		}
+	}
+}
+
+// part sends what a choice's new tokens release.
+func (sw *streamWriter) part(i int, cs *choiceStream, g *Generated) {
+	echo := ""
+	if !cs.begun && sw.p.echo && !sw.chat {
+		echo = sw.rt.promptText(Result{Prompt: g.Prompt})
+	}
+	cs.add(sw.rt.cfg.Tokenizer, g)
+	upTo, stopped := cs.release(sw.p.stop, cs.eos)
+	if stopped || cs.eos {
+		cs.finish = "stop"
+	}
+	// The tokens whose logprobs go with this chunk: those whose text it
+	// completes; at a stop, those whose text starts before it (finish's
+	// count).
+	var tokens int
+	switch {
+	case stopped:
+		tokens = cs.tokensBefore(upTo)
+	case cs.eos:
+		tokens = len(cs.starts)
+	default:
+		tokens = cs.tokensWithin(upTo)
+	}
+	text := string(cs.text[cs.sent:upTo])
+	if text != "" || echo != "" || (sw.chat && !cs.begun) {
+		sw.text(i, cs, echo+text, cs.steps[min(cs.stepsSent, len(cs.steps)):min(tokens, len(cs.steps))])
+		cs.stepsSent = max(cs.stepsSent, min(tokens, len(cs.steps)))
+	}
+	cs.sent = upTo
+	if cs.finish != "" {
+		cs.ended = true
+		sw.send(i, cs.finish, nil, nil, nil)
+	}
+}
+
+// end sends the rest of an answered choice and its finish_reason. The
+// answer's text (finish's) begins with what was sent: a stream diverging
+// from it is logged (a bug), and the rest still sent.
+func (sw *streamWriter) end(i int, cs *choiceStream, c *choice) {
+	sent := string(cs.text[:cs.sent])
+	rest := ""
+	if strings.HasPrefix(c.text, sent) {
+		rest = c.text[len(sent):]
+	} else {
+		sw.rt.cfg.Log.Error("router: a stream's text is not the answer's", "choice", i, "sent", len(sent), "answer", len(c.text))
+	}
+	echo := ""
+	if !cs.begun && sw.p.echo && !sw.chat {
+		echo = sw.rt.promptText(c.res)
+	}
+	if steps := c.steps[min(cs.stepsSent, len(c.steps)):]; rest != "" || echo != "" || len(steps) > 0 || (sw.chat && !cs.begun) {
+		sw.text(i, cs, echo+rest, steps)
+	}
+	cs.ended = true
+	sw.send(i, c.finish, nil, nil, nil)
+}
+
+// text sends a chunk of choice i's text (its first: with the prompt if
+// echo, the role in chat) and the logprobs of the tokens it completes.
+func (sw *streamWriter) text(i int, cs *choiceStream, text string, steps []step) {
+	var lp any
+	if sw.p.logprobs != nil {
+		if sw.chat {
+			lp = stepsAsChat(steps)
+		} else {
+			offset := 0
+			for _, st := range cs.steps[:min(cs.stepsSent, len(cs.steps))] {
+				offset += len(st.text)
+			}
+			lp = stepsAsCompletion(steps, offset)
+		}
+	}
+	sw.send(i, "", &text, lp, nil)
+	cs.begun = true
+}
+
+// send writes one chunk: choice i's text, or its finish_reason, or (i < 0)
+// the usage.
+func (sw *streamWriter) send(i int, finish string, text *string, logprobs any, u *usage) {
+	var fin *string
+	if finish != "" {
+		fin = &finish
+	}
+	if sw.chat {
+		ev := chatResponse{ID: sw.id, Object: "chat.completion.chunk", Created: sw.created, Model: sw.model, Choices: []chatChoice{}, Usage: u}
+		if i >= 0 {
+			delta := &chatMessageOut{}
+			if text != nil {
+				delta.Content = *text
+				if !sw.choices[i].begun {
+					delta.Role = "assistant"
+				}
+			}
+			ev.Choices = append(ev.Choices, chatChoice{Index: i, Delta: delta, Logprobs: logprobs, FinishReason: fin})
+		}
+		sw.s.send(ev)
+		return
+	}
+	ev := completionResponse{ID: sw.id, Object: "text_completion", Created: sw.created, Model: sw.model, Choices: []completionChoice{}, Usage: u}
+	if i >= 0 {
+		c := completionChoice{Index: i, Logprobs: logprobs, FinishReason: fin}
+		if text != nil {
+			c.Text = *text
+		}
+		ev.Choices = append(ev.Choices, c)
+	}
+	sw.s.send(ev)
 }

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvhandoff/kvhandoff/engine/llama"
@@ -81,10 +82,11 @@ type routed struct {
 	prompt     []int
 	prefill    string
 	decode     string
-	tokens     []int
-	logprobs   []llama.TokenLogprob
-	bytes      int        // the KV the handoff moves: the prompt's pages on the decode node
-	done       chan error // the client-visible outcome, once
+	tokens     []int                // as the decode node streams them (mu)
+	logprobs   []llama.TokenLogprob // one a token, when asked for
+	firstToken time.Time            // when the first token came (mu)
+	bytes      int                  // the KV the handoff moves: the prompt's pages on the decode node
+	done       chan error           // the client-visible outcome, once
 	legs       map[protocol.NodeID]context.CancelFunc
 	cancelled  map[protocol.NodeID]bool // legs the router sent a cancel call
 }
@@ -108,6 +110,20 @@ type Completion struct {
 	// Logprobs, if set, asks decode for each generated token's log
 	// probability and this many most likely tokens' (Result.Logprobs).
 	Logprobs *int
+	// Stream, if set, is given the answer as the decode node generates it,
+	// a part at a time, in order, each as soon as it reaches the router
+	// (Complete's Result still holds it all). It must not block: the
+	// decode leg's stream waits for it. A request that streamed a token is
+	// not retried.
+	Stream func(Generated)
+}
+
+// Generated is a part of a completion's answer as it is generated.
+type Generated struct {
+	Handoff  protocol.RequestID   // the attempt's handoff
+	Prompt   []int                // the prompt's tokens, BOS first
+	Tokens   []int                // generated since the last part
+	Logprobs []llama.TokenLogprob // theirs, when asked for
 }
 
 // Result is a completion's answer.
@@ -357,11 +373,18 @@ func (rt *Router) Complete(ctx context.Context, c Completion) (Result, error) {
 	defer rt.flight.leave()
 	deadline := time.Now().Add(rt.cfg.Timeout)
 	backoff := 2 * time.Millisecond
+	var streamed atomic.Bool
+	if to := c.Stream; to != nil {
+		c.Stream = func(g Generated) {
+			streamed.Store(true)
+			to(g)
+		}
+	}
 	for attempt := 1; ; attempt++ {
 		res, err := rt.complete(ctx, c, attempt)
 		// Over a peer's quota is no room for that peer now, as a full pool is.
 		full := errors.Is(err, protocol.ErrNoCapacity) || errors.Is(err, protocol.AbortNoCapacity) || errors.Is(err, protocol.AbortOverQuota)
-		if !full || time.Now().Add(backoff).After(deadline) {
+		if !full || streamed.Load() || time.Now().Add(backoff).After(deadline) {
 			return res, err
 		}
 		rt.cfg.Metrics.retries.Inc()
@@ -439,11 +462,16 @@ func (rt *Router) complete(ctx context.Context, c Completion, attempt int) (Resu
 	}
 	took := time.Since(start)
 	var bytes int
+	rt.mu.Lock()
+	tokens, logprobs, first := q.tokens, q.logprobs, q.firstToken
+	rt.mu.Unlock()
 	if err == nil {
 		bytes = q.bytes
-		rt.cfg.Metrics.ttft.Observe(took.Seconds())
-		if n := len(q.tokens); n > 0 {
-			rt.cfg.Metrics.tpot.Observe(took.Seconds() / float64(n))
+		if n := len(tokens); n > 0 {
+			rt.cfg.Metrics.ttft.Observe(first.Sub(start).Seconds())
+			if n > 1 {
+				rt.cfg.Metrics.tpot.Observe(time.Since(first).Seconds() / float64(n-1))
+			}
 		}
 	}
 	rt.cfg.Metrics.leg(RoleRouter, err, took, bytes)
@@ -452,9 +480,9 @@ func (rt *Router) complete(ctx context.Context, c Completion, attempt int) (Resu
 		log.Info("request failed", "tokens", len(prompt), "reason", Reason(err), "err", err, "seconds", took.Seconds())
 		return res, &HandoffError{Prefill: q.prefill, Decode: q.decode, Err: err}
 	}
-	res.Tokens, res.Logprobs = q.tokens, q.logprobs
-	res.Text = llama.Decode(rt.cfg.Tokenizer, q.tokens, prompt[len(prompt)-1])
-	log.Info("request done", "tokens", len(prompt), "generated", len(q.tokens), "seconds", took.Seconds())
+	res.Tokens, res.Logprobs = tokens, logprobs
+	res.Text = llama.Decode(rt.cfg.Tokenizer, tokens, prompt[len(prompt)-1])
+	log.Info("request done", "tokens", len(prompt), "generated", len(tokens), "seconds", took.Seconds())
 	return res, nil
 }
 
@@ -563,20 +591,83 @@ func (rt *Router) dispatchLocked(d protocol.Dispatch) {
 		if rt.cfg.beforeDecodeCall != nil {
 			rt.cfg.beforeDecodeCall(d.Request)
 		}
-		var a legAnswer
-		err := rt.client.call(decCtx, dec.Name, dec.Control, pathDecode,
+		err := rt.client.stream(decCtx, dec.Name, dec.Control, pathDecode,
 			decodeCall{ID: d.Request, Prefill: pre.Name, Prompt: q.prompt, MaxTokens: c.MaxTokens, Tenant: c.Tenant, Model: c.Model,
-				RequestID: c.RequestID, Temperature: c.Temperature, TopP: c.TopP, Seed: c.Seed, Logprobs: c.Logprobs}, &a)
+				RequestID: c.RequestID, Temperature: c.Temperature, TopP: c.TopP, Seed: c.Seed, Logprobs: c.Logprobs},
+			func(f legAnswer) error { return rt.relay(d.Request, dec.Name, q, f) })
 		if err != nil && decCtx.Err() != nil {
 			rt.cancelCutCall(d.Decode, d.Request, q)
 		}
-		rt.legEnded(d.Decode, d.Request, err, a, q)
+		rt.legEnded(d.Decode, d.Request, err, q)
 	}()
 	go func() {
 		defer preCancel()
 		err := rt.client.call(preCtx, pre.Name, pre.Control, pathPrefill,
 			prefillCall{ID: d.Request, Decode: dec.Name, Prompt: q.prompt, Tenant: c.Tenant, Model: c.Model, RequestID: c.RequestID, Ticket: ticket}, nil)
-		rt.legEnded(d.Prefill, d.Request, err, legAnswer{}, q)
+		rt.legEnded(d.Prefill, d.Request, err, q)
+	}()
+}
+
+// relay takes a frame of the tokens a decode node streams for request id:
+// kept for the answer, and passed on to the client's stream at once. The
+// node's word is bounded by what was asked: no more tokens than
+// max_tokens, a log probability for each token or none at all, only when
+// asked for, every token in the vocabulary; anything else fails the leg.
+func (rt *Router) relay(id protocol.RequestID, node string, q *routed, f legAnswer) error {
+	c := q.completion
+	rt.mu.Lock()
+	had := len(q.tokens)
+	bad := ""
+	switch {
+	case had+len(f.Tokens) > c.MaxTokens:
+		bad = fmt.Sprintf("%d tokens past %d, the max_tokens asked for", had+len(f.Tokens), c.MaxTokens)
+	case len(f.Logprobs) > 0 && (c.Logprobs == nil || len(f.Logprobs) != len(f.Tokens) || len(q.logprobs) != had),
+		len(f.Logprobs) == 0 && len(q.logprobs) > 0:
+		// (A node without a model has none to give: it gives none at all.)
+		bad = fmt.Sprintf("%d log probabilities for %d tokens", len(f.Logprobs), len(f.Tokens))
+	}
+	for _, t := range f.Tokens {
+		if t < 0 || t >= rt.cfg.Tokenizer.Vocab() {
+			bad = fmt.Sprintf("token %d outside the vocabulary", t)
+		}
+	}
+	if bad != "" {
+		rt.mu.Unlock()
+		return fmt.Errorf("%w: decode node %q streamed %s", protocol.ErrPeerFailed, node, bad)
+	}
+	if had == 0 {
+		q.firstToken = time.Now()
+	}
+	q.tokens = append(q.tokens, f.Tokens...)
+	q.logprobs = append(q.logprobs, f.Logprobs...)
+	rt.mu.Unlock()
+	if c.Stream != nil {
+		c.Stream(Generated{Handoff: id, Prompt: q.prompt, Tokens: f.Tokens, Logprobs: f.Logprobs})
+	}
+	return nil
+}
+
+// enough tells the decode node of request id's attempt that the client has
+// its answer (a stop string came): the node ends the generation before its
+// next token, and the leg succeeds with the tokens so far. Asynchronous,
+// and harmless after the leg ended.
+func (rt *Router) enough(id protocol.RequestID) {
+	rt.mu.Lock()
+	q := rt.pending[id]
+	var m Member
+	if q != nil {
+		m = rt.members[rt.ids[q.decode]]
+	}
+	rt.mu.Unlock()
+	if q == nil || m.Control == "" {
+		return
+	}
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := rt.client.call(ctx, m.Name, m.Control, pathEnough, cancelCall{ID: id}, nil); err != nil {
+			rt.cfg.Log.Info("router: ending a generation at its stop", "handoff_id", idString(id), "node", m.Name, "err", err)
+		}
 	}()
 }
 
@@ -605,12 +696,9 @@ func (rt *Router) callCancel(m Member, id protocol.RequestID) {
 	}
 }
 
-func (rt *Router) legEnded(node protocol.NodeID, id protocol.RequestID, err error, a legAnswer, q *routed) {
+func (rt *Router) legEnded(node protocol.NodeID, id protocol.RequestID, err error, q *routed) {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
-	if err == nil && a.Tokens != nil {
-		q.tokens, q.logprobs = a.Tokens, a.Logprobs
-	}
 	if e := rt.r.LegEnded(node, id, err); e != nil && !errors.Is(e, protocol.ErrUnknownRequest) {
 		rt.cfg.Log.Warn("router: a leg's report refused", "handoff_id", idString(id), "node", rt.members[node].Name, "err", e)
 	}

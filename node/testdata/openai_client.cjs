@@ -1,7 +1,8 @@
 // The official OpenAI Node client against a running kvhandoff router
 // (node's TestOfficialOpenAINodeClient runs it): models.list,
 // completions.create and chat.completions.create with and without
-// stream: true, logprobs, and an unsupported parameter refused as a 400
+// stream: true (each streamed text equal to the answer without streaming,
+// with n and a stop string too), logprobs, and an unsupported parameter refused as a 400
 // naming it.
 // Prints one JSON line of what it saw; exits 1 on the first failure.
 const OpenAI = require("openai");
@@ -41,6 +42,20 @@ function check(cond, what) {
   }
   check(streamed === seen.completion, "streamed completion " + JSON.stringify(streamed) + " != " + JSON.stringify(seen.completion));
   check(usage && usage.completion_tokens === 8, "stream usage: " + JSON.stringify(usage));
+
+  // n and stop streamed: each choice's text is the non-streamed one's, cut at
+  // the stop string, which spans tokens here.
+  const texts = ["", ""];
+  const finishes = [null, null];
+  const twoStream = await client.completions.create({ model, prompt, max_tokens: 8, n: 2, stop: ["-ze"], stream: true });
+  for await (const chunk of twoStream) {
+    for (const ch of chunk.choices) {
+      texts[ch.index] += ch.text || "";
+      if (ch.finish_reason) finishes[ch.index] = ch.finish_reason;
+    }
+  }
+  check(texts.every((t) => t === seen.stopped) && finishes.every((f) => f === "stop"),
+    "streamed n and stop: " + JSON.stringify({ texts, finishes }));
 
   const messages = [{ role: "user", content: "the code is QX7-zeta; the code is QX7-zeta" }];
   const chat = await client.chat.completions.create({ model, messages, max_tokens: 8 });

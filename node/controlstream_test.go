@@ -1,0 +1,88 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/kvhandoff/kvhandoff/protocol"
+)
+
+// The control API's streamed answer (handleStream, controlClient.stream),
+// here over plaintext HTTP/1.1 (TLS deployments use HTTP/2): each frame
+// reaches the caller while the handler is still running (the handler goes
+// on only once the caller has the first); a failure after the first frame
+// is the last frame, with its identity; a failure before any frame is the
+// usual error answer; a stream that breaks off before its end is
+// ErrUnreachable; a malformed frame is ErrPeerFailed, not a broken node.
+func TestControlStreamDeliversEachFrameAtOnce(t *testing.T) {
+	s := newControlServer(Security{Insecure: true}, nil, quietLog())
+	// Each call's release, made before the server runs (read-only after).
+	release := map[protocol.RequestID]chan struct{}{1: make(chan struct{}), 2: make(chan struct{}), 6: make(chan struct{})}
+	handleStream(s, "/control/v1/frames", func(ctx context.Context, in *cancelCall, send func(legAnswer) error) error {
+		if err := send(legAnswer{Tokens: []int{1}}); err != nil {
+			return err
+		}
+		select {
+		case <-release[in.ID]:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		if err := send(legAnswer{Tokens: []int{2, 3}}); err != nil {
+			return err
+		}
+		if in.ID == 2 {
+			return fmt.Errorf("%w: after two frames", protocol.ErrTagMismatch)
+		}
+		return nil
+	})
+	handleStream(s, "/control/v1/refused", func(context.Context, *cancelCall, func(legAnswer) error) error {
+		return fmt.Errorf("%w: before any frame", protocol.ErrTokenMismatch)
+	})
+	s.mux.HandleFunc("/control/v1/broken", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", frameType)
+		fmt.Fprintln(w, `{"tokens":[1]}`)
+	})
+	s.mux.HandleFunc("/control/v1/malformed", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", frameType)
+		fmt.Fprintln(w, `{"tokens":["a"]}`)
+	})
+	srv := httptest.NewServer(s.mux)
+	defer srv.Close()
+	addr := strings.TrimPrefix(srv.URL, "http://")
+	c := newControlClient(Security{Insecure: true})
+	defer c.close()
+	for _, id := range []protocol.RequestID{1, 2} {
+		var got [][]int
+		err := c.stream(context.Background(), "n", addr, "/control/v1/frames", cancelCall{ID: id}, func(f legAnswer) error {
+			got = append(got, f.Tokens)
+			if len(got) == 1 {
+				close(release[id])
+			}
+			return nil
+		})
+		if fmt.Sprint(got) != "[[1] [2 3]]" || (id == 1) != (err == nil) || (id == 2) != errors.Is(err, protocol.ErrTagMismatch) {
+			t.Fatalf("call %d: frames %v, err %v", id, got, err)
+		}
+	}
+	frames := 0
+	count := func(legAnswer) error { frames++; return nil }
+	if err := c.stream(context.Background(), "n", addr, "/control/v1/refused", cancelCall{ID: 3}, count); !errors.Is(err, protocol.ErrTokenMismatch) || frames != 0 {
+		t.Fatalf("refused: %v after %d frames", err, frames)
+	}
+	if err := c.stream(context.Background(), "n", addr, "/control/v1/broken", cancelCall{ID: 4}, count); !errors.Is(err, ErrUnreachable) || frames != 1 {
+		t.Fatalf("broken off: %v after %d frames", err, frames)
+	}
+	if err := c.stream(context.Background(), "n", addr, "/control/v1/malformed", cancelCall{ID: 5}, count); !errors.Is(err, protocol.ErrPeerFailed) || errors.Is(err, ErrUnreachable) || frames != 1 {
+		t.Fatalf("malformed: %v after %d frames", err, frames)
+	}
+	// A caller's refusal of a frame ends the call with its error.
+	stop := errors.New("too many")
+	if err := c.stream(context.Background(), "n", addr, "/control/v1/frames", cancelCall{ID: 6}, func(legAnswer) error { return stop }); !errors.Is(err, stop) {
+		t.Fatalf("a refused frame: %v", err)
+	}
+}
