@@ -23,10 +23,9 @@ import "github.com/kvhandoff/kvhandoff/internal/research"
 //     write-shared: the prefix cache (docs/protocol.md, "Prefix reuse"). The
 //     refinement maps the spec without its cache (the spec's cache is built
 //     separately), and the switch tests above run the default workload,
-//     which shares no prefix. The simulation and the rapid state machine with
-//     SimConfig.PrefixCache find four of them
-//     (TestSimulationFindsEveryPrefixSwitch, TestRapidFindsEveryPrefixSwitch),
-//     and protocol.TestEachPrefixSwitchBreaksAProperty stages each;
+//     which shares no prefix. The simulation with SimConfig.PrefixCache finds
+//     four of them (TestSimulationFindsEveryPrefixSwitch), and
+//     protocol.TestEachPrefixSwitchBreaksAProperty stages each;
 //     client-scope is the router's, in package node.
 //
 // The tests that iterate research.All() skip exactly these, by name, so that
