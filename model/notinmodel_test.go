@@ -19,6 +19,14 @@ import "github.com/kvhandoff/kvhandoff/internal/research"
 //     honest peers, every Bootstrap one the router dispatched. Caught by
 //     protocol.TestBootstrapWithoutAValidTicketReservesNothing and
 //     node.TestUnticketedFloodFromAnIntruderReservesNothing.
+//   - scope-dropped, client-scope, evict-pinned, prefix-count-mismatch and
+//     write-shared: the prefix cache (docs/protocol.md, "Prefix reuse"). The
+//     refinement maps the spec without its cache (the spec's cache is built
+//     separately), and the switch tests above run the default workload,
+//     which shares no prefix. The simulation with SimConfig.PrefixCache finds
+//     four of them (TestSimulationFindsEveryPrefixSwitch), and
+//     protocol.TestEachPrefixSwitchBreaksAProperty stages each;
+//     client-scope is the router's, in package node.
 //
 // The tests that iterate research.All() skip exactly these, by name, so that
 // nothing passes silently.
@@ -26,4 +34,9 @@ var notInTheModel = map[research.Switch]bool{
 	research.PoolWideKey:         true,
 	research.VerifyBeforeRevoke:  true,
 	research.UnticketedBootstrap: true,
+	research.ScopeDropped:        true,
+	research.ClientScope:         true,
+	research.EvictPinned:         true,
+	research.PrefixCountMismatch: true,
+	research.WriteShared:         true,
 }

@@ -43,8 +43,10 @@ var (
 	// (MaxGrantPages), whatever the pool holds (always with ErrRejected).
 	ErrTooManyPages = errors.New("protocol: request needs more pages than a grant carries")
 	// ErrBadGrant: the receiver's Grant names one page twice (by number, or by
-	// remote address and key), so two WRITEs would land on one page.
-	ErrBadGrant = errors.New("protocol: grant names a page twice")
+	// remote address and key), so two WRITEs would land on one page, or its
+	// prefix does not fit the request (not whole pages of the chain the
+	// request sent, or not every page past it granted).
+	ErrBadGrant = errors.New("protocol: bad grant")
 	// ErrCancelled: the client or router cancelled the request.
 	ErrCancelled = errors.New("protocol: cancelled")
 	// ErrTimedOut: the receiver waited too long for the transfer.
@@ -55,6 +57,10 @@ var (
 	// ticket, or one that is forged, expired, for another request, node or
 	// token count, or replayed); it never held pages.
 	ErrUnauthorized = errors.New("protocol: unauthorized")
+	// ErrBadChain: a Bootstrap's prefix chain does not fit the request: not
+	// one hash per full page, or a chain without a scope (always with
+	// ErrRejected); it never held pages.
+	ErrBadChain = errors.New("protocol: prefix chain does not fit the request")
 	// ErrOverQuota: the Bootstrap's peer already holds as many open requests
 	// or reserved pages as the receiver allows one peer; it never held pages.
 	ErrOverQuota = errors.New("protocol: over the peer's quota")

@@ -47,8 +47,10 @@
 // ordering guarantees that when Done arrives every WRITE before it has been
 // placed. Control messages are SENDs of protocol frames into receive buffers
 // each side keeps posted (RecvSlots), each buffer sized for the largest frame
-// the peer can send: MaxFrame of the largest request, whose Grant names every
-// page. Both intakes refuse bigger requests, and a decode node refuses a
+// the peer can send: on prefill, MaxFrame of the largest request, whose Grant
+// names every page; on decode, the Bootstrap of its largest request, with a
+// chain hash a page and the largest ticket (a prefill node refuses a chained
+// request over its decode peer's largest before sending it). Both intakes refuse bigger requests, and a decode node refuses a
 // Bootstrap whose Grant would not fit its peer's buffers, before the Receiver
 // keeps anything for it; so no frame is ever too large to send, and none waits
 // at the head of a backlog for good.
@@ -72,6 +74,14 @@
 // the queue pair its Bootstrap came on, invalidated before Done (or AbortAck)
 // reaches the Receiver, so verification runs on pages nobody can write and
 // no page is freed while a window opens it.
+//
+// Prefix reuse (docs/protocol.md, "Prefix reuse"): with
+// DecodeConfig.PrefixCache, a request submitted with SubmitWith (its scope
+// and chain) may find its prefix cached at decode. Its Grant then names only
+// the fresh pages, so its windows open only those: a pinned page is in no
+// window and no peer can WRITE it. The prefill endpoint writes from the
+// first fresh page on, and Decode.Acquire returns the prefix pages, then the
+// written ones; the prefix pages are shared and read-only.
 //
 // A cut is the queue pair's error state. Every work request it held then
 // completes with a flush error; once the last has, the state machine learns

@@ -71,6 +71,8 @@ type Prefill struct {
 	// flush (Sender.Flushed) waits for them.
 	computing map[protocol.RequestID]*computing
 	flushHeld map[protocol.PeerID]bool
+	// pagesWritten counts the WRITEs handed to the queue pairs (Stats).
+	pagesWritten uint64
 }
 
 // NewPrefill makes a prefill endpoint on dev.
@@ -88,7 +90,7 @@ func NewPrefill(dev rdma.Device, cfg PrefillConfig) (*Prefill, error) {
 		cfg.KV = GeneratedKV{PageTokens: cfg.PageTokens}
 	}
 	p := &Prefill{cfg: cfg, peerOf: map[protocol.RequestID]string{}, computing: map[protocol.RequestID]*computing{}, flushHeld: map[protocol.PeerID]bool{}}
-	if err := p.init(p, dev, cfg.QueueDepth, cfg.MaxPeers, MaxFrame(cfg.MaxRequestPages), MaxFrame(1), true); err != nil {
+	if err := p.init(p, dev, cfg.QueueDepth, cfg.MaxPeers, MaxFrame(cfg.MaxRequestPages), maxBootstrapFrame(cfg.MaxRequestPages), true); err != nil {
 		return nil, err
 	}
 	var err error
@@ -138,13 +140,29 @@ func (p *Prefill) Submit(id protocol.RequestID, peer string, tokens int) error {
 // its Bootstrap carries (protocol.Sender.SubmitTicket): a decode node that
 // checks tickets reserves nothing for a request without a valid one.
 func (p *Prefill) SubmitTicket(id protocol.RequestID, peer string, tokens int, ticket []byte) error {
+	return p.SubmitWith(id, peer, tokens, protocol.SubmitOptions{Ticket: ticket})
+}
+
+// SubmitWith is Submit with what the router dispatched: the ticket, and for
+// prefix reuse the request's scope and its prompt's protocol.PrefixChain at
+// this node's PageTokens (protocol.Sender.SubmitWith). The KVSource still
+// computes every page; the WRITEs skip the prefix the decode node's Grant
+// says it holds.
+func (p *Prefill) SubmitWith(id protocol.RequestID, peer string, tokens int, o protocol.SubmitOptions) error {
 	p.mu.Lock()
 	c := p.names[peer]
 	if c == nil || !c.live {
 		p.mu.Unlock()
 		return fmt.Errorf("%w: %q", ErrNoPeer, peer)
 	}
-	pages, err := p.sender.SubmitTicket(id, c.peer, tokens, ticket)
+	if n := protocol.PagesFor(uint32(max(tokens, 0)), p.cfg.PageTokens); len(o.Chain) > 0 && n > c.maxPages {
+		// Its Bootstrap, one chain hash a page, would not fit the decode
+		// node's receive buffers (sized for its largest request): refused
+		// here, as decode would refuse the request anyway.
+		p.mu.Unlock()
+		return fmt.Errorf("%w: %w: request %d of %d pages, decode peer %q takes %d", protocol.ErrRejected, protocol.ErrTooLong, id, n, peer, c.maxPages)
+	}
+	pages, err := p.sender.SubmitWith(id, c.peer, tokens, o)
 	if err != nil {
 		p.mu.Unlock()
 		return err
@@ -230,13 +248,19 @@ type Stats struct {
 	PagesFree int // pool pages free
 	Records   int // request records kept, live and ended
 	Peers     int // live queue pairs
+	// Prefill: the pages whose WRITEs it handed to the queue pairs, over its
+	// life (with prefix reuse, the pages past each request's prefix).
+	PagesWritten uint64
+	// Decode: the prefix cache's counters (protocol.ReceiverStats), zero
+	// without DecodeConfig.PrefixCache.
+	Prefix protocol.ReceiverStats
 }
 
 // Stats returns the endpoint's counters.
 func (p *Prefill) Stats() Stats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return Stats{PagesFree: p.sender.Pool().Free(), Records: p.sender.Records(), Peers: len(p.names)}
+	return Stats{PagesFree: p.sender.Pool().Free(), Records: p.sender.Records(), Peers: len(p.names), PagesWritten: p.pagesWritten}
 }
 
 func (p *Prefill) message(c *conn, m protocol.Message) error {
@@ -277,6 +301,9 @@ func (p *Prefill) carry() {
 	for _, op := range se.Ops {
 		if c := p.conns[op.Peer]; c != nil && !c.broken {
 			c.backlog = append(c.backlog, op)
+			if op.Write != nil {
+				p.pagesWritten++
+			}
 		}
 	}
 	for _, o := range se.Outcomes {
