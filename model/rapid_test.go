@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/kvhandoff/kvhandoff/internal/research"
@@ -179,12 +180,19 @@ func needsEverySwitch(sc *script, bugs research.Switches, v *Violation) (string,
 type runStats struct{ runs, repeated, total int }
 
 func (s *runStats) add(repeated, total int) {
+	countersMu.Lock()
+	defer countersMu.Unlock()
 	s.runs++
 	s.repeated += repeated
 	s.total += total
 }
 
 var stats runStats
+
+// countersMu guards the counters that walks and rapid runs add to (stats,
+// refinementStats, outOfBounds, walkCoverage): the tests that hunt each
+// switch run their subtests in parallel, one core each.
+var countersMu sync.Mutex
 
 // setFlag sets a rapid flag for the calling test.
 func setFlag(t *testing.T, name, value string) {
@@ -302,6 +310,7 @@ func TestRapidFindsEverySwitch(t *testing.T) {
 	for _, combo := range matrixCombinations {
 		sw := research.On(combo.bugs...)
 		t.Run(sw.String(), func(t *testing.T) {
+			t.Parallel()
 			rec := &recorder{T: t}
 			rapid.Check(rec, func(rt *rapid.T) { checkWorld(rt, sw, true) })
 			if !rec.failed {

@@ -77,7 +77,9 @@ func (x *refinementRun) drain() error {
 		}
 	}
 	if x.out {
+		countersMu.Lock()
 		outOfBounds++
+		countersMu.Unlock()
 		return nil
 	}
 	for _, g := range spec.Goals {
@@ -148,6 +150,8 @@ func walkMutated(cfg spec.Config, bugs research.Switches, seed uint64, variants 
 	if err := x.drain(); err != nil {
 		return err
 	}
+	countersMu.Lock()
+	defer countersMu.Unlock()
 	for _, a := range x.h.Trace {
 		walkCoverage[a[:strings.IndexAny(a+"(", "(+@")]]++ // the action's kind
 		if strings.Contains(a, "+") {
@@ -235,13 +239,18 @@ func TestImplementationRefinesTheSpecOnSeededWalks(t *testing.T) {
 	}
 	clear(walkCoverage)
 	outOfBounds = 0
-	for i, cfg := range append(configs(), damageConfigs()...) {
-		for seed := uint64(0); seed < seeds; seed++ {
-			if err := walk(cfg, research.Switches{}, seed); err != nil {
-				t.Fatalf("config %d, seed %d: %v", i, seed, err)
-			}
+	t.Run("configs", func(t *testing.T) { // returns when every configuration's walks have
+		for i, cfg := range append(configs(), damageConfigs()...) {
+			t.Run(fmt.Sprint(i), func(t *testing.T) {
+				t.Parallel()
+				for seed := uint64(0); seed < seeds; seed++ {
+					if err := walk(cfg, research.Switches{}, seed); err != nil {
+						t.Fatalf("config %d, seed %d: %v", i, seed, err)
+					}
+				}
+			})
 		}
-	}
+	})
 	t.Logf("coverage: %v; %d walks left the spec's bounds", walkCoverage, outOfBounds)
 	if outOfBounds*100 > int(seeds)*(len(configs())+len(damageConfigs())) {
 		t.Errorf("%d walks left the spec's bounds: more than 1%%", outOfBounds)
@@ -369,6 +378,7 @@ func TestRefinementCatchesEverySwitch(t *testing.T) {
 			}
 		}
 		t.Run(impl.String(), func(t *testing.T) {
+			t.Parallel()
 			diverged := make([]error, len(beside))
 			var violated error
 			done := func() bool {
@@ -463,7 +473,7 @@ func TestImplementationWithASwitchRefinesTheSpecWithIt(t *testing.T) {
 	}
 	// A walk ends in nil, in a property the bug breaks (its expected end),
 	// or in the mapping parting ways; anything else is the harness failing.
-	check := func(what string, err error) bool {
+	check := func(t *testing.T, what string, err error) bool {
 		t.Helper()
 		switch {
 		case err == nil:
@@ -478,7 +488,7 @@ func TestImplementationWithASwitchRefinesTheSpecWithIt(t *testing.T) {
 	tight := spec.NewConfig(4, 3, 1)
 	tight.DecodeSlots = 3
 	tight.Bugs, _ = spec.ParseSwitches("double-free")
-	check("double-free, the tight configuration, seed 186", walk(tight, research.On(research.DoubleFree), 186))
+	check(t, "double-free, the tight configuration, seed 186", walk(tight, research.On(research.DoubleFree), 186))
 	for _, sw := range research.All() {
 		if notInTheModel[sw] {
 			continue // see notInTheModel
@@ -488,19 +498,22 @@ func TestImplementationWithASwitchRefinesTheSpecWithIt(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for ci, cfg := range configs() {
-			cfg.Bugs = sp
-			cfg.Faults = sp.Faults(cfg.Faults)
-			clean := 0
-			for seed := uint64(0); seed < 100; seed++ {
-				if check(fmt.Sprintf("%v on both sides, config %d, seed %d", impl, ci, seed), walk(cfg, impl, seed)) {
-					clean++
+		t.Run(impl.String(), func(t *testing.T) {
+			t.Parallel()
+			for ci, cfg := range configs() {
+				cfg.Bugs = sp
+				cfg.Faults = sp.Faults(cfg.Faults)
+				clean := 0
+				for seed := uint64(0); seed < 100; seed++ {
+					if check(t, fmt.Sprintf("%v on both sides, config %d, seed %d", impl, ci, seed), walk(cfg, impl, seed)) {
+						clean++
+					}
+				}
+				if clean == 0 {
+					t.Errorf("%v, config %d: every walk broke a property, none ran to its end", impl, ci)
 				}
 			}
-			if clean == 0 {
-				t.Errorf("%v, config %d: every walk broke a property, none ran to its end", impl, ci)
-			}
-		}
+		})
 	}
 }
 
