@@ -19,6 +19,8 @@ type Backend struct {
 	workers int
 	cos     []float32 // rotary tables: (seqLen, rotary/2)
 	sin     []float32
+	// The weights' bytes Load advised and collapsed onto huge pages.
+	hugeAdvised, hugeCollapsed int
 
 	// Scratch, grown to the longest step seen.
 	x, xb, xb2, q, k, v, hb, hb2 []float32
@@ -40,12 +42,16 @@ func NewThreads(threads int) *Backend { return &Backend{workers: max(threads, 1)
 // Name is "cpu".
 func (b *Backend) Name() string { return "cpu" }
 
-// Load keeps m's arrays (no copy) and precomputes the rotary tables.
+// Load keeps m's arrays (no copy), asks the operating system to back them
+// with huge pages (adviseHugePages: a hint), and precomputes the rotary
+// tables.
 func (b *Backend) Load(m *llama.Model) error {
 	if err := m.Validate(); err != nil {
 		return err
 	}
 	b.m = m
+	b.hugeAdvised, b.hugeCollapsed = adviseHugePages(m.TokenEmbedding, m.RMSAttention, m.WQ, m.WK, m.WV, m.WO,
+		m.RMSFFN, m.W1, m.W2, m.W3, m.RMSFinal, m.Classifier)
 	half := m.Rotary() / 2
 	b.cos, b.sin = make([]float32, m.SeqLen*half), make([]float32, m.SeqLen*half)
 	for pos := 0; pos < m.SeqLen; pos++ {

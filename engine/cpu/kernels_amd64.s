@@ -45,7 +45,7 @@ dot_done:
 	RET
 
 // func gemv4AVX(w *float32, x *float32, out *float32, n int, groups int)
-// Requires: AVX, FMA3
+// Requires: AVX, FMA3, MMX+
 TEXT ·gemv4AVX(SB), NOSPLIT, $0-40
 	MOVQ w+0(FP), AX
 	MOVQ x+8(FP), CX
@@ -54,30 +54,34 @@ TEXT ·gemv4AVX(SB), NOSPLIT, $0-40
 	MOVQ groups+32(FP), SI
 	MOVQ BX, DI
 	SHLQ $0x02, DI
+	LEAQ 8192(AX), R8
 
 gemv_group:
 	CMPQ   SI, $0x00
 	JE     gemv_end
-	LEAQ   (AX)(DI*1), R8
-	LEAQ   (R8)(DI*1), R9
+	LEAQ   (AX)(DI*1), R9
 	LEAQ   (R9)(DI*1), R10
+	LEAQ   (R10)(DI*1), R11
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
-	XORQ   R11, R11
-	MOVQ   BX, R12
-	ANDQ   $-8, R12
+	XORQ   R12, R12
+	MOVQ   BX, R13
+	ANDQ   $-8, R13
 
 gemv_vec:
-	CMPQ        R11, R12
+	CMPQ        R12, R13
 	JGE         gemv_reduce
-	VMOVUPS     (CX)(R11*4), Y4
-	VFMADD231PS (AX)(R11*4), Y4, Y0
-	VFMADD231PS (R8)(R11*4), Y4, Y1
-	VFMADD231PS (R9)(R11*4), Y4, Y2
-	VFMADD231PS (R10)(R11*4), Y4, Y3
-	ADDQ        $0x08, R11
+	PREFETCHT0  (R8)
+	PREFETCHT0  64(R8)
+	ADDQ        $0x80, R8
+	VMOVUPS     (CX)(R12*4), Y4
+	VFMADD231PS (AX)(R12*4), Y4, Y0
+	VFMADD231PS (R9)(R12*4), Y4, Y1
+	VFMADD231PS (R10)(R12*4), Y4, Y2
+	VFMADD231PS (R11)(R12*4), Y4, Y3
+	ADDQ        $0x08, R12
 	JMP         gemv_vec
 
 gemv_reduce:
@@ -107,14 +111,14 @@ gemv_reduce:
 	VADDSS       X4, X3, X3
 
 gemv_tail:
-	CMPQ        R11, BX
+	CMPQ        R12, BX
 	JGE         gemv_done
-	VMOVSS      (CX)(R11*4), X4
-	VFMADD231SS (AX)(R11*4), X4, X0
-	VFMADD231SS (R8)(R11*4), X4, X1
-	VFMADD231SS (R9)(R11*4), X4, X2
-	VFMADD231SS (R10)(R11*4), X4, X3
-	INCQ        R11
+	VMOVSS      (CX)(R12*4), X4
+	VFMADD231SS (AX)(R12*4), X4, X0
+	VFMADD231SS (R9)(R12*4), X4, X1
+	VFMADD231SS (R10)(R12*4), X4, X2
+	VFMADD231SS (R11)(R12*4), X4, X3
+	INCQ        R12
 	JMP         gemv_tail
 
 gemv_done:
@@ -122,7 +126,7 @@ gemv_done:
 	VMOVSS X1, 4(DX)
 	VMOVSS X2, 8(DX)
 	VMOVSS X3, 12(DX)
-	LEAQ   (R10)(DI*1), AX
+	LEAQ   (R11)(DI*1), AX
 	ADDQ   $0x10, DX
 	DECQ   SI
 	JMP    gemv_group
