@@ -364,9 +364,9 @@ func (b *Backend) attention(l, pos0, T int, table kv.Table, check bool) error {
 	}
 	fail := b.fail[:T*m.Heads]
 	clear(fail)
-	qk, av := dot, axpy
+	score, sum := scores, weightedSum
 	if simd {
-		qk, av = dotSIMD, axpySIMD
+		score, sum = scoresSIMD, weightedSumSIMD
 	}
 	b.parallel(T*m.Heads, (pos0+T)*hd*2, func(lo, hi int) {
 		for pair := lo; pair < hi; pair++ {
@@ -375,44 +375,41 @@ func (b *Backend) attention(l, pos0, T int, table kv.Table, check bool) error {
 			q := b.q[t*dim+h*hd : t*dim+(h+1)*hd]
 			att := b.att[pair*m.SeqLen : pair*m.SeqLen+pos+1]
 			kvh := (h / group) * hd
-			hi := float32(math.Inf(-1))
 			for p := 0; p <= pos; p += pt {
 				i := p / pt
 				if check && b.epochs[table[i].Page] != table[i].Epoch {
 					fail[pair] = i + 1
 					break
 				}
-				page := b.pages[i]
-				for j := 0; j < pt && p+j <= pos; j++ {
-					o := kOff + j*kvDim + kvh
-					sc := qk(q, page[o:o+hd]) * scale
-					att[p+j] = sc
-					hi = max(hi, sc)
-				}
+				score(att[p:min(p+pt, pos+1)], q, b.pages[i][kOff+kvh:], kvDim)
 			}
 			if fail[pair] != 0 {
 				continue
 			}
-			var sum float32
+			hi := float32(math.Inf(-1))
+			for i, a := range att {
+				att[i] = a * scale
+				hi = max(hi, att[i])
+			}
+			var total float32
 			for i, a := range att {
 				e := float32(math.Exp(float64(a - hi)))
 				att[i] = e
-				sum += e
+				total += e
+			}
+			inv := 1 / total
+			for i := range att {
+				att[i] *= inv
 			}
 			out := b.xb[t*dim+h*hd : t*dim+(h+1)*hd]
 			clear(out)
-			inv := 1 / sum
 			for p := 0; p <= pos; p += pt {
 				i := p / pt
 				if check && b.epochs[table[i].Page] != table[i].Epoch {
 					fail[pair] = i + 1
 					break
 				}
-				page := b.pages[i]
-				for j := 0; j < pt && p+j <= pos; j++ {
-					o := vOff + j*kvDim + kvh
-					av(out, page[o:o+hd], att[p+j]*inv)
-				}
+				sum(out, b.pages[i][vOff+kvh:], att[p:min(p+pt, pos+1)], kvDim)
 			}
 		}
 	})
@@ -426,6 +423,22 @@ func (b *Backend) attention(l, pos0, T int, table kv.Table, check bool) error {
 		return b.check(table, first)
 	}
 	return nil
+}
+
+// scores sets out[j] = q·k[j*ld:j*ld+len(q)] for j < len(out): a query's
+// products with a page's keys, which are ld floats apart.
+func scores(out, q, k []float32, ld int) {
+	for j := range out {
+		out[j] = dot(q, k[j*ld:j*ld+len(q)])
+	}
+}
+
+// weightedSum adds c[j]·v[j*ld:j*ld+len(out)] to out for j = 0..len(c)-1
+// in order: the values of a page weighted by their attention.
+func weightedSum(out, v, c []float32, ld int) {
+	for j, a := range c {
+		axpy(out, v[j*ld:j*ld+len(out)], a)
+	}
 }
 
 func axpy(out, v []float32, a float32) {

@@ -19,6 +19,8 @@
 package main
 
 import (
+	"fmt"
+
 	. "github.com/mmcloughlin/avo/build"
 	. "github.com/mmcloughlin/avo/operand"
 	. "github.com/mmcloughlin/avo/reg"
@@ -29,7 +31,8 @@ func main() {
 	dot()
 	gemv4()
 	gemm4x3()
-	axpy()
+	scores()
+	weightedSum()
 	Generate()
 }
 
@@ -219,35 +222,112 @@ func gemm4x3() {
 	RET()
 }
 
-func axpy() {
-	TEXT("axpyAVX", NOSPLIT, "func(out, v *float32, a float32, n int)")
-	Doc("axpyAVX sets out[i] += a*v[i] for i < n.")
-	out, v, n := param("out"), param("v"), param("n")
-	a := YMM()
-	VBROADCASTSS(Load(Param("a"), XMM()), a)
-	j, nvec := GP64(), GP64()
+// scores is attention's query-key products over one page: the keys are rows
+// ldk floats apart (a page holds every kv head's keys of a position side by
+// side), four at a time, then one at a time.
+func scores() {
+	TEXT("scoresAVX", NOSPLIT, "func(q, k, out *float32, n, ldk, cnt int)")
+	Doc("scoresAVX sets out[j] = q[:n]·k[j*ldk:j*ldk+n] for j < cnt.")
+	q, k, out := param("q"), param("k"), param("out")
+	n, ldk, cnt := param("n"), param("ldk"), param("cnt")
+	SHLQ(U8(2), ldk)
+	Label("scores_group")
+	CMPQ(cnt, Imm(4))
+	JL(LabelRef("scores_single"))
+	rows := []GPVirtual{k, GP64(), GP64(), GP64()}
+	for r := 1; r < 4; r++ {
+		LEAQ(Mem{Base: rows[r-1], Index: ldk, Scale: 1}, rows[r])
+	}
+	acc := block("scores4", rows, []GPVirtual{q}, n, nil)
+	for r := range acc {
+		VMOVSS(acc[r][0].AsX(), Mem{Base: out, Disp: 4 * r})
+	}
+	LEAQ(Mem{Base: rows[3], Index: ldk, Scale: 1}, k)
+	ADDQ(U8(16), out)
+	SUBQ(U8(4), cnt)
+	JMP(LabelRef("scores_group"))
+	Label("scores_single")
+	CMPQ(cnt, Imm(0))
+	JE(LabelRef("scores_end"))
+	acc = block("scores1", []GPVirtual{k}, []GPVirtual{q}, n, nil)
+	VMOVSS(acc[0][0].AsX(), Mem{Base: out})
+	ADDQ(ldk, k)
+	ADDQ(U8(4), out)
+	DECQ(cnt)
+	JMP(LabelRef("scores_single"))
+	Label("scores_end")
+	VZEROUPPER()
+	RET()
+}
+
+// weightedSum is attention's weighted sum of the values over one page: each
+// output element gets c[j]·v[j] added in order of j by fused multiply-add,
+// the outputs held in registers across the page, 32, 16 and 8 at a time,
+// then one at a time.
+func weightedSum() {
+	TEXT("weightedSumAVX", NOSPLIT, "func(out, v, c *float32, n, ldv, cnt int)")
+	Doc("weightedSumAVX adds c[j]*v[j*ldv+i] to out[i] for i < n, for j = 0 to cnt-1 in order.")
+	out, v, c := param("out"), param("v"), param("c")
+	n, ldv, cnt := param("n"), param("ldv"), param("cnt")
+	SHLQ(U8(2), ldv)
+	i := GP64()
+	XORQ(i, i)
+	for _, width := range []int{4, 2, 1} {
+		name := fmt.Sprintf("wsum%d", width)
+		end := GP64()
+		MOVQ(n, end)
+		SUBQ(U8(8*width-1), end) // i+8*width <= n, i.e. i < n-8*width+1
+		Label(name + "_cols")
+		CMPQ(i, end)
+		JGE(LabelRef(name + "_next"))
+		acc := make([]VecVirtual, width)
+		for w := range acc {
+			acc[w] = YMM()
+			VMOVUPS(Mem{Base: out, Index: i, Scale: 4, Disp: 32 * w}, acc[w])
+		}
+		row, j := GP64(), GP64()
+		LEAQ(Mem{Base: v, Index: i, Scale: 4}, row)
+		XORQ(j, j)
+		Label(name + "_rows")
+		CMPQ(j, cnt)
+		JGE(LabelRef(name + "_store"))
+		cj := YMM()
+		VBROADCASTSS(Mem{Base: c, Index: j, Scale: 4}, cj)
+		for w := range acc {
+			VFMADD231PS(Mem{Base: row, Disp: 32 * w}, cj, acc[w])
+		}
+		ADDQ(ldv, row)
+		INCQ(j)
+		JMP(LabelRef(name + "_rows"))
+		Label(name + "_store")
+		for w := range acc {
+			VMOVUPS(acc[w], Mem{Base: out, Index: i, Scale: 4, Disp: 32 * w})
+		}
+		ADDQ(U8(8*width), i)
+		JMP(LabelRef(name + "_cols"))
+		Label(name + "_next")
+	}
+	Label("wsum_tail")
+	CMPQ(i, n)
+	JGE(LabelRef("wsum_end"))
+	t, row, j := XMM(), GP64(), GP64()
+	VMOVSS(Mem{Base: out, Index: i, Scale: 4}, t)
+	LEAQ(Mem{Base: v, Index: i, Scale: 4}, row)
 	XORQ(j, j)
-	MOVQ(n, nvec)
-	ANDQ(I32(-8), nvec)
-	Label("axpy_vec")
-	CMPQ(j, nvec)
-	JGE(LabelRef("axpy_tail"))
-	o := YMM()
-	VMOVUPS(Mem{Base: out, Index: j, Scale: 4}, o)
-	VFMADD231PS(Mem{Base: v, Index: j, Scale: 4}, a, o)
-	VMOVUPS(o, Mem{Base: out, Index: j, Scale: 4})
-	ADDQ(U8(8), j)
-	JMP(LabelRef("axpy_vec"))
-	Label("axpy_tail")
-	CMPQ(j, n)
-	JGE(LabelRef("axpy_done"))
-	t := XMM()
-	VMOVSS(Mem{Base: out, Index: j, Scale: 4}, t)
-	VFMADD231SS(Mem{Base: v, Index: j, Scale: 4}, a.AsX(), t)
-	VMOVSS(t, Mem{Base: out, Index: j, Scale: 4})
+	Label("wsum_tail_rows")
+	CMPQ(j, cnt)
+	JGE(LabelRef("wsum_tail_store"))
+	cj := XMM()
+	VMOVSS(Mem{Base: c, Index: j, Scale: 4}, cj)
+	VFMADD231SS(Mem{Base: row}, cj, t)
+	ADDQ(ldv, row)
 	INCQ(j)
-	JMP(LabelRef("axpy_tail"))
-	Label("axpy_done")
+	JMP(LabelRef("wsum_tail_rows"))
+	Label("wsum_tail_store")
+	VMOVSS(t, Mem{Base: out, Index: i, Scale: 4})
+	INCQ(i)
+	JMP(LabelRef("wsum_tail"))
+	Label("wsum_end")
 	VZEROUPPER()
 	RET()
 }
