@@ -106,13 +106,17 @@ func grow(s []float32, n int) []float32 {
 	return s[:n]
 }
 
-// parallel calls f over [0, n) split into one chunk per core, when the
-// work (n times cost) is worth a goroutine; the caller runs the first chunk.
-func (b *Backend) parallel(n, cost int, f func(lo, hi int)) {
-	if b.workers <= 1 || n*cost < 1<<15 || n < 2 {
-		f(0, n)
-		return
-	}
+// serial says whether work over n items of cost each runs on the caller's
+// goroutine alone: one thread, or too little work to be worth a goroutine.
+func (b *Backend) serial(n, cost int) bool {
+	return b.workers <= 1 || n*cost < 1<<15 || n < 2
+}
+
+// parallel calls f over [0, n) split into one chunk per core; the caller
+// runs the first. Callers check serial first and call their loop directly
+// when it holds, so that one thread makes no closure (no allocation) and no
+// goroutine.
+func (b *Backend) parallel(n int, f func(lo, hi int)) {
 	chunks := min(n, b.workers)
 	var wg sync.WaitGroup
 	for c := 1; c < chunks; c++ {
@@ -133,32 +137,39 @@ func (b *Backend) parallel(n, cost int, f func(lo, hi int)) {
 // a time (four rows for one token, or one row for four tokens), so each value
 // loaded serves four products.
 func (b *Backend) matmul(out, x, w []float32, T, n, d int) {
-	b.parallel(d, n*T, func(lo, hi int) {
-		if simd {
-			matmulSIMD(out, x, w, T, n, d, lo, hi)
-			return
+	if b.serial(d, n*T) {
+		matmulRows(out, x, w, T, n, d, 0, d)
+		return
+	}
+	b.parallel(d, func(lo, hi int) { matmulRows(out, x, w, T, n, d, lo, hi) })
+}
+
+// matmulRows is matmul's output rows [lo, hi).
+func matmulRows(out, x, w []float32, T, n, d, lo, hi int) {
+	if simd {
+		matmulSIMD(out, x, w, T, n, d, lo, hi)
+		return
+	}
+	if T == 1 {
+		i := lo
+		for ; i+4 <= hi; i += 4 {
+			out[i], out[i+1], out[i+2], out[i+3] = dot4(x[:n], w[i*n:(i+1)*n], w[(i+1)*n:(i+2)*n], w[(i+2)*n:(i+3)*n], w[(i+3)*n:(i+4)*n])
 		}
-		if T == 1 {
-			i := lo
-			for ; i+4 <= hi; i += 4 {
-				out[i], out[i+1], out[i+2], out[i+3] = dot4(x[:n], w[i*n:(i+1)*n], w[(i+1)*n:(i+2)*n], w[(i+2)*n:(i+3)*n], w[(i+3)*n:(i+4)*n])
-			}
-			for ; i < hi; i++ {
-				out[i] = dot(w[i*n:(i+1)*n], x[:n])
-			}
-			return
+		for ; i < hi; i++ {
+			out[i] = dot(w[i*n:(i+1)*n], x[:n])
 		}
-		for i := lo; i < hi; i++ {
-			row := w[i*n : (i+1)*n]
-			t := 0
-			for ; t+4 <= T; t += 4 {
-				out[t*d+i], out[(t+1)*d+i], out[(t+2)*d+i], out[(t+3)*d+i] = dot4(row, x[t*n:(t+1)*n], x[(t+1)*n:(t+2)*n], x[(t+2)*n:(t+3)*n], x[(t+3)*n:(t+4)*n])
-			}
-			for ; t < T; t++ {
-				out[t*d+i] = dot(row, x[t*n:(t+1)*n])
-			}
+		return
+	}
+	for i := lo; i < hi; i++ {
+		row := w[i*n : (i+1)*n]
+		t := 0
+		for ; t+4 <= T; t += 4 {
+			out[t*d+i], out[(t+1)*d+i], out[(t+2)*d+i], out[(t+3)*d+i] = dot4(row, x[t*n:(t+1)*n], x[(t+1)*n:(t+2)*n], x[(t+2)*n:(t+3)*n], x[(t+3)*n:(t+4)*n])
 		}
-	})
+		for ; t < T; t++ {
+			out[t*d+i] = dot(row, x[t*n:(t+1)*n])
+		}
+	}
 }
 
 // tileFloats bounds the tokens' inputs that one pass over a block of weight
@@ -353,66 +364,18 @@ func (b *Backend) check(table kv.Table, i int) error {
 // writing the heads' outputs into xb. Each page's tag is checked where its
 // keys and values are read.
 func (b *Backend) attention(l, pos0, T int, table kv.Table, check bool) error {
-	m, g := b.m, b.cache.Geometry()
-	hd, kvDim, dim, pt := m.HeadDim(), m.KVDim(), m.Dim, g.PageTokens
-	group := m.Heads / m.KVHeads
-	scale := float32(1 / math.Sqrt(float64(hd)))
-	kOff, vOff := g.KeyOffset(l, 0), g.ValueOffset(l, 0)
+	m := b.m
 	// Per (token, head) pair: 1 + the table index that failed, or 0.
 	if cap(b.fail) < T*m.Heads {
 		b.fail = make([]int, T*m.Heads)
 	}
 	fail := b.fail[:T*m.Heads]
 	clear(fail)
-	score, sum := scores, weightedSum
-	if simd {
-		score, sum = scoresSIMD, weightedSumSIMD
+	if b.serial(T*m.Heads, (pos0+T)*m.HeadDim()*2) {
+		b.attend(l, pos0, table, check, fail, 0, T*m.Heads)
+	} else {
+		b.parallel(T*m.Heads, func(lo, hi int) { b.attend(l, pos0, table, check, fail, lo, hi) })
 	}
-	b.parallel(T*m.Heads, (pos0+T)*hd*2, func(lo, hi int) {
-		for pair := lo; pair < hi; pair++ {
-			t, h := pair/m.Heads, pair%m.Heads
-			pos := pos0 + t
-			q := b.q[t*dim+h*hd : t*dim+(h+1)*hd]
-			att := b.att[pair*m.SeqLen : pair*m.SeqLen+pos+1]
-			kvh := (h / group) * hd
-			for p := 0; p <= pos; p += pt {
-				i := p / pt
-				if check && b.epochs[table[i].Page] != table[i].Epoch {
-					fail[pair] = i + 1
-					break
-				}
-				score(att[p:min(p+pt, pos+1)], q, b.pages[i][kOff+kvh:], kvDim)
-			}
-			if fail[pair] != 0 {
-				continue
-			}
-			hi := float32(math.Inf(-1))
-			for i, a := range att {
-				att[i] = a * scale
-				hi = max(hi, att[i])
-			}
-			var total float32
-			for i, a := range att {
-				e := float32(math.Exp(float64(a - hi)))
-				att[i] = e
-				total += e
-			}
-			inv := 1 / total
-			for i := range att {
-				att[i] *= inv
-			}
-			out := b.xb[t*dim+h*hd : t*dim+(h+1)*hd]
-			clear(out)
-			for p := 0; p <= pos; p += pt {
-				i := p / pt
-				if check && b.epochs[table[i].Page] != table[i].Epoch {
-					fail[pair] = i + 1
-					break
-				}
-				sum(out, b.pages[i][vOff+kvh:], att[p:min(p+pt, pos+1)], kvDim)
-			}
-		}
-	})
 	first := -1
 	for _, f := range fail {
 		if f != 0 && (first < 0 || f-1 < first) {
@@ -423,6 +386,63 @@ func (b *Backend) attention(l, pos0, T int, table kv.Table, check bool) error {
 		return b.check(table, first)
 	}
 	return nil
+}
+
+// attend is attention's (token, head) pairs [lo, hi) in layer l, a failed
+// tag check recorded in fail.
+func (b *Backend) attend(l, pos0 int, table kv.Table, check bool, fail []int, lo, hi int) {
+	m, g := b.m, b.cache.Geometry()
+	hd, kvDim, dim, pt := m.HeadDim(), m.KVDim(), m.Dim, g.PageTokens
+	group := m.Heads / m.KVHeads
+	scale := float32(1 / math.Sqrt(float64(hd)))
+	kOff, vOff := g.KeyOffset(l, 0), g.ValueOffset(l, 0)
+	score, sum := scores, weightedSum
+	if simd {
+		score, sum = scoresSIMD, weightedSumSIMD
+	}
+	for pair := lo; pair < hi; pair++ {
+		t, h := pair/m.Heads, pair%m.Heads
+		pos := pos0 + t
+		q := b.q[t*dim+h*hd : t*dim+(h+1)*hd]
+		att := b.att[pair*m.SeqLen : pair*m.SeqLen+pos+1]
+		kvh := (h / group) * hd
+		for p := 0; p <= pos; p += pt {
+			i := p / pt
+			if check && b.epochs[table[i].Page] != table[i].Epoch {
+				fail[pair] = i + 1
+				break
+			}
+			score(att[p:min(p+pt, pos+1)], q, b.pages[i][kOff+kvh:], kvDim)
+		}
+		if fail[pair] != 0 {
+			continue
+		}
+		top := float32(math.Inf(-1))
+		for i, a := range att {
+			att[i] = a * scale
+			top = max(top, att[i])
+		}
+		var total float32
+		for i, a := range att {
+			e := float32(math.Exp(float64(a - top)))
+			att[i] = e
+			total += e
+		}
+		inv := 1 / total
+		for i := range att {
+			att[i] *= inv
+		}
+		out := b.xb[t*dim+h*hd : t*dim+(h+1)*hd]
+		clear(out)
+		for p := 0; p <= pos; p += pt {
+			i := p / pt
+			if check && b.epochs[table[i].Page] != table[i].Epoch {
+				fail[pair] = i + 1
+				break
+			}
+			sum(out, b.pages[i][vOff+kvh:], att[p:min(p+pt, pos+1)], kvDim)
+		}
+	}
 }
 
 // scores sets out[j] = q·k[j*ld:j*ld+len(q)] for j < len(out): a query's
