@@ -27,6 +27,7 @@ type Backend struct {
 	att                          []float32 // (tokens*heads, seqLen)
 	pages                        [][]float32
 	fail                         []int
+	group                        [3]product // matmuls' products, kept here so that a group costs no allocation
 }
 
 var _ backend.Backend = (*Backend)(nil)
@@ -142,6 +143,40 @@ func (b *Backend) matmul(out, x, w []float32, T, n, d int) {
 		return
 	}
 	b.parallel(d, func(lo, hi int) { matmulRows(out, x, w, T, n, d, lo, hi) })
+}
+
+// product is one of a group of matrix products that share their input:
+// out (T, d) = x (T, n) times w (d, n) transposed.
+type product struct {
+	out, w []float32
+	d      int
+}
+
+// matmuls computes products of the same input (a layer's queries, keys and
+// values; its gate and up projections) with their rows split over the
+// threads together: one hand-off to the other threads for the group, not
+// one per product.
+func (b *Backend) matmuls(x []float32, T, n int, ps []product) {
+	rows := 0
+	for _, p := range ps {
+		rows += p.d
+	}
+	if b.serial(rows, n*T) {
+		productRows(x, T, n, ps, 0, rows)
+		return
+	}
+	b.parallel(rows, func(lo, hi int) { productRows(x, T, n, ps, lo, hi) })
+}
+
+// productRows is rows [lo, hi) of the products' rows one after another.
+func productRows(x []float32, T, n int, ps []product, lo, hi int) {
+	off := 0
+	for _, p := range ps {
+		if l, h := max(lo, off), min(hi, off+p.d); l < h {
+			matmulRows(p.out, x, p.w, T, n, p.d, l-off, h-off)
+		}
+		off += p.d
+	}
 }
 
 // matmulRows is matmul's output rows [lo, hi).
@@ -315,9 +350,10 @@ func (b *Backend) Forward(s *backend.Step) error {
 		for t := 0; t < T; t++ {
 			rmsnorm(b.xb[t*dim:(t+1)*dim], b.x[t*dim:(t+1)*dim], m.RMSAttention[l*dim:(l+1)*dim])
 		}
-		b.matmul(b.q, b.xb, m.WQ[l*dim*dim:(l+1)*dim*dim], T, dim, dim)
-		b.matmul(b.k, b.xb, m.WK[l*kvDim*dim:(l+1)*kvDim*dim], T, dim, kvDim)
-		b.matmul(b.v, b.xb, m.WV[l*kvDim*dim:(l+1)*kvDim*dim], T, dim, kvDim)
+		b.group[0] = product{b.q, m.WQ[l*dim*dim : (l+1)*dim*dim], dim}
+		b.group[1] = product{b.k, m.WK[l*kvDim*dim : (l+1)*kvDim*dim], kvDim}
+		b.group[2] = product{b.v, m.WV[l*kvDim*dim : (l+1)*kvDim*dim], kvDim}
+		b.matmuls(b.xb, T, dim, b.group[:3])
 		for t := 0; t < T; t++ {
 			pos := s.Pos + t
 			b.rotate(b.q[t*dim:(t+1)*dim], m.Heads, pos)
@@ -336,8 +372,9 @@ func (b *Backend) Forward(s *backend.Step) error {
 		for t := 0; t < T; t++ {
 			rmsnorm(b.xb[t*dim:(t+1)*dim], b.x[t*dim:(t+1)*dim], m.RMSFFN[l*dim:(l+1)*dim])
 		}
-		b.matmul(b.hb, b.xb, m.W1[l*hidden*dim:(l+1)*hidden*dim], T, dim, hidden)
-		b.matmul(b.hb2, b.xb, m.W3[l*hidden*dim:(l+1)*hidden*dim], T, dim, hidden)
+		b.group[0] = product{b.hb, m.W1[l*hidden*dim : (l+1)*hidden*dim], hidden}
+		b.group[1] = product{b.hb2, m.W3[l*hidden*dim : (l+1)*hidden*dim], hidden}
+		b.matmuls(b.xb, T, dim, b.group[:2])
 		for i, g := range b.hb {
 			b.hb[i] = g / (1 + float32(math.Exp(float64(-g)))) * b.hb2[i]
 		}

@@ -253,3 +253,35 @@ func BenchmarkDecodeThreads(b *testing.B) {
 	}
 	b.ReportMetric(float64(runs[0].bestWall)/float64(runs[1].bestWall), "speedup-2threads")
 }
+
+// A group of products of one input, split over threads together (a layer's
+// queries, keys and values), computes each product with the bits it has
+// alone, on both paths, whichever threads' chunk boundaries fall inside a
+// product.
+func TestAGroupOfProductsSplitTogetherComputesEachAsAlone(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	const n = 288
+	paths(func(path string) {
+		for _, T := range []int{1, 7} {
+			x := unaligned(rng, T*n)
+			var ps []product
+			for _, d := range []int{100, 37, 50} {
+				ps = append(ps, product{out: make([]float32, T*d), w: unaligned(rng, d*n), d: d})
+			}
+			for _, threads := range []int{1, 2, 3} {
+				b := NewThreads(threads)
+				b.matmuls(x, T, n, ps)
+				for i, p := range ps {
+					alone := make([]float32, T*p.d)
+					NewThreads(1).matmul(alone, x, p.w, T, n, p.d)
+					for j := range alone {
+						if math.Float32bits(alone[j]) != math.Float32bits(p.out[j]) {
+							t.Fatalf("%s T %d threads %d: product %d output %d is %g in the group, %g alone", path, T, threads, i, j, p.out[j], alone[j])
+						}
+					}
+					clear(p.out)
+				}
+			}
+		}
+	})
+}
