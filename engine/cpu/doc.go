@@ -8,6 +8,12 @@
 // product in the same order (see asmgen), so a product's bits do not depend
 // on the kernel, the batch or the split over threads.
 //
+// Decode is bound by memory bandwidth: each step reads every weight. So
+// Load asks Linux to back the weights with huge pages (a hint; see
+// adviseHugePages), and the matrix-vector kernel prefetches the rows' bytes
+// ahead of its reads. One thread computes on the caller's goroutine with no
+// allocation.
+//
 // Its KV pool is the cache's host region itself, so the pages it writes are
 // the bytes the transport moves, with no copy (UploadPages and DownloadPages
 // do nothing). Prefill processes the prompt's tokens as one batch, each weight
