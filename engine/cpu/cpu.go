@@ -426,7 +426,11 @@ func (b *Backend) attention(l, pos0, T int, table kv.Table, check bool) error {
 }
 
 // attend is attention's (token, head) pairs [lo, hi) in layer l, a failed
-// tag check recorded in fail.
+// tag check recorded in fail. A token's heads in the range go through the
+// pages together, page by page: the page's rows hold every head's keys (and
+// values) of a position side by side, so the heads read each page's keys,
+// then its values, as one run of memory instead of one strided pass per
+// head. Each head's products and sums are the same, in the same order.
 func (b *Backend) attend(l, pos0 int, table kv.Table, check bool, fail []int, lo, hi int) {
 	m, g := b.m, b.cache.Geometry()
 	hd, kvDim, dim, pt := m.HeadDim(), m.KVDim(), m.Dim, g.PageTokens
@@ -437,48 +441,61 @@ func (b *Backend) attend(l, pos0 int, table kv.Table, check bool, fail []int, lo
 	if simd {
 		score, sum = scoresSIMD, weightedSumSIMD
 	}
-	for pair := lo; pair < hi; pair++ {
-		t, h := pair/m.Heads, pair%m.Heads
+	for first := lo; first < hi; {
+		t := first / m.Heads
+		last := min(hi, (t+1)*m.Heads) // pairs [first, last) are token t's
 		pos := pos0 + t
-		q := b.q[t*dim+h*hd : t*dim+(h+1)*hd]
-		att := b.att[pair*m.SeqLen : pair*m.SeqLen+pos+1]
-		kvh := (h / group) * hd
-		for p := 0; p <= pos; p += pt {
-			i := p / pt
+		att := func(pair int) []float32 { return b.att[pair*m.SeqLen : pair*m.SeqLen+pos+1] }
+		failed := func(i int) bool {
 			if check && b.epochs[table[i].Page] != table[i].Epoch {
-				fail[pair] = i + 1
-				break
+				for pair := first; pair < last; pair++ {
+					fail[pair] = i + 1
+				}
+				return true
 			}
-			score(att[p:min(p+pt, pos+1)], q, b.pages[i][kOff+kvh:], kvDim)
+			return false
 		}
-		if fail[pair] != 0 {
-			continue
-		}
-		top := float32(math.Inf(-1))
-		for i, a := range att {
-			att[i] = a * scale
-			top = max(top, att[i])
-		}
-		var total float32
-		for i, a := range att {
-			e := float32(math.Exp(float64(a - top)))
-			att[i] = e
-			total += e
-		}
-		inv := 1 / total
-		for i := range att {
-			att[i] *= inv
-		}
-		out := b.xb[t*dim+h*hd : t*dim+(h+1)*hd]
-		clear(out)
-		for p := 0; p <= pos; p += pt {
+		ok := true
+		for p := 0; p <= pos && ok; p += pt {
 			i := p / pt
-			if check && b.epochs[table[i].Page] != table[i].Epoch {
-				fail[pair] = i + 1
-				break
+			if ok = !failed(i); ok {
+				for pair := first; pair < last; pair++ {
+					h := pair % m.Heads
+					q := b.q[t*dim+h*hd : t*dim+(h+1)*hd]
+					score(att(pair)[p:min(p+pt, pos+1)], q, b.pages[i][kOff+(h/group)*hd:], kvDim)
+				}
 			}
-			sum(out, b.pages[i][vOff+kvh:], att[p:min(p+pt, pos+1)], kvDim)
 		}
+		for pair := first; pair < last && ok; pair++ {
+			a := att(pair)
+			top := float32(math.Inf(-1))
+			for i, x := range a {
+				a[i] = x * scale
+				top = max(top, a[i])
+			}
+			var total float32
+			for i, x := range a {
+				e := float32(math.Exp(float64(x - top)))
+				a[i] = e
+				total += e
+			}
+			inv := 1 / total
+			for i := range a {
+				a[i] *= inv
+			}
+			h := pair % m.Heads
+			clear(b.xb[t*dim+h*hd : t*dim+(h+1)*hd])
+		}
+		for p := 0; p <= pos && ok; p += pt {
+			i := p / pt
+			if ok = !failed(i); ok {
+				for pair := first; pair < last; pair++ {
+					h := pair % m.Heads
+					sum(b.xb[t*dim+h*hd:t*dim+(h+1)*hd], b.pages[i][vOff+(h/group)*hd:], att(pair)[p:min(p+pt, pos+1)], kvDim)
+				}
+			}
+		}
+		first = last
 	}
 }
 

@@ -23,7 +23,8 @@
 // every page it is about to write before it writes anything, and, inside
 // attention, of every page it reads keys or values from, at the read. A
 // mismatch fails the step with a *kv.TagError naming the page. The check
-// costs one comparison per page read per head and layer.
+// costs one comparison per page read per token and layer (a token's heads
+// read a page together).
 package cpu
 
 //go:generate go run -tags asmgen ./asmgen -out kernels_amd64.s -stubs kernels_amd64.go -pkg cpu
