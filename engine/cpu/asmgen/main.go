@@ -42,10 +42,13 @@ func main() {
 // read side by side are four short streams (a row of 288 floats is 18 cache
 // lines) that the hardware prefetchers follow poorly; one linear stream of
 // software prefetches over the same bytes, 8 KiB (64 iterations of the four
-// rows) ahead, keeps enough lines in flight. Measured, classifier-shaped
-// matrix-vector product (32000x288) from memory: 1.5 billion multiply-adds
-// per CPU-second without, 2.2 to 2.5 with 4 to 16 KiB (go test -bench
-// 'Matmul/classifier' ./engine/cpu).
+// rows) ahead, keeps more lines in flight. Measured with the kernel
+// generated without the prefetch and with other distances (an experiment,
+// not kept), on a classifier-shaped product (32000x288) from memory: about
+// 1.5 billion multiply-adds per CPU-second without, 2.2 to 2.5 with 4 to 16
+// KiB; in a whole stories15M decode, 4 to 32 KiB equal within the noise, 2
+// KiB slower. go test -bench Matmul/classifier ./engine/cpu measures this
+// kernel as it is.
 const prefetchAhead = 8 << 10
 
 // block computes the R×C inner products of rows w[r] with vectors x[c],
