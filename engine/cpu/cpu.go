@@ -19,12 +19,15 @@ type Backend struct {
 	workers int
 	cos     []float32 // rotary tables: (seqLen, rotary/2)
 	sin     []float32
+	// The weights' bytes Load advised and collapsed onto huge pages.
+	hugeAdvised, hugeCollapsed int
 
 	// Scratch, grown to the longest step seen.
 	x, xb, xb2, q, k, v, hb, hb2 []float32
 	att                          []float32 // (tokens*heads, seqLen)
 	pages                        [][]float32
 	fail                         []int
+	group                        [3]product // matmuls' products, kept here so that a group costs no allocation
 }
 
 var _ backend.Backend = (*Backend)(nil)
@@ -40,12 +43,16 @@ func NewThreads(threads int) *Backend { return &Backend{workers: max(threads, 1)
 // Name is "cpu".
 func (b *Backend) Name() string { return "cpu" }
 
-// Load keeps m's arrays (no copy) and precomputes the rotary tables.
+// Load keeps m's arrays (no copy), asks the operating system to back them
+// with huge pages (adviseHugePages: a hint), and precomputes the rotary
+// tables.
 func (b *Backend) Load(m *llama.Model) error {
 	if err := m.Validate(); err != nil {
 		return err
 	}
 	b.m = m
+	b.hugeAdvised, b.hugeCollapsed = adviseHugePages(m.TokenEmbedding, m.RMSAttention, m.WQ, m.WK, m.WV, m.WO,
+		m.RMSFFN, m.W1, m.W2, m.W3, m.RMSFinal, m.Classifier)
 	half := m.Rotary() / 2
 	b.cos, b.sin = make([]float32, m.SeqLen*half), make([]float32, m.SeqLen*half)
 	for pos := 0; pos < m.SeqLen; pos++ {
@@ -100,13 +107,17 @@ func grow(s []float32, n int) []float32 {
 	return s[:n]
 }
 
-// parallel calls f over [0, n) split into one chunk per core, when the
-// work (n times cost) is worth a goroutine; the caller runs the first chunk.
-func (b *Backend) parallel(n, cost int, f func(lo, hi int)) {
-	if b.workers <= 1 || n*cost < 1<<15 || n < 2 {
-		f(0, n)
-		return
-	}
+// serial says whether work over n items of cost each runs on the caller's
+// goroutine alone: one thread, or too little work to be worth a goroutine.
+func (b *Backend) serial(n, cost int) bool {
+	return b.workers <= 1 || n*cost < 1<<15 || n < 2
+}
+
+// parallel calls f over [0, n) split into one chunk per core; the caller
+// runs the first. Callers check serial first and call their loop directly
+// when it holds, so that one thread makes no closure (no allocation) and no
+// goroutine.
+func (b *Backend) parallel(n int, f func(lo, hi int)) {
 	chunks := min(n, b.workers)
 	var wg sync.WaitGroup
 	for c := 1; c < chunks; c++ {
@@ -127,32 +138,73 @@ func (b *Backend) parallel(n, cost int, f func(lo, hi int)) {
 // a time (four rows for one token, or one row for four tokens), so each value
 // loaded serves four products.
 func (b *Backend) matmul(out, x, w []float32, T, n, d int) {
-	b.parallel(d, n*T, func(lo, hi int) {
-		if simd {
-			matmulSIMD(out, x, w, T, n, d, lo, hi)
-			return
+	if b.serial(d, n*T) {
+		matmulRows(out, x, w, T, n, d, 0, d)
+		return
+	}
+	b.parallel(d, func(lo, hi int) { matmulRows(out, x, w, T, n, d, lo, hi) })
+}
+
+// product is one of a group of matrix products that share their input:
+// out (T, d) = x (T, n) times w (d, n) transposed.
+type product struct {
+	out, w []float32
+	d      int
+}
+
+// matmuls computes products of the same input (a layer's queries, keys and
+// values; its gate and up projections) with their rows split over the
+// threads together: one hand-off to the other threads for the group, not
+// one per product.
+func (b *Backend) matmuls(x []float32, T, n int, ps []product) {
+	rows := 0
+	for _, p := range ps {
+		rows += p.d
+	}
+	if b.serial(rows, n*T) {
+		productRows(x, T, n, ps, 0, rows)
+		return
+	}
+	b.parallel(rows, func(lo, hi int) { productRows(x, T, n, ps, lo, hi) })
+}
+
+// productRows is rows [lo, hi) of the products' rows one after another.
+func productRows(x []float32, T, n int, ps []product, lo, hi int) {
+	off := 0
+	for _, p := range ps {
+		if l, h := max(lo, off), min(hi, off+p.d); l < h {
+			matmulRows(p.out, x, p.w, T, n, p.d, l-off, h-off)
 		}
-		if T == 1 {
-			i := lo
-			for ; i+4 <= hi; i += 4 {
-				out[i], out[i+1], out[i+2], out[i+3] = dot4(x[:n], w[i*n:(i+1)*n], w[(i+1)*n:(i+2)*n], w[(i+2)*n:(i+3)*n], w[(i+3)*n:(i+4)*n])
-			}
-			for ; i < hi; i++ {
-				out[i] = dot(w[i*n:(i+1)*n], x[:n])
-			}
-			return
+		off += p.d
+	}
+}
+
+// matmulRows is matmul's output rows [lo, hi).
+func matmulRows(out, x, w []float32, T, n, d, lo, hi int) {
+	if simd {
+		matmulSIMD(out, x, w, T, n, d, lo, hi)
+		return
+	}
+	if T == 1 {
+		i := lo
+		for ; i+4 <= hi; i += 4 {
+			out[i], out[i+1], out[i+2], out[i+3] = dot4(x[:n], w[i*n:(i+1)*n], w[(i+1)*n:(i+2)*n], w[(i+2)*n:(i+3)*n], w[(i+3)*n:(i+4)*n])
 		}
-		for i := lo; i < hi; i++ {
-			row := w[i*n : (i+1)*n]
-			t := 0
-			for ; t+4 <= T; t += 4 {
-				out[t*d+i], out[(t+1)*d+i], out[(t+2)*d+i], out[(t+3)*d+i] = dot4(row, x[t*n:(t+1)*n], x[(t+1)*n:(t+2)*n], x[(t+2)*n:(t+3)*n], x[(t+3)*n:(t+4)*n])
-			}
-			for ; t < T; t++ {
-				out[t*d+i] = dot(row, x[t*n:(t+1)*n])
-			}
+		for ; i < hi; i++ {
+			out[i] = dot(w[i*n:(i+1)*n], x[:n])
 		}
-	})
+		return
+	}
+	for i := lo; i < hi; i++ {
+		row := w[i*n : (i+1)*n]
+		t := 0
+		for ; t+4 <= T; t += 4 {
+			out[t*d+i], out[(t+1)*d+i], out[(t+2)*d+i], out[(t+3)*d+i] = dot4(row, x[t*n:(t+1)*n], x[(t+1)*n:(t+2)*n], x[(t+2)*n:(t+3)*n], x[(t+3)*n:(t+4)*n])
+		}
+		for ; t < T; t++ {
+			out[t*d+i] = dot(row, x[t*n:(t+1)*n])
+		}
+	}
 }
 
 // tileFloats bounds the tokens' inputs that one pass over a block of weight
@@ -298,9 +350,10 @@ func (b *Backend) Forward(s *backend.Step) error {
 		for t := 0; t < T; t++ {
 			rmsnorm(b.xb[t*dim:(t+1)*dim], b.x[t*dim:(t+1)*dim], m.RMSAttention[l*dim:(l+1)*dim])
 		}
-		b.matmul(b.q, b.xb, m.WQ[l*dim*dim:(l+1)*dim*dim], T, dim, dim)
-		b.matmul(b.k, b.xb, m.WK[l*kvDim*dim:(l+1)*kvDim*dim], T, dim, kvDim)
-		b.matmul(b.v, b.xb, m.WV[l*kvDim*dim:(l+1)*kvDim*dim], T, dim, kvDim)
+		b.group[0] = product{b.q, m.WQ[l*dim*dim : (l+1)*dim*dim], dim}
+		b.group[1] = product{b.k, m.WK[l*kvDim*dim : (l+1)*kvDim*dim], kvDim}
+		b.group[2] = product{b.v, m.WV[l*kvDim*dim : (l+1)*kvDim*dim], kvDim}
+		b.matmuls(b.xb, T, dim, b.group[:3])
 		for t := 0; t < T; t++ {
 			pos := s.Pos + t
 			b.rotate(b.q[t*dim:(t+1)*dim], m.Heads, pos)
@@ -319,8 +372,9 @@ func (b *Backend) Forward(s *backend.Step) error {
 		for t := 0; t < T; t++ {
 			rmsnorm(b.xb[t*dim:(t+1)*dim], b.x[t*dim:(t+1)*dim], m.RMSFFN[l*dim:(l+1)*dim])
 		}
-		b.matmul(b.hb, b.xb, m.W1[l*hidden*dim:(l+1)*hidden*dim], T, dim, hidden)
-		b.matmul(b.hb2, b.xb, m.W3[l*hidden*dim:(l+1)*hidden*dim], T, dim, hidden)
+		b.group[0] = product{b.hb, m.W1[l*hidden*dim : (l+1)*hidden*dim], hidden}
+		b.group[1] = product{b.hb2, m.W3[l*hidden*dim : (l+1)*hidden*dim], hidden}
+		b.matmuls(b.xb, T, dim, b.group[:2])
 		for i, g := range b.hb {
 			b.hb[i] = g / (1 + float32(math.Exp(float64(-g)))) * b.hb2[i]
 		}
@@ -347,69 +401,18 @@ func (b *Backend) check(table kv.Table, i int) error {
 // writing the heads' outputs into xb. Each page's tag is checked where its
 // keys and values are read.
 func (b *Backend) attention(l, pos0, T int, table kv.Table, check bool) error {
-	m, g := b.m, b.cache.Geometry()
-	hd, kvDim, dim, pt := m.HeadDim(), m.KVDim(), m.Dim, g.PageTokens
-	group := m.Heads / m.KVHeads
-	scale := float32(1 / math.Sqrt(float64(hd)))
-	kOff, vOff := g.KeyOffset(l, 0), g.ValueOffset(l, 0)
+	m := b.m
 	// Per (token, head) pair: 1 + the table index that failed, or 0.
 	if cap(b.fail) < T*m.Heads {
 		b.fail = make([]int, T*m.Heads)
 	}
 	fail := b.fail[:T*m.Heads]
 	clear(fail)
-	qk, av := dot, axpy
-	if simd {
-		qk, av = dotSIMD, axpySIMD
+	if b.serial(T*m.Heads, (pos0+T)*m.HeadDim()*2) {
+		b.attend(l, pos0, table, check, fail, 0, T*m.Heads)
+	} else {
+		b.parallel(T*m.Heads, func(lo, hi int) { b.attend(l, pos0, table, check, fail, lo, hi) })
 	}
-	b.parallel(T*m.Heads, (pos0+T)*hd*2, func(lo, hi int) {
-		for pair := lo; pair < hi; pair++ {
-			t, h := pair/m.Heads, pair%m.Heads
-			pos := pos0 + t
-			q := b.q[t*dim+h*hd : t*dim+(h+1)*hd]
-			att := b.att[pair*m.SeqLen : pair*m.SeqLen+pos+1]
-			kvh := (h / group) * hd
-			hi := float32(math.Inf(-1))
-			for p := 0; p <= pos; p += pt {
-				i := p / pt
-				if check && b.epochs[table[i].Page] != table[i].Epoch {
-					fail[pair] = i + 1
-					break
-				}
-				page := b.pages[i]
-				for j := 0; j < pt && p+j <= pos; j++ {
-					o := kOff + j*kvDim + kvh
-					sc := qk(q, page[o:o+hd]) * scale
-					att[p+j] = sc
-					hi = max(hi, sc)
-				}
-			}
-			if fail[pair] != 0 {
-				continue
-			}
-			var sum float32
-			for i, a := range att {
-				e := float32(math.Exp(float64(a - hi)))
-				att[i] = e
-				sum += e
-			}
-			out := b.xb[t*dim+h*hd : t*dim+(h+1)*hd]
-			clear(out)
-			inv := 1 / sum
-			for p := 0; p <= pos; p += pt {
-				i := p / pt
-				if check && b.epochs[table[i].Page] != table[i].Epoch {
-					fail[pair] = i + 1
-					break
-				}
-				page := b.pages[i]
-				for j := 0; j < pt && p+j <= pos; j++ {
-					o := vOff + j*kvDim + kvh
-					av(out, page[o:o+hd], att[p+j]*inv)
-				}
-			}
-		}
-	})
 	first := -1
 	for _, f := range fail {
 		if f != 0 && (first < 0 || f-1 < first) {
@@ -420,6 +423,96 @@ func (b *Backend) attention(l, pos0, T int, table kv.Table, check bool) error {
 		return b.check(table, first)
 	}
 	return nil
+}
+
+// attend is attention's (token, head) pairs [lo, hi) in layer l, a failed
+// tag check recorded in fail. A token's heads in the range go through the
+// pages together, page by page: the page's rows hold every head's keys (and
+// values) of a position side by side, so the heads read each page's keys,
+// then its values, as one run of memory instead of one strided pass per
+// head. Each head's products and sums are the same, in the same order.
+func (b *Backend) attend(l, pos0 int, table kv.Table, check bool, fail []int, lo, hi int) {
+	m, g := b.m, b.cache.Geometry()
+	hd, kvDim, dim, pt := m.HeadDim(), m.KVDim(), m.Dim, g.PageTokens
+	group := m.Heads / m.KVHeads
+	scale := float32(1 / math.Sqrt(float64(hd)))
+	kOff, vOff := g.KeyOffset(l, 0), g.ValueOffset(l, 0)
+	score, sum := scores, weightedSum
+	if simd {
+		score, sum = scoresSIMD, weightedSumSIMD
+	}
+	for first := lo; first < hi; {
+		t := first / m.Heads
+		last := min(hi, (t+1)*m.Heads) // pairs [first, last) are token t's
+		pos := pos0 + t
+		att := func(pair int) []float32 { return b.att[pair*m.SeqLen : pair*m.SeqLen+pos+1] }
+		failed := func(i int) bool {
+			if check && b.epochs[table[i].Page] != table[i].Epoch {
+				for pair := first; pair < last; pair++ {
+					fail[pair] = i + 1
+				}
+				return true
+			}
+			return false
+		}
+		ok := true
+		for p := 0; p <= pos && ok; p += pt {
+			i := p / pt
+			if ok = !failed(i); ok {
+				for pair := first; pair < last; pair++ {
+					h := pair % m.Heads
+					q := b.q[t*dim+h*hd : t*dim+(h+1)*hd]
+					score(att(pair)[p:min(p+pt, pos+1)], q, b.pages[i][kOff+(h/group)*hd:], kvDim)
+				}
+			}
+		}
+		for pair := first; pair < last && ok; pair++ {
+			a := att(pair)
+			top := float32(math.Inf(-1))
+			for i, x := range a {
+				a[i] = x * scale
+				top = max(top, a[i])
+			}
+			var total float32
+			for i, x := range a {
+				e := float32(math.Exp(float64(x - top)))
+				a[i] = e
+				total += e
+			}
+			inv := 1 / total
+			for i := range a {
+				a[i] *= inv
+			}
+			h := pair % m.Heads
+			clear(b.xb[t*dim+h*hd : t*dim+(h+1)*hd])
+		}
+		for p := 0; p <= pos && ok; p += pt {
+			i := p / pt
+			if ok = !failed(i); ok {
+				for pair := first; pair < last; pair++ {
+					h := pair % m.Heads
+					sum(b.xb[t*dim+h*hd:t*dim+(h+1)*hd], b.pages[i][vOff+(h/group)*hd:], att(pair)[p:min(p+pt, pos+1)], kvDim)
+				}
+			}
+		}
+		first = last
+	}
+}
+
+// scores sets out[j] = q·k[j*ld:j*ld+len(q)] for j < len(out): a query's
+// products with a page's keys, which are ld floats apart.
+func scores(out, q, k []float32, ld int) {
+	for j := range out {
+		out[j] = dot(q, k[j*ld:j*ld+len(q)])
+	}
+}
+
+// weightedSum adds c[j]·v[j*ld:j*ld+len(out)] to out for j = 0..len(c)-1
+// in order: the values of a page weighted by their attention.
+func weightedSum(out, v, c []float32, ld int) {
+	for j, a := range c {
+		axpy(out, v[j*ld:j*ld+len(out)], a)
+	}
 }
 
 func axpy(out, v []float32, a float32) {

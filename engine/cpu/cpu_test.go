@@ -30,7 +30,7 @@ func paths(f func(name string)) {
 // The products of stories15M's shapes, one thread: the classifier's matvec
 // (32000x288, 37 MB, from memory), a layer's FFN matvec (768x288, from
 // cache) and a 64-token prefill product, on both paths, in multiply-adds per
-// CPU-second of the process.
+// CPU-second of the process, the weights on huge pages where Linux allows.
 func BenchmarkMatmul(b *testing.B) {
 	for _, c := range []struct {
 		name    string
@@ -40,6 +40,7 @@ func BenchmarkMatmul(b *testing.B) {
 			b.Run(c.name+"/"+path, func(b *testing.B) {
 				bk := NewThreads(1)
 				x, w, out := make([]float32, c.T*c.n), make([]float32, c.d*c.n), make([]float32, c.T*c.d)
+				adviseHugePages(w) // as Load does a model's weights
 				for i := range w {
 					w[i] = float32(i%7) - 3
 				}
@@ -127,5 +128,41 @@ func TestForwardRefusesBadStepsWithoutPanicking(t *testing.T) {
 		if err := bk.Forward(&s); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
+	}
+}
+
+// On one thread a decode step allocates nothing: the products and attention
+// run on the caller's goroutine with no closure for a split that does not
+// happen, and the scratch buffers are kept from the step before.
+func TestOneThreadDecodeStepAllocatesNothing(t *testing.T) {
+	m, _ := llama.Alloc(llama.Config{Dim: 288, HiddenDim: 768, Layers: 2, Heads: 6, KVHeads: 2, Vocab: 512, SeqLen: 64})
+	llama.Randomize(m, 2)
+	bk := NewThreads(1)
+	if err := bk.Load(m); err != nil {
+		t.Fatal(err)
+	}
+	c, _ := kv.New(kv.Geometry{Layers: 2, KVHeads: 2, HeadDim: 48, PageTokens: 16}, 4)
+	if err := bk.AttachPool(c); err != nil {
+		t.Fatal(err)
+	}
+	refs, _ := c.Pool().Allocate(1, 4)
+	for _, r := range refs {
+		if err := bk.SetEpochs([]uint32{r.Page}, []uint64{r.Epoch}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	logits := make([]float32, 512)
+	step := backend.Step{Tokens: []int{7}, Table: kv.Table(refs), Logits: logits}
+	for step.Pos = 0; step.Pos < 40; step.Pos++ { // the buffers grow to the longest step
+		if err := bk.Forward(&step); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := testing.AllocsPerRun(20, func() {
+		if err := bk.Forward(&step); err != nil {
+			t.Fatal(err)
+		}
+	}); n != 0 {
+		t.Fatalf("a one-thread decode step allocates %v times", n)
 	}
 }

@@ -8,6 +8,12 @@
 // product in the same order (see asmgen), so a product's bits do not depend
 // on the kernel, the batch or the split over threads.
 //
+// Decode is bound by memory bandwidth: each step reads every weight. So
+// Load asks Linux to back the weights with huge pages (a hint; see
+// adviseHugePages), and the matrix-vector kernel prefetches the rows' bytes
+// ahead of its reads. One thread computes on the caller's goroutine with no
+// allocation.
+//
 // Its KV pool is the cache's host region itself, so the pages it writes are
 // the bytes the transport moves, with no copy (UploadPages and DownloadPages
 // do nothing). Prefill processes the prompt's tokens as one batch, each weight
@@ -17,7 +23,8 @@
 // every page it is about to write before it writes anything, and, inside
 // attention, of every page it reads keys or values from, at the read. A
 // mismatch fails the step with a *kv.TagError naming the page. The check
-// costs one comparison per page read per head and layer.
+// costs one comparison per page read per token and layer (a token's heads
+// read a page together).
 package cpu
 
 //go:generate go run -tags asmgen ./asmgen -out kernels_amd64.s -stubs kernels_amd64.go -pkg cpu

@@ -13,5 +13,8 @@ func gemv4AVX(w *float32, x *float32, out *float32, n int, groups int)
 // gemm4x3AVX sets out[r+c*ldo] = w[r*n:(r+1)*n]·x[c*ldx:c*ldx+n] for r < 4, c < 3*groups.
 func gemm4x3AVX(w *float32, x *float32, out *float32, n int, ldx int, ldo int, groups int)
 
-// axpyAVX sets out[i] += a*v[i] for i < n.
-func axpyAVX(out *float32, v *float32, a float32, n int)
+// scoresAVX sets out[j] = q[:n]·k[j*ldk:j*ldk+n] for j < cnt.
+func scoresAVX(q *float32, k *float32, out *float32, n int, ldk int, cnt int)
+
+// weightedSumAVX adds c[j]*v[j*ldv+i] to out[i] for i < n, for j = 0 to cnt-1 in order.
+func weightedSumAVX(out *float32, v *float32, c *float32, n int, ldv int, cnt int)

@@ -45,7 +45,7 @@ dot_done:
 	RET
 
 // func gemv4AVX(w *float32, x *float32, out *float32, n int, groups int)
-// Requires: AVX, FMA3
+// Requires: AVX, FMA3, MMX+
 TEXT ·gemv4AVX(SB), NOSPLIT, $0-40
 	MOVQ w+0(FP), AX
 	MOVQ x+8(FP), CX
@@ -54,30 +54,34 @@ TEXT ·gemv4AVX(SB), NOSPLIT, $0-40
 	MOVQ groups+32(FP), SI
 	MOVQ BX, DI
 	SHLQ $0x02, DI
+	LEAQ 8192(AX), R8
 
 gemv_group:
 	CMPQ   SI, $0x00
 	JE     gemv_end
-	LEAQ   (AX)(DI*1), R8
-	LEAQ   (R8)(DI*1), R9
+	LEAQ   (AX)(DI*1), R9
 	LEAQ   (R9)(DI*1), R10
+	LEAQ   (R10)(DI*1), R11
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
-	XORQ   R11, R11
-	MOVQ   BX, R12
-	ANDQ   $-8, R12
+	XORQ   R12, R12
+	MOVQ   BX, R13
+	ANDQ   $-8, R13
 
 gemv_vec:
-	CMPQ        R11, R12
+	CMPQ        R12, R13
 	JGE         gemv_reduce
-	VMOVUPS     (CX)(R11*4), Y4
-	VFMADD231PS (AX)(R11*4), Y4, Y0
-	VFMADD231PS (R8)(R11*4), Y4, Y1
-	VFMADD231PS (R9)(R11*4), Y4, Y2
-	VFMADD231PS (R10)(R11*4), Y4, Y3
-	ADDQ        $0x08, R11
+	PREFETCHT0  (R8)
+	PREFETCHT0  64(R8)
+	ADDQ        $0x80, R8
+	VMOVUPS     (CX)(R12*4), Y4
+	VFMADD231PS (AX)(R12*4), Y4, Y0
+	VFMADD231PS (R9)(R12*4), Y4, Y1
+	VFMADD231PS (R10)(R12*4), Y4, Y2
+	VFMADD231PS (R11)(R12*4), Y4, Y3
+	ADDQ        $0x08, R12
 	JMP         gemv_vec
 
 gemv_reduce:
@@ -107,14 +111,14 @@ gemv_reduce:
 	VADDSS       X4, X3, X3
 
 gemv_tail:
-	CMPQ        R11, BX
+	CMPQ        R12, BX
 	JGE         gemv_done
-	VMOVSS      (CX)(R11*4), X4
-	VFMADD231SS (AX)(R11*4), X4, X0
-	VFMADD231SS (R8)(R11*4), X4, X1
-	VFMADD231SS (R9)(R11*4), X4, X2
-	VFMADD231SS (R10)(R11*4), X4, X3
-	INCQ        R11
+	VMOVSS      (CX)(R12*4), X4
+	VFMADD231SS (AX)(R12*4), X4, X0
+	VFMADD231SS (R9)(R12*4), X4, X1
+	VFMADD231SS (R10)(R12*4), X4, X2
+	VFMADD231SS (R11)(R12*4), X4, X3
+	INCQ        R12
 	JMP         gemv_tail
 
 gemv_done:
@@ -122,7 +126,7 @@ gemv_done:
 	VMOVSS X1, 4(DX)
 	VMOVSS X2, 8(DX)
 	VMOVSS X3, 12(DX)
-	LEAQ   (R10)(DI*1), AX
+	LEAQ   (R11)(DI*1), AX
 	ADDQ   $0x10, DX
 	DECQ   SI
 	JMP    gemv_group
@@ -321,36 +325,251 @@ gemm_end:
 	VZEROUPPER
 	RET
 
-// func axpyAVX(out *float32, v *float32, a float32, n int)
-// Requires: AVX, AVX2, FMA3, SSE
-TEXT ·axpyAVX(SB), NOSPLIT, $0-32
-	MOVQ         out+0(FP), AX
-	MOVQ         v+8(FP), CX
-	MOVQ         n+24(FP), DX
-	MOVSS        a+16(FP), X0
-	VBROADCASTSS X0, Y0
-	XORQ         BX, BX
-	MOVQ         DX, SI
-	ANDQ         $-8, SI
+// func scoresAVX(q *float32, k *float32, out *float32, n int, ldk int, cnt int)
+// Requires: AVX, FMA3
+TEXT ·scoresAVX(SB), NOSPLIT, $0-48
+	MOVQ q+0(FP), AX
+	MOVQ k+8(FP), CX
+	MOVQ out+16(FP), DX
+	MOVQ n+24(FP), BX
+	MOVQ ldk+32(FP), SI
+	MOVQ cnt+40(FP), DI
+	SHLQ $0x02, SI
 
-axpy_vec:
-	CMPQ        BX, SI
-	JGE         axpy_tail
-	VMOVUPS     (AX)(BX*4), Y1
-	VFMADD231PS (CX)(BX*4), Y0, Y1
-	VMOVUPS     Y1, (AX)(BX*4)
-	ADDQ        $0x08, BX
-	JMP         axpy_vec
+scores_group:
+	CMPQ   DI, $0x04
+	JL     scores_single
+	LEAQ   (CX)(SI*1), R8
+	LEAQ   (R8)(SI*1), R9
+	LEAQ   (R9)(SI*1), R10
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	XORQ   R11, R11
+	MOVQ   BX, R12
+	ANDQ   $-8, R12
 
-axpy_tail:
-	CMPQ        BX, DX
-	JGE         axpy_done
-	VMOVSS      (AX)(BX*4), X1
-	VFMADD231SS (CX)(BX*4), X0, X1
-	VMOVSS      X1, (AX)(BX*4)
-	INCQ        BX
-	JMP         axpy_tail
+scores4_vec:
+	CMPQ        R11, R12
+	JGE         scores4_reduce
+	VMOVUPS     (AX)(R11*4), Y4
+	VFMADD231PS (CX)(R11*4), Y4, Y0
+	VFMADD231PS (R8)(R11*4), Y4, Y1
+	VFMADD231PS (R9)(R11*4), Y4, Y2
+	VFMADD231PS (R10)(R11*4), Y4, Y3
+	ADDQ        $0x08, R11
+	JMP         scores4_vec
 
-axpy_done:
+scores4_reduce:
+	VEXTRACTF128 $0x01, Y0, X4
+	VADDPS       X4, X0, X0
+	VMOVHLPS     X0, X0, X4
+	VADDPS       X4, X0, X0
+	VMOVSHDUP    X0, X4
+	VADDSS       X4, X0, X0
+	VEXTRACTF128 $0x01, Y1, X4
+	VADDPS       X4, X1, X1
+	VMOVHLPS     X1, X1, X4
+	VADDPS       X4, X1, X1
+	VMOVSHDUP    X1, X4
+	VADDSS       X4, X1, X1
+	VEXTRACTF128 $0x01, Y2, X4
+	VADDPS       X4, X2, X2
+	VMOVHLPS     X2, X2, X4
+	VADDPS       X4, X2, X2
+	VMOVSHDUP    X2, X4
+	VADDSS       X4, X2, X2
+	VEXTRACTF128 $0x01, Y3, X4
+	VADDPS       X4, X3, X3
+	VMOVHLPS     X3, X3, X4
+	VADDPS       X4, X3, X3
+	VMOVSHDUP    X3, X4
+	VADDSS       X4, X3, X3
+
+scores4_tail:
+	CMPQ        R11, BX
+	JGE         scores4_done
+	VMOVSS      (AX)(R11*4), X4
+	VFMADD231SS (CX)(R11*4), X4, X0
+	VFMADD231SS (R8)(R11*4), X4, X1
+	VFMADD231SS (R9)(R11*4), X4, X2
+	VFMADD231SS (R10)(R11*4), X4, X3
+	INCQ        R11
+	JMP         scores4_tail
+
+scores4_done:
+	VMOVSS X0, (DX)
+	VMOVSS X1, 4(DX)
+	VMOVSS X2, 8(DX)
+	VMOVSS X3, 12(DX)
+	LEAQ   (R10)(SI*1), CX
+	ADDQ   $0x10, DX
+	SUBQ   $0x04, DI
+	JMP    scores_group
+
+scores_single:
+	CMPQ   DI, $0x00
+	JE     scores_end
+	VXORPS Y0, Y0, Y0
+	XORQ   R8, R8
+	MOVQ   BX, R9
+	ANDQ   $-8, R9
+
+scores1_vec:
+	CMPQ        R8, R9
+	JGE         scores1_reduce
+	VMOVUPS     (AX)(R8*4), Y1
+	VFMADD231PS (CX)(R8*4), Y1, Y0
+	ADDQ        $0x08, R8
+	JMP         scores1_vec
+
+scores1_reduce:
+	VEXTRACTF128 $0x01, Y0, X1
+	VADDPS       X1, X0, X0
+	VMOVHLPS     X0, X0, X1
+	VADDPS       X1, X0, X0
+	VMOVSHDUP    X0, X1
+	VADDSS       X1, X0, X0
+
+scores1_tail:
+	CMPQ        R8, BX
+	JGE         scores1_done
+	VMOVSS      (AX)(R8*4), X1
+	VFMADD231SS (CX)(R8*4), X1, X0
+	INCQ        R8
+	JMP         scores1_tail
+
+scores1_done:
+	VMOVSS X0, (DX)
+	ADDQ   SI, CX
+	ADDQ   $0x04, DX
+	DECQ   DI
+	JMP    scores_single
+
+scores_end:
+	VZEROUPPER
+	RET
+
+// func weightedSumAVX(out *float32, v *float32, c *float32, n int, ldv int, cnt int)
+// Requires: AVX, FMA3
+TEXT ·weightedSumAVX(SB), NOSPLIT, $0-48
+	MOVQ out+0(FP), AX
+	MOVQ v+8(FP), CX
+	MOVQ c+16(FP), DX
+	MOVQ n+24(FP), BX
+	MOVQ ldv+32(FP), SI
+	MOVQ cnt+40(FP), DI
+	SHLQ $0x02, SI
+	XORQ R8, R8
+	MOVQ BX, R9
+	SUBQ $0x1f, R9
+
+wsum4_cols:
+	CMPQ    R8, R9
+	JGE     wsum4_next
+	VMOVUPS (AX)(R8*4), Y0
+	VMOVUPS 32(AX)(R8*4), Y1
+	VMOVUPS 64(AX)(R8*4), Y2
+	VMOVUPS 96(AX)(R8*4), Y3
+	LEAQ    (CX)(R8*4), R10
+	XORQ    R11, R11
+
+wsum4_rows:
+	CMPQ         R11, DI
+	JGE          wsum4_store
+	VBROADCASTSS (DX)(R11*4), Y4
+	VFMADD231PS  (R10), Y4, Y0
+	VFMADD231PS  32(R10), Y4, Y1
+	VFMADD231PS  64(R10), Y4, Y2
+	VFMADD231PS  96(R10), Y4, Y3
+	ADDQ         SI, R10
+	INCQ         R11
+	JMP          wsum4_rows
+
+wsum4_store:
+	VMOVUPS Y0, (AX)(R8*4)
+	VMOVUPS Y1, 32(AX)(R8*4)
+	VMOVUPS Y2, 64(AX)(R8*4)
+	VMOVUPS Y3, 96(AX)(R8*4)
+	ADDQ    $0x20, R8
+	JMP     wsum4_cols
+
+wsum4_next:
+	MOVQ BX, R9
+	SUBQ $0x0f, R9
+
+wsum2_cols:
+	CMPQ    R8, R9
+	JGE     wsum2_next
+	VMOVUPS (AX)(R8*4), Y0
+	VMOVUPS 32(AX)(R8*4), Y1
+	LEAQ    (CX)(R8*4), R10
+	XORQ    R11, R11
+
+wsum2_rows:
+	CMPQ         R11, DI
+	JGE          wsum2_store
+	VBROADCASTSS (DX)(R11*4), Y2
+	VFMADD231PS  (R10), Y2, Y0
+	VFMADD231PS  32(R10), Y2, Y1
+	ADDQ         SI, R10
+	INCQ         R11
+	JMP          wsum2_rows
+
+wsum2_store:
+	VMOVUPS Y0, (AX)(R8*4)
+	VMOVUPS Y1, 32(AX)(R8*4)
+	ADDQ    $0x10, R8
+	JMP     wsum2_cols
+
+wsum2_next:
+	MOVQ BX, R9
+	SUBQ $0x07, R9
+
+wsum1_cols:
+	CMPQ    R8, R9
+	JGE     wsum1_next
+	VMOVUPS (AX)(R8*4), Y0
+	LEAQ    (CX)(R8*4), R10
+	XORQ    R11, R11
+
+wsum1_rows:
+	CMPQ         R11, DI
+	JGE          wsum1_store
+	VBROADCASTSS (DX)(R11*4), Y1
+	VFMADD231PS  (R10), Y1, Y0
+	ADDQ         SI, R10
+	INCQ         R11
+	JMP          wsum1_rows
+
+wsum1_store:
+	VMOVUPS Y0, (AX)(R8*4)
+	ADDQ    $0x08, R8
+	JMP     wsum1_cols
+
+wsum1_next:
+wsum_tail:
+	CMPQ   R8, BX
+	JGE    wsum_end
+	VMOVSS (AX)(R8*4), X0
+	LEAQ   (CX)(R8*4), R9
+	XORQ   R10, R10
+
+wsum_tail_rows:
+	CMPQ        R10, DI
+	JGE         wsum_tail_store
+	VMOVSS      (DX)(R10*4), X1
+	VFMADD231SS (R9), X1, X0
+	ADDQ        SI, R9
+	INCQ        R10
+	JMP         wsum_tail_rows
+
+wsum_tail_store:
+	VMOVSS X0, (AX)(R8*4)
+	INCQ   R8
+	JMP    wsum_tail
+
+wsum_end:
 	VZEROUPPER
 	RET

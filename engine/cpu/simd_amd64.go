@@ -16,14 +16,6 @@ func dotSIMD(a, b []float32) float32 {
 	return dotAVX(&a[0], &b[0], len(a))
 }
 
-func axpySIMD(out, v []float32, a float32) {
-	if len(out) == 0 {
-		return
-	}
-	_ = v[len(out)-1]
-	axpyAVX(&out[0], &v[0], a, len(out))
-}
-
 // gemv4SIMD sets out[r] = w[r*n:(r+1)*n]·x[:n] for r < 4*groups.
 func gemv4SIMD(out, x, w []float32, n, groups int) {
 	if groups == 0 || n == 0 {
@@ -48,4 +40,28 @@ func gemm4x3SIMD(out, x, w []float32, n, ldo, groups int) {
 	}
 	_, _, _ = out[(3*groups-1)*ldo+3], x[3*groups*n-1], w[4*n-1]
 	gemm4x3AVX(&w[0], &x[0], &out[0], n, n, ldo, groups)
+}
+
+// scoresSIMD sets out[j] = q·k[j*ld:j*ld+len(q)] for j < len(out).
+func scoresSIMD(out, q, k []float32, ld int) {
+	if len(out) == 0 {
+		return
+	}
+	if len(q) == 0 {
+		clear(out)
+		return
+	}
+	_ = k[(len(out)-1)*ld+len(q)-1]
+	scoresAVX(&q[0], &k[0], &out[0], len(q), ld, len(out))
+}
+
+// weightedSumSIMD adds c[j]·v[j*ld:j*ld+len(out)] to out for j =
+// 0..len(c)-1 in order, each output
+// element summed in order of j by fused multiply-add.
+func weightedSumSIMD(out, v, c []float32, ld int) {
+	if len(out) == 0 || len(c) == 0 {
+		return
+	}
+	_ = v[(len(c)-1)*ld+len(out)-1]
+	weightedSumAVX(&out[0], &v[0], &c[0], len(out), ld, len(c))
 }

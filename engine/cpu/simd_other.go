@@ -8,8 +8,6 @@ var simd = false
 
 func dotSIMD(a, b []float32) float32 { return dot(a, b) }
 
-func axpySIMD(out, v []float32, a float32) { axpy(out, v, a) }
-
 func gemv4SIMD(out, x, w []float32, n, groups int) {
 	for r := 0; r < 4*groups; r++ {
 		out[r] = dot(w[r*n:(r+1)*n], x[:n])
@@ -23,3 +21,7 @@ func gemm4x3SIMD(out, x, w []float32, n, ldo, groups int) {
 		}
 	}
 }
+
+func scoresSIMD(out, q, k []float32, ld int) { scores(out, q, k, ld) }
+
+func weightedSumSIMD(out, v, c []float32, ld int) { weightedSum(out, v, c, ld) }

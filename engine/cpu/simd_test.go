@@ -65,9 +65,13 @@ func TestMatmulComputesEveryProductTheSameWayInABatchAsAlone(t *testing.T) {
 	})
 }
 
-// The attention kernels: the vector inner product and a += x·v equal the
-// scalar ones within rounding, at every length up to 40 and unaligned.
-func TestVectorDotAndAxpyMatchTheScalarOnes(t *testing.T) {
+// The attention kernels: the vector inner product, a query's products with
+// a page's keys (rows ld apart) and the weighted sum of its values equal the
+// scalar ones within rounding and the float64 sums within 1e-5 of their
+// terms' magnitudes, at head sizes up to 40 (not multiples of 8, 16 or 32
+// too), up to 17 positions (not multiples of the 4-key blocks), strides
+// wider than a head, on unaligned slices.
+func TestVectorAttentionKernelsMatchTheScalarOnes(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
 	for n := 0; n <= 40; n++ {
 		a, b := unaligned(rng, n), unaligned(rng, n)
@@ -78,13 +82,36 @@ func TestVectorDotAndAxpyMatchTheScalarOnes(t *testing.T) {
 		if d := math.Abs(float64(dotSIMD(a, b) - dot(a, b))); d > 1e-5*mag {
 			t.Fatalf("n %d: dot %g, scalar %g", n, dotSIMD(a, b), dot(a, b))
 		}
-		out1 := unaligned(rng, n)
-		out2 := append([]float32(nil), out1...)
-		axpySIMD(out1, a, 0.75)
-		axpy(out2, a, 0.75)
-		for i := range out1 {
-			if d := math.Abs(float64(out1[i] - out2[i])); d > 1e-6*(1+math.Abs(float64(out2[i]))) {
-				t.Fatalf("n %d: axpy[%d] %g, scalar %g", n, i, out1[i], out2[i])
+		for _, cnt := range []int{0, 1, 3, 4, 5, 8, 16, 17} {
+			ld := n + rng.IntN(9)
+			kv, q, c := unaligned(rng, cnt*ld+n), unaligned(rng, n), unaligned(rng, cnt)
+			got, want := unaligned(rng, cnt), unaligned(rng, cnt)
+			scoresSIMD(got, q, kv, ld)
+			scores(want, q, kv, ld)
+			for j := range got {
+				var ref, mag float64
+				for i := 0; i < n; i++ {
+					p := float64(q[i]) * float64(kv[j*ld+i])
+					ref, mag = ref+p, mag+math.Abs(p)
+				}
+				if math.Abs(float64(got[j]-want[j])) > 1e-5*mag || math.Abs(float64(got[j])-ref) > 1e-5*mag {
+					t.Fatalf("n %d cnt %d ld %d: score %d %g, scalar %g, float64 %g", n, cnt, ld, j, got[j], want[j], ref)
+				}
+			}
+			out1 := unaligned(rng, n)
+			out2 := append([]float32(nil), out1...)
+			start := append([]float32(nil), out1...)
+			weightedSumSIMD(out1, kv, c, ld)
+			weightedSum(out2, kv, c, ld)
+			for i := range out1 {
+				ref, mag := float64(start[i]), math.Abs(float64(start[i]))
+				for j := 0; j < cnt; j++ {
+					p := float64(c[j]) * float64(kv[j*ld+i])
+					ref, mag = ref+p, mag+math.Abs(p)
+				}
+				if math.Abs(float64(out1[i]-out2[i])) > 1e-5*mag || math.Abs(float64(out1[i])-ref) > 1e-5*mag {
+					t.Fatalf("n %d cnt %d ld %d: weighted sum [%d] %g, scalar %g, float64 %g", n, cnt, ld, i, out1[i], out2[i], ref)
+				}
 			}
 		}
 	}
@@ -225,4 +252,36 @@ func BenchmarkDecodeThreads(b *testing.B) {
 		b.ReportMetric(float64(r.totalTokens)/r.cpu.Seconds(), fmt.Sprintf("tok/CPU-s-%dthread", i+1))
 	}
 	b.ReportMetric(float64(runs[0].bestWall)/float64(runs[1].bestWall), "speedup-2threads")
+}
+
+// A group of products of one input, split over threads together (a layer's
+// queries, keys and values), computes each product with the bits it has
+// alone, on both paths, whichever threads' chunk boundaries fall inside a
+// product.
+func TestAGroupOfProductsSplitTogetherComputesEachAsAlone(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	const n = 288
+	paths(func(path string) {
+		for _, T := range []int{1, 7} {
+			x := unaligned(rng, T*n)
+			var ps []product
+			for _, d := range []int{100, 37, 50} {
+				ps = append(ps, product{out: make([]float32, T*d), w: unaligned(rng, d*n), d: d})
+			}
+			for _, threads := range []int{1, 2, 3} {
+				b := NewThreads(threads)
+				b.matmuls(x, T, n, ps)
+				for i, p := range ps {
+					alone := make([]float32, T*p.d)
+					NewThreads(1).matmul(alone, x, p.w, T, n, p.d)
+					for j := range alone {
+						if math.Float32bits(alone[j]) != math.Float32bits(p.out[j]) {
+							t.Fatalf("%s T %d threads %d: product %d output %d is %g in the group, %g alone", path, T, threads, i, j, p.out[j], alone[j])
+						}
+					}
+					clear(p.out)
+				}
+			}
+		}
+	})
 }

@@ -141,19 +141,30 @@ func (m *Model) Validate() error {
 	return nil
 }
 
-// Alloc returns a model of config c with every weight zero.
+// Alloc returns a model of config c with every weight zero. The arrays are
+// consecutive pieces of one allocation, in checkpoint order (the classifier
+// last), so a backend can ask for them to be backed by large pages as one
+// range (package cpu does).
 func Alloc(c Config) (*Model, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
 	m := &Model{Config: c}
-	for _, a := range m.arrays() {
-		*a.p = make([]float32, a.n)
+	arrays, total := m.arrays(), 0
+	for _, a := range arrays {
+		total += a.n
+	}
+	if !c.SharedClassifier {
+		total += c.Vocab * c.Dim
+	}
+	all := make([]float32, total)
+	for _, a := range arrays {
+		*a.p, all = all[:a.n:a.n], all[a.n:]
 	}
 	if c.SharedClassifier {
 		m.Classifier = m.TokenEmbedding
 	} else {
-		m.Classifier = make([]float32, c.Vocab*c.Dim)
+		m.Classifier = all
 	}
 	return m, nil
 }
