@@ -90,7 +90,7 @@
 //  21. Prefix lookup and pin, within the scope: Receiver.bootstrap, Pool.LookupPrefix, Pool.Pin, PrefixChain; TestPrefixCacheNeedsAuthorize, TestBootstrapChainMustFitTheRequest, TestPrefixHitNeverCrossesScopes, TestPrefixChainNamesWholePrefixes, TestBootstrapChainLengthMustMatchItsBytesBeforeAllocating
 //  22. Prefix lengths agree: Sender.admit, Sender.post, Receiver.verify; TestPrefixHitGrantsAndWritesOnlyThePagesPastIt, TestSenderRefusesAGrantWhosePrefixDoesNotFit
 //  23. Shared read check: Receiver.Acquire, Pool.CheckShared; TestEvictionTakesOnlyUnpinnedPagesLeastRecentlyUsedFirst, TestEvictPinnedReallocatesAPinnedPage
-//  24. Insert verified pages, unpin on every end, evict only unpinned: Receiver.Finish, Receiver.dropSlot, Pool.Insert, Pool.Unpin, Pool.Allocate, Receiver.Audit; TestEvictionTakesOnlyUnpinnedPagesLeastRecentlyUsedFirst, TestPrefixReuseAtScaleKeepsEveryProperty, TestEachPrefixSwitchBreaksAProperty
+//  24. Insert verified pages, unpin on every end, evict only unpinned, leaf first: Receiver.Finish, Receiver.dropSlot, Pool.Insert, Pool.Pin, Pool.TouchChain, Pool.Unpin, Pool.Allocate, Receiver.Audit; TestEvictionTakesOnlyUnpinnedPagesLeastRecentlyUsedFirst, TestEvictionTakesAChainsLeafBeforeItsRoot, TestFinishLeavesAChainsRootTheMostRecentlyUsed, TestPrefixReuseAtScaleKeepsEveryProperty, TestEachPrefixSwitchBreaksAProperty
 //
 // # Encodings
 //

@@ -147,7 +147,12 @@ func (p *Pool) Allocate(owner RequestID, n int) ([]PageRef, error) {
 }
 
 // evict frees the least recently used evictable cached page. The caller
-// has made sure there is one.
+// has made sure there is one. Pin and TouchChain keep every cached page
+// more recent than the cached pages further down its chain, and a pin
+// holds a page's whole path from the root, so the least recently used
+// unpinned page is a leaf: eviction never takes a chain's root and leaves
+// its later pages cached but unreachable (LookupPrefix needs a run from
+// page 0).
 func (p *Pool) evict() {
 	id := p.tail
 	for p.pages[id].pins > 0 && !p.evictPinned {
@@ -236,8 +241,10 @@ func (p *Pool) Pin(scope Scope, chain []ChainHash) []PageRef {
 		return nil
 	}
 	refs := make([]PageRef, len(chain))
-	for i, h := range chain {
-		id := p.index[p.keyOf(cacheKey{scope, h})]
+	// Deepest first, so that the root ends the most recently used: a
+	// chain's pages are evicted leaf first (see evict).
+	for i := len(chain) - 1; i >= 0; i-- {
+		id := p.index[p.keyOf(cacheKey{scope, chain[i]})]
 		pg := &p.pages[id]
 		if pg.pins == 0 {
 			p.pinned++
@@ -247,6 +254,22 @@ func (p *Pool) Pin(scope Scope, chain []ChainHash) []PageRef {
 		refs[i] = PageRef{Page: id, Epoch: pg.epoch.Load()}
 	}
 	return refs
+}
+
+// TouchChain makes the cached pages of chain under scope the most recently
+// used, deepest first, so that each page is more recent than every cached
+// page further down its chain. Finish calls it over a request's whole
+// prompt after inserting its pages: inserted one by one, the deepest would
+// otherwise be more recent than the root it hangs from.
+func (p *Pool) TouchChain(scope Scope, chain []ChainHash) {
+	if scope == 0 {
+		return
+	}
+	for i := len(chain) - 1; i >= 0; i-- {
+		if id, ok := p.index[p.keyOf(cacheKey{scope, chain[i]})]; ok {
+			p.touch(id)
+		}
+	}
 }
 
 // Unpin drops one pin from each of refs' pages that is still cached at its

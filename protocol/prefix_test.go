@@ -235,6 +235,12 @@ func TestPrefixReuseAtScaleKeepsEveryProperty(t *testing.T) {
 		}
 	}
 	cancelled, corrupted := 0, 0
+	type scoped struct {
+		scope protocol.Scope
+		chain []protocol.ChainHash
+	}
+	var chains []scoped // every prompt's, to look for pages eviction left unreachable
+	pool := n.Decode[0].Receiver.Pool()
 	for id := protocol.RequestID(1); int(id) <= requests; id++ {
 		c := convs[rng.IntN(len(convs))]
 		if len(c.prompt) > 16*30 {
@@ -245,6 +251,15 @@ func TestPrefixReuseAtScaleKeepsEveryProperty(t *testing.T) {
 		}
 		if err := n.SubmitPrompt(id, len(c.prompt), c.scope, slices.Clone(c.prompt)); err != nil {
 			t.Fatalf("r%d: %v", id, err)
+		}
+		chains = append(chains, scoped{c.scope, protocol.PrefixChain(c.prompt, 16)})
+		if id%50 == 0 {
+			for _, c := range chains[max(0, len(chains)-200):] {
+				if o := orphans(pool, c.scope, c.chain); o > 0 {
+					t.Fatalf("after r%d (%d evictions): %d cached pages of a %d-page chain past its %d-page hit: eviction took a page before its descendants",
+						id, pool.Evictions(), o, len(c.chain), pool.LookupPrefix(c.scope, c.chain))
+				}
+			}
 		}
 		for range 4 + rng.IntN(16) { // some events, not all: requests overlap
 			switch evs, _ := n.Events(protocoltest.EventOptions{}); {
@@ -271,7 +286,6 @@ func TestPrefixReuseAtScaleKeepsEveryProperty(t *testing.T) {
 		t.Fatal(props(n)[:min(5, len(n.Violations))])
 	}
 	st := n.Decode[0].Receiver.Stats()
-	pool := n.Decode[0].Receiver.Pool()
 	outcomes := map[string]int{}
 	for _, q := range n.Requests() {
 		why := "ok"
@@ -359,5 +373,75 @@ func TestEachPrefixSwitchBreaksAProperty(t *testing.T) {
 				t.Fatalf("with every defense on: %v", props(good))
 			}
 		})
+	}
+}
+
+// orphans counts chain's pages cached under scope past the run LookupPrefix
+// reaches: pages no request can hit any more, holding room until evicted.
+func orphans(p *protocol.Pool, scope protocol.Scope, chain []protocol.ChainHash) int {
+	n := 0
+	for i := p.LookupPrefix(scope, chain) + 1; i < len(chain); i++ {
+		n += p.LookupPrefix(scope, chain[i:i+1])
+	}
+	return n
+}
+
+// Rule 24: eviction takes a chain's leaf before its root. Pin (and Finish,
+// through TouchChain) make a chain's pages recently used deepest first, so
+// its root is its most recently used page; were page 0 the oldest, the
+// first eviction would take it and leave pages 1..k-1 cached but
+// unreachable (LookupPrefix needs a run from page 0): one evicted page
+// would cost the whole prefix. Evicting one page of a 4-page chain must
+// leave a 3-page hit.
+func TestEvictionTakesAChainsLeafBeforeItsRoot(t *testing.T) {
+	p := protocol.NewPool(6)
+	prompt := make([]uint32, 4*pageTokens)
+	for i := range prompt {
+		prompt[i] = uint32(100 + i)
+	}
+	chain := protocol.PrefixChain(prompt, pageTokens)
+	refs, err := p.Allocate(1, len(chain))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, ref := range refs {
+		if !p.Insert(1, ref, 7, chain[i]) {
+			t.Fatalf("page %d not inserted", i)
+		}
+	}
+	// A later request of the scope reads the whole chain (pins, unpins).
+	if pinned := p.Pin(7, chain); len(pinned) != len(chain) || p.Unpin(7, pinned) != len(chain) {
+		t.Fatalf("pinning the chain: %v", pinned)
+	}
+	// Another request needs one page more than is free: one cached page goes.
+	if _, err := p.Allocate(2, p.Free()+1); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Audit(); err != nil {
+		t.Fatal(err)
+	}
+	if k := p.LookupPrefix(7, chain); k != len(chain)-1 {
+		t.Fatalf("one page of a %d-page chain evicted: a hit of %d pages is left, %d pages still cached (want a hit of %d: evict the leaf, not the root)",
+			len(chain), k, p.Cached(), len(chain)-1)
+	}
+}
+
+// Rule 24, through the receiver: a request's pages inserted at Finish (one
+// by one, so the deepest pushed last) are touched again root last, so the
+// first eviction after it takes the chain's leaf and a 4-page hit is left.
+func TestFinishLeavesAChainsRootTheMostRecentlyUsed(t *testing.T) {
+	n := cached(t, 8)
+	submitShared(t, n, 1, 7, 20, 16) // 5 pages, the 5 full inserted at Finish
+	n.Run()
+	pool := n.Decode[0].Receiver.Pool()
+	if pool.Cached() != 5 {
+		t.Fatalf("%d pages cached, want 5", pool.Cached())
+	}
+	if _, err := pool.Allocate(99, pool.Free()+1); err != nil { // one cached page evicted
+		t.Fatal(err)
+	}
+	chain := protocol.PrefixChain(n.Request(1).Prompt, pageTokens)
+	if k := pool.LookupPrefix(7, chain); k != 4 {
+		t.Fatalf("one of 5 cached pages evicted leaves a %d-page hit, want 4 (its leaf evicted, not its root)", k)
 	}
 }

@@ -117,12 +117,13 @@ type recvRequest struct {
 	tokens uint32
 	refs   []PageRef // the fresh pages, owned: the request's pages len(prefix) on
 	// The prefix hit: the request's scope, the cached pages it pinned (its
-	// first pages), whether it holds the pins still, and the chain hashes
-	// of its fresh full pages, for Finish to insert them.
+	// first pages), whether it holds the pins still, and its whole chain,
+	// for Finish to insert its fresh full pages (chain[len(prefix):]) and
+	// to touch the chain deepest first.
 	scope    Scope
 	prefix   []PageRef
 	pinned   bool
-	insert   []ChainHash
+	chain    []ChainHash
 	deadline time.Time
 	reported bool
 	grant    Grant // the Grant sent for it, kept in the record: one allocation less
@@ -252,7 +253,7 @@ func (r *Receiver) dropSlot(q *recvRequest) {
 		q.pinned = false
 		r.pool.Unpin(q.scope, q.prefix)
 	}
-	q.insert = nil // only Finish inserts, before it releases: an ended record keeps no chain
+	q.chain = nil // only Finish inserts, before it releases: an ended record keeps no chain
 	if q.phase == ReceiverReserved || q.phase == ReceiverReady || q.phase == ReceiverReading {
 		r.held--
 	}
@@ -415,7 +416,7 @@ func (r *Receiver) bootstrap(peer PeerID, m *Bootstrap, now time.Time) error {
 		scope: m.Scope, prefix: prefix, pinned: len(prefix) > 0}
 	if r.cfg.PrefixCache && m.Scope != 0 {
 		r.stats.PrefixLookups++
-		q.insert = slices.Clone(m.Chain[k:]) // the Bootstrap is the Decoder's: keep a copy
+		q.chain = slices.Clone(m.Chain) // the Bootstrap is the Decoder's: keep a copy
 	}
 	if k > 0 {
 		r.stats.PrefixHits++
@@ -809,12 +810,16 @@ func (r *Receiver) Finish(id RequestID) error {
 	if q == nil || q.phase != ReceiverReading {
 		return fmt.Errorf("%w: request %d is not being read", ErrNotReady, id)
 	}
-	for j, ref := range q.refs[:min(len(q.refs), len(q.insert))] {
-		if r.pool.Insert(id, ref, q.scope, q.insert[j]) {
-			r.stats.PrefixInsertions++
+	if len(q.chain) > 0 {
+		insert := q.chain[min(len(q.prefix), len(q.chain)):]
+		for j, ref := range q.refs[:min(len(q.refs), len(insert))] {
+			if r.pool.Insert(id, ref, q.scope, insert[j]) {
+				r.stats.PrefixInsertions++
+			}
 		}
+		r.pool.TouchChain(q.scope, q.chain) // root most recent: evicted leaf first
 	}
-	q.insert = nil
+	q.chain = nil
 	r.release(q, id)
 	r.end(id, q, ReceiverFinished)
 	r.finish(id, q, nil)
