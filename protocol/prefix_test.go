@@ -445,3 +445,38 @@ func TestFinishLeavesAChainsRootTheMostRecentlyUsed(t *testing.T) {
 		t.Fatalf("one of 5 cached pages evicted leaves a %d-page hit, want 4 (its leaf evicted, not its root)", k)
 	}
 }
+
+// Receiver.Audit compares the pool's pins with the requests that hold
+// them even when the cache has emptied. Under evict-pinned, a Bootstrap
+// that needs the whole pool evicts every cached page, the pinned ones with
+// them, and leaves a request whose record says it holds pins on pages that
+// are now another request's: the very state Audit exists to catch, which
+// an early return on an empty cache missed.
+func TestAuditSeesARequestsPinsOnAnEmptiedCache(t *testing.T) {
+	n := cached(t, 8, research.EvictPinned)
+	submitShared(t, n, 1, 7, 20, 16) // 5 full pages, all inserted at Finish
+	n.Run()
+	r := n.Decode[0].Receiver
+	if c := r.Pool().Cached(); c != 5 {
+		t.Fatalf("%d pages cached after r1, want 5", c)
+	}
+	qp := n.QPs[0]
+	submitShared(t, n, 2, 7, 20, 16) // hits 4 pages, pins them, 1 fresh
+	n.Deliver(qp)
+	if r.Pool().Pinned() != 4 {
+		t.Fatalf("r2 pinned %d pages, want 4", r.Pool().Pinned())
+	}
+	if err := r.Audit(); err != nil {
+		t.Fatalf("before the eviction: %v", err)
+	}
+	submitShared(t, n, 3, 9, 28, 0) // 7 pages: 2 free, the 5 cached evicted, pinned or not
+	n.Deliver(qp)
+	if r.Pool().Cached() != 0 {
+		t.Fatalf("the staging did not empty the cache: %d cached", r.Pool().Cached())
+	}
+	if err := r.Audit(); err == nil {
+		t.Fatal("Audit passes while r2's record holds 4 pins on pages r3 now owns (evict-pinned)")
+	} else {
+		t.Log(err)
+	}
+}

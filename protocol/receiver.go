@@ -684,23 +684,27 @@ func (r *Receiver) end(id RequestID, q *recvRequest, phase ReceiverStatus) {
 	r.ending.push(timer[recvRequest]{id: id, rec: q})
 }
 
-// Audit checks the pool's bookkeeping (Pool.Audit) and that every cached
-// page's pins are exactly the requests that hold it pinned: a pin no
-// request holds would keep a page from eviction for ever, a request holding
-// a pin the pool lost could read a page reallocated under it.
+// Audit checks the pool's bookkeeping (Pool.Audit), that every request
+// holding pins holds them on pages still cached at the epochs it pinned, in
+// its scope, and that every cached page's pins are exactly the requests
+// that hold it pinned: a pin no request holds would keep a page from
+// eviction for ever, a request holding a pin the pool lost could read a
+// page reallocated under it. It runs whole even when the cache is empty:
+// that is when a lost pin's page is someone else's.
 func (r *Receiver) Audit() error {
 	if err := r.pool.Audit(); err != nil {
 		return err
 	}
-	if r.pool.Cached() == 0 && r.pool.Pinned() == 0 {
-		return nil
-	}
 	pins := map[uint32]int{}
-	for _, q := range r.reqs {
-		if q.pinned {
-			for _, ref := range q.prefix {
-				pins[ref.Page]++
+	for id, q := range r.reqs {
+		if !q.pinned {
+			continue
+		}
+		for i, ref := range q.prefix {
+			if !r.pool.sharedAt(q.scope, ref) {
+				return fmt.Errorf("protocol: receiver: request %d holds a pin on page %d at epoch %d (its prefix page %d), no longer cached there in its scope", id, ref.Page, ref.Epoch, i)
 			}
+			pins[ref.Page]++
 		}
 	}
 	for page := range r.pool.pages {
