@@ -480,3 +480,61 @@ func TestAuditSeesARequestsPinsOnAnEmptiedCache(t *testing.T) {
 		t.Log(err)
 	}
 }
+
+// Rule 24: a request cancelled while being read inserts nothing at Finish:
+// its pins go, its pages are released, its outcome stays the cancel. The
+// router has told the client it failed, and a decoder cancelled before its
+// first step has not written the last prompt position's KV.
+func TestACancelledReadInsertsNothing(t *testing.T) {
+	n := cached(t, 16)
+	submitShared(t, n, 1, 7, 20, 16)
+	r := n.Decode[0].Receiver
+	qp := n.QPs[0]
+	for i := 0; i < 100 && r.Status(1) != protocol.ReceiverReady; i++ {
+		switch {
+		case len(qp.Fwd) > 0:
+			n.Deliver(qp)
+		case len(qp.Back) > 0:
+			n.DeliverBack(qp)
+		}
+	}
+	if r.Status(1) != protocol.ReceiverReady {
+		t.Fatalf("r1 is %v, not ready", r.Status(1))
+	}
+	if _, err := r.Acquire(1); err != nil {
+		t.Fatal(err)
+	}
+	r.Cancel(1)
+	if err := r.Finish(1); err != nil {
+		t.Fatal(err)
+	}
+	if c := r.Pool().Cached(); c != 0 {
+		t.Fatalf("a request cancelled while being read inserted %d pages into the cache", c)
+	}
+	if f := r.Pool().Free(); f != r.Pool().Len() {
+		t.Fatalf("%d of %d pages free after the cancelled read's Finish", f, r.Pool().Len())
+	}
+	if err := r.Audit(); err != nil {
+		t.Fatal(err)
+	}
+	var out []protocol.Outcome
+	for _, o := range r.Effects().Outcomes {
+		if o.Request == 1 {
+			out = append(out, o)
+		}
+	}
+	if len(out) != 1 || !errors.Is(out[0].Err, protocol.ErrCancelled) {
+		t.Fatalf("r1's outcomes %v, want the one cancel", out)
+	}
+}
+
+// The same read finished without a cancel inserts its 5 full pages: the
+// staging above is one a cancel changes, not one that never inserts.
+func TestAFinishedReadInsertsItsFullPages(t *testing.T) {
+	n := cached(t, 16)
+	submitShared(t, n, 1, 7, 20, 16)
+	n.Run()
+	if c := n.Decode[0].Receiver.Pool().Cached(); c != 5 {
+		t.Fatalf("%d pages cached after a finished read, want 5", c)
+	}
+}

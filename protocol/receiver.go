@@ -120,13 +120,17 @@ type recvRequest struct {
 	// first pages), whether it holds the pins still, and its whole chain,
 	// for Finish to insert its fresh full pages (chain[len(prefix):]) and
 	// to touch the chain deepest first.
-	scope    Scope
-	prefix   []PageRef
-	pinned   bool
-	chain    []ChainHash
-	deadline time.Time
-	reported bool
-	grant    Grant // the Grant sent for it, kept in the record: one allocation less
+	scope  Scope
+	prefix []PageRef
+	pinned bool
+	chain  []ChainHash
+	// cancelled: the request was cancelled (or failed) while being read,
+	// so Finish inserts nothing: only a request that succeeds gives the
+	// cache its pages (rule 24).
+	cancelled bool
+	deadline  time.Time
+	reported  bool
+	grant     Grant // the Grant sent for it, kept in the record: one allocation less
 	// holding and owning say what the record counts in its peer's use: a
 	// slot, and its pages until they are back in the pool.
 	holding, owning bool
@@ -611,7 +615,11 @@ func (r *Receiver) abort(id RequestID, q *recvRequest, why error, cancelled, ear
 		r.release(q, id) // Done came: the writer is fenced
 		r.end(id, q, ReceiverClosed)
 	case ReceiverReading:
-		r.finish(id, q, why) // the pages go back when the decoder calls Finish
+		// The pages go back when the decoder calls Finish, which then
+		// inserts none of them: the request failed, and its decoder may not
+		// have written the last prompt position's KV.
+		q.cancelled = true
+		r.finish(id, q, why)
 	}
 }
 
@@ -808,13 +816,15 @@ func (r *Receiver) failRead(id RequestID, q *recvRequest, err error) error {
 // Finish ends a read: the prefix pins are dropped, the request's written
 // full prompt pages whose keys are not cached yet become cached pages of its
 // scope (rule 24), the other pages go back to the pool, and the request
-// succeeds (unless it was cancelled while being read).
+// succeeds. A request cancelled (or timed out, or failed) while being read
+// keeps its outcome and inserts nothing: its pins go and its pages are
+// released.
 func (r *Receiver) Finish(id RequestID) error {
 	q := r.reqs[id]
 	if q == nil || q.phase != ReceiverReading {
 		return fmt.Errorf("%w: request %d is not being read", ErrNotReady, id)
 	}
-	if len(q.chain) > 0 {
+	if !q.cancelled && len(q.chain) > 0 {
 		insert := q.chain[min(len(q.prefix), len(q.chain)):]
 		for j, ref := range q.refs[:min(len(q.refs), len(insert))] {
 			if r.pool.Insert(id, ref, q.scope, insert[j]) {
