@@ -88,15 +88,20 @@ type hello struct {
 }
 
 const (
-	helloMagic = "KVHS\x01"
-	maxName    = 255
-	maxHello   = 1024 // a hello is read into a buffer of at most this much: nothing is sized by the peer
-	readyByte  = 'R'
+	// helloMagic starts every hello: "KVHS", then the hello's format (2:
+	// the wire version follows; format 1, wire versions 1 and 2, had none).
+	// The format never changes place, so a node refuses any other
+	// version's hello by these bytes alone.
+	helloMagic   = "KVHS\x02"
+	helloFormat1 = "KVHS\x01"
+	maxName      = 255
+	maxHello     = 1024 // a hello is read into a buffer of at most this much: nothing is sized by the peer
+	readyByte    = 'R'
 )
 
 func (h *hello) encode() []byte {
 	b := []byte(helloMagic)
-	b = append(b, h.role)
+	b = append(b, protocol.Version, h.role)
 	str := func(s string) { b = append(b, byte(len(s))); b = append(b, s...) }
 	str(h.name)
 	for _, v := range []uint32{h.pageTokens, h.pageBytes, h.maxRequestPages, h.recvSlots, h.info.QPN, h.info.PSN} {
@@ -111,12 +116,30 @@ func (h *hello) encode() []byte {
 
 var errHello = errors.New("malformed hello")
 
+// ErrWireVersion: the peer speaks another wire version (protocol.Version)
+// than this node, so setup refuses it before any queue pair: a node of
+// another version is never a peer, whose every request would break the
+// queue pair. It wraps protocol.ErrVersion.
+var ErrWireVersion = fmt.Errorf("%w: the peer speaks another one", protocol.ErrVersion)
+
+// versionHello is the hello a decode node answers a hello of another
+// version with, before it closes: its magic and wire version only, so that
+// the prefill node too says why it was refused.
+func versionHello() []byte { return append([]byte(helloMagic), protocol.Version) }
+
 func decodeHello(b []byte) (hello, error) {
 	var h hello
-	if !bytes.HasPrefix(b, []byte(helloMagic)) {
-		return h, fmt.Errorf("%w: not a kvhandoff hello (or another version)", errHello)
+	switch {
+	case bytes.HasPrefix(b, []byte(helloFormat1)):
+		return h, fmt.Errorf("%w: its hello is of wire version 2 or earlier, this node speaks version %d", ErrWireVersion, protocol.Version)
+	case len(b) > len(helloMagic) && bytes.HasPrefix(b, []byte(helloMagic)) && b[len(helloMagic)] != protocol.Version:
+		return h, fmt.Errorf("%w: it speaks wire version %d, this node version %d", ErrWireVersion, b[len(helloMagic)], protocol.Version)
+	case len(b) > len(helloMagic) && bytes.HasPrefix(b, []byte(helloMagic[:4])) && b[4] > helloMagic[4]:
+		return h, fmt.Errorf("%w: its hello is of format %d, of a wire version after %d, which this node speaks", ErrWireVersion, b[4], protocol.Version)
+	case !bytes.HasPrefix(b, []byte(helloMagic)):
+		return h, fmt.Errorf("%w: not a kvhandoff hello", errHello)
 	}
-	b = b[len(helloMagic):]
+	b = b[len(helloMagic)+1:]
 	short := false
 	take := func(n int) []byte {
 		if short || len(b) < n {
@@ -147,7 +170,11 @@ func decodeHello(b []byte) (hello, error) {
 
 // writeHello sends h as one length-prefixed frame.
 func writeHello(conn net.Conn, h *hello, timeout time.Duration) error {
-	body := h.encode()
+	return writeFrame(conn, h.encode(), timeout)
+}
+
+// writeFrame sends body as one length-prefixed frame.
+func writeFrame(conn net.Conn, body []byte, timeout time.Duration) error {
 	conn.SetWriteDeadline(time.Now().Add(timeout))
 	_, err := conn.Write(binary.BigEndian.AppendUint16(nil, uint16(len(body))))
 	if err == nil {
@@ -446,6 +473,9 @@ func (d *Decode) accept(ctx context.Context, raw, watched net.Conn, cfg *SetupCo
 		return fmt.Errorf("%w: TLS handshake: %w", ErrSetup, err)
 	}
 	h, err := readHello(conn, cfg.Timeout)
+	if errors.Is(err, ErrWireVersion) { // tell it why, so that it says so too
+		writeFrame(conn, versionHello(), cfg.Timeout)
+	}
 	if err == nil {
 		err = h.check('P', d.cfg.PageTokens, d.cfg.PageBytes)
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -519,3 +520,114 @@ func TestSetupUnderAFloodOfIdleConnectionsServesARealPeer(t *testing.T) {
 	}
 	eventually(t, "decode sees the real peer", func() bool { return len(d.Peers()) == 1 })
 }
+
+// The hello carries the wire version (protocol.Version), so a node of
+// another version is refused at setup with ErrWireVersion (which wraps
+// protocol.ErrVersion) instead of connecting and breaking the queue pair
+// with its first Bootstrap. A version-2 node's hello (format 1: "KVHS\x01",
+// no version byte) and a later version's are refused; this version's own
+// is accepted.
+func TestAHelloFromAnotherWireVersionIsRefusedAtSetup(t *testing.T) {
+	h := &hello{role: 'P', name: "prefill-v2", pageTokens: 16, pageBytes: 4096, maxRequestPages: 8, recvSlots: RecvSlots}
+	now := h.encode()
+	v2 := append([]byte(helloFormat1), now[len(helloMagic)+1:]...) // as a version-2 node sends it
+	v4 := bytes.Clone(now)
+	v4[len(helloMagic)] = protocol.Version + 1
+	format3 := bytes.Clone(now)
+	format3[4] = 3
+	for what, b := range map[string][]byte{"version 2": v2, "version 4": v4, "hello format 3": format3} {
+		_, err := decodeHello(b)
+		if !errors.Is(err, ErrWireVersion) || !errors.Is(err, protocol.ErrVersion) {
+			t.Fatalf("%s: %v, want ErrWireVersion", what, err)
+		}
+		t.Logf("%s: %v", what, err)
+	}
+	if _, err := decodeHello(now); err != nil {
+		t.Fatalf("this version's own hello: %v", err)
+	}
+	if _, err := decodeHello([]byte("HTTP/1.1 200 OK")); !errors.Is(err, errHello) || errors.Is(err, ErrWireVersion) {
+		t.Fatalf("garbage: %v, want a malformed hello, not a version", err)
+	}
+}
+
+// Both sides of a setup with a node of another wire version refuse it,
+// each saying so (ErrWireVersion), and neither lists it as a peer: a
+// prefill node dialling a decode node of another version fails Dial; a
+// decode node answers another version's hello with its own version before
+// closing (so a prefill node of that version can say why), and logs the
+// refusal.
+func TestSetupRefusesAPeerOfAnotherWireVersionOnBothSides(t *testing.T) {
+	frame := func(b []byte) []byte { return append(binary.BigEndian.AppendUint16(nil, uint16(len(b))), b...) }
+	decodeHi := (&hello{role: 'D', name: "d", pageTokens: pageTokens, pageBytes: pageBytes, maxRequestPages: 1, recvSlots: RecvSlots}).encode()
+	v2 := append([]byte(helloFormat1), decodeHi[len(helloMagic)+1:]...)
+	v4 := bytes.Clone(decodeHi)
+	v4[len(helloMagic)] = protocol.Version + 1
+	for what, answer := range map[string][]byte{"version 2": v2, "version 4": v4} {
+		ln := listen(t)
+		go func() {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			readHello(c, 5*time.Second) // the prefill node's, this version's
+			c.Write(frame(answer))
+			io.Copy(io.Discard, c)
+		}()
+		p := newPrefill(t, devices(t, "inproc", "p")[0])
+		err := p.Dial(context.Background(), "d", ln.Addr().String(), SetupConfig{Name: "p", Insecure: true, Timeout: 5 * time.Second, Log: quiet})
+		if !errors.Is(err, ErrSetup) || !errors.Is(err, ErrWireVersion) {
+			t.Fatalf("a decode node of %s: Dial %v, want ErrSetup and ErrWireVersion", what, err)
+		}
+		t.Logf("prefill side, a decode node of %s: %v", what, err)
+		if s := p.Stats(); s.Peers != 0 {
+			t.Fatalf("%d peers after refusing a decode node of %s", s.Peers, what)
+		}
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	d := newDecode(t, devices(t, "inproc", "d")[0])
+	var logged strings.Builder
+	var mu sync.Mutex
+	log := slog.New(slog.NewTextHandler(writerFunc(func(b []byte) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return logged.Write(b)
+	}), nil))
+	ln := listen(t)
+	go d.Serve(ctx, ln, SetupConfig{Name: "d", Insecure: true, Timeout: 5 * time.Second, Log: log})
+	prefillHi := (&hello{role: 'P', name: "p", pageTokens: pageTokens, pageBytes: pageBytes, maxRequestPages: 1, recvSlots: RecvSlots}).encode()
+	v2 = append([]byte(helloFormat1), prefillHi[len(helloMagic)+1:]...)
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.Write(frame(v2))
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	var n [2]byte
+	if _, err := io.ReadFull(c, n[:]); err != nil {
+		t.Fatalf("the decode node did not answer a version-2 hello with its version: %v", err)
+	}
+	got := make([]byte, binary.BigEndian.Uint16(n[:]))
+	if _, err := io.ReadFull(c, got); err != nil || !bytes.Equal(got, versionHello()) {
+		t.Fatalf("the decode node answered %q (%v), want its version %q", got, err, versionHello())
+	}
+	if _, err := io.Copy(io.Discard, c); err != nil {
+		t.Fatalf("the decode node did not close the connection: %v", err)
+	}
+	eventually(t, "the refusal logged", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return strings.Contains(logged.String(), "wire version 2 or earlier, this node speaks version 3")
+	})
+	d.Poll(time.Now())
+	if s := d.Stats(); s.Peers != 0 || len(d.conns) != 0 {
+		t.Fatalf("a prefill node of version 2 got %d live and %d other queue pairs", s.Peers, len(d.conns))
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
