@@ -51,7 +51,16 @@ type page struct {
 	key        cacheKey
 	pins       uint32
 	prev, next uint32
+	// writer is the peer whose WRITE filled a cached page (noWriter if
+	// none was named); doomed: its writer failed while the page was
+	// pinned, so it is out of the index and the LRU list (no new hit) and
+	// is freed at its last unpin.
+	writer PeerID
+	doomed bool
 }
+
+// noWriter is the writer of a cached page inserted without one.
+const noWriter = ^PeerID(0)
 
 // cacheKey is what a cached page is found by: the scope and the chain hash
 // of the prompt prefix it ends (docs/protocol.md rule 21).
@@ -67,8 +76,9 @@ type cacheKey struct {
 // to read, pinned by each request reading it. Allocation advances each page's
 // epoch, so a PageRef names one tenancy; every operation on a page names the
 // tenancy it means and touches nothing else. Allocate evicts the least
-// recently used unpinned cached pages when the free list is short. It is not
-// safe for concurrent use.
+// recently used unpinned cached pages when the free list is short. A cached
+// page records the peer that wrote it, so that PurgeWriter can take a
+// caught writer's pages out of the cache. It is not safe for concurrent use.
 type Pool struct {
 	pages []page
 	free  []uint32 // LIFO: the most recently freed page is reused first
@@ -78,7 +88,9 @@ type Pool struct {
 	head, tail uint32
 	cached     int
 	pinned     int
+	doomed     int
 	evictions  uint64
+	purged     uint64
 	// doubleFree is the double-free switch: Release frees the named pages
 	// whoever holds them now.
 	doubleFree bool
@@ -112,10 +124,15 @@ func (p *Pool) Pinned() int { return p.pinned }
 // Evictions is the number of cached pages evicted so far.
 func (p *Pool) Evictions() uint64 { return p.evictions }
 
-// evictable is how many cached pages Allocate may evict: the unpinned ones.
+// Purged is the number of cached pages taken out of the cache because
+// their writer failed (PurgeWriter), evicted at once or at their last unpin.
+func (p *Pool) Purged() uint64 { return p.purged }
+
+// evictable is how many cached pages Allocate may evict: the unpinned ones
+// (doomed pages are pinned, and in no list eviction walks).
 func (p *Pool) evictable() int {
 	if p.evictPinned {
-		return p.cached
+		return p.cached - p.doomed
 	}
 	return p.cached - p.pinned
 }
@@ -158,6 +175,13 @@ func (p *Pool) evict() {
 	for p.pages[id].pins > 0 && !p.evictPinned {
 		id = p.pages[id].prev
 	}
+	p.evictions++
+	p.drop(id)
+}
+
+// drop frees a listed cached page: out of the LRU list and the index, back
+// to the free list.
+func (p *Pool) drop(id uint32) {
 	pg := &p.pages[id]
 	if pg.pins > 0 { // evict-pinned: the readers' pins are dropped with the page
 		p.pinned--
@@ -166,9 +190,38 @@ func (p *Pool) evict() {
 	p.unlink(id)
 	delete(p.index, p.keyOf(pg.key))
 	p.cached--
-	p.evictions++
-	pg.state, pg.key = pageFree, cacheKey{}
+	pg.state, pg.key, pg.writer = pageFree, cacheKey{}, noWriter
 	p.free = append(p.free, id)
+}
+
+// PurgeWriter takes every cached page writer filled out of the cache, for
+// a writer found failed or misbehaving (docs/security.md): an unpinned
+// page is freed at once, a pinned one leaves the index and the LRU list at
+// once (no request hits it any more) and is freed at its last Unpin, so
+// the requests reading it now keep reading what they verified. It returns
+// how many pages it freed and how many it doomed.
+func (p *Pool) PurgeWriter(writer PeerID) (freed, doomed int) {
+	if writer == noWriter {
+		return 0, 0
+	}
+	for id := range p.pages {
+		pg := &p.pages[id]
+		if pg.state != pageCached || pg.doomed || pg.writer != writer {
+			continue
+		}
+		p.purged++
+		if pg.pins == 0 {
+			p.drop(uint32(id))
+			freed++
+			continue
+		}
+		p.unlink(uint32(id))
+		delete(p.index, p.keyOf(pg.key))
+		pg.doomed = true
+		p.doomed++
+		doomed++
+	}
+	return freed, doomed
 }
 
 // keyOf is the index key of k: under scope-dropped, the chain hash alone.
@@ -256,6 +309,18 @@ func (p *Pool) Pin(scope Scope, chain []ChainHash) []PageRef {
 	return refs
 }
 
+// anyPurged reports whether a page of refs is a purged cached page
+// (PurgeWriter): pages written past it would hang from a prefix no request
+// can hit.
+func (p *Pool) anyPurged(refs []PageRef) bool {
+	for _, ref := range refs {
+		if int(ref.Page) < len(p.pages) && p.pages[ref.Page].doomed {
+			return true
+		}
+	}
+	return false
+}
+
 // TouchChain makes the cached pages of chain under scope the most recently
 // used, deepest first, so that each page is more recent than every cached
 // page further down its chain. Finish calls it over a request's whole
@@ -285,6 +350,13 @@ func (p *Pool) Unpin(scope Scope, refs []PageRef) int {
 		pg.pins--
 		if pg.pins == 0 {
 			p.pinned--
+			if pg.doomed { // its writer failed: freed now its last reader is done
+				pg.doomed = false
+				p.doomed--
+				p.cached--
+				pg.state, pg.key, pg.writer = pageFree, cacheKey{}, noWriter
+				p.free = append(p.free, ref.Page)
+			}
 		}
 		n++
 	}
@@ -297,6 +369,12 @@ func (p *Pool) Unpin(scope Scope, refs []PageRef) int {
 // request with a scope is inserted, and only if the key is not cached yet;
 // otherwise it returns false and the page stays owner's to release.
 func (p *Pool) Insert(owner RequestID, ref PageRef, scope Scope, hash ChainHash) bool {
+	return p.InsertFrom(owner, ref, scope, hash, noWriter)
+}
+
+// InsertFrom is Insert recording writer, the peer whose WRITE filled the
+// page, for PurgeWriter.
+func (p *Pool) InsertFrom(owner RequestID, ref PageRef, scope Scope, hash ChainHash, writer PeerID) bool {
 	key := cacheKey{scope, hash}
 	if scope == 0 || !p.holds(owner, ref) || p.pages[ref.Page].state != pageOwned {
 		return false
@@ -305,7 +383,7 @@ func (p *Pool) Insert(owner RequestID, ref PageRef, scope Scope, hash ChainHash)
 		return false
 	}
 	pg := &p.pages[ref.Page]
-	pg.state, pg.owner, pg.key, pg.pins = pageCached, 0, key, 0
+	pg.state, pg.owner, pg.key, pg.pins, pg.writer = pageCached, 0, key, 0, writer
 	p.index[p.keyOf(key)] = ref.Page
 	p.pushFront(ref.Page)
 	p.cached++
@@ -454,7 +532,7 @@ func (p *Pool) Audit() error {
 		}
 		listed[id] = true
 	}
-	cached, pinned := 0, 0
+	cached, pinned, doomed := 0, 0, 0
 	for id := range p.pages {
 		pg := &p.pages[id]
 		switch pg.state {
@@ -467,7 +545,15 @@ func (p *Pool) Audit() error {
 			if pg.pins > 0 {
 				pinned++
 			}
-			if at, ok := p.index[p.keyOf(pg.key)]; !ok || at != uint32(id) {
+			if pg.doomed {
+				doomed++
+				if pg.pins == 0 {
+					return fmt.Errorf("protocol: pool: page %d, purged, is unpinned but not freed", id)
+				}
+				if at, ok := p.index[p.keyOf(pg.key)]; ok && at == uint32(id) {
+					return fmt.Errorf("protocol: pool: page %d, purged, is still indexed", id)
+				}
+			} else if at, ok := p.index[p.keyOf(pg.key)]; !ok || at != uint32(id) {
 				return fmt.Errorf("protocol: pool: cached page %d is not indexed under its key", id)
 			}
 		}
@@ -477,7 +563,7 @@ func (p *Pool) Audit() error {
 	}
 	inList, prev := 0, noPage
 	for id := p.head; id != noPage; id = p.pages[id].next {
-		if inList++; inList > cached || p.pages[id].state != pageCached || p.pages[id].prev != prev {
+		if inList++; inList > cached || p.pages[id].doomed || p.pages[id].state != pageCached || p.pages[id].prev != prev {
 			return fmt.Errorf("protocol: pool: the LRU list is broken at page %d", id)
 		}
 		prev = id
@@ -485,8 +571,8 @@ func (p *Pool) Audit() error {
 	switch {
 	case prev != p.tail:
 		return fmt.Errorf("protocol: pool: the LRU list ends at page %d, its tail is %d", prev, p.tail)
-	case inList != cached || len(p.index) != cached || p.cached != cached:
-		return fmt.Errorf("protocol: pool: %d cached pages, %d in the LRU list, %d indexed, %d counted", cached, inList, len(p.index), p.cached)
+	case inList != cached-doomed || len(p.index) != cached-doomed || p.cached != cached || p.doomed != doomed:
+		return fmt.Errorf("protocol: pool: %d cached pages (%d purged, %d counted), %d in the LRU list, %d indexed, %d counted", cached, doomed, p.doomed, inList, len(p.index), p.cached)
 	case p.pinned != pinned:
 		return fmt.Errorf("protocol: pool: %d pinned pages, %d counted", pinned, p.pinned)
 	}

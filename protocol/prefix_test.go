@@ -267,7 +267,7 @@ func TestPrefixReuseAtScaleKeepsEveryProperty(t *testing.T) {
 			case rng.IntN(60) == 0:
 				n.Cancel(id - protocol.RequestID(rng.IntN(3)))
 				cancelled++
-			case rng.IntN(80) == 0 && len(n.QPs[0].Fwd) > 0 && n.QPs[0].Fwd[0].Write != nil:
+			case int(id) > requests*9/10 && rng.IntN(80) == 0 && len(n.QPs[0].Fwd) > 0 && n.QPs[0].Fwd[0].Write != nil:
 				n.CorruptNext(n.QPs[0])
 				corrupted++
 			default:
@@ -536,5 +536,152 @@ func TestAFinishedReadInsertsItsFullPages(t *testing.T) {
 	n.Run()
 	if c := n.Decode[0].Receiver.Pool().Cached(); c != 5 {
 		t.Fatalf("%d pages cached after a finished read, want 5", c)
+	}
+}
+
+// rogueWrites stages review finding 3: r1's prefill node (listed, ticketed)
+// writes KV other than its prompt's for page 0, correctly tagged (the
+// sender sums what it posts), so r1 verifies and Finish inserts its pages.
+func rogueWrites(t *testing.T) *protocoltest.Network {
+	t.Helper()
+	n := cached(t, 16)
+	if err := n.SubmitPrompt(1, 20, 7, protocoltest.SharedPrompt(1, 20, 16)); err != nil {
+		t.Fatal(err)
+	}
+	n.DeliverRouter(n.Prefill[0].ID) // computed at intake
+	mem := n.Prefill[0].Mem
+	for p := range mem.Len() {
+		if protocoltest.HoldsPrompt(mem.Page(uint32(p)), n.Request(1).Prompt, 4, 0) {
+			for i := range mem.Page(uint32(p)) {
+				mem.Page(uint32(p))[i] ^= 0x5a
+			}
+		}
+	}
+	n.Run()
+	if c := n.Decode[0].Receiver.Pool().Cached(); c != 5 {
+		t.Fatalf("r1's pages: %d cached, want 5", c)
+	}
+	return n
+}
+
+// r2Reads submits r2, an honest request of r1's scope whose prompt starts
+// with r1's, runs it, and returns the properties r2 broke and its prefix.
+func r2Reads(t *testing.T, n *protocoltest.Network) (broken []string, prefix int) {
+	t.Helper()
+	before := len(n.Violations)
+	submitShared(t, n, 2, 7, 22, 16)
+	n.Run()
+	for _, v := range n.Violations[before:] {
+		if strings.Contains(v.Detail, "r2") {
+			broken = append(broken, v.Property+": "+v.Detail)
+		}
+	}
+	return broken, n.Request(2).Prefix
+}
+
+// The residual risk of docs/security.md, shown: verification proves who
+// wrote a page, not that it is the prompt's KV, so a rogue prefill node
+// not yet caught gets its KV cached, and a later honest request of the
+// scope reads it (the harness's PrefixExact sees it). What bounds it is
+// the next test: once its writer is caught, its pages leave the cache.
+func TestARogueWritersKVReachesLaterHitsUntilItIsCaught(t *testing.T) {
+	n := rogueWrites(t)
+	broken, prefix := r2Reads(t, n)
+	if prefix == 0 || len(broken) == 0 {
+		t.Fatalf("r2 (prefix %d tokens) read no rogue KV (%v): the staging does not show the risk", prefix, broken)
+	}
+	t.Log(broken)
+}
+
+// A peer found failed or misbehaving takes what it wrote out of the cache
+// (docs/security.md): after its queue pair is fenced (PeerFailed,
+// QueuePairFenced), a verification failure of one of its requests, or an
+// unauthorized Bootstrap, its unpinned cached pages are freed at once, so
+// a later honest request of the scope hits none of them and reads only
+// what was written for it.
+func TestACaughtWritersCachedPagesLeaveTheCache(t *testing.T) {
+	catch := map[string]func(n *protocoltest.Network){
+		"queue pair fenced": func(n *protocoltest.Network) {
+			n.Cut(n.QPs[0]) // the queue pair fenced (QueuePairFenced), as after PeerFailed
+		},
+		"a verification failure": func(n *protocoltest.Network) {
+			submitShared(t, n, 3, 9, 8, 0) // another scope's request, from the same node
+			qp := n.QPs[0]
+			for i := 0; i < 100 && !(len(qp.Fwd) > 0 && qp.Fwd[0].Write != nil); i++ {
+				switch {
+				case len(qp.Fwd) > 0:
+					n.Deliver(qp)
+				case len(qp.Back) > 0:
+					n.DeliverBack(qp)
+				}
+			}
+			n.CorruptNext(qp)
+			n.Run()
+			if n.Request(3).Outcome == nil {
+				t.Fatal("r3's corrupted page verified")
+			}
+		},
+	}
+	for what, caught := range catch {
+		t.Run(what, func(t *testing.T) {
+			n := rogueWrites(t)
+			pool := n.Decode[0].Receiver.Pool()
+			caught(n)
+			if pool.Cached() != 0 || pool.Purged() != 5 {
+				t.Fatalf("after its writer was caught: %d of r1's pages cached, %d purged (want 0, 5)", pool.Cached(), pool.Purged())
+			}
+			if what == "queue pair fenced" {
+				return // its queue pair is cut: r2 has no prefill node here
+			}
+			broken, prefix := r2Reads(t, n)
+			if prefix != 0 || len(broken) > 0 {
+				t.Fatalf("r2 hit %d tokens of the caught writer's pages: %v", prefix, broken)
+			}
+		})
+	}
+}
+
+// A caught writer's pinned pages leave the index at once (no new hit) and
+// are freed at their last unpin; the request reading them keeps its pins.
+func TestACaughtWritersPinnedPagesAreFreedAtTheirLastUnpin(t *testing.T) {
+	p := protocol.NewPool(8)
+	prompt := make([]uint32, 4*pageTokens)
+	for i := range prompt {
+		prompt[i] = uint32(i)
+	}
+	chain := protocol.PrefixChain(prompt, pageTokens)
+	refs, _ := p.Allocate(1, 4)
+	for i, ref := range refs {
+		if !p.InsertFrom(1, ref, 7, chain[i], 3) {
+			t.Fatalf("page %d not inserted", i)
+		}
+	}
+	pinned := p.Pin(7, chain[:2])
+	if freed, doomed := p.PurgeWriter(3); freed != 2 || doomed != 2 {
+		t.Fatalf("purge freed %d and doomed %d, want 2 and 2", freed, doomed)
+	}
+	if err := p.Audit(); err != nil {
+		t.Fatal(err)
+	}
+	if k := p.LookupPrefix(7, chain); k != 0 {
+		t.Fatalf("a purged chain still hits %d pages", k)
+	}
+	for _, ref := range pinned {
+		if err := p.CheckShared(7, ref); err != nil {
+			t.Fatalf("the reader lost its pinned page: %v", err)
+		}
+	}
+	if p.Free() != 6 || p.Cached() != 2 {
+		t.Fatalf("%d free, %d cached before the unpin, want 6 and 2", p.Free(), p.Cached())
+	}
+	p.Unpin(7, pinned)
+	if err := p.Audit(); err != nil {
+		t.Fatal(err)
+	}
+	if p.Free() != 8 || p.Cached() != 0 || p.Pinned() != 0 {
+		t.Fatalf("%d free, %d cached, %d pinned after the last unpin, want 8, 0, 0", p.Free(), p.Cached(), p.Pinned())
+	}
+	if freed, doomed := p.PurgeWriter(4); freed+doomed != 0 {
+		t.Fatal("another writer's purge took pages")
 	}
 }

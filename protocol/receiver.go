@@ -125,8 +125,9 @@ type recvRequest struct {
 	pinned bool
 	chain  []ChainHash
 	// cancelled: the request was cancelled (or failed) while being read,
-	// so Finish inserts nothing: only a request that succeeds gives the
-	// cache its pages (rule 24).
+	// or its writer has failed since it verified, so Finish inserts
+	// nothing: only a request that succeeds, from a writer not found
+	// failed, gives the cache its pages (rule 24).
 	cancelled bool
 	deadline  time.Time
 	reported  bool
@@ -173,12 +174,14 @@ type ReceiverStats struct {
 	PrefixInsertions  uint64 // verified pages that became cached pages
 	PrefixEvictions   uint64 // cached pages evicted for fresh pages
 	PrefixCachedPages int    // cached pages now, pinned or not
+	PrefixPurged      uint64 // cached pages taken out because their writer failed
 }
 
 // Stats is the receiver's prefix cache counters.
 func (r *Receiver) Stats() ReceiverStats {
 	s := r.stats
 	s.PrefixEvictions, s.PrefixCachedPages = r.pool.Evictions(), r.pool.Cached()
+	s.PrefixPurged = r.pool.Purged()
 	return s
 }
 
@@ -412,6 +415,9 @@ func (r *Receiver) bootstrap(peer PeerID, m *Bootstrap, now time.Time) error {
 		}
 	}
 	if err != nil {
+		if why == AbortUnauthorized {
+			r.purge(peer) // a peer sending Bootstraps its router never ticketed
+		}
 		r.effects.Outcomes = append(r.effects.Outcomes, Outcome{Request: id, Err: err})
 		r.tellSender(peer, id, why)
 		return nil
@@ -493,6 +499,7 @@ func (r *Receiver) done(peer PeerID, m *Done) error {
 			r.end(id, q, ReceiverClosed)
 			r.finish(id, q, err)
 			r.tellSender(peer, id, AbortVerifyFailed)
+			r.purge(peer) // its KV is suspect: so is what it wrote before
 			return nil
 		}
 		q.phase = ReceiverReady
@@ -753,6 +760,7 @@ func (r *Receiver) expire(id RequestID, q *recvRequest) {
 // Nothing it posted may land once its queue pair is in the error state, so the
 // receiver asks for that cut; QueuePairFenced then releases the pages.
 func (r *Receiver) PeerFailed(peer PeerID) {
+	r.purge(peer)
 	if !r.bug(research.NoPeerCancel) {
 		r.effects.Cuts = append(r.effects.Cuts, peer)
 	}
@@ -764,6 +772,7 @@ func (r *Receiver) PeerFailed(peer PeerID) {
 // that ended are left alone, as the spec's cut leaves them (under double-free
 // a fence of one would release its pages again).
 func (r *Receiver) QueuePairFenced(peer PeerID) {
+	r.purge(peer)
 	var on []RequestID // the peer's requests, in request order: effects are deterministic
 	for id, q := range r.reqs {
 		if q.peer == peer && (q.phase == ReceiverReserved || q.phase == ReceiverQuarantine) {
@@ -773,6 +782,22 @@ func (r *Receiver) QueuePairFenced(peer PeerID) {
 	slices.Sort(on)
 	for _, id := range on {
 		r.fence(id, r.reqs[id], fmt.Errorf("%w: queue pair to peer %d fenced", ErrPeerFailed, peer))
+	}
+}
+
+// purge takes the pages peer wrote out of the prefix cache, for a peer
+// found failed or misbehaving (PeerFailed, QueuePairFenced, a verification
+// failure, an unauthorized Bootstrap): verification proves who wrote a
+// page, not that it is the prompt's KV, so a writer caught is no longer
+// trusted for what it wrote before. Unpinned pages are freed, pinned ones
+// leave the index and are freed at their last unpin (Pool.PurgeWriter),
+// and its verified requests not yet finished will insert nothing.
+func (r *Receiver) purge(peer PeerID) {
+	r.pool.PurgeWriter(peer)
+	for _, q := range r.reqs {
+		if q.peer == peer && (q.phase == ReceiverReserved || q.phase == ReceiverReady || q.phase == ReceiverReading) {
+			q.cancelled = true
+		}
 	}
 }
 
@@ -824,10 +849,10 @@ func (r *Receiver) Finish(id RequestID) error {
 	if q == nil || q.phase != ReceiverReading {
 		return fmt.Errorf("%w: request %d is not being read", ErrNotReady, id)
 	}
-	if !q.cancelled && len(q.chain) > 0 {
+	if !q.cancelled && len(q.chain) > 0 && !r.pool.anyPurged(q.prefix) {
 		insert := q.chain[min(len(q.prefix), len(q.chain)):]
 		for j, ref := range q.refs[:min(len(q.refs), len(insert))] {
-			if r.pool.Insert(id, ref, q.scope, insert[j]) {
+			if r.pool.InsertFrom(id, ref, q.scope, insert[j], q.peer) {
 				r.stats.PrefixInsertions++
 			}
 		}
