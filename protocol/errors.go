@@ -55,6 +55,10 @@ var (
 	// ticket, or one that is forged, expired, for another request, node or
 	// token count, or replayed); it never held pages.
 	ErrUnauthorized = errors.New("protocol: unauthorized")
+	// ErrBadChain: a Bootstrap's prefix chain does not fit the request: not
+	// one hash per full page, or a chain without a scope (always with
+	// ErrRejected); it never held pages.
+	ErrBadChain = errors.New("protocol: prefix chain does not fit the request")
 	// ErrOverQuota: the Bootstrap's peer already holds as many open requests
 	// or reserved pages as the receiver allows one peer; it never held pages.
 	ErrOverQuota = errors.New("protocol: over the peer's quota")

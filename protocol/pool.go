@@ -23,13 +23,21 @@ var (
 	ErrFenced = errors.New("protocol: page no longer owned at this epoch")
 )
 
+// ErrNotShared: a page read as a shared prefix page is no longer cached at
+// the epoch it was pinned at, in the reader's scope, or pinned.
+var ErrNotShared = errors.New("protocol: page is not a pinned cached page of this scope")
+
 type pageState uint8
 
 const (
 	pageFree pageState = iota
 	pageOwned
 	pageQuarantined
+	pageCached
 )
+
+// noPage ends the cache's LRU list.
+const noPage = ^uint32(0)
 
 type page struct {
 	state pageState
@@ -38,24 +46,51 @@ type page struct {
 	// EpochView without the owner's lock.
 	epoch atomic.Uint64
 	owner RequestID
+	// A cached page: its key, the requests reading it as their prefix, and
+	// its place in the LRU list (prev toward the most recently used end).
+	key        cacheKey
+	pins       uint32
+	prev, next uint32
 }
 
-// Pool is a decode node's page pool (docs/protocol.md rules 11 and 16). Every page is free, owned by
-// one request at one epoch, or quarantined for one request until that request's
-// writer is fenced. Allocation advances each page's epoch, so a PageRef names
-// one tenancy; every operation on a page names the tenancy it means and touches
-// nothing else. It is not safe for concurrent use.
+// cacheKey is what a cached page is found by: the scope and the chain hash
+// of the prompt prefix it ends (docs/protocol.md rule 21).
+type cacheKey struct {
+	scope Scope
+	hash  ChainHash
+}
+
+// Pool is a decode node's page pool (docs/protocol.md rules 11, 16 and 21-24).
+// Every page is free, owned by one request at one epoch, quarantined for one
+// request until that request's writer is fenced, or cached: a verified full
+// prompt page kept under (scope, chain hash) for later requests of its scope
+// to read, pinned by each request reading it. Allocation advances each page's
+// epoch, so a PageRef names one tenancy; every operation on a page names the
+// tenancy it means and touches nothing else. Allocate evicts the least
+// recently used unpinned cached pages when the free list is short. It is not
+// safe for concurrent use.
 type Pool struct {
 	pages []page
 	free  []uint32 // LIFO: the most recently freed page is reused first
+	// The cache: its index, its LRU list of every cached page (head most
+	// recently used), and how many of them are pinned.
+	index      map[cacheKey]uint32
+	head, tail uint32
+	cached     int
+	pinned     int
+	evictions  uint64
 	// doubleFree is the double-free switch: Release frees the named pages
 	// whoever holds them now.
 	doubleFree bool
+	// scopeDropped is the scope-dropped switch: the cache key and the shared
+	// read check ignore the scope. evictPinned is the evict-pinned switch:
+	// eviction takes pinned pages too.
+	scopeDropped, evictPinned bool
 }
 
 // NewPool returns a pool of n free pages, numbered 0..n-1, all at epoch 0.
 func NewPool(n int) *Pool {
-	p := &Pool{pages: make([]page, n), free: make([]uint32, n)}
+	p := &Pool{pages: make([]page, n), free: make([]uint32, n), index: map[cacheKey]uint32{}, head: noPage, tail: noPage}
 	for i := range p.free {
 		p.free[i] = uint32(n - 1 - i) // page 0 is handed out first
 	}
@@ -68,11 +103,36 @@ func (p *Pool) Len() int { return len(p.pages) }
 // Free is the number of free pages.
 func (p *Pool) Free() int { return len(p.free) }
 
-// Allocate gives owner n pages, advancing each one's epoch. It allocates all n
-// or none: with fewer free it returns ErrNoCapacity and changes nothing.
+// Cached is the number of cached pages, pinned or not.
+func (p *Pool) Cached() int { return p.cached }
+
+// Pinned is the number of cached pages some request reads as its prefix.
+func (p *Pool) Pinned() int { return p.pinned }
+
+// Evictions is the number of cached pages evicted so far.
+func (p *Pool) Evictions() uint64 { return p.evictions }
+
+// evictable is how many cached pages Allocate may evict: the unpinned ones.
+func (p *Pool) evictable() int {
+	if p.evictPinned {
+		return p.cached
+	}
+	return p.cached - p.pinned
+}
+
+// Allocate gives owner n pages, advancing each one's epoch. When the free
+// list is short it evicts the least recently used unpinned cached pages
+// first (docs/protocol.md rule 24). It allocates all n or none: with fewer
+// free and evictable it returns ErrNoCapacity and changes nothing.
 func (p *Pool) Allocate(owner RequestID, n int) ([]PageRef, error) {
-	if n <= 0 || n > len(p.free) {
+	if n <= 0 || n > len(p.free)+p.evictable() {
+		if p.cached > 0 {
+			return nil, fmt.Errorf("%w: %d wanted, %d free and %d evictable of %d", ErrNoCapacity, n, len(p.free), p.evictable(), len(p.pages))
+		}
 		return nil, fmt.Errorf("%w: %d wanted, %d free of %d", ErrNoCapacity, n, len(p.free), len(p.pages))
+	}
+	for len(p.free) < n {
+		p.evict()
 	}
 	refs := make([]PageRef, n)
 	for i := range refs {
@@ -86,13 +146,178 @@ func (p *Pool) Allocate(owner RequestID, n int) ([]PageRef, error) {
 	return refs, nil
 }
 
-// holds reports whether owner still holds ref's page at ref's epoch.
+// evict frees the least recently used evictable cached page. The caller
+// has made sure there is one.
+func (p *Pool) evict() {
+	id := p.tail
+	for p.pages[id].pins > 0 && !p.evictPinned {
+		id = p.pages[id].prev
+	}
+	pg := &p.pages[id]
+	if pg.pins > 0 { // evict-pinned: the readers' pins are dropped with the page
+		p.pinned--
+		pg.pins = 0
+	}
+	p.unlink(id)
+	delete(p.index, p.keyOf(pg.key))
+	p.cached--
+	p.evictions++
+	pg.state, pg.key = pageFree, cacheKey{}
+	p.free = append(p.free, id)
+}
+
+// keyOf is the index key of k: under scope-dropped, the chain hash alone.
+func (p *Pool) keyOf(k cacheKey) cacheKey {
+	if p.scopeDropped {
+		k.scope = 0
+	}
+	return k
+}
+
+// unlink takes a cached page out of the LRU list.
+func (p *Pool) unlink(id uint32) {
+	pg := &p.pages[id]
+	if pg.prev != noPage {
+		p.pages[pg.prev].next = pg.next
+	} else {
+		p.head = pg.next
+	}
+	if pg.next != noPage {
+		p.pages[pg.next].prev = pg.prev
+	} else {
+		p.tail = pg.prev
+	}
+	pg.prev, pg.next = noPage, noPage
+}
+
+// touch makes a cached page the most recently used.
+func (p *Pool) touch(id uint32) {
+	if p.head == id {
+		return
+	}
+	p.unlink(id)
+	p.pushFront(id)
+}
+
+func (p *Pool) pushFront(id uint32) {
+	pg := &p.pages[id]
+	pg.prev, pg.next = noPage, p.head
+	if p.head != noPage {
+		p.pages[p.head].prev = id
+	} else {
+		p.tail = id
+	}
+	p.head = id
+}
+
+// LookupPrefix is the length of the longest run chain[0..k) whose pages are
+// all cached under scope (docs/protocol.md rule 21). It changes nothing;
+// Pin takes them. Scope 0 never hits.
+func (p *Pool) LookupPrefix(scope Scope, chain []ChainHash) int {
+	if scope == 0 {
+		return 0
+	}
+	k := 0
+	for k < len(chain) {
+		if _, ok := p.index[p.keyOf(cacheKey{scope, chain[k]})]; !ok {
+			break
+		}
+		k++
+	}
+	return k
+}
+
+// Pin pins the cached pages of chain[0..k) under scope (LookupPrefix's k or
+// less) and returns them in order, each at its current epoch: until Unpin
+// they are never evicted. It pins all or none: if a page of the run is not
+// cached it returns nil.
+func (p *Pool) Pin(scope Scope, chain []ChainHash) []PageRef {
+	if p.LookupPrefix(scope, chain) < len(chain) || len(chain) == 0 {
+		return nil
+	}
+	refs := make([]PageRef, len(chain))
+	for i, h := range chain {
+		id := p.index[p.keyOf(cacheKey{scope, h})]
+		pg := &p.pages[id]
+		if pg.pins == 0 {
+			p.pinned++
+		}
+		pg.pins++
+		p.touch(id)
+		refs[i] = PageRef{Page: id, Epoch: pg.epoch.Load()}
+	}
+	return refs
+}
+
+// Unpin drops one pin from each of refs' pages that is still cached at its
+// epoch under scope and pinned; a page evicted since (under evict-pinned) is
+// left alone. It returns how many pins it dropped.
+func (p *Pool) Unpin(scope Scope, refs []PageRef) int {
+	n := 0
+	for _, ref := range refs {
+		if !p.sharedAt(scope, ref) || p.pages[ref.Page].pins == 0 {
+			continue
+		}
+		pg := &p.pages[ref.Page]
+		pg.pins--
+		if pg.pins == 0 {
+			p.pinned--
+		}
+		n++
+	}
+	return n
+}
+
+// Insert makes owner's page ref a cached page under (scope, hash): unpinned,
+// the most recently used, at the same epoch, so the PageRef the request
+// verified names it still. Only an owned page (not quarantined) of a
+// request with a scope is inserted, and only if the key is not cached yet;
+// otherwise it returns false and the page stays owner's to release.
+func (p *Pool) Insert(owner RequestID, ref PageRef, scope Scope, hash ChainHash) bool {
+	key := cacheKey{scope, hash}
+	if scope == 0 || !p.holds(owner, ref) || p.pages[ref.Page].state != pageOwned {
+		return false
+	}
+	if _, dup := p.index[p.keyOf(key)]; dup {
+		return false
+	}
+	pg := &p.pages[ref.Page]
+	pg.state, pg.owner, pg.key, pg.pins = pageCached, 0, key, 0
+	p.index[p.keyOf(key)] = ref.Page
+	p.pushFront(ref.Page)
+	p.cached++
+	return true
+}
+
+// sharedAt reports whether ref's page is cached at ref's epoch under scope
+// (under scope-dropped, under any scope).
+func (p *Pool) sharedAt(scope Scope, ref PageRef) bool {
+	if int(ref.Page) >= len(p.pages) {
+		return false
+	}
+	pg := &p.pages[ref.Page]
+	return pg.state == pageCached && pg.epoch.Load() == ref.Epoch && (pg.key.scope == scope || p.scopeDropped)
+}
+
+// CheckShared is the read-time check of a shared prefix page
+// (docs/protocol.md rule 23): a request of scope may read ref's page only
+// while it is cached at the epoch it was pinned at, under that scope, and
+// pinned.
+func (p *Pool) CheckShared(scope Scope, ref PageRef) error {
+	if !p.sharedAt(scope, ref) || p.pages[ref.Page].pins == 0 {
+		return fmt.Errorf("%w: page %d at epoch %d, scope %#x", ErrNotShared, ref.Page, ref.Epoch, uint64(scope))
+	}
+	return nil
+}
+
+// holds reports whether owner still holds ref's page at ref's epoch (owned
+// or quarantined; a cached page is no request's).
 func (p *Pool) holds(owner RequestID, ref PageRef) bool {
 	if int(ref.Page) >= len(p.pages) {
 		return false
 	}
 	pg := &p.pages[ref.Page]
-	return pg.state != pageFree && pg.owner == owner && pg.epoch.Load() == ref.Epoch
+	return (pg.state == pageOwned || pg.state == pageQuarantined) && pg.owner == owner && pg.epoch.Load() == ref.Epoch
 }
 
 // Quarantine keeps owner's pages out of circulation until Release: the
@@ -116,7 +341,7 @@ func (p *Pool) Quarantine(owner RequestID, refs []PageRef) int {
 func (p *Pool) Release(owner RequestID, refs []PageRef) int {
 	n := 0
 	for _, ref := range refs {
-		if p.holds(owner, ref) || p.doubleFree && int(ref.Page) < len(p.pages) && p.pages[ref.Page].state != pageFree {
+		if p.holds(owner, ref) || p.doubleFree && int(ref.Page) < len(p.pages) && (p.pages[ref.Page].state == pageOwned || p.pages[ref.Page].state == pageQuarantined) {
 			p.pages[ref.Page].state = pageFree
 			p.free = append(p.free, ref.Page)
 			n++
@@ -136,10 +361,21 @@ func (p *Pool) Check(owner RequestID, ref PageRef) error {
 }
 
 // Owner says who holds page: the owning request and whether the page is
-// quarantined, or free. For audits and tests; the protocol itself asks Holds.
+// quarantined, or free. A cached page is held by no request: owner 0, not
+// free. For audits and tests; the protocol itself asks Holds.
 func (p *Pool) Owner(page uint32) (owner RequestID, quarantined, free bool) {
 	pg := &p.pages[page]
 	return pg.owner, pg.state == pageQuarantined, pg.state == pageFree
+}
+
+// Shared says whether page is cached, under which scope, and how many
+// requests have it pinned. For audits and tests.
+func (p *Pool) Shared(page uint32) (scope Scope, pins int, cached bool) {
+	pg := &p.pages[page]
+	if pg.state != pageCached {
+		return 0, 0, false
+	}
+	return pg.key.scope, int(pg.pins), true
 }
 
 // Epoch is a page's current epoch.
@@ -184,7 +420,9 @@ func (p *Pool) Quarantined() int {
 func (p *Pool) Holds(owner RequestID, ref PageRef) bool { return p.holds(owner, ref) }
 
 // Audit checks the pool's own bookkeeping: every page in the free list is free
-// and listed once, and every free page is listed.
+// and listed once, and every free page is listed; every cached page is in
+// the LRU list once and in the index under its key, the index names only
+// cached pages, and the cached and pinned counts are right.
 func (p *Pool) Audit() error {
 	listed := make([]bool, len(p.pages))
 	for _, id := range p.free {
@@ -193,10 +431,41 @@ func (p *Pool) Audit() error {
 		}
 		listed[id] = true
 	}
+	cached, pinned := 0, 0
 	for id := range p.pages {
-		if p.pages[id].state == pageFree && !listed[id] {
-			return fmt.Errorf("protocol: pool: free page %d is not in the free list", id)
+		pg := &p.pages[id]
+		switch pg.state {
+		case pageFree:
+			if !listed[id] {
+				return fmt.Errorf("protocol: pool: free page %d is not in the free list", id)
+			}
+		case pageCached:
+			cached++
+			if pg.pins > 0 {
+				pinned++
+			}
+			if at, ok := p.index[p.keyOf(pg.key)]; !ok || at != uint32(id) {
+				return fmt.Errorf("protocol: pool: cached page %d is not indexed under its key", id)
+			}
 		}
+		if pg.state != pageCached && pg.pins != 0 {
+			return fmt.Errorf("protocol: pool: page %d is pinned but not cached", id)
+		}
+	}
+	inList, prev := 0, noPage
+	for id := p.head; id != noPage; id = p.pages[id].next {
+		if inList++; inList > cached || p.pages[id].state != pageCached || p.pages[id].prev != prev {
+			return fmt.Errorf("protocol: pool: the LRU list is broken at page %d", id)
+		}
+		prev = id
+	}
+	switch {
+	case prev != p.tail:
+		return fmt.Errorf("protocol: pool: the LRU list ends at page %d, its tail is %d", prev, p.tail)
+	case inList != cached || len(p.index) != cached || p.cached != cached:
+		return fmt.Errorf("protocol: pool: %d cached pages, %d in the LRU list, %d indexed, %d counted", cached, inList, len(p.index), p.cached)
+	case p.pinned != pinned:
+		return fmt.Errorf("protocol: pool: %d pinned pages, %d counted", pinned, p.pinned)
 	}
 	return nil
 }

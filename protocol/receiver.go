@@ -84,6 +84,13 @@ type ReceiverConfig struct {
 	// is refused (ErrOverQuota, AbortOverQuota) and reserves nothing. 0 means
 	// no bound of its own (Slots and Pages bound every peer together).
 	PeerRequests, PeerPages int
+	// PrefixCache turns decode's prefix cache on (docs/protocol.md, "Prefix
+	// reuse"): a Bootstrap with a scope reuses the longest run of its chain
+	// cached under that scope, pinned while the request lives, and only the
+	// rest is granted and written; Finish inserts the request's verified full
+	// prompt pages. It needs Authorize: the scope must come authenticated
+	// (the router's ticket binds it), so NewReceiver refuses it without.
+	PrefixCache bool
 	// Research turns bugs of the catalogue on. Only code inside this module can
 	// set it (see internal/research); everywhere else it is the zero value.
 	Research research.Switches
@@ -103,12 +110,19 @@ type ReceiverEffects struct {
 }
 
 type recvRequest struct {
-	phase    ReceiverStatus
-	ended    time.Time // the first Tick that saw the request ended; zero before
-	peer     PeerID
-	key      *TagKey // the queue pair's tag key when the request was bootstrapped
-	tokens   uint32
-	refs     []PageRef
+	phase  ReceiverStatus
+	ended  time.Time // the first Tick that saw the request ended; zero before
+	peer   PeerID
+	key    *TagKey // the queue pair's tag key when the request was bootstrapped
+	tokens uint32
+	refs   []PageRef // the fresh pages, owned: the request's pages len(prefix) on
+	// The prefix hit: the request's scope, the cached pages it pinned (its
+	// first pages), whether it holds the pins still, and the chain hashes
+	// of its fresh full pages, for Finish to insert them.
+	scope    Scope
+	prefix   []PageRef
+	pinned   bool
+	insert   []ChainHash
 	deadline time.Time
 	reported bool
 	grant    Grant // the Grant sent for it, kept in the record: one allocation less
@@ -141,12 +155,38 @@ type Receiver struct {
 	horizon   queue[recvRequest]
 	ending    queue[recvRequest]
 	scratch   [16]byte // the tag MAC's working block
+	stats     ReceiverStats
 }
+
+// ReceiverStats counts the prefix cache's work (docs/protocol.md, "Prefix
+// reuse"), for metrics.
+type ReceiverStats struct {
+	PrefixLookups     uint64 // reservations that looked their chain up
+	PrefixHits        uint64 // reservations that reused at least one cached page
+	PrefixHitPages    uint64 // cached pages reused, over every hit
+	PrefixHitTokens   uint64 // prompt tokens reused (Grant.Prefix), over every hit
+	PrefixInsertions  uint64 // verified pages that became cached pages
+	PrefixEvictions   uint64 // cached pages evicted for fresh pages
+	PrefixCachedPages int    // cached pages now, pinned or not
+}
+
+// Stats is the receiver's prefix cache counters.
+func (r *Receiver) Stats() ReceiverStats {
+	s := r.stats
+	s.PrefixEvictions, s.PrefixCachedPages = r.pool.Evictions(), r.pool.Cached()
+	return s
+}
+
+// ErrConfig: a configuration the receiver refuses to run with.
+var ErrConfig = errors.New("protocol: bad configuration")
 
 // NewReceiver validates cfg and returns a receiver with every page free.
 func NewReceiver(cfg ReceiverConfig) (*Receiver, error) {
 	if cfg.Pages < 1 || cfg.PageTokens < 1 || cfg.Memory == nil || cfg.Region == nil || cfg.TagKeys == nil {
-		return nil, errors.New("protocol: receiver needs Pages, PageTokens, Memory, Region and TagKeys")
+		return nil, fmt.Errorf("%w: a receiver needs Pages, PageTokens, Memory, Region and TagKeys", ErrConfig)
+	}
+	if cfg.PrefixCache && cfg.Authorize == nil {
+		return nil, fmt.Errorf("%w: PrefixCache needs Authorize: a request's scope must come authenticated", ErrConfig)
 	}
 	if cfg.Slots == 0 {
 		cfg.Slots = cfg.Pages
@@ -159,6 +199,8 @@ func NewReceiver(cfg ReceiverConfig) (*Receiver, error) {
 	}
 	pool := NewPool(cfg.Pages)
 	pool.doubleFree = cfg.Research.Has(research.DoubleFree)
+	pool.scopeDropped = cfg.Research.Has(research.ScopeDropped)
+	pool.evictPinned = cfg.Research.Has(research.EvictPinned)
 	return &Receiver{cfg: cfg, pool: pool, reqs: map[RequestID]*recvRequest{}, use: map[PeerID]*peerUse{}}, nil
 }
 
@@ -206,6 +248,10 @@ func (r *Receiver) release(q *recvRequest, id RequestID) {
 }
 
 func (r *Receiver) dropSlot(q *recvRequest) {
+	if q.pinned { // the prefix pins end with the slot, on every path
+		q.pinned = false
+		r.pool.Unpin(q.scope, q.prefix)
+	}
 	if q.phase == ReceiverReserved || q.phase == ReceiverReady || q.phase == ReceiverReading {
 		r.held--
 	}
@@ -319,7 +365,8 @@ func (r *Receiver) bootstrap(peer PeerID, m *Bootstrap, now time.Time) error {
 	// Intake comes before any record: a refused Bootstrap leaves nothing
 	// behind, so no peer can grow this node's state by asking.
 	n := PagesFor(m.Tokens, r.cfg.PageTokens)
-	var refs []PageRef
+	k := 0 // the prefix hit, in pages (rule 21)
+	var refs, prefix []PageRef
 	var err error
 	why := AbortRejected
 	key := r.cfg.TagKeys(peer)
@@ -330,22 +377,50 @@ func (r *Receiver) bootstrap(peer PeerID, m *Bootstrap, now time.Time) error {
 		err = fmt.Errorf("%w: %w: %d tokens, this node takes %d", ErrRejected, ErrTooLong, m.Tokens, r.cfg.MaxTokens)
 	case n > MaxGrantPages:
 		err = fmt.Errorf("%w: %w: %d tokens need %d pages, a grant carries %d", ErrRejected, ErrTooManyPages, m.Tokens, n, MaxGrantPages)
+	case m.Scope != 0 && len(m.Chain) != int(m.Tokens)/r.cfg.PageTokens || m.Scope == 0 && len(m.Chain) != 0:
+		err = fmt.Errorf("%w: %w: %d hashes for %d tokens in pages of %d, scope %#x", ErrRejected, ErrBadChain,
+			len(m.Chain), m.Tokens, r.cfg.PageTokens, uint64(m.Scope))
 	case r.authorize(peer, m, &err):
 		why = AbortUnauthorized
-	case r.quota(peer, n, &err):
+	}
+	if err == nil && r.cfg.PrefixCache && m.Scope != 0 {
+		// Rule 21: the longest run of the chain cached under the scope,
+		// capped at n-1 pages so that the page with the last token is
+		// always written. Only an authorized Bootstrap gets this far.
+		k = r.pool.LookupPrefix(m.Scope, m.Chain[:min(len(m.Chain), n-1)])
+	}
+	switch {
+	case err != nil:
+	case r.quota(peer, n-k, &err):
 		why = AbortOverQuota
 	case r.held >= r.cfg.Slots:
 		why, err = AbortNoCapacity, fmt.Errorf("%w: every slot is taken", ErrNoCapacity)
 	default:
 		why = AbortNoCapacity
-		refs, err = r.pool.Allocate(id, n)
+		// All or nothing: the prefix is pinned first, so that making room
+		// for the fresh pages cannot evict it; if they cannot be had, the
+		// pins go again.
+		prefix = r.pool.Pin(m.Scope, m.Chain[:k])
+		if refs, err = r.pool.Allocate(id, n-k); err != nil {
+			r.pool.Unpin(m.Scope, prefix)
+		}
 	}
 	if err != nil {
 		r.effects.Outcomes = append(r.effects.Outcomes, Outcome{Request: id, Err: err})
 		r.tellSender(peer, id, why)
 		return nil
 	}
-	q := &recvRequest{phase: ReceiverReserved, peer: peer, key: key, tokens: m.Tokens, refs: refs, holding: true, owning: true}
+	q := &recvRequest{phase: ReceiverReserved, peer: peer, key: key, tokens: m.Tokens, refs: refs, holding: true, owning: true,
+		scope: m.Scope, prefix: prefix, pinned: len(prefix) > 0}
+	if r.cfg.PrefixCache && m.Scope != 0 {
+		r.stats.PrefixLookups++
+		q.insert = slices.Clone(m.Chain[k:]) // the Bootstrap is the Decoder's: keep a copy
+	}
+	if k > 0 {
+		r.stats.PrefixHits++
+		r.stats.PrefixHitPages += uint64(k)
+		r.stats.PrefixHitTokens += uint64(k * r.cfg.PageTokens)
+	}
 	r.remember(id, q)
 	r.held++
 	r.charge(peer, 1, len(refs))
@@ -354,8 +429,16 @@ func (r *Receiver) bootstrap(peer PeerID, m *Bootstrap, now time.Time) error {
 		r.deadlines.push(timer[recvRequest]{at: q.deadline, id: id, rec: q})
 	}
 	g := &q.grant
-	*g = Grant{Request: id, Tokens: m.Tokens, Pages: make([]PageGrant, n)}
-	for i, ref := range refs {
+	granted := refs
+	*g = Grant{Request: id, Tokens: m.Tokens, Prefix: uint32(k * r.cfg.PageTokens)}
+	if r.bug(research.WriteShared) && k > 0 {
+		// The bug: the pinned pages are granted too, from index 0, so the
+		// sender writes pages other requests read.
+		granted = append(slices.Clone(prefix), refs...)
+		g.Prefix = 0
+	}
+	g.Pages = make([]PageGrant, len(granted))
+	for i, ref := range granted {
 		addr, key := r.cfg.Region(ref.Page)
 		g.Pages[i] = PageGrant{Page: ref.Page, Epoch: ref.Epoch, Addr: addr, Key: key}
 	}
@@ -416,16 +499,28 @@ func (r *Receiver) done(peer PeerID, m *Done) error {
 	return nil
 }
 
-// verify checks a Done against the reservation: counts, then every page's tag
-// record and checksum.
+// verify checks a Done against the reservation: counts and the prefix
+// length, the pinned prefix pages (still cached at their epochs under the
+// request's scope), then every written page's tag record and checksum
+// (rule 22).
 func (r *Receiver) verify(id RequestID, q *recvRequest, m *Done) error {
-	if !r.bug(research.NoTokenCheck) && (m.Tokens != q.tokens || int(m.Pages) != len(q.refs)) {
+	if !r.bug(research.NoTokenCheck) && (m.Tokens != q.tokens || int(m.Pages) != len(q.grant.Pages)) {
 		return fmt.Errorf("%w: Done says %d tokens in %d pages, the reservation is %d tokens in %d pages",
-			ErrTokenMismatch, m.Tokens, m.Pages, q.tokens, len(q.refs))
+			ErrTokenMismatch, m.Tokens, m.Pages, q.tokens, len(q.grant.Pages))
 	}
-	for i, ref := range q.refs {
-		want := Expect{Request: id, Index: uint32(i), Epoch: ref.Epoch, Tokens: TokensInPage(q.tokens, r.cfg.PageTokens, i)}
-		record, payload := r.cfg.Memory.TagRecord(ref.Page), r.cfg.Memory.Payload(ref.Page)
+	if !r.bug(research.PrefixCountMismatch) && m.Prefix != q.grant.Prefix {
+		return fmt.Errorf("%w: Done skipped %d prefix tokens, the Grant said %d", ErrTokenMismatch, m.Prefix, q.grant.Prefix)
+	}
+	for i, ref := range q.prefix {
+		if err := r.pool.CheckShared(q.scope, ref); err != nil {
+			return fmt.Errorf("prefix page %d of request %d: %w", i, id, err)
+		}
+	}
+	k := int(q.grant.Prefix) / r.cfg.PageTokens
+	for j, p := range q.grant.Pages {
+		i := k + j // the page's index in the request
+		want := Expect{Request: id, Index: uint32(i), Epoch: p.Epoch, Tokens: TokensInPage(q.tokens, r.cfg.PageTokens, i)}
+		record, payload := r.cfg.Memory.TagRecord(p.Page), r.cfg.Memory.Payload(p.Page)
 		if !r.bug(research.NoTagCheck) && !r.bug(research.NoChecksum) {
 			if err := verifyPage(record, payload, want, q.key, &r.scratch); err != nil {
 				return err
@@ -639,36 +734,58 @@ func (r *Receiver) QueuePairFenced(peer PeerID) {
 	}
 }
 
-// Acquire hands a verified request's pages to the decoder, checking that each
-// is still the request's at the epoch it was granted (the read-time check). The
-// pages stay the request's until Finish.
+// Acquire hands a verified request's pages to the decoder: the whole
+// prompt's, the pinned prefix pages first, then the written ones. It checks
+// each at read time: a written page is still the request's at the epoch it
+// was granted (Pool.Check), a prefix page is still cached at the epoch it
+// was pinned at, under the request's scope, and pinned (Pool.CheckShared).
+// The prefix pages are shared: the decoder only reads them. The pages stay
+// the request's until Finish.
 func (r *Receiver) Acquire(id RequestID) ([]PageRef, error) {
 	q := r.reqs[id]
 	if q == nil || q.phase != ReceiverReady {
 		return nil, fmt.Errorf("%w: request %d", ErrNotReady, id)
 	}
-	for _, ref := range q.refs {
-		if r.bug(research.NoTagCheck) {
-			break
+	if !r.bug(research.NoTagCheck) {
+		for _, ref := range q.prefix {
+			if err := r.pool.CheckShared(q.scope, ref); err != nil {
+				return nil, r.failRead(id, q, err)
+			}
 		}
-		if err := r.pool.Check(id, ref); err != nil {
-			r.release(q, id)
-			r.end(id, q, ReceiverClosed)
-			r.finish(id, q, err)
-			return nil, err
+		for _, ref := range q.refs {
+			if err := r.pool.Check(id, ref); err != nil {
+				return nil, r.failRead(id, q, err)
+			}
 		}
 	}
 	q.phase = ReceiverReading
-	return append([]PageRef(nil), q.refs...), nil
+	refs := make([]PageRef, 0, len(q.prefix)+len(q.refs))
+	return append(append(refs, q.prefix...), q.refs...), nil
 }
 
-// Finish ends a read: the pages go back to the pool and the request succeeds
-// (unless it was cancelled while being read).
+// failRead ends a request whose read-time check failed.
+func (r *Receiver) failRead(id RequestID, q *recvRequest, err error) error {
+	r.release(q, id)
+	r.end(id, q, ReceiverClosed)
+	r.finish(id, q, err)
+	return err
+}
+
+// Finish ends a read: the prefix pins are dropped, the request's written
+// full prompt pages whose keys are not cached yet become cached pages of its
+// scope (rule 24), the other pages go back to the pool, and the request
+// succeeds (unless it was cancelled while being read).
 func (r *Receiver) Finish(id RequestID) error {
 	q := r.reqs[id]
 	if q == nil || q.phase != ReceiverReading {
 		return fmt.Errorf("%w: request %d is not being read", ErrNotReady, id)
 	}
+	for j, ref := range q.refs[:min(len(q.refs), len(q.insert))] {
+		if r.pool.Insert(id, ref, q.scope, q.insert[j]) {
+			r.stats.PrefixInsertions++
+		}
+	}
+	q.insert = nil
 	r.release(q, id)
 	r.end(id, q, ReceiverFinished)
 	r.finish(id, q, nil)

@@ -72,6 +72,8 @@ type sendRequest struct {
 	key       *TagKey // the queue pair's tag key when the request was submitted
 	tokens    uint32
 	src       []PageRef // source pages, in request order
+	chain     int       // full pages the request's chain names: the most decode can have cached
+	skip      int       // pages decode has (the Grant's prefix): WRITEs start at this index
 	computed  bool
 	posted    int
 	completed int
@@ -81,7 +83,7 @@ type sendRequest struct {
 	// per request, not one per message and page.
 	bootstrap Bootstrap
 	done      Done
-	writes    []Write // per page, from the grant on: where it goes (Remote), then the WRITE
+	writes    []Write // per page written (index skip+j), from the grant on: where it goes (Remote), then the WRITE
 	// placeholder: admit-finished kept a rejected prompt as one token of KV.
 	placeholder bool
 }
@@ -163,8 +165,35 @@ func (s *Sender) Submit(id RequestID, peer PeerID, tokens int) ([]uint32, error)
 // its Bootstrap carries to the receiver (a copy: the caller keeps ticket).
 // A ticket over MaxTicket bytes is refused (ErrRejected), never sent.
 func (s *Sender) SubmitTicket(id RequestID, peer PeerID, tokens int, ticket []byte) ([]uint32, error) {
+	return s.SubmitWith(id, peer, tokens, SubmitOptions{Ticket: ticket})
+}
+
+// SubmitOptions is what the router dispatched with a request, beyond its
+// length, for its Bootstrap to carry.
+type SubmitOptions struct {
+	// Ticket is the router's signed ticket (at most MaxTicket bytes).
+	Ticket []byte
+	// Scope is the request's cache scope, from the authenticated tenant (0:
+	// no reuse), and Chain its prompt's PrefixChain at this node's page size:
+	// empty without a scope, else one hash per full page. Decode reuses the
+	// longest run it has cached under Scope and grants only the rest.
+	Scope Scope
+	Chain []ChainHash
+}
+
+// SubmitWith is Submit with what the router dispatched: the ticket, the
+// scope and the prompt's chain, which its Bootstrap carries (copies: the
+// caller keeps them). A ticket over MaxTicket bytes, or a chain that is not
+// one hash per full page (or one without a scope), is refused
+// (ErrRejected), never sent.
+func (s *Sender) SubmitWith(id RequestID, peer PeerID, tokens int, o SubmitOptions) ([]uint32, error) {
+	ticket := o.Ticket
 	if len(ticket) > MaxTicket {
 		return nil, fmt.Errorf("%w: a ticket of %d bytes, at most %d", ErrRejected, len(ticket), MaxTicket)
+	}
+	if o.Scope == 0 && len(o.Chain) != 0 || o.Scope != 0 && tokens >= 0 && len(o.Chain) != tokens/s.cfg.PageTokens {
+		return nil, fmt.Errorf("%w: %w: %d hashes for %d tokens in pages of %d, scope %#x", ErrRejected, ErrBadChain,
+			len(o.Chain), tokens, s.cfg.PageTokens, uint64(o.Scope))
 	}
 	if s.reqs[id] != nil {
 		return nil, fmt.Errorf("%w: request %d", ErrDuplicate, id)
@@ -195,9 +224,15 @@ func (s *Sender) SubmitTicket(id RequestID, peer PeerID, tokens int, ticket []by
 	}
 	q := &sendRequest{phase: SenderAwaitGrant, peer: peer, key: key, tokens: uint32(tokens), src: src, placeholder: placeholder}
 	s.reqs[id] = q
-	q.bootstrap = Bootstrap{Request: id, Tokens: uint32(tokens)}
+	q.bootstrap = Bootstrap{Request: id, Tokens: uint32(tokens), Scope: o.Scope}
 	if len(ticket) > 0 {
 		q.bootstrap.Ticket = slices.Clone(ticket)
+	}
+	if placeholder {
+		q.bootstrap.Scope = 0 // the placeholder's KV is not the prompt's: nothing of it may be shared
+	} else if len(o.Chain) > 0 {
+		q.chain = len(o.Chain)
+		q.bootstrap.Chain = slices.Clone(o.Chain)
 	}
 	s.send(peer, &q.bootstrap)
 	pages := make([]uint32, n)
@@ -263,10 +298,26 @@ func (s *Sender) admit(peer PeerID, g *Grant) error {
 		return fmt.Errorf("%w: second Grant for request %d", ErrDuplicate, id)
 	}
 	var refuse error
-	if g.Tokens != q.tokens || len(g.Pages) != PagesFor(q.tokens, s.cfg.PageTokens) {
+	pt := s.cfg.PageTokens
+	k, n := int(g.Prefix)/pt, PagesFor(q.tokens, pt)
+	skip := k
+	if s.cfg.Research.Has(research.PrefixCountMismatch) && k > 0 {
+		skip = k + 1 // the bug: the sender counts the prefix a page longer, and checks nothing
+	}
+	if g.Tokens != q.tokens || g.Prefix == 0 && len(g.Pages) != n {
 		refuse = fmt.Errorf("%w: Grant for %d tokens in %d pages, the request is %d tokens in %d pages",
 			ErrTokenMismatch, g.Tokens, len(g.Pages), q.tokens, len(q.src))
-	} else if i, j, ok := repeatedPage(g.Pages); ok {
+	} else if s.cfg.Research.Has(research.PrefixCountMismatch) {
+		if len(g.Pages) < n-skip || skip >= n {
+			refuse = fmt.Errorf("%w: Grant of %d pages, %d to write", ErrBadGrant, len(g.Pages), n-skip)
+		}
+	} else if int(g.Prefix)%pt != 0 || k > q.chain || len(g.Pages) != n-k {
+		// Rule 4: decode can only have whole pages of the chain this request
+		// sent, and must grant every page past them.
+		refuse = fmt.Errorf("%w: Grant for request %d says %d tokens are present in %d pages of %d tokens (%d full), and grants %d of the %d pages past them",
+			ErrBadGrant, id, g.Prefix, n, pt, q.chain, len(g.Pages), n-k)
+	}
+	if i, j, ok := repeatedPage(g.Pages); ok && refuse == nil {
 		refuse = fmt.Errorf("%w: Grant for request %d names page %d (address %#x, key %#x) at indices %d and %d",
 			ErrBadGrant, id, g.Pages[j].Page, g.Pages[j].Addr, g.Pages[j].Key, i, j)
 	}
@@ -278,9 +329,10 @@ func (s *Sender) admit(peer PeerID, g *Grant) error {
 		s.send(peer, &AbortAck{Request: id})
 		return nil
 	}
-	q.writes = make([]Write, len(g.Pages))
-	for i, p := range g.Pages {
-		q.writes[i].Remote = p
+	q.skip = skip
+	q.writes = make([]Write, len(q.src)-skip) // len(q.src) is n but for admit-finished's placeholder
+	for i := range q.writes {
+		q.writes[i].Remote = g.Pages[i]
 	}
 	q.phase = SenderWriting
 	s.post(id, q)
@@ -324,15 +376,15 @@ func (s *Sender) post(id RequestID, q *sendRequest) {
 	if q.phase != SenderWriting || !q.computed || q.failed != nil { // nothing more on a broken queue pair
 		return
 	}
-	for q.posted < len(q.src) && q.posted-q.completed < s.cfg.MaxInFlight {
-		i := q.posted
+	for q.posted < len(q.writes) && q.posted-q.completed < s.cfg.MaxInFlight {
+		w := &q.writes[q.posted]
+		i := q.skip + q.posted // the page's index in the request: the prefix is not written
 		src := q.src[i].Page
 		payload := s.cfg.Memory.Page(src)
 		tokens := TokensInPage(q.tokens, s.cfg.PageTokens, i)
 		if q.placeholder {
 			tokens = 1
 		}
-		w := &q.writes[i]
 		tag := Tag{Request: id, Epoch: w.Remote.Epoch, Index: uint32(i), Tokens: tokens, Sum: q.key.Sum(payload)}
 		s.nextID++
 		w.ID, w.Request, w.Index, w.Source = s.nextID, id, uint32(i), src
@@ -341,7 +393,7 @@ func (s *Sender) post(id RequestID, q *sendRequest) {
 		s.effects.Ops = append(s.effects.Ops, Op{Peer: q.peer, Write: w})
 		q.posted++
 	}
-	if q.posted == len(q.src) {
+	if q.posted == len(q.writes) {
 		s.sendDone(id, q)
 	}
 }
@@ -352,7 +404,7 @@ func (s *Sender) sendDone(id RequestID, q *sendRequest) {
 	if q.placeholder {
 		tokens = 1
 	}
-	q.done = Done{Request: id, Tokens: tokens, Pages: uint32(len(q.src))}
+	q.done = Done{Request: id, Tokens: tokens, Pages: uint32(len(q.writes)), Prefix: uint32(q.skip * s.cfg.PageTokens)}
 	s.send(q.peer, &q.done)
 	q.phase = SenderDoneSent
 	if s.cfg.Research.Has(research.PrefillEarlyFree) {

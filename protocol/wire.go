@@ -1,13 +1,17 @@
 package protocol
 
 import (
+	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
 )
 
-// Version is the wire format version this package speaks. Version 2's
-// Bootstrap carries a ticket; a frame of version 1 is refused (ErrVersion).
-const Version = 2
+// Version is the wire format version this package speaks. Version 3's
+// Bootstrap carries the request's cache scope and prefix chain, its Grant and
+// Done the prefix length (docs/protocol.md, "Prefix reuse"); version 2's
+// carried a ticket but no prefix. A frame of any other version is refused
+// (ErrVersion), never read as this one.
+const Version = 3
 
 // Limits on every length the wire carries. A frame that exceeds one is an error,
 // and nothing larger than these is ever allocated while decoding.
@@ -18,7 +22,51 @@ const (
 	MaxTokens     = 1<<31 - 1     // tokens in one request
 	MaxTicket     = 1024          // bytes of a Bootstrap's ticket
 	grantPageSize = 4 + 8 + 8 + 4 // page, epoch, address, key
+	chainHashSize = 16
 )
+
+// Scope is the prefix cache's namespace: decode shares cached pages only
+// between requests of one scope. The router derives it from the
+// authenticated tenant (or a declared public prefix); a request never names
+// its own. 0 means "no reuse": such a request neither hits nor is inserted.
+type Scope uint64
+
+// ChainHash names a prompt's whole prefix up to and including one full page
+// (see PrefixChain): two requests whose prompts agree on their first i+1
+// pages have equal hashes at index i, like a path in a radix tree.
+type ChainHash [chainHashSize]byte
+
+// chainDomain separates the chain's hashes from every other use of SHA-256.
+const chainDomain = "kvhandoff/chain/v1"
+
+// PrefixChain is the chain of a prompt: one hash per full page of
+// pageTokens tokens, in order (a last partial page has none, so it is never
+// shared). h_0 = SHA-256(domain | pageTokens | page 0's tokens)[:16] and
+// h_i = SHA-256(h_{i-1} | page i's tokens)[:16], tokens as 4-byte
+// big-endian. The router, prefill and decode all compute it with this one
+// function.
+func PrefixChain(tokens []uint32, pageTokens int) []ChainHash {
+	if pageTokens < 1 {
+		return nil
+	}
+	chain := make([]ChainHash, len(tokens)/pageTokens)
+	buf := make([]byte, 0, max(len(chainDomain)+4, chainHashSize)+4*pageTokens)
+	for i := range chain {
+		buf = buf[:0]
+		if i == 0 {
+			buf = append(buf, chainDomain...)
+			buf = binary.BigEndian.AppendUint32(buf, uint32(pageTokens))
+		} else {
+			buf = append(buf, chain[i-1][:]...)
+		}
+		for _, t := range tokens[i*pageTokens : (i+1)*pageTokens] {
+			buf = binary.BigEndian.AppendUint32(buf, t)
+		}
+		sum := sha256.Sum256(buf)
+		chain[i] = ChainHash(sum[:chainHashSize])
+	}
+	return chain
+}
 
 // PagesFor is the number of pages a request of the given tokens fills at
 // pageTokens tokens per page. Both ends of the wire compute a request's pages
@@ -86,6 +134,13 @@ type Message interface {
 type Bootstrap struct {
 	Request RequestID
 	Tokens  uint32
+	// Scope is the request's cache scope, as the router set it (0: no reuse).
+	Scope Scope
+	// Chain is the prompt's PrefixChain, one hash per full page (at most
+	// MaxGrantPages): empty when Scope is 0, else exactly Tokens/pageTokens
+	// long (the receiver refuses anything else at intake). A Decoder's
+	// Bootstrap reuses its memory, like a Grant's pages.
+	Chain []ChainHash
 	// Ticket is the router's signed word that it dispatched this request,
 	// opaque to the protocol (at most MaxTicket bytes): the receiver's
 	// Authorize checks it before anything is reserved. A Decoder's Bootstrap
@@ -103,18 +158,24 @@ type PageGrant struct {
 }
 
 // Grant gives the sender the pages the receiver reserved, in request order.
+// With a prefix hit, Prefix tokens (whole pages) of the prompt are already in
+// decode's cache, and Pages are only the fresh pages, for the request's
+// pages Prefix/pageTokens on: the sender writes nothing of the prefix.
 type Grant struct {
 	Request RequestID
 	Tokens  uint32
+	Prefix  uint32 // prompt tokens already present at decode; less than Tokens
 	Pages   []PageGrant
 }
 
-// Done says every WRITE of the request has been posted, with the token and page
-// counts the sender computed. Sent on the queue pair behind the WRITEs.
+// Done says every WRITE of the request has been posted, with the counts the
+// sender computed: the request's tokens, the prefix tokens it skipped, and
+// the pages it wrote. Sent on the queue pair behind the WRITEs.
 type Done struct {
 	Request RequestID
 	Tokens  uint32
-	Pages   uint32
+	Pages   uint32 // pages written: those past the prefix
+	Prefix  uint32 // prompt tokens skipped as already present; less than Tokens
 }
 
 // AbortReason says why a leg gave up. It is an error too: the outcome of a
@@ -206,7 +267,8 @@ func DecodeMessage(b []byte) (Message, int, error) {
 // concurrent use.
 type Decoder struct {
 	bootstrap Bootstrap
-	ticket    []byte // the Bootstrap's ticket's memory, kept while a Bootstrap carries none
+	ticket    []byte      // the Bootstrap's ticket's memory, kept while a Bootstrap carries none
+	chain     []ChainHash // the Bootstrap's chain's memory, likewise
 	grant     Grant
 	done      Done
 	abort     Abort
@@ -245,7 +307,7 @@ func decodeInto(b []byte, d *Decoder) (Message, int, error) {
 			m = new(AbortAck)
 		}
 	case t == TypeBootstrap:
-		d.bootstrap.Ticket = d.ticket[:0]
+		d.bootstrap.Ticket, d.bootstrap.Chain = d.ticket[:0], d.chain[:0]
 		m = &d.bootstrap
 	case t == TypeGrant:
 		d.grant.Pages = d.grant.Pages[:0]
@@ -264,8 +326,13 @@ func decodeInto(b []byte, d *Decoder) (Message, int, error) {
 		return nil, 0, ErrShortFrame
 	}
 	err := m.decodeBody(b[HeaderSize : HeaderSize+int(n)])
-	if b, ok := m.(*Bootstrap); ok && d != nil && b.Ticket != nil {
-		d.ticket = b.Ticket[:0]
+	if b, ok := m.(*Bootstrap); ok && d != nil {
+		if b.Ticket != nil {
+			d.ticket = b.Ticket[:0]
+		}
+		if b.Chain != nil {
+			d.chain = b.Chain[:0]
+		}
 	}
 	if err != nil {
 		return nil, 0, fmt.Errorf("%s: %w", m.Type(), err)
@@ -292,16 +359,25 @@ func validate(m Message) error {
 		if len(m.Ticket) > MaxTicket {
 			return bad("a ticket of %d bytes, at most %d", len(m.Ticket), MaxTicket)
 		}
+		if len(m.Chain) > MaxGrantPages || len(m.Chain) > int(m.Tokens) {
+			return bad("a chain of %d hashes for %d tokens, at most %d", len(m.Chain), m.Tokens, MaxGrantPages)
+		}
+		if m.Scope == 0 && len(m.Chain) > 0 {
+			return bad("a chain of %d hashes without a scope", len(m.Chain))
+		}
 	case *Grant:
 		if m.Tokens == 0 || m.Tokens > MaxTokens {
 			return bad("tokens %d outside 1..%d", m.Tokens, MaxTokens)
+		}
+		if m.Prefix >= m.Tokens {
+			return bad("a prefix of %d of %d tokens: the last token is always written", m.Prefix, m.Tokens)
 		}
 		if len(m.Pages) == 0 || len(m.Pages) > MaxGrantPages {
 			return bad("%d pages outside 1..%d", len(m.Pages), MaxGrantPages)
 		}
 	case *Done:
-		if m.Tokens == 0 || m.Tokens > MaxTokens || m.Pages == 0 || m.Pages > MaxGrantPages {
-			return bad("tokens %d or pages %d out of range", m.Tokens, m.Pages)
+		if m.Tokens == 0 || m.Tokens > MaxTokens || m.Pages == 0 || m.Pages > MaxGrantPages || m.Prefix >= m.Tokens {
+			return bad("tokens %d, pages %d or prefix %d out of range", m.Tokens, m.Pages, m.Prefix)
 		}
 	case *Abort:
 		if m.Reason == 0 || m.Reason > maxAbortReason {
@@ -344,7 +420,7 @@ func (r *body) take(n int) []byte {
 	return p
 }
 
-var zeros [8]byte
+var zeros [chainHashSize]byte
 
 func (r *body) u8() uint8   { return r.take(1)[0] }
 func (r *body) u32() uint32 { return binary.BigEndian.Uint32(r.take(4)) }
@@ -358,16 +434,45 @@ func (r *body) end() error {
 	return r.err
 }
 
+// A Bootstrap's body: request, tokens, scope, the chain's length (uint32)
+// and hashes, the ticket's length (uint16) and bytes.
 func (m *Bootstrap) appendBody(dst []byte) []byte {
 	dst = binary.BigEndian.AppendUint64(dst, uint64(m.Request))
 	dst = binary.BigEndian.AppendUint32(dst, m.Tokens)
+	dst = binary.BigEndian.AppendUint64(dst, uint64(m.Scope))
+	dst = binary.BigEndian.AppendUint32(dst, uint32(len(m.Chain)))
+	for _, h := range m.Chain {
+		dst = append(dst, h[:]...)
+	}
 	dst = binary.BigEndian.AppendUint16(dst, uint16(len(m.Ticket)))
 	return append(dst, m.Ticket...)
 }
 
 func (m *Bootstrap) decodeBody(b []byte) error {
 	r := body{b: b}
-	m.Request, m.Tokens = RequestID(r.u64()), r.u32()
+	m.Request, m.Tokens, m.Scope = RequestID(r.u64()), r.u32(), Scope(r.u64())
+	count := r.u32()
+	if r.err != nil {
+		return r.err
+	}
+	// The chain's length must fit in what is left (with the ticket's
+	// length), and in MaxGrantPages, before anything is allocated for it.
+	if count > MaxGrantPages || uint64(count)*chainHashSize+2 > uint64(len(r.b)) {
+		return fmt.Errorf("%w: a chain of %d hashes in %d bytes", ErrMalformed, count, len(r.b))
+	}
+	chain := m.Chain[:0] // a Decoder's Bootstrap: its chain's memory is reused
+	m.Chain = nil
+	if count > 0 {
+		if cap(chain) >= int(count) {
+			chain = chain[:count]
+		} else {
+			chain = make([]ChainHash, count)
+		}
+		for i := range chain {
+			chain[i] = ChainHash(r.take(chainHashSize))
+		}
+		m.Chain = chain
+	}
 	n := int(binary.BigEndian.Uint16(r.take(2)))
 	if r.err != nil {
 		return r.err
@@ -388,6 +493,7 @@ func (m *Bootstrap) decodeBody(b []byte) error {
 func (m *Grant) appendBody(dst []byte) []byte {
 	dst = binary.BigEndian.AppendUint64(dst, uint64(m.Request))
 	dst = binary.BigEndian.AppendUint32(dst, m.Tokens)
+	dst = binary.BigEndian.AppendUint32(dst, m.Prefix)
 	dst = binary.BigEndian.AppendUint32(dst, uint32(len(m.Pages)))
 	for _, p := range m.Pages {
 		dst = binary.BigEndian.AppendUint32(dst, p.Page)
@@ -400,7 +506,7 @@ func (m *Grant) appendBody(dst []byte) []byte {
 
 func (m *Grant) decodeBody(b []byte) error {
 	r := body{b: b}
-	m.Request, m.Tokens = RequestID(r.u64()), r.u32()
+	m.Request, m.Tokens, m.Prefix = RequestID(r.u64()), r.u32(), r.u32()
 	count := r.u32()
 	if r.err != nil {
 		return r.err
@@ -425,12 +531,13 @@ func (m *Grant) decodeBody(b []byte) error {
 func (m *Done) appendBody(dst []byte) []byte {
 	dst = binary.BigEndian.AppendUint64(dst, uint64(m.Request))
 	dst = binary.BigEndian.AppendUint32(dst, m.Tokens)
-	return binary.BigEndian.AppendUint32(dst, m.Pages)
+	dst = binary.BigEndian.AppendUint32(dst, m.Pages)
+	return binary.BigEndian.AppendUint32(dst, m.Prefix)
 }
 
 func (m *Done) decodeBody(b []byte) error {
 	r := body{b: b}
-	m.Request, m.Tokens, m.Pages = RequestID(r.u64()), r.u32(), r.u32()
+	m.Request, m.Tokens, m.Pages, m.Prefix = RequestID(r.u64()), r.u32(), r.u32(), r.u32()
 	return r.end()
 }
 

@@ -311,15 +311,15 @@ func (c *conn) flush(src rdma.MemoryRegion, pageBytes int, wins *grantWindows) e
 }
 
 // MaxFrame is the largest control-message frame for requests of at most
-// pages pages: the Grant naming every page, or a Bootstrap with a ticket of
-// protocol.MaxTicket bytes, is the largest message there is, and the other
+// pages pages: the Grant naming every page, or a Bootstrap with a chain of
+// every page and a ticket of protocol.MaxTicket bytes, is the largest message there is, and the other
 // messages are fixed-size. Derived by encoding each message at
 // its largest, so it follows the wire format rather than a copy of it.
 func MaxFrame(pages int) int {
 	pages = max(1, min(pages, protocol.MaxGrantPages))
 	largest := 0
 	for _, m := range []protocol.Message{
-		&protocol.Bootstrap{Request: 1, Tokens: protocol.MaxTokens, Ticket: make([]byte, protocol.MaxTicket)},
+		&protocol.Bootstrap{Request: 1, Tokens: protocol.MaxTokens, Scope: 1, Chain: make([]protocol.ChainHash, pages), Ticket: make([]byte, protocol.MaxTicket)},
 		&protocol.Grant{Request: 1, Tokens: protocol.MaxTokens, Pages: make([]protocol.PageGrant, pages)},
 		&protocol.Done{Request: 1, Tokens: protocol.MaxTokens, Pages: uint32(pages)},
 		&protocol.Abort{Request: 1, Reason: protocol.AbortCancelled},

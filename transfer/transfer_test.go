@@ -203,15 +203,15 @@ func TestRequestBeyondTheLargestGrantIsRefusedAtIntake(t *testing.T) {
 	}
 }
 
-// MaxFrame follows the wire: a Grant of n pages, or a Bootstrap with the
-// largest ticket, whichever is larger, encodes to exactly MaxFrame(n)
-// bytes, and no other message is larger.
+// MaxFrame follows the wire: a Grant of n pages, or a Bootstrap with a
+// chain of n pages and the largest ticket, whichever is larger, encodes to
+// exactly MaxFrame(n) bytes, and no other message is larger.
 func TestMaxFrameIsTheLargestGrant(t *testing.T) {
-	boot, err := protocol.AppendMessage(nil, &protocol.Bootstrap{Request: 9, Tokens: 1, Ticket: make([]byte, protocol.MaxTicket)})
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, n := range []int{1, 20, 21, 300, protocol.MaxGrantPages} {
+		boot, err := protocol.AppendMessage(nil, &protocol.Bootstrap{Request: 9, Tokens: uint32(n), Scope: 1, Chain: make([]protocol.ChainHash, n), Ticket: make([]byte, protocol.MaxTicket)})
+		if err != nil {
+			t.Fatal(err)
+		}
 		frame, err := protocol.AppendMessage(nil, &protocol.Grant{Request: 9, Tokens: 1, Pages: make([]protocol.PageGrant, n)})
 		if err != nil {
 			t.Fatal(err)

@@ -53,6 +53,24 @@ const (
 	// without asking whether the router dispatched it (its ticket), so any
 	// peer that connected a queue pair can hold the pool (issue 17).
 	UnticketedBootstrap
+	// ScopeDropped: the prefix cache's key is the chain hash alone, and the
+	// shared read check ignores the scope, so two tenants with one prompt
+	// share cached KV (SGLang #37160).
+	ScopeDropped
+	// ClientScope: the router takes a request's cache scope from the
+	// request body, not from the authenticated tenant (node's router).
+	ClientScope
+	// EvictPinned: eviction takes the least recently used cached page
+	// whether or not a request has it pinned, so a page being read is
+	// reallocated and written.
+	EvictPinned
+	// PrefixCountMismatch: the sender skips one page more than the Grant's
+	// prefix, and neither side compares the two lengths (the sender's
+	// admission and the receiver's Done check of Prefix).
+	PrefixCountMismatch
+	// WriteShared: the receiver grants the pinned prefix pages too (with
+	// Prefix 0), so the sender writes pages other requests read.
+	WriteShared
 	numSwitches = iota
 )
 
@@ -71,7 +89,8 @@ const (
 var names = [numSwitches]string{"admit-finished", "abort-still-sends", "no-token-check", "eager-release",
 	"timeout-free", "prefill-early-free", "no-tag-check", "no-checksum", "leak-on-cancel", "no-peer-cancel", "double-free",
 	"abort-frees-source", "checksum-hangs", "peer-by-name",
-	"pool-wide-key", "verify-before-revoke", "unticketed-bootstrap"}
+	"pool-wide-key", "verify-before-revoke", "unticketed-bootstrap",
+	"scope-dropped", "client-scope", "evict-pinned", "prefix-count-mismatch", "write-shared"}
 
 func (s Switch) String() string {
 	for i, n := range names {
