@@ -138,13 +138,20 @@ func (p *Prefill) Submit(id protocol.RequestID, peer string, tokens int) error {
 // its Bootstrap carries (protocol.Sender.SubmitTicket): a decode node that
 // checks tickets reserves nothing for a request without a valid one.
 func (p *Prefill) SubmitTicket(id protocol.RequestID, peer string, tokens int, ticket []byte) error {
+	return p.SubmitWith(id, peer, tokens, protocol.SubmitOptions{Ticket: ticket})
+}
+
+// SubmitWith is Submit with what the router dispatched the request with:
+// its ticket, its cache scope and its prompt's chain, which the Bootstrap
+// carries (protocol.Sender.SubmitWith).
+func (p *Prefill) SubmitWith(id protocol.RequestID, peer string, tokens int, o protocol.SubmitOptions) error {
 	p.mu.Lock()
 	c := p.names[peer]
 	if c == nil || !c.live {
 		p.mu.Unlock()
 		return fmt.Errorf("%w: %q", ErrNoPeer, peer)
 	}
-	pages, err := p.sender.SubmitTicket(id, c.peer, tokens, ticket)
+	pages, err := p.sender.SubmitWith(id, c.peer, tokens, o)
 	if err != nil {
 		p.mu.Unlock()
 		return err
