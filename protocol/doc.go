@@ -87,6 +87,10 @@
 //  18. Bounded records: Receiver.Tick, Sender.Tick, Router.Tick; TestEndedRecordsAreForgottenAfterTheHorizon, TestRecordsAtWorkAreNeverForgotten, TestSenderForgetsEndedRecordsAfterTheHorizon, TestRouterHorizonForgetsEndedRecords, TestHorizonQueueNeverForgetsEarly, TestRecordsStayUnderMaxRecordsWithoutAHorizon
 //  19. Keyed tag records: NewTagKey, Tag.appendMAC, parseTag, Sender.Submit, Receiver.bootstrap; TestForgedRecordFailsWithoutTheKey, TestReceiverRefusesAStrangersPage, TestNoKeyForThePeerRefusesTheRequest, TestCMACMatchesRFC4493
 //  20. Authorized intake and per-peer quotas: Receiver.authorize, Receiver.overQuota, Sender.SubmitTicket; TestBootstrapWithoutAValidTicketReservesNothing, TestOnePeerHoldsNoMoreThanItsQuota, TestBootstrapTicketLengthMustMatchItsBytes
+//  21. Prefix lookup and pin, within the scope: Receiver.bootstrap, Pool.LookupPrefix, Pool.Pin, PrefixChain; TestPrefixCacheNeedsAuthorize, TestBootstrapChainMustFitTheRequest, TestPrefixHitNeverCrossesScopes, TestPrefixChainNamesWholePrefixes, TestBootstrapChainLengthMustMatchItsBytesBeforeAllocating
+//  22. Prefix lengths agree: Sender.admit, Sender.post, Receiver.verify; TestPrefixHitGrantsAndWritesOnlyThePagesPastIt, TestSenderRefusesAGrantWhosePrefixDoesNotFit
+//  23. Shared read check: Receiver.Acquire, Pool.CheckShared; TestEvictionTakesOnlyUnpinnedPagesLeastRecentlyUsedFirst, TestEvictPinnedReallocatesAPinnedPage
+//  24. Insert verified pages, unpin on every end, evict only unpinned: Receiver.Finish, Receiver.dropSlot, Pool.Insert, Pool.Unpin, Pool.Allocate, Receiver.Audit; TestEvictionTakesOnlyUnpinnedPagesLeastRecentlyUsedFirst, TestPrefixReuseAtScaleKeepsEveryProperty, TestEachPrefixSwitchBreaksAProperty
 //
 // # Encodings
 //
@@ -103,8 +107,20 @@
 // panicking or allocating past the limits.
 //
 // [Pool] is the page pool both nodes use. Every page is free, owned by one
-// request at one epoch, or quarantined. Release and quarantine name the tenancy
-// they mean, so a duplicate or late fence can never free the next owner's page.
+// request at one epoch, quarantined, or (decode's prefix cache) cached under
+// a scope and chain hash, pinned by the requests reading it. Release and
+// quarantine name the tenancy they mean, so a duplicate or late fence can
+// never free the next owner's page.
+//
+// # Prefix reuse
+//
+// With ReceiverConfig.PrefixCache, decode keeps verified full prompt pages
+// keyed by ([Scope], [ChainHash]): a Bootstrap carries its request's scope
+// (set by the router from the authenticated tenant, bound by its ticket)
+// and its prompt's [PrefixChain]; decode pins the longest run it has cached
+// in that scope and grants only the rest (Grant.Prefix), the sender writes
+// only the pages past it (SubmitWith, Done.Prefix), and Acquire returns the
+// pinned prefix pages, read-only, before the written ones.
 //
 // # Switches
 //

@@ -43,8 +43,10 @@ var (
 	// (MaxGrantPages), whatever the pool holds (always with ErrRejected).
 	ErrTooManyPages = errors.New("protocol: request needs more pages than a grant carries")
 	// ErrBadGrant: the receiver's Grant names one page twice (by number, or by
-	// remote address and key), so two WRITEs would land on one page.
-	ErrBadGrant = errors.New("protocol: grant names a page twice")
+	// remote address and key), so two WRITEs would land on one page, or its
+	// prefix does not fit the request (not whole pages of the chain the
+	// request sent, or not every page past it granted).
+	ErrBadGrant = errors.New("protocol: bad grant")
 	// ErrCancelled: the client or router cancelled the request.
 	ErrCancelled = errors.New("protocol: cancelled")
 	// ErrTimedOut: the receiver waited too long for the transfer.

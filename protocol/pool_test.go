@@ -157,3 +157,83 @@ func TestConservationUnderRandomOperations(t *testing.T) {
 		}
 	}
 }
+
+// Rule 24: eviction (inside Allocate) takes only unpinned cached pages,
+// least recently used first, advances their epochs like any allocation, and
+// keeps the index and LRU list whole (Audit); a pinned page stays, and
+// CheckShared holds for it in its own scope only.
+func TestEvictionTakesOnlyUnpinnedPagesLeastRecentlyUsedFirst(t *testing.T) {
+	p := NewPool(4)
+	chain := PrefixChain([]uint32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, 4)
+	refs, _ := p.Allocate(1, 3)
+	for i, ref := range refs {
+		if !p.Insert(1, ref, 7, chain[i]) {
+			t.Fatalf("page %d not inserted", i)
+		}
+	}
+	if p.Insert(1, refs[0], 7, chain[0]) || p.Cached() != 3 || p.Free() != 1 {
+		t.Fatalf("a second insert took: %d cached, %d free", p.Cached(), p.Free())
+	}
+	if k := p.LookupPrefix(7, chain); k != 3 {
+		t.Fatalf("lookup %d, want 3", k)
+	}
+	if k := p.LookupPrefix(8, chain); k != 0 {
+		t.Fatalf("another scope's lookup hit %d pages", k)
+	}
+	pinned := p.Pin(7, chain[:1]) // page 0 pinned and most recently used
+	if err := p.CheckShared(7, pinned[0]); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.CheckShared(8, pinned[0]); !errors.Is(err, ErrNotShared) {
+		t.Fatalf("another scope reads a pinned page: %v", err)
+	}
+	if err := p.CheckShared(7, refs[1]); !errors.Is(err, ErrNotShared) {
+		t.Fatalf("an unpinned cached page passes the shared read check: %v", err)
+	}
+	// 3 pages: the free one, then pages 1 and 2 (least recently used), not 0.
+	got, err := p.Allocate(2, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Audit(); err != nil {
+		t.Fatal(err)
+	}
+	for _, ref := range got {
+		if ref.Page == 0 || ref.Epoch != 2 && ref.Page != 3 {
+			t.Fatalf("allocated %v", got)
+		}
+	}
+	if _, err := p.Allocate(3, 1); !errors.Is(err, ErrNoCapacity) {
+		t.Fatalf("the pinned page was evicted: %v", err)
+	}
+	if p.Evictions() != 2 || p.LookupPrefix(7, chain) != 1 {
+		t.Fatalf("%d evictions, lookup %d", p.Evictions(), p.LookupPrefix(7, chain))
+	}
+	if p.Unpin(7, pinned) != 1 || p.Unpin(7, pinned) != 0 || p.Pinned() != 0 {
+		t.Fatal("unpin is not once per pin")
+	}
+	if refs, err := p.Allocate(3, 1); err != nil || refs[0].Page != 0 || refs[0].Epoch != 2 {
+		t.Fatalf("the unpinned page is not evicted: %v %v", refs, err)
+	}
+	if err := p.Audit(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The evict-pinned switch: eviction ignores pins, so a page a request
+// reads as its prefix is reallocated under it (CheckShared then fails; the
+// harness's PinnedNeverReallocated catches the WRITE that lands there).
+func TestEvictPinnedReallocatesAPinnedPage(t *testing.T) {
+	p := NewPool(1)
+	p.evictPinned = true
+	chain := PrefixChain([]uint32{1, 2, 3, 4}, 4)
+	refs, _ := p.Allocate(1, 1)
+	p.Insert(1, refs[0], 7, chain[0])
+	pinned := p.Pin(7, chain)
+	if _, err := p.Allocate(2, 1); err != nil {
+		t.Fatalf("under evict-pinned: %v", err)
+	}
+	if err := p.CheckShared(7, pinned[0]); !errors.Is(err, ErrNotShared) {
+		t.Fatalf("the reallocated page still passes: %v", err)
+	}
+}

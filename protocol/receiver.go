@@ -682,6 +682,34 @@ func (r *Receiver) end(id RequestID, q *recvRequest, phase ReceiverStatus) {
 	r.ending.push(timer[recvRequest]{id: id, rec: q})
 }
 
+// Audit checks the pool's bookkeeping (Pool.Audit) and that every cached
+// page's pins are exactly the requests that hold it pinned: a pin no
+// request holds would keep a page from eviction for ever, a request holding
+// a pin the pool lost could read a page reallocated under it.
+func (r *Receiver) Audit() error {
+	if err := r.pool.Audit(); err != nil {
+		return err
+	}
+	if r.pool.Cached() == 0 && r.pool.Pinned() == 0 {
+		return nil
+	}
+	pins := map[uint32]int{}
+	for _, q := range r.reqs {
+		if q.pinned {
+			for _, ref := range q.prefix {
+				pins[ref.Page]++
+			}
+		}
+	}
+	for page := range r.pool.pages {
+		_, n, _ := r.pool.Shared(uint32(page))
+		if n != pins[uint32(page)] {
+			return fmt.Errorf("protocol: receiver: page %d has %d pins, %d requests hold it pinned", page, n, pins[uint32(page)])
+		}
+	}
+	return nil
+}
+
 // Records is the number of request records the receiver keeps, live and ended.
 func (r *Receiver) Records() int { return len(r.reqs) }
 

@@ -318,7 +318,7 @@ func (s *Sender) admit(peer PeerID, g *Grant) error {
 			ErrBadGrant, id, g.Prefix, n, pt, q.chain, len(g.Pages), n-k)
 	}
 	if i, j, ok := repeatedPage(g.Pages); ok && refuse == nil {
-		refuse = fmt.Errorf("%w: Grant for request %d names page %d (address %#x, key %#x) at indices %d and %d",
+		refuse = fmt.Errorf("%w: Grant for request %d names page %d (address %#x, key %#x) twice, at indices %d and %d",
 			ErrBadGrant, id, g.Pages[j].Page, g.Pages[j].Addr, g.Pages[j].Key, i, j)
 	}
 	if refuse != nil {

@@ -85,6 +85,13 @@ func (s *SharedReceiver) QueuePairFenced(peer PeerID) {
 	s.r.QueuePairFenced(peer)
 }
 
+// Stats is the prefix cache's counters (see Receiver.Stats).
+func (s *SharedReceiver) Stats() ReceiverStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.r.Stats()
+}
+
 // Effects hands over the accumulated effects (see Receiver.Effects), in
 // slices of their own: concurrent callers may hold them as long as they like.
 func (s *SharedReceiver) Effects() ReceiverEffects {
@@ -137,6 +144,14 @@ func (s *SharedSender) Submit(id RequestID, peer PeerID, tokens int) ([]uint32, 
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.s.Submit(id, peer, tokens)
+}
+
+// SubmitWith is the sender's intake with the router's ticket, scope and
+// chain (see Sender.SubmitWith).
+func (s *SharedSender) SubmitWith(id RequestID, peer PeerID, tokens int, o SubmitOptions) ([]uint32, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.s.SubmitWith(id, peer, tokens, o)
 }
 
 // Computed says the KV is ready (see Sender.Computed).

@@ -76,3 +76,55 @@ func HoldsPattern(b []byte, id protocol.RequestID, index int) bool {
 	}
 	return true
 }
+
+// FillPrompt writes the KV of page index of prompt (at pageTokens tokens a
+// page) into b: a function of the prompt's tokens up to the end of the page
+// and nothing else, as a model's KV is, so that requests sharing a prefix
+// compute the same bytes for its pages.
+func FillPrompt(b []byte, prompt []uint32, pageTokens, index int) {
+	seed := promptSeed(prompt, pageTokens, index)
+	for j := range b {
+		b[j] = byte(seed>>(8*(j%8))) ^ byte(j)
+	}
+}
+
+// HoldsPrompt says whether b is what FillPrompt writes for page index.
+func HoldsPrompt(b []byte, prompt []uint32, pageTokens, index int) bool {
+	seed := promptSeed(prompt, pageTokens, index)
+	for j := range b {
+		if b[j] != byte(seed>>(8*(j%8)))^byte(j) {
+			return false
+		}
+	}
+	return true
+}
+
+// promptSeed is an FNV-1a hash of the prompt's tokens up to the end of page
+// index, and the index.
+func promptSeed(prompt []uint32, pageTokens, index int) uint64 {
+	h := uint64(14695981039346656037)
+	end := min(len(prompt), (index+1)*pageTokens)
+	for _, t := range prompt[:end] {
+		for k := range 4 {
+			h ^= uint64(byte(t >> (8 * k)))
+			h *= 1099511628211
+		}
+	}
+	h ^= uint64(index)
+	return h * 1099511628211
+}
+
+// SharedPrompt is request id's prompt of tokens tokens whose first shared
+// tokens are the same for every request (a system prompt, an earlier turn)
+// and the rest its own.
+func SharedPrompt(id protocol.RequestID, tokens, shared int) []uint32 {
+	p := make([]uint32, tokens)
+	for i := range p {
+		if i < shared {
+			p[i] = uint32(i)
+		} else {
+			p[i] = uint32(id)<<16 | uint32(i)
+		}
+	}
+	return p
+}

@@ -24,6 +24,10 @@ type NodeConfig struct {
 	Slots       int           // decode: requests held at once; 0 means Pages
 	Timeout     time.Duration // decode: a reservation's timeout; 0 means never
 	Horizon     time.Duration // how long ended records are kept; 0 means forever
+	// PrefixCache turns decode's prefix cache on. Its Authorize hook admits
+	// a Bootstrap only with the scope and chain the network dispatched (what
+	// the router's ticket binds in a deployment).
+	PrefixCache bool
 }
 
 // Config is a deployment: a protocol.Router, prefill nodes and decode nodes,
@@ -177,8 +181,18 @@ type Request struct {
 	Decided         bool // the client has its outcome
 	Outcome         error
 	Read            bool // decode read it and its bytes were its own
-	active          bool // in Network.active
-	routed          bool // submitted through the router (not staged at a node by hand)
+	// Scope and Prompt are set for a request submitted with SubmitPrompt:
+	// its KV then depends on its tokens alone (page i's on the prompt up to
+	// the end of page i), as a model's does, so requests sharing a prefix
+	// compute the same bytes for it. Prefix is the pages decode's Grant
+	// said are present.
+	Scope  protocol.Scope
+	Prompt []uint32
+	Prefix int
+	// readPages are the pages decode's Acquire gave it, until Finish.
+	readPages []protocol.PageRef
+	active    bool // in Network.active
+	routed    bool // submitted through the router (not staged at a node by hand)
 }
 
 // Violation is a property of the spec (docs/spec.md) the network saw broken,
@@ -221,6 +235,12 @@ type Network struct {
 	OnOutcome func(node protocol.NodeID, o protocol.Outcome)
 	prefill   map[protocol.NodeID]*PrefillNode
 	decode    map[protocol.NodeID]*DecodeNode
+	// writer is, per decode node and page, the request whose WRITE landed
+	// there last (the ground truth NoCrossScopeRead is checked against),
+	// and pinned, per decode node and page, the requests reading it as
+	// their prefix now (PinnedNeverReallocated's).
+	writer map[protocol.NodeID]map[uint32]protocol.RequestID
+	pinned map[protocol.NodeID]map[uint32]int
 }
 
 func (c *NodeConfig) defaults() {
@@ -249,6 +269,7 @@ func New(cfg Config) (*Network, error) {
 	}
 	n := &Network{cfg: cfg, Now: cfg.Start, reqs: map[protocol.RequestID]*Request{},
 		prefill: map[protocol.NodeID]*PrefillNode{}, decode: map[protocol.NodeID]*DecodeNode{},
+		writer: map[protocol.NodeID]map[uint32]protocol.RequestID{}, pinned: map[protocol.NodeID]map[uint32]int{},
 		Router: protocol.NewRouter(protocol.RouterConfig{Timeout: cfg.RouterTimeout, Research: cfg.Research})}
 	keys := map[[2]protocol.NodeID]*protocol.TagKey{}
 	for i := range cfg.Prefill {
@@ -293,6 +314,11 @@ func New(cfg Config) (*Network, error) {
 				return keys[[2]protocol.NodeID{peerNode(peer), id}]
 			},
 			Region: func(p uint32) (uint64, uint32) { return uint64(p) << 20, uint32(id) }}
+		if c.PrefixCache {
+			rc.PrefixCache = true
+			rc.Authorize = n.authorize
+		}
+		n.writer[id], n.pinned[id] = map[uint32]protocol.RequestID{}, map[uint32]int{}
 		r, err := protocol.NewReceiver(rc)
 		if err != nil {
 			return nil, err
@@ -378,10 +404,18 @@ func (n *Network) Settle() { n.settle() }
 // Submit is a client's request through the router. A refusal (rejected, or
 // no live node) is the client's outcome and is returned.
 func (n *Network) Submit(id protocol.RequestID, tokens int) error {
+	return n.SubmitPrompt(id, tokens, 0, nil)
+}
+
+// SubmitPrompt is Submit of a request of scope with the given prompt (of
+// tokens tokens; nil for a request whose KV is a pattern of its id, which
+// shares nothing). With a scope, its Bootstrap carries the prompt's chain,
+// and a decode node with the prefix cache reuses what it holds of it.
+func (n *Network) SubmitPrompt(id protocol.RequestID, tokens int, scope protocol.Scope, prompt []uint32) error {
 	if n.reqs[id] != nil {
 		return fmt.Errorf("protocoltest: request %d submitted twice", id)
 	}
-	q := &Request{ID: id, Tokens: tokens, active: true, routed: true}
+	q := &Request{ID: id, Tokens: tokens, active: true, routed: true, Scope: scope, Prompt: prompt}
 	n.reqs[id] = q
 	n.order = append(n.order, id)
 	n.active = append(n.active, id)
@@ -450,7 +484,11 @@ func (n *Network) intake(p *PrefillNode, m RouterMsg) {
 		n.legEnded(p.ID, q.ID, fmt.Errorf("%w: no queue pair to %s yet", protocol.ErrPeerFailed, qp.Decode.Name))
 		return
 	}
-	src, err := p.Sender.Submit(q.ID, queuePairTo(m.Peer), m.Tokens)
+	var o protocol.SubmitOptions
+	if q.Scope != 0 {
+		o.Scope, o.Chain = q.Scope, protocol.PrefixChain(q.Prompt, n.pageTokens(p.ID))
+	}
+	src, err := p.Sender.SubmitWith(q.ID, queuePairTo(m.Peer), m.Tokens, o)
 	if err != nil {
 		n.logf("%s refuses r%d: %v", p.Name, q.ID, err)
 		q.PrefillEnded = true
@@ -464,6 +502,12 @@ func (n *Network) intake(p *PrefillNode, m RouterMsg) {
 	if n.ComputeAtIntake {
 		n.compute(p, q)
 	}
+}
+
+func (n *Network) decodePageTokens(decode protocol.NodeID) int {
+	c := n.cfg.Decode[int(decode)-101]
+	c.defaults()
+	return c.PageTokens
 }
 
 func (n *Network) pageTokens(prefill protocol.NodeID) int {
@@ -481,6 +525,10 @@ func (n *Network) Compute(id protocol.RequestID) {
 
 func (n *Network) compute(p *PrefillNode, q *Request) {
 	for i, page := range q.Src {
+		if q.Prompt != nil {
+			FillPrompt(p.Mem.payloads[page], q.Prompt, n.pageTokens(p.ID), i)
+			continue
+		}
 		FillPattern(p.Mem.payloads[page], q.ID, i)
 	}
 	q.Computed = true
@@ -502,10 +550,17 @@ func (n *Network) Deliver(qp *QueuePair) protocol.Op {
 		}
 	}
 	if w := op.Write; w != nil {
-		// NoForeignWrite: never into a page another request holds.
-		if owner, _, free := d.Receiver.Pool().Owner(w.Remote.Page); !free && owner != w.Request {
+		// PinnedNeverReallocated: never into a cached page, nor one a
+		// request reads as its prefix; NoForeignWrite: never into a page
+		// another request holds.
+		_, pins, cached := d.Receiver.Pool().Shared(w.Remote.Page)
+		if owner, _, free := d.Receiver.Pool().Owner(w.Remote.Page); cached || n.pinned[d.ID][w.Remote.Page] > 0 {
+			n.violate("PinnedNeverReallocated", "WRITE of r%d landed in %s page %d, which is cached (%d pins) or read as a prefix by %d requests",
+				w.Request, d.Name, w.Remote.Page, pins, n.pinned[d.ID][w.Remote.Page])
+		} else if !free && owner != w.Request {
 			n.violate("NoForeignWrite", "WRITE of r%d landed in %s page %d, which r%d holds", w.Request, d.Name, w.Remote.Page, owner)
 		}
+		n.writer[d.ID][w.Remote.Page] = w.Request
 		payload := d.Mem.payloads[w.Remote.Page]
 		copy(payload, qp.Prefill.Mem.payloads[w.Source]) // the NIC reads the source page now
 		if qp.corrupt[w.ID] {
@@ -572,10 +627,31 @@ func (n *Network) acquire(d *DecodeNode, id protocol.RequestID) bool {
 	}
 	n.logf("%s reads r%d: %d pages", d.Name, id, len(refs))
 	isolated := true
+	pt := n.pageTokens(q.Prefill)
 	for i, ref := range refs {
-		if !HoldsPattern(d.Mem.payloads[ref.Page], id, i) {
-			n.violate("Isolation", "%s read page %d for r%d[%d], and it holds KV r%d did not write", d.Name, ref.Page, id, i, id)
+		// The bytes: the request's own KV, whoever wrote them.
+		if q.Prompt == nil && !HoldsPattern(d.Mem.payloads[ref.Page], id, i) ||
+			q.Prompt != nil && !HoldsPrompt(d.Mem.payloads[ref.Page], q.Prompt, pt, i) {
+			prop := "Isolation"
+			if q.Prefix > 0 {
+				prop = "PrefixExact" // the hit and the written pages do not make the prompt
+			}
+			n.violate(prop, "%s read page %d for r%d[%d], and it holds KV r%d did not write", d.Name, ref.Page, id, i, id)
 			isolated = false
+		}
+		// Who wrote them: the request itself, or one of its scope.
+		if w := n.writer[d.ID][ref.Page]; q.Prompt != nil && w != id && (q.Scope == 0 || n.reqs[w] == nil || n.reqs[w].Scope != q.Scope) {
+			ws := protocol.Scope(0)
+			if n.reqs[w] != nil {
+				ws = n.reqs[w].Scope
+			}
+			n.violate("NoCrossScopeRead", "%s read page %d for r%d[%d] (scope %d), written by r%d (scope %d)", d.Name, ref.Page, id, i, q.Scope, w, ws)
+			isolated = false
+		}
+	}
+	if q.Prefix > 0 {
+		for _, ref := range refs[:min(q.Prefix, len(refs))] {
+			n.pinned[d.ID][ref.Page]++
 		}
 	}
 	c := n.cfg.Decode[int(d.ID)-101]
@@ -584,6 +660,7 @@ func (n *Network) acquire(d *DecodeNode, id protocol.RequestID) bool {
 		n.violate("HonestOutcome", "r%d has %d tokens but %s read %d pages, not %d", id, q.Tokens, d.Name, len(refs), want)
 	}
 	q.Read = isolated
+	q.readPages = refs
 	d.Reading = append(d.Reading, id)
 	return true
 }
@@ -592,10 +669,25 @@ func (n *Network) acquire(d *DecodeNode, id protocol.RequestID) bool {
 func (n *Network) Finish(d *DecodeNode) {
 	id := d.Reading[0]
 	d.Reading = d.Reading[1:]
+	n.unpin(d, id)
 	if err := d.Receiver.Finish(id); err != nil {
 		n.refused(d.Name, err)
 	}
 	n.settle()
+}
+
+// unpin ends request id's read of its prefix pages in the ground truth.
+func (n *Network) unpin(d *DecodeNode, id protocol.RequestID) {
+	q := n.reqs[id]
+	if q.Prefix == 0 || q.readPages == nil {
+		return
+	}
+	for _, ref := range q.readPages[:min(q.Prefix, len(q.readPages))] {
+		if n.pinned[d.ID][ref.Page]--; n.pinned[d.ID][ref.Page] == 0 {
+			delete(n.pinned[d.ID], ref.Page)
+		}
+	}
+	q.readPages = nil
 }
 
 // Read is Acquire then Finish for request id, wherever it is verified.
@@ -606,6 +698,7 @@ func (n *Network) Read(id protocol.RequestID) {
 				d.Verified = append(d.Verified[:i:i], d.Verified[i+1:]...)
 				if n.acquire(d, id) {
 					d.Reading = d.Reading[:len(d.Reading)-1]
+					n.unpin(d, id)
 					if err := d.Receiver.Finish(id); err != nil {
 						n.refused(d.Name, err)
 					}
@@ -818,6 +911,7 @@ func (n *Network) settle() {
 						n.active = append(n.active, q.ID)
 					}
 					q.Granted = q.Granted[:0]
+					q.Prefix = int(g.Prefix) / n.decodePageTokens(d.ID)
 					for _, pg := range g.Pages {
 						q.Granted = append(q.Granted, protocol.PageRef{Page: pg.Page, Epoch: pg.Epoch})
 					}
@@ -923,7 +1017,7 @@ func (n *Network) decide(q *Request, err error) {
 // request a decode node still works on holds every page it was granted.
 func (n *Network) audit() {
 	for _, d := range n.Decode {
-		if err := d.Receiver.Pool().Audit(); err != nil {
+		if err := d.Receiver.Audit(); err != nil {
 			n.violate("Conservation", "%s: %v", d.Name, err)
 		}
 	}
@@ -979,8 +1073,9 @@ func (n *Network) Quiescent() int {
 		}
 	}
 	leaked := 0
-	for _, d := range n.Decode {
-		leaked += d.Receiver.Pool().Len() - d.Receiver.Pool().Free()
+	for _, d := range n.Decode { // an unpinned cached page is the cache's, not a leak
+		pool := d.Receiver.Pool()
+		leaked += pool.Len() - pool.Free() - (pool.Cached() - pool.Pinned())
 	}
 	for _, p := range n.Prefill {
 		if !p.Crashed {
@@ -1000,14 +1095,23 @@ func OpString(op protocol.Op) string {
 	}
 	switch m := op.Msg.(type) {
 	case *protocol.Bootstrap:
+		if m.Scope != 0 {
+			return fmt.Sprintf("Bootstrap r%d %d tokens scope %d, %d full pages", m.Request, m.Tokens, m.Scope, len(m.Chain))
+		}
 		return fmt.Sprintf("Bootstrap r%d %d tokens", m.Request, m.Tokens)
 	case *protocol.Grant:
 		pages := make([]string, len(m.Pages))
 		for i, p := range m.Pages {
 			pages[i] = fmt.Sprintf("%d@%d", p.Page, p.Epoch)
 		}
+		if m.Prefix != 0 {
+			return fmt.Sprintf("Grant r%d %d tokens, %d present [%s]", m.Request, m.Tokens, m.Prefix, strings.Join(pages, " "))
+		}
 		return fmt.Sprintf("Grant r%d %d tokens [%s]", m.Request, m.Tokens, strings.Join(pages, " "))
 	case *protocol.Done:
+		if m.Prefix != 0 {
+			return fmt.Sprintf("Done r%d %d tokens %d pages, %d skipped", m.Request, m.Tokens, m.Pages, m.Prefix)
+		}
 		return fmt.Sprintf("Done r%d %d tokens %d pages", m.Request, m.Tokens, m.Pages)
 	case *protocol.Abort:
 		return fmt.Sprintf("Abort r%d reason %d", m.Request, m.Reason)
@@ -1194,4 +1298,29 @@ func (n *Network) runOne() bool {
 		}
 	}
 	return false
+}
+
+// authorize is a decode node's Authorize with the prefix cache on: a
+// Bootstrap must carry the scope and chain the network dispatched for its
+// request, as the router's ticket binds them in a deployment.
+func (n *Network) authorize(_ protocol.PeerID, b *protocol.Bootstrap) error {
+	q := n.reqs[b.Request]
+	if q == nil {
+		return fmt.Errorf("protocoltest: r%d was never dispatched", b.Request)
+	}
+	if b.Scope != q.Scope {
+		return fmt.Errorf("protocoltest: r%d claims scope %d, dispatched in %d", b.Request, b.Scope, q.Scope)
+	}
+	if q.Scope != 0 {
+		want := protocol.PrefixChain(q.Prompt, n.pageTokens(q.Prefill))
+		if len(want) != len(b.Chain) {
+			return fmt.Errorf("protocoltest: r%d's chain differs from its prompt's", b.Request)
+		}
+		for i := range want {
+			if want[i] != b.Chain[i] {
+				return fmt.Errorf("protocoltest: r%d's chain differs from its prompt's", b.Request)
+			}
+		}
+	}
+	return nil
 }

@@ -22,14 +22,20 @@ import (
 // Commands (IDs are decimal; a network has one prefill and one decode node
 // unless new says otherwise, and then node=N names one by its ID):
 //
-//	new pages=N [prefill-pages=8] [advertise=M] [prefills=1] [decodes=1] [bugs=a,b] [horizon=D]
+//	new pages=N [prefill-pages=8] [advertise=M] [prefills=1] [decodes=1] [bugs=a,b] [horizon=D] [cache=1]
 //	                            a fresh deployment: decode nodes of N pages, prefill nodes
 //	                            of prefill-pages, each prefill node advertising M pages to
 //	                            the router (default its own: more is the incident's lie),
 //	                            every node forgetting ended records after horizon D
-//	                            (default never)
-//	submit r=ID tokens=T        the client's request: router intake, the dispatch taken by
-//	                            the prefill node at once, its KV computed at once
+//	                            (default never), decode nodes with the prefix cache (cache=1)
+//	submit r=ID tokens=T [scope=S shared=K]
+//	                            the client's request: router intake, the dispatch taken by
+//	                            the prefill node at once, its KV computed at once; with a
+//	                            scope, a prompt of T tokens whose first K are the ones every
+//	                            such request shares (the rest are its own), its chain in
+//	                            the Bootstrap
+//	acquire [node=N]            decode's decoder takes (and checks) its next verified request
+//	finish [node=N]             decode's decoder ends its oldest read
 //	deliver [n=K] [qp=P,D]      place or deliver the next K items prefill→decode
 //	back [n=K] [qp=P,D]         deliver the next K messages decode→prefill
 //	router node=N [n=K]         deliver the next K messages from the router to node N
@@ -44,8 +50,8 @@ import (
 //	read r=ID                   decode acquires, checks and finishes r
 //	corrupt page=P [node=N]     flip a byte of a decode page
 //	stale-tag [qp=P,D]          the next WRITE's tag record carries an older epoch
-//	send-decode done r=ID tokens=T pages=N [qp=P,D]
-//	send-prefill grant r=ID tokens=T pages=N [qp=P,D]
+//	send-decode done r=ID tokens=T pages=N [prefix=K] [qp=P,D]
+//	send-prefill grant r=ID tokens=T pages=N [prefix=K] [qp=P,D]
 //	pools                       free and quarantined pages on every node
 func RunScenarios(t *testing.T, glob string, rewrite bool) {
 	t.Helper()
@@ -166,6 +172,22 @@ var commands = map[string]func(s *scenario, a *args) error{
 	"send-decode":  (*scenario).sendDecode,
 	"send-prefill": (*scenario).sendPrefill,
 	"pools":        (*scenario).pools,
+	"acquire": func(s *scenario, a *args) error {
+		d := s.n.DecodeNode(protocol.NodeID(a.num("node", int(DecodeID(0)))))
+		if d == nil || len(d.Verified) == 0 {
+			return fmt.Errorf("nothing verified to acquire")
+		}
+		s.n.Acquire(d)
+		return nil
+	},
+	"finish": func(s *scenario, a *args) error {
+		d := s.n.DecodeNode(protocol.NodeID(a.num("node", int(DecodeID(0)))))
+		if d == nil || len(d.Reading) == 0 {
+			return fmt.Errorf("nothing being read to finish")
+		}
+		s.n.Finish(d)
+		return nil
+	},
 }
 
 func (s *scenario) execute(line string) error {
@@ -200,7 +222,7 @@ func (s *scenario) newNetwork(a *args) error {
 		}
 	}
 	pre := NodeConfig{Pages: a.num("prefill-pages", 8), PageBytes: 256, Advertise: a.num("advertise", 0), Horizon: horizon}
-	dec := NodeConfig{Pages: a.num("pages", 4), PageBytes: 256, Timeout: time.Second, Horizon: horizon}
+	dec := NodeConfig{Pages: a.num("pages", 4), PageBytes: 256, Timeout: time.Second, Horizon: horizon, PrefixCache: a.num("cache", 0) == 1}
 	cfg := Config{Research: bugs}
 	for range a.num("prefills", 1) {
 		cfg.Prefill = append(cfg.Prefill, pre)
@@ -221,7 +243,13 @@ func (s *scenario) submit(a *args) error {
 	for _, p := range n.Prefill {
 		before[p.ID] = len(p.Inbox)
 	}
-	if n.Submit(a.request(), a.num("tokens", 4)) == nil {
+	tokens := a.num("tokens", 4)
+	var prompt []uint32
+	scope := protocol.Scope(a.num("scope", 0))
+	if scope != 0 {
+		prompt = SharedPrompt(a.request(), tokens, a.num("shared", 0))
+	}
+	if n.SubmitPrompt(a.request(), tokens, scope, prompt) == nil {
 		for _, p := range n.Prefill {
 			if len(p.Inbox) > before[p.ID] {
 				n.DeliverRouter(p.ID) // the dispatch arrives at once
@@ -337,7 +365,7 @@ func (s *scenario) staleTag(a *args) error {
 
 func (s *scenario) sendDecode(a *args) error {
 	q := a.qp()
-	m := &protocol.Done{Request: a.request(), Tokens: uint32(a.num("tokens", 4)), Pages: uint32(a.num("pages", 1))}
+	m := &protocol.Done{Request: a.request(), Tokens: uint32(a.num("tokens", 4)), Pages: uint32(a.num("pages", 1)), Prefix: uint32(a.num("prefix", 0))}
 	s.logf("%s receives %s", q.Decode.Name, OpString(protocol.Op{Msg: m}))
 	if err := q.Decode.Receiver.Step(queuePairTo(q.Prefill.ID), m, s.n.Now); err != nil {
 		s.n.refused(q.Decode.Name, err)
@@ -348,7 +376,10 @@ func (s *scenario) sendDecode(a *args) error {
 
 func (s *scenario) sendPrefill(a *args) error {
 	q := a.qp()
-	m := &protocol.Grant{Request: a.request(), Tokens: uint32(a.num("tokens", 4)), Pages: make([]protocol.PageGrant, a.num("pages", 1))}
+	m := &protocol.Grant{Request: a.request(), Tokens: uint32(a.num("tokens", 4)), Prefix: uint32(a.num("prefix", 0)), Pages: make([]protocol.PageGrant, a.num("pages", 1))}
+	for i := range m.Pages { // distinct pages: what is refused is the prefix, not a page twice
+		m.Pages[i] = protocol.PageGrant{Page: uint32(i), Addr: uint64(i) << 20}
+	}
 	s.logf("%s receives %s", q.Prefill.Name, OpString(protocol.Op{Msg: m}))
 	if err := q.Prefill.Sender.Step(queuePairTo(q.Decode.ID), m); err != nil {
 		s.n.refused(q.Prefill.Name, err)
@@ -360,7 +391,12 @@ func (s *scenario) sendPrefill(a *args) error {
 func (s *scenario) pools(*args) error {
 	var parts []string
 	for _, d := range s.n.Decode {
-		parts = append(parts, fmt.Sprintf("%s %d free, %d quarantined", d.Name, d.Receiver.Pool().Free(), d.Receiver.Pool().Quarantined()))
+		pool := d.Receiver.Pool()
+		if d.receiverCfg.PrefixCache {
+			parts = append(parts, fmt.Sprintf("%s %d free, %d quarantined, %d cached (%d pinned)", d.Name, pool.Free(), pool.Quarantined(), pool.Cached(), pool.Pinned()))
+			continue
+		}
+		parts = append(parts, fmt.Sprintf("%s %d free, %d quarantined", d.Name, pool.Free(), pool.Quarantined()))
 	}
 	for _, p := range s.n.Prefill {
 		parts = append(parts, fmt.Sprintf("%s %d free", p.Name, p.Sender.Pool().Free()))
