@@ -96,3 +96,36 @@ func benchmarkHandoffs(b *testing.B, horizon time.Duration) {
 		b.Fatalf("records are not forgotten: %d on the sender, %d on the receiver", s.Records(), r.Records())
 	}
 }
+
+// BenchmarkReadCheck is the read-time check of one page (rule 8, rule 23):
+// private, Pool.Check(owner, ref) of a page the request owns; shared,
+// Pool.CheckShared(scope, ref) of a pinned cached page, which compares the
+// scope as well. Pages are spread over a pool of 4,096, as a decode node's.
+func BenchmarkReadCheck(b *testing.B) {
+	const pages = 4096
+	chain := make([]ChainHash, pages)
+	for i := range chain {
+		chain[i][0], chain[i][1] = byte(i), byte(i>>8)
+	}
+	p := NewPool(pages)
+	refs, _ := p.Allocate(1, pages)
+	for i := range pages / 2 {
+		p.Insert(1, refs[i], 7, chain[i])
+	}
+	shared := p.Pin(7, chain[:pages/2])
+	private := refs[pages/2:]
+	b.Run("private", func(b *testing.B) {
+		for i := range b.N {
+			if err := p.Check(1, private[i%len(private)]); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("shared", func(b *testing.B) {
+		for i := range b.N {
+			if err := p.CheckShared(7, shared[i%len(shared)]); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}

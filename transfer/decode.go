@@ -30,6 +30,13 @@ type DecodeConfig struct {
 	Research research.Switches
 	// Authorize and the per-peer quotas: see authorize.go.
 	Admission
+	// PrefixCache turns the Receiver's prefix cache on
+	// (protocol.ReceiverConfig.PrefixCache; docs/protocol.md, "Prefix
+	// reuse"): a request whose Bootstrap carries a scope and chain reuses
+	// the pages this node holds of its prefix, which its Grant leaves out,
+	// so no window ever opens them. It needs Admission.Authorize, which must
+	// check the scope and chain the router's ticket binds.
+	PrefixCache bool
 }
 
 // Decode is a decode node's transfer endpoint: a protocol.Receiver, its page
@@ -89,7 +96,7 @@ func NewDecode(dev rdma.Device, cfg DecodeConfig) (*Decode, error) {
 	d.receiver, err = protocol.NewReceiver(protocol.ReceiverConfig{Pages: cfg.Pages, PageTokens: cfg.PageTokens,
 		Slots: cfg.Slots, MaxTokens: min(cfg.MaxRequestPages*cfg.PageTokens, protocol.MaxTokens),
 		Timeout: cfg.Timeout, Horizon: cfg.Horizon, Memory: pagesOf{d}, TagKeys: d.tagKeyOf, Research: cfg.Research,
-		Authorize: d.authorizer(), PeerRequests: cfg.PeerRequests, PeerPages: cfg.PeerPages,
+		Authorize: d.authorizer(), PeerRequests: cfg.PeerRequests, PeerPages: cfg.PeerPages, PrefixCache: cfg.PrefixCache,
 		Region: func(p uint32) (uint64, uint32) { return addr + uint64(int(p)*d.slotBytes()), key }})
 	return d, err
 }
@@ -135,7 +142,10 @@ func (d *Decode) payload(p uint32) []byte {
 // after the check of each page's epoch: each is the page's number in the
 // region (Payload, Pages) and the epoch it was granted at, which the
 // decoder's every read compares with the page's current epoch (Epochs). They
-// stay the request's, and nothing can write them, until Finish.
+// stay the request's, and nothing can write them, until Finish. With the
+// prefix cache, the first pages are the prefix this node held: cached pages
+// other requests of the scope read too, pinned until Finish and in no
+// grant's window; the decoder reads them and never writes them.
 func (d *Decode) Acquire(id protocol.RequestID) ([]protocol.PageRef, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -176,7 +186,7 @@ func (d *Decode) Status(id protocol.RequestID) protocol.ReceiverStatus {
 func (d *Decode) Stats() Stats {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return Stats{PagesFree: d.receiver.Pool().Free(), Records: d.receiver.Records(), Peers: len(d.names)}
+	return Stats{PagesFree: d.receiver.Pool().Free(), Records: d.receiver.Records(), Peers: len(d.names), Prefix: d.receiver.Stats()}
 }
 
 func (d *Decode) carryAndFlush() {

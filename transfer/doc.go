@@ -73,6 +73,14 @@
 // reaches the Receiver, so verification runs on pages nobody can write and
 // no page is freed while a window opens it.
 //
+// Prefix reuse (docs/protocol.md, "Prefix reuse"): with
+// DecodeConfig.PrefixCache, a request submitted with SubmitWith (its scope
+// and chain) may find its prefix cached at decode. Its Grant then names only
+// the fresh pages, so its windows open only those: a pinned page is in no
+// window and no peer can WRITE it. The prefill endpoint writes from the
+// first fresh page on, and Decode.Acquire returns the prefix pages, then the
+// written ones; the prefix pages are shared and read-only.
+//
 // A cut is the queue pair's error state. Every work request it held then
 // completes with a flush error; once the last has, the state machine learns
 // of it (Sender.Flushed, Receiver.QueuePairFenced), its requests fail and its

@@ -71,6 +71,8 @@ type Prefill struct {
 	// flush (Sender.Flushed) waits for them.
 	computing map[protocol.RequestID]*computing
 	flushHeld map[protocol.PeerID]bool
+	// pagesWritten counts the WRITEs handed to the queue pairs (Stats).
+	pagesWritten uint64
 }
 
 // NewPrefill makes a prefill endpoint on dev.
@@ -141,9 +143,11 @@ func (p *Prefill) SubmitTicket(id protocol.RequestID, peer string, tokens int, t
 	return p.SubmitWith(id, peer, tokens, protocol.SubmitOptions{Ticket: ticket})
 }
 
-// SubmitWith is Submit with what the router dispatched the request with:
-// its ticket, its cache scope and its prompt's chain, which the Bootstrap
-// carries (protocol.Sender.SubmitWith).
+// SubmitWith is Submit with what the router dispatched: the ticket, and for
+// prefix reuse the request's scope and its prompt's protocol.PrefixChain at
+// this node's PageTokens (protocol.Sender.SubmitWith). The KVSource still
+// computes every page; the WRITEs skip the prefix the decode node's Grant
+// says it holds.
 func (p *Prefill) SubmitWith(id protocol.RequestID, peer string, tokens int, o protocol.SubmitOptions) error {
 	p.mu.Lock()
 	c := p.names[peer]
@@ -237,13 +241,19 @@ type Stats struct {
 	PagesFree int // pool pages free
 	Records   int // request records kept, live and ended
 	Peers     int // live queue pairs
+	// Prefill: the pages whose WRITEs it handed to the queue pairs, over its
+	// life (with prefix reuse, the pages past each request's prefix).
+	PagesWritten uint64
+	// Decode: the prefix cache's counters (protocol.ReceiverStats), zero
+	// without DecodeConfig.PrefixCache.
+	Prefix protocol.ReceiverStats
 }
 
 // Stats returns the endpoint's counters.
 func (p *Prefill) Stats() Stats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return Stats{PagesFree: p.sender.Pool().Free(), Records: p.sender.Records(), Peers: len(p.names)}
+	return Stats{PagesFree: p.sender.Pool().Free(), Records: p.sender.Records(), Peers: len(p.names), PagesWritten: p.pagesWritten}
 }
 
 func (p *Prefill) message(c *conn, m protocol.Message) error {
@@ -284,6 +294,9 @@ func (p *Prefill) carry() {
 	for _, op := range se.Ops {
 		if c := p.conns[op.Peer]; c != nil && !c.broken {
 			c.backlog = append(c.backlog, op)
+			if op.Write != nil {
+				p.pagesWritten++
+			}
 		}
 	}
 	for _, o := range se.Outcomes {
