@@ -94,9 +94,10 @@ type decodeCall struct {
 	// Logprobs, if set, asks for each generated token's log probability and
 	// this many most likely tokens' (llama.Sampler.Logprobs).
 	Logprobs *int `json:"logprobs,omitempty"`
-	// ScopeLabel is the request's scope as metrics name it: "public:NAME"
-	// or "tenant" (never a tenant's name).
-	ScopeLabel string `json:"scope_label,omitempty"`
+	// Scope is the request's cache scope, and ScopeLabel the scope as
+	// metrics name it: "public:NAME" or "tenant" (never a tenant's name).
+	Scope      protocol.Scope `json:"scope,omitempty"`
+	ScopeLabel string         `json:"scope_label,omitempty"`
 }
 
 type cancelCall struct {

@@ -598,7 +598,7 @@ func (rt *Router) dispatchLocked(d protocol.Dispatch) {
 		var a legAnswer
 		err := rt.client.call(decCtx, dec.Name, dec.Control, pathDecode,
 			decodeCall{ID: d.Request, Prefill: pre.Name, Prompt: q.prompt, MaxTokens: c.MaxTokens, Tenant: c.Tenant, Model: c.Model,
-				RequestID: c.RequestID, Temperature: c.Temperature, TopP: c.TopP, Seed: c.Seed, Logprobs: c.Logprobs, ScopeLabel: label}, &a)
+				RequestID: c.RequestID, Temperature: c.Temperature, TopP: c.TopP, Seed: c.Seed, Logprobs: c.Logprobs, Scope: scope, ScopeLabel: label}, &a)
 		if err != nil && decCtx.Err() != nil {
 			rt.cancelCutCall(d.Decode, d.Request, q)
 		}

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"crypto/ed25519"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/binary"
@@ -35,6 +36,15 @@ var ErrScopeInBody = errors.New("node: a request never names its cache scope")
 // scopeFields are the body fields that would name a request's cache scope
 // (vLLM's cache_salt among them): each is refused with a 400.
 var scopeFields = []string{"cache_salt", "scope"}
+
+// ScopeKeyFromTicketKey derives a router's scope key from its ticket key:
+// every router of a deployment shares the ticket key, so they give a tenant
+// the same scope, and no other secret is to be distributed.
+func ScopeKeyFromTicketKey(key ed25519.PrivateKey) []byte {
+	m := hmac.New(sha256.New, key.Seed())
+	m.Write([]byte("kvhandoff/scope-key/v1"))
+	return m.Sum(nil)
+}
 
 // scopeOf is the first 8 bytes of HMAC-SHA256(key, kind+":"+name): a
 // scope no one without the key can compute or aim at. Never 0 (0 is "no

@@ -90,7 +90,7 @@ func NewPrefill(dev rdma.Device, cfg PrefillConfig) (*Prefill, error) {
 		cfg.KV = GeneratedKV{PageTokens: cfg.PageTokens}
 	}
 	p := &Prefill{cfg: cfg, peerOf: map[protocol.RequestID]string{}, computing: map[protocol.RequestID]*computing{}, flushHeld: map[protocol.PeerID]bool{}}
-	if err := p.init(p, dev, cfg.QueueDepth, cfg.MaxPeers, MaxFrame(cfg.MaxRequestPages), MaxFrame(1), true); err != nil {
+	if err := p.init(p, dev, cfg.QueueDepth, cfg.MaxPeers, MaxFrame(cfg.MaxRequestPages), MaxFrame(cfg.MaxRequestPages), true); err != nil {
 		return nil, err
 	}
 	var err error

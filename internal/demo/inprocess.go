@@ -232,8 +232,9 @@ func (p *InProcess) PagesLeft(wait time.Duration) map[string]int {
 		}
 		for i, n := range p.Local.Decodes {
 			g := n.Endpoint().Gauges()
-			left[fmt.Sprintf("decode-%d", i)] = g.Pages - g.PagesFree
-			total += g.Pages - g.PagesFree
+			// Cached pages are the prefix cache's, no request's.
+			left[fmt.Sprintf("decode-%d", i)] = g.Pages - g.PagesFree - g.PagesCached
+			total += g.Pages - g.PagesFree - g.PagesCached
 		}
 		if total == 0 || time.Now().After(deadline) {
 			return left
