@@ -409,6 +409,9 @@ func (rt *Router) Complete(ctx context.Context, c Completion) (Result, error) {
 }
 
 func (rt *Router) complete(ctx context.Context, c Completion, attempt int) (Result, error) {
+	if c.BodyScope != "" && !rt.cfg.Research.Has(research.ClientScope) {
+		return Result{}, scopeParam("cache_salt") // a request never names its scope
+	}
 	if c.MaxTokens < 1 || c.MaxTokens > rt.cfg.MaxNewTokens {
 		return Result{}, badParam("max_tokens", "invalid_value", "max_tokens %d is outside 1..%d", c.MaxTokens, rt.cfg.MaxNewTokens)
 	}

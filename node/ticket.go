@@ -153,8 +153,8 @@ const maxTicketsSeen = 1 << 20
 // TicketChecker is a decode node's ticket check (transfer.Admission's
 // Authorize): the ticket is the router's, for this node, from the queue
 // pair's own prefill node, for this request and token count, in the
-// Bootstrap's scope with its chain, unexpired, and its request is seen here
-// for the first time. Safe for concurrent use.
+// Bootstrap's scope with its chain (or none: no reuse), unexpired, and its
+// request is seen here for the first time. Safe for concurrent use.
 type TicketChecker struct {
 	pub  ed25519.PublicKey
 	self string
@@ -196,7 +196,10 @@ func (c *TicketChecker) Check(peer string, b *protocol.Bootstrap) error {
 		return fmt.Errorf("%w: given to prefill node %q, sent by %q", ErrTicketMisrouted, t.Prefill, peer)
 	case t.Request != b.Request || t.Tokens != b.Tokens:
 		return fmt.Errorf("%w: the ticket is request %d of %d tokens, the Bootstrap request %d of %d", ErrTicketMismatch, t.Request, t.Tokens, b.Request, b.Tokens)
-	case t.Scope != b.Scope || t.Chain != chainDigest(b.Chain):
+	case (b.Scope != 0 || len(b.Chain) != 0) && (t.Scope != b.Scope || t.Chain != chainDigest(b.Chain)):
+		// A Bootstrap without a scope asks for no reuse (it neither reads
+		// nor fills the cache: the placeholder of admit-finished is one), so
+		// only a scope or chain it does carry must be the router's.
 		return fmt.Errorf("%w: the ticket is scope %#x, the Bootstrap scope %#x (or its chain of %d hashes is not the router's)", ErrTicketScope, uint64(t.Scope), uint64(b.Scope), len(b.Chain))
 	case now.After(t.Expires.Add(c.skew)):
 		return fmt.Errorf("%w: at %v, %v ago", ErrTicketExpired, t.Expires.UTC().Format(time.RFC3339Nano), now.Sub(t.Expires).Round(time.Millisecond))

@@ -17,7 +17,8 @@ import (
 // garbage, a truncated or bit-flipped ticket, one signed by another key,
 // for another decode node, sent by another prefill node, for another
 // request or token count, for another scope or chain (a prefill node
-// claiming another tenant's cached pages), a KVT1 ticket, expired, replayed.
+// claiming another tenant's cached pages), a KVT1 ticket, expired, replayed;
+// a Bootstrap without scope and chain asks for no reuse and passes.
 func TestTicketCheckRefusesEveryTicketButTheRoutersForThisBootstrap(t *testing.T) {
 	pub, key, _ := pki.NewTicketKey()
 	_, otherKey, _ := pki.NewTicketKey()
@@ -59,7 +60,7 @@ func TestTicketCheckRefusesEveryTicketButTheRoutersForThisBootstrap(t *testing.T
 		"expired":               {"prefill-0", boot(with(func(tk *Ticket) { tk.Expires = now.Add(-DefaultTicketSkew - time.Second) })), ErrTicketExpired},
 		"another request's, 8b": {"prefill-0", &protocol.Bootstrap{Request: 8, Tokens: 100, Ticket: sign(key, valid)}, ErrTicketMismatch},
 		"another scope":         {"prefill-0", &protocol.Bootstrap{Request: 7, Tokens: 100, Scope: 0xb2, Chain: chain, Ticket: sign(key, valid)}, ErrTicketScope},
-		"no scope":              {"prefill-0", &protocol.Bootstrap{Request: 7, Tokens: 100, Ticket: sign(key, valid)}, ErrTicketScope},
+		"a chain, no scope":     {"prefill-0", &protocol.Bootstrap{Request: 7, Tokens: 100, Chain: chain, Ticket: sign(key, valid)}, ErrTicketScope},
 		"another chain":         {"prefill-0", &protocol.Bootstrap{Request: 7, Tokens: 100, Scope: 0xa1, Chain: otherChain, Ticket: sign(key, valid)}, ErrTicketScope},
 		"a chain cut short":     {"prefill-0", &protocol.Bootstrap{Request: 7, Tokens: 100, Scope: 0xa1, Chain: chain[:5], Ticket: sign(key, valid)}, ErrTicketScope},
 		"a KVT1 ticket":         {"prefill-0", boot(kvt1), ErrTicketForged},
@@ -77,6 +78,12 @@ func TestTicketCheckRefusesEveryTicketButTheRoutersForThisBootstrap(t *testing.T
 	}
 	if err := c.Check("prefill-0", boot(sign(key, valid))); !errors.Is(err, ErrTicketReplayed) {
 		t.Fatalf("the same request again: %v", err)
+	}
+	// A Bootstrap without a scope asks for no reuse: the ticket's scope
+	// need not be claimed.
+	noReuse := with(func(tk *Ticket) { tk.Request = 70 })
+	if err := c.Check("prefill-0", &protocol.Bootstrap{Request: 70, Tokens: 100, Ticket: noReuse}); err != nil {
+		t.Fatalf("a Bootstrap without scope or chain: %v", err)
 	}
 	// Within the clock skew a just-expired ticket is still taken; an id is
 	// forgotten once its ticket expired, and the map does not grow with them.
