@@ -24,6 +24,22 @@ func TestSharedReceiverIsLinearizable(t *testing.T) {
 	}
 }
 
+// The same with the prefix cache on: requests pin a shared cached page at
+// Bootstrap, are granted their own, and insert or release at Finish while
+// others pin and read; the calls stay linearizable.
+func TestSharedReceiverWithThePrefixCacheIsLinearizable(t *testing.T) {
+	for _, faults := range []bool{false, true} {
+		r, err := Run(Config{Clients: 8, Ops: 20000, Faults: faults, Seed: 3, Dir: t.TempDir(), PrefixCache: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("faults=%v: %d ops, %d prefix hits", faults, r.Ops, r.PrefixHits)
+		if r.Result != "ok" || r.Partitions < 2 || r.PrefixHits == 0 {
+			t.Fatalf("faults=%v: %+v", faults, *r)
+		}
+	}
+}
+
 // Each concurrency switch makes histories illegal, and the visualization names
 // the operations involved.
 func TestEachConcurrencySwitchIsCaught(t *testing.T) {

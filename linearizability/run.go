@@ -25,8 +25,13 @@ type Config struct {
 	Clients int  // goroutines calling the receiver: one transport poller, the rest decode workers
 	Ops     int  // operations to record in all
 	Faults  bool // queue-pair cuts and fire-and-forget cancels
-	Bugs    research.Switches
-	Seed    uint64 // the workload's choices (the interleaving is the scheduler's)
+	// PrefixCache turns the receiver's prefix cache on: every request is 2
+	// pages of one scope whose first page all share, so from the second on
+	// a request pins a cached page, is granted one, and Finish inserts or
+	// releases while other requests pin and read.
+	PrefixCache bool
+	Bugs        research.Switches
+	Seed        uint64 // the workload's choices (the interleaving is the scheduler's)
 	// Dir receives the HTML visualization of an illegal history; "" means the
 	// system's temporary directory.
 	Dir     string
@@ -40,6 +45,7 @@ type Result struct {
 	Result        string // "ok", "illegal" or "unknown" (the check timed out)
 	Seconds       float64
 	Visualization string // the HTML file of an illegal history
+	PrefixHits    uint64 // requests that reused a cached page (Config.PrefixCache)
 }
 
 type recorder struct {
@@ -163,9 +169,18 @@ func Run(cfg Config) (*Result, error) {
 	requests, transportOps := transportShare(cfg.Ops)
 	// The decode node's pages. Only the transport goroutine writes them, and
 	// it does so before the Done that makes the receiver read them.
-	mem := protocoltest.NewMemory(requests, 32)
-	recv, err := racy.NewReceiver(protocol.ReceiverConfig{Pages: requests, PageTokens: 4, Memory: mem, TagKeys: tagKeys,
-		Region: func(p uint32) (uint64, uint32) { return uint64(p), 1 }, Research: cfg.Bugs.Without(research.Concurrency()...)}, cfg.Bugs)
+	pagesPer := 1
+	if cfg.PrefixCache {
+		pagesPer = 2
+	}
+	mem := protocoltest.NewMemory(pagesPer*requests, 32)
+	rc := protocol.ReceiverConfig{Pages: pagesPer * requests, PageTokens: 4, Memory: mem, TagKeys: tagKeys,
+		Region: func(p uint32) (uint64, uint32) { return uint64(p), 1 }, Research: cfg.Bugs.Without(research.Concurrency()...)}
+	if cfg.PrefixCache {
+		// The harness is its own router: every Bootstrap's scope is the one it chose.
+		rc.PrefixCache, rc.Authorize = true, func(protocol.PeerID, *protocol.Bootstrap) error { return nil }
+	}
+	recv, err := racy.NewReceiver(rc, cfg.Bugs)
 	if err != nil {
 		return nil, err
 	}
@@ -187,13 +202,21 @@ func Run(cfg Config) (*Result, error) {
 			frontier.Store(uint64(id))
 			peer := protocol.PeerID(int(id) % peers)
 			call := rec.now()
-			err := recv.Step(peer, &protocol.Bootstrap{Request: id, Tokens: 4}, now)
+			boot := &protocol.Bootstrap{Request: id, Tokens: 4}
+			if cfg.PrefixCache {
+				boot = &protocol.Bootstrap{Request: id, Tokens: 8, Scope: 1, Chain: chainOf(id)}
+			}
+			err := recv.Step(peer, boot, now)
 			rec.add(0, Input{OpBootstrap, id}, call, Output{OK: err == nil}, rec.now())
+			done := &protocol.Done{Request: id, Tokens: boot.Tokens, Pages: 1}
 			for _, s := range recv.Effects().Sends {
 				if g, ok := s.Msg.(*protocol.Grant); ok && g.Request == id {
-					p := g.Pages[0]
-					copy(mem.Payload(p.Page), fmt.Sprintf("kv of request %d", id))
-					copy(mem.TagRecord(p.Page), protocol.Tag{Request: id, Epoch: p.Epoch, Index: 0, Tokens: 4, Sum: checksum.Sum(mem.Payload(p.Page))}.Append(nil, tagKey))
+					k := int(g.Prefix) / 4
+					done.Pages, done.Prefix = uint32(len(g.Pages)), g.Prefix
+					for j, p := range g.Pages {
+						copy(mem.Payload(p.Page), fmt.Sprintf("kv of request %d page %d", id, k+j))
+						copy(mem.TagRecord(p.Page), protocol.Tag{Request: id, Epoch: p.Epoch, Index: uint32(k + j), Tokens: 4, Sum: checksum.Sum(mem.Payload(p.Page))}.Append(nil, tagKey))
+					}
 				}
 			}
 			if cfg.Faults && rng.IntN(25) == 0 {
@@ -204,7 +227,7 @@ func Run(cfg Config) (*Result, error) {
 				rec.fault(OpCut, cut, id, call, ret, fmt.Sprintf("cut queue pair %d", cut)) // workers reach up to the frontier
 			}
 			call = rec.now()
-			err = recv.Step(peer, &protocol.Done{Request: id, Tokens: 4, Pages: 1}, now)
+			err = recv.Step(peer, done, now)
 			rec.add(0, Input{OpDone, id}, call, Output{OK: err == nil}, rec.now())
 			recv.Effects()
 		}
@@ -233,7 +256,11 @@ func Run(cfg Config) (*Result, error) {
 	// Let fire-and-forget cancels land before the run is torn down.
 	time.Sleep(10 * time.Millisecond)
 
-	return check(Model.ToModel(), rec, cfg, start)
+	res, err := check(Model.ToModel(), rec, cfg, start)
+	if res != nil {
+		res.PrefixHits = recv.Stats().PrefixHits
+	}
+	return res, err
 }
 
 // check runs porcupine on a recorded history and, if it is illegal, writes the
@@ -271,4 +298,10 @@ func check(model porcupine.Model, rec *recorder, cfg Config, start time.Time) (*
 	}
 	res.Seconds = time.Since(start).Seconds()
 	return res, nil
+}
+
+// chainOf is request id's prompt chain with the prefix cache: 2 pages of 4
+// tokens, the first the same for every request, the second its own.
+func chainOf(id protocol.RequestID) []protocol.ChainHash {
+	return protocol.PrefixChain([]uint32{1, 2, 3, 4, uint32(id), 0, 0, 0}, 4)
 }

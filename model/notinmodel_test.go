@@ -20,10 +20,13 @@ import "github.com/kvhandoff/kvhandoff/internal/research"
 //     protocol.TestBootstrapWithoutAValidTicketReservesNothing and
 //     node.TestUnticketedFloodFromAnIntruderReservesNothing.
 //   - scope-dropped, client-scope, evict-pinned, prefix-count-mismatch and
-//     write-shared: the prefix cache (docs/protocol.md, "Prefix reuse"),
-//     which the simulation and the refinement do not drive yet. Each has its
-//     test in the implementation: protocol.TestEachPrefixSwitchBreaksAProperty
-//     (client-scope in node's router).
+//     write-shared: the prefix cache (docs/protocol.md, "Prefix reuse"). The
+//     refinement maps the spec without its cache (the spec's cache is built
+//     separately), and the switch tests above run the default workload,
+//     which shares no prefix. The simulation with SimConfig.PrefixCache finds
+//     four of them (TestSimulationFindsEveryPrefixSwitch), and
+//     protocol.TestEachPrefixSwitchBreaksAProperty stages each;
+//     client-scope is the router's, in package node.
 //
 // The tests that iterate research.All() skip exactly these, by name, so that
 // nothing passes silently.

@@ -26,7 +26,13 @@ import (
 // the implementation silently ignores, whose violations all replay unchanged
 // without it, leaves its combination uncaught.
 func checkWorld(t *rapid.T, bugs research.Switches, needAll bool) {
-	cfg := SimConfig{Bugs: bugs}
+	checkWorldWith(t, SimConfig{Bugs: bugs}, needAll)
+}
+
+// checkWorldWith is checkWorld of a deployment cfg (its Bugs are the
+// switches; with PrefixCache the prompts share prefixes: prefixPrompt).
+func checkWorldWith(t *rapid.T, cfg SimConfig, needAll bool) {
+	bugs := cfg.Bugs
 	if !needAll { // decode restarts too, in half the runs (the switch hunt keeps the workload its budgets were measured on)
 		cfg.DecodeRestarts = rapid.Bool().Draw(t, "decode restarts")
 	}
@@ -208,6 +214,19 @@ func TestRapidImplementationKeepsEveryProperty(t *testing.T) {
 		float64(stats.repeated)/float64(stats.runs), float64(stats.total)/float64(stats.runs))
 	// The mean varies with rapid's seed (9.7 to 30 per run measured, at 60
 	// and 300 runs): the bound is for a machine that does not run at all.
+	if stats.repeated < 3*stats.runs {
+		t.Fatalf("rapid drew only %d events in %d runs: the state machine barely ran", stats.repeated, stats.runs)
+	}
+}
+
+// The same with the prefix cache on: rapid draws prompts (shared prefixes
+// within and across scopes, prefixPrompt), every choice and fault, and
+// NoCrossScopeRead, PinnedNeverReallocated and PrefixExact hold with the
+// rest after every action, and the receiver's audit of its pins.
+func TestRapidPrefixReuseKeepsEveryProperty(t *testing.T) {
+	atLeast(t, 300)
+	stats = runStats{}
+	rapid.Check(t, func(t *rapid.T) { checkWorldWith(t, SimConfig{PrefixCache: true}, false) })
 	if stats.repeated < 3*stats.runs {
 		t.Fatalf("rapid drew only %d events in %d runs: the state machine barely ran", stats.repeated, stats.runs)
 	}

@@ -35,7 +35,9 @@ type Summary struct {
 	// (SimResult).
 	DecodeRestarts          int
 	ServedByRestartedDecode int
-	Elapsed                 time.Duration
+	// PrefixHits and PrefixHitPages are the runs' sums (SimResult).
+	PrefixHits, PrefixHitPages int
+	Elapsed                    time.Duration
 }
 
 // RunSeeds simulates seeds first, first+1, ..., first+n-1 of cfg, one run per
@@ -75,6 +77,8 @@ func (s *Summary) add(r *SimResult) {
 		s.FailedBy[k] += v
 	}
 	s.PagesLeaked += r.PagesLeaked
+	s.PrefixHits += r.PrefixHits
+	s.PrefixHitPages += r.PrefixHitPages
 	s.DecodeRestarts += r.DecodeRestarts
 	s.ServedByRestartedDecode += r.ServedByRestartedDecode
 	if r.Violation == nil {

@@ -28,7 +28,11 @@ type SimConfig struct {
 	// DecodeRestarts adds a fault: a decode node crashes and comes back at
 	// once under a new incarnation (protocoltest.Network.RestartDecode).
 	DecodeRestarts bool
-	Bugs           research.Switches
+	// PrefixCache turns the decode nodes' prefix cache on, and gives the
+	// requests prompts that share prefixes (prefixPrompt): within a scope
+	// and, with the same tokens, across scopes, some of scope 0.
+	PrefixCache bool
+	Bugs        research.Switches
 }
 
 func (c *SimConfig) defaults() {
@@ -77,7 +81,10 @@ type SimResult struct {
 	// incarnation after its first.
 	DecodeRestarts          int
 	ServedByRestartedDecode int
-	Trace                   []string // every step, for replaying a failure by eye
+	// PrefixHits and PrefixHitPages are the decode nodes' prefix cache hits
+	// (requests that reused cached pages) and the pages reused.
+	PrefixHits, PrefixHitPages int
+	Trace                      []string // every step, for replaying a failure by eye
 }
 
 // routerTimeout fails a request the router has had this long without an
@@ -141,7 +148,7 @@ func newWorld(cfg SimConfig, tokens []int, pick func(int) int) *world {
 	}
 	for range cfg.Decoders {
 		nc.Decode = append(nc.Decode, protocoltest.NodeConfig{Pages: cfg.DecodePages, PageTokens: cfg.PageTokens, PageBytes: cfg.PageBytes,
-			Timeout: 10 * time.Second})
+			Timeout: 10 * time.Second, PrefixCache: cfg.PrefixCache})
 	}
 	n, err := protocoltest.New(nc)
 	if err != nil {
@@ -224,7 +231,35 @@ func (w *world) submit(id protocol.RequestID, tokens int) {
 	if w.next == len(w.tokens) {
 		w.drainAt = w.step + w.pick(100) // faults stop at a random point after the last request
 	}
+	if w.cfg.PrefixCache {
+		scope, prompt := prefixPrompt(int(id), tokens, w.cfg.PageTokens)
+		w.n.SubmitPrompt(id, tokens, scope, prompt) // a refusal is the client's outcome; the network checks it
+		return
+	}
 	w.n.Submit(id, tokens) // a refusal is the client's outcome; the network checks it
+}
+
+// prefixPrompt is request id's scope and prompt with the prefix cache on: a
+// function of the request and its length only, so a rapid script replays
+// it. Requests fall in two scopes (one in five in scope 0, no reuse) and
+// three conversations each; a prompt is the start of its conversation, the
+// first two pages of which every conversation shares (a system prompt). The
+// two scopes' conversations have the same tokens: only the scope keeps
+// their KV apart (SGLang #37160's case).
+func prefixPrompt(id, tokens, pageTokens int) (protocol.Scope, []uint32) {
+	scope := protocol.Scope(1 + id%2)
+	if id%5 == 4 {
+		scope = 0
+	}
+	conv := uint32(id/2) % 3
+	prompt := make([]uint32, tokens)
+	for i := range prompt {
+		prompt[i] = uint32(i)
+		if i >= 2*pageTokens {
+			prompt[i] = conv<<16 | uint32(i)
+		}
+	}
+	return scope, prompt
 }
 
 // failReason names the protocol error behind a failure.
@@ -272,6 +307,11 @@ func (w *world) finish() {
 		if o == OutcomeFailed {
 			w.res.FailedBy[failReason(q.Outcome)]++
 		}
+	}
+	for _, d := range w.n.Decode {
+		st := d.Receiver.Stats()
+		w.res.PrefixHits += int(st.PrefixHits)
+		w.res.PrefixHitPages += int(st.PrefixHitPages)
 	}
 	if v := w.n.Violations; len(v) > 0 {
 		w.violate(v[0].Property, v[0].Detail)

@@ -150,3 +150,64 @@ func TestSimulationWithDecodeRestartsKeepsEveryProperty(t *testing.T) {
 			cfg, n, s.DecodeRestarts, s.ServedByRestartedDecode, s.Outcomes, s.FailedBy)
 	}
 }
+
+// With the prefix cache on, the simulation keeps every property (among
+// them NoCrossScopeRead, PinnedNeverReallocated and PrefixExact) over many
+// seeds with faults, and the cache is used: requests hit, pages are evicted.
+func TestSimulationWithPrefixReuseKeepsEveryProperty(t *testing.T) {
+	hits, evictions := uint64(0), uint64(0)
+	for seed := uint64(1); seed <= uint64(seeds(300)); seed++ {
+		w := simulateWorld(SimConfig{Seed: seed, PrefixCache: true})
+		if v := w.res.Violation; v != nil {
+			t.Fatalf("seed %d: %s: %s\n%v", seed, v.Property, v.Detail, w.res.Trace)
+		}
+		if w.res.PagesLeaked != 0 {
+			t.Fatalf("seed %d: %d pages leaked", seed, w.res.PagesLeaked)
+		}
+		for _, d := range w.n.Decode {
+			st := d.Receiver.Stats()
+			hits, evictions = hits+st.PrefixHits, evictions+st.PrefixEvictions
+		}
+	}
+	if hits == 0 || evictions == 0 {
+		t.Fatalf("the cache was not exercised: %d hits, %d evictions", hits, evictions)
+	}
+	t.Logf("%d seeds: %d prefix hits, %d evictions", seeds(300), hits, evictions)
+}
+
+// Each prefix switch (with the partners the property needs: the defenses
+// that catch prefix-count-mismatch on their own) is found by the simulation
+// with the prefix cache on, as a violation of the property it breaks, and
+// the failing seed replays. client-scope is the router's, in package node.
+func TestSimulationFindsEveryPrefixSwitch(t *testing.T) {
+	for _, c := range []struct {
+		bugs []research.Switch
+		want []string
+	}{
+		{[]research.Switch{research.ScopeDropped}, []string{"NoCrossScopeRead"}},
+		{[]research.Switch{research.EvictPinned}, []string{"PinnedNeverReallocated", "Conservation"}},
+		{[]research.Switch{research.WriteShared}, []string{"PinnedNeverReallocated"}},
+		{[]research.Switch{research.PrefixCountMismatch, research.NoTokenCheck, research.NoTagCheck, research.NoChecksum}, []string{"PrefixExact"}},
+	} {
+		sw := research.On(c.bugs...)
+		t.Run(sw.String(), func(t *testing.T) {
+			for seed := uint64(1); seed <= 2000; seed++ {
+				w := simulateWorld(SimConfig{Seed: seed, PrefixCache: true, Bugs: sw})
+				v := w.res.Violation
+				if v == nil {
+					continue
+				}
+				if !slices.Contains(c.want, v.Property) {
+					t.Fatalf("seed %d: %s (%s), want one of %v", seed, v.Property, v.Detail, c.want)
+				}
+				again := Simulate(SimConfig{Seed: seed, PrefixCache: true, Bugs: sw})
+				if again.Violation == nil || *again.Violation != *v {
+					t.Fatalf("seed %d did not replay", seed)
+				}
+				t.Logf("seed %d: %s: %s", seed, v.Property, v.Detail)
+				return
+			}
+			t.Fatalf("2000 seeds found no violation of %v", c.want)
+		})
+	}
+}

@@ -126,7 +126,9 @@
 //
 // Every bug of the catalogue but done-unmatched (the wire carries no slot;
 // internal/research lists them) can be turned on through SenderConfig.Research and
-// ReceiverConfig.Research, for research and to prove that the checkers can fail.
+// ReceiverConfig.Research, for research and to prove that the checkers can fail;
+// client-scope (the scope taken from the request body) is the router's in
+// package node, which sets the scope.
 // Their type lives in the module's internal/research package and has an
 // unexported field, so only code inside the kvhandoff module can build a value
 // with a bug on. An engine that links this package cannot import that package

@@ -252,6 +252,7 @@ func (r *Receiver) dropSlot(q *recvRequest) {
 		q.pinned = false
 		r.pool.Unpin(q.scope, q.prefix)
 	}
+	q.insert = nil // only Finish inserts, before it releases: an ended record keeps no chain
 	if q.phase == ReceiverReserved || q.phase == ReceiverReady || q.phase == ReceiverReading {
 		r.held--
 	}

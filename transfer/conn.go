@@ -310,6 +310,21 @@ func (c *conn) flush(src rdma.MemoryRegion, pageBytes int, wins *grantWindows) e
 	return nil
 }
 
+// maxBootstrapFrame is the largest frame a prefill node sends for requests
+// of at most pages pages: a Bootstrap with a chain of every page and a
+// ticket of protocol.MaxTicket bytes (Done, Abort and AbortAck are
+// smaller). A decode node's receive buffers and a prefill node's send
+// buffers are this size.
+func maxBootstrapFrame(pages int) int {
+	pages = max(1, min(pages, protocol.MaxGrantPages))
+	frame, err := protocol.AppendMessage(nil, &protocol.Bootstrap{Request: 1, Tokens: protocol.MaxTokens, Scope: 1,
+		Chain: make([]protocol.ChainHash, pages), Ticket: make([]byte, protocol.MaxTicket)})
+	if err != nil {
+		panic(err) // within the wire's limits
+	}
+	return max(len(frame), MaxFrame(1))
+}
+
 // MaxFrame is the largest control-message frame for requests of at most
 // pages pages: the Grant naming every page, or a Bootstrap with a chain of
 // every page and a ticket of protocol.MaxTicket bytes, is the largest message there is, and the other

@@ -64,7 +64,7 @@ func NewDecode(dev rdma.Device, cfg DecodeConfig) (*Decode, error) {
 		return nil, fmt.Errorf("transfer: MaxRequestPages %d outside 1..%d", cfg.MaxRequestPages, min(cfg.Pages, protocol.MaxGrantPages))
 	}
 	d := &Decode{cfg: cfg, peerOf: map[protocol.RequestID]string{}}
-	if err := d.init(d, dev, cfg.QueueDepth, cfg.MaxPeers, MaxFrame(cfg.MaxRequestPages), MaxFrame(cfg.MaxRequestPages), false); err != nil {
+	if err := d.init(d, dev, cfg.QueueDepth, cfg.MaxPeers, maxBootstrapFrame(cfg.MaxRequestPages), MaxFrame(cfg.MaxRequestPages), false); err != nil {
 		return nil, err
 	}
 	// Peers write the pages only through each grant's windows: the region's

@@ -47,8 +47,10 @@
 // ordering guarantees that when Done arrives every WRITE before it has been
 // placed. Control messages are SENDs of protocol frames into receive buffers
 // each side keeps posted (RecvSlots), each buffer sized for the largest frame
-// the peer can send: MaxFrame of the largest request, whose Grant names every
-// page. Both intakes refuse bigger requests, and a decode node refuses a
+// the peer can send: on prefill, MaxFrame of the largest request, whose Grant
+// names every page; on decode, the Bootstrap of its largest request, with a
+// chain hash a page and the largest ticket (a prefill node refuses a chained
+// request over its decode peer's largest before sending it). Both intakes refuse bigger requests, and a decode node refuses a
 // Bootstrap whose Grant would not fit its peer's buffers, before the Receiver
 // keeps anything for it; so no frame is ever too large to send, and none waits
 // at the head of a backlog for good.

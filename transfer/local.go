@@ -22,7 +22,7 @@ func ConnectLocal(p *Prefill, prefillName string, d *Decode, decodeName string) 
 		return fmt.Errorf("%w: pages of %d tokens, %d bytes on prefill, %d tokens, %d bytes on decode",
 			ErrSetup, p.cfg.PageTokens, p.cfg.PageBytes, d.cfg.PageTokens, d.cfg.PageBytes)
 	}
-	cp, err := p.newConn(decodeName, p.cfg.MaxRequestPages)
+	cp, err := p.newConn(decodeName, min(d.cfg.MaxRequestPages, p.cfg.MaxRequestPages))
 	if err != nil {
 		return err
 	}

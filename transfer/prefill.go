@@ -90,7 +90,7 @@ func NewPrefill(dev rdma.Device, cfg PrefillConfig) (*Prefill, error) {
 		cfg.KV = GeneratedKV{PageTokens: cfg.PageTokens}
 	}
 	p := &Prefill{cfg: cfg, peerOf: map[protocol.RequestID]string{}, computing: map[protocol.RequestID]*computing{}, flushHeld: map[protocol.PeerID]bool{}}
-	if err := p.init(p, dev, cfg.QueueDepth, cfg.MaxPeers, MaxFrame(cfg.MaxRequestPages), MaxFrame(cfg.MaxRequestPages), true); err != nil {
+	if err := p.init(p, dev, cfg.QueueDepth, cfg.MaxPeers, MaxFrame(cfg.MaxRequestPages), maxBootstrapFrame(cfg.MaxRequestPages), true); err != nil {
 		return nil, err
 	}
 	var err error
@@ -154,6 +154,13 @@ func (p *Prefill) SubmitWith(id protocol.RequestID, peer string, tokens int, o p
 	if c == nil || !c.live {
 		p.mu.Unlock()
 		return fmt.Errorf("%w: %q", ErrNoPeer, peer)
+	}
+	if n := protocol.PagesFor(uint32(max(tokens, 0)), p.cfg.PageTokens); len(o.Chain) > 0 && n > c.maxPages {
+		// Its Bootstrap, one chain hash a page, would not fit the decode
+		// node's receive buffers (sized for its largest request): refused
+		// here, as decode would refuse the request anyway.
+		p.mu.Unlock()
+		return fmt.Errorf("%w: %w: request %d of %d pages, decode peer %q takes %d", protocol.ErrRejected, protocol.ErrTooLong, id, n, peer, c.maxPages)
 	}
 	pages, err := p.sender.SubmitWith(id, c.peer, tokens, o)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -294,6 +295,60 @@ func TestWriteToAPinnedPageIsRefusedUnlessGranted(t *testing.T) {
 				if !cached || scope != 7 || epoch != pinned.Epoch {
 					t.Fatalf("the pinned page: cached %v, scope %d, epoch %d (pinned at %d)", cached, scope, epoch, pinned.Epoch)
 				}
+			}
+		})
+	}
+}
+
+// A Bootstrap carries one chain hash a page and the ticket: the decode
+// node's receive buffers (and the prefill node's send buffers) hold one of
+// its largest request with the largest ticket, so a chained request of 200
+// pages with a ticket of protocol.MaxTicket bytes goes through; a chained
+// request over the decode peer's largest is refused at the prefill node,
+// before its Bootstrap could overflow the peer's buffers.
+func TestLargestChainedBootstrapFitsTheDecodeNodesBuffers(t *testing.T) {
+	for _, provider := range []string{"inproc", "socket"} {
+		t.Run(provider, func(t *testing.T) {
+			devs := devices(t, provider, "prefill", "decode")
+			kv := &promptKV{prompts: map[protocol.RequestID][]uint32{}}
+			p, err := NewPrefill(devs[0], PrefillConfig{Pages: 256, PageTokens: pageTokens, PageBytes: 256, KV: kv})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(p.Close)
+			d, err := NewDecode(devs[1], DecodeConfig{Pages: 200, PageTokens: pageTokens, PageBytes: 256, Timeout: time.Minute, PrefixCache: true,
+				Admission: Admission{Authorize: func(string, *protocol.Bootstrap) error { return nil }}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(d.Close)
+			if err := ConnectLocal(p, "prefill", d, "decode"); err != nil {
+				t.Fatal(err)
+			}
+			big := prompt(1, 1, 200*pageTokens, 0)
+			kv.prompts[1] = big
+			o := protocol.SubmitOptions{Ticket: make([]byte, protocol.MaxTicket), Scope: 3, Chain: protocol.PrefixChain(big, pageTokens)}
+			if err := p.SubmitWith(1, "decode", len(big), o); err != nil {
+				t.Fatal(err)
+			}
+			now, verified := time.Unix(1, 0), false
+			eventually(t, "the 200-page request verified", func() bool {
+				now = now.Add(time.Millisecond)
+				p.Poll(now)
+				d.Poll(now)
+				p.Events()
+				for _, ev := range d.Events() {
+					if ev.Kind == Outcome && ev.Err != nil {
+						t.Fatalf("request 1: %v", ev.Err)
+					}
+					verified = verified || ev.Kind == Verified
+				}
+				return verified
+			})
+			over := prompt(1, 2, 201*pageTokens, 0)
+			o.Chain = protocol.PrefixChain(over, pageTokens)
+			if err := p.SubmitWith(2, "decode", len(over), o); !errors.Is(err, protocol.ErrTooLong) {
+				t.Fatalf("a chained request over the decode peer's largest: %v", err)
 			}
 		})
 	}

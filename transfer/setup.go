@@ -360,6 +360,9 @@ func (p *Prefill) Dial(ctx context.Context, peer, addr string, cfg SetupConfig) 
 	if cfg.TLS != nil {
 		h.info.Node = peer // the queue pair accepts only the node the certificate named
 	}
+	p.mu.Lock()
+	c.maxPages = min(c.maxPages, int(h.maxRequestPages)) // the decode node's receive buffers hold Bootstraps of its largest request
+	p.mu.Unlock()
 	if c.tagKey, err = queuePairKey(conn, cfg.Name, peer); err != nil {
 		return abandon("tag key", err)
 	}

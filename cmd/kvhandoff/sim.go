@@ -19,7 +19,9 @@ seed is a workload of concurrent requests (some over-long) through the router to
 --prefills prefill nodes and --decodes decode nodes over in-memory queue pairs,
 with cancels, crashes, restarts under a new incarnation, timeouts, cuts, late
 placements and corruption (and with --decode-restarts, decode nodes that crash and
-come back at once under a new incarnation), checking
+come back at once under a new incarnation; with --prefix-cache, decode nodes that
+reuse cached prompt prefixes, prompts sharing them within and across tenant
+scopes), checking
 the spec's properties after every step. Runs seeds --seed .. --seed+--seeds-1. Exit status 0 iff no run violated a
 property; 1 on a violation (the smallest failing seed and its event trace are
 printed; rerun with --seed S --seeds 1 to replay it exactly); 2 on bad usage.
@@ -43,6 +45,7 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 	jsonOut := fs.Bool("json", false, "print exactly one JSON object on stdout (with --each, one per seed first)")
 	each := fs.Bool("each", false, "print every seed's result as it completes")
 	decodeRestarts := fs.Bool("decode-restarts", false, "a fault restarts a decode node under a new incarnation (a fresh pool, epochs from zero, over pages never zeroed)")
+	prefixCache := fs.Bool("prefix-cache", false, "decode nodes keep a prefix cache, and prompts share prefixes within and across scopes (docs/protocol.md, Prefix reuse)")
 	if code := parseFlags(fs, args, stderr); code >= 0 {
 		return code
 	}
@@ -80,7 +83,7 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 				r.Outcomes[model.OutcomeRejected], r.Outcomes[model.OutcomeCancelled], r.Outcomes[model.OutcomeFailed])
 		}
 	}
-	s := model.RunSeeds(model.SimConfig{Requests: *requests, Senders: *prefills, Decoders: *decodes, DecodeRestarts: *decodeRestarts, Bugs: sw},
+	s := model.RunSeeds(model.SimConfig{Requests: *requests, Senders: *prefills, Decoders: *decodes, DecodeRestarts: *decodeRestarts, PrefixCache: *prefixCache, Bugs: sw},
 		*seed, *seeds, onResult)
 	if streamErr != nil {
 		fmt.Fprintf(stderr, "kvhandoff sim: %v\n", streamErr)
@@ -141,6 +144,9 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 		if *decodeRestarts {
 			replay += " --decode-restarts"
 		}
+		if *prefixCache {
+			replay += " --prefix-cache"
+		}
 		fmt.Fprintf(stdout, "replay: %s\n", replay)
 		if len(s.Failures) > 1 {
 			var seeds []string
@@ -166,6 +172,9 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 	}
 	if *decodeRestarts {
 		fmt.Fprintf(stdout, "decode restarts: %d, requests served by a restarted decode node: %d\n", s.DecodeRestarts, s.ServedByRestartedDecode)
+	}
+	if *prefixCache {
+		fmt.Fprintf(stdout, "prefix cache: %d hits, %d pages reused\n", s.PrefixHits, s.PrefixHitPages)
 	}
 	return code
 }

@@ -1043,6 +1043,12 @@ func (n *Network) audit() {
 		}
 		pool := n.decode[q.Decode].Receiver.Pool()
 		for _, ref := range q.Granted {
+			if _, pins, cached := pool.Shared(ref.Page); cached && pool.Epoch(ref.Page) == ref.Epoch {
+				// A granted page is one its writer may WRITE: a cached page
+				// must never be (write-shared).
+				n.violate("PinnedNeverReallocated", "r%d's Grant on %s names page %d@%d, a cached page (%d pins)", q.ID, n.decode[q.Decode].Name, ref.Page, ref.Epoch, pins)
+				return
+			}
 			if !pool.Holds(q.ID, ref) {
 				n.violate("Conservation", "r%d is live on %s but page %d@%d is no longer its", q.ID, n.decode[q.Decode].Name, ref.Page, ref.Epoch)
 				return

@@ -25,6 +25,7 @@ type Receiver interface {
 	Tick(now time.Time)
 	QueuePairFenced(peer protocol.PeerID)
 	Effects() protocol.ReceiverEffects
+	Stats() protocol.ReceiverStats
 }
 
 // NewReceiver returns a protocol.SharedReceiver for cfg, with the concurrency
