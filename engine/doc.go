@@ -48,6 +48,13 @@
 // that position's logits, then appends its own tokens' KV to the table's
 // pages.
 //
+// With a decode node's prefix cache, a table's first pages may be a cached
+// prefix that other requests wrote, shared read-only: DecodeShared reads
+// them through the same table and epoch check and refuses any write into
+// them (ErrSharedWrite); PrefillFrom computes a prompt's positions past a
+// prefix whose KV its table already holds (docs/engine.md, "Shared prefix
+// pages").
+//
 // Every step checks every page it reads or writes against the pool's current
 // epoch (package kv); a mismatch fails the request with a *kv.TagError naming
 // the page (errors.Is(err, protocol.ErrTagMismatch)). Options.Research with

@@ -23,6 +23,10 @@ var (
 	// ErrBadRequest: an empty prompt, a token outside the vocabulary, a
 	// context longer than the model's, or a table too short for it.
 	ErrBadRequest = errors.New("engine: bad request")
+	// ErrSharedWrite: a step would write KV into a page the request shares
+	// read-only (a prefix page another request wrote: docs/engine.md
+	// "Shared prefix pages"). Nothing is computed.
+	ErrSharedWrite = errors.New("engine: a write into a shared prefix page")
 )
 
 // Engine runs requests of one model on one backend over one KV cache.
@@ -92,8 +96,28 @@ func (e *Engine) check(table kv.Table, tokens []int, pos int) error {
 // Step runs tokens at positions pos.. over table and returns the last
 // token's logits (valid until the next step).
 func (e *Engine) Step(table kv.Table, tokens []int, pos int) ([]float32, error) {
+	return e.step(table, 0, tokens, pos)
+}
+
+// StepShared is Step over a table whose first shared pages are a cached
+// prefix other requests wrote: a step that would write a position inside
+// them is refused (ErrSharedWrite) before the backend sees it.
+func (e *Engine) StepShared(table kv.Table, shared int, tokens []int, pos int) ([]float32, error) {
+	if shared < 0 || shared > len(table) {
+		return nil, fmt.Errorf("%w: %d shared pages of a table of %d", ErrBadRequest, shared, len(table))
+	}
+	return e.step(table, shared, tokens, pos)
+}
+
+// step is Step over a table whose first shared pages are read-only: a
+// step that would write a position inside them is refused before the
+// backend sees it.
+func (e *Engine) step(table kv.Table, shared int, tokens []int, pos int) ([]float32, error) {
 	if err := e.check(table, tokens, pos); err != nil {
 		return nil, err
+	}
+	if pt := e.cache.Geometry().PageTokens; shared > 0 && pos < shared*pt {
+		return nil, fmt.Errorf("%w: position %d is in page %d, the request shares pages 0..%d read-only", ErrSharedWrite, pos, pos/pt, shared-1)
 	}
 	used := table[:e.cache.Geometry().PagesFor(pos+len(tokens))]
 	e.pages, e.epochs = e.pages[:0], e.cache.Epochs(e.epochs[:0], used)
@@ -116,19 +140,48 @@ func (e *Engine) Prefill(table kv.Table, prompt []int) ([]float32, error) {
 	return e.Step(table, prompt, 0)
 }
 
+// PrefillFrom writes the KV of the prompt's positions start.. into the
+// table's pages and returns the last position's logits: positions [0, start)
+// already hold the prompt's KV in the table's first start/PageTokens pages,
+// shared read-only (a cached prefix: docs/engine.md "Shared prefix pages"),
+// so they are read, never computed or written. start is a multiple of
+// PageTokens below len(prompt) (ErrBadRequest otherwise): the page holding
+// the last position is always the request's own.
+func (e *Engine) PrefillFrom(table kv.Table, prompt []int, start int) ([]float32, error) {
+	pt := e.cache.Geometry().PageTokens
+	if start < 0 || start%pt != 0 || start >= len(prompt) {
+		return nil, fmt.Errorf("%w: a prefix of %d tokens: a multiple of the page's %d below the prompt's %d", ErrBadRequest, start, pt, len(prompt))
+	}
+	return e.step(table, start/pt, prompt[start:], start)
+}
+
 // Decode generates up to n tokens after prompt, whose KV (all positions but
 // possibly the last) is already in the table's pages: it steps the last
 // prompt token, then each token it samples. It stops early at stop (if stop
 // >= 0) or at the model's context. On an error it returns the tokens
 // generated so far with it.
 func (e *Engine) Decode(table kv.Table, prompt []int, n int, s *llama.Sampler, stop int) ([]int, error) {
+	return e.DecodeShared(table, 0, prompt, n, s, stop)
+}
+
+// DecodeShared is Decode over a table whose first shared pages hold a
+// prefix of the prompt that other requests wrote (a decode node's prefix
+// cache hit: pinned pages, then the pages the handoff wrote, then its own):
+// they are read like any page, through the same table and the same epoch
+// check, and never written. Decode's first write is the last prompt
+// position's KV, so the shared pages must end before it: shared*PageTokens
+// < len(prompt), else ErrSharedWrite and nothing is computed.
+func (e *Engine) DecodeShared(table kv.Table, shared int, prompt []int, n int, s *llama.Sampler, stop int) ([]int, error) {
 	if len(prompt) == 0 {
 		return nil, fmt.Errorf("%w: no tokens", ErrBadRequest)
+	}
+	if shared < 0 || shared > len(table) {
+		return nil, fmt.Errorf("%w: %d shared pages of a table of %d", ErrBadRequest, shared, len(table))
 	}
 	var out []int
 	tok, pos := prompt[len(prompt)-1], len(prompt)-1
 	for len(out) < n && pos < e.model.SeqLen {
-		logits, err := e.Step(table, []int{tok}, pos)
+		logits, err := e.step(table, shared, []int{tok}, pos)
 		if err != nil {
 			return out, err
 		}

@@ -182,7 +182,7 @@ func listenerAddr(ln net.Listener) string { return ln.Addr().String() }
 func waitPagesBack(ctx context.Context, gauges func() transfer.Gauges) bool {
 	for {
 		g := gauges()
-		if g.PagesFree == g.Pages {
+		if g.PagesFree+g.PagesCached == g.Pages { // cached pages are no request's
 			return true
 		}
 		select {

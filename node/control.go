@@ -74,6 +74,11 @@ type prefillCall struct {
 	// Ticket is the router's signed ticket for the request (ticket.go),
 	// which the Bootstrap carries to the decode node.
 	Ticket []byte `json:"ticket,omitempty"`
+	// Scope and Chain are the request's prefix cache scope and its prompt's
+	// chain, as the router set them (scope.go) and its ticket binds them:
+	// the Bootstrap carries both.
+	Scope protocol.Scope       `json:"scope,omitempty"`
+	Chain []protocol.ChainHash `json:"chain,omitempty"`
 }
 
 // decodeCall is the router's request to a decode node: generate MaxTokens
@@ -94,6 +99,10 @@ type decodeCall struct {
 	// Logprobs, if set, asks for each generated token's log probability and
 	// this many most likely tokens' (llama.Sampler.Logprobs).
 	Logprobs *int `json:"logprobs,omitempty"`
+	// Scope is the request's cache scope, and ScopeLabel the scope as
+	// metrics name it: "public:NAME" or "tenant" (never a tenant's name).
+	Scope      protocol.Scope `json:"scope,omitempty"`
+	ScopeLabel string         `json:"scope_label,omitempty"`
 }
 
 type cancelCall struct {
@@ -112,8 +121,11 @@ type peerLostCall struct {
 type legAnswer struct {
 	Tokens   []int                `json:"tokens,omitempty"`
 	Logprobs []llama.TokenLogprob `json:"logprobs,omitempty"`
-	Error    *wireError           `json:"error,omitempty"`
-	End      bool                 `json:"end,omitempty"`
+	// PrefixTokens are the prompt tokens decode found in its prefix cache
+	// (on the first frame).
+	PrefixTokens int        `json:"prefix_tokens,omitempty"`
+	Error        *wireError `json:"error,omitempty"`
+	End          bool       `json:"end,omitempty"`
 }
 
 // controlServer is the HTTP side of a node's control API.

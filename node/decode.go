@@ -41,6 +41,12 @@ type DecodeConfig struct {
 	// quota is refused with protocol.AbortOverQuota, which the router
 	// retries as it does a full pool (docs/security.md).
 	PeerRequests, PeerPages int
+	// PrefixCache turns on the prefix cache (transfer.DecodeConfig's;
+	// docs/nodes.md, "Prefix reuse"): verified full prompt pages stay cached
+	// under the request's scope, and a later request of that scope whose
+	// prompt starts with them reads them instead of having them transferred.
+	// It needs TicketKey: the scope and chain must be the router's.
+	PrefixCache bool
 }
 
 // Decode is a decode node: a transfer.Decode endpoint that prefill nodes
@@ -65,6 +71,7 @@ type Decode struct {
 	tokenHook atomic.Pointer[func(id protocol.RequestID, generated int)]
 
 	mu     sync.Mutex
+	public map[protocol.Scope]string // the declared public scopes the router named, by their metrics label
 	reqs   map[protocol.RequestID]*decodeReq
 	ended  map[protocol.RequestID]endedReq // outcomes no call has collected yet
 	fences map[protocol.RequestID]time.Time
@@ -78,6 +85,7 @@ type decodeReq struct {
 	started  time.Time
 	tokens   []int                // generated so far (mu)
 	logprobs []llama.TokenLogprob // when the call asked for them
+	prefix   int                  // prompt tokens read from the prefix cache
 	local    error                // why this node ended it (it overrides the endpoint's "cancelled")
 	running  bool
 	// more wakes the call's stream when tokens were added (set with call).
@@ -112,10 +120,13 @@ func NewDecode(cfg DecodeConfig) (*Decode, error) {
 		return nil, fmt.Errorf("node: decode %s: no ticket key (the router's public ticket key: kvhandoff certs writes it)", cfg.Name)
 	}
 
+	if cfg.PrefixCache && cfg.TicketKey == nil {
+		return nil, fmt.Errorf("node: decode %s: the prefix cache needs the router's ticket key (the scope must be the router's)", cfg.Name)
+	}
 	n := &Decode{incarnation: uint64(time.Now().UnixNano()), cfg: cfg, reqs: map[protocol.RequestID]*decodeReq{}, ended: map[protocol.RequestID]endedReq{},
-		fences: map[protocol.RequestID]time.Time{}}
+		fences: map[protocol.RequestID]time.Time{}, public: map[protocol.Scope]string{}}
 	dc := transfer.DecodeConfig{Pages: cfg.Pages, PageTokens: cfg.PageTokens, PageBytes: cfg.PageBytes, Timeout: cfg.Timeout, Horizon: time.Minute, Research: cfg.Research,
-		Admission: transfer.Admission{PeerRequests: cfg.PeerRequests, PeerPages: cfg.PeerPages}}
+		Admission: transfer.Admission{PeerRequests: cfg.PeerRequests, PeerPages: cfg.PeerPages}, PrefixCache: cfg.PrefixCache}
 	if cfg.TicketKey != nil {
 		dc.Authorize = NewTicketChecker(cfg.TicketKey, cfg.Name).Check
 	}
@@ -136,6 +147,7 @@ func NewDecode(cfg DecodeConfig) (*Decode, error) {
 	}
 	cfg.Metrics.prime(RoleDecode)
 	cfg.Metrics.endpointGauges(RoleDecode, n.ep.Gauges)
+	cfg.Metrics.prefixGauges(n.prefixGauges)
 	n.ctl = newControlServer(cfg.Security, cfg.Callers, cfg.Log)
 	handleFor(n.ctl, pathInfo, true, func(context.Context, *struct{}) (any, error) {
 		n.mu.Lock()
@@ -238,11 +250,11 @@ func (n *Decode) decode(ctx context.Context, c *decodeCall, send func(legAnswer)
 	n.mu.Unlock()
 	sent := 0 // tokens streamed
 	// flush sends the tokens generated since the last frame.
-	flush := func(tokens []int, logprobs []llama.TokenLogprob) error {
+	flush := func(tokens []int, logprobs []llama.TokenLogprob, prefix int) error {
 		if len(tokens) <= sent {
 			return nil
 		}
-		f := legAnswer{Tokens: tokens[sent:]}
+		f := legAnswer{Tokens: tokens[sent:], PrefixTokens: prefix}
 		if len(logprobs) >= len(tokens) {
 			f.Logprobs = logprobs[sent:len(tokens)]
 		}
@@ -260,15 +272,15 @@ func (n *Decode) decode(ctx context.Context, c *decodeCall, send func(legAnswer)
 			if a.Error != nil {
 				return a.Error.err()
 			}
-			if flush(a.Tokens, a.Logprobs) != nil {
+			if flush(a.Tokens, a.Logprobs, a.PrefixTokens) != nil {
 				return gone()
 			}
 			return nil
 		case <-r.more:
 			n.mu.Lock()
-			tokens, logprobs := r.tokens, r.logprobs
+			tokens, logprobs, prefix := r.tokens, r.logprobs, r.prefix
 			n.mu.Unlock()
-			if flush(tokens, logprobs) != nil {
+			if flush(tokens, logprobs, prefix) != nil {
 				return gone()
 			}
 		case <-ctx.Done():
@@ -294,18 +306,25 @@ func (n *Decode) generate(id protocol.RequestID, r *decodeReq) {
 	n.gen.Lock()
 	defer n.gen.Unlock()
 	c := r.call
-	refs, err := n.ep.Acquire(id)
+	refs, shared, err := n.ep.AcquireShared(id)
 	if err != nil {
 		n.fail(id, r, err) // the outcome event follows (or came already)
 		return
 	}
+	n.mu.Lock()
+	r.prefix = shared * n.cfg.PageTokens
+	n.mu.Unlock()
+	if shared > 0 {
+		n.cfg.Metrics.prefixHits.WithLabelValues(n.scopeLabel(c)).Inc()
+		n.cfg.Metrics.prefixTok.WithLabelValues(n.scopeLabel(c)).Add(float64(shared * n.cfg.PageTokens))
+	}
+	// From here the read holds the pages (and the prefix's pins): every
+	// path ends at Finish, which gives them back, whatever failed.
 	if want := protocol.PagesFor(uint32(len(c.Prompt)), n.cfg.PageTokens); len(refs) != want && !n.cfg.Research.Has(research.NoTokenCheck) {
 		n.fail(id, r, fmt.Errorf("%w: %d pages arrived for a prompt of %d tokens (%d pages)", protocol.ErrTokenMismatch, len(refs), len(c.Prompt), want))
-		return
-	}
-	if n.engine == nil {
+	} else if n.engine == nil {
 		n.publish(r, n.digest(refs, c.MaxTokens), nil)
-	} else if err := n.run(id, refs, c, r); err != nil {
+	} else if err := n.run(id, refs, shared, c, r); err != nil {
 		// The outcome is this error (or the cancel's that halted it); the
 		// pages the read holds go back at Finish.
 		n.fail(id, r, err)
@@ -329,11 +348,12 @@ func (n *Decode) publish(r *decodeReq, tokens []int, logprobs []llama.TokenLogpr
 
 // run generates over the acquired pages, at the epochs they were granted
 // (every read checks the page is still at it), and pages of the node's own
-// for the generated tokens past them; each token is published to the call's
+// for the generated tokens past them (the first shared pages are the
+// cached prefix: read, never written); each token is published to the call's
 // stream as it is sampled. A halted request stops before its next token:
 // at most the step in flight when the halt came is computed after it
 // (counted in kvhandoff_decode_tokens_after_cancel_total).
-func (n *Decode) run(id protocol.RequestID, acquired []protocol.PageRef, c *decodeCall, r *decodeReq) error {
+func (n *Decode) run(id protocol.RequestID, acquired []protocol.PageRef, shared int, c *decodeCall, r *decodeReq) error {
 	end := min(len(c.Prompt)+c.MaxTokens, n.cfg.Model.SeqLen)
 	table, err := n.pool.Table(id, acquired, end)
 	if err != nil {
@@ -366,7 +386,7 @@ func (n *Decode) run(id protocol.RequestID, acquired []protocol.PageRef, c *deco
 		if r.enough.Load() {
 			break // the router has its answer: a stop string came
 		}
-		logits, err := n.engine.Step(table, []int{tok}, pos)
+		logits, err := n.engine.StepShared(table, shared, []int{tok}, pos)
 		if err != nil {
 			return err
 		}
@@ -480,7 +500,44 @@ func (n *Decode) outcomeLocked(ev transfer.Event, r *decodeReq) {
 		return
 	}
 	log.Debug("decode leg done", "tokens", len(c.Prompt), "generated", len(r.tokens), "seconds", took.Seconds())
-	r.answer <- legAnswer{Tokens: r.tokens, Logprobs: r.logprobs}
+	r.answer <- legAnswer{Tokens: r.tokens, Logprobs: r.logprobs, PrefixTokens: r.prefix}
+}
+
+// maxPublicScopes bounds the public scopes a decode node names in its
+// metrics (the router's declared ones; the router is the only caller).
+const maxPublicScopes = 64
+
+// scopeLabel is a request's scope as the metrics name it: the router's
+// label, "public:NAME" for a declared public prefix (remembered, so that
+// its cached pages are named too) or "tenant".
+func (n *Decode) scopeLabel(c *decodeCall) string {
+	if c.ScopeLabel == "" || c.ScopeLabel == "tenant" || c.Scope == 0 {
+		return "tenant"
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if _, ok := n.public[c.Scope]; !ok && len(n.public) >= maxPublicScopes {
+		return "tenant"
+	}
+	n.public[c.Scope] = c.ScopeLabel
+	return c.ScopeLabel
+}
+
+// prefixGauges reads the prefix cache's evictions and its pages by scope
+// label.
+func (n *Decode) prefixGauges() (uint64, map[string]int) {
+	by := n.ep.CachedByScope()
+	out := map[string]int{}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for scope, pages := range by {
+		label, ok := n.public[scope]
+		if !ok {
+			label = "tenant"
+		}
+		out[label] += pages
+	}
+	return n.ep.Stats().Prefix.PrefixEvictions, out
 }
 
 // sweep, every few milliseconds: a verified request whose prompt never

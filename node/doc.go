@@ -37,6 +37,12 @@
 //	  client's: 200 with the text, or 503 with the reason (never 200
 //	  without a verified handoff; a stream's failure is an error event)
 //
+// Prefix reuse (scope.go): the router sets each request's cache scope from
+// its authenticated tenant (or a declared public prefix) and binds it, with
+// the prompt's chain, into the ticket; prefill's Bootstrap carries both; a
+// decode node with PrefixCache reads a cached prefix of the scope in place
+// of transferring it (engine.DecodeShared). A body naming a scope is a 400.
+//
 // A client that disconnects: Router.Cancel, and a cancel call to each leg's
 // node (and the legs' calls closed); the decode node stops generating
 // before its next token. A leg that fails: the router cancels
@@ -65,7 +71,10 @@
 // kvhandoff_handoff_duration_seconds{role}, kvhandoff_fence_wait_seconds,
 // kvhandoff_pages{role,state}, kvhandoff_queue_pairs{role,state},
 // kvhandoff_credits{role}, kvhandoff_refused_messages_total{role},
-// kvhandoff_build_info, and the router's operator signals (requests by code,
+// kvhandoff_build_info, a decode node's prefix cache
+// (kvhandoff_prefix_hits_total, _hit_tokens_total, _evictions_total,
+// kvhandoff_prefix_cached_pages; scope label public:NAME or tenant), and
+// the router's operator signals (requests by code,
 // tokens, time to first token, per output token, latency by status, queue,
 // retries, node events: docs/nodes.md lists them). Logs are log/slog, every
 // request line carrying request_id (the client request's, a string, the

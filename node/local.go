@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"crypto/ed25519"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -56,6 +57,11 @@ type LocalConfig struct {
 	// PeerRequests and PeerPages are the decode nodes' per-peer quotas
 	// (DecodeConfig); 0 means their defaults.
 	PeerRequests, PeerPages int
+	// PrefixCache turns the decode nodes' prefix cache on (the router
+	// scopes every request, with a fresh scope key); PublicPrefixes are the
+	// router's declared public prefixes.
+	PrefixCache    bool
+	PublicPrefixes []PublicPrefix
 }
 
 // Local is a running in-process deployment.
@@ -160,7 +166,7 @@ func StartLocal(cfg LocalConfig) (*Local, error) {
 		d, err := NewDecode(DecodeConfig{NodeConfig: NodeConfig{Name: name, Device: fabric.Device(name), Pages: cfg.DecodePages,
 			PageTokens: cfg.PageTokens, PageBytes: cfg.PageBytes, Model: cfg.Model, ModelID: cfg.ModelID, Security: sec,
 			Registry: reg, Log: cfg.Log, Timeout: cfg.Timeout, ContextTokens: cfg.ContextTokens, Research: cfg.Research, Backend: decodeBackend(i)}, Stop: -1,
-			TicketKey: ticketPub, PeerRequests: cfg.PeerRequests, PeerPages: cfg.PeerPages})
+			TicketKey: ticketPub, PeerRequests: cfg.PeerRequests, PeerPages: cfg.PeerPages, PrefixCache: cfg.PrefixCache})
 		if err != nil {
 			return fail(err)
 		}
@@ -191,8 +197,12 @@ func StartLocal(cfg LocalConfig) (*Local, error) {
 	if err != nil {
 		return fail(err)
 	}
+	// The router scopes every request (as kvhandoff serve's does); only
+	// decode nodes with the cache on reuse anything.
+	scopeKey := make([]byte, 32)
+	rand.Read(scopeKey)
 	if l.Router, err = NewRouter(RouterConfig{Name: "router", Registry: reg, Security: sec, ModelID: cfg.ModelID, Timeout: cfg.Timeout, Log: cfg.Log, TicketKey: ticketKey,
-		beforeDecodeCall: cfg.beforeDecodeCall}); err != nil {
+		ScopeKey: scopeKey, PublicPrefixes: cfg.PublicPrefixes, Research: cfg.Research, beforeDecodeCall: cfg.beforeDecodeCall}); err != nil {
 		return fail(err)
 	}
 	api, err := listen()

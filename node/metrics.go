@@ -35,6 +35,8 @@ type Metrics struct {
 	// afterCancel, decode: tokens generated for a request no one waited
 	// for any more (at most the step in flight when the cancel came).
 	afterCancel prometheus.Counter
+	prefixHits  *prometheus.CounterVec // decode: requests that reused a cached prefix, by scope label
+	prefixTok   *prometheus.CounterVec // decode: prompt tokens reused from the cache, by scope label
 }
 
 // outcomes is the handoffs' outcome label's closed set.
@@ -96,6 +98,12 @@ func NewMetrics() *Metrics {
 	m.afterCancel = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvhandoff_decode_tokens_after_cancel_total",
 		Help:        "Decode: tokens generated for a request after it was cancelled or failed (the step in flight when the cancel came: at most one per request).",
 		ConstLabels: prometheus.Labels{"role": string(RoleDecode)}})
+	m.prefixHits = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvhandoff_prefix_hits_total",
+		Help:        "Decode: requests whose prompt began with pages found in the prefix cache, by scope (public:NAME for a declared public prefix, tenant for every other).",
+		ConstLabels: prometheus.Labels{"role": string(RoleDecode)}}, []string{"scope"})
+	m.prefixTok = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvhandoff_prefix_hit_tokens_total",
+		Help:        "Decode: prompt tokens found in the prefix cache (neither computed into pages nor transferred), by scope (public:NAME or tenant).",
+		ConstLabels: prometheus.Labels{"role": string(RoleDecode)}}, []string{"scope"})
 	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kvhandoff_build_info",
 		Help: "The running build: its version (module version or VCS revision) and Go version; always 1."}, []string{"version", "goversion"})
 	build.WithLabelValues(Version(), runtime.Version()).Set(1)
@@ -143,20 +151,43 @@ func (m *Metrics) endpointGauges(role Role, gauges func() transfer.Gauges) {
 	desc := func(name, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc(name, help, labels, prometheus.Labels{"role": string(role)})
 	}
-	pages := desc("kvhandoff_pages", "KV pool pages by state (free, owned, quarantined).", "state")
+	pages := desc("kvhandoff_pages", "KV pool pages by state (free, owned, quarantined, cached: decode's prefix cache).", "state")
 	qps := desc("kvhandoff_queue_pairs", "Queue pairs by state (live: taking requests; draining: cut, flush not drained).", "state")
 	credits := desc("kvhandoff_credits", "Receive buffers the peers granted this node's SENDs, over live queue pairs.")
 	refused := desc("kvhandoff_refused_messages_total", "Control messages the state machine refused (unknown, duplicate, late, wrong peer).")
 	m.reg.MustRegister(collectorFunc{descs: []*prometheus.Desc{pages, qps, credits, refused}, collect: func(ch chan<- prometheus.Metric) {
 		g := gauges()
-		owned := g.Pages - g.PagesFree - g.PagesQuarantined
+		owned := g.Pages - g.PagesFree - g.PagesQuarantined - g.PagesCached
 		ch <- prometheus.MustNewConstMetric(pages, prometheus.GaugeValue, float64(g.PagesFree), "free")
 		ch <- prometheus.MustNewConstMetric(pages, prometheus.GaugeValue, float64(owned), "owned")
 		ch <- prometheus.MustNewConstMetric(pages, prometheus.GaugeValue, float64(g.PagesQuarantined), "quarantined")
+		ch <- prometheus.MustNewConstMetric(pages, prometheus.GaugeValue, float64(g.PagesCached), "cached")
 		ch <- prometheus.MustNewConstMetric(qps, prometheus.GaugeValue, float64(g.QueuePairsLive), "live")
 		ch <- prometheus.MustNewConstMetric(qps, prometheus.GaugeValue, float64(g.QueuePairsDraining), "draining")
 		ch <- prometheus.MustNewConstMetric(credits, prometheus.GaugeValue, float64(g.Credits))
 		ch <- prometheus.MustNewConstMetric(refused, prometheus.CounterValue, float64(g.Refused))
+	}})
+}
+
+// prefixGauges exports a decode node's prefix cache: its hits (counted as
+// requests are read), its evictions and its pages by scope label, read when
+// scraped.
+func (m *Metrics) prefixGauges(read func() (evictions uint64, cached map[string]int)) {
+	evictions := prometheus.NewDesc("kvhandoff_prefix_evictions_total", "Decode: cached prefix pages evicted (least recently used, unpinned) for fresh pages.",
+		nil, prometheus.Labels{"role": string(RoleDecode)})
+	cached := prometheus.NewDesc("kvhandoff_prefix_cached_pages", "Decode: pages in the prefix cache now, by scope (public:NAME or tenant).",
+		[]string{"scope"}, prometheus.Labels{"role": string(RoleDecode)})
+	m.prefixHits.WithLabelValues("tenant")
+	m.prefixTok.WithLabelValues("tenant")
+	m.reg.MustRegister(m.prefixHits, m.prefixTok, collectorFunc{descs: []*prometheus.Desc{evictions, cached}, collect: func(ch chan<- prometheus.Metric) {
+		ev, by := read()
+		ch <- prometheus.MustNewConstMetric(evictions, prometheus.CounterValue, float64(ev))
+		if _, ok := by["tenant"]; !ok {
+			ch <- prometheus.MustNewConstMetric(cached, prometheus.GaugeValue, 0, "tenant")
+		}
+		for label, n := range by {
+			ch <- prometheus.MustNewConstMetric(cached, prometheus.GaugeValue, float64(n), label)
+		}
 	}})
 }
 

@@ -15,6 +15,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/kvhandoff/kvhandoff/engine/llama"
+	"github.com/kvhandoff/kvhandoff/internal/research"
 	"github.com/kvhandoff/kvhandoff/protocol"
 )
 
@@ -52,6 +53,9 @@ type genParams struct {
 	stream       bool
 	includeUsage bool
 	logprobs     *int // the most likely tokens to report a step; nil: none
+	// bodyScope is the scope the body named (cache_salt): refused unless
+	// the client-scope bug is on.
+	bodyScope string
 }
 
 // fields is a request body's fields, each parsed by the endpoint or refused.
@@ -124,6 +128,18 @@ func (rt *Router) common(f fields, maxTokensName string) (genParams, error) {
 		f.only("presence_penalty", "0", "0.0"), f.only("frequency_penalty", "0", "0.0"), f.only("logit_bias", "{}")} {
 		if e != nil {
 			return p, e
+		}
+	}
+	for _, name := range scopeFields {
+		// A request never names its own cache scope: the router sets it from
+		// the authenticated tenant (scope.go). client-scope takes it.
+		raw, present := f[name]
+		delete(f, name)
+		if !present || isNull(raw) {
+			continue
+		}
+		if !rt.cfg.Research.Has(research.ClientScope) || json.Unmarshal(raw, &p.bodyScope) != nil {
+			return p, scopeParam(name)
 		}
 	}
 	if maxTokens != nil {
@@ -271,7 +287,7 @@ func (rt *Router) run(ctx context.Context, r *http.Request, prompts []prompt, p 
 	for i := range out {
 		pr := prompts[i/p.n]
 		c := Completion{Prompt: pr.text, Tokens: pr.tokens, MaxTokens: p.maxTokens, Tenant: tenant, Model: p.model,
-			RequestID: requestIDOf(r.Context()), Temperature: p.temperature, TopP: p.topP, Logprobs: p.logprobs}
+			RequestID: requestIDOf(r.Context()), Temperature: p.temperature, TopP: p.topP, Logprobs: p.logprobs, BodyScope: p.bodyScope}
 		if p.temperature > 0 {
 			if p.seed != nil {
 				c.Seed = *p.seed + uint64(i)
@@ -484,6 +500,14 @@ type usage struct {
 	PromptTokens     int `json:"prompt_tokens"`
 	CompletionTokens int `json:"completion_tokens"`
 	TotalTokens      int `json:"total_tokens"`
+	// PromptDetails.CachedTokens are the prompt tokens the decode node
+	// found in its prefix cache, in the tenant's own scope (or a public
+	// one): OpenAI's field.
+	PromptDetails promptDetails `json:"prompt_tokens_details"`
+}
+
+type promptDetails struct {
+	CachedTokens int `json:"cached_tokens"`
 }
 
 func usageOf(choices []choice, n int) usage {
@@ -491,6 +515,7 @@ func usageOf(choices []choice, n int) usage {
 	for i, c := range choices {
 		if i%n == 0 {
 			u.PromptTokens += c.res.PromptTokens
+			u.PromptDetails.CachedTokens += c.res.CachedTokens
 		}
 		u.CompletionTokens += c.tokens
 	}

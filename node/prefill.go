@@ -146,7 +146,7 @@ func (n *Prefill) prefill(ctx context.Context, c *prefillCall) (any, error) {
 	if n.source != nil {
 		n.source.Expect(c.ID, c.Prompt)
 	}
-	if err := n.ep.SubmitTicket(c.ID, c.Decode, len(c.Prompt), c.Ticket); err != nil {
+	if err := n.ep.SubmitWith(c.ID, c.Decode, len(c.Prompt), protocol.SubmitOptions{Ticket: c.Ticket, Scope: c.Scope, Chain: c.Chain}); err != nil {
 		if n.source != nil {
 			n.source.Forget(c.ID)
 		}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvhandoff/kvhandoff/engine/llama"
+	"github.com/kvhandoff/kvhandoff/internal/research"
 	"github.com/kvhandoff/kvhandoff/protocol"
 )
 
@@ -48,8 +49,19 @@ type RouterConfig struct {
 	// only Bootstrap a decode node reserves for. Required with TLS; without
 	// TLS (Insecure), nil signs none.
 	TicketKey ed25519.PrivateKey
-	Metrics   *Metrics
-	Log       *slog.Logger
+	// ScopeKey keys the prefix cache's scopes (scope.go): a request's scope
+	// is HMAC(ScopeKey, "tenant:"+tenant), or a public prefix's. nil: every
+	// request has scope 0 and no prefix is reused.
+	ScopeKey []byte
+	// PublicPrefixes are prompt prefixes every tenant may share (declared
+	// system prompts), each cached under a public scope of its own.
+	PublicPrefixes []PublicPrefix
+	// Research turns bugs of the catalogue on in the router: client-scope
+	// takes a request's scope from its body. Only code inside this module
+	// can set it.
+	Research research.Switches
+	Metrics  *Metrics
+	Log      *slog.Logger
 
 	// beforeDecodeCall, if set, runs before the router calls a request's
 	// decode leg (tests: hold the call in flight).
@@ -63,6 +75,7 @@ type Router struct {
 	cfg    RouterConfig
 	client *controlClient
 	flight flight
+	scopes *scopes // nil: no key, scope 0 for every request
 
 	mu       sync.Mutex
 	r        *protocol.Router
@@ -86,6 +99,7 @@ type routed struct {
 	logprobs   []llama.TokenLogprob // one a token, when asked for
 	firstToken time.Time            // when the first token came (mu)
 	bytes      int                  // the KV the handoff moves: the prompt's pages on the decode node
+	cached     int                  // prompt tokens the decode node had cached (its prefix hit; mu)
 	done       chan error           // the client-visible outcome, once
 	legs       map[protocol.NodeID]context.CancelFunc
 	cancelled  map[protocol.NodeID]bool // legs the router sent a cancel call
@@ -110,6 +124,10 @@ type Completion struct {
 	// Logprobs, if set, asks decode for each generated token's log
 	// probability and this many most likely tokens' (Result.Logprobs).
 	Logprobs *int
+	// BodyScope is the scope a request body named (cache_salt): refused at
+	// the API, taken as the tenant of the scope only under the
+	// client-scope bug.
+	BodyScope string
 	// Stream, if set, is given the answer as the decode node generates it,
 	// a part at a time, in order, each as soon as it reaches the router
 	// (Complete's Result still holds it all). It must not block: the
@@ -136,6 +154,9 @@ type Result struct {
 	Prefill      string
 	Decode       string
 	Logprobs     []llama.TokenLogprob // one a generated token, if asked for
+	// CachedTokens are the prompt tokens the decode node found in its
+	// prefix cache (not transferred).
+	CachedTokens int
 }
 
 // NewRouter makes a router node; Run drives it.
@@ -169,7 +190,16 @@ func NewRouter(cfg RouterConfig) (*Router, error) {
 		return nil, fmt.Errorf("node: router %s: no ticket key (kvhandoff certs writes it)", cfg.Name)
 	}
 	cfg.Metrics.prime(RoleRouter)
-	rt := &Router{cfg: cfg, client: newControlClient(cfg.Security),
+	var sc *scopes
+	if cfg.ScopeKey != nil {
+		var err error
+		if sc, err = newScopes(cfg.ScopeKey, cfg.PublicPrefixes, cfg.Tokenizer); err != nil {
+			return nil, err
+		}
+	} else if len(cfg.PublicPrefixes) > 0 {
+		return nil, fmt.Errorf("node: router %s: public prefixes without a scope key (or ticket key)", cfg.Name)
+	}
+	rt := &Router{scopes: sc, cfg: cfg, client: newControlClient(cfg.Security),
 		r:   protocol.NewRouter(protocol.RouterConfig{Timeout: cfg.Timeout, Horizon: time.Minute, Policy: LeastOutstanding{}}),
 		ids: map[string]protocol.NodeID{}, members: map[protocol.NodeID]Member{}, lost: map[protocol.NodeID]bool{},
 		suspect: map[protocol.NodeID]bool{}, pending: map[protocol.RequestID]*routed{}, nextID: protocol.RequestID(time.Now().UnixNano()), ready: make(chan struct{})}
@@ -402,6 +432,9 @@ func (rt *Router) Complete(ctx context.Context, c Completion) (Result, error) {
 }
 
 func (rt *Router) complete(ctx context.Context, c Completion, attempt int) (Result, error) {
+	if c.BodyScope != "" && !rt.cfg.Research.Has(research.ClientScope) {
+		return Result{}, scopeParam("cache_salt") // a request never names its scope
+	}
 	if c.MaxTokens < 1 || c.MaxTokens > rt.cfg.MaxNewTokens {
 		return Result{}, badParam("max_tokens", "invalid_value", "max_tokens %d is outside 1..%d", c.MaxTokens, rt.cfg.MaxNewTokens)
 	}
@@ -463,7 +496,7 @@ func (rt *Router) complete(ctx context.Context, c Completion, attempt int) (Resu
 	took := time.Since(start)
 	var bytes int
 	rt.mu.Lock()
-	tokens, logprobs, first := q.tokens, q.logprobs, q.firstToken
+	tokens, logprobs, first, cached := q.tokens, q.logprobs, q.firstToken, q.cached
 	rt.mu.Unlock()
 	if err == nil {
 		bytes = q.bytes
@@ -480,7 +513,7 @@ func (rt *Router) complete(ctx context.Context, c Completion, attempt int) (Resu
 		log.Info("request failed", "tokens", len(prompt), "reason", Reason(err), "err", err, "seconds", took.Seconds())
 		return res, &HandoffError{Prefill: q.prefill, Decode: q.decode, Err: err}
 	}
-	res.Tokens, res.Logprobs = tokens, logprobs
+	res.Tokens, res.Logprobs, res.CachedTokens = tokens, logprobs, cached
 	res.Text = llama.Decode(rt.cfg.Tokenizer, tokens, prompt[len(prompt)-1])
 	log.Info("request done", "tokens", len(prompt), "generated", len(tokens), "seconds", took.Seconds())
 	return res, nil
@@ -572,13 +605,15 @@ func (rt *Router) dispatchLocked(d protocol.Dispatch) {
 	}
 	pre, dec := rt.members[d.Prefill], rt.members[d.Decode]
 	c := q.completion
+	scope, chain, label := rt.scopeOf(c, q.prompt, dec.PageTokens)
 	var ticket []byte
 	if rt.cfg.TicketKey != nil {
 		// The decode node's proof that this router dispatched the request,
-		// from this prefill node, with these tokens, for as long as it waits.
+		// from this prefill node, with these tokens, in this scope with this
+		// chain, for as long as it waits.
 		var err error
 		ticket, err = SignTicket(rt.cfg.TicketKey, Ticket{Request: d.Request, Tokens: uint32(len(q.prompt)), Prefill: pre.Name, Decode: dec.Name,
-			Expires: time.Now().Add(rt.cfg.Timeout)})
+			Expires: time.Now().Add(rt.cfg.Timeout), Scope: scope, Chain: chainDigest(chain)})
 		if err != nil {
 			rt.cfg.Log.Error("router: signing a ticket", "request_id", uint64(d.Request), "err", err)
 		}
@@ -593,7 +628,7 @@ func (rt *Router) dispatchLocked(d protocol.Dispatch) {
 		}
 		err := rt.client.stream(decCtx, dec.Name, dec.Control, pathDecode,
 			decodeCall{ID: d.Request, Prefill: pre.Name, Prompt: q.prompt, MaxTokens: c.MaxTokens, Tenant: c.Tenant, Model: c.Model,
-				RequestID: c.RequestID, Temperature: c.Temperature, TopP: c.TopP, Seed: c.Seed, Logprobs: c.Logprobs},
+				RequestID: c.RequestID, Temperature: c.Temperature, TopP: c.TopP, Seed: c.Seed, Logprobs: c.Logprobs, Scope: scope, ScopeLabel: label},
 			func(f legAnswer) error { return rt.relay(d.Request, dec.Name, q, f) })
 		if err != nil && decCtx.Err() != nil {
 			rt.cancelCutCall(d.Decode, d.Request, q)
@@ -603,7 +638,8 @@ func (rt *Router) dispatchLocked(d protocol.Dispatch) {
 	go func() {
 		defer preCancel()
 		err := rt.client.call(preCtx, pre.Name, pre.Control, pathPrefill,
-			prefillCall{ID: d.Request, Decode: dec.Name, Prompt: q.prompt, Tenant: c.Tenant, Model: c.Model, RequestID: c.RequestID, Ticket: ticket}, nil)
+			prefillCall{ID: d.Request, Decode: dec.Name, Prompt: q.prompt, Tenant: c.Tenant, Model: c.Model, RequestID: c.RequestID, Ticket: ticket,
+				Scope: scope, Chain: chain}, nil)
 		rt.legEnded(d.Prefill, d.Request, err, q)
 	}()
 }
@@ -640,6 +676,9 @@ func (rt *Router) relay(id protocol.RequestID, node string, q *routed, f legAnsw
 	}
 	q.tokens = append(q.tokens, f.Tokens...)
 	q.logprobs = append(q.logprobs, f.Logprobs...)
+	if f.PrefixTokens > 0 {
+		q.cached = f.PrefixTokens
+	}
 	rt.mu.Unlock()
 	if c.Stream != nil {
 		c.Stream(Generated{Handoff: id, Prompt: q.prompt, Tokens: f.Tokens, Logprobs: f.Logprobs})
@@ -669,6 +708,22 @@ func (rt *Router) enough(id protocol.RequestID) {
 			rt.cfg.Log.Info("router: ending a generation at its stop", "handoff_id", idString(id), "node", m.Name, "err", err)
 		}
 	}()
+}
+
+// scopeOf is a request's cache scope and chain for a decode node of
+// pageTokens tokens a page, and the scope's metrics label: from the
+// authenticated tenant (or a public prefix the prompt starts with), never
+// from the request, except under the client-scope bug, which takes the
+// tenant its body named. Without a scope key: scope 0, no chain, no reuse.
+func (rt *Router) scopeOf(c Completion, prompt []int, pageTokens int) (protocol.Scope, []protocol.ChainHash, string) {
+	if rt.scopes == nil || pageTokens < 1 {
+		return 0, nil, "tenant"
+	}
+	tenant := c.Tenant
+	if c.BodyScope != "" && rt.cfg.Research.Has(research.ClientScope) {
+		tenant = c.BodyScope
+	}
+	return rt.scopes.of(tenant, prompt, pageTokens)
 }
 
 // cancelCutCall: the router cut a decode leg's call short (the request

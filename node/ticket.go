@@ -13,17 +13,21 @@ import (
 )
 
 // A ticket is the router's signed word that it dispatched a request: which
-// request, of how many tokens, from which prefill node to which decode node,
-// until when (docs/security.md). The router signs one for each dispatch
+// request, of how many tokens, in which prefix cache scope with which prompt
+// chain, from which prefill node to which decode node, until when
+// (docs/security.md). The router signs one for each dispatch
 // with the deployment's ticket key (pki.WriteTicketKey; ed25519), the
 // prefill node carries it in the request's Bootstrap (protocol.Bootstrap's
 // Ticket), and the decode node, which holds only the public half, reserves
 // pages only for a Bootstrap whose ticket is valid, for it, from the queue
-// pair's own peer, and seen for the first time.
+// pair's own peer, and seen for the first time, and whose scope and chain
+// are the ones the router set (a prefill node cannot claim another
+// tenant's scope, nor a chain the router did not compute).
 //
 // Encoding (big-endian), all of it signed:
 //
-//	"KVT1" | request u64 | tokens u32 | expires (Unix ns) i64 |
+//	"KVT2" | request u64 | tokens u32 | expires (Unix ns) i64 |
+//	scope u64 | chain digest (32 bytes) |
 //	len u8 | prefill | len u8 | decode | ed25519 signature (64 bytes)
 type Ticket struct {
 	Request protocol.RequestID
@@ -31,9 +35,20 @@ type Ticket struct {
 	Prefill string // the prefill node the router dispatched it to
 	Decode  string // the decode node it reserves on
 	Expires time.Time
+	// Scope is the request's prefix cache scope (0: no reuse), and Chain
+	// the SHA-256 over its prompt's chain hashes, concatenated, or zero
+	// for a request without a chain (scope.go).
+	Scope protocol.Scope
+	Chain [32]byte
 }
 
-const ticketMagic = "KVT1"
+// ticketMagic names the encoding; a KVT1 ticket (without scope and chain)
+// is refused as forged: its requests were never scoped by this router.
+const ticketMagic = "KVT2"
+
+// ticketFixed is the encoding's fixed part: magic, request, tokens,
+// expiry, scope, chain digest.
+const ticketFixed = len(ticketMagic) + 8 + 4 + 8 + 8 + 32
 
 // Why a decode node refuses a Bootstrap's ticket: each wraps ErrTicket.
 var (
@@ -52,17 +67,22 @@ var (
 	ErrTicketMismatch = fmt.Errorf("%w: for another request or token count", ErrTicket)
 	// ErrTicketReplayed: a ticket for a request this node has seen one for.
 	ErrTicketReplayed = fmt.Errorf("%w: replayed (a request already seen)", ErrTicket)
+	// ErrTicketScope: the Bootstrap's cache scope or prefix chain is not
+	// the one the router dispatched the request with.
+	ErrTicketScope = fmt.Errorf("%w: for another cache scope or prompt chain", ErrTicket)
 )
 
 func (t Ticket) body() ([]byte, error) {
 	if len(t.Prefill) > 255 || len(t.Decode) > 255 {
 		return nil, fmt.Errorf("node: ticket: node names of %d and %d bytes, at most 255", len(t.Prefill), len(t.Decode))
 	}
-	b := make([]byte, 0, len(ticketMagic)+8+4+8+2+len(t.Prefill)+len(t.Decode)+ed25519.SignatureSize)
+	b := make([]byte, 0, ticketFixed+2+len(t.Prefill)+len(t.Decode)+ed25519.SignatureSize)
 	b = append(b, ticketMagic...)
 	b = binary.BigEndian.AppendUint64(b, uint64(t.Request))
 	b = binary.BigEndian.AppendUint32(b, t.Tokens)
 	b = binary.BigEndian.AppendUint64(b, uint64(t.Expires.UnixNano()))
+	b = binary.BigEndian.AppendUint64(b, uint64(t.Scope))
+	b = append(b, t.Chain[:]...)
 	b = append(b, byte(len(t.Prefill)))
 	b = append(b, t.Prefill...)
 	b = append(b, byte(len(t.Decode)))
@@ -87,7 +107,7 @@ func SignTicket(key ed25519.PrivateKey, t Ticket) ([]byte, error) {
 // b's word but the two names, at most 255 bytes each.
 func OpenTicket(pub ed25519.PublicKey, b []byte) (Ticket, error) {
 	var t Ticket
-	if len(b) < len(ticketMagic)+8+4+8+2+ed25519.SignatureSize || !bytes.HasPrefix(b, []byte(ticketMagic)) {
+	if len(b) < ticketFixed+2+ed25519.SignatureSize || !bytes.HasPrefix(b, []byte(ticketMagic)) {
 		return t, fmt.Errorf("%w (%d bytes)", ErrTicketForged, len(b))
 	}
 	body, sig := b[:len(b)-ed25519.SignatureSize], b[len(b)-ed25519.SignatureSize:]
@@ -98,7 +118,9 @@ func OpenTicket(pub ed25519.PublicKey, b []byte) (Ticket, error) {
 	t.Request = protocol.RequestID(binary.BigEndian.Uint64(r))
 	t.Tokens = binary.BigEndian.Uint32(r[8:])
 	t.Expires = time.Unix(0, int64(binary.BigEndian.Uint64(r[12:])))
-	r = r[20:]
+	t.Scope = protocol.Scope(binary.BigEndian.Uint64(r[20:]))
+	copy(t.Chain[:], r[28:60])
+	r = r[60:]
 	str := func() (string, bool) {
 		if len(r) < 1 || len(r) < 1+int(r[0]) {
 			return "", false
@@ -130,8 +152,9 @@ const maxTicketsSeen = 1 << 20
 
 // TicketChecker is a decode node's ticket check (transfer.Admission's
 // Authorize): the ticket is the router's, for this node, from the queue
-// pair's own prefill node, for this request and token count, unexpired,
-// and its request is seen here for the first time. Safe for concurrent use.
+// pair's own prefill node, for this request and token count, in the
+// Bootstrap's scope with its chain (or none: no reuse), unexpired, and its
+// request is seen here for the first time. Safe for concurrent use.
 type TicketChecker struct {
 	pub  ed25519.PublicKey
 	self string
@@ -173,6 +196,11 @@ func (c *TicketChecker) Check(peer string, b *protocol.Bootstrap) error {
 		return fmt.Errorf("%w: given to prefill node %q, sent by %q", ErrTicketMisrouted, t.Prefill, peer)
 	case t.Request != b.Request || t.Tokens != b.Tokens:
 		return fmt.Errorf("%w: the ticket is request %d of %d tokens, the Bootstrap request %d of %d", ErrTicketMismatch, t.Request, t.Tokens, b.Request, b.Tokens)
+	case (b.Scope != 0 || len(b.Chain) != 0) && (t.Scope != b.Scope || t.Chain != chainDigest(b.Chain)):
+		// A Bootstrap without a scope asks for no reuse (it neither reads
+		// nor fills the cache: the placeholder of admit-finished is one), so
+		// only a scope or chain it does carry must be the router's.
+		return fmt.Errorf("%w: the ticket is scope %#x, the Bootstrap scope %#x (or its chain of %d hashes is not the router's)", ErrTicketScope, uint64(t.Scope), uint64(b.Scope), len(b.Chain))
 	case now.After(t.Expires.Add(c.skew)):
 		return fmt.Errorf("%w: at %v, %v ago", ErrTicketExpired, t.Expires.UTC().Format(time.RFC3339Nano), now.Sub(t.Expires).Round(time.Millisecond))
 	}

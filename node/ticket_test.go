@@ -12,17 +12,21 @@ import (
 
 // A decode node's ticket check takes the router's ticket for this node,
 // from the prefill node it was given to, for this request and token count,
-// unexpired, once; and refuses each other kind with its own error, all
-// wrapping ErrTicket: none, garbage, a truncated or bit-flipped ticket,
-// one signed by another key, for another decode node, sent by another
-// prefill node, for another request or token count, expired, replayed.
+// in the Bootstrap's scope with its chain, unexpired, once; and refuses
+// each other kind with its own error, all wrapping ErrTicket: none,
+// garbage, a truncated or bit-flipped ticket, one signed by another key,
+// for another decode node, sent by another prefill node, for another
+// request or token count, for another scope or chain (a prefill node
+// claiming another tenant's cached pages), a KVT1 ticket, expired, replayed;
+// a Bootstrap without scope and chain asks for no reuse and passes.
 func TestTicketCheckRefusesEveryTicketButTheRoutersForThisBootstrap(t *testing.T) {
 	pub, key, _ := pki.NewTicketKey()
 	_, otherKey, _ := pki.NewTicketKey()
 	now := time.Unix(1_800_000_000, 0)
 	c := NewTicketChecker(pub, "decode-0")
 	c.now = func() time.Time { return now }
-	valid := Ticket{Request: 7, Tokens: 100, Prefill: "prefill-0", Decode: "decode-0", Expires: now.Add(time.Minute)}
+	chain := protocol.PrefixChain(make([]uint32, 100), 16)
+	valid := Ticket{Request: 7, Tokens: 100, Prefill: "prefill-0", Decode: "decode-0", Expires: now.Add(time.Minute), Scope: 0xa1, Chain: chainDigest(chain)}
 	sign := func(k ed25519.PrivateKey, tk Ticket) []byte {
 		b, err := SignTicket(k, tk)
 		if err != nil {
@@ -34,8 +38,11 @@ func TestTicketCheckRefusesEveryTicketButTheRoutersForThisBootstrap(t *testing.T
 	flipped := sign(key, valid)
 	flipped[10] ^= 1
 	boot := func(ticket []byte) *protocol.Bootstrap {
-		return &protocol.Bootstrap{Request: 7, Tokens: 100, Ticket: ticket}
+		return &protocol.Bootstrap{Request: 7, Tokens: 100, Scope: 0xa1, Chain: chain, Ticket: ticket}
 	}
+	otherChain := protocol.PrefixChain(append([]uint32{1}, make([]uint32, 99)...), 16)
+	kvt1 := sign(key, valid)
+	copy(kvt1, "KVT1")
 	for what, c2 := range map[string]struct {
 		peer   string
 		b      *protocol.Bootstrap
@@ -52,6 +59,11 @@ func TestTicketCheckRefusesEveryTicketButTheRoutersForThisBootstrap(t *testing.T
 		"another token count":   {"prefill-0", &protocol.Bootstrap{Request: 7, Tokens: 1000, Ticket: sign(key, valid)}, ErrTicketMismatch},
 		"expired":               {"prefill-0", boot(with(func(tk *Ticket) { tk.Expires = now.Add(-DefaultTicketSkew - time.Second) })), ErrTicketExpired},
 		"another request's, 8b": {"prefill-0", &protocol.Bootstrap{Request: 8, Tokens: 100, Ticket: sign(key, valid)}, ErrTicketMismatch},
+		"another scope":         {"prefill-0", &protocol.Bootstrap{Request: 7, Tokens: 100, Scope: 0xb2, Chain: chain, Ticket: sign(key, valid)}, ErrTicketScope},
+		"a chain, no scope":     {"prefill-0", &protocol.Bootstrap{Request: 7, Tokens: 100, Chain: chain, Ticket: sign(key, valid)}, ErrTicketScope},
+		"another chain":         {"prefill-0", &protocol.Bootstrap{Request: 7, Tokens: 100, Scope: 0xa1, Chain: otherChain, Ticket: sign(key, valid)}, ErrTicketScope},
+		"a chain cut short":     {"prefill-0", &protocol.Bootstrap{Request: 7, Tokens: 100, Scope: 0xa1, Chain: chain[:5], Ticket: sign(key, valid)}, ErrTicketScope},
+		"a KVT1 ticket":         {"prefill-0", boot(kvt1), ErrTicketForged},
 	} {
 		err := c.Check(c2.peer, c2.b)
 		if !errors.Is(err, c2.reason) || !errors.Is(err, ErrTicket) {
@@ -61,26 +73,39 @@ func TestTicketCheckRefusesEveryTicketButTheRoutersForThisBootstrap(t *testing.T
 	if err := c.Check("prefill-0", boot(sign(key, valid))); err != nil {
 		t.Fatalf("the router's ticket: %v", err)
 	}
+	if tk, err := OpenTicket(pub, sign(key, valid)); err != nil || !tk.Expires.Equal(valid.Expires) || tk.Scope != valid.Scope || tk.Chain != valid.Chain || tk.Request != valid.Request {
+		t.Fatalf("a ticket round trip: %+v, %v; signed %+v", tk, err, valid)
+	}
 	if err := c.Check("prefill-0", boot(sign(key, valid))); !errors.Is(err, ErrTicketReplayed) {
 		t.Fatalf("the same request again: %v", err)
 	}
+	// A Bootstrap without a scope asks for no reuse: the ticket's scope
+	// need not be claimed.
+	noReuse := with(func(tk *Ticket) { tk.Request = 70 })
+	if err := c.Check("prefill-0", &protocol.Bootstrap{Request: 70, Tokens: 100, Ticket: noReuse}); err != nil {
+		t.Fatalf("a Bootstrap without scope or chain: %v", err)
+	}
 	// Within the clock skew a just-expired ticket is still taken; an id is
 	// forgotten once its ticket expired, and the map does not grow with them.
-	late := with(func(tk *Ticket) { tk.Request = 9; tk.Expires = now.Add(-time.Second) })
+	late := with(func(tk *Ticket) {
+		tk.Request = 9
+		tk.Expires = now.Add(-time.Second)
+		tk.Scope, tk.Chain = 0, [32]byte{}
+	})
 	if err := c.Check("prefill-0", &protocol.Bootstrap{Request: 9, Tokens: 100, Ticket: late}); err != nil {
 		t.Fatalf("a ticket a second past, within the skew: %v", err)
 	}
 	for i := range 5000 {
 		id := protocol.RequestID(100 + i)
 		tk := with(func(tk *Ticket) { tk.Request = id; tk.Expires = now.Add(time.Second) })
-		if err := c.Check("prefill-0", &protocol.Bootstrap{Request: id, Tokens: 100, Ticket: tk}); err != nil {
+		if err := c.Check("prefill-0", &protocol.Bootstrap{Request: id, Tokens: 100, Scope: 0xa1, Chain: chain, Ticket: tk}); err != nil {
 			t.Fatal(err)
 		}
 		now = now.Add(time.Millisecond)
 	}
 	now = now.Add(2 * time.Minute)
 	tk := with(func(tk *Ticket) { tk.Request = 99999; tk.Expires = now.Add(time.Minute) })
-	if err := c.Check("prefill-0", &protocol.Bootstrap{Request: 99999, Tokens: 100, Ticket: tk}); err != nil {
+	if err := c.Check("prefill-0", &protocol.Bootstrap{Request: 99999, Tokens: 100, Scope: 0xa1, Chain: chain, Ticket: tk}); err != nil {
 		t.Fatal(err)
 	}
 	if len(c.seen) != 1 {

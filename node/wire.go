@@ -65,6 +65,10 @@ var wireErrors = []struct {
 	{"shutting_down", ErrShuttingDown},
 	{"unreachable", ErrUnreachable},
 	{"no_prompt", ErrNoPrompt},
+	{"not_shared", protocol.ErrNotShared},
+	{"bad_chain", protocol.ErrBadChain},
+	{"shared_write", engine.ErrSharedWrite},
+	{"scope_in_body", ErrScopeInBody},
 }
 
 // wireError is an error as the control API carries it.
@@ -116,10 +120,10 @@ func Reason(err error) string {
 	switch {
 	case err == nil:
 		return ""
-	case errors.Is(err, protocol.ErrRejected), errors.Is(err, protocol.ErrUnauthorized), errors.Is(err, protocol.AbortUnauthorized),
+	case errors.Is(err, protocol.ErrRejected), errors.Is(err, protocol.ErrUnauthorized), errors.Is(err, protocol.AbortUnauthorized), errors.Is(err, ErrScopeInBody),
 		errors.Is(err, protocol.ErrOverQuota), errors.Is(err, protocol.AbortOverQuota):
 		return "rejected"
-	case errors.Is(err, protocol.ErrTagMismatch), errors.Is(err, protocol.ErrTagMalformed), errors.Is(err, protocol.ErrFenced):
+	case errors.Is(err, protocol.ErrTagMismatch), errors.Is(err, protocol.ErrTagMalformed), errors.Is(err, protocol.ErrFenced), errors.Is(err, protocol.ErrNotShared):
 		return "tag"
 	case errors.Is(err, protocol.ErrChecksumMismatch):
 		return "checksum"

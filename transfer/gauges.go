@@ -5,7 +5,10 @@ type Gauges struct {
 	Pages            int // pages in the pool
 	PagesFree        int
 	PagesQuarantined int // held for a writer not yet fenced
-	QueuePairsLive   int // set up, taking new requests
+	// PagesCached are a decode node's prefix cache pages: verified, no
+	// request's, kept for later requests of their scope (free to evict).
+	PagesCached    int
+	QueuePairsLive int // set up, taking new requests
 	// QueuePairsDraining are broken queue pairs whose flush has not drained
 	// yet: their requests' pages are not back.
 	QueuePairsDraining int
@@ -41,7 +44,7 @@ func (d *Decode) Gauges() Gauges {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	pool := d.receiver.Pool()
-	g := Gauges{Pages: pool.Len(), PagesFree: pool.Free(), PagesQuarantined: pool.Quarantined()}
+	g := Gauges{Pages: pool.Len(), PagesFree: pool.Free(), PagesQuarantined: pool.Quarantined(), PagesCached: pool.Cached()}
 	d.gauges(&g)
 	return g
 }

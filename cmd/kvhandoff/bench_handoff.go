@@ -42,6 +42,15 @@ measures), and the ratio of the two. Rounds alternate, handoffs then raw
 WRITEs, --reps times; each keeps its best round (the latencies are the best
 handoff round's).
 
+--prefix (default 0.75) adds, for the in-process providers, prefix reuse
+rows: requests of --pages pages whose prompts share that fraction of their
+pages, handed off one at a time with the decode node's prefix cache (reuse)
+and without (no-reuse, scope 0), rounds alternating in the same run: pages
+and bytes prefill WRITEs per request, the time from Submit to the decode
+node holding the verified pages (the handoff's share of the time to first
+token: the KV source writes markers, no model computes), and on the reuse
+row the ratios to no-reuse.
+
 --bugs compares the decode node's defenses in the same run: a list of
 research switch sets separated by ';' ("none;pool-wide-key" is per-grant
 windows, a bind and a revoke per request, against one key for the pool, the
@@ -135,6 +144,7 @@ func runBenchHandoff(args []string, stdout, stderr io.Writer) int {
 	decodeNode := fs.String("decode-node", "", "internal: run as the decode process of socket-process, with the certificates in this directory")
 	jsonOut := fs.Bool("json", false, "print exactly one JSON object on stdout")
 	bugList := fs.String("bugs", "none", "research switch sets on the decode node, separated by ';', alternated round by round (in-process providers)")
+	prefix := fs.Float64("prefix", 0.75, "prefix reuse rows (in-process providers): requests whose prompts share this fraction of their pages, with and without the decode node's prefix cache; 0: none")
 	if code := parseFlags(fs, args, stderr); code >= 0 {
 		return code
 	}
@@ -144,6 +154,11 @@ func runBenchHandoff(args []string, stdout, stderr io.Writer) int {
 	}
 	if *decodeNode != "" {
 		return serveDecodeNode(*decodeNode, *pageBytes, *pages, *window, stdout, stderr)
+	}
+	shared := int(*prefix * float64(*pages))
+	if *prefix < 0 || *prefix >= 1 || *prefix > 0 && (shared < 1 || shared >= *pages) {
+		fmt.Fprintln(stderr, "kvhandoff bench handoff: --prefix is a fraction in [0, 1) that leaves at least one page shared and one written")
+		return 2
 	}
 	var sets []research.Switches
 	for _, list := range strings.Split(*bugList, ";") {
@@ -155,6 +170,7 @@ func runBenchHandoff(args []string, stdout, stderr io.Writer) int {
 		sets = append(sets, sw)
 	}
 	var rows []handoffRow
+	var prefixRows []prefixRow
 	for _, name := range strings.Split(*providers, ",") {
 		separate := name == "socket-process"
 		mk, ok := handoffDevices[strings.TrimSuffix(name, "-process")]
@@ -194,13 +210,27 @@ func runBenchHandoff(args []string, stdout, stderr io.Writer) int {
 			row.Ratio = row.Gbps / row.RawGbps
 			rows = append(rows, row)
 		}
+		if shared > 0 && !separate {
+			// One request at a time: its time to its pages is the handoff's
+			// share of the time to first token, not a queue's.
+			pr, err := measurePrefixReuse(mk, *pageBytes, *pages, shared, min(*requests, 200), *reps)
+			if err != nil {
+				fmt.Fprintf(stderr, "kvhandoff bench handoff: %s, prefix reuse: %v\n", name, err)
+				return 1
+			}
+			for _, r := range pr {
+				r.Provider, r.Prefix = name, float64(shared)/float64(*pages)
+				prefixRows = append(prefixRows, r)
+			}
+		}
 	}
 	if *jsonOut {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		if err := enc.Encode(struct {
-			Rows []handoffRow `json:"rows"`
-		}{rows}); err != nil {
+			Rows       []handoffRow `json:"rows"`
+			PrefixRows []prefixRow  `json:"prefix_rows,omitempty"`
+		}{rows, prefixRows}); err != nil {
 			fmt.Fprintf(stderr, "kvhandoff bench handoff: %v\n", err)
 			return 2
 		}
@@ -213,6 +243,22 @@ func runBenchHandoff(args []string, stdout, stderr io.Writer) int {
 			r.HandoffsPerSec, r.Gbps, r.RawGbps, r.Ratio, r.P50Micros, r.P99Micros)
 	}
 	tw.Flush()
+	if len(prefixRows) > 0 {
+		fmt.Fprintln(stdout)
+		tw = tabwriter.NewWriter(stdout, 2, 8, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "provider\tmode\tshared\tpages\tpages written\tKiB written\tttft p50 µs\tttft p99 µs\tratio pages\tratio ttft\t")
+		for _, r := range prefixRows {
+			ratio := func(x float64) string {
+				if r.Mode != "reuse" {
+					return ""
+				}
+				return fmt.Sprintf("%.2f", x)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%.0f%%\t%d\t%.1f\t%.0f\t%.0f\t%.0f\t%s\t%s\t\n", r.Provider, r.Mode, 100*r.Prefix, r.Pages, r.PagesWritten,
+				r.BytesWritten/1024, r.TTFTP50Micros, r.TTFTP99Micros, ratio(r.PagesRatio), ratio(r.TTFTRatio))
+		}
+		tw.Flush()
+	}
 	return 0
 }
 

@@ -76,3 +76,37 @@ func TestBenchHandoffComparesDefensesInOneRun(t *testing.T) {
 		}
 	}
 }
+
+// Prefix reuse rows: requests sharing 75% of their pages write a quarter of
+// them with the decode node's cache (the first request writes all), in the
+// same run as the same requests without it, and the ratios are the rows'.
+func TestBenchHandoffPrefixReuseWritesOnlyThePagesPastThePrefix(t *testing.T) {
+	code, out, errOut := runCLI(t, "bench", "handoff", "--json", "--provider", "inproc", "--requests", "40", "--pages", "8", "--page-bytes", "16384", "--reps", "1")
+	var r struct {
+		PrefixRows []struct {
+			Mode         string  `json:"mode"`
+			Prefix       float64 `json:"shared_prefix"`
+			Requests     int     `json:"requests"`
+			PagesWritten float64 `json:"pages_written_per_request"`
+			BytesWritten float64 `json:"bytes_written_per_request"`
+			TTFT         float64 `json:"ttft_p50_us"`
+			PagesRatio   float64 `json:"pages_ratio"`
+			TTFTRatio    float64 `json:"ttft_ratio"`
+		} `json:"prefix_rows"`
+	}
+	if err := json.Unmarshal([]byte(out), &r); err != nil || code != 0 || len(r.PrefixRows) != 2 {
+		t.Fatalf("exit %d, %+v, %v\n%s%s", code, r, err, out, errOut)
+	}
+	no, re := r.PrefixRows[0], r.PrefixRows[1]
+	want := (8 + 39*2) / 40.0 // the first request writes its 8 pages, each later one the 2 past the 6 shared
+	if no.Mode != "no-reuse" || re.Mode != "reuse" || no.Prefix != 0.75 || no.PagesWritten != 8 || math.Abs(re.PagesWritten-want) > 1e-9 ||
+		re.BytesWritten != re.PagesWritten*16384 || math.Abs(re.PagesRatio-re.PagesWritten/8) > 1e-9 || no.TTFT <= 0 || re.TTFT <= 0 ||
+		math.Abs(re.TTFTRatio-re.TTFT/no.TTFT) > 1e-9 {
+		t.Fatalf("prefix rows %+v", r.PrefixRows)
+	}
+	for _, bad := range []string{"0.1", "1", "-0.5"} { // no whole page shared, every page, negative
+		if code, _, _ := runCLI(t, "bench", "handoff", "--prefix", bad, "--pages", "4"); code != 2 {
+			t.Fatalf("--prefix %s of 4 pages: exit %d", bad, code)
+		}
+	}
+}

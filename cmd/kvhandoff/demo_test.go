@@ -32,6 +32,9 @@ type demoJSON struct {
 		ForeignTenant string `json:"foreign_tenant"`
 		Text          string `json:"text"`
 	} `json:"leak_examples"`
+	PrefixHits      int `json:"prefix_hits"`
+	PrefixHitTokens int `json:"prefix_hit_tokens"`
+	CrossScopeHits  int `json:"cross_scope_hits"`
 }
 
 func runDemoJSON(t *testing.T, args ...string) (int, demoJSON) {
@@ -62,6 +65,23 @@ func TestDemoWithEveryDefenseOnLeaksNothingUnderFaults(t *testing.T) {
 	}
 	if got.OK+got.Rejected+got.Cancelled+got.Failed != n {
 		t.Fatalf("outcomes do not add up: %+v", got)
+	}
+	if got.PrefixHits == 0 || got.PrefixHitTokens == 0 || got.CrossScopeHits != 0 {
+		t.Fatalf("the prefix cache: %d hits, %d tokens, %d cross-scope hits", got.PrefixHits, got.PrefixHitTokens, got.CrossScopeHits)
+	}
+}
+
+// The prefix cache's scope dropped from its key (scope-dropped, SGLang
+// #37160) or taken from the request's body (client-scope): tenants read
+// pages other tenants' requests cached, and the demo fails naming each
+// cross-scope hit as a leak.
+func TestDemoNamesACrossScopeHitAsALeak(t *testing.T) {
+	for _, bug := range []string{"scope-dropped", "client-scope"} {
+		rc, got := runDemoJSON(t, "--requests", "150", "--no-faults", "--bug", bug)
+		if rc != 1 || got.CrossScopeHits == 0 || got.Leaks < got.CrossScopeHits || len(got.LeakExamples) == 0 ||
+			!strings.Contains(got.LeakExamples[0].Text, "cross-scope hit") || got.LeakExamples[0].ForeignTenant == got.LeakExamples[0].Tenant {
+			t.Fatalf("%s: exit %d, %+v", bug, rc, got)
+		}
 	}
 }
 
@@ -126,7 +146,7 @@ func TestDemoEachSingleDefenseStopsTheIncident(t *testing.T) {
 				n, _ := strconv.Atoi(m[1])
 				return n
 			}
-			if rc != 0 || count("incoherent") != 0 || count("leaks (another tenant's canary)") != 0 || count("pages leaked") != 0 || count("coherent (= colocated run)") != count("ok") {
+			if rc != 0 || count("incoherent") != 0 || count("leaks (another tenant's canary or cached prefix)") != 0 || count("pages leaked") != 0 || count("coherent (= colocated run)") != count("ok") {
 				t.Fatalf("with %s on: exit %d\n%s%s", c.defense, rc, table, errb.String())
 			}
 			// Besides, on a loaded machine a request may find the decode

@@ -46,7 +46,10 @@ Every connection between nodes is mutual TLS 1.3 (--tls-cert, --tls-key,
 --tls-ca; kvhandoff certs makes them), unless --insecure. The router signs a
 ticket for each request it dispatches (--ticket-key), and a decode node
 reserves pages only for a Bootstrap with a valid one (--ticket-pub); both
-default to kvhandoff certs' files beside --tls-ca. SIGTERM or SIGINT
+default to kvhandoff certs' files beside --tls-ca. With --prefix-cache a decode
+node keeps verified prompt pages for later requests of the same scope, which
+the router sets from the tenant (--public-prefix declares shared ones; a
+request never names its own). SIGTERM or SIGINT
 stops the node gracefully: no new request, those in flight drained for
 --grace, then failed explicitly, and no page left owned.
 
@@ -152,6 +155,9 @@ type serveFlags struct {
 	router, ticketKey, ticketPub                string
 	peerRequests, peerPages                     int
 	logFormat, logLevel                         string
+	prefixCache                                 bool
+	scopeKey                                    string
+	publicPrefixes                              []node.PublicPrefix
 }
 
 // defineServeFlags defines serve's flags on fs, to be read once fs has
@@ -197,6 +203,16 @@ func defineServeFlags(fs *flag.FlagSet) *serveFlags {
 	fs.StringVar(&o.ticketPub, "ticket-pub", "", "decode: the router's public ticket key (default: ticket.pem beside --tls-ca)")
 	fs.IntVar(&o.peerRequests, "peer-requests", 0, "decode: the most open requests one prefill node may hold here; 0 means no bound but the pool's")
 	fs.IntVar(&o.peerPages, "peer-pages", 0, "decode: the most pages one prefill node's requests may hold here; 0 means no bound but the pool's")
+	fs.BoolVar(&o.prefixCache, "prefix-cache", false, "decode: keep verified full prompt pages cached for later requests of the same scope (docs/nodes.md, Prefix reuse); needs the ticket key")
+	fs.StringVar(&o.scopeKey, "scope-key", "", "router: a file of 32 or more secret bytes keying the prefix cache's scopes (default: derived from the ticket key, which every router of a deployment shares)")
+	fs.Func("public-prefix", "router: NAME=TEXT, a prompt prefix every tenant may share in the prefix cache (a declared system prompt); repeatable", func(v string) error {
+		name, text, ok := strings.Cut(v, "=")
+		if !ok || name == "" || text == "" {
+			return fmt.Errorf("%q: NAME=TEXT", v)
+		}
+		o.publicPrefixes = append(o.publicPrefixes, node.PublicPrefix{Name: name, Text: text})
+		return nil
+	})
 	fs.StringVar(&o.logFormat, "log-format", "text", "text or json")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	return o
@@ -348,7 +364,20 @@ func (o *serveFlags) model() (*llama.Model, error) {
 func (o *serveFlags) runRouter(ctx context.Context, reg node.Registry, sec node.Security, m *llama.Model, keys ticketKeys, log *slog.Logger) error {
 	cfg := node.RouterConfig{Name: o.name, Registry: reg, Security: sec, ModelID: o.modelID, Timeout: o.timeout, Log: log,
 		HTTP:           node.HTTPLimits{BodyTimeout: o.httpBodyTimeout, IdleTimeout: o.httpIdleTimeout, MaxBodyBytes: o.httpMaxBody, MaxConns: o.httpMaxConns},
-		TrustRequestID: o.trustRequestID, TicketKey: keys.signer}
+		TrustRequestID: o.trustRequestID, TicketKey: keys.signer, PublicPrefixes: o.publicPrefixes}
+	switch {
+	case o.scopeKey != "":
+		b, err := os.ReadFile(o.scopeKey)
+		if err != nil {
+			return fmt.Errorf("--scope-key: %v", err)
+		}
+		if len(b) < 32 {
+			return fmt.Errorf("--scope-key %s: %d bytes, at least 32", o.scopeKey, len(b))
+		}
+		cfg.ScopeKey = b
+	case keys.signer != nil:
+		cfg.ScopeKey = node.ScopeKeyFromTicketKey(keys.signer)
+	}
 	switch {
 	case o.chatTemplate == "llama2", o.chatTemplate == "" && m != nil && o.modelName != "builtin":
 		cfg.ChatTemplate = node.Llama2Chat
@@ -412,7 +441,8 @@ func (o *serveFlags) runDecode(ctx context.Context, cfg node.NodeConfig, ctl net
 	if err != nil {
 		return err
 	}
-	d, err := node.NewDecode(node.DecodeConfig{NodeConfig: cfg, Stop: -1, TicketKey: keys.verifier, PeerRequests: o.peerRequests, PeerPages: o.peerPages})
+	d, err := node.NewDecode(node.DecodeConfig{NodeConfig: cfg, Stop: -1, TicketKey: keys.verifier, PeerRequests: o.peerRequests, PeerPages: o.peerPages,
+		PrefixCache: o.prefixCache})
 	if err != nil {
 		return err
 	}

@@ -34,6 +34,11 @@ type Outcome struct {
 	Tokens  []int
 	Text    string
 	Latency time.Duration
+	// Cached is the prompt tokens a success read from the prefix cache;
+	// Sent and Ended are when the request was sent and answered, from the
+	// run's start.
+	Cached      int
+	Sent, Ended time.Duration
 }
 
 // Leak is a success whose text carries another tenant's canary.
@@ -60,6 +65,11 @@ type Report struct {
 	P50, P99    time.Duration // over successes
 	// Incoherences names up to a few incoherent successes, for the report.
 	Incoherences []string
+	// PrefixHits are successes that read prompt tokens from the prefix
+	// cache, PrefixHitTokens those tokens; CrossScopeHits are hits longer
+	// than anything the request's own scope can have cached (each also a
+	// Leak: a cross-tenant hit is a timing side channel).
+	PrefixHits, PrefixHitTokens, CrossScopeHits int
 }
 
 // leakProbe is how much of a canary counts as leaked: any half-dozen
@@ -93,6 +103,14 @@ func Check(w Workload, outs []Outcome, ref *Reference, pagesLeft map[string]int,
 		if leak, ok := foreignCanary(w, r, o.Text); ok {
 			rep.Leaks = append(rep.Leaks, leak)
 		}
+		if o.Cached > 0 {
+			rep.PrefixHits++
+			rep.PrefixHitTokens += o.Cached
+			if leak, ok := crossScope(w, outs, o, pageTokensOf(w)); ok {
+				rep.CrossScopeHits++
+				rep.Leaks = append(rep.Leaks, leak)
+			}
+		}
 		if r.OverLimit {
 			rep.Incoherent++
 			rep.note(fmt.Sprintf("%s (%s): a prompt over the deployment's limit succeeded: %q", r.Name(), w.Tenants[r.Tenant].Name, o.Text))
@@ -116,6 +134,58 @@ func Check(w Workload, outs []Outcome, ref *Reference, pagesLeft map[string]int,
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 	rep.P50, rep.P99 = quantile(lat, 0.50), quantile(lat, 0.99)
 	return rep, nil
+}
+
+// pageTokensOf is the page size the workload's prompts are aligned to.
+func pageTokensOf(w Workload) int {
+	if w.PageTokens > 0 {
+		return w.PageTokens
+	}
+	return 16
+}
+
+// crossScope judges a success's prefix hit against what its own scope can
+// have held: the pages its prompt shares with a request of its own tenant
+// that was sent before it was answered (none of those the prober's, whose
+// bodies name other scopes), and the declared public prompt's pages. A
+// longer hit read pages another scope cached: a Leak naming a tenant whose
+// prompt shares them.
+func crossScope(w Workload, outs []Outcome, o Outcome, pt int) (Leak, bool) {
+	r := o.Request
+	own := 0
+	if strings.HasPrefix(r.Prompt, PublicSystem) {
+		own = (1 + len(PublicSystem)) / pt * pt
+	}
+	foreign := ""
+	for _, p := range outs {
+		q := p.Request
+		if q.Index == r.Index || p.Sent > o.Ended || q.OverLimit {
+			continue
+		}
+		shared := (1 + commonPrefix(q.Prompt, r.Prompt)) / pt * pt
+		switch {
+		case q.Tenant == r.Tenant && q.BodyScope == "":
+			own = max(own, shared)
+		case q.Tenant != r.Tenant && shared >= o.Cached && foreign == "":
+			foreign = w.Tenants[q.Tenant].Name
+		}
+	}
+	if o.Cached <= own {
+		return Leak{}, false
+	}
+	if foreign == "" {
+		foreign = "another scope"
+	}
+	return Leak{Request: r.Name(), Tenant: w.Tenants[r.Tenant].Name, ForeignTenant: foreign,
+		Text: fmt.Sprintf("a prefix cache hit of %d prompt tokens, past the %d its own scope can hold: a cross-scope hit", o.Cached, own)}, true
+}
+
+func commonPrefix(a, b string) int {
+	n := 0
+	for n < len(a) && n < len(b) && a[n] == b[n] {
+		n++
+	}
+	return n
 }
 
 func clip(s string, n int) string {
@@ -200,6 +270,12 @@ type reportJSON struct {
 	Seconds      float64 `json:"seconds"`
 	HandoffsPerS float64 `json:"handoffs_per_s"`
 	LeakExamples []Leak  `json:"leak_examples"`
+	// The prefix cache: successes that read cached prompt tokens, those
+	// tokens, and hits past what the request's own scope can hold (each a
+	// leak too; must be 0).
+	PrefixHits      int `json:"prefix_hits"`
+	PrefixHitTokens int `json:"prefix_hit_tokens"`
+	CrossScopeHits  int `json:"cross_scope_hits"`
 }
 
 // WriteJSON writes the report as one JSON object.
@@ -215,6 +291,7 @@ func (rep *Report) WriteJSON(w io.Writer) error {
 		Requests: rep.Requests, OK: rep.ByKind[OK], Rejected: rep.ByKind[Rejected], Cancelled: rep.ByKind[Cancelled],
 		Failed: rep.ByKind[Failed], Coherent: rep.Coherent, Incoherent: rep.Incoherent, Leaks: len(rep.Leaks),
 		PagesLeaked: rep.PagesLeaked, Seconds: rep.Seconds, HandoffsPerS: rep.HandoffsPerSecond(), LeakExamples: ex,
+		PrefixHits: rep.PrefixHits, PrefixHitTokens: rep.PrefixHitTokens, CrossScopeHits: rep.CrossScopeHits,
 	})
 }
 
@@ -237,7 +314,9 @@ func (rep *Report) WriteTable(w io.Writer) {
 	fmt.Fprintf(tw, "coherent (= colocated run)\t%d\n", rep.Coherent)
 	fmt.Fprintf(tw, "incoherent\t%d\n", rep.Incoherent)
 	fmt.Fprintf(tw, "failures without a reason\t%d\n", rep.Unexplained)
-	fmt.Fprintf(tw, "leaks (another tenant's canary)\t%d\n", len(rep.Leaks))
+	fmt.Fprintf(tw, "leaks (another tenant's canary or cached prefix)\t%d\n", len(rep.Leaks))
+	fmt.Fprintf(tw, "prefix cache hits / tokens\t%d / %d\n", rep.PrefixHits, rep.PrefixHitTokens)
+	fmt.Fprintf(tw, "cross-scope hits\t%d\n", rep.CrossScopeHits)
 	fmt.Fprintf(tw, "pages leaked\t%d\n", rep.PagesLeaked)
 	fmt.Fprintf(tw, "handoffs/s\t%.1f\n", rep.HandoffsPerSecond())
 	fmt.Fprintf(tw, "latency p50 / p99\t%v / %v\n", rep.P50.Round(time.Microsecond), rep.P99.Round(time.Microsecond))
@@ -247,6 +326,10 @@ func (rep *Report) WriteTable(w io.Writer) {
 		if i == 10 {
 			fmt.Fprintf(w, "... and %d more leaks\n", len(rep.Leaks)-i)
 			break
+		}
+		if strings.HasPrefix(l.Text, "a prefix cache hit") {
+			fmt.Fprintf(w, "LEAK %s of %s read %s's cached prefix: %s\n", l.Request, l.Tenant, l.ForeignTenant, l.Text)
+			continue
 		}
 		fmt.Fprintf(w, "LEAK %s of %s answered with %s's canary: %q\n", l.Request, l.Tenant, l.ForeignTenant, l.Text)
 	}

@@ -184,12 +184,13 @@ func TestASuccessWithAForeignCanaryIsALeak(t *testing.T) {
 	if err := json.Unmarshal(b.Bytes(), &got); err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range []string{"requests", "ok", "rejected", "cancelled", "failed", "coherent", "incoherent", "leaks", "pages_leaked", "seconds", "handoffs_per_s", "leak_examples"} {
+	for _, k := range []string{"requests", "ok", "rejected", "cancelled", "failed", "coherent", "incoherent", "leaks", "pages_leaked", "seconds", "handoffs_per_s", "leak_examples",
+		"prefix_hits", "prefix_hit_tokens", "cross_scope_hits"} {
 		if _, ok := got[k]; !ok {
 			t.Errorf("--json lacks %q: %s", k, b.String())
 		}
 	}
-	if len(got) != 12 || got["leaks"].(float64) != 1 {
+	if len(got) != 15 || got["leaks"].(float64) != 1 {
 		t.Fatalf("--json %s", b.String())
 	}
 }
@@ -271,4 +272,78 @@ type blocking struct{}
 func (blocking) Complete(ctx context.Context, r Request) ([]int, string, error) {
 	<-ctx.Done()
 	return nil, "", ctx.Err()
+}
+
+// A prefix cache hit longer than anything the request's own scope can hold
+// (its tenant's requests sent before it was answered, the declared public
+// prompt) is a cross-scope hit and a leak naming a tenant whose prompt
+// shares the pages; a hit within what its own tenant's earlier request
+// shares is none, and neither is one within the public prompt's pages.
+func TestAPrefixHitPastItsOwnScopeIsACrossScopeLeak(t *testing.T) {
+	ref := reference(t)
+	answer := func(prompt string, n int) (string, error) {
+		out, err := ref.Tokens(prompt, n)
+		return ref.Text(prompt, out), err
+	}
+	w, err := NewWorkload(Spec{Seed: 3, Requests: 400, Limit: 128, Context: 1024, Align: 16, Prefixes: true, Answer: answer})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kinds := map[string]int{}
+	for _, r := range w.Requests {
+		kinds[r.Kind]++
+		if r.Kind == RequestTurn && !strings.HasSuffix(r.Prompt, followUp) {
+			t.Fatalf("%s: a second turn without the follow-up question", r.Name())
+		}
+		if (r.BodyScope != "") != (r.Kind == RequestProbe) || r.Kind == RequestProbe && !w.Tenants[r.Tenant].Prober {
+			t.Fatalf("%s: body scope %q, kind %s", r.Name(), r.BodyScope, r.Kind)
+		}
+	}
+	for _, k := range []string{RequestOwn, RequestTurn, RequestPublic, RequestCommon, RequestProbe} {
+		if kinds[k] == 0 {
+			t.Fatalf("no %s request in %v", k, kinds)
+		}
+	}
+	// Two common-prompt requests of different tenants, and one of the first
+	// tenant's own, answered one after the other.
+	var a, b, a2 int = -1, -1, -1
+	for i, r := range w.Requests {
+		switch {
+		case r.Kind != RequestCommon:
+		case a < 0:
+			a = i
+		case r.Tenant != w.Requests[a].Tenant && b < 0:
+			b = i
+		case r.Tenant == w.Requests[a].Tenant && a2 < 0 && i != a:
+			a2 = i
+		}
+	}
+	if a < 0 || b < 0 || a2 < 0 {
+		t.Fatal("the workload lacks the common prompts this test needs")
+	}
+	common := (1 + len(CommonSystem)) / 16 * 16
+	outs := []Outcome{
+		{Request: w.Requests[a], Kind: OK, Sent: 0, Ended: 1},
+		{Request: w.Requests[b], Kind: OK, Sent: 2, Ended: 3, Cached: common},  // tenant b read tenant a's copy
+		{Request: w.Requests[a2], Kind: OK, Sent: 4, Ended: 5, Cached: common}, // tenant a read its own
+	}
+	rep := &Report{}
+	for _, o := range outs {
+		if leak, ok := crossScope(w, outs, o, 16); ok {
+			rep.Leaks = append(rep.Leaks, leak)
+		}
+	}
+	if len(rep.Leaks) != 1 || rep.Leaks[0].Request != w.Requests[b].Name() || rep.Leaks[0].ForeignTenant != w.Tenants[w.Requests[a].Tenant].Name {
+		t.Fatalf("leaks %+v", rep.Leaks)
+	}
+	// A public prompt's pages: anyone's.
+	for _, r := range w.Requests {
+		if r.Kind == RequestPublic {
+			o := Outcome{Request: r, Kind: OK, Ended: 1, Cached: (1 + len(PublicSystem)) / 16 * 16}
+			if leak, ok := crossScope(w, []Outcome{o}, o, 16); ok {
+				t.Fatalf("a hit on the public prompt's pages: %+v", leak)
+			}
+			break
+		}
+	}
 }

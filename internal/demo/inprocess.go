@@ -36,12 +36,17 @@ type Deployment struct {
 	Research                               research.Switches
 	Seed                                   uint64 // the built-in model's
 	Timeout                                time.Duration
+	// PrefixCache turns the decode nodes' prefix cache on, with
+	// PublicSystem declared public ("desk"), and the workload's prefix
+	// traffic (Spec.Prefixes).
+	PrefixCache bool
 }
 
 // Default is the demo's default deployment: 2 prefill and 2 decode nodes,
 // pages of 16 tokens, each node taking prompts of up to 128 tokens.
 func Default() Deployment {
-	return Deployment{Prefills: 2, Decodes: 2, PageTokens: 16, PrefillPages: 128, DecodePages: 256, ContextTokens: 128, Seed: 1, Timeout: 10 * time.Second}
+	return Deployment{Prefills: 2, Decodes: 2, PageTokens: 16, PrefillPages: 128, DecodePages: 256, ContextTokens: 128, Seed: 1, Timeout: 10 * time.Second,
+		PrefixCache: true}
 }
 
 // Incident is the incident's deployment in miniature: the prefill nodes
@@ -53,6 +58,7 @@ func Incident() Deployment {
 	d.Prefills, d.Decodes = 1, 1
 	d.PrefillPages, d.DecodePages = 128, 96
 	d.ContextTokens, d.PrefillContextTokens, d.AdvertiseContext = 0, 512, 1024
+	d.PrefixCache = false // the incident's traffic, as it was
 	return d
 }
 
@@ -98,7 +104,7 @@ func Start(d Deployment, log *slog.Logger) (*InProcess, error) {
 	l, err := node.StartLocal(node.LocalConfig{
 		Prefills: d.Prefills, Decodes: d.Decodes, PrefillPages: d.PrefillPages, DecodePages: d.DecodePages,
 		PageTokens: d.PageTokens, ContextTokens: d.ContextTokens, PrefillContextTokens: d.PrefillContextTokens, AdvertiseContext: d.AdvertiseContext,
-		Model: m, Timeout: d.Timeout, Log: log, Research: d.Research,
+		Model: m, Timeout: d.Timeout, Log: log, Research: d.Research, PrefixCache: d.PrefixCache, PublicPrefixes: d.publicPrefixes(),
 	})
 	if err != nil {
 		return nil, err
@@ -106,21 +112,36 @@ func Start(d Deployment, log *slog.Logger) (*InProcess, error) {
 	return &InProcess{Local: l, Model: m, cfg: d, log: log}, nil
 }
 
+// publicPrefixes are the deployment's declared public prefixes.
+func (d Deployment) publicPrefixes() []node.PublicPrefix {
+	if !d.PrefixCache {
+		return nil
+	}
+	return []node.PublicPrefix{{Name: "desk", Text: PublicSystem}}
+}
+
 // Complete implements Client through the router (its Complete: what the
 // HTTP API calls, without the HTTP).
 func (p *InProcess) Complete(ctx context.Context, r Request) ([]int, string, error) {
-	res, err := p.Local.Router.Complete(ctx, node.Completion{Prompt: r.Prompt, MaxTokens: r.MaxTokens, Tenant: fmt.Sprintf("tenant-%d", r.Tenant)})
+	tokens, text, _, err := p.CompleteCached(ctx, r)
+	return tokens, text, err
+}
+
+// CompleteCached implements CachedClient.
+func (p *InProcess) CompleteCached(ctx context.Context, r Request) ([]int, string, int, error) {
+	res, err := p.Local.Router.Complete(ctx, node.Completion{Prompt: r.Prompt, MaxTokens: r.MaxTokens, Tenant: fmt.Sprintf("tenant-%d", r.Tenant),
+		BodyScope: r.BodyScope})
 	if err != nil {
-		return nil, "", err
+		return nil, "", 0, err
 	}
-	return res.Tokens, res.Text, nil
+	return res.Tokens, res.Text, res.CachedTokens, nil
 }
 
 // ClassifyNode names an outcome by node.Reason.
 func ClassifyNode(err error) (Kind, string) {
 	reason := node.Reason(err)
 	switch {
-	case errors.Is(err, protocol.ErrRejected):
+	case errors.Is(err, protocol.ErrRejected), errors.Is(err, node.ErrBadRequest):
 		return Rejected, reason
 	case errors.Is(err, protocol.ErrCancelled), errors.Is(err, context.Canceled):
 		return Cancelled, "cancelled"
@@ -232,8 +253,9 @@ func (p *InProcess) PagesLeft(wait time.Duration) map[string]int {
 		}
 		for i, n := range p.Local.Decodes {
 			g := n.Endpoint().Gauges()
-			left[fmt.Sprintf("decode-%d", i)] = g.Pages - g.PagesFree
-			total += g.Pages - g.PagesFree
+			// Cached pages are the prefix cache's, no request's.
+			left[fmt.Sprintf("decode-%d", i)] = g.Pages - g.PagesFree - g.PagesCached
+			total += g.Pages - g.PagesFree - g.PagesCached
 		}
 		if total == 0 || time.Now().After(deadline) {
 			return left

@@ -101,6 +101,9 @@ func StartProcs(bin, dir string, d Deployment, etcd string, logs io.Writer) (*Pr
 		// A decode node accepts queue pairs only from the prefill nodes it lists.
 		p.args[name] = append(append([]string{"serve", "--role", "decode", "--name", name, "--control", ctl, "--transfer", addr(), "--rdma", addr(),
 			"--metrics", met, "--pool-pages", strconv.Itoa(d.DecodePages), "--peers", strings.Join(prefillPeers, ",")}, common...), tls(name)...)
+		if d.PrefixCache {
+			p.args[name] = append(p.args[name], "--prefix-cache")
+		}
 	}
 	allPeers = append(allPeers, decodePeers...)
 	for i := range d.Prefills {
@@ -114,6 +117,9 @@ func StartProcs(bin, dir string, d Deployment, etcd string, logs io.Writer) (*Pr
 	p.api = addr()
 	p.args["router"] = append(append([]string{"serve", "--role", "router", "--name", "router", "--listen", p.api, "--peers", strings.Join(allPeers, ",")},
 		common...), tls("router")...)
+	for _, pp := range d.publicPrefixes() {
+		p.args["router"] = append(p.args["router"], "--public-prefix", pp.Name+"="+pp.Text)
+	}
 	if etcd != "" {
 		// The same processes, registered in etcd: every static --peers
 		// gives way to the cluster, under a prefix no other run shares.
@@ -196,15 +202,25 @@ func (e *httpError) Error() string { return fmt.Sprintf("HTTP %d %s: %s", e.stat
 // Complete implements Client over the router's HTTP API. The built-in
 // model's vocabulary is bytes, so the answer's tokens are its text's bytes.
 func (p *Procs) Complete(ctx context.Context, r Request) ([]int, string, error) {
-	body, _ := json.Marshal(map[string]any{"prompt": r.Prompt, "max_tokens": r.MaxTokens})
+	tokens, text, _, err := p.CompleteCached(ctx, r)
+	return tokens, text, err
+}
+
+// CompleteCached implements CachedClient: usage's cached_tokens.
+func (p *Procs) CompleteCached(ctx context.Context, r Request) ([]int, string, int, error) {
+	fields := map[string]any{"prompt": r.Prompt, "max_tokens": r.MaxTokens}
+	if r.BodyScope != "" {
+		fields["cache_salt"] = r.BodyScope
+	}
+	body, _ := json.Marshal(fields)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+p.api+"/v1/completions", bytes.NewReader(body))
 	if err != nil {
-		return nil, "", err
+		return nil, "", 0, err
 	}
 	req.Header.Set("X-Tenant", fmt.Sprintf("tenant-%d", r.Tenant))
 	resp, err := p.client.Do(req)
 	if err != nil {
-		return nil, "", err
+		return nil, "", 0, err
 	}
 	defer resp.Body.Close()
 	var out struct {
@@ -215,22 +231,27 @@ func (p *Procs) Complete(ctx context.Context, r Request) ([]int, string, error) 
 			Message string `json:"message"`
 			Code    string `json:"code"`
 		} `json:"error"`
+		Usage struct {
+			Details struct {
+				Cached int `json:"cached_tokens"`
+			} `json:"prompt_tokens_details"`
+		} `json:"usage"`
 	}
 	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&out); err != nil {
-		return nil, "", fmt.Errorf("demo: HTTP %d with a body that is not JSON: %w", resp.StatusCode, err)
+		return nil, "", 0, fmt.Errorf("demo: HTTP %d with a body that is not JSON: %w", resp.StatusCode, err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		return nil, "", &httpError{resp.StatusCode, out.Error.Code, out.Error.Message}
+		return nil, "", 0, &httpError{resp.StatusCode, out.Error.Code, out.Error.Message}
 	}
 	if len(out.Choices) != 1 {
-		return nil, "", fmt.Errorf("demo: HTTP 200 with %d choices", len(out.Choices))
+		return nil, "", 0, fmt.Errorf("demo: HTTP 200 with %d choices", len(out.Choices))
 	}
 	text := out.Choices[0].Text
 	tokens := make([]int, len(text))
 	for i := range len(text) {
 		tokens[i] = int(text[i])
 	}
-	return tokens, text, nil
+	return tokens, text, out.Usage.Details.Cached, nil
 }
 
 // ClassifyHTTP names an outcome from the client API's answer: 400 over the

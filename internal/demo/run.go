@@ -12,6 +12,12 @@ type Client interface {
 	Complete(ctx context.Context, r Request) (tokens []int, text string, err error)
 }
 
+// CachedClient is a Client that also says how many of the prompt's tokens
+// the deployment read from its prefix cache (usage's cached_tokens).
+type CachedClient interface {
+	CompleteCached(ctx context.Context, r Request) (tokens []int, text string, cached int, err error)
+}
+
 // Classify names a failure's outcome and reason (the deployment's closed set).
 type Classify func(err error) (Kind, string)
 
@@ -22,11 +28,12 @@ type Classify func(err error) (Kind, string)
 func Run(ctx context.Context, w Workload, c Client, classify Classify, concurrency int, progress func()) []Outcome {
 	outs := make([]Outcome, len(w.Requests))
 	next := make(chan int)
+	start := time.Now()
 	var wg sync.WaitGroup
 	for range max(1, concurrency) {
 		wg.Go(func() {
 			for i := range next {
-				outs[i] = one(ctx, w.Requests[i], c, classify)
+				outs[i] = one(ctx, w.Requests[i], c, classify, start)
 				if progress != nil {
 					progress()
 				}
@@ -50,7 +57,7 @@ func Run(ctx context.Context, w Workload, c Client, classify Classify, concurren
 	return outs
 }
 
-func one(ctx context.Context, r Request, c Client, classify Classify) Outcome {
+func one(ctx context.Context, r Request, c Client, classify Classify, runStart time.Time) Outcome {
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	if r.Disconnect > 0 {
@@ -58,8 +65,16 @@ func one(ctx context.Context, r Request, c Client, classify Classify) Outcome {
 		defer t.Stop()
 	}
 	start := time.Now()
-	tokens, text, err := c.Complete(rctx, r)
-	o := Outcome{Request: r, Latency: time.Since(start)}
+	var tokens []int
+	var text string
+	var cached int
+	var err error
+	if cc, ok := c.(CachedClient); ok {
+		tokens, text, cached, err = cc.CompleteCached(rctx, r)
+	} else {
+		tokens, text, err = c.Complete(rctx, r)
+	}
+	o := Outcome{Request: r, Latency: time.Since(start), Cached: cached, Sent: start.Sub(runStart), Ended: time.Since(runStart)}
 	if err != nil {
 		o.Kind, o.Reason = classify(err)
 		o.Err = err.Error()

@@ -92,10 +92,17 @@ func prepare(cfg *Config) (Workload, *Reference, error) {
 	if cfg.Concurrency == 0 {
 		cfg.Concurrency = 16
 	}
-	w, err := NewWorkload(cfg.Workload)
+	ref, err := NewReference(m, llama.Bytes{}, d.PageTokens, -1)
 	if err != nil {
 		return Workload{}, nil, err
 	}
-	ref, err := NewReference(m, llama.Bytes{}, d.PageTokens, -1)
+	if d.PrefixCache {
+		cfg.Workload.Prefixes = true
+		cfg.Workload.Answer = func(prompt string, n int) (string, error) {
+			out, err := ref.Tokens(prompt, n)
+			return ref.Text(prompt, out), err
+		}
+	}
+	w, err := NewWorkload(cfg.Workload)
 	return w, ref, err
 }

@@ -15,6 +15,9 @@ type Tenant struct {
 	// Tag is a character of the tenant's own, just before its canary in
 	// its prompts and in its question.
 	Tag byte
+	// Prober is the hostile tenant of a Prefixes workload: it only probes
+	// other tenants' cached prefixes (RequestProbe).
+	Prober bool
 }
 
 // Request is one client request of the workload.
@@ -29,7 +32,30 @@ type Request struct {
 	// Disconnect, if positive: the client goes away this long after sending,
 	// mid-transfer; its request must end cancelled (or have finished first).
 	Disconnect time.Duration
+	// Kind is the prompt's shape in a Prefixes workload (RequestOwn, ...).
+	Kind string
+	// BodyScope is the cache scope the request's body names (cache_salt):
+	// only the prober's, naming another tenant. A deployment must refuse it.
+	BodyScope string
 }
+
+// The prompt shapes of a Prefixes workload.
+const (
+	RequestOwn    = "own"    // the tenant's own system text, then filler and the question
+	RequestTurn   = "turn"   // a conversation's next turn: an earlier prompt, its answer, a follow-up question
+	RequestPublic = "public" // the declared public system prompt, then the tenant's own prompt
+	RequestCommon = "common" // a system prompt every tenant uses but no one declared public
+	RequestProbe  = "probe"  // the prober: the common system prompt, its body naming a victim's scope
+)
+
+// PublicSystem is the system prompt the demo's deployment declares public
+// ("desk"): every tenant may read its cached pages. CommonSystem is one
+// every tenant uses too, undeclared: each tenant's requests share only
+// their own copy of it, and a hit on another tenant's is a cross-scope hit.
+const (
+	PublicSystem = "System (desk): quote the key as given, exactly. "
+	CommonSystem = "System (common): be brief; quote keys exactly. "
+)
 
 // Name is the request's name in reports.
 func (r Request) Name() string { return fmt.Sprintf("req-%d", r.Index) }
@@ -38,6 +64,8 @@ func (r Request) Name() string { return fmt.Sprintf("req-%d", r.Index) }
 type Workload struct {
 	Tenants  []Tenant
 	Requests []Request
+	// PageTokens is the page size the prompts are aligned to (Spec.Align).
+	PageTokens int
 }
 
 // Spec sizes a workload.
@@ -64,6 +92,14 @@ type Spec struct {
 	// OverLimit and Disconnect are the fractions of requests over the limit
 	// and of clients that disconnect; negative means none.
 	OverLimit, Disconnect float64
+	// Prefixes adds the prefix cache's traffic: conversations of two turns
+	// (the second's prompt is the first's, its answer, and a follow-up
+	// question), the public and the common system prompts, and a prober
+	// tenant (the last) whose requests name another tenant's scope in their
+	// body. Answer is the colocated run's answer to a prompt (the second
+	// turns' text); it is required with Prefixes.
+	Prefixes bool
+	Answer   func(prompt string, maxTokens int) (string, error)
 }
 
 // canaryAlphabet excludes nothing the byte model cannot copy; it avoids
@@ -122,7 +158,7 @@ func NewWorkload(spec Spec) (Workload, error) {
 			spec.Requests, spec.Tenants, spec.Limit, spec.Context)
 	}
 	rng := rand.New(rand.NewPCG(spec.Seed, 0x6b7668616e646f66))
-	w := Workload{}
+	w := Workload{PageTokens: spec.Align}
 	// Every leakProbe characters of a canary are its own: in no other
 	// canary, and not in the text the tenants share.
 	shared := strings.Join(filler, "")
@@ -157,10 +193,20 @@ func NewWorkload(spec Spec) (Workload, error) {
 		}
 		w.Tenants = append(w.Tenants, Tenant{Name: fmt.Sprintf("tenant-%d", t), Canary: c, Tag: canaryAlphabet[t%len(canaryAlphabet)]})
 	}
+	if spec.Prefixes {
+		if spec.Answer == nil {
+			return Workload{}, fmt.Errorf("demo: a Prefixes workload needs the colocated answers")
+		}
+		// The prober: a tenant of its own, whose canary nothing else holds
+		// (its tag is the next one).
+		p := Tenant{Name: fmt.Sprintf("tenant-%d", spec.Tenants), Tag: canaryAlphabet[spec.Tenants%len(canaryAlphabet)], Prober: true}
+		p.Canary = "prober-none"
+		w.Tenants = append(w.Tenants, p)
+	}
 	const variants = 4
 	fits := spec.Limit - spec.MaxTokens // the generation stays inside the decode node's context too
-	prompts := make([][]string, spec.Tenants)
-	long := make([]string, spec.Tenants)
+	prompts := make([][]string, len(w.Tenants))
+	long := make([]string, len(w.Tenants))
 	for t, tn := range w.Tenants {
 		for v := range variants {
 			// from about a quarter of the limit to about all of it
@@ -174,12 +220,18 @@ func NewWorkload(spec Spec) (Workload, error) {
 		over = align(min(spec.Context-spec.MaxTokens, over), spec.Align)
 		long[t] = prompt(tn, 0, over, spec.Align)
 	}
+	// turns are each tenant's first turns so far, for second turns to follow.
+	turns := make([][]Request, spec.Tenants)
 	for i := range spec.Requests {
 		t := rng.IntN(spec.Tenants)
-		r := Request{Index: i, Tenant: t, MaxTokens: spec.MaxTokens}
+		r := Request{Index: i, Tenant: t, MaxTokens: spec.MaxTokens, Kind: RequestOwn}
 		switch x := rng.Float64(); {
 		case spec.OverLimit > 0 && x < spec.OverLimit && i >= spec.WarmUp:
 			r.Prompt, r.OverLimit = long[t], true
+		case spec.Prefixes:
+			if err := prefixRequest(&r, rng, w, spec, fits, prompts, turns); err != nil {
+				return Workload{}, err
+			}
 		default:
 			r.Prompt = prompts[t][rng.IntN(variants)]
 		}
@@ -189,6 +241,87 @@ func NewWorkload(spec Spec) (Workload, error) {
 		w.Requests = append(w.Requests, r)
 	}
 	return w, nil
+}
+
+// prefixRequest draws r's shape in a Prefixes workload (its tenant drawn):
+// a conversation's first or second turn, a public or common system prompt,
+// the tenant's own prompt, or (2%) the prober's probe. A second turn follows
+// a first turn of its tenant drawn at least 48 requests earlier, so that
+// most have finished and their pages are cached.
+func prefixRequest(r *Request, rng *rand.Rand, w Workload, spec Spec, fits int, prompts [][]string, turns [][]Request) error {
+	t := r.Tenant
+	tn := w.Tenants[t]
+	x := rng.Float64()
+	switch {
+	case x < 0.02:
+		prober := len(w.Tenants) - 1
+		r.Tenant, r.Kind = prober, RequestProbe
+		r.BodyScope = w.Tenants[t].Name // a victim
+		r.Prompt = withSystem(CommonSystem, w.Tenants[prober], fits, spec.Align)
+	case x < 0.20:
+		r.Kind, r.Prompt = RequestPublic, withSystem(PublicSystem, tn, fits, spec.Align)
+	case x < 0.35:
+		r.Kind, r.Prompt = RequestCommon, withSystem(CommonSystem, tn, fits, spec.Align)
+	case x < 0.65:
+		var first []Request
+		for _, f := range turns[t] {
+			if f.Index <= r.Index-48 {
+				first = append(first, f)
+			}
+		}
+		if len(first) > 0 && rng.IntN(2) == 0 {
+			f := first[rng.IntN(len(first))]
+			answer, err := spec.Answer(f.Prompt, f.MaxTokens)
+			if err != nil {
+				return err
+			}
+			r.Kind, r.Prompt = RequestTurn, nextTurn(f.Prompt, answer, tn, fits, spec.Align)
+			if 1+len(r.Prompt) <= fits {
+				return nil
+			}
+		}
+		// A first turn: the shortest prompt of the tenant's and a short
+		// answer, so that the second turn fits the limit.
+		r.Kind, r.Prompt, r.MaxTokens = RequestOwn, prompt(tn, rng.IntN(4), 0, spec.Align), max(1, spec.MaxTokens/2)
+		turns[t] = append(turns[t], *r)
+	default:
+		r.Prompt = prompts[t][rng.IntN(len(prompts[t]))]
+	}
+	return nil
+}
+
+// withSystem is a system prompt, then the tenant's intro and filler to
+// about 3/4 of what fits, then its question.
+func withSystem(system string, t Tenant, fits, alignTo int) string {
+	target := align(fits*3/4, alignTo)
+	body := prompt(t, 0, target-len(system), alignTo)
+	return system + body
+}
+
+// followUp is a second turn's question: the copy head answers it with the
+// tenant's name, which follows the same three bytes once in the prompt
+// (asking for the key again would find it twice, once cut short in the
+// first turn's answer, and blend the two).
+const followUp = " Account of "
+
+// nextTurn is a conversation's second turn: the first turn's prompt, its
+// answer, then the follow-up question, padded so that its length stays a
+// multiple of alignTo.
+func nextTurn(first, answer string, t Tenant, fits, alignTo int) string {
+	q := followUp
+	// The answer as printable ASCII: BOS is no text, and a byte that is not
+	// UTF-8 would not cross the JSON API unchanged.
+	s := first + strings.Map(func(r rune) rune {
+		if r < 0x20 || r > 0x7e {
+			return '.'
+		}
+		return r
+	}, answer)
+	text := align(1+len(s)+len(q)+max(alignTo, 1)-1, alignTo) - 1
+	for i := 0; len(s)+len(q) < text; i++ {
+		s += string(" ."[i%2])
+	}
+	return s + q
 }
 
 // align rounds n down to a multiple of a (if a > 0).
