@@ -224,6 +224,10 @@ func (rt *Router) answerFailure(w http.ResponseWriter, r *http.Request, err erro
 	switch {
 	case errors.As(err, &re):
 		rt.answerError(w, r, http.StatusBadRequest, "invalid_request_error", re.Param, re.Code, re.Message, err)
+	case errors.Is(err, ErrUnauthenticated):
+		w.Header().Set("WWW-Authenticate", `Bearer realm="kvhandoff"`)
+		rt.answerError(w, r, http.StatusUnauthorized, "invalid_request_error", "", "invalid_api_key",
+			"no valid API key: send one of this deployment's as Authorization: Bearer KEY", err)
 	case errors.Is(err, protocol.ErrTooLong), errors.Is(err, protocol.ErrTooManyPages):
 		rt.answerError(w, r, http.StatusBadRequest, "invalid_request_error", "prompt", "context_length_exceeded",
 			fmt.Sprintf("the prompt is over this deployment's limit of %d tokens", rt.Limit()), err)

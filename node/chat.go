@@ -148,7 +148,7 @@ func (rt *Router) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		rt.answerFailure(w, r, err)
 		return
 	}
-	tenant, err := tenantOf(r)
+	tenant, err := rt.tenantOf(r)
 	if err != nil {
 		rt.answerFailure(w, r, err)
 		return

@@ -62,6 +62,12 @@ type LocalConfig struct {
 	// router's declared public prefixes.
 	PrefixCache    bool
 	PublicPrefixes []PublicPrefix
+	// TrustTenantHeader is the router's (RouterConfig): the deployment's
+	// clients are a harness that sets X-Tenant itself, as a front proxy
+	// would. Without it no tenant is authenticated and nothing is reused.
+	TrustTenantHeader bool
+	// APIKeys, if set, authenticate the router's clients (RouterConfig).
+	APIKeys *APIKeys
 }
 
 // Local is a running in-process deployment.
@@ -202,7 +208,7 @@ func StartLocal(cfg LocalConfig) (*Local, error) {
 	scopeKey := make([]byte, 32)
 	rand.Read(scopeKey)
 	if l.Router, err = NewRouter(RouterConfig{Name: "router", Registry: reg, Security: sec, ModelID: cfg.ModelID, Timeout: cfg.Timeout, Log: cfg.Log, TicketKey: ticketKey,
-		ScopeKey: scopeKey, PublicPrefixes: cfg.PublicPrefixes, Research: cfg.Research, beforeDecodeCall: cfg.beforeDecodeCall}); err != nil {
+		ScopeKey: scopeKey, PublicPrefixes: cfg.PublicPrefixes, TrustTenantHeader: cfg.TrustTenantHeader, APIKeys: cfg.APIKeys, Research: cfg.Research, beforeDecodeCall: cfg.beforeDecodeCall}); err != nil {
 		return fail(err)
 	}
 	api, err := listen()

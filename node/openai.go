@@ -259,23 +259,11 @@ type stepAlt struct {
 	logprob float32
 }
 
-// tenantOf is the request's tenant, checked.
-func tenantOf(r *http.Request) (string, error) {
-	tenant := r.Header.Get(TenantHeader)
-	if err := checkTenant(tenant); err != nil {
-		return "", &RequestError{Param: TenantHeader, Code: "invalid_tenant", Message: strings.TrimPrefix(err.Error(), ErrBadRequest.Error()+": "), Err: err}
-	}
-	if tenant == "" {
-		tenant = "default"
-	}
-	return tenant, nil
-}
-
 // run generates every choice of a request (each prompt n times), each a
 // handoff of its own, concurrently; the first failure fails the request and
 // cancels the rest. With a relay (a stream), each choice's tokens go to it
 // as they reach the router, then the choice's end.
-func (rt *Router) run(ctx context.Context, r *http.Request, prompts []prompt, p genParams, tenant string, relay *relayQueue) ([]choice, error) {
+func (rt *Router) run(ctx context.Context, r *http.Request, prompts []prompt, p genParams, tenant clientTenant, relay *relayQueue) ([]choice, error) {
 	if len(prompts)*p.n > maxChoices {
 		return nil, badParam("n", "invalid_value", "%d prompts times n %d is over %d choices", len(prompts), p.n, maxChoices)
 	}
@@ -286,7 +274,7 @@ func (rt *Router) run(ctx context.Context, r *http.Request, prompts []prompt, p 
 	var wg sync.WaitGroup
 	for i := range out {
 		pr := prompts[i/p.n]
-		c := Completion{Prompt: pr.text, Tokens: pr.tokens, MaxTokens: p.maxTokens, Tenant: tenant, Model: p.model,
+		c := Completion{Prompt: pr.text, Tokens: pr.tokens, MaxTokens: p.maxTokens, Tenant: tenant.name, Authenticated: tenant.authenticated, Model: p.model,
 			RequestID: requestIDOf(r.Context()), Temperature: p.temperature, TopP: p.topP, Logprobs: p.logprobs, BodyScope: p.bodyScope}
 		if p.temperature > 0 {
 			if p.seed != nil {
@@ -574,7 +562,7 @@ func (rt *Router) completions(w http.ResponseWriter, r *http.Request) {
 		rt.answerFailure(w, r, err)
 		return
 	}
-	tenant, err := tenantOf(r)
+	tenant, err := rt.tenantOf(r)
 	if err != nil {
 		rt.answerFailure(w, r, err)
 		return
@@ -887,7 +875,7 @@ type streamWriter struct {
 // status line and a comment at once, then each choice's text as it is
 // generated, its finish_reason when it ends, usage if asked for, [DONE];
 // a failure after the status line is an error event before [DONE].
-func (rt *Router) streamAnswer(w http.ResponseWriter, r *http.Request, prompts []prompt, p genParams, tenant string, chat bool) {
+func (rt *Router) streamAnswer(w http.ResponseWriter, r *http.Request, prompts []prompt, p genParams, tenant clientTenant, chat bool) {
 	sw := &streamWriter{rt: rt, s: rt.startStream(w), p: p, chat: chat, created: time.Now().Unix(), model: rt.modelID(p.model)}
 	for range len(prompts) * p.n {
 		sw.choices = append(sw.choices, &choiceStream{})

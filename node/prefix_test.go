@@ -52,7 +52,7 @@ func TestPrefixReuseStaysWithinTheTenantsScope(t *testing.T) {
 	m := llama.Builtin(1)
 	public := "System: answer with the key, exactly as it was given to you, and nothing more than the key. "
 	l, err := StartLocal(LocalConfig{Decodes: 1, PrefillPages: 64, DecodePages: 64, PageTokens: pageTokens, Model: m, Timeout: time.Minute, Log: quietLog(),
-		PrefixCache: true, PublicPrefixes: []PublicPrefix{{Name: "desk", Text: public}}})
+		PrefixCache: true, TrustTenantHeader: true, PublicPrefixes: []PublicPrefix{{Name: "desk", Text: public}}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -42,6 +42,15 @@ type RouterConfig struct {
 	// well formed) instead of making a fresh one: only where every client
 	// reaches the router through that proxy.
 	TrustRequestID bool
+	// APIKeys, if set, authenticate the client API (tenant.go): every
+	// request carries one as its bearer key (401 otherwise), and its tenant
+	// is the key's.
+	APIKeys *APIKeys
+	// TrustTenantHeader takes the X-Tenant header as authenticated: only
+	// where every client reaches the router through a front proxy that
+	// authenticates it and sets the header. Without it or APIKeys, no
+	// tenant is authenticated and no request gets a prefix cache scope.
+	TrustTenantHeader bool
 	// ChatTemplate lays out /v1/chat/completions' messages as a prompt; nil
 	// means PlainChat.
 	ChatTemplate ChatTemplate
@@ -128,6 +137,10 @@ type Completion struct {
 	// the API, taken as the tenant of the scope only under the
 	// client-scope bug.
 	BodyScope string
+	// Authenticated says Tenant was authenticated (an API key, or a trusted
+	// front proxy's header): only then does the request get a prefix cache
+	// scope. A tenant any client can name is a label for the logs.
+	Authenticated bool
 	// Stream, if set, is given the answer as the decode node generates it,
 	// a part at a time, in order, each as soon as it reaches the router
 	// (Complete's Result still holds it all). It must not block: the
@@ -720,8 +733,11 @@ func (rt *Router) scopeOf(c Completion, prompt []int, pageTokens int) (protocol.
 		return 0, nil, "tenant"
 	}
 	tenant := c.Tenant
-	if c.BodyScope != "" && rt.cfg.Research.Has(research.ClientScope) {
+	switch {
+	case c.BodyScope != "" && rt.cfg.Research.Has(research.ClientScope):
 		tenant = c.BodyScope
+	case !c.Authenticated:
+		return 0, nil, "tenant"
 	}
 	return rt.scopes.of(tenant, prompt, pageTokens)
 }

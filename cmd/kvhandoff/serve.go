@@ -152,6 +152,8 @@ type serveFlags struct {
 	httpMaxConns                                int
 	chatTemplate                                string
 	trustRequestID                              bool
+	trustTenantHeader                           bool
+	apiKeys                                     string
 	router, ticketKey, ticketPub                string
 	peerRequests, peerPages                     int
 	logFormat, logLevel                         string
@@ -197,6 +199,8 @@ func defineServeFlags(fs *flag.FlagSet) *serveFlags {
 	fs.Int64Var(&o.httpMaxBody, "http-max-body", 1<<20, "router: the largest request body, bytes (a longer one is a 400)")
 	fs.IntVar(&o.httpMaxConns, "http-max-conns", 1024, "router: client connections open at once (more wait to be accepted)")
 	fs.StringVar(&o.chatTemplate, "chat-template", "", "router: /v1/chat/completions' layout: plain (role: text lines) or llama2 ([INST] ... [/INST]); default plain, llama2 for a checkpoint file")
+	fs.BoolVar(&o.trustTenantHeader, "trust-tenant-header", false, "router: take X-Tenant as the authenticated tenant (only where every client comes through a front proxy that authenticates it and sets the header); without it or --api-keys no tenant is authenticated and the prefix cache reuses nothing")
+	fs.StringVar(&o.apiKeys, "api-keys", "", "router: a file of \"KEY TENANT\" lines: every request must carry one of the keys as its bearer key (401 otherwise) and its tenant is the key's")
 	fs.BoolVar(&o.trustRequestID, "trust-request-id", false, "router: take a client's X-Request-Id (only where every client comes through a front proxy that sets it)")
 	fs.StringVar(&o.router, "router-name", "router", "prefill, decode: the name the router's certificate carries")
 	fs.StringVar(&o.ticketKey, "ticket-key", "", "router: the ticket signing key (default: ticket-key.pem beside --tls-ca)")
@@ -364,7 +368,18 @@ func (o *serveFlags) model() (*llama.Model, error) {
 func (o *serveFlags) runRouter(ctx context.Context, reg node.Registry, sec node.Security, m *llama.Model, keys ticketKeys, log *slog.Logger) error {
 	cfg := node.RouterConfig{Name: o.name, Registry: reg, Security: sec, ModelID: o.modelID, Timeout: o.timeout, Log: log,
 		HTTP:           node.HTTPLimits{BodyTimeout: o.httpBodyTimeout, IdleTimeout: o.httpIdleTimeout, MaxBodyBytes: o.httpMaxBody, MaxConns: o.httpMaxConns},
-		TrustRequestID: o.trustRequestID, TicketKey: keys.signer, PublicPrefixes: o.publicPrefixes}
+		TrustRequestID: o.trustRequestID, TicketKey: keys.signer, PublicPrefixes: o.publicPrefixes, TrustTenantHeader: o.trustTenantHeader}
+	if o.apiKeys != "" {
+		f, err := os.Open(o.apiKeys)
+		if err != nil {
+			return fmt.Errorf("--api-keys: %v", err)
+		}
+		cfg.APIKeys, err = node.ParseAPIKeys(f)
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("--api-keys %s: %v", o.apiKeys, err)
+		}
+	}
 	switch {
 	case o.scopeKey != "":
 		b, err := os.ReadFile(o.scopeKey)

@@ -105,6 +105,8 @@ func Start(d Deployment, log *slog.Logger) (*InProcess, error) {
 		Prefills: d.Prefills, Decodes: d.Decodes, PrefillPages: d.PrefillPages, DecodePages: d.DecodePages,
 		PageTokens: d.PageTokens, ContextTokens: d.ContextTokens, PrefillContextTokens: d.PrefillContextTokens, AdvertiseContext: d.AdvertiseContext,
 		Model: m, Timeout: d.Timeout, Log: log, Research: d.Research, PrefixCache: d.PrefixCache, PublicPrefixes: d.publicPrefixes(),
+		// The demo's traffic is its own front proxy: it names each request's tenant.
+		TrustTenantHeader: true,
 	})
 	if err != nil {
 		return nil, err

@@ -117,6 +117,8 @@ func StartProcs(bin, dir string, d Deployment, etcd string, logs io.Writer) (*Pr
 	p.api = addr()
 	p.args["router"] = append(append([]string{"serve", "--role", "router", "--name", "router", "--listen", p.api, "--peers", strings.Join(allPeers, ",")},
 		common...), tls("router")...)
+	// The demo's traffic is the router's front proxy: it names each request's tenant.
+	p.args["router"] = append(p.args["router"], "--trust-tenant-header")
 	for _, pp := range d.publicPrefixes() {
 		p.args["router"] = append(p.args["router"], "--public-prefix", pp.Name+"="+pp.Text)
 	}
