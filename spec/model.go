@@ -305,9 +305,7 @@ func (e *encoder) sortPages() {
 			}
 			if q.S.Granted {
 				for i := 0; i < e.grantLen(e.inv[nw]); i++ {
-					if q.S.Grant[i].Epoch > 0 { // epoch 0: a prefix page, in no grant
-						see(q.S.Grant[i].Page, uint16(nw*32+16+i))
-					}
+					see(q.S.Grant[i].Page, uint16(nw*32+16+i))
 				}
 			}
 		}
@@ -400,11 +398,7 @@ func (e *encoder) appendRequests(dst []byte) []byte {
 		}
 		if sn.Granted {
 			for i := 0; i < e.grantLen(e.inv[nw]); i++ {
-				if g := sn.Grant[i]; g.Epoch > 0 {
-					dst = append(dst, e.page(q.D, g.Page), g.Epoch)
-				} else {
-					dst = append(dst, 0xff, 0) // a prefix page, in no grant (granted epochs start at 1)
-				}
+				dst = append(dst, e.page(q.D, sn.Grant[i].Page), sn.Grant[i].Epoch)
 			}
 		}
 		rc := &q.R
