@@ -174,3 +174,31 @@ func TestEveryPrefixInvariantCanFail(t *testing.T) {
 		}
 	}
 }
+
+// Requests are interchangeable only with the same prompt, scope and
+// contents: swapping two of tenant 1 with equal pages keeps the
+// fingerprint, swapping tenants does not.
+func TestFingerprintWithTheCacheIsCanonical(t *testing.T) {
+	fingerprints := func(scopes []int) (a, b []byte) {
+		cfg := prefixConfig()
+		cfg.Prompts, cfg.Contents, cfg.Scopes = []int{4, 4}, []string{"aa", "aa"}, scopes
+		m := mustNew(t, cfg)
+		for r, out := range []*[]byte{&a, &b} {
+			s := m.Initial()[0]
+			cur := s
+			m.Successors(&cur, func(act Action, n *State) {
+				if act.Kind == Submit && int(act.Req) == r && act.Arg == 0 {
+					s = *n
+				}
+			})
+			*out = m.AppendFingerprint(nil, &s)
+		}
+		return a, b
+	}
+	if a, b := fingerprints([]int{1, 1}); string(a) != string(b) {
+		t.Fatal("two requests of one tenant with equal pages must be interchangeable")
+	}
+	if a, b := fingerprints([]int{1, 2}); string(a) == string(b) {
+		t.Fatal("requests of different tenants must stay distinct")
+	}
+}
