@@ -33,6 +33,11 @@ const (
 	PoolWideKey                            // every Grant carries one remote key for the whole decode pool, never revoked (issue 17): any peer that took a Grant can WRITE any page
 	VerifyBeforeRevoke                     // Done verifies while the grant's key is still live; the key is revoked only when the pages are released (the time-of-check/time-of-use window)
 	UnticketedBootstrap                    // decode reserves pages for any Bootstrap, not only for a request the router dispatched to it
+	ScopeDropped                           // the prefix cache's key is the token chain alone, without the scope (SGLang #37160): a hit may be another tenant's KV
+	ClientScope                            // the router takes a request's scope from its body, not from the authenticated tenant
+	EvictPinned                            // eviction of cached pages ignores pins: a page a live request shares is reallocated
+	PrefixCountMismatch                    // prefill skips one page more than the grant's prefix: decode's hit length and prefill's skipped length disagree
+	WriteShared                            // decode's Grant lists the pinned prefix pages too (prefix 0), so prefill WRITEs shared pages
 	numSwitches         = iota
 )
 
@@ -41,6 +46,7 @@ var switchNames = [numSwitches]string{
 	"prefill-early-free", "done-unmatched", "no-tag-check", "no-checksum", "leak-on-cancel",
 	"no-peer-cancel", "double-free", "abort-frees-source", "checksum-hangs", "peer-by-name",
 	"pool-wide-key", "verify-before-revoke", "unticketed-bootstrap",
+	"scope-dropped", "client-scope", "evict-pinned", "prefix-count-mismatch", "write-shared",
 }
 
 // AllSwitches lists every switch in catalogue order.
@@ -95,6 +101,9 @@ func (s Switches) String() string {
 func (s Switches) Faults(b Budget) Budget {
 	if s.Has(PeerByName) {
 		b[FaultCrash], b[FaultRestart] = max(b[FaultCrash], 1), max(b[FaultRestart], 1)
+	}
+	if s.Has(ClientScope) {
+		b[FaultRogue] = max(b[FaultRogue], 1) // the client naming a scope in its body is the rogue fault
 	}
 	return b
 }
@@ -296,6 +305,16 @@ type Config struct {
 	// The deployment: Prefills prefill and Decodes decode nodes (0 means 1),
 	// each with the pools above, and a queue pair per (prefill, decode) pair.
 	Prefills, Decodes int
+	// PrefixCache is how many of a decode node's pages its prefix cache may
+	// hold (0: no cache, the protocol without reuse; prefix.go).
+	PrefixCache int
+	// Scopes is each request's tenant scope (0: no reuse; 1..MaxScopes); empty
+	// means 0 for every request. The router sets the request's scope from it.
+	Scopes []int
+	// Contents names each full page of each prompt by a letter: two requests
+	// share the chain up to page i when their first i+1 letters agree. Empty
+	// means "a" for every page (every prompt shares every prefix).
+	Contents []string
 }
 
 // NumPrefills is the number of prefill nodes.
@@ -322,6 +341,8 @@ const (
 	QueueCapacity   = 12 // the largest bound Config.MaxQueue may set: the encoding's
 	MaxPrefills     = 2
 	MaxDecodes      = 2
+	MaxScopes       = 2 // tenant scopes of the prefix cache
+	MaxPrefixCache  = 4 // cached pages per decode node
 )
 
 // DefaultConfig is the incident's deployment at the default bounds: three
@@ -396,6 +417,12 @@ func (c *Config) Validate() error {
 		return bad("unknown mutation %d", c.Mutation)
 	case c.ContextLimit < 1:
 		return bad("context limit must be at least 1 token")
+	case c.PrefixCache < 0 || c.PrefixCache > MaxPrefixCache:
+		return bad("the prefix cache must hold 0..%d pages, got %d", MaxPrefixCache, c.PrefixCache)
+	case len(c.Scopes) != 0 && len(c.Scopes) != len(c.Prompts):
+		return bad("scopes: one per request (%d), got %d", len(c.Prompts), len(c.Scopes))
+	case len(c.Contents) != 0 && len(c.Contents) != len(c.Prompts):
+		return bad("contents: one per request (%d), got %d", len(c.Prompts), len(c.Contents))
 	case c.DecodeRestarts && c.Faults[FaultRestart] == 0:
 		return bad("decode restarts are restarts: give the restart fault a budget too")
 	case c.Faults[FaultRestart] > 0 && c.Faults[FaultCrash] == 0 && !c.DecodeRestarts:
@@ -409,6 +436,22 @@ func (c *Config) Validate() error {
 		if t <= c.ContextLimit && c.PagesFor(t) > MaxDecodePages {
 			return bad("prompt %d: %d pages exceed the encoding's %d", i, c.PagesFor(t), MaxDecodePages)
 		}
+		if len(c.Scopes) > 0 && (c.Scopes[i] < 0 || c.Scopes[i] > MaxScopes) {
+			return bad("request %d: scope must be 0..%d, got %d", i, MaxScopes, c.Scopes[i])
+		}
+		if len(c.Contents) > 0 {
+			if len(c.Contents[i]) != t/c.PageSize {
+				return bad("request %d: contents %q must name its %d full pages, one letter each", i, c.Contents[i], t/c.PageSize)
+			}
+			for _, ch := range c.Contents[i] {
+				if ch < 'a' || ch > 'z' {
+					return bad("request %d: contents %q: pages are named a..z", i, c.Contents[i])
+				}
+			}
+		}
+	}
+	if (len(c.Scopes) > 0 || len(c.Contents) > 0) && c.PrefixCache == 0 {
+		return bad("scopes and contents describe the prefix cache: give it a capacity too")
 	}
 	return nil
 }

@@ -62,6 +62,15 @@ const (
 	RogueLandedFree                     // a rogue WRITE landed in a free page (pool-wide-key)
 	RogueLandedForeign                  // a rogue WRITE landed in another request's page (pool-wide-key)
 	DecodeNoTicket                      // decode intake: a Bootstrap for a request the router did not dispatch to it: refused
+	RouterScopeInBody                   // router: a request whose body names a scope: refused (the scope is the tenant's)
+	PrefixHit                           // decode intake: a prefix of the request's chain is cached under its scope: pinned
+	PrefixScopeMiss                     // decode intake: a page of the chain is cached under another scope only: not a hit
+	PrefixEvict                         // decode intake: an unpinned cached page evicted for a fresh one
+	EvictSkipsPinned                    // decode intake: eviction passes over a pinned cached page
+	PrefixInsert                        // read: a written full prompt page enters the cache
+	VerifyPrefix                        // verification: Done's prefix differs from the grant's
+	VerifyPinned                        // verification: a pinned page is no longer cached at its epoch, scope and chain
+	ReadShared                          // read: a pinned page is no longer cached at its epoch, scope and chain: failed
 	NumBranches
 )
 
@@ -81,6 +90,8 @@ var branchNames = [NumBranches]string{
 	"sender-abort-waits", "cut-fails",
 	"prefill-old-incarnation", "restart-loss", "restart-fence",
 	"rogue-revoked", "rogue-uncovered", "rogue-landed", "rogue-landed-free", "rogue-landed-foreign", "decode-no-ticket",
+	"router-scope-in-body", "prefix-hit", "prefix-scope-miss", "prefix-evict", "evict-skips-pinned", "prefix-insert",
+	"verify-prefix", "verify-pinned", "read-shared",
 }
 
 func (b Branch) String() string {
@@ -101,7 +112,7 @@ func (b Branch) Defense() bool {
 	case RouterOverLimit, PrefillOverLimit, PrefillNoCapacity, AdmitGrantMismatch, DecodeOverLimit,
 		DecodeNoSlot, DecodeNoPages, VerifyTokens, VerifyPages, VerifyTagRequest,
 		VerifyTagIndex, VerifyTagEpoch, VerifyChecksumFirst, VerifyChecksumLater, RestartFence,
-		RogueRevoked, RogueUncovered, DecodeNoTicket:
+		RogueRevoked, RogueUncovered, DecodeNoTicket, RouterScopeInBody, PrefixScopeMiss, EvictSkipsPinned:
 		return true
 	}
 	return false
@@ -112,8 +123,18 @@ func (b Branch) Defense() bool {
 // in a state where a live request's page is no longer its own at the granted
 // epoch, which violates Conservation, and the checker expands no state that
 // violates a property. They are defense in depth against a bug elsewhere
-// (double-free, done-unmatched), and fire in no exhaustive exploration.
-func (b Branch) Redundant() bool { return b == VerifyPageEpoch || b == ReadEpoch }
+// (double-free, done-unmatched), and fire in no exhaustive exploration. So
+// are the prefix cache's checks of a pinned page (at Done and at read: a
+// pinned page that changed violates PinnedNeverReallocated first) and of
+// Done's prefix (the sender's skip is the grant's, and no fault damages it:
+// prefix-count-mismatch violates PrefixExact at admission).
+func (b Branch) Redundant() bool {
+	switch b {
+	case VerifyPageEpoch, ReadEpoch, VerifyPrefix, VerifyPinned, ReadShared:
+		return true
+	}
+	return false
+}
 
 // Coverage counts the actions and branches taken while a model explores.
 // One Coverage may be shared by concurrent explorations of one model.

@@ -16,11 +16,16 @@ func (m *Model) Describe(prev *State, a Action, next *State) (what, detail strin
 func msgString(msg Msg) string {
 	switch msg.Kind {
 	case MPrefill, MBootstrap:
+		if msg.Scope > 0 {
+			return fmt.Sprintf("%s{r%d, %d tokens, scope %d}", msg.Kind, msg.Req, msg.Tokens, msg.Scope)
+		}
 		return fmt.Sprintf("%s{r%d, %d tokens}", msg.Kind, msg.Req, msg.Tokens)
-	case MGrant:
-		return fmt.Sprintf("Grant{r%d, %d tokens, %d pages, slot %d}", msg.Req, msg.Tokens, msg.Pages, msg.Slot)
-	case MDone:
-		return fmt.Sprintf("Done{r%d, %d tokens, %d pages, slot %d}", msg.Req, msg.Tokens, msg.Pages, msg.Slot)
+	case MGrant, MDone:
+		prefix := ""
+		if msg.Prefix > 0 {
+			prefix = fmt.Sprintf(", prefix %d pages present", msg.Prefix)
+		}
+		return fmt.Sprintf("%s{r%d, %d tokens%s, %d pages, slot %d}", [...]string{MGrant: "Grant", MDone: "Done"}[msg.Kind], msg.Req, msg.Tokens, prefix, msg.Pages, msg.Slot)
 	case MWrite:
 		return fmt.Sprintf("WRITE r%d[%d] -> page %d@%d", msg.Req, msg.Index, msg.Target.Page, msg.Target.Epoch)
 	case MPeerFailed:
@@ -63,6 +68,16 @@ func (m *Model) describeAction(s *State, a Action) string {
 	switch a.Kind {
 	case Submit:
 		out := fmt.Sprintf("client submits r%d (%d tokens; the router admits up to %d)", r, m.cfg.Prompts[r], m.cfg.ContextLimit)
+		if m.cacheOn() {
+			out = fmt.Sprintf("client of tenant scope %d submits r%d (%d tokens, pages %s; the router admits up to %d)", m.cfg.scopeOf(int(r)), r, m.cfg.Prompts[r], m.cfg.contentsOf(int(r)), m.cfg.ContextLimit)
+		}
+		if sc := a.Arg >> 8; sc != 0 {
+			out += fmt.Sprintf(" [FAULT rogue: its body names scope %d]", sc)
+			if !m.cfg.Bugs.Has(ClientScope) {
+				return out + ": the scope is the tenant's, so the router refuses it"
+			}
+			out += ": the router takes it"
+		}
 		if m.multi() && m.cfg.Prompts[r] <= m.cfg.ContextLimit {
 			if a.Arg == 0 && (s.CrashDetected[0] || s.DecodeLost[0]) {
 				return out + "; no live node of some role"
@@ -203,7 +218,7 @@ func (m *Model) changes(p *State, a Action, n *State) []string {
 		}
 		for i := 0; i < m.cfg.DecodePages; i++ {
 			pp, np := &p.Pages[d][i], &n.Pages[d][i]
-			if pp.Owner != np.Owner || pp.Epoch != np.Epoch || pp.Quarantined != np.Quarantined {
+			if pp.Owner != np.Owner || pp.Epoch != np.Epoch || pp.Quarantined != np.Quarantined || pp.Cached != np.Cached || pp.Pins != np.Pins {
 				add("page %d%s: %s -> %s", i, at, ownerString(pp), ownerString(np))
 			}
 			if pp.Data != np.Data || pp.Tag != np.Tag {
@@ -281,6 +296,14 @@ func (m *Model) changes(p *State, a Action, n *State) []string {
 			add("that message was sent by a replaced incarnation of %s, on the queue pair decode now holds for its successor", m.prefillName(int(n.Req[g.OldIncReq].P)))
 		}
 	}
+	if g := &n.Ghost; g.Pinned && !p.Ghost.Pinned {
+		add("page %d was pinned (or cached) and has been reallocated or written: a request that shares it reads KV that is not the prefix it verified", g.PinnedPage)
+	}
+	for r := range m.cfg.Prompts {
+		if q := &n.Req[r]; p.Req[r].R.Prefix == 0 && q.R.Prefix > 0 {
+			add("r%d's prefix hit: %d cached prompt pages pinned, %d fresh pages granted", r, q.R.Prefix, int(q.R.N)-int(q.R.Prefix))
+		}
+	}
 	if g := &n.Ghost; g.Tampered && !p.Ghost.Tampered {
 		add("r%d was verified, and a page of it changed before it was freed: decode will read KV it did not verify", g.TamperedReq)
 	}
@@ -309,6 +332,10 @@ func (m *Model) changes(p *State, a Action, n *State) []string {
 
 func ownerString(pg *DecodePage) string {
 	switch {
+	case pg.Cached && pg.Pins > 0:
+		return fmt.Sprintf("cached in scope %d, chain %d, pinned by %d@%d", pg.Scope, pg.Key, pg.Pins, pg.Epoch)
+	case pg.Cached:
+		return fmt.Sprintf("cached in scope %d, chain %d@%d", pg.Scope, pg.Key, pg.Epoch)
 	case pg.Owner == Free:
 		return fmt.Sprintf("free@%d", pg.Epoch)
 	case pg.Quarantined:

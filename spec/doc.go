@@ -67,6 +67,14 @@
 // interleaving that matters, since every in-flight WRITE a bug needs can be
 // made late.
 //
+// # Prefix reuse
+//
+// With [Config.PrefixCache] a decode node keeps verified full prompt pages
+// after their request, keyed by (scope, chain): a later request of the same
+// tenant scope whose prompt starts with the same pages pins them, and only
+// the pages past them are granted and written ([PrefixBounds], prefix.go,
+// docs/spec.md#prefix-reuse). Off by default: every earlier run is unchanged.
+//
 // # Switches
 //
 // The bugs of the catalogue
@@ -74,7 +82,9 @@
 // and the public engines' issue trackers (abort-frees-source, vLLM #21570;
 // checksum-hangs, SGLang #39729; peer-by-name, Mooncake #2762 and vLLM
 // #49238, among them), and the enforcement switches of remote access per
-// grant (pool-wide-key, verify-before-revoke, unticketed-bootstrap), are
+// grant (pool-wide-key, verify-before-revoke, unticketed-bootstrap), and
+// those of prefix reuse (scope-dropped, SGLang #37160; client-scope,
+// evict-pinned, prefix-count-mismatch, write-shared), are
 // [Switch] values with the catalogue's names; [Config.Bugs] turns them on. Each
 // changes exactly the branch the catalogue describes (grep the switch's
 // constant to find it). docs/spec.md tells the story of each one's
@@ -87,7 +97,8 @@
 // NoForeignWrite, RejectedStaysOut, Conservation, OutcomeFinal (an outcome the
 // client saw never changes), ReadAsVerified (a verified page does not change
 // before it is freed), Ticketed (decode holds pages only for a dispatched
-// request), NoSpuriousFailure (the progress property: without
+// request), with the prefix cache NoCrossScopeRead, PinnedNeverReallocated
+// and PrefixExact (prefix.go), NoSpuriousFailure (the progress property: without
 // faults, a request fails only for a reason the state gives) and WithinBounds (a
 // modelling limit: a queue overflowed its fixed bound). The two that judge a step
 // by the state before it read a [Ghost] that Successors records around every

@@ -50,7 +50,11 @@ func (m *Model) keyCovers(s *State, r, page int) bool {
 		return true
 	}
 	rec := &s.Req[r].R
-	for i := 0; i < int(rec.N); i++ {
+	from := int(rec.Prefix) // the pinned prefix pages are in no grant
+	if m.cfg.Bugs.Has(WriteShared) {
+		from = 0
+	}
+	for i := from; i < int(rec.N); i++ {
 		if int(rec.Pages[i].Page) == page {
 			return true
 		}

@@ -3,6 +3,7 @@ package spec
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"slices"
 )
 
@@ -10,8 +11,10 @@ import (
 // interface (by method set; spec imports nothing of ours).
 type Model struct {
 	cfg   Config
-	cov   *Coverage // nil: steps are not counted
-	perms [][]int8  // request permutations that preserve the configuration: the symmetry group
+	cov   *Coverage                          // nil: steps are not counted
+	perms [][]int8                           // request permutations that preserve the configuration: the symmetry group
+	chain [MaxRequests][MaxDecodePages]uint8 // each request's chain id per full page (prefix.go)
+	class []int                              // requests of equal class are interchangeable
 	// mutate, set only by this package's tests, wraps every step: it may change
 	// the state before and after calling step, to break the protocol on purpose
 	// and show that a property catches it.
@@ -24,8 +27,23 @@ func New(cfg Config) (*Model, error) {
 		return nil, err
 	}
 	cfg.Prompts = slices.Clone(cfg.Prompts)
+	cfg.Scopes, cfg.Contents = slices.Clone(cfg.Scopes), slices.Clone(cfg.Contents)
 	m := &Model{cfg: cfg}
-	m.perms = symmetries(cfg.Prompts)
+	// Requests are interchangeable when their prompts are: the same length,
+	// and with the cache the same scope and contents.
+	sig := make([]string, len(cfg.Prompts))
+	for r, t := range cfg.Prompts {
+		sig[r] = fmt.Sprint(t)
+		if cfg.PrefixCache > 0 {
+			sig[r] += fmt.Sprintf("/%d/%s", cfg.scopeOf(r), cfg.contentsOf(r))
+		}
+	}
+	class := make([]int, len(sig))
+	for r := range sig {
+		class[r] = slices.Index(sig, sig[r])
+	}
+	m.perms, m.class = symmetries(class), class
+	m.chain = chains(&cfg)
 	return m, nil
 }
 
@@ -33,7 +51,8 @@ func New(cfg Config) (*Model, error) {
 func (m *Model) Config() Config { return m.cfg }
 
 // symmetries returns every permutation of request ids that maps each request to
-// one with the same prompt length: such requests are interchangeable.
+// one of the same class (its prompt's length, and with the cache its scope
+// and contents): such requests are interchangeable.
 func symmetries(prompts []int) [][]int8 {
 	n := len(prompts)
 	var out [][]int8
@@ -143,7 +162,7 @@ func requestKey(q *Request) uint64 {
 // sortsByKey reports whether renaming requests by perm lists each prompt
 // length's requests in nondecreasing key order.
 func (m *Model) sortsByKey(perm []int8, keys *[MaxRequests]uint64) bool {
-	prompts := m.cfg.Prompts
+	prompts := m.class
 	for a := range prompts {
 		for b := range prompts {
 			if prompts[a] == prompts[b] && keys[a] < keys[b] && perm[a] > perm[b] {
@@ -185,6 +204,7 @@ type encoder struct {
 	multi          bool
 	restarts       bool
 	decodeRestarts bool
+	cache          bool              // the prefix cache: its page fields, scopes and prefixes are encoded
 	inv            [MaxRequests]int8 // new id -> old id
 	keyArr         [MaxDecodes][MaxDecodePages]pageKey
 	rename         [MaxDecodes][MaxDecodePages]int8
@@ -213,6 +233,7 @@ func (e *encoder) init(m *Model, s *State, perm []int8) {
 	// 0 and left out.
 	e.restarts = c.Faults[FaultRestart] > 0
 	e.decodeRestarts = e.restarts && c.DecodeRestarts
+	e.cache = c.PrefixCache > 0
 	for old, nw := range perm {
 		e.inv[nw] = int8(old)
 	}
@@ -264,6 +285,9 @@ func (e *encoder) sortPages() {
 				uint64(e.req(pg.Tag.Req))<<8 | uint64(byte(pg.Tag.Index))
 			lo := uint64(pg.Tag.Epoch)<<56 | uint64(e.req(pg.Tag.Sum.Req))<<48 | uint64(byte(pg.Tag.Sum.Index))<<40 |
 				uint64(b2b(pg.Tag.Sum.Corrupt))<<32 | noSite
+			if pg.Cached { // 15 bits: cached, scope (2), chain (6), pins (3), LRU rank (3)
+				lo |= uint64(1<<15|uint16(pg.Scope&3)<<13|uint16(pg.Key&63)<<7|uint16(pg.Pins&7)<<4|uint16(pg.LRU&7)<<1) << 16
+			}
 			keys[p] = pageKey{hi: hi, lo: lo, page: int8(p)}
 		}
 		see := func(page int8, site uint16) {
@@ -318,6 +342,9 @@ func (e *encoder) appendPages(dst []byte) []byte {
 		for _, k := range e.keyArr[d][:e.npages] {
 			dst = binary.BigEndian.AppendUint64(dst, k.hi)
 			dst = binary.BigEndian.AppendUint32(dst, uint32(k.lo>>32))
+			if e.cache {
+				dst = binary.BigEndian.AppendUint16(dst, uint16(k.lo>>16))
+			}
 		}
 	}
 	return dst
@@ -362,6 +389,9 @@ func (e *encoder) appendRequests(dst []byte) []byte {
 			dst = append(dst, q.DInc)
 		}
 		sn := &q.S
+		if e.cache {
+			dst = append(dst, q.Scope, sn.Skip, q.R.Prefix)
+		}
 		dst = append(dst, byte(sn.Phase), b2b(sn.Placeholder), sn.Pages, b2b(sn.SrcHeld), b2b(sn.Granted), sn.Posted, sn.Completed)
 		for i := 0; i < int(sn.Pages); i++ {
 			dst = append(dst, byte(sn.Src[i]))
@@ -414,6 +444,9 @@ func (e *encoder) appendQueue(dst []byte, qu *Queue, d int8) []byte {
 		}
 		if e.multi && msg.Kind == MPeerFailed {
 			dst = append(dst, byte(msg.Peer))
+		}
+		if e.cache {
+			dst = append(dst, msg.Prefix, msg.Scope)
 		}
 		if e.restarts {
 			dst = append(dst, msg.Inc)
@@ -489,6 +522,11 @@ func (e *encoder) appendGhost(dst []byte) []byte {
 	if g.Tampered {
 		dst = append(dst, 1, e.req(g.TamperedReq))
 	} else {
+		dst = append(dst, 0)
+	}
+	if g.Pinned {
+		dst = append(dst, 1, e.page(g.PinnedNode, g.PinnedPage), byte(g.PinnedNode))
+	} else if e.cache {
 		dst = append(dst, 0)
 	}
 	return dst

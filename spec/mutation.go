@@ -34,6 +34,11 @@ const (
 	KeyOutlivesRecord                     // decode revokes a grant's key at Done only: not at an abort, a quarantine, a fence or a cut
 	KeyCoversPool                         // a grant's key covers every page of the pool (revoked as the rule says)
 	NoTicketCheck                         // decode's intake reserves for a Bootstrap without the router's ticket (as unticketed-bootstrap)
+	NoDonePrefixCheck                     // verification at Done does not compare Done's prefix with the grant's
+	NoPinnedCheck                         // verification at Done does not check the pinned prefix pages
+	NoSharedReadCheck                     // the read does not check the pinned prefix pages
+	InsertUnverified                      // a request's written pages enter the prefix cache at every end, not only after a verified read
+	NoUnpin                               // a request's end does not unpin the pages of its prefix hit
 	NumMutations
 )
 
@@ -43,6 +48,7 @@ var mutationNames = [NumMutations]string{"none",
 	"no-restart-fence", "no-decode-restart-fence", "decode-restart-same-incarnation",
 	"no-router-leg-cancel", "no-lost-decode-fence",
 	"key-outlives-record", "key-covers-pool", "no-ticket-check",
+	"no-done-prefix-check", "no-pinned-check", "no-shared-read-check", "insert-unverified", "no-unpin",
 }
 
 func (m Mutation) String() string {
@@ -96,6 +102,9 @@ var Equivalent = map[string]string{
 	"no-decode-restart-fence": "as no-restart-fence, for a decode node: its new registration makes the router lose the old incarnation, and the PeerFailed every prefill node gets ahead of PeerRestarted cuts its queue pair to it",
 	"no-router-leg-cancel":    "a decode node whose lease expired stays alive and reachable on its queue pairs in the model, so its prefill legs end through the protocol whether or not the router cancels them; only a partition (not modelled yet) makes a leg wait on a node it can no longer reach",
 	"no-lost-decode-fence":    "as no-router-leg-cancel: the lost decode node is alive and its queue pairs work, so nothing it sends after the loss is wrong; the fence matters only under a partition (not modelled yet)",
+	"no-done-prefix-check":    "the spec's sender takes its skip from the grant's prefix and Done carries it, and no fault damages it, so the check refuses nothing a run of the correct protocol sends; a skip that differs (prefix-count-mismatch) violates PrefixExact at admission, before any Done",
+	"no-pinned-check":         "a pinned page stays cached at its epoch, scope and chain while pinned (PinnedNeverReallocated holds in every exploration, and the checker expands no state that violates it), so the check at Done refuses nothing: defense in depth, as no-pool-epoch-check",
+	"no-shared-read-check":    "as no-pinned-check, at the read",
 }
 
 // mut reports whether the model runs with mutation mu.

@@ -53,20 +53,23 @@ var Invariants = []Invariant{
 	{NoOldIncarnation, "nothing of a restarted node's old incarnation completes or lands after the restart: no request dispatched to it reaches the client as ok once the node has a new incarnation, no WRITE or SEND the old one posted lands on a decode node that has accepted the new one's queue pair, nothing posted to a replaced decode incarnation lands on its successor, and no prefill node takes a Grant of a decode incarnation it has replaced", func(_ *Model, s *State) bool { return !s.Ghost.OldInc }},
 	{ReadAsVerified, "the KV decode reads for a request is the KV it verified: no page of a verified request changes (payload or tag record) before it is freed", func(_ *Model, s *State) bool { return !s.Ghost.Tampered }},
 	{Ticketed, "decode holds pages or a slot only for a request the router dispatched", ticketed},
+	{NoCrossScopeRead, "with the prefix cache, no request reads KV written for another request unless both are of the same tenant scope (not 0): a prefix hit never crosses scopes", noCrossScopeRead},
+	{PinnedNeverReallocated, "with the prefix cache, a pinned page is never reallocated or written while pinned, and a cached page is never written", func(_ *Model, s *State) bool { return !s.Ghost.Pinned }},
+	{PrefixExact, "with the prefix cache, the prefix hit and the written pages make exactly the request's prompt: prefill skips exactly the pages of decode's hit (no hole), WRITEs none of them (no overlap), and the hit leaves the last page to be written", prefixExact},
 	{WithinBounds, "no queue exceeded the model's bound (a modelling limit, not a protocol property)", func(_ *Model, s *State) bool { return !s.Overflow }},
 }
 
 // Goals are the liveness properties.
 var Goals = []Goal{
 	{Termination, "every request reaches an outcome and both of its legs end", func(m *Model, s *State) bool { return m.terminated(s) }},
-	{NoLeak, "at quiescence (every request ended, nothing in flight) every decode page, prefill page and decode slot is free, and every request's record on either node holds nothing", noLeak},
+	{NoLeak, "at quiescence (every request ended, nothing in flight) every decode page, prefill page and decode slot is free (or, with the prefix cache, cached and unpinned), and every request's record on either node holds nothing", noLeak},
 }
 
 func isolation(m *Model, s *State) bool {
 	for r := range m.cfg.Prompts {
 		q := &s.Req[r]
 		for i := 0; i < int(q.ReadN); i++ {
-			if !q.ReadData[i].Own(r, i) {
+			if !m.ownKV(q.ReadData[i], r, i) {
 				return false
 			}
 		}
@@ -83,7 +86,7 @@ func honestOutcome(m *Model, s *State) bool {
 				return false
 			}
 			for i := 0; i < int(q.ReadN); i++ {
-				if !q.ReadData[i].Own(r, i) {
+				if !m.ownKV(q.ReadData[i], r, i) {
 					return false
 				}
 			}
@@ -148,7 +151,7 @@ func conservation(m *Model, s *State) bool {
 		if !holds(rc) {
 			continue
 		}
-		for i := 0; i < int(rc.N); i++ {
+		for i := int(rc.Prefix); i < int(rc.N); i++ { // the pinned prefix pages: PinnedNeverReallocated
 			ref := rc.Pages[i]
 			pg := &s.Pages[s.Req[r].D][ref.Page]
 			if pg.Owner != int8(r) || pg.Epoch != ref.Epoch {
@@ -194,7 +197,7 @@ func noLeak(m *Model, s *State) bool {
 			return false
 		}
 		for p := 0; p < m.cfg.DecodePages; p++ {
-			if s.Pages[d][p].Owner != Free || s.Pages[d][p].Quarantined {
+			if s.Pages[d][p].Owner != Free || s.Pages[d][p].Quarantined || s.Pages[d][p].Pins > 0 {
 				return false
 			}
 		}

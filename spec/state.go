@@ -60,6 +60,15 @@ type DecodePage struct {
 	Quarantined bool  // owner aborted; kept until its writer is fenced
 	Data        Label // the KV the page holds
 	Tag         Tag
+	// The prefix cache (prefix.go): a cached page is free of any owner and
+	// holds verified KV under its key (Scope, Key); Pins counts the live
+	// requests that share it; LRU is its rank among the cached pages, 1 the
+	// least recently used.
+	Cached bool
+	Scope  uint8
+	Key    uint8 // the chain: Model.chain's id of the prompt's pages up to and including this one
+	Pins   uint8
+	LRU    uint8
 }
 
 // SourcePage is one page of the prefill node's KV pool.
@@ -100,11 +109,12 @@ const (
 	Flushed
 	ClientCancelled
 	GrantMismatch
+	ScopeInBody
 )
 
 func (r Reason) String() string {
 	return [...]string{"", "over limit", "no capacity", "token mismatch", "tag mismatch",
-		"checksum mismatch", "timed out", "peer failed", "flushed", "cancelled", "grant mismatch"}[r]
+		"checksum mismatch", "timed out", "peer failed", "flushed", "cancelled", "grant mismatch", "scope in body"}[r]
 }
 
 // SenderPhase is the prefill leg's state for one request.
@@ -165,6 +175,7 @@ type Sender struct {
 	Grant       [MaxDecodePages]PageRef
 	Posted      uint8
 	Completed   uint8
+	Skip        uint8 // prompt pages the sender does not WRITE: the grant's prefix (prefix.go)
 }
 
 // Receiver is the decode node's record of one request. Pages and Slot are set
@@ -175,13 +186,15 @@ type Receiver struct {
 	N        uint8
 	Pages    [MaxDecodePages]PageRef
 	Slot     int8
-	Released bool // pages given back to the pool (or, with leak-on-cancel, abandoned)
+	Released bool  // pages given back to the pool (or, with leak-on-cancel, abandoned)
+	Prefix   uint8 // Pages[:Prefix] are cached pages of the prefix hit, pinned; the rest were granted
 }
 
 // Request is everything about one request: the client's view, both legs, and
 // what decode read (a history variable for Isolation).
 type Request struct {
 	Submitted bool
+	Scope     uint8 // the scope the router set (prefix.go): the tenant's, or with client-scope the body's
 	P, D      int8  // the prefill and decode node the router chose (both 0 in a 1x1 deployment)
 	PInc      uint8 // the incarnation of prefill node P the request was dispatched to
 	DInc      uint8 // the incarnation of decode node D the request was dispatched to (Config.DecodeRestarts)
@@ -232,6 +245,8 @@ type Msg struct {
 	Slot   int8    // Grant, Done: decode slot
 	Peer   int8    // PeerFailed: the lost node (a prefill node to a decode node, a decode node to a prefill node); PeerRestarted: the prefill node
 	Inc    uint8   // on the queue pair prefill→decode: the incarnation of the prefill node that sent it; PeerRestarted: the new incarnation
+	Prefix uint8   // Grant, Done: prompt pages already present at decode (the prefix hit), not written
+	Scope  uint8   // Bootstrap: the request's scope, bound by the router's ticket
 	DInc   uint8   // on the queue pair: the decode incarnation at its decode end (prefill→decode: the one the sender's end is connected to; decode→prefill: the one that sent it); PeerRestarted of a decode node (Peer = DecodeNode|d): the new incarnation
 }
 
@@ -327,6 +342,9 @@ type Ghost struct {
 	OldIncWhat  uint8 // OldIncOK, OldIncPlaced
 	Tampered    bool  // ReadAsVerified: a page of a verified request changed before it was freed
 	TamperedReq int8
+	Pinned      bool // PinnedNeverReallocated: a pinned page was reallocated or written, or a cached one written
+	PinnedPage  int8
+	PinnedNode  int8
 }
 
 // What a NoOldIncarnation violation was (Ghost.OldIncWhat).

@@ -69,7 +69,7 @@ type Action struct {
 
 // IsFault reports whether a is a fault.
 func (a Action) IsFault() bool {
-	return a.Kind >= Cancel || (a.Kind == PostWrite && a.Arg != 0)
+	return a.Kind >= Cancel || (a.Kind == PostWrite && a.Arg != 0) || (a.Kind == Submit && a.Arg>>8 != 0) // a Submit naming a scope: a rogue client
 }
 
 func (a Action) String() string {
@@ -89,7 +89,10 @@ func (a Action) String() string {
 	if a.Arg != 0 {
 		switch a.Kind {
 		case Submit, PrefillRecvQP, Cut:
-			s += fmt.Sprintf("@p%d-d%d", a.Arg>>4, a.Arg&15)
+			s += fmt.Sprintf("@p%d-d%d", a.Arg>>4&15, a.Arg&15)
+			if a.Kind == Submit && a.Arg>>8 != 0 {
+				s += fmt.Sprintf("+scope-%d", a.Arg>>8)
+			}
 		case PrefillRecv:
 			if a.Arg&255 != 0 {
 				s += fmt.Sprintf("@p%d", a.Arg&255)
@@ -211,6 +214,7 @@ func (g *successors) submits() {
 		if routes == 0 {
 			g.do(Action{Submit, int8(r), 0}, r, 0, 0, 0, func(x *sys, r, _, _, _ int) { x.submit(r, -1, -1) })
 		}
+		g.scopeClaims(r)
 	}
 }
 
@@ -516,6 +520,7 @@ func (x *sys) corruptSend(p, d int, arg uint16) {
 // fault, an outcome other than ok that the state before the step does not
 // justify.
 func (m *Model) observe(prev *State, a Action, next *State) {
+	m.observePinned(prev, a, next)
 	faultless := !a.IsFault() && m.faultsUsed(prev) == 0
 	restarts := m.cfg.Faults[FaultRestart] > 0
 	if restarts && !next.Ghost.OldInc && a.Req >= 0 && (a.Kind == DecodeRecvQP || a.Kind == CorruptSend && a.Arg&SendBack == 0) {
@@ -608,7 +613,7 @@ func (m *Model) justified(prev *State, a Action, r int, q *Request) bool {
 			return free < need
 		case DecodeRecvQP:
 			h := prev.QP[q.P][q.D].Head()
-			return h.Kind == MBootstrap && (freeSlot(prev, int(q.D), c.DecodeSlots) < 0 || len(freePages(prev, int(q.D), c.DecodePages)) < c.PagesFor(int(h.Tokens)))
+			return h.Kind == MBootstrap && (freeSlot(prev, int(q.D), c.DecodeSlots) < 0 || !m.plan(prev, int(q.D), r, h, c.PagesFor(int(h.Tokens))).ok)
 		}
 	}
 	return false
@@ -698,14 +703,13 @@ func (m *Model) reservations(s *State, d int, h Msg) int {
 	if rec.Phase != RNone || int(h.Tokens) > m.cfg.DecodeLimit() || freeSlot(s, d, m.cfg.DecodeSlots) < 0 {
 		return 0
 	}
-	n := m.cfg.PagesFor(int(h.Tokens))
-	free := freePages(s, d, m.cfg.DecodePages)
-	if len(free) < n {
+	pl := m.plan(s, d, int(r), h, m.cfg.PagesFor(int(h.Tokens)))
+	if !pl.ok {
 		return 0
 	}
 	count := 1
-	for i := 0; i < n; i++ {
-		count *= len(free) - i
+	for i := 0; i < pl.fresh; i++ {
+		count *= len(pl.cands) - i
 	}
 	return count
 }
@@ -716,7 +720,7 @@ func (q *Request) onPair(p, d int) bool { return q.Submitted && int(q.P) == p &&
 func freePages(s *State, d, n int) []int8 {
 	var out []int8
 	for p := 0; p < n; p++ {
-		if s.Pages[d][p].Owner == Free {
+		if s.Pages[d][p].Owner == Free && !s.Pages[d][p].Cached {
 			out = append(out, int8(p))
 		}
 	}
@@ -850,6 +854,7 @@ func (x *sys) submit(r, p, d int) {
 		x.report(r, Failed, PeerFailed)
 	default:
 		x.hit(RouterDispatch)
+		q.Scope = x.m.cfg.scopeOf(r) // the authenticated tenant's
 		q.P, q.D, q.PInc, q.DInc = int8(p), int8(d), x.s.Inc[p], x.s.DInc[d]
 		x.toPrefill(p, &x.s.ToPrefill[p], Msg{Kind: MPrefill, Req: int8(r), Tokens: uint8(t)})
 	}
@@ -988,7 +993,7 @@ func (x *sys) prefillIntake(r, choice int) {
 		snd.Src[i] = p
 	}
 	snd.Pages, snd.SrcHeld, snd.Phase = uint8(pages), true, SAwaitGrant
-	x.toQP(r, Msg{Kind: MBootstrap, Req: int8(r), Tokens: uint8(t)})
+	x.toQP(r, Msg{Kind: MBootstrap, Req: int8(r), Tokens: uint8(t), Scope: x.s.Req[r].Scope})
 }
 
 func (x *sys) prefillRecvQP(p, d int) {
@@ -1013,7 +1018,8 @@ func (x *sys) admit(r int, g Msg) {
 	switch snd.Phase {
 	case SAwaitGrant:
 		t := c.Prompts[r]
-		if (int(g.Tokens) != t || int(g.Pages) != c.PagesFor(t)) && !x.mut(AdmitIgnoresGrant) {
+		n := c.PagesFor(t)
+		if (int(g.Tokens) != t || int(g.Prefix) >= n || int(g.Pages) != n-int(g.Prefix)) && !x.mut(AdmitIgnoresGrant) {
 			x.hit(AdmitGrantMismatch)
 			x.freeSrc(r)
 			snd.Phase = SFailed
@@ -1023,8 +1029,19 @@ func (x *sys) admit(r int, g Msg) {
 		}
 		x.hit(AdmitGrant)
 		snd.Grant = x.s.Req[r].R.Pages // a grant carries the reservation's (page, epoch) tags
+		for i := 0; i < int(g.Prefix); i++ {
+			snd.Grant[i] = PageRef{} // only the fresh pages: the prefix's are not in it
+		}
 		snd.Granted = true
 		snd.Phase = SWriting
+		skip := g.Prefix
+		if x.bug(PrefixCountMismatch) && g.Prefix > 0 {
+			skip = min(g.Prefix+1, snd.Pages) // it counts the prefix its own way: a page more
+		}
+		snd.Skip, snd.Posted, snd.Completed = skip, skip, skip
+		if snd.Posted == snd.Pages {
+			x.sendDone(r)
+		}
 	case SAborted, SFailed:
 		// Nothing was posted for r: tell decode it is fenced.
 		x.hit(AdmitEndedGrant)
@@ -1101,7 +1118,7 @@ func (x *sys) sendDone(r int) {
 	if snd.Placeholder {
 		tokens = 1
 	}
-	x.toQP(r, Msg{Kind: MDone, Req: int8(r), Tokens: uint8(tokens), Pages: snd.Pages, Slot: x.s.Req[r].R.Slot})
+	x.toQP(r, Msg{Kind: MDone, Req: int8(r), Tokens: uint8(tokens), Pages: snd.Pages - snd.Skip, Prefix: snd.Skip, Slot: x.s.Req[r].R.Slot})
 	snd.Phase = SSent
 	if x.bug(PrefillEarlyFree) {
 		x.freeSrc(r)
@@ -1187,6 +1204,7 @@ func (x *sys) restartDecode(d int) {
 		pg := &x.s.Pages[d][i]
 		pg.Owner, pg.Quarantined, pg.Epoch = Free, false, 0
 	}
+	clearCache(x.s, d)
 	for i := range x.s.Slots[d] {
 		x.s.Slots[d][i] = Free
 	}
@@ -1360,8 +1378,14 @@ func (x *sys) reserve(r int, b Msg, choice int) {
 	n := c.PagesFor(t)
 	d := int(x.s.Req[r].D)
 	slot := freeSlot(x.s, d, c.DecodeSlots)
-	free := freePages(x.s, d, c.DecodePages)
-	if slot < 0 || len(free) < n {
+	pl := x.m.plan(x.s, d, r, b, n)
+	if pl.scopeMiss {
+		x.hit(PrefixScopeMiss)
+	}
+	if pl.skipped {
+		x.hit(EvictSkipsPinned)
+	}
+	if slot < 0 || !pl.ok {
 		if slot < 0 {
 			x.hit(DecodeNoSlot)
 		} else {
@@ -1373,7 +1397,7 @@ func (x *sys) reserve(r int, b Msg, choice int) {
 		return
 	}
 	x.hit(DecodeReserve)
-	if len(free) == n {
+	if len(pl.cands) == pl.fresh {
 		x.hit(DecodeExactlyFull)
 	}
 	for q := range c.Prompts {
@@ -1382,20 +1406,25 @@ func (x *sys) reserve(r int, b Msg, choice int) {
 			break
 		}
 	}
+	x.takePrefix(r, d, &pl)
 	reused := false
-	for i, p := range nthTuple(free, n, choice) {
+	for j, p := range nthTuple(pl.cands, pl.fresh, choice) {
 		pg := &x.pool(r)[p]
 		reused = reused || pg.Epoch > 0
 		pg.Epoch++
 		pg.Owner, pg.Quarantined = int8(r), false
-		rec.Pages[i] = PageRef{Page: p, Epoch: pg.Epoch}
+		rec.Pages[pl.k+j] = PageRef{Page: p, Epoch: pg.Epoch}
 	}
 	if reused {
 		x.hit(DecodeReusedPage)
 	}
 	rec.N, rec.Slot, rec.Phase = uint8(n), slot, RReserved
 	x.slots(r)[slot] = int8(r)
-	x.toQPBack(r, Msg{Kind: MGrant, Req: int8(r), Tokens: uint8(t), Pages: uint8(n), Slot: slot})
+	grant := Msg{Kind: MGrant, Req: int8(r), Tokens: uint8(t), Pages: uint8(n - pl.k), Prefix: uint8(pl.k), Slot: slot}
+	if x.bug(WriteShared) {
+		grant.Pages, grant.Prefix = uint8(n), 0 // the pinned pages granted too
+	}
+	x.toQPBack(r, grant)
 }
 
 // done handles Done (step 6). RC ordering means every WRITE posted before it has
@@ -1441,12 +1470,21 @@ func (x *sys) verify(r int, d Msg) Reason {
 		case int(d.Tokens) != c.Prompts[r]:
 			x.hit(VerifyTokens)
 			return TokenMismatch
-		case d.Pages != rec.N:
+		case d.Prefix != rec.Prefix && !x.mut(NoDonePrefixCheck):
+			x.hit(VerifyPrefix)
+			return TokenMismatch
+		case d.Pages != rec.N-rec.Prefix:
 			x.hit(VerifyPages)
 			return TokenMismatch
 		}
 	}
-	for i := 0; i < int(rec.N); i++ {
+	for i := 0; i < int(rec.Prefix); i++ {
+		if !x.sharedOK(r, i) && !x.mut(NoPinnedCheck) {
+			x.hit(VerifyPinned)
+			return TagMismatch
+		}
+	}
+	for i := int(rec.Prefix); i < int(rec.N); i++ {
 		ref := rec.Pages[i]
 		pg := &x.pool(r)[ref.Page]
 		if !x.bug(NoTagCheck) {
@@ -1527,7 +1565,11 @@ func (x *sys) release(r int) {
 		}
 		return
 	}
-	for i := 0; i < int(rec.N); i++ {
+	x.unpin(r)
+	if x.mut(InsertUnverified) {
+		x.insert(r) // at every end, verified or not
+	}
+	for i := int(rec.Prefix); i < int(rec.N); i++ {
 		ref := rec.Pages[i]
 		pg := &x.pool(r)[ref.Page]
 		if pg.Owner == int8(r) && pg.Epoch == ref.Epoch || x.mut(ReleaseIgnoresEpoch) {
@@ -1619,8 +1661,16 @@ func (x *sys) timeout(r int) {
 func (x *sys) decodeRead(r int) {
 	q := &x.s.Req[r]
 	rec := &q.R
+	for i := 0; i < int(rec.Prefix); i++ {
+		if !x.sharedOK(r, i) && !x.mut(NoSharedReadCheck) {
+			x.hit(ReadShared)
+			x.closeReceiver(r, TagMismatch)
+			x.report(r, Failed, TagMismatch)
+			return
+		}
+	}
 	if !x.bug(NoTagCheck) {
-		for i := 0; i < int(rec.N); i++ {
+		for i := int(rec.Prefix); i < int(rec.N); i++ {
 			if ref := rec.Pages[i]; x.pool(r)[ref.Page].Epoch != ref.Epoch && !x.mut(NoReadEpochCheck) {
 				x.hit(ReadEpoch)
 				x.closeReceiver(r, TagMismatch)
@@ -1635,6 +1685,7 @@ func (x *sys) decodeRead(r int) {
 	x.hit(ReadOK)
 	q.Read, q.ReadN = true, rec.N
 	x.freeSlotOf(r)
+	x.insert(r)
 	x.release(r)
 	rec.Phase = RFinished
 	x.report(r, OK, NoReason)

@@ -58,6 +58,8 @@ type checkFlags struct {
 	swarmIndex, swarmCount    int
 	mutants                   string
 	mutation                  string
+	prefixCache               int
+	scopes, contents          string
 }
 
 func runCheck(args []string, stdout, stderr io.Writer) int {
@@ -172,6 +174,9 @@ func (f *checkFlags) define(fs *flag.FlagSet) {
 	fs.BoolVar(&f.quiet, "quiet", false, "no progress on stderr")
 	fs.IntVar(&f.contextLimit, "context-limit", 0, "the router's limit in tokens, the advertised context (0: the decode pool's capacity)")
 	fs.StringVar(&f.damage, "damage", "payload", `what the corrupt fault may damage: payload (always), tag (a tag record's request, index or epoch), send (a Done's or Grant's token or page count), comma-separated`)
+	fs.IntVar(&f.prefixCache, "prefix-cache", 0, fmt.Sprintf("pages each decode node's prefix cache may hold (0..%d; 0: no cache). A prefix switch named with no cache runs under the bounds that expose it (docs/spec.md#prefix-reuse)", spec.MaxPrefixCache))
+	fs.StringVar(&f.scopes, "scopes", "", fmt.Sprintf("with --prefix-cache: each request's tenant scope, comma-separated (0: no reuse; 1..%d); default 0 for all", spec.MaxScopes))
+	fs.StringVar(&f.contents, "contents", "", `with --prefix-cache: each request's full pages named by letters, comma-separated (e.g. aa,aa,ab: requests share a prefix as far as their letters agree); default "a" for every page`)
 	fs.BoolVar(&f.coverage, "coverage", false, "count how often each action and each guarded branch of the spec fired; printed after the result (\"coverage\" in --json)")
 }
 
@@ -261,6 +266,26 @@ func (f *checkFlags) config() (spec.Config, error) {
 	if f.prefills < 1 || f.decodes < 1 {
 		return cfg, fmt.Errorf("--prefills and --decodes must be at least 1")
 	}
+	cfg.PrefixCache = f.prefixCache
+	if f.scopes != "" {
+		for _, v := range strings.Split(f.scopes, ",") {
+			sc, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil {
+				return cfg, fmt.Errorf("--scopes: %q is not a scope", v)
+			}
+			cfg.Scopes = append(cfg.Scopes, sc)
+		}
+	}
+	if f.contents != "" {
+		for _, v := range strings.Split(f.contents, ",") {
+			cfg.Contents = append(cfg.Contents, strings.TrimSpace(v))
+		}
+	}
+	if cfg.PrefixCache == 0 && f.scopes == "" && f.contents == "" && cfg.Bugs.Prefix() {
+		// A prefix switch acts only on the cache: named without one, it
+		// runs under the bounds that expose it (the matrix's too).
+		cfg = cfg.Bugs.Bounds(cfg)
+	}
 	return cfg, cfg.Validate()
 }
 
@@ -280,8 +305,12 @@ func describeConfig(c spec.Config) string {
 	if c.NumPrefills()*c.NumDecodes() > 1 {
 		topology = fmt.Sprintf("%d prefill x %d decode nodes, ", c.NumPrefills(), c.NumDecodes())
 	}
-	return topology + fmt.Sprintf("%d requests (prompts %s tokens), page size %d, decode pool %d pages, prefill pool %d pages (%d tokens), context limit %d, %d decode slots; faults %s, %s; bugs: %s",
-		len(c.Prompts), strings.Join(prompts, ","), c.PageSize, c.DecodePages, c.PrefillPages, c.PrefillLimit(), c.ContextLimit, c.DecodeSlots, c.Faults, limit, c.Bugs)
+	cache := ""
+	if c.PrefixCache > 0 {
+		cache = fmt.Sprintf(", prefix cache %d pages (scopes %s, contents %s)", c.PrefixCache, strings.Trim(strings.Join(strings.Fields(fmt.Sprint(c.Scopes)), ","), "[]"), strings.Join(c.Contents, ","))
+	}
+	return topology + fmt.Sprintf("%d requests (prompts %s tokens), page size %d, decode pool %d pages, prefill pool %d pages (%d tokens), context limit %d, %d decode slots%s; faults %s, %s; bugs: %s",
+		len(c.Prompts), strings.Join(prompts, ","), c.PageSize, c.DecodePages, c.PrefillPages, c.PrefillLimit(), c.ContextLimit, c.DecodeSlots, cache, c.Faults, limit, c.Bugs)
 }
 
 type jsonStep struct {

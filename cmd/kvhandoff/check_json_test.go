@@ -84,3 +84,28 @@ func TestMaxMemoryParsesSizes(t *testing.T) {
 		t.Errorf("default %d, want 3/4 of %d", got, totalMemory())
 	}
 }
+
+// A prefix switch named without --prefix-cache runs under the bounds that
+// expose it (spec.PrefixBounds), never passing silently on a cacheless
+// model; scopes or contents without a cache are bad usage.
+func TestCheckPrefixSwitchWithoutACacheRunsUnderItsBounds(t *testing.T) {
+	for _, c := range []struct {
+		args     []string
+		code     int
+		property string
+	}{
+		{[]string{"--bug", "scope-dropped"}, 1, "NoCrossScopeRead"},
+		{[]string{"--bug", "write-shared"}, 1, "PinnedNeverReallocated"},
+		{[]string{"--bug", "prefix-count-mismatch"}, 1, "PrefixExact"},
+		{[]string{"--prompts", "4,4", "--scopes", "1,2"}, 2, ""},
+		{[]string{"--prompts", "4,4", "--prefix-cache", "2", "--contents", "aa,a"}, 2, ""},
+		{[]string{"--prompts", "4,4", "--pages", "3", "--prefix-cache", "2", "--scopes", "1,1", "--faults", "none"}, 0, ""},
+	} {
+		args := append([]string{"check", "--json", "--quiet"}, c.args...)
+		code, out, _ := runCLI(t, args...)
+		obj := decodeOne(t, out)
+		if code != c.code || obj["property"] != c.property && c.property != "" {
+			t.Errorf("%v: exit %d, property %v; want %d, %q", c.args, code, obj["property"], c.code, c.property)
+		}
+	}
+}

@@ -59,6 +59,11 @@ func TestEverySwitchIsExposed(t *testing.T) {
 		{"pool-wide-key", []string{spec.ReadAsVerified, spec.NoForeignWrite}},            // issue 17: one key for the pool
 		{"verify-before-revoke", []string{spec.ReadAsVerified}},                          // issue 17: the time-of-check/time-of-use window
 		{"unticketed-bootstrap", []string{spec.Ticketed}},                                // issue 17: anyone signed is a prefill node
+		{"scope-dropped", []string{spec.NoCrossScopeRead}},                               // SGLang #37160: the cache key without the scope
+		{"client-scope", []string{spec.NoCrossScopeRead}},                                // issue 18: the scope from the request body
+		{"evict-pinned", []string{spec.PinnedNeverReallocated}},                          // issue 18: eviction ignores pins
+		{"prefix-count-mismatch", []string{spec.PrefixExact}},                            // issue 18: hit and skip disagree by a page
+		{"write-shared", []string{spec.PinnedNeverReallocated}},                          // issue 18: a shared page in the grant
 	}
 	covered := spec.Switches(0)
 	for name, base := range map[string]spec.Config{"default": spec.DefaultConfig(), "multi-page": multiPage()} {
@@ -67,7 +72,7 @@ func TestEverySwitchIsExposed(t *testing.T) {
 				cfg := base
 				cfg.MaxFaults = 2
 				cfg.Bugs = bugs(t, c.bugs)
-				cfg.Faults = cfg.Bugs.Faults(cfg.Faults)
+				cfg = cfg.Bugs.Bounds(cfg)
 				covered |= cfg.Bugs
 				r, err := CheckNeeding(cfg, Options{})
 				if err != nil {
@@ -174,6 +179,8 @@ func TestMatrixOfSingleSwitches(t *testing.T) {
 		"leak-on-cancel": spec.NoLeak, "no-peer-cancel": spec.Termination, "double-free": spec.Conservation,
 		"checksum-hangs": spec.Termination,
 		"pool-wide-key":  spec.ReadAsVerified, "verify-before-revoke": spec.ReadAsVerified, "unticketed-bootstrap": spec.Ticketed,
+		"scope-dropped": spec.NoCrossScopeRead, "client-scope": spec.NoCrossScopeRead, "evict-pinned": spec.PinnedNeverReallocated,
+		"prefix-count-mismatch": spec.PrefixExact, "write-shared": spec.PinnedNeverReallocated,
 	}
 	if !x.Base.OK || len(x.Rows) != len(spec.AllSwitches()) || x.OK() {
 		t.Fatalf("base ok=%v rows=%d ok=%v: want a passing base, a row per switch, and some switches unexposed alone", x.Base.OK, len(x.Rows), x.OK())

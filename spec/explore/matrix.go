@@ -182,7 +182,7 @@ func runAll(cfg spec.Config, sets []spec.Switches, opt Options, progress func(sp
 	parallel.For(len(sets), func(i int) {
 		c := cfg
 		c.Bugs = sets[i]
-		c.Faults = c.Bugs.Faults(c.Faults) // the faults a switch acts under (peer-by-name: a restart)
+		c = c.Bugs.Bounds(c) // the faults a switch acts under (peer-by-name: a restart), and a prefix switch's cache
 		out[i], errs[i] = CheckNeeding(c, Options{MaxStates: opt.MaxStates, MaxMemory: opt.MaxMemory})
 		if progress != nil && errs[i] == nil {
 			mu.Lock()

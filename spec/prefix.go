@@ -1,0 +1,460 @@
+package spec
+
+import "slices"
+
+// Prefix reuse (docs/spec.md#prefix-reuse; docs/protocol.md, prefix reuse).
+// With Config.PrefixCache a decode node keeps verified full prompt pages
+// after their request has finished, keyed by (scope, chain): the scope is
+// the request's tenant's, set by the router, and the chain names the
+// prompt's pages up to and including the page (Model.chain: two requests'
+// chains agree at page i when their Contents agree up to i). At intake
+// decode looks up the longest run of the request's chain cached under its
+// scope, capped so that the last page is always written, pins those pages,
+// and grants fresh pages for the rest, evicting least recently used
+// unpinned cached pages when the free pages are too few (all or nothing).
+// The Grant and Done carry the prefix length; prefill WRITEs only the pages
+// past it; Done verifies the written pages and that the pinned ones are
+// still cached at the epoch, scope and key they were pinned at; the read
+// checks the same of each pinned page. At the read's end the request's
+// written full pages enter the cache (up to its capacity), and every end
+// unpins. A decode restart empties the cache with the pool.
+//
+// KV stays a Label: a page written for request q's page i holds q[i], which
+// is request r's KV for page i too when their chains agree there
+// (Model.ownKV). The properties: NoCrossScopeRead (a request reads another
+// request's KV only if both are of the same tenant scope),
+// PinnedNeverReallocated (a ghost: a pinned page is never reallocated or
+// written, a cached one never written) and PrefixExact (prefill's skipped
+// length is decode's hit length, short of the last page).
+
+// Property names of the prefix cache (docs/spec.md#properties).
+const (
+	// NoCrossScopeRead: no request reads a page whose KV was written for
+	// another tenant's scope (the model declares no public scope).
+	NoCrossScopeRead = "NoCrossScopeRead"
+	// PinnedNeverReallocated: a pinned page is never reallocated or
+	// written while pinned, and a cached page never written.
+	PinnedNeverReallocated = "PinnedNeverReallocated"
+	// PrefixExact: the prefix hit and the written pages make exactly the
+	// request's prompt: prefill skips exactly decode's hit, which leaves
+	// the last page to be written.
+	PrefixExact = "PrefixExact"
+)
+
+// prefixSwitches are the switches that act only on the prefix cache.
+const prefixSwitches = Switches(ScopeDropped | ClientScope | EvictPinned | PrefixCountMismatch | WriteShared)
+
+// PrefixBounds is the configuration under which each prefix switch is
+// exposed alone (the defense matrix's, and check's when a prefix switch is
+// named without a cache): three two-page prompts in a three-page pool with
+// a two-page cache, two of tenant 1 (one sharing only the first page) and
+// one of tenant 2 with the same tokens as the first; the rogue fault only.
+func PrefixBounds(c Config) Config {
+	c.PageSize, c.DecodePages, c.PrefillPages = 2, 3, 4
+	c.Prompts = []int{4, 4, 4}
+	c.ContextLimit, c.DecodeSlots = 8, 2
+	c.PrefixCache = 2
+	c.Scopes = []int{1, 2, 1}
+	c.Contents = []string{"aa", "aa", "ab"}
+	// The rogue fault alone (a client naming a scope: client-scope's): the
+	// switches need no other, and with three two-page requests each fault
+	// multiplies the states (cancel alone: 66,688 instead of 2,016).
+	c.Faults = Budget{FaultRogue: 1}
+	return c
+}
+
+// Bounds is c widened by what the switches need to act at all: their
+// faults (Faults), and for a prefix switch in a configuration without the
+// cache, PrefixBounds.
+func (s Switches) Bounds(c Config) Config {
+	c.Faults = s.Faults(c.Faults)
+	if s&prefixSwitches != 0 && c.PrefixCache == 0 {
+		c = PrefixBounds(c)
+	}
+	return c
+}
+
+// Prefix reports whether the set has a switch that acts only on the prefix cache.
+func (s Switches) Prefix() bool { return s&prefixSwitches != 0 }
+
+// cacheOn reports whether the configuration has a prefix cache.
+func (m *Model) cacheOn() bool { return m.cfg.PrefixCache > 0 }
+
+// scopeOf is request r's tenant scope (0: no reuse).
+func (c *Config) scopeOf(r int) uint8 {
+	if len(c.Scopes) == 0 {
+		return 0
+	}
+	return uint8(c.Scopes[r])
+}
+
+// contentsOf is request r's full pages, one letter each.
+func (c *Config) contentsOf(r int) string {
+	if len(c.Contents) == 0 {
+		n := c.Prompts[r] / c.PageSize
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = 'a'
+		}
+		return string(b)
+	}
+	return c.Contents[r]
+}
+
+// chains numbers the distinct prompt prefixes of cfg: chain[r][i] (1 and
+// up) names request r's pages 0..i, for each full page i; two requests'
+// ids are equal exactly when their contents agree up to page i. The ids
+// depend on contents only, so they are the same under any renaming of
+// interchangeable requests.
+func chains(cfg *Config) (out [MaxRequests][MaxDecodePages]uint8) {
+	var prefixes []string
+	for r := range cfg.Prompts {
+		s := cfg.contentsOf(r)
+		for i := 1; i <= len(s) && i <= MaxDecodePages; i++ {
+			if !slices.Contains(prefixes, s[:i]) {
+				prefixes = append(prefixes, s[:i])
+			}
+		}
+	}
+	slices.Sort(prefixes)
+	for r := range cfg.Prompts {
+		s := cfg.contentsOf(r)
+		for i := 1; i <= len(s) && i <= MaxDecodePages; i++ {
+			out[r][i-1] = uint8(slices.Index(prefixes, s[:i]) + 1)
+		}
+	}
+	return out
+}
+
+// fullPages is how many of request r's pages are full (and have a chain).
+func (m *Model) fullPages(r int) int { return min(m.cfg.Prompts[r]/m.cfg.PageSize, MaxDecodePages) }
+
+// ownKV reports whether l is request r's KV for page i: exactly what r
+// wrote there, or, with the cache, what another request wrote for page i of
+// a prompt whose chain agrees with r's up to i (uncorrupted).
+func (m *Model) ownKV(l Label, r, i int) bool {
+	if l.Own(r, i) {
+		return true
+	}
+	if !m.cacheOn() || l.Req < 0 || l.Corrupt || int(l.Index) != i {
+		return false
+	}
+	q := int(l.Req)
+	return i < m.fullPages(r) && i < m.fullPages(q) && m.chain[q][i] == m.chain[r][i]
+}
+
+// scopeMatch reports whether a cached page under scope pg matches scope
+// for a lookup or a check; with scope-dropped the key has no scope.
+func (m *Model) scopeMatch(pg, scope uint8) bool {
+	return pg == scope || m.cfg.Bugs.Has(ScopeDropped)
+}
+
+// cachedPage returns the page of decode node d cached under (scope, key),
+// or -1. The cache holds at most one page per key, so the answer does not
+// depend on how pages are numbered.
+func (m *Model) cachedPage(s *State, d int, scope, key uint8) int8 {
+	for p := 0; p < m.cfg.DecodePages; p++ {
+		if pg := &s.Pages[d][p]; pg.Cached && pg.Key == key && m.scopeMatch(pg.Scope, scope) {
+			return int8(p)
+		}
+	}
+	return -1
+}
+
+// prefixPlan is decode's intake for a Bootstrap with the cache: the pages
+// of the hit (pinned, in request order), the cached pages evicted for the
+// fresh ones (least recently used first), and the pages the fresh ones are
+// chosen from (free and evicted, by page number).
+type prefixPlan struct {
+	k         int
+	hit       [MaxDecodePages]int8
+	evict     [MaxDecodePages]int8
+	nevict    int
+	cands     []int8
+	fresh     int
+	ok        bool
+	scopeMiss bool // a page of the chain was cached under another scope only
+	skipped   bool // eviction passed over a pinned page
+}
+
+// plan works out decode node d's intake of r's Bootstrap b needing n pages:
+// the lookup, and whether the fresh pages can be had. Without the cache, it
+// is the free pages alone.
+func (m *Model) plan(s *State, d, r int, b Msg, n int) prefixPlan {
+	var pl prefixPlan
+	free := freePages(s, d, m.cfg.DecodePages)
+	if m.cacheOn() && b.Scope != 0 {
+		for i := 0; i < min(n-1, m.fullPages(r)); i++ {
+			p := m.cachedPage(s, d, b.Scope, m.chain[r][i])
+			if p < 0 {
+				for q := 0; q < m.cfg.DecodePages; q++ {
+					if pg := &s.Pages[d][q]; pg.Cached && pg.Key == m.chain[r][i] {
+						pl.scopeMiss = true
+					}
+				}
+				break
+			}
+			pl.hit[i] = p
+			pl.k++
+		}
+	}
+	pl.fresh = n - pl.k
+	pl.cands = free
+	if short := pl.fresh - len(free); short > 0 && m.cacheOn() {
+		// Least recently used first; the hit's own pages count as just used.
+		var order []int8
+		for p := 0; p < m.cfg.DecodePages; p++ {
+			pg := &s.Pages[d][p]
+			if !pg.Cached {
+				continue
+			}
+			if pg.Pins > 0 && !m.cfg.Bugs.Has(EvictPinned) {
+				pl.skipped = true
+				continue
+			}
+			order = append(order, int8(p))
+		}
+		rank := func(p int8) int {
+			if i := slices.Index(pl.hit[:pl.k], p); i >= 0 {
+				return 256 + i
+			}
+			return int(s.Pages[d][p].LRU)
+		}
+		slices.SortFunc(order, func(a, b int8) int { return rank(a) - rank(b) })
+		if len(order) >= short {
+			pl.nevict = copy(pl.evict[:], order[:short])
+			pl.cands = append(slices.Clone(free), order[:short]...)
+			slices.Sort(pl.cands)
+		}
+	}
+	pl.ok = len(pl.cands) >= pl.fresh
+	return pl
+}
+
+// touch makes page p of decode node d the most recently used cached page.
+func touch(s *State, d int, p int8, npages int) {
+	pg := &s.Pages[d][p]
+	top := uint8(0)
+	for q := 0; q < npages; q++ {
+		if s.Pages[d][q].Cached {
+			top = max(top, s.Pages[d][q].LRU)
+		}
+	}
+	pg.LRU = top + 1
+	renumber(s, d, npages)
+}
+
+// renumber keeps the cached pages' LRU ranks dense (1 to their number), so
+// equal orders encode the same.
+func renumber(s *State, d, npages int) {
+	var order []int8
+	for q := 0; q < npages; q++ {
+		if s.Pages[d][q].Cached {
+			order = append(order, int8(q))
+		} else {
+			s.Pages[d][q].LRU = 0
+		}
+	}
+	slices.SortFunc(order, func(a, b int8) int { return int(s.Pages[d][a].LRU) - int(s.Pages[d][b].LRU) })
+	for i, q := range order {
+		s.Pages[d][q].LRU = uint8(i + 1)
+	}
+}
+
+// takePrefix applies pl to r's record at decode node d: it evicts, pins the
+// hit's pages and records them as r's first pages.
+func (x *sys) takePrefix(r, d int, pl *prefixPlan) {
+	rec := &x.s.Req[r].R
+	npages := x.m.cfg.DecodePages
+	for _, p := range pl.evict[:pl.nevict] {
+		x.hit(PrefixEvict)
+		pg := &x.s.Pages[d][p]
+		pg.Cached, pg.Scope, pg.Key, pg.Pins, pg.LRU = false, 0, 0, 0, 0
+	}
+	for i, p := range pl.hit[:pl.k] {
+		pg := &x.s.Pages[d][p]
+		pg.Pins++
+		touch(x.s, d, p, npages)
+		rec.Pages[i] = PageRef{Page: p, Epoch: pg.Epoch}
+	}
+	renumber(x.s, d, npages)
+	rec.Prefix = uint8(pl.k)
+	if pl.k > 0 {
+		x.hit(PrefixHit)
+	}
+}
+
+// unpin releases r's hold on the pages of its prefix hit: still cached at
+// the epoch it pinned (an evict-pinned eviction may have taken one).
+func (x *sys) unpin(r int) {
+	rec := &x.s.Req[r].R
+	if x.mut(NoUnpin) {
+		return
+	}
+	for i := 0; i < int(rec.Prefix); i++ {
+		ref := rec.Pages[i]
+		if pg := &x.pool(r)[ref.Page]; pg.Cached && pg.Epoch == ref.Epoch && pg.Pins > 0 {
+			pg.Pins--
+		}
+	}
+}
+
+// insert puts r's written full prompt pages into the cache of its scope, as
+// its read ends: each one r still owns at its granted epoch whose key is not
+// cached yet, while the cache has room. The page keeps its epoch and KV.
+func (x *sys) insert(r int) {
+	c := &x.m.cfg
+	q := &x.s.Req[r]
+	if !x.m.cacheOn() || q.Scope == 0 {
+		return
+	}
+	d := int(q.D)
+	for i := int(q.R.Prefix); i < min(int(q.R.N), x.m.fullPages(r)); i++ {
+		ref := q.R.Pages[i]
+		pg := &x.s.Pages[d][ref.Page]
+		cached := 0
+		for p := 0; p < c.DecodePages; p++ {
+			if x.s.Pages[d][p].Cached {
+				cached++
+			}
+		}
+		if pg.Owner != int8(r) || pg.Epoch != ref.Epoch || cached >= c.PrefixCache || x.m.cachedPage(x.s, d, q.Scope, x.m.chain[r][i]) >= 0 {
+			continue
+		}
+		x.hit(PrefixInsert)
+		pg.Owner, pg.Quarantined = Free, false
+		pg.Cached, pg.Scope, pg.Key, pg.Pins = true, q.Scope, x.m.chain[r][i], 0
+		touch(x.s, d, ref.Page, c.DecodePages)
+	}
+}
+
+// sharedOK is the check of a pinned page of r (at Done and at the read):
+// still cached, at the epoch it was pinned at, under r's scope and chain.
+func (x *sys) sharedOK(r, i int) bool {
+	q := &x.s.Req[r]
+	ref := q.R.Pages[i]
+	pg := &x.pool(r)[ref.Page]
+	return pg.Cached && pg.Epoch == ref.Epoch && x.m.scopeMatch(pg.Scope, q.Scope) && pg.Key == x.m.chain[r][i]
+}
+
+// clearCache empties decode node d's cache (its restart: the pool is gone).
+func clearCache(s *State, d int) {
+	for i := range s.Pages[d] {
+		pg := &s.Pages[d][i]
+		pg.Cached, pg.Scope, pg.Key, pg.Pins, pg.LRU = false, 0, 0, 0, 0
+	}
+}
+
+// scopeClaims calls emit with each scope a client of r may name in its
+// body (the rogue fault): every tenant scope but its own.
+func (m *Model) scopeClaims(r int, emit func(scope uint8)) {
+	if !m.cacheOn() {
+		return
+	}
+	for sc := 1; sc <= MaxScopes; sc++ {
+		if uint8(sc) == m.cfg.scopeOf(r) {
+			continue
+		}
+		if slices.Contains(m.cfg.Scopes, sc) {
+			emit(uint8(sc))
+		}
+	}
+}
+
+// observePinned records PinnedNeverReallocated's ghost for step a from prev
+// to next: a page pinned before it that is no longer cached at the same
+// epoch with the same KV and tag record, or a cached page whose KV or tag
+// record changed. A decode node's restart takes its whole pool, pins and
+// all, and is no reallocation.
+func (m *Model) observePinned(prev *State, a Action, next *State) {
+	if !m.cacheOn() || next.Ghost.Pinned {
+		return
+	}
+	for d := 0; d < m.cfg.NumDecodes(); d++ {
+		if a.Kind == Restart && a.Arg == DecodeNode|uint16(d) {
+			continue
+		}
+		for p := 0; p < m.cfg.DecodePages; p++ {
+			a, b := &prev.Pages[d][p], &next.Pages[d][p]
+			if !a.Cached {
+				continue
+			}
+			written := b.Data != a.Data || b.Tag != a.Tag
+			moved := !b.Cached || b.Epoch != a.Epoch
+			if written && b.Cached || a.Pins > 0 && (written || moved) {
+				next.Ghost.Pinned, next.Ghost.PinnedPage, next.Ghost.PinnedNode = true, int8(p), int8(d)
+				return
+			}
+		}
+	}
+}
+
+func noCrossScopeRead(m *Model, s *State) bool {
+	if !m.cacheOn() {
+		return true
+	}
+	for r := range m.cfg.Prompts {
+		q := &s.Req[r]
+		for i := 0; i < int(q.ReadN); i++ {
+			if w := q.ReadData[i].Req; w >= 0 && int(w) != r && (m.cfg.scopeOf(r) == 0 || m.cfg.scopeOf(int(w)) != m.cfg.scopeOf(r)) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+func prefixExact(m *Model, s *State) bool {
+	if !m.cacheOn() {
+		return true
+	}
+	for r := range m.cfg.Prompts {
+		q := &s.Req[r]
+		if q.R.N > 0 && q.R.Prefix >= q.R.N {
+			return false // no page left to write: the last token's page must be
+		}
+		// The sender's grant against decode's record of it (a decode restart
+		// drops the record: then there is nothing to agree with). A hole: the
+		// sender skips a page decode does not hold. An overlap: it posts a
+		// WRITE for a page of decode's hit.
+		if q.S.Granted && q.R.Phase != RNone && q.DInc == s.DInc[q.D] {
+			if q.S.Skip > q.R.Prefix || q.S.Skip < q.R.Prefix && q.S.Posted > q.S.Skip {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// scopeClaims emits r's Submit with a scope its client named in the body
+// (the rogue fault: a hostile client), once per route and scope.
+func (g *successors) scopeClaims(r int) {
+	c, s := g.c, g.s
+	if s.Budget[FaultRogue] == 0 || !g.m.faultAllowed(s) || c.Prompts[r] > c.ContextLimit {
+		return
+	}
+	g.m.scopeClaims(r, func(sc uint8) {
+		for p := 0; p < c.NumPrefills(); p++ {
+			for d := 0; d < c.NumDecodes(); d++ {
+				if !s.CrashDetected[p] && !s.DecodeLost[d] {
+					g.do(Action{Submit, int8(r), Route(p, d) | uint16(sc)<<8}, r, p, d, int(sc), func(x *sys, r, p, d, sc int) { x.submitClaim(r, p, d, uint8(sc)) })
+				}
+			}
+		}
+	})
+}
+
+// submitClaim is the router's intake of r whose body names scope sc. The
+// scope comes from the authenticated tenant alone, so the router refuses
+// the request (400); with client-scope it takes the body's scope.
+func (x *sys) submitClaim(r, p, d int, sc uint8) {
+	x.s.Budget[FaultRogue]--
+	if !x.bug(ClientScope) {
+		x.hit(RouterScopeInBody)
+		x.s.Req[r].Submitted = true
+		x.report(r, Rejected, ScopeInBody)
+		return
+	}
+	x.submit(r, p, d)
+	x.s.Req[r].Scope = sc
+}
