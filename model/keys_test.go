@@ -28,23 +28,10 @@ func TestEverySpecSwitchHasAnImplementationCounterpart(t *testing.T) {
 	for tsw := range notInTheModel {
 		_, err := spec.ParseSwitches(tsw.String())
 		switch {
-		case err != nil && !awaitingTheSpec[tsw]:
+		case err != nil:
 			t.Errorf("the switch %v has no spec counterpart: %v", tsw, err)
-		case err == nil && awaitingTheSpec[tsw]:
-			t.Errorf("the spec has %v now: take it out of awaitingTheSpec", tsw)
 		}
 	}
-}
-
-// awaitingTheSpec are the prefix cache's switches while the spec's bug
-// catalogue (built at the same time) does not have them yet: the test above
-// fails once it does, so that this list cannot outlive its reason.
-var awaitingTheSpec = map[research.Switch]bool{
-	research.ScopeDropped:        true,
-	research.ClientScope:         true,
-	research.EvictPinned:         true,
-	research.PrefixCountMismatch: true,
-	research.WriteShared:         true,
 }
 
 // The harness's rogue WRITE follows the remote key of the grant: with a
