@@ -112,10 +112,10 @@ func TestARequestNamingItsScopeIsRefused(t *testing.T) {
 	}
 	rt.scopes, _ = newScopes([]byte("key"), nil, llama.Bytes{})
 	prompt := llama.Bytes{}.Encode("a prompt of a few pages, a prompt of a few pages", true, false)
-	victim, _, _ := rt.scopeOf(Completion{Tenant: "tenant-1"}, prompt, 16)
-	hostile, _, _ := rt.scopeOf(Completion{Tenant: "tenant-2", BodyScope: "tenant-1"}, prompt, 16)
+	victim, _, _ := rt.scopeOf(Completion{Tenant: "tenant-1", Authenticated: true}, prompt, 16)
+	hostile, _, _ := rt.scopeOf(Completion{Tenant: "tenant-2", Authenticated: true, BodyScope: "tenant-1"}, prompt, 16)
 	rt.cfg.Research = research.Switches{}
-	own, _, _ := rt.scopeOf(Completion{Tenant: "tenant-2", BodyScope: "tenant-1"}, prompt, 16)
+	own, _, _ := rt.scopeOf(Completion{Tenant: "tenant-2", Authenticated: true, BodyScope: "tenant-1"}, prompt, 16)
 	if hostile != victim || own == victim {
 		t.Fatalf("client-scope: the hostile request's scope %#x, the victim's %#x, without the bug %#x", hostile, victim, own)
 	}

@@ -132,7 +132,7 @@ func (p *InProcess) Complete(ctx context.Context, r Request) ([]int, string, err
 // CompleteCached implements CachedClient.
 func (p *InProcess) CompleteCached(ctx context.Context, r Request) ([]int, string, int, error) {
 	res, err := p.Local.Router.Complete(ctx, node.Completion{Prompt: r.Prompt, MaxTokens: r.MaxTokens, Tenant: fmt.Sprintf("tenant-%d", r.Tenant),
-		BodyScope: r.BodyScope})
+		Authenticated: true, BodyScope: r.BodyScope}) // the demo's traffic is its own front proxy
 	if err != nil {
 		return nil, "", 0, err
 	}
