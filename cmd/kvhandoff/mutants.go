@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvhandoff/kvhandoff/internal/parallel"
 	"github.com/kvhandoff/kvhandoff/spec"
 	"github.com/kvhandoff/kvhandoff/spec/explore"
 )
@@ -105,21 +106,42 @@ func (f *checkFlags) runMutants(stdout, stderr io.Writer) int {
 		mutants = append(mutants, mutant{mu.String(), 0, mu})
 	}
 	fmt.Fprintf(stdout, "%-34s %s\n", "mutant", "caught by")
-	caught, equivalent := 0, 0
-	for _, m := range mutants {
-		by := ""
+	// The mutants are independent: each is explored on a core of its own
+	// (one worker each, which uses a core better than two workers on one
+	// exploration), and reported in order.
+	type verdict struct {
+		by   string
+		runs int
+		err  error
+		cfg  spec.Config // the configuration whose exploration failed
+	}
+	verdicts := make([]verdict, len(mutants))
+	parallel.For(len(mutants), func(k int) {
+		m := mutants[k]
+		v := &verdicts[k]
 		for i, c := range configs {
 			cfg := c.cfg
 			cfg.Bugs, cfg.Mutation = m.bugs, m.mu
-			r, err := check(cfg)
+			v.runs++
+			r, err := explore.Check(cfg, explore.Options{Workers: 1, MaxMemory: maxMem, MaxStates: f.maxStates})
 			if err != nil {
-				return f.explorationFailed(fmt.Errorf("mutant %s, configuration %d: %w", m.name, i+1, err), cfg, stdout, stderr)
+				v.err, v.cfg = fmt.Errorf("mutant %s, configuration %d: %w", m.name, i+1, err), cfg
+				return
 			}
 			if !r.OK {
-				by = fmt.Sprintf("%d: %s in %d steps", i+1, r.Property, len(r.Trace))
-				break
+				v.by = fmt.Sprintf("%d: %s in %d steps", i+1, r.Property, len(r.Trace))
+				return
 			}
 		}
+	})
+	caught, equivalent := 0, 0
+	for k, m := range mutants {
+		v := verdicts[k]
+		runs += v.runs
+		if v.err != nil {
+			return f.explorationFailed(v.err, v.cfg, stdout, stderr)
+		}
+		by := v.by
 		why, listed := spec.Equivalent[m.name]
 		switch {
 		case by != "" && listed:
