@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/kvhandoff/kvhandoff/spec"
 )
 
 func runCLI(t *testing.T, args ...string) (code int, stdout, stderr string) {
@@ -146,7 +148,7 @@ func TestMatrixJSON(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &m); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	if len(m.Matrix) != 18 || m.Matrix[0].Bug != "admit-finished" || m.Matrix[0].ExposedBy == nil || m.Matrix[0].Violated == nil {
+	if len(m.Matrix) != len(spec.AllSwitches()) || m.Matrix[0].Bug != "admit-finished" || m.Matrix[0].ExposedBy == nil || m.Matrix[0].Violated == nil {
 		t.Fatalf("got %+v", m.Matrix)
 	}
 }
