@@ -17,8 +17,9 @@ import (
 // The prefix cache's scope (docs/nodes.md, "Prefix reuse"): a decode node
 // shares cached prompt pages only between requests of one scope, and the
 // router alone sets a request's scope, from the tenant the client API
-// authenticated (the X-Tenant header, which the deployment's front proxy
-// sets), never from the request: a body naming one is refused.
+// authenticated (tenant.go: an API key, or a trusted front proxy's X-Tenant),
+// never from the request: a body naming one is refused, and a tenant the
+// router did not authenticate gets no scope at all.
 
 // PublicPrefix is a prompt prefix every tenant may share (a system prompt
 // the deployment declares): its pages are cached under a scope of their
