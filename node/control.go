@@ -393,37 +393,17 @@ func (c *controlClient) scheme() string {
 // node that does not answer is ErrUnreachable (with ErrPeerFailed: the leg
 // failed because its node did).
 func (c *controlClient) call(ctx context.Context, name, addr, path string, in, out any) error {
-	var body io.Reader
-	method := http.MethodGet
-	if in != nil {
-		b, err := json.Marshal(in)
-		if err != nil {
-			return err
-		}
-		body, method = bytes.NewReader(b), http.MethodPost
-	}
-	req, err := http.NewRequestWithContext(ctx, method, c.scheme()+addr+path, body)
+	resp, err := c.send(ctx, name, addr, path, in)
 	if err != nil {
 		return err
 	}
-	resp, err := c.client(name).Do(req)
-	if err != nil {
-		if ctx.Err() != nil {
-			return fmt.Errorf("%w: call to %q ended: %w", protocol.ErrCancelled, name, ctx.Err())
-		}
-		return fmt.Errorf("%w: %w: %s at %s: %v", protocol.ErrPeerFailed, ErrUnreachable, name, addr, err)
-	}
 	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, maxControlBody))
+	b, err := readAnswer(name, io.LimitReader(resp.Body, maxControlBody))
 	if err != nil {
-		return fmt.Errorf("%w: %w: %s: reading the answer: %v", protocol.ErrPeerFailed, ErrUnreachable, name, err)
+		return err
 	}
 	if resp.StatusCode != http.StatusOK {
-		var a legAnswer
-		if json.Unmarshal(b, &a) == nil && a.Error != nil {
-			return a.Error.err()
-		}
-		return fmt.Errorf("%w: %s answered %s: %s", protocol.ErrPeerFailed, name, resp.Status, bytes.TrimSpace(b))
+		return refusal(name, resp.Status, b)
 	}
 	if out != nil {
 		if err := json.Unmarshal(b, out); err != nil {
@@ -431,6 +411,53 @@ func (c *controlClient) call(ctx context.Context, name, addr, path string, in, o
 		}
 	}
 	return nil
+}
+
+// send makes a control call: a POST of in as JSON, or a GET if in is nil.
+// Failing to get an answer is the caller's cancel if ctx ended, else the
+// node unreachable (with ErrPeerFailed).
+func (c *controlClient) send(ctx context.Context, name, addr, path string, in any) (*http.Response, error) {
+	var body io.Reader
+	method := http.MethodGet
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return nil, err
+		}
+		body, method = bytes.NewReader(b), http.MethodPost
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.scheme()+addr+path, body)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.client(name).Do(req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("%w: call to %q ended: %w", protocol.ErrCancelled, name, ctx.Err())
+		}
+		return nil, fmt.Errorf("%w: %w: %s at %s: %v", protocol.ErrPeerFailed, ErrUnreachable, name, addr, err)
+	}
+	return resp, nil
+}
+
+// readAnswer reads a whole (bounded) answer; breaking off is the node
+// unreachable.
+func readAnswer(name string, r io.Reader) ([]byte, error) {
+	b, err := io.ReadAll(r)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w: %s: reading the answer: %v", protocol.ErrPeerFailed, ErrUnreachable, name, err)
+	}
+	return b, nil
+}
+
+// refusal is the error of an answer that is not a success: the node's own
+// error when it sent one (its wire codes kept), else its status and body.
+func refusal(name, status string, b []byte) error {
+	var a legAnswer
+	if json.Unmarshal(b, &a) == nil && a.Error != nil {
+		return a.Error.err()
+	}
+	return fmt.Errorf("%w: %s answered %s: %s", protocol.ErrPeerFailed, name, status, bytes.TrimSpace(b))
 }
 
 // stream posts in to node's path at addr and reads its answer as a
@@ -441,33 +468,18 @@ func (c *controlClient) call(ctx context.Context, name, addr, path string, in, o
 // error ends the call. A stream that breaks off before its End is
 // ErrUnreachable, with ErrPeerFailed.
 func (c *controlClient) stream(ctx context.Context, name, addr, path string, in any, onFrame func(legAnswer) error) error {
-	b, err := json.Marshal(in)
+	resp, err := c.send(ctx, name, addr, path, in)
 	if err != nil {
 		return err
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.scheme()+addr+path, bytes.NewReader(b))
-	if err != nil {
-		return err
-	}
-	resp, err := c.client(name).Do(req)
-	if err != nil {
-		if ctx.Err() != nil {
-			return fmt.Errorf("%w: call to %q ended: %w", protocol.ErrCancelled, name, ctx.Err())
-		}
-		return fmt.Errorf("%w: %w: %s at %s: %v", protocol.ErrPeerFailed, ErrUnreachable, name, addr, err)
 	}
 	defer resp.Body.Close()
 	body := io.LimitReader(resp.Body, maxControlBody)
 	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != frameType {
-		b, err := io.ReadAll(body)
+		b, err := readAnswer(name, body)
 		if err != nil {
-			return fmt.Errorf("%w: %w: %s: reading the answer: %v", protocol.ErrPeerFailed, ErrUnreachable, name, err)
+			return err
 		}
-		var a legAnswer
-		if json.Unmarshal(b, &a) == nil && a.Error != nil {
-			return a.Error.err()
-		}
-		return fmt.Errorf("%w: %s answered %s: %s", protocol.ErrPeerFailed, name, resp.Status, bytes.TrimSpace(b))
+		return refusal(name, resp.Status, b)
 	}
 	dec := json.NewDecoder(body)
 	dec.DisallowUnknownFields()
