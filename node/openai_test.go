@@ -354,25 +354,12 @@ func TestEveryParameterIsHonoured(t *testing.T) {
 // sseEvents reads a server-sent event stream's data lines up to [DONE].
 func sseEvents(t *testing.T, r io.Reader) []map[string]any {
 	t.Helper()
+	events := newSSEReader(t, r)
 	var out []map[string]any
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line, ok := strings.CutPrefix(sc.Text(), "data: ")
-		if !ok {
-			continue
-		}
-		if line == "[DONE]" {
-			return out
-		}
-		var ev map[string]any
-		if err := json.Unmarshal([]byte(line), &ev); err != nil {
-			t.Fatalf("event %q: %v", line, err)
-		}
+	for ev := events.next(); ev != nil; ev = events.next() {
 		out = append(out, ev)
 	}
-	t.Fatalf("the stream ended without [DONE]: %v", sc.Err())
-	return nil
+	return out
 }
 
 // /v1/models lists the deployment's model; chat completions run the

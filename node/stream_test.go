@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -57,8 +58,8 @@ type sseReader struct {
 	sc *bufio.Scanner
 }
 
-func newSSEReader(t *testing.T, resp *http.Response) *sseReader {
-	sc := bufio.NewScanner(resp.Body)
+func newSSEReader(t *testing.T, body io.Reader) *sseReader {
+	sc := bufio.NewScanner(body)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	return &sseReader{t: t, sc: sc}
 }
@@ -139,7 +140,7 @@ func TestStreamSendsTheFirstTokenWhileGenerationIsHeld(t *testing.T) {
 		gate := gateDecode(l.Decodes[0])
 		resp := startStream(t, context.Background(), l, c.path, c.body())
 		id := <-gate.held
-		events := newSSEReader(t, resp)
+		events := newSSEReader(t, resp.Body)
 		var text string
 		for text == "" {
 			ev := events.next()
@@ -188,7 +189,7 @@ func TestStreamEqualsTheAnswerWithoutStreaming(t *testing.T) {
 		plain, _ := post(t, l, "/v1/completions", body)
 		body["stream_options"] = map[string]any{"include_usage": true}
 		resp := startStream(t, context.Background(), l, "/v1/completions", body)
-		events := newSSEReader(t, resp)
+		events := newSSEReader(t, resp.Body)
 		texts, finishes := map[int]string{}, map[int]string{}
 		var usage map[string]any
 		var lpTokens []string
@@ -295,7 +296,7 @@ func TestStreamFailureAfterTheFirstTokenIsAnErrorEvent(t *testing.T) {
 	resp := startStream(t, context.Background(), l, "/v1/completions", map[string]any{"prompt": "the secret is QX7-zeta; again, the secret is ", "max_tokens": 12})
 	defer resp.Body.Close()
 	<-gate.held
-	events := newSSEReader(t, resp)
+	events := newSSEReader(t, resp.Body)
 	var text string
 	for text == "" {
 		ev := events.next()
@@ -331,7 +332,7 @@ func TestStreamDisconnectStopsDecodeAtTheNextToken(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	resp := startStream(t, ctx, l, "/v1/completions", map[string]any{"prompt": "the secret is QX7-zeta; again, the secret is ", "max_tokens": 200})
 	id := <-gate.held
-	events := newSSEReader(t, resp)
+	events := newSSEReader(t, resp.Body)
 	for text := ""; text == ""; {
 		text, _, _ = textOf(events.next(), 0)
 	}
@@ -431,7 +432,7 @@ func TestAStopStringEndsTheGenerationOnTheDecodeNode(t *testing.T) {
 		var text, finish string
 		if stream {
 			resp := startStream(t, context.Background(), l, "/v1/completions", body)
-			events := newSSEReader(t, resp)
+			events := newSSEReader(t, resp.Body)
 			for ev := events.next(); ev != nil; ev = events.next() {
 				s, f, _ := textOf(ev, 0)
 				text += s
