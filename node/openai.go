@@ -513,6 +513,14 @@ func usageOf(choices []choice, n int) usage {
 
 // servedBy names the nodes that served the choices in the response's headers.
 func servedBy(w http.ResponseWriter, choices []choice) {
+	pre, dec := nodesOf(choices)
+	w.Header().Set(PrefillHeader, pre)
+	w.Header().Set(DecodeHeader, dec)
+}
+
+// nodesOf lists the prefill and the decode nodes that served the choices,
+// each once, comma-separated.
+func nodesOf(choices []choice) (prefill, decode string) {
 	var pre, dec []string
 	for _, c := range choices {
 		if !slices.Contains(pre, c.res.Prefill) {
@@ -522,8 +530,7 @@ func servedBy(w http.ResponseWriter, choices []choice) {
 			dec = append(dec, c.res.Decode)
 		}
 	}
-	w.Header().Set(PrefillHeader, strings.Join(pre, ","))
-	w.Header().Set(DecodeHeader, strings.Join(dec, ","))
+	return strings.Join(pre, ","), strings.Join(dec, ",")
 }
 
 func (rt *Router) modelID(asked string) string {
@@ -862,7 +869,8 @@ func (cs *choiceStream) tokensWithin(at int) int {
 // streamWriter writes one request's server-sent events.
 type streamWriter struct {
 	rt      *Router
-	s       *sse
+	w       http.ResponseWriter
+	s       *sse // nil until the first event: the status line waits for it
 	p       genParams
 	chat    bool
 	id      string // the first handoff that streamed: cmpl- or chatcmpl- and its hex
@@ -872,11 +880,15 @@ type streamWriter struct {
 }
 
 // streamAnswer answers a request with stream: true: the event stream's
-// status line and a comment at once, then each choice's text as it is
-// generated, its finish_reason when it ends, usage if asked for, [DONE];
-// a failure after the status line is an error event before [DONE].
+// status line when the first choice has its first tokens (so that a
+// failure before any, e.g. no node to place it on, is an HTTP error with
+// its own status and Retry-After, and the headers can name the nodes
+// serving it), then each choice's text as it is generated, its
+// finish_reason when it ends, usage if asked for, [DONE]; a failure after
+// the status line is an error event before [DONE]. The headers name the
+// first choice's prefill and decode nodes; trailers name every choice's.
 func (rt *Router) streamAnswer(w http.ResponseWriter, r *http.Request, prompts []prompt, p genParams, tenant clientTenant, chat bool) {
-	sw := &streamWriter{rt: rt, s: rt.startStream(w), p: p, chat: chat, created: time.Now().Unix(), model: rt.modelID(p.model)}
+	sw := &streamWriter{rt: rt, w: w, p: p, chat: chat, created: time.Now().Unix(), model: rt.modelID(p.model)}
 	for range len(prompts) * p.n {
 		sw.choices = append(sw.choices, &choiceStream{})
 	}
@@ -902,10 +914,15 @@ func (rt *Router) streamAnswer(w http.ResponseWriter, r *http.Request, prompts [
 			}
 			u := usageOf(res.choices, p.n)
 			rt.counted(res.choices, u)
+			pre, dec := nodesOf(res.choices[:min(1, len(res.choices))])
+			sw.begin(pre, dec)
 			if p.includeUsage {
 				sw.send(-1, "", nil, nil, &u)
 			}
 			sw.s.done()
+			pre, dec = nodesOf(res.choices)
+			w.Header().Set(http.TrailerPrefix+PrefillHeader, pre)
+			w.Header().Set(http.TrailerPrefix+DecodeHeader, dec)
 			return
 		}
 	}
@@ -924,8 +941,10 @@ func (sw *streamWriter) write(events []relayEvent) {
 			h := protocol.RequestID(0)
 			if e.part != nil {
 				h = e.part.Handoff
+				sw.begin(e.part.Prefill, e.part.Decode)
 			} else {
 				h = e.end.res.ID
+				sw.begin(e.end.res.Prefill, e.end.res.Decode)
 			}
 			sw.id = strconv.FormatUint(uint64(h), 16)
 			if sw.chat {
@@ -940,6 +959,17 @@ func (sw *streamWriter) write(events []relayEvent) {
 			sw.end(e.index, cs, e.end)
 		}
 	}
+}
+
+// begin sends the status line and the event-stream headers, naming the
+// nodes of the choice that streamed first, unless they went already.
+func (sw *streamWriter) begin(prefill, decode string) {
+	if sw.s != nil {
+		return
+	}
+	sw.w.Header().Set(PrefillHeader, prefill)
+	sw.w.Header().Set(DecodeHeader, decode)
+	sw.s = sw.rt.startStream(sw.w)
 }
 
 // part sends what a choice's new tokens release.

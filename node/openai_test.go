@@ -1,10 +1,10 @@
 package node
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"math"
 	"net/http"
@@ -428,7 +428,7 @@ func TestChatModelsAndStreaming(t *testing.T) {
 }
 
 // A stream's client that disconnects before the answer (the prefill
-// node's KV computation held) cancels the request on both legs: neither
+// node's KV computation held, the status line not yet sent) cancels the request on both legs: neither
 // leg succeeds, and every page comes back.
 func TestStreamDisconnectCancelsBothLegs(t *testing.T) {
 	var hold *holdKV
@@ -444,19 +444,23 @@ func TestStreamDisconnectCancelsBothLegs(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	b, _ := json.Marshal(map[string]any{"prompt": strings.Repeat("a long prompt. ", 30), "max_tokens": 64, "stream": true})
 	req, _ := http.NewRequestWithContext(ctx, "POST", "http://"+l.API+"/v1/completions", bytes.NewReader(b))
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The stream has begun (its status line and a comment) and the
-	// request is on the prefill node; the client goes.
-	if _, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil {
-		t.Fatal(err)
-	}
+	// The status line waits for the first tokens: the client goes while it
+	// waits, the request on the prefill node.
+	gone := make(chan error, 1)
+	go func() {
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			err = errors.New("an answer (" + resp.Status + ") to a request held on its prefill node")
+		}
+		gone <- err
+	}()
 	<-hold.held
 	waitUntil(t, "the decode leg's call", func() bool { return len(l.Decodes[0].snapshot()) == 1 })
 	cancel()
-	resp.Body.Close()
+	if err := <-gone; !errors.Is(err, context.Canceled) {
+		t.Fatal(err)
+	}
 	waitUntil(t, "the prefill node's cancel call", func() bool { return l.Prefills[0].cancels.Load() == 1 })
 	close(hold.release)
 	for _, check := range []struct {

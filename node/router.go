@@ -152,6 +152,8 @@ type Completion struct {
 // Generated is a part of a completion's answer as it is generated.
 type Generated struct {
 	Handoff  protocol.RequestID   // the attempt's handoff
+	Prefill  string               // the attempt's prefill node
+	Decode   string               // and its decode node
 	Prompt   []int                // the prompt's tokens, BOS first
 	Tokens   []int                // generated since the last part
 	Logprobs []llama.TokenLogprob // theirs, when asked for
@@ -694,7 +696,7 @@ func (rt *Router) relay(id protocol.RequestID, node string, q *routed, f legAnsw
 	}
 	rt.mu.Unlock()
 	if c.Stream != nil {
-		c.Stream(Generated{Handoff: id, Prompt: q.prompt, Tokens: f.Tokens, Logprobs: f.Logprobs})
+		c.Stream(Generated{Handoff: id, Prefill: q.prefill, Decode: q.decode, Prompt: q.prompt, Tokens: f.Tokens, Logprobs: f.Logprobs})
 	}
 	return nil
 }

@@ -550,3 +550,56 @@ func TestStreamedCompletionsOverTheHandoffMatchAColocatedRun(t *testing.T) {
 	t.Logf("%d streams, %d text chunks", requests, chunks.Load())
 	allPagesBack(t, l)
 }
+
+// A stream's headers name the prefill and decode nodes of its first choice,
+// as a response without streaming names them, and its trailers name every
+// choice's: the status line waits for the first tokens, once the nodes are
+// chosen.
+func TestStreamNamesItsNodesInHeadersAndTrailers(t *testing.T) {
+	l := localBuiltin(t, LocalConfig{PrefillPages: 128, DecodePages: 128, Prefills: 2, Decodes: 2})
+	resp := startStream(t, context.Background(), l, "/v1/completions", map[string]any{"prompt": []string{"the secret is ", "again, the code is "}, "n": 2, "max_tokens": 6})
+	defer resp.Body.Close()
+	pre, dec := resp.Header.Get(PrefillHeader), resp.Header.Get(DecodeHeader)
+	if !strings.HasPrefix(pre, "prefill-") || !strings.HasPrefix(dec, "decode-") || strings.Contains(pre, ",") || strings.Contains(dec, ",") {
+		t.Fatalf("headers %s=%q %s=%q: want the first choice's one prefill and one decode node", PrefillHeader, pre, DecodeHeader, dec)
+	}
+	events := newSSEReader(t, resp.Body)
+	for ev := events.next(); ev != nil; ev = events.next() {
+	}
+	io.Copy(io.Discard, resp.Body) // trailers come after the body
+	tpre, tdec := resp.Trailer.Get(PrefillHeader), resp.Trailer.Get(DecodeHeader)
+	if !strings.Contains(tpre, pre) || !strings.Contains(tdec, dec) {
+		t.Fatalf("trailers %s=%q %s=%q do not name the headers' nodes %q, %q", PrefillHeader, tpre, DecodeHeader, tdec, pre, dec)
+	}
+	for _, n := range append(strings.Split(tpre, ","), strings.Split(tdec, ",")...) {
+		if !strings.HasPrefix(n, "prefill-") && !strings.HasPrefix(n, "decode-") {
+			t.Fatalf("trailers %q, %q: %q is no node", tpre, tdec, n)
+		}
+	}
+}
+
+// A stream that fails before its first token is an HTTP error with its own
+// status, not a 200 whose only event is an error: with no prefill node to
+// place it on, the client gets the 503 with Retry-After that it retries.
+func TestStreamFailureBeforeAnyTokenIsAnHTTPError(t *testing.T) {
+	l := localBuiltin(t, LocalConfig{PrefillPages: 128, DecodePages: 128})
+	if err := l.CrashPrefill(0); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := json.Marshal(map[string]any{"prompt": "the secret is ", "max_tokens": 6, "stream": true})
+	resp, err := http.Post("http://"+l.API+"/v1/completions", "application/json", bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" || resp.Header.Get("Content-Type") == "text/event-stream" {
+		t.Fatalf("%d %v %s: want a 503 with Retry-After, not an event stream", resp.StatusCode, resp.Header, body)
+	}
+	var e struct {
+		Error struct{ Code string } `json:"error"`
+	}
+	if err := json.Unmarshal(body, &e); err != nil || e.Error.Code == "" {
+		t.Fatalf("body %s: not an OpenAI error (%v)", body, err)
+	}
+}
