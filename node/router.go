@@ -107,6 +107,7 @@ type routed struct {
 	tokens     []int                // as the decode node streams them (mu)
 	logprobs   []llama.TokenLogprob // one a token, when asked for
 	firstToken time.Time            // when the first token came (mu)
+	deadline   time.Time            // the client's request's, across attempts
 	bytes      int                  // the KV the handoff moves: the prompt's pages on the decode node
 	cached     int                  // prompt tokens the decode node had cached (its prefix hit; mu)
 	done       chan error           // the client-visible outcome, once
@@ -426,7 +427,7 @@ func (rt *Router) Complete(ctx context.Context, c Completion) (Result, error) {
 		}
 	}
 	for attempt := 1; ; attempt++ {
-		res, err := rt.complete(ctx, c, attempt)
+		res, err := rt.complete(ctx, c, attempt, deadline)
 		// Over a peer's quota is no room for that peer now, as a full pool is.
 		full := errors.Is(err, protocol.ErrNoCapacity) || errors.Is(err, protocol.AbortNoCapacity) || errors.Is(err, protocol.AbortOverQuota)
 		if !full || streamed.Load() || time.Now().Add(backoff).After(deadline) {
@@ -446,7 +447,9 @@ func (rt *Router) Complete(ctx context.Context, c Completion) (Result, error) {
 	}
 }
 
-func (rt *Router) complete(ctx context.Context, c Completion, attempt int) (Result, error) {
+// complete is one attempt at c, which fails by deadline: the client's
+// request's, the same for all its attempts.
+func (rt *Router) complete(ctx context.Context, c Completion, attempt int, deadline time.Time) (Result, error) {
 	if c.BodyScope != "" && !rt.cfg.Research.Has(research.ClientScope) {
 		return Result{}, scopeParam("cache_salt") // a request never names its scope
 	}
@@ -481,9 +484,9 @@ func (rt *Router) complete(ctx context.Context, c Completion, attempt int) (Resu
 	if c.RequestID == "" {
 		c.RequestID = strconv.FormatUint(uint64(id), 10)
 	}
-	q := &routed{completion: c, prompt: prompt, done: make(chan error, 1), legs: map[protocol.NodeID]context.CancelFunc{}, cancelled: map[protocol.NodeID]bool{}}
+	q := &routed{completion: c, prompt: prompt, deadline: deadline, done: make(chan error, 1), legs: map[protocol.NodeID]context.CancelFunc{}, cancelled: map[protocol.NodeID]bool{}}
 	rt.pending[id] = q
-	d, err := rt.r.Submit(id, len(prompt), time.Now())
+	d, err := rt.r.SubmitBy(id, len(prompt), time.Now(), deadline)
 	if err != nil {
 		delete(rt.pending, id)
 		rt.mu.Unlock()
@@ -628,7 +631,7 @@ func (rt *Router) dispatchLocked(d protocol.Dispatch) {
 		// chain, for as long as it waits.
 		var err error
 		ticket, err = SignTicket(rt.cfg.TicketKey, Ticket{Request: d.Request, Tokens: uint32(len(q.prompt)), Prefill: pre.Name, Decode: dec.Name,
-			Expires: time.Now().Add(rt.cfg.Timeout), Scope: scope, Chain: chainDigest(chain)})
+			Expires: q.deadline, Scope: scope, Chain: chainDigest(chain)})
 		if err != nil {
 			rt.cfg.Log.Error("router: signing a ticket", "request_id", uint64(d.Request), "err", err)
 		}

@@ -426,6 +426,15 @@ func (r *Router) Limit() int {
 // A refused request gets Submit's error as its client-visible outcome and
 // no Outcome effect; an accepted one gets exactly one Outcome later.
 func (r *Router) Submit(id RequestID, tokens int, now time.Time) (Dispatch, error) {
+	return r.SubmitBy(id, tokens, now, time.Time{})
+}
+
+// SubmitBy is Submit with a deadline of the caller's: the request fails
+// with ErrTimedOut at the earlier of by and now+Timeout (a zero by: now+
+// Timeout, as Submit). A client's request that the caller retries as new
+// requests (a full pool) keeps one deadline across its attempts, so the
+// client waits at most Timeout, not Timeout an attempt.
+func (r *Router) SubmitBy(id RequestID, tokens int, now, by time.Time) (Dispatch, error) {
 	r.now = now
 	if q := r.reqs[id]; q != nil {
 		return Dispatch{}, fmt.Errorf("%w: request %d", ErrDuplicate, id)
@@ -452,9 +461,18 @@ func (r *Router) Submit(id RequestID, tokens int, now time.Time) (Dispatch, erro
 		leg.n.pages += leg.pages
 		leg.n.requests[id] = struct{}{}
 	}
-	if r.cfg.Timeout > 0 {
-		q.deadline = now.Add(r.cfg.Timeout)
-		r.deadline = append(r.deadline, timed{id, q.deadline})
+	if r.cfg.Timeout > 0 || !by.IsZero() {
+		q.deadline = by
+		if r.cfg.Timeout > 0 && (by.IsZero() || now.Add(r.cfg.Timeout).Before(by)) {
+			q.deadline = now.Add(r.cfg.Timeout)
+		}
+		// The queue stays in time order: a deadline of the caller's may
+		// come before those of requests submitted earlier.
+		i := len(r.deadline)
+		for i > 0 && q.deadline.Before(r.deadline[i-1].at) {
+			i--
+		}
+		r.deadline = slices.Insert(r.deadline, i, timed{id, q.deadline})
 	}
 	d := Dispatch{Request: id, Tokens: tokens, Prefill: q.prefill, Decode: q.decode}
 	r.effects.Dispatches = append(r.effects.Dispatches, d)
@@ -628,7 +646,7 @@ func (r *Router) Tick(now time.Time) {
 		t := r.deadline[0]
 		r.deadline = r.deadline[1:]
 		if q := r.reqs[t.id]; q != nil && q.status == RouteRunning && q.deadline.Equal(t.at) {
-			r.decide(t.id, q, fmt.Errorf("%w: no outcome within %v", ErrTimedOut, r.cfg.Timeout))
+			r.decide(t.id, q, fmt.Errorf("%w: no outcome by its deadline (timeout %v)", ErrTimedOut, r.cfg.Timeout))
 		}
 	}
 	for len(r.ended) > 0 && now.Sub(r.ended[0].at) >= r.cfg.Horizon {

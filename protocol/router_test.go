@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -352,6 +353,37 @@ func TestRouterTimeoutFailsAndCancelsBothLegs(t *testing.T) {
 	e := r.Effects()
 	if len(e.Outcomes) != 1 || e.Outcomes[0].Request != 2 || !errors.Is(e.Outcomes[0].Err, ErrTimedOut) || len(e.Cancels) != 2 {
 		t.Fatalf("at r2's deadline: %+v", e)
+	}
+}
+
+// A request submitted with a deadline of the caller's (a retried client
+// request's, the same for each attempt) fails at that deadline when it comes
+// before now+Timeout, even after requests submitted earlier with later
+// deadlines, and at now+Timeout when it comes after.
+func TestRouterSubmitByKeepsTheCallersEarlierDeadline(t *testing.T) {
+	r := newTestRouter(t, RouterConfig{Timeout: 10 * time.Second}, prefillNode(1, 64), decodeNode(2, 64))
+	r.Submit(1, 4, t0)                                             // by t0+10s
+	r.SubmitBy(2, 4, t0.Add(time.Second), t0.Add(3*time.Second))   // the retry of a request that began at t0-7s
+	r.SubmitBy(3, 4, t0.Add(time.Second), t0.Add(time.Minute))     // by t0+11s: the Timeout is the bound
+	r.SubmitBy(4, 4, t0.Add(2*time.Second), t0.Add(2*time.Second)) // due at once
+	r.Effects()
+	outcomes := func(at time.Duration) (ids []RequestID) {
+		r.Tick(t0.Add(at))
+		for _, o := range r.Effects().Outcomes {
+			if !errors.Is(o.Err, ErrTimedOut) {
+				t.Fatalf("at t0+%v: r%d %v, want a timeout", at, o.Request, o.Err)
+			}
+			ids = append(ids, o.Request)
+		}
+		return ids
+	}
+	for _, step := range []struct {
+		at   time.Duration
+		want []RequestID
+	}{{2 * time.Second, []RequestID{4}}, {3 * time.Second, []RequestID{2}}, {10 * time.Second, []RequestID{1}}, {11 * time.Second, []RequestID{3}}} {
+		if got := outcomes(step.at); !slices.Equal(got, step.want) {
+			t.Fatalf("at t0+%v: timed out %v, want %v", step.at, got, step.want)
+		}
 	}
 }
 
