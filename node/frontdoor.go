@@ -26,6 +26,12 @@ type HTTPLimits struct {
 	// IdleTimeout bounds a keep-alive connection between requests; 60 s by
 	// default.
 	IdleTimeout time.Duration
+	// WriteTimeout bounds each write of an answer to its client: the whole
+	// of a response, or one event of a stream (a stream may last as long
+	// as its generation; a client that stops reading may not hold it). 30 s
+	// by default. Past it the connection is closed and the request
+	// cancelled on both legs, as if the client had gone.
+	WriteTimeout time.Duration
 	// MaxHeaderBytes bounds a request's headers; 64 KiB by default.
 	MaxHeaderBytes int
 	// MaxBodyBytes bounds a request's body (the JSON decoder holds at most
@@ -46,6 +52,7 @@ func (l *HTTPLimits) defaults() {
 	def(&l.HeaderTimeout, 10*time.Second)
 	def(&l.BodyTimeout, 30*time.Second)
 	def(&l.IdleTimeout, 60*time.Second)
+	def(&l.WriteTimeout, 30*time.Second)
 	if l.MaxHeaderBytes == 0 {
 		l.MaxHeaderBytes = 64 << 10
 	}
@@ -94,10 +101,51 @@ func bodyDeadline(h http.Handler, limits HTTPLimits) http.Handler {
 	})
 }
 
+// writeDeadline gives each write of an answer WriteTimeout (net/http's
+// WriteTimeout would bound the whole handler, and so a stream's length):
+// the deadline is set as the handler writes its status line, its body, or
+// flushes an event, so it measures the client's reading, not the
+// generation. A write past it fails, and so do the ones after.
+type writeDeadline struct {
+	http.ResponseWriter
+	rc *http.ResponseController
+	d  time.Duration
+}
+
+func writeDeadlines(h http.Handler, limits HTTPLimits) http.Handler {
+	if limits.WriteTimeout < 0 {
+		return h
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.ServeHTTP(&writeDeadline{ResponseWriter: w, rc: http.NewResponseController(w), d: limits.WriteTimeout}, r)
+	})
+}
+
+func (w *writeDeadline) arm() { w.rc.SetWriteDeadline(time.Now().Add(w.d)) }
+
+func (w *writeDeadline) WriteHeader(code int) {
+	w.arm()
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *writeDeadline) Write(b []byte) (int, error) {
+	w.arm()
+	return w.ResponseWriter.Write(b)
+}
+
+// FlushError is what http.ResponseController's Flush calls.
+func (w *writeDeadline) FlushError() error {
+	w.arm()
+	return w.rc.Flush()
+}
+
+// Unwrap lets http.ResponseController reach the connection.
+func (w *writeDeadline) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
 // serveAPI serves h on ln in plaintext HTTP under limits until ctx ends,
 // then shuts down, giving calls in flight a moment.
 func serveAPI(ctx context.Context, ln net.Listener, h http.Handler, limits HTTPLimits, log *slog.Logger) error {
-	srv := &http.Server{Handler: bodyDeadline(h, limits), ReadHeaderTimeout: on(limits.HeaderTimeout),
+	srv := &http.Server{Handler: bodyDeadline(writeDeadlines(h, limits), limits), ReadHeaderTimeout: on(limits.HeaderTimeout),
 		IdleTimeout: on(limits.IdleTimeout), MaxHeaderBytes: max(limits.MaxHeaderBytes, 0),
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	if limits.IdleTimeout < 0 {

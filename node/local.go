@@ -68,6 +68,8 @@ type LocalConfig struct {
 	TrustTenantHeader bool
 	// APIKeys, if set, authenticate the router's clients (RouterConfig).
 	APIKeys *APIKeys
+	// HTTP bounds the router's API clients (RouterConfig.HTTP).
+	HTTP HTTPLimits
 }
 
 // Local is a running in-process deployment.
@@ -208,7 +210,7 @@ func StartLocal(cfg LocalConfig) (*Local, error) {
 	scopeKey := make([]byte, 32)
 	rand.Read(scopeKey)
 	if l.Router, err = NewRouter(RouterConfig{Name: "router", Registry: reg, Security: sec, ModelID: cfg.ModelID, Timeout: cfg.Timeout, Log: cfg.Log, TicketKey: ticketKey,
-		ScopeKey: scopeKey, PublicPrefixes: cfg.PublicPrefixes, TrustTenantHeader: cfg.TrustTenantHeader, APIKeys: cfg.APIKeys, Research: cfg.Research, beforeDecodeCall: cfg.beforeDecodeCall}); err != nil {
+		ScopeKey: scopeKey, PublicPrefixes: cfg.PublicPrefixes, TrustTenantHeader: cfg.TrustTenantHeader, APIKeys: cfg.APIKeys, HTTP: cfg.HTTP, Research: cfg.Research, beforeDecodeCall: cfg.beforeDecodeCall}); err != nil {
 		return fail(err)
 	}
 	api, err := listen()

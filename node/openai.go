@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"math/rand/v2"
 	"net/http"
 	"slices"
@@ -657,6 +656,9 @@ func (e *errorRecorder) WriteHeader(int)             {}
 type sse struct {
 	w  http.ResponseWriter
 	rc *http.ResponseController
+	// broken is the first write that failed (the client stopped reading
+	// past HTTPLimits.WriteTimeout, or went): nothing more is sent.
+	broken error
 }
 
 // startStream sends the status line and the event-stream headers at once
@@ -666,8 +668,7 @@ func (rt *Router) startStream(w http.ResponseWriter) *sse {
 	w.Header().Set("Cache-Control", "no-cache")
 	w.WriteHeader(http.StatusOK)
 	s := &sse{w: w, rc: http.NewResponseController(w)}
-	fmt.Fprint(w, ": kvhandoff\n\n")
-	s.rc.Flush()
+	s.write([]byte(": kvhandoff\n\n"))
 	return s
 }
 
@@ -677,15 +678,20 @@ func (s *sse) send(v any) {
 }
 
 func (s *sse) event(b []byte) {
-	s.w.Write([]byte("data: "))
-	s.w.Write(bytes.TrimSpace(b))
-	s.w.Write([]byte("\n\n"))
-	s.rc.Flush()
+	s.write([]byte("data: "), bytes.TrimSpace(b), []byte("\n\n"))
 }
 
-func (s *sse) done() {
-	s.w.Write([]byte("data: [DONE]\n\n"))
-	s.rc.Flush()
+func (s *sse) done() { s.write([]byte("data: [DONE]\n\n")) }
+
+func (s *sse) write(parts ...[]byte) {
+	for _, p := range parts {
+		if s.broken == nil {
+			_, s.broken = s.w.Write(p)
+		}
+	}
+	if s.broken == nil {
+		s.broken = s.rc.Flush()
+	}
 }
 
 // models is GET /v1/models: the model this deployment serves.
@@ -898,11 +904,22 @@ func (rt *Router) streamAnswer(w http.ResponseWriter, r *http.Request, prompts [
 		err     error
 	}
 	done := make(chan ran, 1)
+	// A client that stops reading is one that went: its request is
+	// cancelled on both legs.
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
 	go func() {
-		choices, err := rt.run(r.Context(), r, prompts, p, tenant, relay)
+		choices, err := rt.run(ctx, r, prompts, p, tenant, relay)
 		done <- ran{choices, err}
 	}()
 	for {
+		if sw.s != nil && sw.s.broken != nil {
+			cancel()
+			<-done
+			rt.cfg.Metrics.requests.WithLabelValues("499").Inc()
+			rt.cfg.Log.Info("request abandoned by its client: a write failed", "request_id", requestIDOf(r.Context()), "err", sw.s.broken)
+			return
+		}
 		select {
 		case <-relay.wake:
 			sw.write(relay.take())

@@ -603,3 +603,40 @@ func TestStreamFailureBeforeAnyTokenIsAnHTTPError(t *testing.T) {
 		t.Fatalf("body %s: not an OpenAI error (%v)", body, err)
 	}
 }
+
+// A stream whose client stops reading is a client gone: past the write
+// timeout its write fails, and the request is cancelled on both legs, the
+// decode node's generation stopped at the next token. With a write timeout
+// of a nanosecond no write can succeed: the status line's fails at once.
+func TestStreamToAClientThatStopsReadingIsCancelledAtTheWriteTimeout(t *testing.T) {
+	l := localBuiltin(t, LocalConfig{PrefillPages: 128, DecodePages: 128, HTTP: HTTPLimits{WriteTimeout: time.Nanosecond}})
+	gate := gateDecode(l.Decodes[0])
+	b, _ := json.Marshal(map[string]any{"prompt": "the secret is QX7-zeta; again, the secret is ", "max_tokens": 200, "stream": true})
+	answered := make(chan error, 1)
+	go func() {
+		resp, err := http.Post("http://"+l.API+"/v1/completions", "application/json", bytes.NewReader(b))
+		if err == nil {
+			_, err = io.ReadAll(resp.Body)
+			resp.Body.Close()
+		}
+		answered <- err
+	}()
+	id := <-gate.held
+	// The first token's status line could not be written: the request is
+	// cancelled while its generation is held after that token.
+	waitUntil(t, "the router to count the client gone", func() bool {
+		return counter(t, l.Router.Metrics(), "kvhandoff_client_requests_total", "code", "499") == 1
+	})
+	close(gate.release)
+	dm := l.Decodes[0].Metrics()
+	waitUntil(t, "the decode leg to fail", func() bool {
+		return counter(t, dm, "kvhandoff_handoff_failures_total", "reason", "cancelled") == 1
+	})
+	allPagesBack(t, l)
+	if n, after := gate.generated(id), counterValue(t, dm, "kvhandoff_decode_tokens_after_cancel_total"); n > 2 || after > 1 {
+		t.Fatalf("generated %d of 200 tokens, %v after the cancel; want at most 1 after it", n, after)
+	}
+	if err := <-answered; err == nil {
+		t.Fatal("the client read a whole answer through writes that cannot succeed")
+	}
+}

@@ -148,6 +148,7 @@ type serveFlags struct {
 	insecure                                    bool
 	timeout, grace                              time.Duration
 	httpBodyTimeout, httpIdleTimeout            time.Duration
+	httpWriteTimeout                            time.Duration
 	httpMaxBody                                 int64
 	httpMaxConns                                int
 	chatTemplate                                string
@@ -195,6 +196,7 @@ func defineServeFlags(fs *flag.FlagSet) *serveFlags {
 	fs.DurationVar(&o.timeout, "timeout", 30*time.Second, "a request's timeout (router) or a leg's (nodes)")
 	fs.DurationVar(&o.grace, "grace", 10*time.Second, "how long a stopping node waits for requests in flight")
 	fs.DurationVar(&o.httpBodyTimeout, "http-body-timeout", 30*time.Second, "router: how long a client has to send a request's body once its headers are in (then 408, connection closed)")
+	fs.DurationVar(&o.httpWriteTimeout, "http-write-timeout", 30*time.Second, "router: how long one write of an answer (a response, or one event of a stream) may wait for a client that stops reading; past it the request is cancelled")
 	fs.DurationVar(&o.httpIdleTimeout, "http-idle-timeout", 60*time.Second, "router: how long a keep-alive connection may sit idle between requests")
 	fs.Int64Var(&o.httpMaxBody, "http-max-body", 1<<20, "router: the largest request body, bytes (a longer one is a 400)")
 	fs.IntVar(&o.httpMaxConns, "http-max-conns", 1024, "router: client connections open at once (more wait to be accepted)")
@@ -367,7 +369,7 @@ func (o *serveFlags) model() (*llama.Model, error) {
 // runRouter runs the router until ctx is done.
 func (o *serveFlags) runRouter(ctx context.Context, reg node.Registry, sec node.Security, m *llama.Model, keys ticketKeys, log *slog.Logger) error {
 	cfg := node.RouterConfig{Name: o.name, Registry: reg, Security: sec, ModelID: o.modelID, Timeout: o.timeout, Log: log,
-		HTTP:           node.HTTPLimits{BodyTimeout: o.httpBodyTimeout, IdleTimeout: o.httpIdleTimeout, MaxBodyBytes: o.httpMaxBody, MaxConns: o.httpMaxConns},
+		HTTP:           node.HTTPLimits{BodyTimeout: o.httpBodyTimeout, IdleTimeout: o.httpIdleTimeout, WriteTimeout: o.httpWriteTimeout, MaxBodyBytes: o.httpMaxBody, MaxConns: o.httpMaxConns},
 		TrustRequestID: o.trustRequestID, TicketKey: keys.signer, PublicPrefixes: o.publicPrefixes, TrustTenantHeader: o.trustTenantHeader}
 	if o.apiKeys != "" {
 		f, err := os.Open(o.apiKeys)
