@@ -281,6 +281,12 @@ type run[S any, A comparable] struct {
 	res      *Result[S, A]
 	found    map[string]bool
 	rejects  map[string]int
+	// last is the last trace rebuilt and the choices that made it: a filter
+	// that refuses many candidates gets them in breadth-first order, where
+	// consecutive ones share most of their path, and a rebuild resumes at
+	// the first choice that differs.
+	last        []Step[S, A]
+	lastChoices []int
 	stop     bool
 	heap     *heap
 
@@ -725,12 +731,26 @@ func (c *run[S, A]) rebuild(at stateRef) ([]Step[S, A], error) {
 		buf = c.m.AppendFingerprint(buf[:0], s)
 		return c.fingerprint(buf) == want
 	}
-	cur := c.inits[choices[0]]
-	if !check(0, &cur) {
-		return nil, ErrNondeterministic
+	// The prefix the last rebuild shares (the same choices make the same
+	// states): copied, not replayed.
+	k := 0
+	for k < len(choices) && k < len(c.lastChoices) && choices[k] == c.lastChoices[k] {
+		k++
 	}
-	trace := []Step[S, A]{{State: cur, Initial: true}}
-	for i, want := range choices[1:] {
+	var trace []Step[S, A]
+	if k > 0 {
+		trace = append(make([]Step[S, A], 0, len(choices)), c.last[:k]...)
+	} else {
+		cur := c.inits[choices[0]]
+		if !check(0, &cur) {
+			return nil, ErrNondeterministic
+		}
+		trace = append(make([]Step[S, A], 0, len(choices)), Step[S, A]{State: cur, Initial: true})
+		k = 1
+	}
+	cur := trace[k-1].State
+	for i, want := range choices[k:] {
+		i += k - 1
 		var next S
 		var action A
 		n, ok := 0, false
@@ -746,5 +766,6 @@ func (c *run[S, A]) rebuild(at stateRef) ([]Step[S, A], error) {
 		cur = next
 		trace = append(trace, Step[S, A]{Action: action, State: cur})
 	}
+	c.last, c.lastChoices = trace, append(c.lastChoices[:0], choices...)
 	return trace, nil
 }
