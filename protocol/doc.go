@@ -92,7 +92,7 @@
 //  22. Prefix lengths agree: Sender.admit, Sender.post, Receiver.verify; TestPrefixHitGrantsAndWritesOnlyThePagesPastIt, TestSenderRefusesAGrantWhosePrefixDoesNotFit
 //  23. Shared read check: Receiver.Acquire, Pool.CheckShared; TestEvictionTakesOnlyUnpinnedPagesLeastRecentlyUsedFirst, TestEvictPinnedReallocatesAPinnedPage
 //  24. Insert verified pages, unpin on every end, evict only unpinned, leaf first: Receiver.Finish, Receiver.dropSlot, Pool.Insert, Pool.Pin, Pool.TouchChain, Pool.Unpin, Pool.Allocate, Receiver.Audit; TestEvictionTakesOnlyUnpinnedPagesLeastRecentlyUsedFirst, TestEvictionTakesAChainsLeafBeforeItsRoot, TestFinishLeavesAChainsRootTheMostRecentlyUsed, TestPrefixReuseAtScaleKeepsEveryProperty, TestEachPrefixSwitchBreaksAProperty
-//  25. Write only computed pages: Sender.ComputedPages, Sender.post; TestAWriteWaitsForItsPageToBeComputed, TestPagesComputedBeforeTheGrantAreWrittenAtIt, TestDoneWaitsForEveryPageToBeComputed, TestComputedPagesRefusesCountsOutsideTheRequest, TestComputedPagesAfterTheRequestEndedChangesNothing, TestStreamingWithAPrefixWritesOnlyThePagesPastIt
+//  25. Write only computed pages: Sender.ComputedPages, Sender.post; TestAWriteWaitsForItsPageToBeComputed, TestPagesComputedBeforeTheGrantAreWrittenAtIt, TestDoneWaitsForEveryPageToBeComputed, TestComputedPagesRefusesCountsOutsideTheRequest, TestComputedPagesAfterTheRequestEndedChangesNothing, TestStreamingWithAPrefixWritesOnlyThePagesPastIt, TestWriteUncomputedShipsPagesNotComputedYet
 //
 // # Encodings
 //

@@ -412,7 +412,11 @@ func (s *Sender) post(id RequestID, q *sendRequest) {
 	if q.phase != SenderWriting || q.computed == 0 || q.failed != nil { // nothing more on a broken queue pair
 		return
 	}
-	for q.posted < len(q.writes) && q.skip+q.posted < q.computed && q.posted-q.completed < s.cfg.MaxInFlight {
+	computed := q.computed
+	if s.cfg.Research.Has(research.WriteUncomputed) {
+		computed = len(q.src) // the bug: the first chunk's completion taken for the prompt's
+	}
+	for q.posted < len(q.writes) && q.skip+q.posted < computed && q.posted-q.completed < s.cfg.MaxInFlight {
 		w := &q.writes[q.posted]
 		i := q.skip + q.posted // the page's index in the request: the prefix is not written
 		src := q.src[i].Page
