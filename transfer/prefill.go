@@ -204,6 +204,7 @@ func (p *Prefill) SubmitWith(id protocol.RequestID, peer string, tokens int, o p
 	p.applyHeld(id, st) // what came for it meanwhile, in order
 	stopped := errors.Is(err, ErrStopped)
 	switch {
+	case stopped && p.flushHeld[st.peer]: // the flush below fails it
 	case err != nil:
 		p.sender.Cancel(id) // nothing for a request that ended (ErrStopped)
 	default:
