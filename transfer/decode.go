@@ -3,6 +3,7 @@ package transfer
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/kvhandoff/kvhandoff/internal/research"
@@ -265,3 +266,23 @@ func (d *Decode) carry() {
 }
 
 func (d *Decode) tick(now time.Time) { d.receiver.Tick(now) }
+
+// CachedTagRecords calls f with every prefix cache page and a copy of its
+// tag record, under the endpoint's lock: a cached page is in no grant, so
+// nothing writes it while it stays cached at that epoch, and a watcher
+// that sees its record change has seen a cached page written (the demo's
+// check of write-shared; docs/protocol.md rule 24).
+func (d *Decode) CachedTagRecords(f func(ref protocol.PageRef, record []byte)) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	pool := d.receiver.Pool()
+	if pool.Cached() == 0 {
+		return
+	}
+	m := pagesOf{d}
+	for p := range pool.Len() {
+		if _, _, cached := pool.Shared(uint32(p)); cached {
+			f(protocol.PageRef{Page: uint32(p), Epoch: pool.Epoch(uint32(p))}, slices.Clone(m.TagRecord(uint32(p))))
+		}
+	}
+}
