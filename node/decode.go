@@ -315,8 +315,7 @@ func (n *Decode) generate(id protocol.RequestID, r *decodeReq) {
 	r.prefix = shared * n.cfg.PageTokens
 	n.mu.Unlock()
 	if shared > 0 {
-		n.cfg.Metrics.prefixHits.WithLabelValues(n.scopeLabel(c)).Inc()
-		n.cfg.Metrics.prefixTok.WithLabelValues(n.scopeLabel(c)).Add(float64(shared * n.cfg.PageTokens))
+		n.countHit(c, shared)
 	}
 	// From here the read holds the pages (and the prefix's pins): every
 	// path ends at Finish, which gives them back, whatever failed.
@@ -523,9 +522,30 @@ func (n *Decode) scopeLabel(c *decodeCall) string {
 	return c.ScopeLabel
 }
 
-// prefixGauges reads the prefix cache's evictions and its pages by scope
-// label.
-func (n *Decode) prefixGauges() (uint64, map[string]int) {
+// countHit counts a read that reused shared cached pages: the tokens of
+// the declared public prefix's pages under its label, those past them (the
+// tenant's own pages, salted with its scope though cached under the public
+// one) under "tenant", and the hit once, under the label of the last page
+// it reused. A tenant's own hits never show under a public label.
+func (n *Decode) countHit(c *decodeCall, shared int) {
+	label := n.scopeLabel(c)
+	public := 0
+	if label != "tenant" {
+		public = min(shared, max(c.PublicPages, 0))
+	}
+	if public > 0 {
+		n.cfg.Metrics.prefixTok.WithLabelValues(label).Add(float64(public * n.cfg.PageTokens))
+	}
+	if own := shared - public; own > 0 {
+		n.cfg.Metrics.prefixTok.WithLabelValues("tenant").Add(float64(own * n.cfg.PageTokens))
+		label = "tenant"
+	}
+	n.cfg.Metrics.prefixHits.WithLabelValues(label).Inc()
+}
+
+// prefixGauges reads the prefix cache's evictions, its pages purged for a
+// caught writer, and its pages by scope label.
+func (n *Decode) prefixGauges() (evicted, purged uint64, cached map[string]int) {
 	by := n.ep.CachedByScope()
 	out := map[string]int{}
 	n.mu.Lock()
@@ -537,7 +557,8 @@ func (n *Decode) prefixGauges() (uint64, map[string]int) {
 		}
 		out[label] += pages
 	}
-	return n.ep.Stats().Prefix.PrefixEvictions, out
+	st := n.ep.Stats().Prefix
+	return st.PrefixEvictions, st.PrefixPurged, out
 }
 
 // sweep, every few milliseconds: a verified request whose prompt never
