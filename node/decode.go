@@ -47,6 +47,9 @@ type DecodeConfig struct {
 	// prompt starts with them reads them instead of having them transferred.
 	// It needs TicketKey: the scope and chain must be the router's.
 	PrefixCache bool
+	// PrefixScopePages caps each scope's cached pages (0: no cap; a scope
+	// at its cap evicts its own pages first, docs/security.md).
+	PrefixScopePages int
 }
 
 // Decode is a decode node: a transfer.Decode endpoint that prefill nodes
@@ -126,7 +129,7 @@ func NewDecode(cfg DecodeConfig) (*Decode, error) {
 	n := &Decode{incarnation: uint64(time.Now().UnixNano()), cfg: cfg, reqs: map[protocol.RequestID]*decodeReq{}, ended: map[protocol.RequestID]endedReq{},
 		fences: map[protocol.RequestID]time.Time{}, public: map[protocol.Scope]string{}}
 	dc := transfer.DecodeConfig{Pages: cfg.Pages, PageTokens: cfg.PageTokens, PageBytes: cfg.PageBytes, Timeout: cfg.Timeout, Horizon: time.Minute, Research: cfg.Research,
-		Admission: transfer.Admission{PeerRequests: cfg.PeerRequests, PeerPages: cfg.PeerPages}, PrefixCache: cfg.PrefixCache}
+		Admission: transfer.Admission{PeerRequests: cfg.PeerRequests, PeerPages: cfg.PeerPages}, PrefixCache: cfg.PrefixCache, PrefixScopePages: cfg.PrefixScopePages}
 	if cfg.TicketKey != nil {
 		dc.Authorize = NewTicketChecker(cfg.TicketKey, cfg.Name).Check
 	}

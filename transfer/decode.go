@@ -38,6 +38,9 @@ type DecodeConfig struct {
 	// so no window ever opens them. It needs Admission.Authorize, which must
 	// check the scope and chain the router's ticket binds.
 	PrefixCache bool
+	// PrefixScopePages caps each scope's cached pages
+	// (protocol.ReceiverConfig.PrefixScopePages); 0 is no cap.
+	PrefixScopePages int
 }
 
 // Decode is a decode node's transfer endpoint: a protocol.Receiver, its page
@@ -97,7 +100,7 @@ func NewDecode(dev rdma.Device, cfg DecodeConfig) (*Decode, error) {
 	d.receiver, err = protocol.NewReceiver(protocol.ReceiverConfig{Pages: cfg.Pages, PageTokens: cfg.PageTokens,
 		Slots: cfg.Slots, MaxTokens: min(cfg.MaxRequestPages*cfg.PageTokens, protocol.MaxTokens),
 		Timeout: cfg.Timeout, Horizon: cfg.Horizon, Memory: pagesOf{d}, TagKeys: d.tagKeyOf, Research: cfg.Research,
-		Authorize: d.authorizer(), PeerRequests: cfg.PeerRequests, PeerPages: cfg.PeerPages, PrefixCache: cfg.PrefixCache,
+		Authorize: d.authorizer(), PeerRequests: cfg.PeerRequests, PeerPages: cfg.PeerPages, PrefixCache: cfg.PrefixCache, PrefixScopePages: cfg.PrefixScopePages,
 		Region: func(p uint32) (uint64, uint32) { return addr + uint64(int(p)*d.slotBytes()), key }})
 	return d, err
 }
