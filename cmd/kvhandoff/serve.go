@@ -83,6 +83,9 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	default:
 		return fail("--role %q: router, prefill or decode", o.role)
 	}
+	if o.prefixScopePages < 0 || o.prefixScopePages > 0 && (!o.prefixCache || o.role != "decode") {
+		return fail("--prefix-cache-scope-pages %d: a number of pages, for a decode node with --prefix-cache", o.prefixScopePages)
+	}
 	sec, err := o.security(log)
 	if err != nil {
 		return fail("%v", err)
@@ -454,9 +457,6 @@ func (o *serveFlags) runPrefill(ctx context.Context, cfg node.NodeConfig, ctl ne
 // runDecode runs a decode node on its control listener ctl and its own
 // queue-pair setup listener.
 func (o *serveFlags) runDecode(ctx context.Context, cfg node.NodeConfig, ctl net.Listener, keys ticketKeys) error {
-	if o.prefixScopePages < 0 || o.prefixScopePages > 0 && !o.prefixCache {
-		return fmt.Errorf("--prefix-cache-scope-pages %d: a number of pages, with --prefix-cache", o.prefixScopePages)
-	}
 	tl, err := net.Listen("tcp", o.transferAddr)
 	if err != nil {
 		return err
