@@ -14,6 +14,8 @@ import (
 // which a healthy deployment never gives, so the run fails (a demo that
 // cannot tell a defended bug from a healthy run cannot check either).
 //
+// The message is the error's (in process) or the HTTP API's answer (as
+// processes: "the handoff failed (REASON: cause)", node's failureCauses).
 // What each cause can give:
 //   - a corrupted WRITE: a checksum mismatch, or a damaged tag record
 //     (malformed, or its MAC fails), of the one request the WRITE was for
@@ -71,11 +73,11 @@ func explain(o Outcome, injected Faults) string {
 			return ""
 		case injected.Corruptions > 0 && (has(protocol.ErrTagMalformed) || strings.Contains(msg, "MAC fails") || strings.Contains(msg, "payload sum is")):
 			return corrupted
-		case cutOrCrash && has(protocol.ErrFenced):
+		case cutOrCrash && (has(protocol.ErrFenced) || strings.Contains(msg, "(tag: fenced)")):
 			return "a page fenced by a cut or crash"
 		}
 	case "pages":
-		if has(protocol.ErrNoCapacity) || strings.Contains(msg, protocol.AbortNoCapacity.Error()) {
+		if has(protocol.ErrNoCapacity) || strings.Contains(msg, protocol.AbortNoCapacity.Error()) || strings.Contains(msg, "(pages: no room in a pool)") {
 			return "a full pool"
 		}
 	case "timeout":
