@@ -6,6 +6,9 @@ import (
 	"github.com/kvhandoff/kvhandoff/protocol"
 )
 
+// corrupted is explain's answer for a failure a corrupted WRITE explains.
+const corrupted = "a corrupted WRITE"
+
 // explain names what explains a failed, rejected or cancelled request:
 // something the demo did to the deployment (injected, the faults it
 // injected), or the request itself (a prompt over the limit, a body naming
@@ -31,10 +34,6 @@ import (
 //     shared page that is no longer a pinned cached page of the request's
 //     scope (eviction or purge leaves a pinned page readable), or a tag
 //     record naming another page.
-//
-// corrupted is explain's answer for a failure a corrupted WRITE explains.
-const corrupted = "a corrupted WRITE"
-
 func explain(o Outcome, injected Faults) string {
 	r, msg := o.Request, o.Err
 	has := func(err error) bool { return strings.Contains(msg, err.Error()) }
