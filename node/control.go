@@ -103,6 +103,11 @@ type decodeCall struct {
 	// metrics name it: "public:NAME" or "tenant" (never a tenant's name).
 	Scope      protocol.Scope `json:"scope,omitempty"`
 	ScopeLabel string         `json:"scope_label,omitempty"`
+	// PublicPages are the full pages of the declared public prefix a
+	// "public:NAME" request starts with: the metrics count a hit's tokens
+	// in them under that label, and those past them (the tenant's own,
+	// salted with its scope) under "tenant".
+	PublicPages int `json:"public_pages,omitempty"`
 }
 
 type cancelCall struct {

@@ -47,6 +47,9 @@ type DecodeConfig struct {
 	// prompt starts with them reads them instead of having them transferred.
 	// It needs TicketKey: the scope and chain must be the router's.
 	PrefixCache bool
+	// PrefixScopePages caps each scope's cached pages (0: no cap; a scope
+	// at its cap evicts its own pages first, docs/security.md).
+	PrefixScopePages int
 }
 
 // Decode is a decode node: a transfer.Decode endpoint that prefill nodes
@@ -126,7 +129,7 @@ func NewDecode(cfg DecodeConfig) (*Decode, error) {
 	n := &Decode{incarnation: uint64(time.Now().UnixNano()), cfg: cfg, reqs: map[protocol.RequestID]*decodeReq{}, ended: map[protocol.RequestID]endedReq{},
 		fences: map[protocol.RequestID]time.Time{}, public: map[protocol.Scope]string{}}
 	dc := transfer.DecodeConfig{Pages: cfg.Pages, PageTokens: cfg.PageTokens, PageBytes: cfg.PageBytes, Timeout: cfg.Timeout, Horizon: time.Minute, Research: cfg.Research,
-		Admission: transfer.Admission{PeerRequests: cfg.PeerRequests, PeerPages: cfg.PeerPages}, PrefixCache: cfg.PrefixCache}
+		Admission: transfer.Admission{PeerRequests: cfg.PeerRequests, PeerPages: cfg.PeerPages}, PrefixCache: cfg.PrefixCache, PrefixScopePages: cfg.PrefixScopePages}
 	if cfg.TicketKey != nil {
 		dc.Authorize = NewTicketChecker(cfg.TicketKey, cfg.Name).Check
 	}
@@ -315,8 +318,7 @@ func (n *Decode) generate(id protocol.RequestID, r *decodeReq) {
 	r.prefix = shared * n.cfg.PageTokens
 	n.mu.Unlock()
 	if shared > 0 {
-		n.cfg.Metrics.prefixHits.WithLabelValues(n.scopeLabel(c)).Inc()
-		n.cfg.Metrics.prefixTok.WithLabelValues(n.scopeLabel(c)).Add(float64(shared * n.cfg.PageTokens))
+		n.countHit(c, shared)
 	}
 	// From here the read holds the pages (and the prefix's pins): every
 	// path ends at Finish, which gives them back, whatever failed.
@@ -523,9 +525,30 @@ func (n *Decode) scopeLabel(c *decodeCall) string {
 	return c.ScopeLabel
 }
 
-// prefixGauges reads the prefix cache's evictions and its pages by scope
-// label.
-func (n *Decode) prefixGauges() (uint64, map[string]int) {
+// countHit counts a read that reused shared cached pages: the tokens of
+// the declared public prefix's pages under its label, those past them (the
+// tenant's own pages, salted with its scope though cached under the public
+// one) under "tenant", and the hit once, under the label of the last page
+// it reused. A tenant's own hits never show under a public label.
+func (n *Decode) countHit(c *decodeCall, shared int) {
+	label := n.scopeLabel(c)
+	public := 0
+	if label != "tenant" {
+		public = min(shared, max(c.PublicPages, 0))
+	}
+	if public > 0 {
+		n.cfg.Metrics.prefixTok.WithLabelValues(label).Add(float64(public * n.cfg.PageTokens))
+	}
+	if own := shared - public; own > 0 {
+		n.cfg.Metrics.prefixTok.WithLabelValues("tenant").Add(float64(own * n.cfg.PageTokens))
+		label = "tenant"
+	}
+	n.cfg.Metrics.prefixHits.WithLabelValues(label).Inc()
+}
+
+// prefixGauges reads the prefix cache's evictions, its pages purged for a
+// caught writer, and its pages by scope label.
+func (n *Decode) prefixGauges() (evicted, purged uint64, cached map[string]int) {
 	by := n.ep.CachedByScope()
 	out := map[string]int{}
 	n.mu.Lock()
@@ -537,7 +560,8 @@ func (n *Decode) prefixGauges() (uint64, map[string]int) {
 		}
 		out[label] += pages
 	}
-	return n.ep.Stats().Prefix.PrefixEvictions, out
+	st := n.ep.Stats().Prefix
+	return st.PrefixEvictions, st.PrefixPurged, out
 }
 
 // sweep, every few milliseconds: a verified request whose prompt never

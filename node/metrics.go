@@ -170,18 +170,21 @@ func (m *Metrics) endpointGauges(role Role, gauges func() transfer.Gauges) {
 }
 
 // prefixGauges exports a decode node's prefix cache: its hits (counted as
-// requests are read), its evictions and its pages by scope label, read when
-// scraped.
-func (m *Metrics) prefixGauges(read func() (evictions uint64, cached map[string]int)) {
+// requests are read), its evictions, its pages purged for a caught writer
+// and its pages by scope label, read when scraped.
+func (m *Metrics) prefixGauges(read func() (evictions, purged uint64, cached map[string]int)) {
 	evictions := prometheus.NewDesc("kvhandoff_prefix_evictions_total", "Decode: cached prefix pages evicted (least recently used, unpinned) for fresh pages.",
+		nil, prometheus.Labels{"role": string(RoleDecode)})
+	purgedPages := prometheus.NewDesc("kvhandoff_prefix_purged_pages_total", "Decode: cached prefix pages taken out of the cache because the peer that wrote them was caught (failed verification, fenced, failed, or unauthorized).",
 		nil, prometheus.Labels{"role": string(RoleDecode)})
 	cached := prometheus.NewDesc("kvhandoff_prefix_cached_pages", "Decode: pages in the prefix cache now, by scope (public:NAME or tenant).",
 		[]string{"scope"}, prometheus.Labels{"role": string(RoleDecode)})
 	m.prefixHits.WithLabelValues("tenant")
 	m.prefixTok.WithLabelValues("tenant")
-	m.reg.MustRegister(m.prefixHits, m.prefixTok, collectorFunc{descs: []*prometheus.Desc{evictions, cached}, collect: func(ch chan<- prometheus.Metric) {
-		ev, by := read()
+	m.reg.MustRegister(m.prefixHits, m.prefixTok, collectorFunc{descs: []*prometheus.Desc{evictions, purgedPages, cached}, collect: func(ch chan<- prometheus.Metric) {
+		ev, pu, by := read()
 		ch <- prometheus.MustNewConstMetric(evictions, prometheus.CounterValue, float64(ev))
+		ch <- prometheus.MustNewConstMetric(purgedPages, prometheus.CounterValue, float64(pu))
 		if _, ok := by["tenant"]; !ok {
 			ch <- prometheus.MustNewConstMetric(cached, prometheus.GaugeValue, 0, "tenant")
 		}

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -46,7 +47,10 @@ func completeCached(t *testing.T, api, tenant, prompt string, maxTokens int) cac
 // whole prompt is another's gets the public pages and not the rest, and
 // past them only pages of its own requests. Every
 // answer equals the colocated run's, and the decode node's metrics count
-// the hits by scope label (public:NAME, tenant), never by tenant.
+// the hits by scope label (public:NAME, tenant), never by tenant: the
+// public pages' tokens under public:NAME, a tenant's own pages past them
+// under tenant (they are cached under the public scope, salted with the
+// tenant's: counted as public they would say 176 tokens where 96 were).
 func TestPrefixReuseStaysWithinTheTenantsScope(t *testing.T) {
 	const pageTokens = 16
 	m := llama.Builtin(1)
@@ -74,7 +78,8 @@ func TestPrefixReuseStaysWithinTheTenantsScope(t *testing.T) {
 	check("tenant a's first request", "tenant-a", first, 0)
 	check("tenant a's second request", "tenant-a", second, full(system))
 	check("tenant b, tenant a's very prompt", "tenant-b", second, 0)
-	check("tenant b again", "tenant-b", second, full(second)-pageTokens*boolInt((1+len(second))%pageTokens == 0))
+	again := full(second) - pageTokens*boolInt((1+len(second))%pageTokens == 0)
+	check("tenant b again", "tenant-b", second, again)
 	check("tenant a, the public prefix", "tenant-a", public+first, 0)
 	check("tenant b, the public prefix and tenant a's words", "tenant-b", public+first, full(public))
 	check("tenant b, the public prefix and its own second visit", "tenant-b", public+second, full(public+system)) // its own pages past the public ones
@@ -82,8 +87,15 @@ func TestPrefixReuseStaysWithinTheTenantsScope(t *testing.T) {
 	rec := httptest.NewRecorder()
 	dec.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
 	scrape := rec.Body.String()
-	for _, want := range []string{`kvhandoff_prefix_hits_total{role="decode",scope="public:desk"} 2`, `kvhandoff_prefix_hits_total{role="decode",scope="tenant"} 2`,
-		`kvhandoff_prefix_cached_pages{role="decode",scope="public:desk"}`, `kvhandoff_prefix_cached_pages{role="decode",scope="tenant"}`, `kvhandoff_prefix_evictions_total{role="decode"} 0`} {
+	// The public pages' tokens under public:desk, a tenant's own past them
+	// under tenant (with the hit: its last reused page is the tenant's).
+	publicTok := 2 * full(public)
+	tenantTok := full(system) + again + full(public+system) - full(public)
+	for _, want := range []string{`kvhandoff_prefix_hits_total{role="decode",scope="public:desk"} 1`, `kvhandoff_prefix_hits_total{role="decode",scope="tenant"} 3`,
+		fmt.Sprintf(`kvhandoff_prefix_hit_tokens_total{role="decode",scope="public:desk"} %d`, publicTok),
+		fmt.Sprintf(`kvhandoff_prefix_hit_tokens_total{role="decode",scope="tenant"} %d`, tenantTok),
+		`kvhandoff_prefix_cached_pages{role="decode",scope="public:desk"}`, `kvhandoff_prefix_cached_pages{role="decode",scope="tenant"}`, `kvhandoff_prefix_evictions_total{role="decode"} 0`,
+		`kvhandoff_prefix_purged_pages_total{role="decode"} 0`} {
 		if !strings.Contains(scrape, want) {
 			t.Errorf("the decode node's /metrics has no %s", want)
 		}

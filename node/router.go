@@ -646,7 +646,8 @@ func (rt *Router) dispatchLocked(d protocol.Dispatch) {
 		}
 		err := rt.client.stream(decCtx, dec.Name, dec.Control, pathDecode,
 			decodeCall{ID: d.Request, Prefill: pre.Name, Prompt: q.prompt, MaxTokens: c.MaxTokens, Tenant: c.Tenant, Model: c.Model,
-				RequestID: c.RequestID, Temperature: c.Temperature, TopP: c.TopP, Seed: c.Seed, Logprobs: c.Logprobs, Scope: scope, ScopeLabel: label},
+				RequestID: c.RequestID, Temperature: c.Temperature, TopP: c.TopP, Seed: c.Seed, Logprobs: c.Logprobs, Scope: scope, ScopeLabel: label,
+				PublicPages: rt.scopes.publicPages(label, dec.PageTokens)},
 			func(f legAnswer) error { return rt.relay(d.Request, dec.Name, q, f) })
 		if err != nil && decCtx.Err() != nil {
 			rt.cancelCutCall(d.Decode, d.Request, q)

@@ -105,6 +105,20 @@ func (s *scopes) label(sc protocol.Scope) string {
 	return "tenant"
 }
 
+// publicPages is how many full pages the public prefix labelled label
+// covers (0 for "tenant", or no scopes).
+func (s *scopes) publicPages(label string, pageTokens int) int {
+	if s == nil || pageTokens < 1 {
+		return 0
+	}
+	for _, p := range s.public {
+		if label == "public:"+p.name {
+			return len(p.tokens) / pageTokens
+		}
+	}
+	return 0
+}
+
 // of is a request's scope and chain: tenant's scope and the prompt's
 // protocol.PrefixChain, or, for a prompt that starts with a declared public
 // prefix covering at least one full page, that prefix's public scope and a

@@ -57,6 +57,9 @@ type page struct {
 	// is freed at its last unpin.
 	writer PeerID
 	doomed bool
+	// insertedBy is the request whose Finish cached the page: an insertion
+	// at its scope's cap never evicts a page of its own chain.
+	insertedBy RequestID
 }
 
 // noWriter is the writer of a cached page inserted without one.
@@ -98,11 +101,27 @@ type Pool struct {
 	// read check ignore the scope. evictPinned is the evict-pinned switch:
 	// eviction takes pinned pages too.
 	scopeDropped, evictPinned bool
+	// scopeCap, if positive, is the most cached pages one scope may hold
+	// (SetScopeCap); perScope counts each scope's indexed cached pages.
+	scopeCap int
+	perScope map[Scope]int
 }
+
+// SetScopeCap caps the cached pages of each scope at n (0, the default, is
+// no cap: one LRU over every scope). A scope at its cap that inserts a page
+// evicts its own least recently used unpinned page first, or inserts
+// nothing if all of its pages are pinned: so no scope pushes another's
+// pages out of the cache, nor reads the others' load in its own hits
+// (docs/security.md). Pages cached past a lowered cap stay until evicted.
+func (p *Pool) SetScopeCap(n int) { p.scopeCap = max(n, 0) }
+
+// ScopeCached is the number of cached pages scope holds (purged ones
+// waiting for their last unpin aside).
+func (p *Pool) ScopeCached(scope Scope) int { return p.perScope[scope] }
 
 // NewPool returns a pool of n free pages, numbered 0..n-1, all at epoch 0.
 func NewPool(n int) *Pool {
-	p := &Pool{pages: make([]page, n), free: make([]uint32, n), index: map[cacheKey]uint32{}, head: noPage, tail: noPage}
+	p := &Pool{pages: make([]page, n), free: make([]uint32, n), index: map[cacheKey]uint32{}, head: noPage, tail: noPage, perScope: map[Scope]int{}}
 	for i := range p.free {
 		p.free[i] = uint32(n - 1 - i) // page 0 is handed out first
 	}
@@ -189,9 +208,32 @@ func (p *Pool) drop(id uint32) {
 	}
 	p.unlink(id)
 	delete(p.index, p.keyOf(pg.key))
+	p.uncount(pg.key.scope)
 	p.cached--
 	pg.state, pg.key, pg.writer = pageFree, cacheKey{}, noWriter
 	p.free = append(p.free, id)
+}
+
+// uncount takes a page out of its scope's count of cached pages.
+func (p *Pool) uncount(scope Scope) {
+	if p.perScope[scope]--; p.perScope[scope] <= 0 {
+		delete(p.perScope, scope)
+	}
+}
+
+// evictInScope frees scope's least recently used unpinned cached page (a
+// chain's leaf, as evict's), for owner's insertion at the scope's cap: not
+// one owner cached (the pages of the very chain it is inserting, which
+// would leave the rest unreachable); false if there is none.
+func (p *Pool) evictInScope(scope Scope, owner RequestID) bool {
+	for id := p.tail; id != noPage; id = p.pages[id].prev {
+		if pg := &p.pages[id]; pg.key.scope == scope && pg.pins == 0 && pg.insertedBy != owner {
+			p.evictions++
+			p.drop(id)
+			return true
+		}
+	}
+	return false
 }
 
 // PurgeWriter takes every cached page writer filled out of the cache, for
@@ -217,6 +259,7 @@ func (p *Pool) PurgeWriter(writer PeerID) (freed, doomed int) {
 		}
 		p.unlink(uint32(id))
 		delete(p.index, p.keyOf(pg.key))
+		p.uncount(pg.key.scope)
 		pg.doomed = true
 		p.doomed++
 		doomed++
@@ -382,11 +425,15 @@ func (p *Pool) InsertFrom(owner RequestID, ref PageRef, scope Scope, hash ChainH
 	if _, dup := p.index[p.keyOf(key)]; dup {
 		return false
 	}
+	if p.scopeCap > 0 && p.perScope[scope] >= p.scopeCap && !p.evictInScope(scope, owner) {
+		return false
+	}
 	pg := &p.pages[ref.Page]
-	pg.state, pg.owner, pg.key, pg.pins, pg.writer = pageCached, 0, key, 0, writer
+	pg.state, pg.owner, pg.key, pg.pins, pg.writer, pg.insertedBy = pageCached, 0, key, 0, writer, owner
 	p.index[p.keyOf(key)] = ref.Page
 	p.pushFront(ref.Page)
 	p.cached++
+	p.perScope[scope]++
 	return true
 }
 
@@ -533,8 +580,12 @@ func (p *Pool) Audit() error {
 		listed[id] = true
 	}
 	cached, pinned, doomed := 0, 0, 0
+	perScope := map[Scope]int{}
 	for id := range p.pages {
 		pg := &p.pages[id]
+		if pg.state == pageCached && !pg.doomed {
+			perScope[pg.key.scope]++
+		}
 		switch pg.state {
 		case pageFree:
 			if !listed[id] {
@@ -575,6 +626,13 @@ func (p *Pool) Audit() error {
 		return fmt.Errorf("protocol: pool: %d cached pages (%d purged, %d counted), %d in the LRU list, %d indexed, %d counted", cached, doomed, p.doomed, inList, len(p.index), p.cached)
 	case p.pinned != pinned:
 		return fmt.Errorf("protocol: pool: %d pinned pages, %d counted", pinned, p.pinned)
+	case len(perScope) != len(p.perScope):
+		return fmt.Errorf("protocol: pool: %d scopes hold cached pages, %d counted", len(perScope), len(p.perScope))
+	}
+	for scope, n := range perScope {
+		if p.perScope[scope] != n {
+			return fmt.Errorf("protocol: pool: scope %#x holds %d cached pages, %d counted", uint64(scope), n, p.perScope[scope])
+		}
 	}
 	return nil
 }

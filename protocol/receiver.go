@@ -91,6 +91,11 @@ type ReceiverConfig struct {
 	// prompt pages. It needs Authorize: the scope must come authenticated
 	// (the router's ticket binds it), so NewReceiver refuses it without.
 	PrefixCache bool
+	// PrefixScopePages, if positive, caps the cached pages of each scope
+	// (Pool.SetScopeCap): a scope at its cap evicts its own least recently
+	// used unpinned page to insert one. 0, the default, is one LRU over
+	// every scope.
+	PrefixScopePages int
 	// Research turns bugs of the catalogue on. Only code inside this module can
 	// set it (see internal/research); everywhere else it is the zero value.
 	Research research.Switches
@@ -209,6 +214,7 @@ func NewReceiver(cfg ReceiverConfig) (*Receiver, error) {
 	pool.doubleFree = cfg.Research.Has(research.DoubleFree)
 	pool.scopeDropped = cfg.Research.Has(research.ScopeDropped)
 	pool.evictPinned = cfg.Research.Has(research.EvictPinned)
+	pool.SetScopeCap(cfg.PrefixScopePages)
 	return &Receiver{cfg: cfg, pool: pool, reqs: map[RequestID]*recvRequest{}, use: map[PeerID]*peerUse{}}, nil
 }
 

@@ -3,6 +3,7 @@ package transfer
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/kvhandoff/kvhandoff/internal/research"
@@ -37,6 +38,9 @@ type DecodeConfig struct {
 	// so no window ever opens them. It needs Admission.Authorize, which must
 	// check the scope and chain the router's ticket binds.
 	PrefixCache bool
+	// PrefixScopePages caps each scope's cached pages
+	// (protocol.ReceiverConfig.PrefixScopePages); 0 is no cap.
+	PrefixScopePages int
 }
 
 // Decode is a decode node's transfer endpoint: a protocol.Receiver, its page
@@ -96,7 +100,7 @@ func NewDecode(dev rdma.Device, cfg DecodeConfig) (*Decode, error) {
 	d.receiver, err = protocol.NewReceiver(protocol.ReceiverConfig{Pages: cfg.Pages, PageTokens: cfg.PageTokens,
 		Slots: cfg.Slots, MaxTokens: min(cfg.MaxRequestPages*cfg.PageTokens, protocol.MaxTokens),
 		Timeout: cfg.Timeout, Horizon: cfg.Horizon, Memory: pagesOf{d}, TagKeys: d.tagKeyOf, Research: cfg.Research,
-		Authorize: d.authorizer(), PeerRequests: cfg.PeerRequests, PeerPages: cfg.PeerPages, PrefixCache: cfg.PrefixCache,
+		Authorize: d.authorizer(), PeerRequests: cfg.PeerRequests, PeerPages: cfg.PeerPages, PrefixCache: cfg.PrefixCache, PrefixScopePages: cfg.PrefixScopePages,
 		Region: func(p uint32) (uint64, uint32) { return addr + uint64(int(p)*d.slotBytes()), key }})
 	return d, err
 }
@@ -265,3 +269,23 @@ func (d *Decode) carry() {
 }
 
 func (d *Decode) tick(now time.Time) { d.receiver.Tick(now) }
+
+// CachedTagRecords calls f with every prefix cache page and a copy of its
+// tag record, under the endpoint's lock: a cached page is in no grant, so
+// nothing writes it while it stays cached at that epoch, and a watcher
+// that sees its record change has seen a cached page written (the demo's
+// check of write-shared; docs/protocol.md rule 24).
+func (d *Decode) CachedTagRecords(f func(ref protocol.PageRef, record []byte)) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	pool := d.receiver.Pool()
+	if pool.Cached() == 0 {
+		return
+	}
+	m := pagesOf{d}
+	for p := range pool.Len() {
+		if _, _, cached := pool.Shared(uint32(p)); cached {
+			f(protocol.PageRef{Page: uint32(p), Epoch: pool.Epoch(uint32(p))}, slices.Clone(m.TagRecord(uint32(p))))
+		}
+	}
+}

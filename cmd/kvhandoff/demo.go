@@ -45,6 +45,7 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 	noFaults := fs.Bool("no-faults", false, "inject no faults")
 	procs := fs.Bool("procs", false, "run the nodes as separate kvhandoff serve processes over the socket provider (faults: a prefill node killed and restarted)")
 	etcd := fs.String("etcd", "", "with --procs: the nodes register in this running etcd cluster (host:port,...) instead of static peers")
+	decodePages := fs.Int("decode-pages", 0, "each decode node's pool in pages (default: the deployment's)")
 	asJSON := fs.Bool("json", false, "one JSON object on stdout instead of the table")
 	verbose := fs.Bool("v", false, "list the faults injected")
 	logLevel := fs.String("log", "", "the nodes' logs on stderr at this level: debug, info, warn, error (default none)")
@@ -79,6 +80,9 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 		*noFaults = true
 	}
 	cfg.Deployment.Research = sw
+	if *decodePages != 0 {
+		cfg.Deployment.DecodePages = *decodePages
+	}
 	if *logLevel != "" {
 		var lv slog.Level
 		if err := lv.UnmarshalText([]byte(*logLevel)); err != nil {

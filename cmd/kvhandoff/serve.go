@@ -86,6 +86,9 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	if o.prefillChunk < 0 {
 		return fail("--prefill-chunk-pages %d: 0 (whole prompts) or more", o.prefillChunk)
 	}
+	if o.prefixScopePages < 0 || o.prefixScopePages > 0 && (!o.prefixCache || o.role != "decode") {
+		return fail("--prefix-cache-scope-pages %d: a number of pages, for a decode node with --prefix-cache", o.prefixScopePages)
+	}
 	sec, err := o.security(log)
 	if err != nil {
 		return fail("%v", err)
@@ -163,6 +166,7 @@ type serveFlags struct {
 	logFormat, logLevel                         string
 	prefixCache                                 bool
 	prefillChunk                                int
+	prefixScopePages                            int
 	scopeKey                                    string
 	publicPrefixes                              []node.PublicPrefix
 }
@@ -215,6 +219,7 @@ func defineServeFlags(fs *flag.FlagSet) *serveFlags {
 	fs.IntVar(&o.peerRequests, "peer-requests", 0, "decode: the most open requests one prefill node may hold here; 0 means no bound but the pool's")
 	fs.IntVar(&o.peerPages, "peer-pages", 0, "decode: the most pages one prefill node's requests may hold here; 0 means no bound but the pool's")
 	fs.BoolVar(&o.prefixCache, "prefix-cache", false, "decode: keep verified full prompt pages cached for later requests of the same scope (docs/nodes.md, Prefix reuse); needs the ticket key")
+	fs.IntVar(&o.prefixScopePages, "prefix-cache-scope-pages", 0, "decode, with --prefix-cache: cap each scope's cached pages at N, a scope at its cap evicting its own pages first (docs/security.md); 0 is one LRU over every scope")
 	fs.StringVar(&o.scopeKey, "scope-key", "", "router: a file of 32 or more secret bytes keying the prefix cache's scopes (default: derived from the ticket key, which every router of a deployment shares)")
 	fs.Func("public-prefix", "router: NAME=TEXT, a prompt prefix every tenant may share in the prefix cache (a declared system prompt); repeatable", func(v string) error {
 		name, text, ok := strings.Cut(v, "=")
@@ -467,7 +472,7 @@ func (o *serveFlags) runDecode(ctx context.Context, cfg node.NodeConfig, ctl net
 		return err
 	}
 	d, err := node.NewDecode(node.DecodeConfig{NodeConfig: cfg, Stop: -1, TicketKey: keys.verifier, PeerRequests: o.peerRequests, PeerPages: o.peerPages,
-		PrefixCache: o.prefixCache})
+		PrefixCache: o.prefixCache, PrefixScopePages: o.prefixScopePages})
 	if err != nil {
 		return err
 	}

@@ -453,3 +453,18 @@ func TestServeRefusesToJoinADeploymentItWouldBreak(t *testing.T) {
 		t.Fatalf("serve with a short pool: exit %d, want 1 naming the short pool; stderr: %s", rc, errb.String())
 	}
 }
+
+// The per-scope cap is a decode node's, with its prefix cache: a negative
+// cap, or one without --prefix-cache or on another role, is bad usage.
+func TestServeRefusesAScopeCapWithoutAPrefixCache(t *testing.T) {
+	for _, args := range [][]string{
+		{"--role", "decode", "--prefix-cache-scope-pages", "8"},
+		{"--role", "decode", "--prefix-cache", "--prefix-cache-scope-pages", "-1"},
+		{"--role", "prefill", "--prefix-cache", "--prefix-cache-scope-pages", "8"},
+	} {
+		var out, errb bytes.Buffer
+		if rc := run(append([]string{"serve", "--insecure"}, args...), &out, &errb); rc != 2 || !strings.Contains(errb.String(), "--prefix-cache-scope-pages") {
+			t.Errorf("serve %v: exit %d, want 2 naming the flag; stderr: %s", args, rc, errb.String())
+		}
+	}
+}

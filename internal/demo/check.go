@@ -51,18 +51,27 @@ type Leak struct {
 
 // Report is the verdict over a run.
 type Report struct {
-	Requests    int
-	ByKind      map[Kind]int
-	ByReason    map[string]int    // "kind/reason" of every non-OK outcome
-	Example     map[string]string // the first error message of each "kind/reason"
-	Coherent    int               // successes equal to the colocated run
-	Incoherent  int               // successes that differ, or that should not have succeeded
-	Unexplained int               // non-OK outcomes without an error message
-	Leaks       []Leak
-	PagesLeaked int
-	PagesByNode map[string]int // pages still owned or quarantined at the end, per node
-	Seconds     float64
-	P50, P99    time.Duration // over successes
+	Requests   int
+	ByKind     map[Kind]int
+	ByReason   map[string]int    // "kind/reason" of every non-OK outcome
+	Example    map[string]string // the first error message of each "kind/reason"
+	Coherent   int               // successes equal to the colocated run
+	Incoherent int               // successes that differ, or that should not have succeeded (over the limit, a body naming a scope)
+	Silent     int               // non-OK outcomes without an error message
+	// Unexplained are failures nothing the demo did explains (explain): no
+	// fault it injected, no client going away, no prompt over the limit. A
+	// defense turned a bug of the deployment into an explicit failure, which
+	// a healthy deployment never gives; Unexplanations names up to a few.
+	Unexplained    int
+	Unexplanations []string
+	// CachedWritten names each prefix cache page seen written while cached
+	// (InProcess.WatchCache; in process only): nothing may write one.
+	CachedWritten []string
+	Leaks         []Leak
+	PagesLeaked   int
+	PagesByNode   map[string]int // pages still owned or quarantined at the end, per node
+	Seconds       float64
+	P50, P99      time.Duration // over successes
 	// Incoherences names up to a few incoherent successes, for the report.
 	Incoherences []string
 	// PrefixHits are successes that read prompt tokens from the prefix
@@ -80,11 +89,13 @@ const leakProbe = 6
 
 // Check judges every outcome: a success must equal ref's run of the same
 // prompt and carry no other tenant's canary; an over-limit request must not
-// succeed; every other outcome must say why. pagesLeft is each node's count of
-// pages still owned or quarantined after the run.
-func Check(w Workload, outs []Outcome, ref *Reference, pagesLeft map[string]int, elapsed time.Duration) (*Report, error) {
+// succeed; every other outcome must say why, and be explained by something
+// the demo did (injected: the faults it injected, counted). pagesLeft is each
+// node's count of pages still owned or quarantined after the run.
+func Check(w Workload, outs []Outcome, ref *Reference, injected Faults, pagesLeft map[string]int, elapsed time.Duration) (*Report, error) {
 	rep := &Report{Requests: len(outs), ByKind: map[Kind]int{}, ByReason: map[string]int{}, Example: map[string]string{}, PagesByNode: map[string]int{}, Seconds: elapsed.Seconds()}
 	var lat []time.Duration
+	corruptionFailures := 0
 	for _, o := range outs {
 		rep.ByKind[o.Kind]++
 		if o.Kind != OK {
@@ -93,8 +104,21 @@ func Check(w Workload, outs []Outcome, ref *Reference, pagesLeft map[string]int,
 			if _, ok := rep.Example[key]; !ok {
 				rep.Example[key] = o.Request.Name() + ": " + o.Err
 			}
+			why := explain(o, injected)
+			if why == corrupted {
+				// One corrupted WRITE fails at most the one request it
+				// was for: failures past that count are a bug's.
+				if corruptionFailures++; corruptionFailures > injected.Corruptions {
+					why = ""
+				}
+			}
 			if strings.TrimSpace(o.Err) == "" {
+				rep.Silent++
+			} else if why == "" {
 				rep.Unexplained++
+				if len(rep.Unexplanations) < 5 {
+					rep.Unexplanations = append(rep.Unexplanations, fmt.Sprintf("%s (%s): %s/%s: %s", o.Request.Name(), w.Tenants[o.Request.Tenant].Name, o.Kind, o.Reason, clip(o.Err, 160)))
+				}
 			}
 			continue
 		}
@@ -114,6 +138,13 @@ func Check(w Workload, outs []Outcome, ref *Reference, pagesLeft map[string]int,
 		if r.OverLimit {
 			rep.Incoherent++
 			rep.note(fmt.Sprintf("%s (%s): a prompt over the deployment's limit succeeded: %q", r.Name(), w.Tenants[r.Tenant].Name, o.Text))
+			continue
+		}
+		if r.BodyScope != "" {
+			// A request never names its own scope: the router refuses
+			// one whose body does (400), whatever it then would read.
+			rep.Incoherent++
+			rep.note(fmt.Sprintf("%s (%s): a request whose body names a cache scope (%s's) succeeded: %q", r.Name(), w.Tenants[r.Tenant].Name, r.BodyScope, o.Text))
 			continue
 		}
 		want, err := ref.Tokens(r.Prompt, r.MaxTokens)
@@ -243,9 +274,9 @@ func quantile(sorted []time.Duration, q float64) time.Duration {
 }
 
 // Passed is the verdict: no leak, no incoherent success, no page leaked, and
-// every failure explicit.
+// every failure explicit and explained, no cached page written.
 func (rep *Report) Passed() bool {
-	return len(rep.Leaks) == 0 && rep.Incoherent == 0 && rep.PagesLeaked == 0 && rep.Unexplained == 0
+	return len(rep.Leaks) == 0 && rep.Incoherent == 0 && rep.PagesLeaked == 0 && rep.Silent == 0 && rep.Unexplained == 0 && len(rep.CachedWritten) == 0
 }
 
 // HandoffsPerSecond is successful handoffs per second of the run.
@@ -276,6 +307,10 @@ type reportJSON struct {
 	PrefixHits      int `json:"prefix_hits"`
 	PrefixHitTokens int `json:"prefix_hit_tokens"`
 	CrossScopeHits  int `json:"cross_scope_hits"`
+	// Unexplained: failures no fault the demo injected explains (must be 0).
+	Unexplained int `json:"unexplained"`
+	// CachedPagesWritten: prefix cache pages seen written while cached (must be 0).
+	CachedPagesWritten int `json:"cached_pages_written"`
 }
 
 // WriteJSON writes the report as one JSON object.
@@ -292,6 +327,7 @@ func (rep *Report) WriteJSON(w io.Writer) error {
 		Failed: rep.ByKind[Failed], Coherent: rep.Coherent, Incoherent: rep.Incoherent, Leaks: len(rep.Leaks),
 		PagesLeaked: rep.PagesLeaked, Seconds: rep.Seconds, HandoffsPerS: rep.HandoffsPerSecond(), LeakExamples: ex,
 		PrefixHits: rep.PrefixHits, PrefixHitTokens: rep.PrefixHitTokens, CrossScopeHits: rep.CrossScopeHits,
+		Unexplained: rep.Unexplained, CachedPagesWritten: len(rep.CachedWritten),
 	})
 }
 
@@ -313,10 +349,12 @@ func (rep *Report) WriteTable(w io.Writer) {
 	}
 	fmt.Fprintf(tw, "coherent (= colocated run)\t%d\n", rep.Coherent)
 	fmt.Fprintf(tw, "incoherent\t%d\n", rep.Incoherent)
-	fmt.Fprintf(tw, "failures without a reason\t%d\n", rep.Unexplained)
+	fmt.Fprintf(tw, "failures without a reason\t%d\n", rep.Silent)
+	fmt.Fprintf(tw, "failures no injected fault explains\t%d\n", rep.Unexplained)
 	fmt.Fprintf(tw, "leaks (another tenant's canary or cached prefix)\t%d\n", len(rep.Leaks))
 	fmt.Fprintf(tw, "prefix cache hits / tokens\t%d / %d\n", rep.PrefixHits, rep.PrefixHitTokens)
 	fmt.Fprintf(tw, "cross-scope hits\t%d\n", rep.CrossScopeHits)
+	fmt.Fprintf(tw, "cached pages written while cached\t%d\n", len(rep.CachedWritten))
 	fmt.Fprintf(tw, "pages leaked\t%d\n", rep.PagesLeaked)
 	fmt.Fprintf(tw, "handoffs/s\t%.1f\n", rep.HandoffsPerSecond())
 	fmt.Fprintf(tw, "latency p50 / p99\t%v / %v\n", rep.P50.Round(time.Microsecond), rep.P99.Round(time.Microsecond))
@@ -336,6 +374,16 @@ func (rep *Report) WriteTable(w io.Writer) {
 	for _, s := range rep.Incoherences {
 		fmt.Fprintf(w, "INCOHERENT %s\n", s)
 	}
+	for _, s := range rep.Unexplanations {
+		fmt.Fprintf(w, "UNEXPLAINED %s\n", s)
+	}
+	for i, s := range rep.CachedWritten {
+		if i == 5 {
+			fmt.Fprintf(w, "... and %d more cached pages written\n", len(rep.CachedWritten)-i)
+			break
+		}
+		fmt.Fprintf(w, "CACHED PAGE WRITTEN %s\n", s)
+	}
 	var nodes []string
 	for n, p := range rep.PagesByNode {
 		if p > 0 {
@@ -347,7 +395,7 @@ func (rep *Report) WriteTable(w io.Writer) {
 		fmt.Fprintf(w, "PAGES LEFT %s\n", strings.Join(nodes, ", "))
 	}
 	if rep.Passed() {
-		fmt.Fprintln(w, "PASS: no leak, every success equal to the colocated run, every failure explicit, no page left owned")
+		fmt.Fprintln(w, "PASS: no leak, every success equal to the colocated run, every failure explicit and explained, no cached page written, no page left owned")
 	} else {
 		fmt.Fprintln(w, "FAIL")
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvhandoff/kvhandoff/engine/llama"
+	"github.com/kvhandoff/kvhandoff/protocol"
 )
 
 var (
@@ -134,7 +135,7 @@ func TestAnHonestDeploymentPasses(t *testing.T) {
 	w := workload(t, 300)
 	c := colocated{ref: reference(t), w: w}
 	outs := Run(context.Background(), w, c, classify, 8, nil)
-	rep, err := Check(w, outs, c.ref, map[string]int{"decode-0": 0}, time.Second)
+	rep, err := Check(w, outs, c.ref, Faults{}, map[string]int{"decode-0": 0}, time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,7 +166,7 @@ func TestASuccessWithAForeignCanaryIsALeak(t *testing.T) {
 		return tokens, nil
 	}}
 	outs := Run(context.Background(), w, c, classify, 1, nil)
-	rep, err := Check(w, outs, ref, nil, time.Second)
+	rep, err := Check(w, outs, ref, Faults{}, nil, time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,12 +186,12 @@ func TestASuccessWithAForeignCanaryIsALeak(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, k := range []string{"requests", "ok", "rejected", "cancelled", "failed", "coherent", "incoherent", "leaks", "pages_leaked", "seconds", "handoffs_per_s", "leak_examples",
-		"prefix_hits", "prefix_hit_tokens", "cross_scope_hits"} {
+		"prefix_hits", "prefix_hit_tokens", "cross_scope_hits", "unexplained", "cached_pages_written"} {
 		if _, ok := got[k]; !ok {
 			t.Errorf("--json lacks %q: %s", k, b.String())
 		}
 	}
-	if len(got) != 15 || got["leaks"].(float64) != 1 {
+	if len(got) != 17 || got["leaks"].(float64) != 1 {
 		t.Fatalf("--json %s", b.String())
 	}
 }
@@ -228,7 +229,7 @@ func TestASuccessThatDiffersFromTheColocatedRunIsIncoherent(t *testing.T) {
 		}
 		return tokens, nil
 	}}
-	rep, err := Check(w, Run(context.Background(), w, c, classify, 2, nil), c.ref, nil, time.Second)
+	rep, err := Check(w, Run(context.Background(), w, c, classify, 2, nil), c.ref, Faults{}, nil, time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -246,14 +247,14 @@ func TestAnOverLimitSuccessASilentFailureAndALeftPageEachFail(t *testing.T) {
 			overs = append(overs, Outcome{Request: r, Kind: OK, Text: "fine"})
 		}
 	}
-	if rep, _ := Check(w, overs, ref, nil, time.Second); rep.Passed() || rep.Incoherent != len(overs) {
+	if rep, _ := Check(w, overs, ref, Faults{}, nil, time.Second); rep.Passed() || rep.Incoherent != len(overs) {
 		t.Fatalf("over-limit successes: incoherent %d of %d", rep.Incoherent, len(overs))
 	}
 	silent := []Outcome{{Request: w.Requests[0], Kind: Failed, Reason: "other"}}
-	if rep, _ := Check(w, silent, ref, nil, time.Second); rep.Passed() || rep.Unexplained != 1 {
+	if rep, _ := Check(w, silent, ref, Faults{}, nil, time.Second); rep.Passed() || rep.Silent != 1 {
 		t.Fatal("a failure without a message passed")
 	}
-	if rep, _ := Check(w, nil, ref, map[string]int{"decode-1": 3}, time.Second); rep.Passed() || rep.PagesLeaked != 3 {
+	if rep, _ := Check(w, nil, ref, Faults{}, map[string]int{"decode-1": 3}, time.Second); rep.Passed() || rep.PagesLeaked != 3 {
 		t.Fatal("pages left owned passed")
 	}
 }
@@ -345,5 +346,78 @@ func TestAPrefixHitPastItsOwnScopeIsACrossScopeLeak(t *testing.T) {
 			}
 			break
 		}
+	}
+}
+
+// A failure is explained only by something the demo did: a corruption
+// explains a checksum failure or a damaged tag record, one request per
+// corrupted WRITE; a cut or a crash a peer failure; the request itself a
+// rejection or a cancel. A token count mismatch, a bad grant, a shared page
+// no longer pinned, or an intact tag record naming another request are a
+// defense catching a bug: unexplained whatever was injected, and the run
+// fails. A request whose body names a cache scope must not succeed.
+func TestAFailureNoInjectedFaultExplainsFailsTheRun(t *testing.T) {
+	w := workload(t, 100)
+	ref := reference(t)
+	var plain, over, gone Request
+	for _, r := range w.Requests {
+		switch {
+		case r.OverLimit:
+			over = r
+		case r.Disconnect > 0:
+			gone = r
+		default:
+			plain = r
+		}
+	}
+	fail := func(r Request, reason, msg string) Outcome {
+		return Outcome{Request: r, Kind: Failed, Reason: reason, Err: msg}
+	}
+	checksum := fail(plain, "checksum", "protocol: checksum mismatch: page 0 of request 7")
+	all := Faults{Cuts: 1, Late: 1, Corruptions: 1, Crash: true}
+	for _, c := range []struct {
+		name        string
+		outs        []Outcome
+		injected    Faults
+		unexplained int
+	}{
+		{"a checksum failure after a corruption", []Outcome{checksum}, all, 0},
+		{"a checksum failure without one", []Outcome{checksum}, Faults{Cuts: 1, Crash: true}, 1},
+		{"two checksum failures after one corruption", []Outcome{checksum, checksum}, all, 1},
+		{"a tag record whose MAC fails after a corruption", []Outcome{fail(plain, "tag", "protocol: tag mismatch: the record's MAC fails: not written by this queue pair's sender")}, all, 0},
+		{"an intact tag record naming another request", []Outcome{fail(plain, "tag", "protocol: tag mismatch: page 0 of request 1 at epoch 4 holds a record for page 0 of request 2 at epoch 4")}, all, 1},
+		{"a shared page no longer pinned", []Outcome{fail(plain, "tag", "prefix page 0 of request 3: "+protocol.ErrNotShared.Error()+": page 33 at epoch 1")}, all, 1},
+		{"a token count mismatch", []Outcome{fail(plain, "tokens", "protocol: token count mismatch: Done says 80 tokens in 1 pages")}, all, 1},
+		{"a bad grant", []Outcome{fail(plain, "pages", "protocol: bad grant: Grant of 1 pages, 0 to write")}, all, 1},
+		{"a full pool", []Outcome{fail(plain, "pages", "protocol: not enough free pages: 7 wanted")}, Faults{}, 0},
+		{"a full pool, over HTTP", []Outcome{fail(plain, "pages", "HTTP 503 handoff_failed_pages: the handoff failed (pages: no room in a pool); prefill node \"prefill-0\"")}, Faults{}, 0},
+		{"a page fenced after a crash, over HTTP", []Outcome{fail(plain, "tag", "HTTP 503 handoff_failed_tag: the handoff failed (tag: fenced)")}, Faults{Crash: true}, 0},
+		{"a page fenced without one", []Outcome{fail(plain, "tag", "HTTP 503 handoff_failed_tag: the handoff failed (tag: fenced)")}, Faults{Late: 1}, 1},
+		{"a peer failure after a cut", []Outcome{fail(plain, "peer", "protocol: peer failed: queue pair fenced")}, Faults{Cuts: 1}, 0},
+		{"a peer failure without a fault", []Outcome{fail(plain, "peer", "protocol: peer failed: queue pair fenced")}, Faults{Late: 1}, 1},
+		{"a prompt over the limit, rejected", []Outcome{{Request: over, Kind: Rejected, Reason: "rejected", Err: "rejected: too long"}}, Faults{}, 0},
+		{"a prompt within it, rejected", []Outcome{{Request: plain, Kind: Rejected, Reason: "rejected", Err: "rejected: too long"}}, all, 1},
+		{"a client that went away, cancelled", []Outcome{{Request: gone, Kind: Cancelled, Reason: "cancelled", Err: "cancelled"}}, Faults{}, 0},
+		{"a client that stayed, cancelled", []Outcome{{Request: plain, Kind: Cancelled, Reason: "cancelled", Err: "cancelled"}}, Faults{}, 1},
+	} {
+		rep, err := Check(w, c.outs, ref, c.injected, nil, time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep.Unexplained != c.unexplained || rep.Passed() != (c.unexplained == 0) || len(rep.Unexplanations) != c.unexplained {
+			t.Errorf("%s: %d unexplained (%v), passed %v; want %d", c.name, rep.Unexplained, rep.Unexplanations, rep.Passed(), c.unexplained)
+		}
+	}
+	probe := Request{Index: 1, Tenant: 0, Prompt: plain.Prompt, MaxTokens: plain.MaxTokens, BodyScope: "tenant-1"}
+	tokens, err := ref.Tokens(probe.Prompt, probe.MaxTokens)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := Check(w, []Outcome{{Request: probe, Kind: OK, Tokens: tokens}}, ref, Faults{}, nil, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Passed() || rep.Incoherent != 1 || !strings.Contains(rep.Incoherences[0], "body names a cache scope") {
+		t.Fatalf("a request naming a scope in its body succeeded and passed: %+v", rep)
 	}
 }

@@ -23,7 +23,13 @@
 //     characters of it (a Leak names the request, its tenant, the foreign
 //     tenant and the text);
 //   - a request over the limit never succeeds;
-//   - every other outcome is an explicit error, with its reason;
+//   - every other outcome is an explicit error, with its reason, and
+//     something the demo did explains it (a fault it injected, a client
+//     that went away, a prompt over the limit): a failure nothing explains
+//     is a defense stopping a bug of the deployment;
+//   - a request whose body names a cache scope never succeeds;
+//   - no prefix cache page is written while cached (in process: a watch
+//     of the decode nodes' caches, InProcess.WatchCache);
 //   - at the end no page is owned or quarantined on any node.
 //
 // The loop:
@@ -31,7 +37,7 @@
 //	w, _ := demo.NewWorkload(demo.Spec{Seed: 1, Limit: limit, Context: ctx})
 //	ref, _ := demo.NewReference(m, llama.Bytes{}, pageTokens, -1)
 //	outs := demo.Run(ctx, w, client, classify, 16, bar.Tick)
-//	rep, _ := demo.Check(w, outs, ref, pagesLeftPerNode, elapsed)
+//	rep, _ := demo.Check(w, outs, ref, injectedFaults, pagesLeftPerNode, elapsed)
 //	rep.WriteTable(os.Stdout) // or rep.WriteJSON
 //	if !rep.Passed() { os.Exit(1) }
 package demo

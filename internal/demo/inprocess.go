@@ -1,6 +1,7 @@
 package demo
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -45,7 +46,7 @@ type Deployment struct {
 // Default is the demo's default deployment: 2 prefill and 2 decode nodes,
 // pages of 16 tokens, each node taking prompts of up to 128 tokens.
 func Default() Deployment {
-	return Deployment{Prefills: 2, Decodes: 2, PageTokens: 16, PrefillPages: 128, DecodePages: 256, ContextTokens: 128, Seed: 1, Timeout: 10 * time.Second,
+	return Deployment{Prefills: 2, Decodes: 2, PageTokens: 16, PrefillPages: 128, DecodePages: 48, ContextTokens: 128, Seed: 1, Timeout: 10 * time.Second,
 		PrefixCache: true}
 }
 
@@ -156,8 +157,9 @@ func ClassifyNode(err error) (Kind, string) {
 // requests, until ctx ends or they are all done; it returns what it did, one
 // line each. Points in requests rather than in time spread the faults over
 // the whole run however fast the machine is. The crash comes a third of the
-// way in, and the node comes back a twelfth of the requests later.
-func (p *InProcess) Inject(ctx context.Context, f Faults, seed uint64, total int, finished func() int) []string {
+// way in, and the node comes back a twelfth of the requests later. It
+// also counts what it did, for Check to explain failures by.
+func (p *InProcess) Inject(ctx context.Context, f Faults, seed uint64, total int, finished func() int) ([]string, Faults) {
 	rng := rand.New(rand.NewPCG(seed, 0x6661756c7473))
 	type fault struct {
 		at   int // requests finished
@@ -190,11 +192,12 @@ func (p *InProcess) Inject(ctx context.Context, f Faults, seed uint64, total int
 		return true
 	}
 	var done []string
+	var did Faults
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	for _, ft := range plan {
 		if !reached(ft.at) {
-			return done
+			return done, did
 		}
 		pi := rng.IntN(len(p.Local.Prefills))
 		di := rng.IntN(len(p.Local.Decodes))
@@ -205,6 +208,7 @@ func (p *InProcess) Inject(ctx context.Context, f Faults, seed uint64, total int
 		case "cut":
 			if err := dec.Endpoint().Cut(pname); err == nil {
 				done = append(done, fmt.Sprintf("cut the queue pair %s -> %s", pname, dname))
+				did.Cuts++
 			}
 		case "late":
 			if q, err := pre.Endpoint().Faults(dname); err == nil {
@@ -215,11 +219,13 @@ func (p *InProcess) Inject(ctx context.Context, f Faults, seed uint64, total int
 					q.Resume()
 				})
 				done = append(done, fmt.Sprintf("held the placements %s -> %s for %v", pname, dname, d))
+				did.Late++
 			}
 		case "corrupt":
 			if q, err := pre.Endpoint().Faults(dname); err == nil {
 				q.CorruptNext()
 				done = append(done, fmt.Sprintf("corrupted the next payload %s -> %s", pname, dname))
+				did.Corruptions++
 			}
 		case "crash":
 			if err := p.Local.CrashPrefill(pi); err != nil {
@@ -227,8 +233,9 @@ func (p *InProcess) Inject(ctx context.Context, f Faults, seed uint64, total int
 				continue
 			}
 			done = append(done, fmt.Sprintf("crashed %s", pname))
+			did.Crash = true
 			if !reached(ft.at + max(1, total/12)) {
-				return done
+				return done, did
 			}
 			if err := p.Local.RestartPrefill(pi); err != nil {
 				done = append(done, fmt.Sprintf("restarting %s: %v", pname, err))
@@ -237,7 +244,7 @@ func (p *InProcess) Inject(ctx context.Context, f Faults, seed uint64, total int
 			done = append(done, fmt.Sprintf("restarted %s", pname))
 		}
 	}
-	return done
+	return done, did
 }
 
 // PagesLeft waits up to wait for every node's pages to come back (fences
@@ -268,3 +275,42 @@ func (p *InProcess) PagesLeft(wait time.Duration) map[string]int {
 
 // Stop ends the deployment.
 func (p *InProcess) Stop() { p.Local.Stop() }
+
+// WatchCache polls every decode node's prefix cache until ctx ends and
+// returns each cached page seen written while cached: a page cached at one
+// epoch whose tag record changed between two looks at that same epoch. No
+// grant names a cached page, so nothing may write one (docs/protocol.md
+// rule 24; write-shared is the bug where the pinned pages are granted,
+// which the written pages' checks catch only when two writers of a page
+// race, since every writer of one chain writes the same KV).
+func (p *InProcess) WatchCache(ctx context.Context, every time.Duration) []string {
+	type key struct {
+		node int
+		ref  protocol.PageRef
+	}
+	seen := map[key][]byte{}
+	var written []string
+	reported := map[key]bool{}
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for {
+		for i, n := range p.Local.Decodes {
+			n.Endpoint().CachedTagRecords(func(ref protocol.PageRef, record []byte) {
+				k := key{i, ref}
+				was, ok := seen[k]
+				switch {
+				case !ok:
+					seen[k] = record
+				case !bytes.Equal(was, record) && !reported[k]:
+					reported[k] = true
+					written = append(written, fmt.Sprintf("decode-%d: page %d, cached at epoch %d, was written while cached (its tag record changed)", i, ref.Page, ref.Epoch))
+				}
+			})
+		}
+		select {
+		case <-ctx.Done():
+			return written
+		case <-tick.C:
+		}
+	}
+}

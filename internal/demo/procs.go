@@ -406,6 +406,7 @@ func RunProcs(ctx context.Context, bin string, cfg Config, logs io.Writer) (*Res
 	defer p.Stop()
 	concurrency := max(cfg.Concurrency, 1)
 	var injected []string
+	var did Faults
 	var fw sync.WaitGroup
 	runCtx, stopFaults := context.WithCancel(ctx)
 	third := make(chan struct{})
@@ -429,6 +430,7 @@ func RunProcs(ctx context.Context, bin string, cfg Config, logs io.Writer) (*Res
 				return
 			case <-third:
 			}
+			did.Crash = true // a failed kill may have half happened
 			if err := p.Crash(1 % d.Prefills); err != nil {
 				injected = append(injected, err.Error())
 				return
@@ -447,7 +449,7 @@ func RunProcs(ctx context.Context, bin string, cfg Config, logs io.Writer) (*Res
 	stopFaults()
 	fw.Wait()
 	left := p.PagesLeft(10 * time.Second)
-	rep, err := Check(w, outs, ref, left, elapsed)
+	rep, err := Check(w, outs, ref, did, left, elapsed)
 	if err != nil {
 		return nil, err
 	}

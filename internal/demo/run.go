@@ -47,7 +47,7 @@ func Run(ctx context.Context, w Workload, c Client, classify Classify, concurren
 		}
 		if ctx.Err() != nil {
 			for j := i; j < len(w.Requests); j++ {
-				outs[j] = Outcome{Request: w.Requests[j], Kind: Cancelled, Reason: "cancelled", Err: "demo: the run was stopped before the request was sent"}
+				outs[j] = Outcome{Request: w.Requests[j], Kind: Cancelled, Reason: "cancelled", Err: runStopped + " before the request was sent"}
 			}
 			break
 		}
@@ -56,6 +56,9 @@ func Run(ctx context.Context, w Workload, c Client, classify Classify, concurren
 	wg.Wait()
 	return outs
 }
+
+// runStopped starts the message of a request the run never sent.
+const runStopped = "demo: the run was stopped"
 
 func one(ctx context.Context, r Request, c Client, classify Classify, runStart time.Time) Outcome {
 	rctx, cancel := context.WithCancel(ctx)

@@ -46,7 +46,11 @@ func RunInProcess(ctx context.Context, cfg Config) (*Result, error) {
 	defer p.Stop()
 	concurrency := cfg.Concurrency
 	runCtx, stopFaults := context.WithCancel(ctx)
-	faultsDone := make(chan []string, 1)
+	type did struct {
+		lines []string
+		f     Faults
+	}
+	faultsDone := make(chan did, 1)
 	// The faults come at points of the workload (requests finished); any
 	// still planned when it ends are dropped.
 	var finished atomic.Int64
@@ -57,19 +61,24 @@ func RunInProcess(ctx context.Context, cfg Config) (*Result, error) {
 		}
 	}
 	go func() {
-		faultsDone <- p.Inject(runCtx, cfg.Faults, cfg.Workload.Seed, len(w.Requests), func() int { return int(finished.Load()) })
+		lines, f := p.Inject(runCtx, cfg.Faults, cfg.Workload.Seed, len(w.Requests), func() int { return int(finished.Load()) })
+		faultsDone <- did{lines, f}
 	}()
+	watched := make(chan []string, 1)
+	go func() { watched <- p.WatchCache(runCtx, 2*time.Millisecond) }()
 	start := time.Now()
 	outs := Run(ctx, w, p, ClassifyNode, concurrency, progress)
 	elapsed := time.Since(start)
 	stopFaults()
 	injected := <-faultsDone
+	written := <-watched
 	left := p.PagesLeft(5 * time.Second)
-	rep, err := Check(w, outs, ref, left, elapsed)
+	rep, err := Check(w, outs, ref, injected.f, left, elapsed)
 	if err != nil {
 		return nil, err
 	}
-	return &Result{Report: rep, Workload: w, Faults: injected}, nil
+	rep.CachedWritten = written
+	return &Result{Report: rep, Workload: w, Faults: injected.lines}, nil
 }
 
 // prepare fills cfg's defaults from its deployment and draws the workload
