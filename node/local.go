@@ -15,6 +15,7 @@ import (
 	"github.com/kvhandoff/kvhandoff/engine/llama"
 	"github.com/kvhandoff/kvhandoff/internal/pki"
 	"github.com/kvhandoff/kvhandoff/internal/research"
+	"github.com/kvhandoff/kvhandoff/internal/trace"
 	"github.com/kvhandoff/kvhandoff/protocol"
 	"github.com/kvhandoff/kvhandoff/rdma/inproc"
 	"github.com/kvhandoff/kvhandoff/transfer"
@@ -68,6 +69,10 @@ type LocalConfig struct {
 	TrustTenantHeader bool
 	// APIKeys, if set, authenticate the router's clients (RouterConfig).
 	APIKeys *APIKeys
+	// Trace, if set, receives every node's protocol events, each node
+	// (and each restarted prefill node) under a Writer of its own
+	// (docs/trace.md).
+	Trace *trace.Sink
 }
 
 // Local is a running in-process deployment.
@@ -171,7 +176,8 @@ func StartLocal(cfg LocalConfig) (*Local, error) {
 		}
 		d, err := NewDecode(DecodeConfig{NodeConfig: NodeConfig{Name: name, Device: fabric.Device(name), Pages: cfg.DecodePages,
 			PageTokens: cfg.PageTokens, PageBytes: cfg.PageBytes, Model: cfg.Model, ModelID: cfg.ModelID, Security: sec,
-			Registry: reg, Log: cfg.Log, Timeout: cfg.Timeout, ContextTokens: cfg.ContextTokens, Research: cfg.Research, Backend: decodeBackend(i)}, Stop: -1,
+			Registry: reg, Log: cfg.Log, Timeout: cfg.Timeout, ContextTokens: cfg.ContextTokens, Research: cfg.Research, Backend: decodeBackend(i),
+			Trace: cfg.Trace.NewWriter(name, string(RoleDecode))}, Stop: -1,
 			TicketKey: ticketPub, PeerRequests: cfg.PeerRequests, PeerPages: cfg.PeerPages, PrefixCache: cfg.PrefixCache})
 		if err != nil {
 			return fail(err)
@@ -208,7 +214,8 @@ func StartLocal(cfg LocalConfig) (*Local, error) {
 	scopeKey := make([]byte, 32)
 	rand.Read(scopeKey)
 	if l.Router, err = NewRouter(RouterConfig{Name: "router", Registry: reg, Security: sec, ModelID: cfg.ModelID, Timeout: cfg.Timeout, Log: cfg.Log, TicketKey: ticketKey,
-		ScopeKey: scopeKey, PublicPrefixes: cfg.PublicPrefixes, TrustTenantHeader: cfg.TrustTenantHeader, APIKeys: cfg.APIKeys, Research: cfg.Research, beforeDecodeCall: cfg.beforeDecodeCall}); err != nil {
+		ScopeKey: scopeKey, PublicPrefixes: cfg.PublicPrefixes, TrustTenantHeader: cfg.TrustTenantHeader, APIKeys: cfg.APIKeys, Research: cfg.Research, beforeDecodeCall: cfg.beforeDecodeCall,
+		Trace: cfg.Trace.NewWriter("router", string(RoleRouter))}); err != nil {
 		return fail(err)
 	}
 	api, err := listen()
@@ -250,7 +257,8 @@ func (l *Local) startPrefill(i int) error {
 	}
 	nc := NodeConfig{Name: name, Device: l.fabric.Device(name), Pages: cfg.PrefillPages, PageTokens: cfg.PageTokens,
 		PageBytes: cfg.PageBytes, Model: cfg.Model, ModelID: cfg.ModelID, Security: sec, Registry: reg, Log: cfg.Log, Timeout: cfg.Timeout,
-		ContextTokens: cfg.ContextTokens, AdvertiseContext: cfg.AdvertiseContext, Research: cfg.Research}
+		ContextTokens: cfg.ContextTokens, AdvertiseContext: cfg.AdvertiseContext, Research: cfg.Research,
+		Trace: cfg.Trace.NewWriter(name, string(RolePrefill))}
 	if cfg.prefillKV != nil {
 		nc.wrapKV = func(src transfer.KVSource) transfer.KVSource { return cfg.prefillKV(i, src) }
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvhandoff/kvhandoff/engine/llama"
 	"github.com/kvhandoff/kvhandoff/internal/research"
+	"github.com/kvhandoff/kvhandoff/internal/trace"
 	"github.com/kvhandoff/kvhandoff/protocol"
 )
 
@@ -71,6 +72,10 @@ type RouterConfig struct {
 	Research research.Switches
 	Metrics  *Metrics
 	Log      *slog.Logger
+
+	// Trace, if set, receives the router's protocol events (kvhandoff serve
+	// --trace; docs/trace.md).
+	Trace *trace.Writer
 
 	// beforeDecodeCall, if set, runs before the router calls a request's
 	// decode leg (tests: hold the call in flight).
@@ -348,6 +353,7 @@ func (rt *Router) change(ch Change) {
 			// (NTP, a migrated VM), not a stale registration: the old life is
 			// lost, and the node joins again rather than being refused forever.
 			rt.cfg.Log.Warn("router: node restarted under a smaller incarnation (its clock went back); its old life is lost", "node", m.Name, "incarnation", m.Incarnation, "was", old.Incarnation)
+			rt.cfg.Trace.Emit(trace.Event{Kind: trace.NodeLost, Peer: m.Name, Role: string(m.Role), Cause: "restarted"})
 			if err := rt.r.RemoveNode(id); err != nil {
 				rt.cfg.Log.Error("router: node lost", "node", m.Name, "err", err)
 			}
@@ -359,6 +365,9 @@ func (rt *Router) change(ch Change) {
 			return
 		}
 		// A larger incarnation is a restart: the old life's requests fail.
+		if old := rt.members[id]; old.Role != "" && m.Incarnation > old.Incarnation && !rt.lost[id] {
+			rt.cfg.Trace.Emit(trace.Event{Kind: trace.NodeLost, Peer: m.Name, Role: string(m.Role), Cause: "restarted"})
+		}
 		rt.effectsLocked()
 		event := "joined"
 		if rt.members[id].Role != "" {
@@ -376,6 +385,7 @@ func (rt *Router) change(ch Change) {
 		}
 		delete(rt.suspect, id)
 		rt.lost[id] = true
+		rt.cfg.Trace.Emit(trace.Event{Kind: trace.NodeLost, Peer: m.Name, Role: string(m.Role), Cause: "registry"})
 		if err := rt.r.NodeLost(id); err != nil {
 			rt.cfg.Log.Error("router: node lost", "node", m.Name, "err", err)
 		}
@@ -431,6 +441,7 @@ func (rt *Router) Complete(ctx context.Context, c Completion) (Result, error) {
 			return res, err
 		}
 		rt.cfg.Metrics.retries.Inc()
+		rt.cfg.Trace.Emit(trace.Event{Kind: trace.Retry, Req: uint64(res.ID), Reason: Reason(err)})
 		rt.cfg.Log.Info("request waits for room", "request_id", c.RequestID, "attempt", attempt, "handoff_id", idString(res.ID), "reason", Reason(err))
 		rt.cfg.Metrics.waiting.Inc()
 		select {
@@ -483,6 +494,7 @@ func (rt *Router) complete(ctx context.Context, c Completion, attempt int) (Resu
 	rt.pending[id] = q
 	d, err := rt.r.Submit(id, len(prompt), time.Now())
 	if err != nil {
+		rt.cfg.Trace.Emit(trace.Event{Kind: trace.Refuse, Req: uint64(id), Tokens: uint32(len(prompt)), Reason: Reason(err), Err: err.Error()})
 		delete(rt.pending, id)
 		rt.mu.Unlock()
 		rt.cfg.Metrics.leg(RoleRouter, err, 0, 0)
@@ -501,6 +513,7 @@ func (rt *Router) complete(ctx context.Context, c Completion, attempt int) (Resu
 	case err = <-q.done:
 	case <-ctx.Done():
 		rt.mu.Lock()
+		rt.cfg.Trace.Emit(trace.Event{Kind: trace.CancelLegs, Req: uint64(id), Cause: "client"})
 		rt.r.Cancel(id)
 		rt.effectsLocked()
 		rt.mu.Unlock()
@@ -595,6 +608,9 @@ func (rt *Router) effectsLocked() {
 	}
 	for _, o := range e.Outcomes {
 		if q := rt.pending[o.Request]; q != nil {
+			if rt.cfg.Trace != nil {
+				rt.cfg.Trace.Emit(trace.Event{Kind: trace.ClientEnd, Req: uint64(o.Request), Err: trace.ErrText(o.Err)})
+			}
 			delete(rt.pending, o.Request)
 			if o.Err != nil {
 				// A failed request's legs end now, even one the router ended
@@ -617,6 +633,7 @@ func (rt *Router) dispatchLocked(d protocol.Dispatch) {
 		return
 	}
 	pre, dec := rt.members[d.Prefill], rt.members[d.Decode]
+	rt.cfg.Trace.Emit(trace.Event{Kind: trace.Dispatch, Req: uint64(d.Request), Peer: pre.Name, Decode: dec.Name, Tokens: uint32(len(q.prompt))})
 	c := q.completion
 	scope, chain, label := rt.scopeOf(c, q.prompt, dec.PageTokens)
 	var ticket []byte
@@ -752,6 +769,9 @@ func (rt *Router) cancelCutCall(node protocol.NodeID, id protocol.RequestID, q *
 	rt.mu.Lock()
 	m, skip := rt.members[node], q.cancelled[node] || rt.lost[node]
 	q.cancelled[node] = true
+	if !skip {
+		rt.cfg.Trace.Emit(trace.Event{Kind: trace.CutCall, Req: uint64(id), Peer: m.Name})
+	}
 	rt.mu.Unlock()
 	if !skip {
 		rt.callCancel(m, id)
@@ -789,6 +809,7 @@ func (rt *Router) suspectLocked(node protocol.NodeID, why error) {
 	m := rt.members[node]
 	rt.cfg.Metrics.nodeEvents.WithLabelValues(string(m.Role), "lost").Inc()
 	rt.lost[node], rt.suspect[node] = true, true
+	rt.cfg.Trace.Emit(trace.Event{Kind: trace.NodeLost, Peer: m.Name, Role: string(m.Role), Cause: "unreachable"})
 	if err := rt.r.NodeLost(node); err != nil {
 		rt.cfg.Log.Error("router: losing an unreachable node", "node", m.Name, "err", err)
 	}
@@ -825,6 +846,7 @@ func (rt *Router) suspectLocked(node protocol.NodeID, why error) {
 
 func (rt *Router) cancelLegLocked(c protocol.CancelLeg) {
 	m := rt.members[c.Node]
+	rt.cfg.Trace.Emit(trace.Event{Kind: trace.CancelLeg, Req: uint64(c.Request), Peer: m.Name})
 	var stopCall context.CancelFunc
 	if q := rt.pending[c.Request]; q != nil {
 		stopCall = q.legs[c.Node]

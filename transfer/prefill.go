@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kvhandoff/kvhandoff/internal/research"
+	"github.com/kvhandoff/kvhandoff/internal/trace"
 	"github.com/kvhandoff/kvhandoff/protocol"
 	"github.com/kvhandoff/kvhandoff/rdma"
 )
@@ -55,6 +56,8 @@ type PrefillConfig struct {
 	// Research turns bugs of the catalogue on in the Sender (the demo's
 	// --bug); only code inside this module can set it.
 	Research research.Switches
+	// Trace, if set, receives the node's protocol events (docs/trace.md).
+	Trace *trace.Writer
 }
 
 // Prefill is a prefill node's transfer endpoint: a protocol.Sender, the
@@ -93,6 +96,7 @@ func NewPrefill(dev rdma.Device, cfg PrefillConfig) (*Prefill, error) {
 	if err := p.init(p, dev, cfg.QueueDepth, cfg.MaxPeers, MaxFrame(cfg.MaxRequestPages), maxBootstrapFrame(cfg.MaxRequestPages), true); err != nil {
 		return nil, err
 	}
+	p.trace = cfg.Trace
 	var err error
 	if p.src, err = p.pd.Alloc(cfg.Pages*cfg.PageBytes, rdma.LocalWrite); err != nil {
 		return nil, err
@@ -163,6 +167,7 @@ func (p *Prefill) SubmitWith(id protocol.RequestID, peer string, tokens int, o p
 		return fmt.Errorf("%w: %w: request %d of %d pages, decode peer %q takes %d", protocol.ErrRejected, protocol.ErrTooLong, id, n, peer, c.maxPages)
 	}
 	pages, err := p.sender.SubmitWith(id, c.peer, tokens, o)
+	p.trace.Emit(trace.Event{Kind: trace.Submit, Peer: peer, Req: uint64(id), Tokens: uint32(max(tokens, 0)), Pages: pages, Err: errText(err)})
 	if err != nil {
 		p.mu.Unlock()
 		return err
@@ -227,6 +232,7 @@ func (p *Prefill) computingOn(peer protocol.PeerID) bool {
 func (p *Prefill) Cancel(id protocol.RequestID) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.trace.Emit(trace.Event{Kind: trace.Cancel, Req: uint64(id)})
 	if st := p.computing[id]; st != nil {
 		st.cancelled = true
 		return
@@ -279,6 +285,9 @@ func (p *Prefill) completed(c *conn, k wrKind, status rdma.Status) error {
 	if status != rdma.Success {
 		err = fmt.Errorf("rdma: WRITE completion: %v", status)
 	}
+	if p.trace != nil {
+		p.trace.Emit(trace.Event{Kind: trace.Complete, Peer: c.name, Write: k.write, Err: errText(err)})
+	}
 	if err := p.sender.Completed(k.write, err); err != nil && !errors.Is(err, protocol.ErrUnknownRequest) {
 		return err
 	}
@@ -289,6 +298,7 @@ func (p *Prefill) completed(c *conn, k wrKind, status rdma.Status) error {
 // so its requests fail and their source pages are free; once no request on
 // it is computing its KV.
 func (p *Prefill) fenced(c *conn) {
+	p.trace.Emit(trace.Event{Kind: trace.Fenced, Peer: c.name})
 	if p.computingOn(c.peer) {
 		p.flushHeld[c.peer] = true
 		return
@@ -300,6 +310,9 @@ func (p *Prefill) carry() {
 	se := p.sender.Effects()
 	for _, op := range se.Ops {
 		if c := p.conns[op.Peer]; c != nil && !c.broken {
+			if p.trace != nil {
+				p.trace.Emit(opEvent(c.name, op))
+			}
 			c.backlog = append(c.backlog, op)
 			if op.Write != nil {
 				p.pagesWritten++
@@ -307,6 +320,7 @@ func (p *Prefill) carry() {
 		}
 	}
 	for _, o := range se.Outcomes {
+		p.trace.Emit(trace.Event{Kind: trace.Outcome, Req: uint64(o.Request), Peer: p.peerOf[o.Request], Err: errText(o.Err)})
 		p.emit(Event{Kind: Outcome, Request: o.Request, Peer: p.peerOf[o.Request], Err: o.Err})
 		delete(p.peerOf, o.Request)
 	}

@@ -47,6 +47,7 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 	etcd := fs.String("etcd", "", "with --procs: the nodes register in this running etcd cluster (host:port,...) instead of static peers")
 	asJSON := fs.Bool("json", false, "one JSON object on stdout instead of the table")
 	verbose := fs.Bool("v", false, "list the faults injected")
+	traceFile := fs.String("trace", "", "write the nodes' protocol events for kvhandoff trace check: in process all in this file, with --procs each node's in FILE.NODE (docs/trace.md)")
 	logLevel := fs.String("log", "", "the nodes' logs on stderr at this level: debug, info, warn, error (default none)")
 	if rc := parseFlags(fs, args, stderr); rc >= 0 {
 		return rc
@@ -79,6 +80,7 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 		*noFaults = true
 	}
 	cfg.Deployment.Research = sw
+	cfg.Deployment.Trace = *traceFile
 	if *logLevel != "" {
 		var lv slog.Level
 		if err := lv.UnmarshalText([]byte(*logLevel)); err != nil {
