@@ -633,7 +633,7 @@ func (rt *Router) dispatchLocked(d protocol.Dispatch) {
 		return
 	}
 	pre, dec := rt.members[d.Prefill], rt.members[d.Decode]
-	rt.cfg.Trace.Emit(trace.Event{Kind: trace.Dispatch, Req: uint64(d.Request), Peer: pre.Name, Decode: dec.Name, Tokens: uint32(len(q.prompt))})
+	rt.cfg.Trace.Emit(trace.Event{Kind: trace.Dispatch, Req: uint64(d.Request), Peer: pre.Name, Decode: dec.Name, Tokens: uint32(len(q.prompt)), PageTokens: uint32(dec.PageTokens)})
 	c := q.completion
 	scope, chain, label := rt.scopeOf(c, q.prompt, dec.PageTokens)
 	var ticket []byte
@@ -790,6 +790,7 @@ func (rt *Router) callCancel(m Member, id protocol.RequestID) {
 func (rt *Router) legEnded(node protocol.NodeID, id protocol.RequestID, err error, q *routed) {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
+	rt.cfg.Trace.Emit(trace.Event{Kind: trace.LegEnd, Req: uint64(id), Peer: rt.members[node].Name, Err: trace.ErrText(err)})
 	if e := rt.r.LegEnded(node, id, err); e != nil && !errors.Is(e, protocol.ErrUnknownRequest) {
 		rt.cfg.Log.Warn("router: a leg's report refused", "handoff_id", idString(id), "node", rt.members[node].Name, "err", e)
 	}

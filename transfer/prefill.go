@@ -157,17 +157,21 @@ func (p *Prefill) SubmitWith(id protocol.RequestID, peer string, tokens int, o p
 	c := p.names[peer]
 	if c == nil || !c.live {
 		p.mu.Unlock()
-		return fmt.Errorf("%w: %q", ErrNoPeer, peer)
+		err := fmt.Errorf("%w: %q", ErrNoPeer, peer)
+		p.trace.Emit(trace.Event{Kind: trace.Submit, Peer: peer, Req: uint64(id), Tokens: uint32(max(tokens, 0)), PageTokens: uint32(p.cfg.PageTokens), Err: err.Error()})
+		return err
 	}
 	if n := protocol.PagesFor(uint32(max(tokens, 0)), p.cfg.PageTokens); len(o.Chain) > 0 && n > c.maxPages {
 		// Its Bootstrap, one chain hash a page, would not fit the decode
 		// node's receive buffers (sized for its largest request): refused
 		// here, as decode would refuse the request anyway.
 		p.mu.Unlock()
-		return fmt.Errorf("%w: %w: request %d of %d pages, decode peer %q takes %d", protocol.ErrRejected, protocol.ErrTooLong, id, n, peer, c.maxPages)
+		err := fmt.Errorf("%w: %w: request %d of %d pages, decode peer %q takes %d", protocol.ErrRejected, protocol.ErrTooLong, id, n, peer, c.maxPages)
+		p.trace.Emit(trace.Event{Kind: trace.Submit, Peer: peer, Req: uint64(id), Tokens: uint32(max(tokens, 0)), PageTokens: uint32(p.cfg.PageTokens), Err: err.Error()})
+		return err
 	}
 	pages, err := p.sender.SubmitWith(id, c.peer, tokens, o)
-	p.trace.Emit(trace.Event{Kind: trace.Submit, Peer: peer, Req: uint64(id), Tokens: uint32(max(tokens, 0)), Pages: pages, Err: errText(err)})
+	p.trace.Emit(trace.Event{Kind: trace.Submit, Peer: peer, Req: uint64(id), Tokens: uint32(max(tokens, 0)), PageTokens: uint32(p.cfg.PageTokens), Pages: pages, Err: errText(err)})
 	if err != nil {
 		p.mu.Unlock()
 		return err

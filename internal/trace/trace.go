@@ -43,6 +43,7 @@ const (
 	CancelLeg  = "cancel-leg" // the router cancels one leg (Peer): the client's cancel, or a failure on the other leg
 	CutCall    = "cut-call"   // the router cut a decode leg's call short and sends the node a cancel call (Peer)
 	NodeLost   = "node-lost"  // the registry lost a node (Peer), or it registered a new incarnation
+	LegEnd     = "leg-end"    // a leg's call answered (Peer its node; Err empty for success)
 	ClientEnd  = "client-end" // the client's outcome (Err empty for success)
 	Retry      = "retry"      // a leg call retried (not modelled: checked for a known request)
 
@@ -63,26 +64,29 @@ const (
 
 // Event is one line of a trace. Fields a kind does not use are left out.
 type Event struct {
-	Node   string   `json:"node"`
-	Inc    string   `json:"inc,omitempty"` // Start: the incarnation's id
-	Seq    uint64   `json:"seq"`
-	T      int64    `json:"t"` // wall clock, Unix nanoseconds
-	Kind   string   `json:"ev"`
-	Role   string   `json:"role,omitempty"`
-	Peer   string   `json:"peer,omitempty"`
-	Decode string   `json:"decode,omitempty"` // Dispatch: the decode node
-	Req    uint64   `json:"req,omitempty"`
-	Msg    string   `json:"msg,omitempty"` // Send, Recv: Bootstrap, Grant, Done, Abort, AbortAck
-	Tokens uint32   `json:"tokens,omitempty"`
-	Prefix uint32   `json:"prefix,omitempty"` // Grant, Done: prompt tokens already at decode
-	NPages uint32   `json:"npages,omitempty"` // Done: pages written
-	Pages  []uint32 `json:"pages,omitempty"`
-	Epochs []uint64 `json:"epochs,omitempty"`
-	Write  uint64   `json:"write,omitempty"`
-	Index  uint32   `json:"index,omitempty"`
-	Reason string   `json:"reason,omitempty"` // Abort's reason; Refuse's
-	Cause  string   `json:"cause,omitempty"`
-	Err    string   `json:"err,omitempty"`
+	Node   string `json:"node"`
+	Inc    string `json:"inc,omitempty"` // Start: the incarnation's id
+	Seq    uint64 `json:"seq"`
+	T      int64  `json:"t"` // wall clock, Unix nanoseconds
+	Kind   string `json:"ev"`
+	Role   string `json:"role,omitempty"`
+	Peer   string `json:"peer,omitempty"`
+	Decode string `json:"decode,omitempty"` // Dispatch: the decode node
+	Req    uint64 `json:"req,omitempty"`
+	Msg    string `json:"msg,omitempty"` // Send, Recv: Bootstrap, Grant, Done, Abort, AbortAck
+	Tokens uint32 `json:"tokens,omitempty"`
+	// PageTokens: Dispatch, Submit: tokens per page of the decode node's
+	// pool (the prefill node's for Submit).
+	PageTokens uint32   `json:"page_tokens,omitempty"`
+	Prefix     uint32   `json:"prefix,omitempty"` // Grant, Done: prompt tokens already at decode
+	NPages     uint32   `json:"npages,omitempty"` // Done: pages written
+	Pages      []uint32 `json:"pages,omitempty"`
+	Epochs     []uint64 `json:"epochs,omitempty"`
+	Write      uint64   `json:"write,omitempty"`
+	Index      uint32   `json:"index,omitempty"`
+	Reason     string   `json:"reason,omitempty"` // Abort's reason; Refuse's
+	Cause      string   `json:"cause,omitempty"`
+	Err        string   `json:"err,omitempty"`
 }
 
 // Sink is where Writers put their lines; safe for concurrent use.
