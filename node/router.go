@@ -660,7 +660,7 @@ func (rt *Router) dispatchLocked(d protocol.Dispatch) {
 			decodeCall{ID: d.Request, Prefill: pre.Name, Prompt: q.prompt, MaxTokens: c.MaxTokens, Tenant: c.Tenant, Model: c.Model,
 				RequestID: c.RequestID, Temperature: c.Temperature, TopP: c.TopP, Seed: c.Seed, Logprobs: c.Logprobs, Scope: scope, ScopeLabel: label},
 			func(f legAnswer) error { return rt.relay(d.Request, dec.Name, q, f) })
-		if err != nil && decCtx.Err() != nil {
+		if err != nil && decCtx.Err() != nil && !rt.cfg.Research.Has(research.NoCutCallCancel) {
 			rt.cancelCutCall(d.Decode, d.Request, q)
 		}
 		rt.legEnded(d.Decode, d.Request, err, q)

@@ -220,6 +220,10 @@ func (c *checker) run(r *replay) *failure {
 		}
 		if err := r.advance(moves); err != nil {
 			f := &failure{index: i, rule: rule, why: err.Error()}
+			if err == errNoMove && ev.Kind == trace.Cancel && (ev.Cause == "sweep-no-call" || ev.Cause == "shutdown") {
+				f.why += ": the spec's decode releases a verified request's pages only at its read, which the router's call brings (or ends); " +
+					"this node released them on its own, with no call: they were held past the request's end"
+			}
 			for _, s := range before {
 				f.states = append(f.states, summary(s))
 			}
