@@ -46,6 +46,7 @@ type replay struct {
 	reading         bool            // decode acquired the pages and has not finished
 	readDone        bool            // decode finished reading it (Finish): the router's leg-end is its DecodeRead
 	damaged         bool            // a verification of it failed: a corrupt WRITE explains it
+	unplaced        map[int]bool    // page indices of WRITEs whose completion failed: never placed
 	abortTo         map[string]bool // nodes the replay queued an Abort for
 	late            map[uint64]bool // WRITE id → its completion failed (never placed)
 	intake          string          // a prefill intake refusal the spec replays (refusedNoPeer, refusedTooLong)
@@ -125,10 +126,11 @@ func (r *replay) start() error {
 // silent reports whether a step is one the trace cannot show: a WRITE
 // placed at decode (the NIC's, no CPU sees it) or the registry's news at a
 // prefill node.
-func silent(a spec.Action, s *spec.State) bool {
+func (r *replay) silent(a spec.Action, s *spec.State) bool {
 	switch a.Kind {
 	case spec.DecodeRecvQP:
-		return s.QP[0][0].N > 0 && s.QP[0][0].Head().Kind == spec.MWrite
+		// Not a WRITE whose completion failed: it was never placed.
+		return s.QP[0][0].N > 0 && s.QP[0][0].Head().Kind == spec.MWrite && !r.unplaced[int(s.QP[0][0].Head().Index)]
 	case spec.PrefillRecv:
 		return s.ToPrefill[0].N > 0 && s.ToPrefill[0].Head().Req < 0
 	}
@@ -187,7 +189,7 @@ func (r *replay) advance(moves func(s *spec.State) []move) error {
 		}
 		for _, s := range level {
 			r.m.Successors(s, func(a spec.Action, nx *spec.State) {
-				if silent(a, s) {
+				if r.silent(a, s) {
 					k := string(r.m.AppendFingerprint(nil, nx))
 					if !deeperSeen[k] {
 						deeperSeen[k] = true

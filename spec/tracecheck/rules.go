@@ -130,6 +130,12 @@ func (c *checker) prefillRule(r *replay, ev *trace.Event) (string, moves) {
 		// was placed, at once or later (both are kept until an event
 		// tells them apart).
 		neverPlaced := r.late[ev.Write]
+		if neverPlaced {
+			if r.unplaced == nil {
+				r.unplaced = map[int]bool{}
+			}
+			r.unplaced[int(ev.Index)] = true
+		}
 		return "prefill post is PostWrite", func(s *spec.State) []move {
 			if flushed(s) {
 				return keep // posted on a queue pair the spec has cut: flushed
@@ -148,10 +154,13 @@ func (c *checker) prefillRule(r *replay, ev *trace.Event) (string, moves) {
 	case trace.Cancel:
 		return "prefill cancel is PrefillRecv of Abort", c.cancelMoves(r, ev, true)
 	case trace.Outcome:
+		// A success comes once every WRITE posted has completed (the spec's
+		// senderProgress), which the trace's completions say.
 		ok := ev.Err == ""
+		allDone := r.completes >= r.pages
 		return "prefill outcome is the sender's end", require(func(s *spec.State) bool {
 			p := s.Req[0].S.Phase
-			return ok && p == spec.SFinished || !ok && !p.Live() && p != spec.SFinished && p != spec.SNone
+			return ok && p == spec.SFinished && allDone || !ok && !p.Live() && p != spec.SFinished && p != spec.SNone
 		})
 	case trace.Fenced:
 		return "prefill fenced is Cut", cutMoves(r)
