@@ -103,6 +103,9 @@ func tracedCutCall(t *testing.T, bugs research.Switches) []trace.Event {
 	free()
 	allPagesBack(t, l) // with the fix at once; without, at the decode node's sweep (its timeout, a second)
 	l.Stop()
+	if err := sink.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	events, truncated, err := trace.Read(bytes.NewReader(buf.Bytes()))
 	if err != nil || truncated {
 		t.Fatalf("reading the trace: %v (truncated %v)", err, truncated)

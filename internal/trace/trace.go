@@ -6,11 +6,13 @@
 // A Writer belongs to one node: it numbers the node's events (Seq, from 1)
 // and stamps each with the wall clock, which the merge uses only to pick a
 // plausible interleaving among events that causality leaves unordered. A
-// Writer writes each event before the action it records takes effect
-// outside the node (a SEND is traced when the state machine emits it, before
-// it is posted), and writes it at once, unbuffered: a node killed by SIGKILL
-// leaves a trace whose every receive elsewhere has its send. Several
-// Writers may share one Sink (the in-process demo's one file). A nil
+// Writer records each event before the action takes effect outside the node
+// (a SEND is traced when the state machine emits it, before it is posted).
+// The Sink buffers lines and writes them out at every event another node
+// can see (a SEND; the router's dispatches and cancels), so a node killed
+// by SIGKILL leaves a trace whose every receive elsewhere has its send: what
+// it loses is a tail of its own events, as if it had died a little earlier.
+// Several Writers may share one Sink (the in-process demo's one file). A nil
 // *Writer writes nothing, so tracing off costs a nil check.
 //
 // The package imports only the standard library: transfer and node emit,
@@ -92,13 +94,13 @@ type Event struct {
 // Sink is where Writers put their lines; safe for concurrent use.
 type Sink struct {
 	mu  sync.Mutex
-	w   io.Writer
+	w   *bufio.Writer
 	c   io.Closer
 	err error
 }
 
-// NewSink writes to w (each event one Write call).
-func NewSink(w io.Writer) *Sink { return &Sink{w: w} }
+// NewSink writes to w; Close (or Flush) writes out what is buffered.
+func NewSink(w io.Writer) *Sink { return &Sink{w: bufio.NewWriterSize(w, 64<<10)} }
 
 // Create opens path for appending (a restarted node adds its incarnation to
 // its predecessor's file) and returns a Sink over it.
@@ -107,7 +109,20 @@ func Create(path string) (*Sink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("trace: %w", err)
 	}
-	return &Sink{w: f, c: f}, nil
+	return &Sink{w: bufio.NewWriterSize(f, 64<<10), c: f}, nil
+}
+
+// Flush writes out the buffered events.
+func (s *Sink) Flush() error {
+	if s == nil {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.w.Flush(); err != nil && s.err == nil {
+		s.err = err
+	}
+	return s.err
 }
 
 // Close closes the file Create opened and reports the first write error.
@@ -117,6 +132,9 @@ func (s *Sink) Close() error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if err := s.w.Flush(); err != nil && s.err == nil {
+		s.err = err
+	}
 	if s.c != nil {
 		if err := s.c.Close(); err != nil && s.err == nil {
 			s.err = err
@@ -167,7 +185,20 @@ func (w *Writer) Emit(ev Event) {
 	if w.sink.err == nil {
 		_, w.sink.err = w.sink.w.Write(w.buf)
 	}
+	if w.sink.err == nil && seen(ev.Kind) {
+		w.sink.err = w.sink.w.Flush()
+	}
 	w.sink.mu.Unlock()
+}
+
+// seen reports whether another node can see the event's effect: it is
+// written out at once.
+func seen(kind string) bool {
+	switch kind {
+	case Send, Dispatch, CancelLeg, CutCall, NodeLost, Start:
+		return true
+	}
+	return false
 }
 
 // Node is the writer's node name ("" for a nil Writer).
