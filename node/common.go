@@ -13,6 +13,7 @@ import (
 	"github.com/kvhandoff/kvhandoff/engine/cpu"
 	"github.com/kvhandoff/kvhandoff/engine/llama"
 	"github.com/kvhandoff/kvhandoff/internal/research"
+	"github.com/kvhandoff/kvhandoff/internal/trace"
 	"github.com/kvhandoff/kvhandoff/protocol"
 	"github.com/kvhandoff/kvhandoff/rdma"
 	"github.com/kvhandoff/kvhandoff/transfer"
@@ -65,6 +66,9 @@ type NodeConfig struct {
 	// DefaultPrefillChunkPages; a negative value computes each prompt whole
 	// before anything moves.
 	PrefillChunkPages int
+	// Trace, if set, receives the node's protocol events (kvhandoff serve
+	// --trace; docs/trace.md).
+	Trace *trace.Writer
 
 	wrapKV func(transfer.KVSource) transfer.KVSource // tests: hold or fail a KV computation
 }

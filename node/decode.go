@@ -18,6 +18,7 @@ import (
 	"github.com/kvhandoff/kvhandoff/engine/kv"
 	"github.com/kvhandoff/kvhandoff/engine/llama"
 	"github.com/kvhandoff/kvhandoff/internal/research"
+	"github.com/kvhandoff/kvhandoff/internal/trace"
 	"github.com/kvhandoff/kvhandoff/protocol"
 	"github.com/kvhandoff/kvhandoff/transfer"
 )
@@ -128,7 +129,7 @@ func NewDecode(cfg DecodeConfig) (*Decode, error) {
 	}
 	n := &Decode{incarnation: uint64(time.Now().UnixNano()), cfg: cfg, reqs: map[protocol.RequestID]*decodeReq{}, ended: map[protocol.RequestID]endedReq{},
 		fences: map[protocol.RequestID]time.Time{}, public: map[protocol.Scope]string{}}
-	dc := transfer.DecodeConfig{Pages: cfg.Pages, PageTokens: cfg.PageTokens, PageBytes: cfg.PageBytes, Timeout: cfg.Timeout, Horizon: time.Minute, Research: cfg.Research,
+	dc := transfer.DecodeConfig{Pages: cfg.Pages, PageTokens: cfg.PageTokens, PageBytes: cfg.PageBytes, Timeout: cfg.Timeout, Horizon: time.Minute, Research: cfg.Research, Trace: cfg.Trace,
 		Admission: transfer.Admission{PeerRequests: cfg.PeerRequests, PeerPages: cfg.PeerPages}, PrefixCache: cfg.PrefixCache, PrefixScopePages: cfg.PrefixScopePages}
 	if cfg.TicketKey != nil {
 		dc.Authorize = NewTicketChecker(cfg.TicketKey, cfg.Name).Check
@@ -164,7 +165,7 @@ func NewDecode(cfg DecodeConfig) (*Decode, error) {
 			r.halt()
 		}
 		n.mu.Unlock()
-		n.ep.Cancel(c.ID)
+		n.ep.CancelBecause(c.ID, "call")
 		// A request cancelled before its Bootstrap came leaves only a
 		// tombstone and no outcome: a call waiting for it ends here.
 		if n.ep.Status(c.ID) == protocol.ReceiverTombstone {
@@ -188,6 +189,7 @@ func NewDecode(cfg DecodeConfig) (*Decode, error) {
 	handle(n.ctl, pathPeerLost, func(_ context.Context, c *peerLostCall) (any, error) {
 		// The router lost the prefill node: cut the queue pair to it, the
 		// fence for every page it may still write.
+		n.cfg.Trace.Emit(trace.Event{Kind: trace.Cut, Peer: c.Peer, Cause: "peer-lost"})
 		if err := n.ep.Cut(c.Peer); err != nil && !errors.Is(err, transfer.ErrNoPeer) {
 			return nil, err
 		}
@@ -266,7 +268,7 @@ func (n *Decode) decode(ctx context.Context, c *decodeCall, send func(legAnswer)
 	}
 	gone := func() error {
 		r.halt()
-		n.ep.Cancel(c.ID) // the router went away: the leg is cancelled
+		n.ep.CancelBecause(c.ID, "call-ended") // the router went away: the leg is cancelled
 		return fmt.Errorf("%w: the router's call ended", protocol.ErrCancelled)
 	}
 	for {
@@ -436,7 +438,7 @@ func (n *Decode) fail(id protocol.RequestID, r *decodeReq, err error) {
 		r.local = err
 	}
 	n.mu.Unlock()
-	n.ep.Cancel(id)
+	n.ep.CancelBecause(id, "failed")
 }
 
 // events handles the endpoint's events: Verified starts generation (once
@@ -579,11 +581,13 @@ func (n *Decode) sweep(ctx context.Context) {
 		}
 		now := time.Now()
 		var orphans []protocol.RequestID
+		noCall := map[protocol.RequestID]bool{} // orphans verified with no call: the trace tells them apart
 		n.mu.Lock()
 		for id, r := range n.reqs {
 			if r.call == nil && !r.verified.IsZero() && now.Sub(r.verified) > n.cfg.Timeout && r.local == nil {
 				r.local = fmt.Errorf("%w: request %d verified, no prompt from the router within %v", ErrNoPrompt, id, n.cfg.Timeout)
 				orphans = append(orphans, id)
+				noCall[id] = true
 			}
 			if r.call != nil && r.verified.IsZero() && now.Sub(r.started) > n.cfg.Timeout && r.local == nil {
 				// The router's call waits for a transfer that never came
@@ -603,7 +607,11 @@ func (n *Decode) sweep(ctx context.Context) {
 		}
 		n.mu.Unlock()
 		for _, id := range orphans {
-			n.ep.Cancel(id)
+			cause := "sweep-no-transfer"
+			if noCall[id] {
+				cause = "sweep-no-call"
+			}
+			n.ep.CancelBecause(id, cause)
 			// Cancelled before any Bootstrap: only a tombstone, no outcome
 			// event; the call is answered here.
 			if n.ep.Status(id) == protocol.ReceiverTombstone {
@@ -686,7 +694,7 @@ func (n *Decode) shutdown(grace time.Duration) {
 		defer n.mu.Unlock()
 		return slices.Collect(maps.Keys(n.reqs))
 	}
-	if k := n.flight.drainOrCancel(grace, held, n.ep.Cancel); k > 0 {
+	if k := n.flight.drainOrCancel(grace, held, func(id protocol.RequestID) { n.ep.CancelBecause(id, "shutdown") }); k > 0 {
 		n.cfg.Log.Warn("decode: cancelled requests at shutdown", "decode", n.cfg.Name, "requests", k)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), grace)

@@ -15,6 +15,7 @@ import (
 	"github.com/kvhandoff/kvhandoff/engine/llama"
 	"github.com/kvhandoff/kvhandoff/internal/pki"
 	"github.com/kvhandoff/kvhandoff/internal/research"
+	"github.com/kvhandoff/kvhandoff/internal/trace"
 	"github.com/kvhandoff/kvhandoff/protocol"
 	"github.com/kvhandoff/kvhandoff/rdma/inproc"
 	"github.com/kvhandoff/kvhandoff/transfer"
@@ -72,6 +73,10 @@ type LocalConfig struct {
 	APIKeys *APIKeys
 	// HTTP bounds the router's API clients (RouterConfig.HTTP).
 	HTTP HTTPLimits
+	// Trace, if set, receives every node's protocol events, each node
+	// (and each restarted prefill node) under a Writer of its own
+	// (docs/trace.md).
+	Trace *trace.Sink
 }
 
 // Local is a running in-process deployment.
@@ -175,7 +180,8 @@ func StartLocal(cfg LocalConfig) (*Local, error) {
 		}
 		d, err := NewDecode(DecodeConfig{NodeConfig: NodeConfig{Name: name, Device: fabric.Device(name), Pages: cfg.DecodePages,
 			PageTokens: cfg.PageTokens, PageBytes: cfg.PageBytes, Model: cfg.Model, ModelID: cfg.ModelID, Security: sec,
-			Registry: reg, Log: cfg.Log, Timeout: cfg.Timeout, ContextTokens: cfg.ContextTokens, Research: cfg.Research, Backend: decodeBackend(i)}, Stop: -1,
+			Registry: reg, Log: cfg.Log, Timeout: cfg.Timeout, ContextTokens: cfg.ContextTokens, Research: cfg.Research, Backend: decodeBackend(i),
+			Trace: cfg.Trace.NewWriter(name, string(RoleDecode))}, Stop: -1,
 			TicketKey: ticketPub, PeerRequests: cfg.PeerRequests, PeerPages: cfg.PeerPages, PrefixCache: cfg.PrefixCache})
 		if err != nil {
 			return fail(err)
@@ -212,7 +218,8 @@ func StartLocal(cfg LocalConfig) (*Local, error) {
 	scopeKey := make([]byte, 32)
 	rand.Read(scopeKey)
 	if l.Router, err = NewRouter(RouterConfig{Name: "router", Registry: reg, Security: sec, ModelID: cfg.ModelID, Timeout: cfg.Timeout, Log: cfg.Log, TicketKey: ticketKey,
-		ScopeKey: scopeKey, PublicPrefixes: cfg.PublicPrefixes, TrustTenantHeader: cfg.TrustTenantHeader, APIKeys: cfg.APIKeys, HTTP: cfg.HTTP, Research: cfg.Research, beforeDecodeCall: cfg.beforeDecodeCall}); err != nil {
+		ScopeKey: scopeKey, PublicPrefixes: cfg.PublicPrefixes, TrustTenantHeader: cfg.TrustTenantHeader, APIKeys: cfg.APIKeys, HTTP: cfg.HTTP, Research: cfg.Research, beforeDecodeCall: cfg.beforeDecodeCall,
+		Trace: cfg.Trace.NewWriter("router", string(RoleRouter))}); err != nil {
 		return fail(err)
 	}
 	api, err := listen()
@@ -254,7 +261,8 @@ func (l *Local) startPrefill(i int) error {
 	}
 	nc := NodeConfig{Name: name, Device: l.fabric.Device(name), Pages: cfg.PrefillPages, PageTokens: cfg.PageTokens,
 		PageBytes: cfg.PageBytes, Model: cfg.Model, ModelID: cfg.ModelID, Security: sec, Registry: reg, Log: cfg.Log, Timeout: cfg.Timeout,
-		ContextTokens: cfg.ContextTokens, AdvertiseContext: cfg.AdvertiseContext, Research: cfg.Research, PrefillChunkPages: cfg.PrefillChunkPages}
+		ContextTokens: cfg.ContextTokens, AdvertiseContext: cfg.AdvertiseContext, Research: cfg.Research, PrefillChunkPages: cfg.PrefillChunkPages,
+		Trace: cfg.Trace.NewWriter(name, string(RolePrefill))}
 	if cfg.prefillKV != nil {
 		nc.wrapKV = func(src transfer.KVSource) transfer.KVSource { return cfg.prefillKV(i, src) }
 	}

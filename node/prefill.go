@@ -55,7 +55,7 @@ func NewPrefill(cfg NodeConfig) (*Prefill, error) {
 		return nil, err
 	}
 	n := &Prefill{cfg: cfg, waiters: map[protocol.RequestID]chan error{}, decodes: map[string]Member{}, incarnation: uint64(time.Now().UnixNano())}
-	pc := transfer.PrefillConfig{Pages: cfg.Pages, PageTokens: cfg.PageTokens, PageBytes: cfg.PageBytes, Research: cfg.Research, MaxTokens: cfg.ContextTokens}
+	pc := transfer.PrefillConfig{Pages: cfg.Pages, PageTokens: cfg.PageTokens, PageBytes: cfg.PageBytes, Research: cfg.Research, MaxTokens: cfg.ContextTokens, Trace: cfg.Trace}
 	if cfg.Model != nil {
 		n.source = engine.NewSource()
 		pc.KV = n.source

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvhandoff/kvhandoff/engine/llama"
 	"github.com/kvhandoff/kvhandoff/internal/research"
+	"github.com/kvhandoff/kvhandoff/internal/trace"
 	"github.com/kvhandoff/kvhandoff/protocol"
 )
 
@@ -71,6 +72,10 @@ type RouterConfig struct {
 	Research research.Switches
 	Metrics  *Metrics
 	Log      *slog.Logger
+
+	// Trace, if set, receives the router's protocol events (kvhandoff serve
+	// --trace; docs/trace.md).
+	Trace *trace.Writer
 
 	// beforeDecodeCall, if set, runs before the router calls a request's
 	// decode leg (tests: hold the call in flight).
@@ -351,6 +356,7 @@ func (rt *Router) change(ch Change) {
 			// (NTP, a migrated VM), not a stale registration: the old life is
 			// lost, and the node joins again rather than being refused forever.
 			rt.cfg.Log.Warn("router: node restarted under a smaller incarnation (its clock went back); its old life is lost", "node", m.Name, "incarnation", m.Incarnation, "was", old.Incarnation)
+			rt.cfg.Trace.Emit(trace.Event{Kind: trace.NodeLost, Peer: m.Name, Role: string(m.Role), Cause: "restarted"})
 			if err := rt.r.RemoveNode(id); err != nil {
 				rt.cfg.Log.Error("router: node lost", "node", m.Name, "err", err)
 			}
@@ -362,6 +368,9 @@ func (rt *Router) change(ch Change) {
 			return
 		}
 		// A larger incarnation is a restart: the old life's requests fail.
+		if old := rt.members[id]; old.Role != "" && m.Incarnation > old.Incarnation && !rt.lost[id] {
+			rt.cfg.Trace.Emit(trace.Event{Kind: trace.NodeLost, Peer: m.Name, Role: string(m.Role), Cause: "restarted"})
+		}
 		rt.effectsLocked()
 		event := "joined"
 		if rt.members[id].Role != "" {
@@ -379,6 +388,7 @@ func (rt *Router) change(ch Change) {
 		}
 		delete(rt.suspect, id)
 		rt.lost[id] = true
+		rt.cfg.Trace.Emit(trace.Event{Kind: trace.NodeLost, Peer: m.Name, Role: string(m.Role), Cause: "registry"})
 		if err := rt.r.NodeLost(id); err != nil {
 			rt.cfg.Log.Error("router: node lost", "node", m.Name, "err", err)
 		}
@@ -434,6 +444,7 @@ func (rt *Router) Complete(ctx context.Context, c Completion) (Result, error) {
 			return res, err
 		}
 		rt.cfg.Metrics.retries.Inc()
+		rt.cfg.Trace.Emit(trace.Event{Kind: trace.Retry, Req: uint64(res.ID), Reason: Reason(err)})
 		rt.cfg.Log.Info("request waits for room", "request_id", c.RequestID, "attempt", attempt, "handoff_id", idString(res.ID), "reason", Reason(err))
 		rt.cfg.Metrics.waiting.Inc()
 		select {
@@ -488,6 +499,7 @@ func (rt *Router) complete(ctx context.Context, c Completion, attempt int, deadl
 	rt.pending[id] = q
 	d, err := rt.r.SubmitBy(id, len(prompt), time.Now(), deadline)
 	if err != nil {
+		rt.cfg.Trace.Emit(trace.Event{Kind: trace.Refuse, Req: uint64(id), Tokens: uint32(len(prompt)), Reason: Reason(err), Err: err.Error()})
 		delete(rt.pending, id)
 		rt.mu.Unlock()
 		rt.cfg.Metrics.leg(RoleRouter, err, 0, 0)
@@ -506,6 +518,7 @@ func (rt *Router) complete(ctx context.Context, c Completion, attempt int, deadl
 	case err = <-q.done:
 	case <-ctx.Done():
 		rt.mu.Lock()
+		rt.cfg.Trace.Emit(trace.Event{Kind: trace.CancelLegs, Req: uint64(id), Cause: "client"})
 		rt.r.Cancel(id)
 		rt.effectsLocked()
 		rt.mu.Unlock()
@@ -600,6 +613,9 @@ func (rt *Router) effectsLocked() {
 	}
 	for _, o := range e.Outcomes {
 		if q := rt.pending[o.Request]; q != nil {
+			if rt.cfg.Trace != nil {
+				rt.cfg.Trace.Emit(trace.Event{Kind: trace.ClientEnd, Req: uint64(o.Request), Err: trace.ErrText(o.Err)})
+			}
 			delete(rt.pending, o.Request)
 			if o.Err != nil {
 				// A failed request's legs end now, even one the router ended
@@ -622,6 +638,7 @@ func (rt *Router) dispatchLocked(d protocol.Dispatch) {
 		return
 	}
 	pre, dec := rt.members[d.Prefill], rt.members[d.Decode]
+	rt.cfg.Trace.Emit(trace.Event{Kind: trace.Dispatch, Req: uint64(d.Request), Peer: pre.Name, Decode: dec.Name, Tokens: uint32(len(q.prompt)), PageTokens: uint32(dec.PageTokens)})
 	c := q.completion
 	scope, chain, label := rt.scopeOf(c, q.prompt, dec.PageTokens)
 	var ticket []byte
@@ -649,7 +666,7 @@ func (rt *Router) dispatchLocked(d protocol.Dispatch) {
 				RequestID: c.RequestID, Temperature: c.Temperature, TopP: c.TopP, Seed: c.Seed, Logprobs: c.Logprobs, Scope: scope, ScopeLabel: label,
 				PublicPages: rt.scopes.publicPages(label, dec.PageTokens)},
 			func(f legAnswer) error { return rt.relay(d.Request, dec.Name, q, f) })
-		if err != nil && decCtx.Err() != nil {
+		if err != nil && decCtx.Err() != nil && !rt.cfg.Research.Has(research.NoCutCallCancel) {
 			rt.cancelCutCall(d.Decode, d.Request, q)
 		}
 		rt.legEnded(d.Decode, d.Request, err, q)
@@ -758,6 +775,9 @@ func (rt *Router) cancelCutCall(node protocol.NodeID, id protocol.RequestID, q *
 	rt.mu.Lock()
 	m, skip := rt.members[node], q.cancelled[node] || rt.lost[node]
 	q.cancelled[node] = true
+	if !skip {
+		rt.cfg.Trace.Emit(trace.Event{Kind: trace.CutCall, Req: uint64(id), Peer: m.Name})
+	}
 	rt.mu.Unlock()
 	if !skip {
 		rt.callCancel(m, id)
@@ -776,6 +796,7 @@ func (rt *Router) callCancel(m Member, id protocol.RequestID) {
 func (rt *Router) legEnded(node protocol.NodeID, id protocol.RequestID, err error, q *routed) {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
+	rt.cfg.Trace.Emit(trace.Event{Kind: trace.LegEnd, Req: uint64(id), Peer: rt.members[node].Name, Err: trace.ErrText(err)})
 	if e := rt.r.LegEnded(node, id, err); e != nil && !errors.Is(e, protocol.ErrUnknownRequest) {
 		rt.cfg.Log.Warn("router: a leg's report refused", "handoff_id", idString(id), "node", rt.members[node].Name, "err", e)
 	}
@@ -795,6 +816,7 @@ func (rt *Router) suspectLocked(node protocol.NodeID, why error) {
 	m := rt.members[node]
 	rt.cfg.Metrics.nodeEvents.WithLabelValues(string(m.Role), "lost").Inc()
 	rt.lost[node], rt.suspect[node] = true, true
+	rt.cfg.Trace.Emit(trace.Event{Kind: trace.NodeLost, Peer: m.Name, Role: string(m.Role), Cause: "unreachable"})
 	if err := rt.r.NodeLost(node); err != nil {
 		rt.cfg.Log.Error("router: losing an unreachable node", "node", m.Name, "err", err)
 	}
@@ -831,6 +853,7 @@ func (rt *Router) suspectLocked(node protocol.NodeID, why error) {
 
 func (rt *Router) cancelLegLocked(c protocol.CancelLeg) {
 	m := rt.members[c.Node]
+	rt.cfg.Trace.Emit(trace.Event{Kind: trace.CancelLeg, Req: uint64(c.Request), Peer: m.Name})
 	var stopCall context.CancelFunc
 	if q := rt.pending[c.Request]; q != nil {
 		stopCall = q.legs[c.Node]

@@ -289,6 +289,12 @@ type Config struct {
 	// states). The refinement mapping turns it on, so that the Sender's pool,
 	// which takes the most recently freed, makes one of the spec's choices.
 	AnySourcePages bool
+	// LowestPages makes decode's reservation take the lowest free pages,
+	// in order: one choice where the spec otherwise explores every ordered
+	// tuple of free pages. Only for a configuration whose free pages are
+	// interchangeable anyway (the trace checker's one request, docs/trace.md):
+	// there every choice is the same state up to the pages' names.
+	LowestPages bool
 	// DecodeRestarts lets the restart fault restart a decode node too: it
 	// crashes and comes back at once under a new incarnation, with a fresh
 	// pool whose page epochs start again from zero, no records, and new

@@ -707,6 +707,9 @@ func (m *Model) reservations(s *State, d int, h Msg) int {
 	if !pl.ok {
 		return 0
 	}
+	if m.cfg.LowestPages {
+		return 1
+	}
 	count := 1
 	for i := 0; i < pl.fresh; i++ {
 		count *= len(pl.cands) - i

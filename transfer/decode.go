@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvhandoff/kvhandoff/internal/research"
+	"github.com/kvhandoff/kvhandoff/internal/trace"
 	"github.com/kvhandoff/kvhandoff/protocol"
 	"github.com/kvhandoff/kvhandoff/rdma"
 )
@@ -41,6 +42,8 @@ type DecodeConfig struct {
 	// PrefixScopePages caps each scope's cached pages
 	// (protocol.ReceiverConfig.PrefixScopePages); 0 is no cap.
 	PrefixScopePages int
+	// Trace, if set, receives the node's protocol events (docs/trace.md).
+	Trace *trace.Writer
 }
 
 // Decode is a decode node's transfer endpoint: a protocol.Receiver, its page
@@ -71,6 +74,7 @@ func NewDecode(dev rdma.Device, cfg DecodeConfig) (*Decode, error) {
 	if err := d.init(d, dev, cfg.QueueDepth, cfg.MaxPeers, maxBootstrapFrame(cfg.MaxRequestPages), MaxFrame(cfg.MaxRequestPages), false); err != nil {
 		return nil, err
 	}
+	d.trace = cfg.Trace
 	// Peers write the pages only through each grant's windows: the region's
 	// own key opens nothing (under PoolWideKey, the bug, it opens the pool).
 	access := rdma.LocalWrite | rdma.WindowBind
@@ -154,6 +158,9 @@ func (d *Decode) Acquire(id protocol.RequestID) ([]protocol.PageRef, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	refs, err := d.receiver.Acquire(id)
+	if d.trace != nil {
+		d.trace.Emit(refEvent(trace.Acquire, id, refs, err))
+	}
 	defer d.carryAndFlush()
 	if err != nil {
 		return nil, err
@@ -167,14 +174,21 @@ func (d *Decode) Finish(id protocol.RequestID) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	defer d.carryAndFlush()
-	return d.receiver.Finish(id)
+	err := d.receiver.Finish(id)
+	d.trace.Emit(trace.Event{Kind: trace.Release, Req: uint64(id), Err: errText(err)})
+	return err
 }
 
 // Cancel stops request id (the client or the router gave up); its pages stay
 // quarantined until its writer is fenced.
-func (d *Decode) Cancel(id protocol.RequestID) {
+func (d *Decode) Cancel(id protocol.RequestID) { d.CancelBecause(id, "") }
+
+// CancelBecause is Cancel, its trace event naming why (docs/trace.md: the
+// node's causes call, call-ended, sweep, shutdown, failed).
+func (d *Decode) CancelBecause(id protocol.RequestID, cause string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.trace.Emit(trace.Event{Kind: trace.Cancel, Req: uint64(id), Cause: cause})
 	d.receiver.Cancel(id)
 	d.carryAndFlush()
 }
@@ -203,7 +217,11 @@ func (d *Decode) message(c *conn, m protocol.Message) error {
 		// A Grant must fit the peer's receive buffers: a bigger request is
 		// refused here, before the receiver keeps a record or a page for it.
 		if pages := (int64(b.Tokens) + int64(d.cfg.PageTokens) - 1) / int64(d.cfg.PageTokens); pages > int64(c.maxPages) {
-			c.backlog = append(c.backlog, protocol.Op{Peer: c.peer, Msg: &protocol.Abort{Request: b.Request, Reason: protocol.AbortRejected}})
+			abort := &protocol.Abort{Request: b.Request, Reason: protocol.AbortRejected}
+			if d.trace != nil {
+				d.trace.Emit(msgEvent(trace.Send, c.name, abort))
+			}
+			c.backlog = append(c.backlog, protocol.Op{Peer: c.peer, Msg: abort})
 			return fmt.Errorf("%w: %w: request %d of %d pages, peer %q takes %d", protocol.ErrRejected, protocol.ErrTooLong, b.Request, pages, c.name, c.maxPages)
 		}
 		if d.receiver.Status(b.Request) == protocol.ReceiverNone {
@@ -231,6 +249,7 @@ func (d *Decode) completed(c *conn, k wrKind, st rdma.Status) error {
 // land; its windows are closed, then its requests fail and quarantined
 // pages come back.
 func (d *Decode) fenced(c *conn) {
+	d.trace.Emit(trace.Event{Kind: trace.Fenced, Peer: c.name})
 	if d.win != nil {
 		d.win.fenced(c)
 	}
@@ -245,13 +264,18 @@ func (d *Decode) carry() {
 		}
 		for _, s := range re.Sends {
 			if c := d.conns[s.Peer]; c != nil && !c.broken {
+				if d.trace != nil {
+					d.trace.Emit(msgEvent(trace.Send, c.name, s.Msg))
+				}
 				c.backlog = append(c.backlog, protocol.Op{Peer: s.Peer, Msg: s.Msg})
 			}
 		}
 		for _, id := range re.Verified {
+			d.trace.Emit(trace.Event{Kind: trace.Verified, Req: uint64(id), Peer: d.peerOf[id]})
 			d.emit(Event{Kind: Verified, Request: id, Peer: d.peerOf[id]})
 		}
 		for _, o := range re.Outcomes {
+			d.trace.Emit(trace.Event{Kind: trace.Outcome, Req: uint64(o.Request), Peer: d.peerOf[o.Request], Err: errText(o.Err)})
 			d.emit(Event{Kind: Outcome, Request: o.Request, Peer: d.peerOf[o.Request], Err: o.Err})
 			delete(d.peerOf, o.Request)
 			if d.win != nil {
@@ -262,6 +286,7 @@ func (d *Decode) carry() {
 		}
 		for _, peer := range re.Cuts {
 			if c := d.conns[peer]; c != nil {
+				d.trace.Emit(trace.Event{Kind: trace.Cut, Peer: c.name})
 				d.cut(c, fmt.Errorf("%w: the receiver cut it", protocol.ErrPeerFailed))
 			}
 		}

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvhandoff/kvhandoff/internal/trace"
 	"github.com/kvhandoff/kvhandoff/protocol"
 	"github.com/kvhandoff/kvhandoff/rdma"
 )
@@ -82,7 +83,8 @@ type endpoint struct {
 	notify   chan struct{}
 	now      time.Time
 	closed   bool
-	refused  int // messages the state machine refused (unknown, duplicate, wrong peer)
+	refused  int           // messages the state machine refused (unknown, duplicate, wrong peer)
+	trace    *trace.Writer // the node's protocol trace; nil: off (docs/trace.md)
 }
 
 func (e *endpoint) init(r role, dev rdma.Device, depth, maxPeers, inSlot, outSlot int, tags bool) error {
@@ -337,6 +339,9 @@ func (e *endpoint) receive(c *conn, wc rdma.Completion) {
 	}
 	if m == nil {
 		return // a credit update
+	}
+	if e.trace != nil {
+		e.trace.Emit(msgEvent(trace.Recv, c.name, m))
 	}
 	if err := e.role.message(c, m); err != nil {
 		if errors.Is(err, protocol.ErrMalformed) {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kvhandoff/kvhandoff/internal/research"
+	"github.com/kvhandoff/kvhandoff/internal/trace"
 	"github.com/kvhandoff/kvhandoff/protocol"
 	"github.com/kvhandoff/kvhandoff/rdma"
 )
@@ -62,6 +63,8 @@ type PrefillConfig struct {
 	// Research turns bugs of the catalogue on in the Sender (the demo's
 	// --bug); only code inside this module can set it.
 	Research research.Switches
+	// Trace, if set, receives the node's protocol events (docs/trace.md).
+	Trace *trace.Writer
 }
 
 // Prefill is a prefill node's transfer endpoint: a protocol.Sender, the
@@ -106,6 +109,7 @@ func NewPrefill(dev rdma.Device, cfg PrefillConfig) (*Prefill, error) {
 	if err := p.init(p, dev, cfg.QueueDepth, cfg.MaxPeers, MaxFrame(cfg.MaxRequestPages), maxBootstrapFrame(cfg.MaxRequestPages), true); err != nil {
 		return nil, err
 	}
+	p.trace = cfg.Trace
 	var err error
 	if p.src, err = p.pd.Alloc(cfg.Pages*cfg.PageBytes, rdma.LocalWrite); err != nil {
 		return nil, err
@@ -170,16 +174,21 @@ func (p *Prefill) SubmitWith(id protocol.RequestID, peer string, tokens int, o p
 	c := p.names[peer]
 	if c == nil || !c.live {
 		p.mu.Unlock()
-		return fmt.Errorf("%w: %q", ErrNoPeer, peer)
+		err := fmt.Errorf("%w: %q", ErrNoPeer, peer)
+		p.trace.Emit(trace.Event{Kind: trace.Submit, Peer: peer, Req: uint64(id), Tokens: uint32(max(tokens, 0)), PageTokens: uint32(p.cfg.PageTokens), Err: err.Error()})
+		return err
 	}
 	if n := protocol.PagesFor(uint32(max(tokens, 0)), p.cfg.PageTokens); len(o.Chain) > 0 && n > c.maxPages {
 		// Its Bootstrap, one chain hash a page, would not fit the decode
 		// node's receive buffers (sized for its largest request): refused
 		// here, as decode would refuse the request anyway.
 		p.mu.Unlock()
-		return fmt.Errorf("%w: %w: request %d of %d pages, decode peer %q takes %d", protocol.ErrRejected, protocol.ErrTooLong, id, n, peer, c.maxPages)
+		err := fmt.Errorf("%w: %w: request %d of %d pages, decode peer %q takes %d", protocol.ErrRejected, protocol.ErrTooLong, id, n, peer, c.maxPages)
+		p.trace.Emit(trace.Event{Kind: trace.Submit, Peer: peer, Req: uint64(id), Tokens: uint32(max(tokens, 0)), PageTokens: uint32(p.cfg.PageTokens), Err: err.Error()})
+		return err
 	}
 	pages, err := p.sender.SubmitWith(id, c.peer, tokens, o)
+	p.trace.Emit(trace.Event{Kind: trace.Submit, Peer: peer, Req: uint64(id), Tokens: uint32(max(tokens, 0)), PageTokens: uint32(p.cfg.PageTokens), Pages: pages, Err: errText(err)})
 	if err != nil {
 		p.mu.Unlock()
 		return err
@@ -249,6 +258,7 @@ func (p *Prefill) computingOn(peer protocol.PeerID) bool {
 func (p *Prefill) Cancel(id protocol.RequestID) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.trace.Emit(trace.Event{Kind: trace.Cancel, Req: uint64(id)})
 	if st := p.computing[id]; st != nil {
 		st.cancelled = true
 		st.ended()
@@ -312,6 +322,9 @@ func (p *Prefill) completed(c *conn, k wrKind, status rdma.Status) error {
 	if status != rdma.Success {
 		err = fmt.Errorf("rdma: WRITE completion: %v", status)
 	}
+	if p.trace != nil {
+		p.trace.Emit(trace.Event{Kind: trace.Complete, Peer: c.name, Write: k.write, Err: errText(err)})
+	}
 	if err := p.sender.Completed(k.write, err); err != nil && !errors.Is(err, protocol.ErrUnknownRequest) {
 		return err
 	}
@@ -322,6 +335,7 @@ func (p *Prefill) completed(c *conn, k wrKind, status rdma.Status) error {
 // so its requests fail and their source pages are free; once no request on
 // it is computing its KV.
 func (p *Prefill) fenced(c *conn) {
+	p.trace.Emit(trace.Event{Kind: trace.Fenced, Peer: c.name})
 	if p.computingOn(c.peer) {
 		p.flushHeld[c.peer] = true
 		for _, st := range p.computing {
@@ -338,6 +352,9 @@ func (p *Prefill) carry() {
 	se := p.sender.Effects()
 	for _, op := range se.Ops {
 		if c := p.conns[op.Peer]; c != nil && !c.broken {
+			if p.trace != nil {
+				p.trace.Emit(opEvent(c.name, op))
+			}
 			c.backlog = append(c.backlog, op)
 			if op.Write != nil {
 				p.pagesWritten++
@@ -345,6 +362,7 @@ func (p *Prefill) carry() {
 		}
 	}
 	for _, o := range se.Outcomes {
+		p.trace.Emit(trace.Event{Kind: trace.Outcome, Req: uint64(o.Request), Peer: p.peerOf[o.Request], Err: errText(o.Err)})
 		p.emit(Event{Kind: Outcome, Request: o.Request, Peer: p.peerOf[o.Request], Err: o.Err})
 		delete(p.peerOf, o.Request)
 	}

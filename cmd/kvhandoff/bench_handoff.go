@@ -23,6 +23,7 @@ import (
 	"github.com/kvhandoff/kvhandoff/internal/pki"
 	"github.com/kvhandoff/kvhandoff/internal/research"
 	"github.com/kvhandoff/kvhandoff/node"
+	"github.com/kvhandoff/kvhandoff/internal/trace"
 	"github.com/kvhandoff/kvhandoff/protocol"
 	"github.com/kvhandoff/kvhandoff/rdma"
 	"github.com/kvhandoff/kvhandoff/rdma/inproc"
@@ -65,7 +66,9 @@ first token).
 --bugs compares the decode node's defenses in the same run: a list of
 research switch sets separated by ';' ("none;pool-wide-key" is per-grant
 windows, a bind and a revoke per request, against one key for the pool, the
-behaviour before them); rounds alternate over the sets, one row each.
+behaviour before them); rounds alternate over the sets, one row each. The
+name trace in a set has both endpoints write their protocol events to a
+file (docs/trace.md): "none;trace" is tracing's cost, in the same run.
 
 Providers:
   inproc           the in-process provider
@@ -183,8 +186,11 @@ func runBenchHandoff(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	var sets []research.Switches
+	var traced []bool
 	for _, list := range strings.Split(*bugList, ";") {
-		sw, err := research.Parse(list)
+		names := strings.Split(list, ",")
+		traced = append(traced, slices.Contains(names, "trace"))
+		sw, err := research.Parse(strings.Join(slices.DeleteFunc(names, func(n string) bool { return n == "trace" }), ","))
 		if err != nil {
 			fmt.Fprintf(stderr, "kvhandoff bench handoff: --bugs: %v\n", err)
 			return 2
@@ -201,7 +207,7 @@ func runBenchHandoff(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "kvhandoff bench handoff: unknown provider %q\n", name)
 			return 2
 		}
-		if separate && (len(sets) > 1 || sets[0].Any()) {
+		if separate && (len(sets) > 1 || sets[0].Any() || traced[0]) {
 			fmt.Fprintln(stderr, "kvhandoff bench handoff: --bugs applies to the in-process providers only")
 			return 2
 		}
@@ -214,7 +220,7 @@ func runBenchHandoff(args []string, stdout, stderr io.Writer) int {
 		}
 		for r := 0; r < rounds; r++ {
 			for i, sw := range sets {
-				row, err := measureHandoff(mk, separate, sw, *pageBytes, *pages, *requests, *window, per)
+				row, err := measureHandoff(mk, separate, sw, traced[i], *pageBytes, *pages, *requests, *window, per)
 				if err != nil {
 					fmt.Fprintf(stderr, "kvhandoff bench handoff: %s (bugs %v): %v\n", name, sw, err)
 					return 1
@@ -230,6 +236,9 @@ func runBenchHandoff(args []string, stdout, stderr io.Writer) int {
 		}
 		for i, row := range best {
 			row.Provider, row.Bugs, row.Reps = name, sets[i].String(), *reps
+			if traced[i] {
+				row.Bugs = strings.TrimPrefix(row.Bugs+"+trace", "none+")
+			}
 			row.Ratio = row.Gbps / row.RawGbps
 			rows = append(rows, row)
 		}
@@ -320,19 +329,35 @@ type handoffSetup struct {
 }
 
 // localSetup runs both endpoints in this process on two devices of a provider.
-func localSetup(ctx context.Context, mk func() (rdma.Device, rdma.Device, func(), error), bugs research.Switches, pageBytes, pages, window int) (*handoffSetup, error) {
+func localSetup(ctx context.Context, mk func() (rdma.Device, rdma.Device, func(), error), bugs research.Switches, traced bool, pageBytes, pages, window int) (*handoffSetup, error) {
 	devP, devD, closeDevs, err := mk()
 	if err != nil {
 		return nil, err
 	}
+	var sink *trace.Sink
+	if traced { // a file, as serve --trace writes, removed at the end
+		f, err := os.CreateTemp("", "kvhandoff-bench-trace-*")
+		if err != nil {
+			closeDevs()
+			return nil, err
+		}
+		name := f.Name()
+		f.Close()
+		if sink, err = trace.Create(name); err != nil {
+			closeDevs()
+			return nil, err
+		}
+		inner := closeDevs
+		closeDevs = func() { inner(); sink.Close(); os.Remove(name) }
+	}
 	p, err := transfer.NewPrefill(devP, transfer.PrefillConfig{Pages: 2 * window * pages, PageTokens: benchPageTokens, PageBytes: pageBytes,
-		MaxRequestPages: pages, KV: markedKV{}})
+		MaxRequestPages: pages, KV: markedKV{}, Trace: sink.NewWriter("prefill", "prefill")})
 	if err != nil {
 		closeDevs()
 		return nil, err
 	}
 	d, err := transfer.NewDecode(devD, transfer.DecodeConfig{Pages: window * pages, PageTokens: benchPageTokens, PageBytes: pageBytes,
-		Timeout: time.Minute, Research: bugs})
+		Timeout: time.Minute, Research: bugs, Trace: sink.NewWriter("decode", "decode")})
 	if err == nil {
 		err = transfer.ConnectLocal(p, "prefill", d, "decode")
 	}
@@ -346,7 +371,7 @@ func localSetup(ctx context.Context, mk func() (rdma.Device, rdma.Device, func()
 // measureHandoff runs reps rounds of requests handoffs through a Prefill and
 // a Decode endpoint on one provider, each followed by a round of the
 // provider's raw WRITEs on two other devices of the same provider.
-func measureHandoff(mk func() (rdma.Device, rdma.Device, func(), error), separate bool, bugs research.Switches, pageBytes, pages, requests, window, reps int) (row handoffRow, err error) {
+func measureHandoff(mk func() (rdma.Device, rdma.Device, func(), error), separate bool, bugs research.Switches, traced bool, pageBytes, pages, requests, window, reps int) (row handoffRow, err error) {
 	row = handoffRow{PageBytes: pageBytes, Pages: pages, Requests: requests, Window: window, Reps: reps, LatencyTo: "decode-read"}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -355,7 +380,7 @@ func measureHandoff(mk func() (rdma.Device, rdma.Device, func(), error), separat
 		setup, err = processSetup(ctx, pageBytes, pages, window)
 		row.LatencyTo = "prefill-done"
 	} else {
-		setup, err = localSetup(ctx, mk, bugs, pageBytes, pages, window)
+		setup, err = localSetup(ctx, mk, bugs, traced, pageBytes, pages, window)
 	}
 	if err != nil {
 		return row, err

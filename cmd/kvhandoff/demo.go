@@ -48,6 +48,7 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 	decodePages := fs.Int("decode-pages", 0, "each decode node's pool in pages (default: the deployment's)")
 	asJSON := fs.Bool("json", false, "one JSON object on stdout instead of the table")
 	verbose := fs.Bool("v", false, "list the faults injected")
+	traceFile := fs.String("trace", "", "write the nodes' protocol events for kvhandoff trace check: in process all in this file, with --procs each node's in FILE.NODE (docs/trace.md)")
 	logLevel := fs.String("log", "", "the nodes' logs on stderr at this level: debug, info, warn, error (default none)")
 	if rc := parseFlags(fs, args, stderr); rc >= 0 {
 		return rc
@@ -83,6 +84,7 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 	if *decodePages != 0 {
 		cfg.Deployment.DecodePages = *decodePages
 	}
+	cfg.Deployment.Trace = *traceFile
 	if *logLevel != "" {
 		var lv slog.Level
 		if err := lv.UnmarshalText([]byte(*logLevel)); err != nil {

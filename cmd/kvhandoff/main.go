@@ -10,6 +10,7 @@
 //	kvhandoff bench transfer         the transport's throughput against a memory copy
 //	kvhandoff bench handoff          end-to-end handoffs through endpoints, against the provider
 //	kvhandoff preflight [flags]      a deployment's pools, page sizes and models, checked
+//	kvhandoff trace check FILE...    the nodes' protocol traces replayed in the spec
 package main
 
 import (
@@ -36,6 +37,7 @@ commands:
   certs     a certificate authority and node certificates for a deployment (PEM files)
   preflight check a deployment: pools against the context, page sizes, models; RDMA devices
   serve     run one node of a deployment: --role router, prefill or decode
+  trace     trace check: the nodes' protocol traces (serve --trace) replayed in the spec
 
 kvhandoff <command> -h lists a command's flags.
 `
@@ -63,6 +65,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return runServe(args[1:], stdout, stderr)
 	case "demo":
 		return runDemo(args[1:], stdout, stderr)
+	case "trace":
+		return runTrace(args[1:], stdout, stderr)
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0

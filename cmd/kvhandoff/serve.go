@@ -20,6 +20,7 @@ import (
 
 	"github.com/kvhandoff/kvhandoff/engine/llama"
 	"github.com/kvhandoff/kvhandoff/internal/pki"
+	"github.com/kvhandoff/kvhandoff/internal/trace"
 	"github.com/kvhandoff/kvhandoff/node"
 	"github.com/kvhandoff/kvhandoff/rdma"
 	"github.com/kvhandoff/kvhandoff/rdma/socket"
@@ -121,6 +122,14 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return fail("%v", err)
 	}
+	if o.traceFile != "" {
+		sink, err := trace.Create(o.traceFile)
+		if err != nil {
+			return fail("--trace: %v", err)
+		}
+		defer sink.Close()
+		o.trace = sink.NewWriter(o.name, o.role)
+	}
 	if o.role == "router" {
 		err = o.runRouter(ctx, reg, sec, m, keys, log)
 	} else {
@@ -169,6 +178,8 @@ type serveFlags struct {
 	prefixScopePages                            int
 	scopeKey                                    string
 	publicPrefixes                              []node.PublicPrefix
+	traceFile                                   string
+	trace                                       *trace.Writer // --trace's, once runServe opened it
 }
 
 // defineServeFlags defines serve's flags on fs, to be read once fs has
@@ -229,6 +240,7 @@ func defineServeFlags(fs *flag.FlagSet) *serveFlags {
 		o.publicPrefixes = append(o.publicPrefixes, node.PublicPrefix{Name: name, Text: text})
 		return nil
 	})
+	fs.StringVar(&o.traceFile, "trace", "", "append the node's protocol events to this file as JSON lines, for kvhandoff trace check (docs/trace.md)")
 	fs.StringVar(&o.logFormat, "log-format", "text", "text or json")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	return o
@@ -380,7 +392,7 @@ func (o *serveFlags) model() (*llama.Model, error) {
 func (o *serveFlags) runRouter(ctx context.Context, reg node.Registry, sec node.Security, m *llama.Model, keys ticketKeys, log *slog.Logger) error {
 	cfg := node.RouterConfig{Name: o.name, Registry: reg, Security: sec, ModelID: o.modelID, Timeout: o.timeout, Log: log,
 		HTTP:           node.HTTPLimits{BodyTimeout: o.httpBodyTimeout, IdleTimeout: o.httpIdleTimeout, WriteTimeout: o.httpWriteTimeout, MaxBodyBytes: o.httpMaxBody, MaxConns: o.httpMaxConns},
-		TrustRequestID: o.trustRequestID, TicketKey: keys.signer, PublicPrefixes: o.publicPrefixes, TrustTenantHeader: o.trustTenantHeader}
+		TrustRequestID: o.trustRequestID, TicketKey: keys.signer, PublicPrefixes: o.publicPrefixes, TrustTenantHeader: o.trustTenantHeader, Trace: o.trace}
 	if o.apiKeys != "" {
 		f, err := os.Open(o.apiKeys)
 		if err != nil {
@@ -431,7 +443,7 @@ func (o *serveFlags) runNode(ctx context.Context, reg node.Registry, sec node.Se
 	defer dev.Close()
 	cfg := node.NodeConfig{Name: o.name, Device: dev, Pages: o.pages, PageTokens: o.pageTokens, PageBytes: o.pageBytes,
 		ContextTokens: o.contextTokens, Model: m, ModelID: o.modelID, Security: sec, Callers: []string{o.router},
-		Registry: reg, Metrics: node.NewMetrics(), Log: log, Timeout: o.timeout, CheckJoin: true, PrefillChunkPages: o.prefillChunk}
+		Registry: reg, Metrics: node.NewMetrics(), Log: log, Timeout: o.timeout, CheckJoin: true, PrefillChunkPages: o.prefillChunk, Trace: o.trace}
 	if o.prefillChunk == 0 {
 		cfg.PrefillChunkPages = -1 // the flag's 0 is NodeConfig's "whole prompts"
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvhandoff/kvhandoff/engine/llama"
 	"github.com/kvhandoff/kvhandoff/internal/research"
+	"github.com/kvhandoff/kvhandoff/internal/trace"
 	"github.com/kvhandoff/kvhandoff/node"
 	"github.com/kvhandoff/kvhandoff/protocol"
 )
@@ -41,6 +42,10 @@ type Deployment struct {
 	// PublicSystem declared public ("desk"), and the workload's prefix
 	// traffic (Spec.Prefixes).
 	PrefixCache bool
+	// Trace, if set, is where the nodes write their protocol events
+	// (docs/trace.md): in process every node's in this file; as processes
+	// each node's in Trace.<node> (kvhandoff serve --trace).
+	Trace string
 }
 
 // Default is the demo's default deployment: 2 prefill and 2 decode nodes,
@@ -94,6 +99,7 @@ type InProcess struct {
 	Model *llama.Model
 	cfg   Deployment
 	log   *slog.Logger
+	trace *trace.Sink
 }
 
 // Start starts d in this process.
@@ -102,17 +108,26 @@ func Start(d Deployment, log *slog.Logger) (*InProcess, error) {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	m := llama.Builtin(d.Seed)
+	var sink *trace.Sink
+	if d.Trace != "" {
+		var err error
+		if sink, err = trace.Create(d.Trace); err != nil {
+			return nil, err
+		}
+	}
 	l, err := node.StartLocal(node.LocalConfig{
 		Prefills: d.Prefills, Decodes: d.Decodes, PrefillPages: d.PrefillPages, DecodePages: d.DecodePages,
 		PageTokens: d.PageTokens, ContextTokens: d.ContextTokens, PrefillContextTokens: d.PrefillContextTokens, AdvertiseContext: d.AdvertiseContext,
 		Model: m, Timeout: d.Timeout, Log: log, Research: d.Research, PrefixCache: d.PrefixCache, PublicPrefixes: d.publicPrefixes(),
 		// The demo's traffic is its own front proxy: it names each request's tenant.
 		TrustTenantHeader: true,
+		Trace:             sink,
 	})
 	if err != nil {
+		sink.Close()
 		return nil, err
 	}
-	return &InProcess{Local: l, Model: m, cfg: d, log: log}, nil
+	return &InProcess{Local: l, Model: m, cfg: d, log: log, trace: sink}, nil
 }
 
 // publicPrefixes are the deployment's declared public prefixes.
@@ -274,7 +289,10 @@ func (p *InProcess) PagesLeft(wait time.Duration) map[string]int {
 }
 
 // Stop ends the deployment.
-func (p *InProcess) Stop() { p.Local.Stop() }
+func (p *InProcess) Stop() {
+	p.Local.Stop()
+	p.trace.Close()
+}
 
 // WatchCache polls every decode node's prefix cache until ctx ends and
 // returns each cached page seen written while cached: a page cached at one

@@ -122,6 +122,11 @@ func StartProcs(bin, dir string, d Deployment, etcd string, logs io.Writer) (*Pr
 	for _, pp := range d.publicPrefixes() {
 		p.args["router"] = append(p.args["router"], "--public-prefix", pp.Name+"="+pp.Text)
 	}
+	if d.Trace != "" {
+		for name := range p.args {
+			p.args[name] = append(p.args[name], "--trace", d.Trace+"."+name)
+		}
+	}
 	if etcd != "" {
 		// The same processes, registered in etcd: every static --peers
 		// gives way to the cluster, under a prefix no other run shares.

@@ -92,6 +92,21 @@ const (
 	SplitAcquire
 )
 
+// Node bugs: fixes of the deployable nodes (package node) that the
+// refinement mapping cannot see, since it drives the protocol's state
+// machines, not the nodes around them. They exist to prove that the trace
+// checker (spec/tracecheck, docs/trace.md) can fail.
+const (
+	// NoCutCallCancel: the router sends no cancel call to a decode node
+	// whose call it cut short (the fix of a request failed while its decode
+	// call was in flight): a call cut before it reached the node leaves the
+	// request's verified pages held until the node's own timeout.
+	NoCutCallCancel Switch = 1 << (numSwitches + 2 + iota)
+)
+
+// Node lists the node switches.
+func Node() []Switch { return []Switch{NoCutCallCancel} }
+
 var names = [numSwitches]string{"admit-finished", "abort-still-sends", "no-token-check", "eager-release",
 	"timeout-free", "prefill-early-free", "no-tag-check", "no-checksum", "leak-on-cancel", "no-peer-cancel", "double-free",
 	"abort-frees-source", "checksum-hangs", "peer-by-name",
@@ -109,6 +124,8 @@ func (s Switch) String() string {
 		return "stale-status"
 	case SplitAcquire:
 		return "split-acquire"
+	case NoCutCallCancel:
+		return "no-cut-call-cancel"
 	}
 	return fmt.Sprintf("Switch(%#x)", uint32(s))
 }
@@ -145,7 +162,7 @@ func (s Switches) Any() bool { return s.on != 0 }
 
 func (s Switches) String() string {
 	var out []string
-	for _, sw := range append(All(), Concurrency()...) {
+	for _, sw := range append(append(All(), Concurrency()...), Node()...) {
 		if s.Has(sw) {
 			out = append(out, sw.String())
 		}
@@ -176,7 +193,7 @@ func Parse(list string) (Switches, error) {
 	for _, name := range strings.Split(list, ",") {
 		name = strings.TrimSpace(name)
 		found := false
-		for _, sw := range append(All(), Concurrency()...) {
+		for _, sw := range append(append(All(), Concurrency()...), Node()...) {
 			if sw.String() == name {
 				s.on |= uint32(sw)
 				found = true
@@ -187,7 +204,7 @@ func Parse(list string) (Switches, error) {
 		case name == "done-unmatched":
 			return s, fmt.Errorf("switch done-unmatched has no implementation counterpart: the wire carries no slot and Done is matched by request id")
 		default:
-			return s, fmt.Errorf("unknown switch %q (known: %s, stale-status, split-acquire)", name, strings.Join(names[:], ", "))
+			return s, fmt.Errorf("unknown switch %q (known: %s, stale-status, split-acquire, no-cut-call-cancel)", name, strings.Join(names[:], ", "))
 		}
 	}
 	return s, nil

@@ -1,0 +1,99 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// kvhandoff trace check: the in-process demo's trace conforms (exit 0); a
+// decode node's own sweep of a verified request's pages, inserted into it,
+// is refused (exit 1; node's TestTraceCheckRefusesPagesHeldPastTheirRequestsEnd
+// makes the real node do it); a trace with a node's event missing,
+// unreadable, or no file at all is bad input (exit 2).
+func TestTraceCheckExitsByTheVerdict(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the demo")
+	}
+	dir := t.TempDir()
+	file := filepath.Join(dir, "t.jsonl")
+	if code, out, errOut := runCLI(t, "demo", "--requests", "40", "--no-faults", "--trace", file); code != 0 {
+		t.Fatalf("demo: exit %d\n%s%s", code, out, errOut)
+	}
+	code, out, errOut := runCLI(t, "trace", "check", file)
+	if code != 0 || !strings.Contains(out, "conforms") || !strings.Contains(out, "replayed in the spec") {
+		t.Fatalf("trace check of the demo: exit %d\n%s%s", code, out, errOut)
+	}
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+
+	// The decode node's own sweep of a request's pages just after they
+	// verified, its later events numbered on.
+	var withSweep []string
+	shift := 0
+	for _, l := range lines {
+		var ev map[string]any
+		dec := json.NewDecoder(strings.NewReader(l))
+		dec.UseNumber() // ids and clocks past 2^53
+		if err := dec.Decode(&ev); err != nil {
+			t.Fatal(err)
+		}
+		next := func(k string) json.Number {
+			n, _ := ev[k].(json.Number).Int64()
+			return json.Number(strconv.FormatInt(n+1, 10))
+		}
+		if ev["node"] == "decode-0" && shift > 0 {
+			ev["seq"] = next("seq")
+			b, _ := json.Marshal(ev)
+			l = string(b)
+		}
+		withSweep = append(withSweep, l)
+		if ev["node"] == "decode-0" && ev["ev"] == "verified" && shift == 0 {
+			shift = 1
+			sweep, _ := json.Marshal(map[string]any{"node": "decode-0", "seq": next("seq"), "t": next("t"),
+				"ev": "cancel", "req": ev["req"], "cause": "sweep-no-call"})
+			withSweep = append(withSweep, string(sweep))
+		}
+	}
+	if shift == 0 {
+		t.Fatal("no request verified on decode-0")
+	}
+	swept := filepath.Join(dir, "swept.jsonl")
+	write(t, swept, withSweep)
+	code, out, _ = runCLI(t, "trace", "check", swept)
+	if code != 1 || !strings.Contains(out, "DOES NOT CONFORM") || !strings.Contains(out, "sweep-no-call") {
+		t.Fatalf("the sweep of verified pages: exit %d\n%s", code, out)
+	}
+
+	gap := filepath.Join(dir, "gap.jsonl")
+	var kept []string
+	dropped := false
+	for _, l := range lines {
+		if !dropped && strings.Contains(l, `"node":"prefill-0"`) && strings.Contains(l, `"seq":3,`) {
+			dropped = true
+			continue
+		}
+		kept = append(kept, l)
+	}
+	write(t, gap, kept)
+	garbage := filepath.Join(dir, "garbage.jsonl")
+	write(t, garbage, []string{"not json", lines[0]})
+	for _, args := range [][]string{{"trace", "check", gap}, {"trace", "check", garbage}, {"trace", "check", filepath.Join(dir, "none")}, {"trace", "check"}, {"trace"}} {
+		if code, out, errOut := runCLI(t, args...); code != 2 || errOut == "" {
+			t.Errorf("%v: exit %d, stdout %q, stderr %q; want 2 and a reason", args, code, out, errOut)
+		}
+	}
+}
+
+func write(t *testing.T, name string, lines []string) {
+	t.Helper()
+	if err := os.WriteFile(name, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,132 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvhandoff/kvhandoff/internal/research"
+	"github.com/kvhandoff/kvhandoff/internal/trace"
+	"github.com/kvhandoff/kvhandoff/protocol"
+	"github.com/kvhandoff/kvhandoff/spec/tracecheck"
+)
+
+// The refinement mapping drives the protocol's state machines, not the
+// nodes around them: a node's fix is out of its sight. The trace checker
+// sees it. The scenario of
+// TestLostPrefillNodeFreesTheDecodePagesOfACallThatNeverReachedIt (a
+// request's prefill node lost after its KV verified, its decode call cut
+// before it reached the node), traced: with the router's cancel of the cut
+// call the trace conforms; with the fix reverted (no-cut-call-cancel) the
+// decode node holds the verified pages until its own sweep, a second after
+// the request ended, and the trace check fails at that sweep's cancel,
+// which no action of the spec is: its decode holds a verified request's
+// pages until the read the router's call brings.
+func TestTraceCheckRefusesPagesHeldPastTheirRequestsEnd(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		bugs research.Switches
+	}{{"fix", research.Switches{}}, {"no-cut-call-cancel", research.On(research.NoCutCallCancel)}} {
+		t.Run(tc.name, func(t *testing.T) {
+			events := tracedCutCall(t, tc.bugs)
+			rep, err := tracecheck.Check(events)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var out strings.Builder
+			rep.Write(&out)
+			if rep.Replayed != 1 {
+				t.Fatalf("%d requests replayed in the spec, want the 1:\n%s", rep.Replayed, out.String())
+			}
+			if !tc.bugs.Any() {
+				if !rep.Conforms() {
+					t.Fatalf("the fixed node's trace does not conform:\n%s", out.String())
+				}
+				return
+			}
+			f := rep.Failure
+			if f == nil {
+				t.Fatalf("the trace of the reverted fix conforms:\n%s", out.String())
+			}
+			if f.Event.Kind != trace.Cancel || f.Event.Cause != "sweep-no-call" || !strings.Contains(f.Rule, "sweep-no-call") {
+				t.Fatalf("the check failed at %+v (rule %q), want the decode node's sweep of the verified pages:\n%s", f.Event, f.Rule, out.String())
+			}
+			if len(f.States) == 0 || !strings.Contains(f.States[0], "decode ready holding") {
+				t.Fatalf("spec states %q, want the request ready on decode, its pages held", f.States)
+			}
+			t.Logf("the trace check refuses the reverted fix:\n%s", out.String())
+		})
+	}
+}
+
+// tracedCutCall runs the cut-call scenario with bugs and returns its trace.
+func tracedCutCall(t *testing.T, bugs research.Switches) []trace.Event {
+	t.Helper()
+	var buf syncBuffer
+	sink := trace.NewSink(&buf)
+	ids, release := make(chan protocol.RequestID, 1), make(chan struct{})
+	var once, released sync.Once
+	free := func() { released.Do(func() { close(release) }) }
+	l, err := StartLocal(LocalConfig{PrefillPages: 64, DecodePages: 64, PageTokens: 16, Timeout: time.Second, Log: quietLog(),
+		Research: bugs, Trace: sink,
+		beforeDecodeCall: func(id protocol.RequestID) {
+			once.Do(func() {
+				ids <- id
+				<-release
+			})
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Stop()
+	defer free()
+	d := l.Decodes[0]
+	done := make(chan answer, 1)
+	go func() {
+		a, err := complete(context.Background(), l.API, "t", strings.Repeat("a prompt. ", 10), 16) // 7 pages: the spec holds 8
+		if err != nil {
+			a.err = err.Error()
+		}
+		done <- a
+	}()
+	id := <-ids
+	waitUntil(t, "the request verified on the decode node", func() bool { return d.Endpoint().Status(id) == protocol.ReceiverReady })
+	if err := l.CrashPrefill(0); err != nil {
+		t.Fatal(err)
+	}
+	if a := <-done; !strings.Contains(a.err, "node lost") {
+		t.Fatalf("the client got %+v, want the request failed with its prefill node lost", a)
+	}
+	free()
+	allPagesBack(t, l) // with the fix at once; without, at the decode node's sweep (its timeout, a second)
+	l.Stop()
+	if err := sink.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	events, truncated, err := trace.Read(bytes.NewReader(buf.Bytes()))
+	if err != nil || truncated {
+		t.Fatalf("reading the trace: %v (truncated %v)", err, truncated)
+	}
+	return events
+}
+
+// syncBuffer is a bytes.Buffer safe for the sink's writes and the test's read.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) Bytes() []byte {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]byte(nil), s.b.Bytes()...)
+}

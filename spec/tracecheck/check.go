@@ -1,0 +1,362 @@
+// Package tracecheck checks a running system's protocol traces against the
+// spec (docs/trace.md): it merges the nodes' traces (internal/trace),
+// respecting each node's order and message causality, maps each event to
+// the spec's action, and replays them in the spec, one request at a time,
+// resolving the spec's nondeterminism from the trace (which fault happened:
+// every explanation the trace leaves open is kept until an event rules it
+// out). It reports the first event no explanation can take, with the spec
+// states and the events around it, or that the trace conforms; it checks
+// the spec's invariants on every replayed state and, at the trace's end,
+// that each request can still reach the spec's NoLeak by protocol actions.
+package tracecheck
+
+import (
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+
+	"github.com/kvhandoff/kvhandoff/internal/trace"
+	"github.com/kvhandoff/kvhandoff/spec"
+)
+
+// Report is a check's result.
+type Report struct {
+	Events   int
+	Nodes    []string
+	Requests int
+	Replayed int // requests replayed in the spec
+	// NotReplayed counts the requests checked only for their messages'
+	// causality, by why (docs/trace.md).
+	NotReplayed map[string]int
+	// Unmodelled counts events the spec has no action for, by kind: checked
+	// for consistency or skipped (docs/trace.md).
+	Unmodelled map[string]int
+	Failure    *Failure
+}
+
+// Conforms reports whether every event was taken.
+func (r *Report) Conforms() bool { return r.Failure == nil }
+
+// Failure is the first event the spec cannot take.
+type Failure struct {
+	Event   trace.Event
+	Request uint64
+	Rule    string   // the mapping rule that refused it
+	Why     string   // what the spec says
+	States  []string // the spec's states of the request just before it
+	Around  []trace.Event
+}
+
+// Check merges the events of every node and replays them in the spec.
+func Check(events []trace.Event) (*Report, error) {
+	merged, roles, err := merge(events)
+	if err != nil {
+		return nil, err
+	}
+	rep := &Report{Events: len(merged), NotReplayed: map[string]int{}, Unmodelled: map[string]int{}}
+	for n := range roles {
+		rep.Nodes = append(rep.Nodes, n)
+	}
+	sort.Strings(rep.Nodes)
+	c := &checker{merged: merged, roles: roles, reqs: map[uint64]*replay{}, writes: map[string]map[uint64]uint64{}, rep: rep}
+	c.collect()
+	var first *failure
+	var firstReq *replay
+	for _, id := range c.order {
+		r := c.reqs[id]
+		f := c.run(r)
+		if f != nil && (first == nil || f.index < first.index) {
+			first, firstReq = f, r
+		}
+	}
+	rep.Requests = len(c.order)
+	if first != nil {
+		rep.Failure = c.failureOf(firstReq, first)
+	}
+	return rep, nil
+}
+
+type checker struct {
+	merged []trace.Event
+	roles  map[string]string
+	reqs   map[uint64]*replay
+	order  []uint64
+	writes map[string]map[uint64]uint64 // prefill node → WRITE id → request
+	rep    *Report
+}
+
+// collect gives each request its events: its own, and the global events of
+// its route (a node lost, a queue pair fenced or cut) from its first event on.
+func (c *checker) collect() {
+	get := func(ev *trace.Event) *replay {
+		r := c.reqs[ev.Req]
+		if r == nil {
+			r = &replay{id: ev.Req}
+			c.reqs[ev.Req] = r
+			c.order = append(c.order, ev.Req)
+		}
+		return r
+	}
+	for i := range c.merged {
+		ev := &c.merged[i]
+		switch {
+		case ev.Kind == trace.Start:
+			continue
+		case ev.Kind == trace.Post:
+			if c.writes[ev.Node] == nil {
+				c.writes[ev.Node] = map[uint64]uint64{}
+			}
+			c.writes[ev.Node][ev.Write] = ev.Req
+		case ev.Kind == trace.Complete:
+			ev.Req = c.writes[ev.Node][ev.Write]
+			if r := c.reqs[ev.Req]; r != nil {
+				if r.late == nil {
+					r.late = map[uint64]bool{}
+				}
+				r.late[ev.Write] = ev.Err != ""
+			}
+		}
+		if ev.Req == 0 {
+			for _, id := range c.order {
+				r := c.reqs[id]
+				if r.on(ev) {
+					r.events = append(r.events, i)
+				}
+			}
+			continue
+		}
+		r := get(ev)
+		switch ev.Kind {
+		case trace.Dispatch:
+			r.prefill, r.decode, r.tokens, r.pt = ev.Peer, ev.Decode, ev.Tokens, ev.PageTokens
+		case trace.Refuse:
+			r.refused, r.tokens, r.pt = refusedByRouter, ev.Tokens, 1
+		case trace.Submit:
+			if r.prefill == "" { // no router in the trace
+				r.prefill, r.decode, r.tokens = ev.Node, ev.Peer, ev.Tokens
+			}
+			r.pt = max(r.pt, ev.PageTokens)
+			if ev.Err != "" && r.refused == "" {
+				r.refused = "prefill intake: " + reasonOf(ev.Err)
+				switch r.refused {
+				case refusedNoPeer, refusedTooLong:
+					r.intake = r.refused // replayed: the spec has the branch
+					r.refused = ""
+				}
+			}
+		case trace.Outcome, trace.ClientEnd:
+			r.damaged = r.damaged || reasonIn(ev.Err) != spec.NoReason
+		case trace.Send:
+			if ev.Msg == "Abort" && ev.Reason == "verification failed" {
+				r.damaged = true
+			}
+			if c.roles[ev.Node] == "decode" && ev.Msg == "Grant" {
+				r.prefix = ev.Prefix
+			}
+			if c.roles[ev.Node] == "decode" && ev.Msg == "Abort" && !r.granted(c) && r.refused == "" && ev.Reason != "timed out" && ev.Reason != "cancelled" {
+				r.refused = "decode intake: " + ev.Reason
+			}
+		}
+		r.events = append(r.events, i)
+	}
+}
+
+// granted reports whether decode sent the request a Grant before now.
+func (r *replay) granted(c *checker) bool {
+	for _, i := range r.events {
+		if ev := &c.merged[i]; ev.Kind == trace.Send && ev.Msg == "Grant" {
+			return true
+		}
+	}
+	return false
+}
+
+// on reports whether a global event concerns the request's route.
+func (r *replay) on(ev *trace.Event) bool {
+	if r.prefill == "" {
+		return false
+	}
+	switch ev.Kind {
+	case trace.NodeLost:
+		return ev.Peer == r.prefill || ev.Peer == r.decode
+	case trace.Fenced, trace.Cut:
+		return ev.Node == r.prefill && ev.Peer == r.decode || ev.Node == r.decode && ev.Peer == r.prefill
+	}
+	return false
+}
+
+// reasonOf shortens an error's text to its kind for the report.
+func reasonOf(err string) string {
+	if strings.Contains(err, "no live queue pair") {
+		return "no peer"
+	}
+	for _, k := range []string{"too long", "no capacity", "over quota", "unauthorized", "rejected"} {
+		if strings.Contains(err, k) {
+			return k
+		}
+	}
+	return "other"
+}
+
+// run replays one request; nil if the spec takes every event.
+func (c *checker) run(r *replay) *failure {
+	if r.refused != "" && r.refused != refusedByRouter {
+		c.rep.NotReplayed[r.refused]++
+		return nil
+	}
+	if err := r.start(); err != nil {
+		c.rep.NotReplayed[err.Error()]++
+		return nil
+	}
+	c.rep.Replayed++
+	for _, i := range r.events {
+		ev := &c.merged[i]
+		before := r.front
+		rule, moves := c.rule(r, ev)
+		if moves == nil {
+			c.rep.Unmodelled[rule]++
+			continue
+		}
+		if err := r.advance(moves); err != nil {
+			f := &failure{index: i, rule: rule, why: err.Error()}
+			if err == errNoMove && ev.Kind == trace.Cancel && (ev.Cause == "sweep-no-call" || ev.Cause == "shutdown") {
+				f.why += ": the spec's decode releases a verified request's pages only at its read, which the router's call brings (or ends); " +
+					"this node released them on its own, with no call: they were held past the request's end"
+			}
+			for _, s := range before {
+				f.states = append(f.states, summary(s))
+			}
+			return f
+		}
+	}
+	// At the end: from some explanation, the spec reaches NoLeak by
+	// protocol actions alone.
+	if !r.canQuiesce() {
+		last := r.events[len(r.events)-1]
+		f := &failure{index: last, rule: "end of trace", why: "no protocol action of the spec leads from here to NoLeak (every page, slot and record given back)"}
+		for _, s := range r.front {
+			f.states = append(f.states, summary(s))
+		}
+		return f
+	}
+	return nil
+}
+
+// canQuiesce searches, from each state of the frontier, the states protocol
+// actions reach for one where NoLeak holds.
+func (r *replay) canQuiesce() bool {
+	noLeak := spec.Goals[len(spec.Goals)-1]
+	seen := map[string]bool{}
+	work := append([]*spec.State(nil), r.front...)
+	for len(work) > 0 && len(seen) < 100000 {
+		s := work[len(work)-1]
+		work = work[:len(work)-1]
+		if noLeak.Reached(r.m, s) {
+			return true
+		}
+		r.m.Successors(s, func(a spec.Action, nx *spec.State) {
+			if r.m.IsFault(a) {
+				return
+			}
+			k := string(r.m.AppendFingerprint(nil, nx))
+			if !seen[k] {
+				seen[k] = true
+				c := *nx
+				work = append(work, &c)
+			}
+		})
+	}
+	return false
+}
+
+func (c *checker) failureOf(r *replay, f *failure) *Failure {
+	out := &Failure{Event: c.merged[f.index], Request: r.id, Rule: f.rule, Why: f.why, States: f.states}
+	// The request's events around it.
+	at := 0
+	for k, i := range r.events {
+		if i == f.index {
+			at = k
+		}
+	}
+	for k := max(0, at-8); k < min(len(r.events), at+3); k++ {
+		out.Around = append(out.Around, c.merged[r.events[k]])
+	}
+	return out
+}
+
+// Write prints the report for people.
+func (r *Report) Write(w io.Writer) {
+	fmt.Fprintf(w, "%d events of %d nodes (%s), %d requests: %d replayed in the spec\n", r.Events, len(r.Nodes), strings.Join(r.Nodes, ", "), r.Requests, r.Replayed)
+	for _, k := range sortedKeys(r.NotReplayed) {
+		fmt.Fprintf(w, "  not replayed (%s): %d\n", k, r.NotReplayed[k])
+	}
+	for _, k := range sortedKeys(r.Unmodelled) {
+		fmt.Fprintf(w, "  not modelled (%s): %d\n", k, r.Unmodelled[k])
+	}
+	if r.Failure == nil {
+		fmt.Fprintln(w, "conforms")
+		return
+	}
+	f := r.Failure
+	fmt.Fprintf(w, "DOES NOT CONFORM: request %d: %s #%d %s: the spec cannot take it\n  rule: %s\n  spec: %s\n", f.Request, f.Event.Node, f.Event.Seq, describe(f.Event), f.Rule, f.Why)
+	seen := map[string]int{}
+	var states []string
+	for _, s := range f.States {
+		if seen[s] == 0 {
+			states = append(states, s)
+		}
+		seen[s]++
+	}
+	for _, s := range states {
+		if seen[s] > 1 {
+			fmt.Fprintf(w, "  spec state (%d explanations): %s\n", seen[s], s)
+		} else {
+			fmt.Fprintf(w, "  spec state: %s\n", s)
+		}
+	}
+	fmt.Fprintln(w, "  the request's events around it:")
+	for _, ev := range f.Around {
+		mark := "   "
+		if ev.Node == f.Event.Node && ev.Seq == f.Event.Seq {
+			mark = ">>>"
+		}
+		fmt.Fprintf(w, "  %s %s #%d %s\n", mark, ev.Node, ev.Seq, describe(ev))
+	}
+}
+
+func sortedKeys(m map[string]int) []string {
+	var ks []string
+	for k := range m {
+		ks = append(ks, k)
+	}
+	sort.Strings(ks)
+	return ks
+}
+
+// describe is one event in words.
+func describe(ev trace.Event) string {
+	s := ev.Kind
+	if ev.Msg != "" {
+		s += " " + ev.Msg
+	}
+	if ev.Req != 0 {
+		s += fmt.Sprintf(" req %d", ev.Req)
+	}
+	if ev.Peer != "" {
+		s += " peer " + ev.Peer
+	}
+	if ev.Cause != "" {
+		s += " (" + ev.Cause + ")"
+	}
+	if ev.Reason != "" {
+		s += " reason " + ev.Reason
+	}
+	if len(ev.Pages) > 0 {
+		s += fmt.Sprintf(" pages %v", ev.Pages)
+	}
+	if ev.Err != "" {
+		s += fmt.Sprintf(" err %q", ev.Err)
+	}
+	return s
+}

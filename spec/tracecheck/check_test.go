@@ -1,0 +1,218 @@
+package tracecheck
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/kvhandoff/kvhandoff/internal/trace"
+)
+
+// tb builds a hand-written trace: each event gets its node's next sequence
+// number and the next tick of one clock, in the order written.
+type tb struct {
+	evs []trace.Event
+	seq map[string]uint64
+	t   int64
+}
+
+func newTB() *tb {
+	b := &tb{seq: map[string]uint64{}}
+	b.add(trace.Event{Node: "router", Kind: trace.Start, Role: "router", Inc: "r1"})
+	b.add(trace.Event{Node: "p", Kind: trace.Start, Role: "prefill", Inc: "p1"})
+	b.add(trace.Event{Node: "d", Kind: trace.Start, Role: "decode", Inc: "d1"})
+	return b
+}
+
+func (b *tb) add(ev trace.Event) *tb {
+	b.seq[ev.Node]++
+	b.t++
+	ev.Seq, ev.T = b.seq[ev.Node], b.t
+	b.evs = append(b.evs, ev)
+	return b
+}
+
+const req = 7
+
+// The events of a request of 2 pages, step by step (the happy path).
+var (
+	dispatch  = trace.Event{Node: "router", Kind: trace.Dispatch, Req: req, Peer: "p", Decode: "d", Tokens: 32, PageTokens: 16}
+	submit    = trace.Event{Node: "p", Kind: trace.Submit, Req: req, Peer: "d", Tokens: 32, PageTokens: 16, Pages: []uint32{0, 1}}
+	bootstrap = trace.Event{Node: "p", Kind: trace.Send, Msg: "Bootstrap", Req: req, Peer: "d", Tokens: 32}
+	bootRecv  = trace.Event{Node: "d", Kind: trace.Recv, Msg: "Bootstrap", Req: req, Peer: "p", Tokens: 32}
+	grant     = trace.Event{Node: "d", Kind: trace.Send, Msg: "Grant", Req: req, Peer: "p", Tokens: 32, Pages: []uint32{3, 4}, Epochs: []uint64{1, 1}}
+	grantRecv = trace.Event{Node: "p", Kind: trace.Recv, Msg: "Grant", Req: req, Peer: "d", Tokens: 32, Pages: []uint32{3, 4}, Epochs: []uint64{1, 1}}
+	post1     = trace.Event{Node: "p", Kind: trace.Post, Req: req, Peer: "d", Write: 1, Index: 0, Pages: []uint32{3}, Epochs: []uint64{1}}
+	post2     = trace.Event{Node: "p", Kind: trace.Post, Req: req, Peer: "d", Write: 2, Index: 1, Pages: []uint32{4}, Epochs: []uint64{1}}
+	done      = trace.Event{Node: "p", Kind: trace.Send, Msg: "Done", Req: req, Peer: "d", Tokens: 32, NPages: 2}
+	complete1 = trace.Event{Node: "p", Kind: trace.Complete, Peer: "d", Write: 1}
+	complete2 = trace.Event{Node: "p", Kind: trace.Complete, Peer: "d", Write: 2}
+	prefOK    = trace.Event{Node: "p", Kind: trace.Outcome, Req: req, Peer: "d"}
+	doneRecv  = trace.Event{Node: "d", Kind: trace.Recv, Msg: "Done", Req: req, Peer: "p", Tokens: 32, NPages: 2}
+	verified  = trace.Event{Node: "d", Kind: trace.Verified, Req: req, Peer: "p"}
+	acquire   = trace.Event{Node: "d", Kind: trace.Acquire, Req: req, Pages: []uint32{3, 4}, Epochs: []uint64{1, 1}}
+	release   = trace.Event{Node: "d", Kind: trace.Release, Req: req}
+	decOK     = trace.Event{Node: "d", Kind: trace.Outcome, Req: req, Peer: "p"}
+	legP      = trace.Event{Node: "router", Kind: trace.LegEnd, Req: req, Peer: "p"}
+	legD      = trace.Event{Node: "router", Kind: trace.LegEnd, Req: req, Peer: "d"}
+	clientOK  = trace.Event{Node: "router", Kind: trace.ClientEnd, Req: req}
+)
+
+func happy() []trace.Event {
+	return []trace.Event{dispatch, submit, bootstrap, bootRecv, grant, grantRecv, post1, post2, done, complete1, complete2, prefOK,
+		doneRecv, verified, acquire, release, decOK, legP, legD, clientOK}
+}
+
+func build(evs []trace.Event) []trace.Event {
+	b := newTB()
+	for _, ev := range evs {
+		b.add(ev)
+	}
+	return b.evs
+}
+
+func check(t *testing.T, evs []trace.Event) *Report {
+	t.Helper()
+	rep, err := Check(build(evs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rep
+}
+
+func report(rep *Report) string {
+	var b strings.Builder
+	rep.Write(&b)
+	return b.String()
+}
+
+func TestAHandoffAsTheSpecRunsItConforms(t *testing.T) {
+	rep := check(t, happy())
+	if !rep.Conforms() || rep.Replayed != 1 {
+		t.Fatalf("the happy path:\n%s", report(rep))
+	}
+	// The files in any order: the merge follows each node's order and the
+	// messages, not the input's.
+	evs := build(happy())
+	slices.Reverse(evs)
+	byNode := map[string][]trace.Event{}
+	for _, ev := range evs {
+		byNode[ev.Node] = append([]trace.Event{ev}, byNode[ev.Node]...)
+	}
+	mixed := append(append(byNode["d"], byNode["p"]...), byNode["router"]...)
+	if rep, err := Check(mixed); err != nil || !rep.Conforms() {
+		t.Fatalf("the happy path, node by node: %v", err)
+	}
+}
+
+// without returns evs without the events equal to any of drop.
+func without(evs []trace.Event, drop ...trace.Event) []trace.Event {
+	var out []trace.Event
+	for _, ev := range evs {
+		if !slices.ContainsFunc(drop, func(d trace.Event) bool { return eq(d, ev) }) {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
+// moved returns evs with ev moved to just before the event before.
+func moved(evs []trace.Event, ev, before trace.Event) []trace.Event {
+	out := without(evs, ev)
+	i := slices.IndexFunc(out, func(x trace.Event) bool { return eq(x, before) })
+	return slices.Insert(out, i, ev)
+}
+
+func eq(a, b trace.Event) bool {
+	return a.Node == b.Node && a.Kind == b.Kind && a.Msg == b.Msg && a.Write == b.Write && a.Req == b.Req && a.Cause == b.Cause
+}
+
+// Each rule of the mapping refuses a trace that breaks it, at the event
+// that breaks it.
+func TestEachMappingRuleRefusesATraceThatBreaksIt(t *testing.T) {
+	bad := []struct {
+		rule  string
+		evs   []trace.Event
+		at    trace.Event
+		field string // in the failure's rule
+	}{
+		{"Done is sent only once every WRITE is posted", moved(happy(), done, post2), done, "send Done"},
+		{"a WRITE is posted only under a Grant", moved(happy(), post1, grantRecv), post1, "post"},
+		{"a Grant names the request's pages", replace(happy(), grant, withPages(grant, 3)), withPages(grant, 3), "Grant"},
+		{"decode reads only a verified request", moved(happy(), acquire, doneRecv), acquire, "acquire"},
+		{"verification follows Done", moved(happy(), verified, doneRecv), verified, "verified"},
+		{"the client's ok is a read's reply", moved(happy(), clientOK, legP), clientOK, "client-end"},
+		{"a success at prefill has its WRITEs completed", moved(happy(), prefOK, complete1), prefOK, "outcome"},
+		{"a decode node's own sweep does not end a verified request", append(happy()[:14], trace.Event{Node: "d", Kind: trace.Cancel, Req: req, Cause: "sweep-no-call"}), trace.Event{Node: "d", Kind: trace.Cancel, Req: req, Cause: "sweep-no-call"}, "sweep-no-call"},
+		{"a leg is cancelled only for a request that ended", moved(happy(), trace.Event{Node: "router", Kind: trace.CancelLeg, Req: req, Peer: "d"}, bootRecv), trace.Event{Node: "router", Kind: trace.CancelLeg, Req: req}, "cancel-leg"},
+		{"a Done behind a WRITE that was never placed never arrives", append(without(happy()[:12], complete2, prefOK), trace.Event{Node: "p", Kind: trace.Complete, Peer: "d", Write: 2, Err: "flushed"}, doneRecv, verified), doneRecv, "recv Done"},
+	}
+	for _, tc := range bad {
+		t.Run(tc.rule, func(t *testing.T) {
+			rep := check(t, tc.evs)
+			f := rep.Failure
+			if f == nil {
+				t.Fatalf("conforms:\n%s", report(rep))
+			}
+			if !eq(f.Event, tc.at) && !(f.Event.Kind == tc.at.Kind && f.Event.Node == tc.at.Node) || !strings.Contains(f.Rule, tc.field) {
+				t.Fatalf("refused at %s (rule %q), want at %s:\n%s", describe(f.Event), f.Rule, describe(tc.at), report(rep))
+			}
+		})
+	}
+}
+
+func replace(evs []trace.Event, old, nw trace.Event) []trace.Event {
+	out := slices.Clone(evs)
+	for i := range out {
+		if eq(out[i], old) {
+			out[i] = nw
+		}
+	}
+	return out
+}
+
+func withPages(ev trace.Event, pages ...uint32) trace.Event {
+	ev.Pages = pages
+	ev.Epochs = make([]uint64, len(pages))
+	return ev
+}
+
+// The spec's nondeterminism is resolved from the trace: a Done whose
+// verification failed is explained by a corrupted WRITE, a reservation
+// that timed out by decode's timer; both conform.
+func TestTheTraceResolvesWhichFaultHappened(t *testing.T) {
+	abort := trace.Event{Node: "d", Kind: trace.Send, Msg: "Abort", Req: req, Peer: "p", Reason: "verification failed"}
+	corrupt := append(happy()[:13:13],
+		trace.Event{Node: "d", Kind: trace.Outcome, Req: req, Peer: "p", Err: "protocol: checksum mismatch: page 1"},
+		abort,
+		trace.Event{Node: "p", Kind: trace.Recv, Msg: "Abort", Req: req, Peer: "d", Reason: "verification failed"},
+		trace.Event{Node: "p", Kind: trace.Send, Msg: "AbortAck", Req: req, Peer: "d"},
+		trace.Event{Node: "d", Kind: trace.Recv, Msg: "AbortAck", Req: req, Peer: "p"},
+		trace.Event{Node: "router", Kind: trace.ClientEnd, Req: req, Err: "protocol: checksum mismatch: page 1"})
+	if rep := check(t, corrupt); !rep.Conforms() {
+		t.Fatalf("a corrupted WRITE:\n%s", report(rep))
+	}
+	timeout := append(happy()[:6:6],
+		trace.Event{Node: "d", Kind: trace.Send, Msg: "Abort", Req: req, Peer: "p", Reason: "timed out"},
+		trace.Event{Node: "d", Kind: trace.Outcome, Req: req, Peer: "p", Err: "protocol: timed out"},
+		trace.Event{Node: "p", Kind: trace.Recv, Msg: "Abort", Req: req, Peer: "d", Reason: "timed out"},
+		trace.Event{Node: "p", Kind: trace.Outcome, Req: req, Peer: "d", Err: "protocol: aborted"},
+		trace.Event{Node: "router", Kind: trace.ClientEnd, Req: req, Err: "protocol: timed out"})
+	if rep := check(t, timeout); !rep.Conforms() {
+		t.Fatalf("a reservation timed out:\n%s", report(rep))
+	}
+}
+
+// A trace that cannot be merged is refused as such: a receive whose send no
+// trace holds, a node's events missing.
+func TestATraceThatCannotBeMergedIsRefused(t *testing.T) {
+	if _, err := Check(build(without(happy(), grant))); !errors.Is(err, ErrTrace) {
+		t.Fatalf("a Grant received and never sent: %v", err)
+	}
+	evs := build(happy())
+	evs = slices.DeleteFunc(evs, func(ev trace.Event) bool { return ev.Node == "p" && ev.Seq == 4 })
+	if _, err := Check(evs); !errors.Is(err, ErrTrace) {
+		t.Fatalf("prefill's fourth event missing: %v", err)
+	}
+}

@@ -1,0 +1,377 @@
+package tracecheck
+
+import (
+	"strings"
+
+	"github.com/kvhandoff/kvhandoff/internal/trace"
+	"github.com/kvhandoff/kvhandoff/spec"
+)
+
+// The mapping from events to the spec's actions, one rule per event kind
+// and role (docs/trace.md, "The mapping"). A rule returns its name and the
+// moves of each spec state, or nil moves for an event the spec does not
+// model (counted in the report).
+type moves = func(s *spec.State) []move
+
+func one(m move) []move { return []move{m} }
+
+var keep = []move{{keep: true}}
+
+func (c *checker) rule(r *replay, ev *trace.Event) (string, moves) {
+	role := c.roles[ev.Node]
+	switch role {
+	case "router":
+		return c.routerRule(r, ev)
+	case "prefill":
+		return c.prefillRule(r, ev)
+	case "decode":
+		return c.decodeRule(r, ev)
+	}
+	return "event of a node of unknown role " + ev.Kind, nil
+}
+
+func (c *checker) routerRule(r *replay, ev *trace.Event) (string, moves) {
+	switch ev.Kind {
+	case trace.Dispatch, trace.Refuse:
+		return "router " + ev.Kind + " is Submit", func(*spec.State) []move { return one(move{act: kind(spec.Submit)}) }
+	case trace.CancelLegs:
+		// The client went away: the spec's Cancel, unless the request has
+		// its outcome already (the Router then does nothing).
+		return "router cancel is Cancel", func(s *spec.State) []move {
+			if s.Req[0].Outcome != spec.Pending {
+				return keep
+			}
+			return one(move{act: kind(spec.Cancel)})
+		}
+	case trace.CancelLeg:
+		// A leg's cancel call: the Abort the spec's Cancel queued for the
+		// node, or, for a request that has failed, the Router's second path
+		// the spec does not have (it ends a failed request's other leg by
+		// the queue pair's messages): an Abort queued for the node.
+		decode := ev.Peer == r.decode
+		already := r.abortTo[ev.Peer]
+		r.abortTo[ev.Peer] = true
+		return "router cancel-leg is the Abort of Cancel, or of a failed request", require(func(s *spec.State) bool {
+			q := toPrefill(s)
+			if decode {
+				q = toDecode(s)
+			}
+			return already || holds(q, spec.MAbort) || s.Req[0].Outcome != spec.Pending
+		})
+	case trace.CutCall:
+		r.cutCall = true
+		return "router cut-call ends a request with an outcome", require(func(s *spec.State) bool { return s.Req[0].Outcome != spec.Pending })
+	case trace.NodeLost:
+		lost := uint16(0)
+		if ev.Peer == r.decode {
+			lost = spec.DecodeNode
+		}
+		return "router node-lost is LeaseLost", func(s *spec.State) []move {
+			if lost == 0 && (s.CrashDetected[0] || s.PrefillCrashed[0]) || lost != 0 && s.DecodeLost[0] || finished(r, s) {
+				return keep
+			}
+			return one(move{act: func(a spec.Action, _, _ *spec.State) bool { return a.Kind == spec.LeaseLost && a.Arg == lost }})
+		}
+	case trace.LegEnd:
+		if ev.Peer != r.decode || ev.Err != "" {
+			return "router leg-end of a prefill leg or a failed decode leg", nil
+		}
+		// The decode leg's answer: the spec's DecodeRead, whose reply is
+		// the router's (a read the router's Abort ended already stays so).
+		return "router leg-end of the decode leg is DecodeRead", func(s *spec.State) []move {
+			if s.Req[0].R.Phase != spec.RReady {
+				return keep
+			}
+			return one(move{act: kind(spec.DecodeRead)})
+		}
+	case trace.ClientEnd:
+		ok, why := ev.Err == "", reasonIn(ev.Err)
+		return "router client-end is the spec's outcome", require(func(s *spec.State) bool {
+			o := s.Req[0].Outcome
+			return ok && o == spec.OK || !ok && o != spec.OK && o != spec.Pending && (why == spec.NoReason || why == s.Req[0].Reason)
+		})
+	}
+	return "router " + ev.Kind, nil
+}
+
+// finished reports whether the request has ended everywhere in s, with
+// nothing of it in flight: a global event changes nothing of it any more.
+func finished(r *replay, s *spec.State) bool {
+	return r.m.Finished(s) && s.QP[0][0].N == 0 && s.QPBack[0][0].N == 0 && s.ToPrefill[0].N == 0 && s.ToDecode[0].N == 0
+}
+
+func (c *checker) prefillRule(r *replay, ev *trace.Event) (string, moves) {
+	switch ev.Kind {
+	case trace.Submit:
+		if ev.Err != "" && r.intake == refusedNoPeer {
+			// No live queue pair to the decode node: the spec's intake on a
+			// pair cut for good, whose Bootstrap is flushed.
+			return "prefill submit with no queue pair is PrefillRecv on a cut pair", func(s *spec.State) []move {
+				return one(move{edit: cutBefore, act: headIs(spec.PrefillRecv, toPrefill, spec.MPrefill)})
+			}
+		}
+		return "prefill submit is PrefillRecv of Prefill", func(s *spec.State) []move {
+			return one(move{act: headIs(spec.PrefillRecv, toPrefill, spec.MPrefill)})
+		}
+	case trace.Recv:
+		mk, ok := map[string]spec.MsgKind{"Grant": spec.MGrant, "Abort": spec.MAbort}[ev.Msg]
+		if !ok {
+			return "prefill recv " + ev.Msg, func(*spec.State) []move { return nil }
+		}
+		return "prefill recv " + ev.Msg + " is PrefillRecvQP", func(s *spec.State) []move {
+			return one(move{act: headIs(spec.PrefillRecvQP, qpBack, mk)})
+		}
+	case trace.Send:
+		return c.sendRule(r, ev, qp, map[string]spec.MsgKind{"Bootstrap": spec.MBootstrap, "Done": spec.MDone, "AbortAck": spec.MAbortAck})
+	case trace.Post:
+		// A WRITE whose completion failed was never placed, which the
+		// spec's PostWrite says with its Late variant (else it places a
+		// WRITE posted on an empty queue pair at once); one that completed
+		// was placed, at once or later (both are kept until an event
+		// tells them apart).
+		neverPlaced := r.late[ev.Write]
+		if neverPlaced {
+			if r.unplaced == nil {
+				r.unplaced = map[int]bool{}
+			}
+			r.unplaced[int(ev.Index)] = true
+		}
+		return "prefill post is PostWrite", func(s *spec.State) []move {
+			if flushed(s) {
+				return keep // posted on a queue pair the spec has cut: flushed
+			}
+			return one(move{act: func(a spec.Action, _, _ *spec.State) bool {
+				return a.Kind == spec.PostWrite && (!neverPlaced || a.Arg&spec.Late != 0)
+			}})
+		}
+	case trace.Complete:
+		if ev.Err != "" {
+			return "prefill complete with an error (a flushed WRITE)", nil
+		}
+		r.completes++
+		n := r.completes
+		return "prefill complete is a WRITE placed", require(func(s *spec.State) bool { return int(s.Req[0].S.Completed) >= n || flushed(s) })
+	case trace.Cancel:
+		return "prefill cancel is PrefillRecv of Abort", c.cancelMoves(r, ev, true)
+	case trace.Outcome:
+		// A success comes once every WRITE posted has completed (the spec's
+		// senderProgress), which the trace's completions say.
+		ok := ev.Err == ""
+		allDone := r.completes >= r.pages
+		return "prefill outcome is the sender's end", require(func(s *spec.State) bool {
+			p := s.Req[0].S.Phase
+			return ok && p == spec.SFinished && allDone || !ok && !p.Live() && p != spec.SFinished && p != spec.SNone
+		})
+	case trace.Fenced:
+		return "prefill fenced is Cut", cutMoves(r)
+	}
+	return "prefill " + ev.Kind, nil
+}
+
+// flushed reports whether the request's queue pair is cut in s, or its
+// sender has ended: what the implementation still posts is flushed.
+func flushed(s *spec.State) bool {
+	return s.Fenced[0][0] || !s.Req[0].S.Phase.Live() || s.Budget[spec.FaultCut] < budget[spec.FaultCut]
+}
+
+// sendRule: a SEND is the message the spec's last action queued.
+func (c *checker) sendRule(r *replay, ev *trace.Event, q func(*spec.State) *spec.Queue, kinds map[string]spec.MsgKind) (string, moves) {
+	mk, ok := kinds[ev.Msg]
+	if !ok {
+		return "send " + ev.Msg, nil
+	}
+	if ev.Msg == "Done" && (int(ev.NPages) != r.pages || ev.Prefix != r.prefix) {
+		return "prefill send Done names the Grant's pages", func(*spec.State) []move { return nil }
+	}
+	if ev.Msg == "Grant" && (len(ev.Pages) != r.pages || ev.Prefix != r.prefix) {
+		return "decode send Grant names the request's pages", func(*spec.State) []move { return nil }
+	}
+	return "send " + ev.Msg + " is queued by the spec", func(s *spec.State) []move {
+		if holds(q(s), mk) || flushed(s) {
+			return keep
+		}
+		if ev.Msg == "Abort" && ev.Reason == "timed out" {
+			return one(move{act: kind(spec.Timeout)})
+		}
+		return nil
+	}
+}
+
+func (c *checker) decodeRule(r *replay, ev *trace.Event) (string, moves) {
+	switch ev.Kind {
+	case trace.Recv:
+		mk, ok := map[string]spec.MsgKind{"Bootstrap": spec.MBootstrap, "Done": spec.MDone, "AbortAck": spec.MAbortAck}[ev.Msg]
+		if !ok {
+			return "decode recv " + ev.Msg, func(*spec.State) []move { return nil }
+		}
+		return "decode recv " + ev.Msg + " is DecodeRecvQP", func(s *spec.State) []move {
+			return one(move{act: headIs(spec.DecodeRecvQP, qp, mk)})
+		}
+	case trace.Send:
+		return c.sendRule(r, ev, qpBack, map[string]spec.MsgKind{"Grant": spec.MGrant, "Abort": spec.MAbort})
+	case trace.Verified:
+		return "decode verified is a receiver ready", require(func(s *spec.State) bool { return s.Req[0].R.Phase == spec.RReady })
+	case trace.Acquire:
+		if ev.Err != "" {
+			return "decode acquire refused", nil
+		}
+		r.reading = true
+		return "decode acquire reads a ready request", require(func(s *spec.State) bool { return s.Req[0].R.Phase == spec.RReady })
+	case trace.Release:
+		if ev.Err != "" {
+			return "decode release refused", nil
+		}
+		// The read, from Acquire to Finish, is the spec's DecodeRead; its
+		// reply reaches the client at the router, which the spec's
+		// DecodeRead does in the same step: it is taken at the router's
+		// leg-end of the decode leg (or, for a call the router ended, at
+		// the cancel that ends it). Here the request is ready, or ended by
+		// an Abort while it was read.
+		reading := r.reading
+		r.reading, r.readDone = false, true
+		return "decode release ends a read", require(func(s *spec.State) bool {
+			p := s.Req[0].R.Phase
+			return p == spec.RReady || reading && !p.Live()
+		})
+	case trace.Cancel:
+		return "decode cancel (" + ev.Cause + ")", c.cancelMoves(r, ev, false)
+	case trace.Outcome:
+		ok, reading, read := ev.Err == "", r.reading, r.readDone
+		// A read cancelled while it runs has its outcome at the cancel and
+		// its end, the spec's DecodeRead, at Finish.
+		return "decode outcome is the receiver's end", require(func(s *spec.State) bool {
+			p := s.Req[0].R.Phase
+			return ok && (p == spec.RFinished || p == spec.RReady && read) || !ok && p != spec.RReserved && (p != spec.RReady || reading) && p != spec.RNone
+		})
+	case trace.Cut:
+		if ev.Cause != "peer-lost" {
+			return "decode cut asked by the receiver (part of the step that asked)", nil
+		}
+		return "decode cut (peer-lost) is DecodeRecv of PeerFailed", func(s *spec.State) []move {
+			if holds(toDecode(s), spec.MPeerFailed) || s.ToDecode[0].N > 0 && s.ToDecode[0].Head().Kind == spec.MPeerFailed {
+				return one(move{edit: func(s *spec.State) { toFront(toDecode(s), spec.MPeerFailed, -1) }, act: headIs2(spec.DecodeRecv, toDecode, spec.MPeerFailed)})
+			}
+			return keep
+		}
+	case trace.Fenced:
+		return "decode fenced is Cut or PeerFailed", cutMoves(r)
+	}
+	return "decode " + ev.Kind, nil
+}
+
+// headIs2 is headIs for a message of no request (PeerFailed).
+func headIs2(k spec.ActionKind, q func(s *spec.State) *spec.Queue, mk spec.MsgKind) func(a spec.Action, prev, _ *spec.State) bool {
+	return func(a spec.Action, prev, _ *spec.State) bool {
+		qu := q(prev)
+		return a.Kind == k && qu.N > 0 && qu.Head().Kind == mk
+	}
+}
+
+// cutMoves: a queue pair fenced is the spec's DecodeRecv of the router's
+// PeerFailed if one is queued, else its Cut if it matters to the request;
+// otherwise it changes nothing of it.
+func cutMoves(r *replay) moves {
+	return func(s *spec.State) []move {
+		if finished(r, s) {
+			return keep
+		}
+		if holds(toDecode(s), spec.MPeerFailed) {
+			return one(move{edit: func(s *spec.State) { toFront(toDecode(s), spec.MPeerFailed, -1) }, act: headIs2(spec.DecodeRecv, toDecode, spec.MPeerFailed)})
+		}
+		var cut bool
+		r.m.Successors(s, func(a spec.Action, _ *spec.State) { cut = cut || a.Kind == spec.Cut })
+		if cut {
+			return one(move{act: kind(spec.Cut)})
+		}
+		return keep
+	}
+}
+
+// cancelMoves maps a node's Cancel of the request. With an Abort of the
+// router's queued for the node (the client's cancel, or a failed request's
+// other leg), it is the spec's receipt of it. At decode, for a verified
+// request whose call the router ended (cut, failed, or the client gone,
+// the outcome settled), it is the read's end: DecodeRead, which the spec's
+// decode call is; for a reserved one whose transfer never came (the node's
+// sweep), decode's Timeout. A verified request's pages released by the
+// node's own sweep or shutdown, with no call, is no action of the spec:
+// its decode holds verified pages until the read the router's call brings.
+func (c *checker) cancelMoves(r *replay, ev *trace.Event, prefill bool) moves {
+	node := r.decode
+	recv, q := spec.DecodeRecv, toDecode
+	if prefill {
+		node, recv, q = r.prefill, spec.PrefillRecv, toPrefill
+	}
+	return func(s *spec.State) []move {
+		rq := &s.Req[0]
+		if holds(q(s), spec.MAbort) {
+			return one(move{edit: func(s *spec.State) { toFront(q(s), spec.MAbort, 0) }, act: headIs(recv, q, spec.MAbort)})
+		}
+		inject := func(s *spec.State) {
+			qu := q(s)
+			qu.Push(spec.Msg{Kind: spec.MAbort, Req: 0}, spec.QueueCapacity)
+			toFront(qu, spec.MAbort, 0)
+		}
+		if prefill {
+			// The spec's prefill takes an Abort in every phase (a finished
+			// leg that was granted acks it again, as the Sender does).
+			if rq.Outcome != spec.Pending || r.abortTo[node] {
+				return one(move{edit: inject, act: headIs(recv, q, spec.MAbort)})
+			}
+			if !rq.S.Phase.Live() && rq.S.Phase != spec.SNone {
+				return keep // an ended leg: Cancel changes nothing
+			}
+			return nil
+		}
+		switch rq.R.Phase {
+		case spec.RReady:
+			if r.reading || r.readDone {
+				return keep // read: the router's leg-end is its DecodeRead
+			}
+			switch ev.Cause {
+			case "", "call", "call-ended", "failed":
+				if rq.Outcome != spec.Pending || r.cutCall || ev.Cause == "failed" {
+					return one(move{act: kind(spec.DecodeRead)})
+				}
+			}
+			return nil // sweep-no-call, shutdown: pages held past the request's end
+		case spec.RReserved:
+			if ev.Cause == "sweep-no-transfer" {
+				return one(move{act: kind(spec.Timeout)})
+			}
+			if rq.Outcome != spec.Pending || r.abortTo[node] {
+				return one(move{edit: inject, act: headIs(recv, q, spec.MAbort)})
+			}
+			return nil
+		case spec.RNone:
+			if rq.Outcome != spec.Pending || r.abortTo[node] || ev.Cause == "sweep-no-transfer" {
+				return one(move{edit: inject, act: headIs(recv, q, spec.MAbort)})
+			}
+			return nil
+		}
+		return keep // an ended record: Cancel changes nothing
+	}
+}
+
+// reasonIn is the spec's reason for a verification failure's error text,
+// NoReason for any other: those the trace tells apart, which rules out the
+// explanations that damaged another field.
+func reasonIn(err string) spec.Reason {
+	switch {
+	case strings.Contains(err, "checksum mismatch"):
+		return spec.ChecksumMismatch
+	case strings.Contains(err, "tag mismatch"):
+		return spec.TagMismatch
+	}
+	return spec.NoReason
+}
+
+// cutBefore is a queue pair cut before the request reached it: the spec's
+// Cut fault (its budget spent) leaving the pair cut, which a Cut of no
+// matter to any request does not take.
+func cutBefore(s *spec.State) {
+	s.Fenced[0][0] = true
+	if s.Budget[spec.FaultCut] > 0 {
+		s.Budget[spec.FaultCut]--
+	}
+}
