@@ -287,8 +287,8 @@ type run[S any, A comparable] struct {
 	// the first choice that differs.
 	last        []Step[S, A]
 	lastChoices []int
-	stop     bool
-	heap     *heap
+	stop        bool
+	heap        *heap
 
 	blocks  blockPool[S]
 	scratch []*worker[S, A]

@@ -271,7 +271,7 @@ type replayer struct {
 	m       *spec.Model
 	actions []spec.Action
 	states  []spec.State
-	dead    bool            // the last replay's final action was not enabled
+	dead    bool // the last replay's final action was not enabled
 	// reach remembers, by goal and state, whether the goal is reachable
 	// from the state without faults (liveness candidates).
 	reach map[string]bool
