@@ -165,7 +165,11 @@ func TestDemoReproducesTheIncidentWithItsThreeDefensesOff(t *testing.T) {
 
 // Each of the three defenses, switched back on alone, stops the incident:
 // the over-long prompts end with the explicit error of that defense,
-// nothing leaks, every success is the colocated run's, and the demo passes.
+// nothing leaks, every success is the colocated run's. Where the defense is
+// intake's (the prompt rejected), the demo passes; where a later defense
+// stops what admit-finished let through, each such failure is one no
+// injected fault explains, and the demo names them and exits 1: a bug is
+// still there, defended.
 func TestDemoEachSingleDefenseStopsTheIncident(t *testing.T) {
 	for _, c := range []struct {
 		defense, bugs string
@@ -189,8 +193,12 @@ func TestDemoEachSingleDefenseStopsTheIncident(t *testing.T) {
 				n, _ := strconv.Atoi(m[1])
 				return n
 			}
-			if rc != 0 || count("incoherent") != 0 || count("leaks (another tenant's canary or cached prefix)") != 0 || count("pages leaked") != 0 || count("coherent (= colocated run)") != count("ok") {
-				t.Fatalf("with %s on: exit %d\n%s%s", c.defense, rc, table, errb.String())
+			wantRC := 1
+			if c.kind == "rejected" {
+				wantRC = 0
+			}
+			if rc != wantRC || count("incoherent") != 0 || count("leaks (another tenant's canary or cached prefix)") != 0 || count("pages leaked") != 0 || count("coherent (= colocated run)") != count("ok") {
+				t.Fatalf("with %s on: exit %d, want %d\n%s%s", c.defense, rc, wantRC, table, errb.String())
 			}
 			// Besides, on a loaded machine a request may find the decode
 			// pool full for longer than the router retries (failed/pages)
@@ -204,6 +212,9 @@ func TestDemoEachSingleDefenseStopsTheIncident(t *testing.T) {
 			ended := count(c.kind + "/" + c.reason)
 			if ended == 0 || count("rejected")+count("failed") != ended+load || !strings.Contains(table, c.message) {
 				t.Fatalf("the over-long prompts did not all end where %s stops them (%q):\n%s", c.defense, c.message, table)
+			}
+			if unexplained := count("failures no injected fault explains"); wantRC == 1 && unexplained != ended || wantRC == 0 && unexplained != 0 {
+				t.Fatalf("with %s on: %d failures no fault explains, want %d:\n%s", c.defense, unexplained, (wantRC)*ended, table)
 			}
 		})
 	}
