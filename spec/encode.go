@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"math/bits"
+	"slices"
 	"unsafe"
 )
 
@@ -34,7 +35,7 @@ var encodingBase = (&Model{}).Initial()[0]
 
 // AppendState appends the compact, lossless encoding of s to dst.
 func (m *Model) AppendState(dst []byte, s *State) []byte {
-	cur, base := stateBytes(s), stateBytes(&encodingBase)
+	cur, base := stateArray(s), stateArray(&encodingBase)
 	for i := 0; ; {
 		eq := firstDifference(cur, base, i)
 		if eq == stateSize {
@@ -43,44 +44,62 @@ func (m *Model) AppendState(dst []byte, s *State) []byte {
 		// A differing run ends at two equal bytes in a row: one equal byte costs
 		// less as a literal than as a new run.
 		diff := eq + 1
-		for diff < stateSize && (cur[diff] != base[diff] || diff+1 < stateSize && cur[diff+1] != base[diff+1]) {
+		for diff < stateSize-1 && (cur[diff] != base[diff] || cur[diff+1] != base[diff+1]) {
+			diff++
+		}
+		if diff == stateSize-1 && cur[diff] != base[diff] {
 			diff++
 		}
 		dst = binary.AppendUvarint(dst, uint64(eq-i))
 		dst = binary.AppendUvarint(dst, uint64(diff-eq))
-		for j := eq; j < diff; j++ {
-			dst = append(dst, cur[j]^base[j])
+		n := len(dst)
+		dst = slices.Grow(dst, diff-eq)[:n+diff-eq]
+		lit := dst[n:]
+		for j := range lit {
+			lit[j] = cur[eq+j] ^ base[eq+j]
 		}
 		i = diff
 	}
 }
 
-// firstDifference returns the first index at or after i where a and b (of
-// equal length) differ, or len(a). Most of a state equals the base (empty
-// queues, unused nodes), so it compares 64 bytes at a time, then words.
-func firstDifference(a, b []byte, i int) int {
-	b = b[:len(a)]
+// stateArray is s's bytes as an array, whose constant length lets the
+// compiler prove the scans' indices in range.
+func stateArray(s *State) *[stateSize]byte { return (*[stateSize]byte)(unsafe.Pointer(s)) }
+
+// firstDifference returns the first index at or after i where a and b differ,
+// or stateSize. Most of a state equals the base (empty queues, unused nodes),
+// so it compares 32 bytes at a time: four words, one branch.
+func firstDifference(a, b *[stateSize]byte, i int) int {
 	le := binary.LittleEndian
-	for ; i+64 <= len(a); i += 64 {
-		x, y := a[i:i+64], b[i:i+64]
-		if (le.Uint64(x)^le.Uint64(y))|(le.Uint64(x[8:])^le.Uint64(y[8:]))|
-			(le.Uint64(x[16:])^le.Uint64(y[16:]))|(le.Uint64(x[24:])^le.Uint64(y[24:]))|
-			(le.Uint64(x[32:])^le.Uint64(y[32:]))|(le.Uint64(x[40:])^le.Uint64(y[40:]))|
-			(le.Uint64(x[48:])^le.Uint64(y[48:]))|(le.Uint64(x[56:])^le.Uint64(y[56:])) != 0 {
-			break
+	for ; i <= stateSize-32; i += 32 {
+		x0 := le.Uint64(a[i:]) ^ le.Uint64(b[i:])
+		x1 := le.Uint64(a[i+8:]) ^ le.Uint64(b[i+8:])
+		x2 := le.Uint64(a[i+16:]) ^ le.Uint64(b[i+16:])
+		x3 := le.Uint64(a[i+24:]) ^ le.Uint64(b[i+24:])
+		if x0|x1|x2|x3 == 0 {
+			continue
 		}
+		switch {
+		case x0 != 0:
+			return i + bits.TrailingZeros64(x0)/8
+		case x1 != 0:
+			return i + 8 + bits.TrailingZeros64(x1)/8
+		case x2 != 0:
+			return i + 16 + bits.TrailingZeros64(x2)/8
+		}
+		return i + 24 + bits.TrailingZeros64(x3)/8
 	}
-	for ; i+8 <= len(a); i += 8 {
-		if x := binary.LittleEndian.Uint64(a[i:]) ^ binary.LittleEndian.Uint64(b[i:]); x != 0 {
+	for ; i <= stateSize-8; i += 8 {
+		if x := le.Uint64(a[i:]) ^ le.Uint64(b[i:]); x != 0 {
 			return i + bits.TrailingZeros64(x)/8
 		}
 	}
-	for ; i < len(a); i++ {
+	for ; i < stateSize; i++ {
 		if a[i] != b[i] {
 			return i
 		}
 	}
-	return len(a)
+	return stateSize
 }
 
 // DecodeState sets *s to the state src encodes.

@@ -187,9 +187,12 @@ func TestFingerprintIdentifiesExactlyTheSymmetricStates(t *testing.T) {
 	twoPage.Prompts, twoPage.PrefillPages = []int{4, 4, 9}, 4
 	twoByTwo := NewConfig(3, 4, 2)
 	twoByTwo.Prefills, twoByTwo.Decodes = 2, 2
+	distinct := NewConfig(3, 4, 2) // no two requests interchangeable: one renaming
+	distinct.Prompts = []int{2, 4, 3}
 	for _, cfg := range []Config{
 		faults(NewConfig(3, 4, 2), FaultCancel, FaultCrash),
 		faults(threeEqual, FaultCancel, FaultTimeout),
+		faults(distinct, FaultCancel),
 		faults(twoPage, FaultCancel),
 		faults(twoByTwo, FaultCrash),
 	} {

@@ -119,6 +119,11 @@ func (m *Model) Finished(s *State) bool { return m.terminated(s) }
 // those of s. Most states' keys differ, and then one renaming is encoded
 // instead of every one (2 at the default bounds, 6 for three equal prompts).
 func (m *Model) AppendFingerprint(dst []byte, s *State) []byte {
+	if len(m.perms) == 1 {
+		// No two requests are interchangeable: the identity is the one
+		// renaming, and it sorts by key whatever the keys.
+		return m.encode(dst, s, m.perms[0])
+	}
 	var keys [MaxRequests]uint64
 	for r := range m.cfg.Prompts {
 		keys[r] = requestKey(&s.Req[r])
