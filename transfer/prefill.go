@@ -250,9 +250,11 @@ func (p *Prefill) Cancel(id protocol.RequestID) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if st := p.computing[id]; st != nil {
-		st.cancelled = true
 		st.ended()
-		return
+		if !p.cfg.Research.Has(research.FreeComputing) { // the bug: applied while the pages are written
+			st.cancelled = true
+			return
+		}
 	}
 	p.sender.Cancel(id)
 	p.carry()
@@ -295,11 +297,13 @@ func (p *Prefill) Stats() Stats {
 
 func (p *Prefill) message(c *conn, m protocol.Message) error {
 	if st := p.computing[protocol.RequestOf(m)]; st != nil && st.peer == c.peer {
-		st.held = append(st.held, m)
 		if _, abort := m.(*protocol.Abort); abort {
 			st.ended()
 		}
-		return nil
+		if !p.cfg.Research.Has(research.FreeComputing) { // the bug: stepped while the pages are written
+			st.held = append(st.held, m)
+			return nil
+		}
 	}
 	return p.sender.Step(c.peer, m)
 }
@@ -323,13 +327,15 @@ func (p *Prefill) completed(c *conn, k wrKind, status rdma.Status) error {
 // it is computing its KV.
 func (p *Prefill) fenced(c *conn) {
 	if p.computingOn(c.peer) {
-		p.flushHeld[c.peer] = true
 		for _, st := range p.computing {
 			if st.peer == c.peer {
 				st.ended()
 			}
 		}
-		return
+		if !p.cfg.Research.Has(research.FreeComputing) { // the bug: flushed while the pages are written
+			p.flushHeld[c.peer] = true
+			return
+		}
 	}
 	p.sender.Flushed(c.peer)
 }
