@@ -260,9 +260,11 @@ func (p *Prefill) Cancel(id protocol.RequestID) {
 	defer p.mu.Unlock()
 	p.trace.Emit(trace.Event{Kind: trace.Cancel, Req: uint64(id)})
 	if st := p.computing[id]; st != nil {
-		st.cancelled = true
 		st.ended()
-		return
+		if !p.cfg.Research.Has(research.FreeComputing) { // the bug: applied while the pages are written
+			st.cancelled = true
+			return
+		}
 	}
 	p.sender.Cancel(id)
 	p.carry()
@@ -305,11 +307,13 @@ func (p *Prefill) Stats() Stats {
 
 func (p *Prefill) message(c *conn, m protocol.Message) error {
 	if st := p.computing[protocol.RequestOf(m)]; st != nil && st.peer == c.peer {
-		st.held = append(st.held, m)
 		if _, abort := m.(*protocol.Abort); abort {
 			st.ended()
 		}
-		return nil
+		if !p.cfg.Research.Has(research.FreeComputing) { // the bug: stepped while the pages are written
+			st.held = append(st.held, m)
+			return nil
+		}
 	}
 	return p.sender.Step(c.peer, m)
 }
@@ -337,13 +341,15 @@ func (p *Prefill) completed(c *conn, k wrKind, status rdma.Status) error {
 func (p *Prefill) fenced(c *conn) {
 	p.trace.Emit(trace.Event{Kind: trace.Fenced, Peer: c.name})
 	if p.computingOn(c.peer) {
-		p.flushHeld[c.peer] = true
 		for _, st := range p.computing {
 			if st.peer == c.peer {
 				st.ended()
 			}
 		}
-		return
+		if !p.cfg.Research.Has(research.FreeComputing) { // the bug: flushed while the pages are written
+			p.flushHeld[c.peer] = true
+			return
+		}
 	}
 	p.sender.Flushed(c.peer)
 }

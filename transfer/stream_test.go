@@ -22,6 +22,8 @@ type gatedKV struct {
 	started, release chan struct{}
 	mu               sync.Mutex
 	chunks           map[protocol.RequestID]int // chunks computed, per request
+	// before holds other requests before their first chunk until closed.
+	before map[protocol.RequestID]chan struct{}
 }
 
 func newGatedKV(gated protocol.RequestID, gateAt int) *gatedKV {
@@ -32,6 +34,9 @@ func newGatedKV(gated protocol.RequestID, gateAt int) *gatedKV {
 func (g *gatedKV) FillKVChunks(id protocol.RequestID, tokens int, pages []uint32, memory [][]byte, chunkPages int, computed func(int) bool) error {
 	if id == g.gated && g.ready != nil {
 		<-g.ready
+	}
+	if ch := g.before[id]; ch != nil {
+		<-ch
 	}
 	for c, lo := 0, 0; lo < len(memory); c, lo = c+1, lo+chunkPages {
 		if id == g.gated && c == g.gateAt {
@@ -309,4 +314,83 @@ func (d *Decode) expire(id protocol.RequestID) {
 	defer d.mu.Unlock()
 	d.receiver.Expire(id)
 	d.carryAndFlush()
+}
+
+// A computing request's source pages stay its own until the chunk being
+// computed ends, with free-computing switched on and off, over inproc (which
+// reads a WRITE's source when it executes it, as a NIC does). Request 1, of
+// the whole 8-page pool, is cancelled while its second chunk is computed.
+// Defended, the cancel waits for the chunk: request 2 finds no page free
+// until then, and succeeds after. Under the switch the cancel frees the
+// pages at once; request 2 takes them and posts its WRITEs (held in the
+// network), request 1's chunk then writes its KV into them, and decode
+// fails request 2 by checksum: the bytes that left are not those its tag
+// records sum.
+func TestAComputingRequestsPagesStayItsUntilTheChunkEnds(t *testing.T) {
+	const pages, chunk = 8, 4
+	for _, bug := range []bool{false, true} {
+		t.Run(fmt.Sprintf("free-computing=%v", bug), func(t *testing.T) {
+			var bugs research.Switches
+			if bug {
+				bugs = research.On(research.FreeComputing)
+			}
+			kv := newGatedKV(1, 1)
+			kv.before = map[protocol.RequestID]chan struct{}{2: make(chan struct{})}
+			p, d, pn, dn := streamPair(t, "inproc", pages, 256, chunk, kv, bugs)
+			submitted := make(chan error, 1)
+			go func() { submitted <- p.Submit(1, "decode", pages*pageTokens) }()
+			<-kv.started // chunk 1 (pages 4..7) is being computed
+			eventually(t, "decode reserves request 1", func() bool { return d.Status(1) == protocol.ReceiverReserved })
+			d.Cancel(1)
+			p.Cancel(1)
+			if !bug {
+				if err := p.Submit(2, "decode", pages*pageTokens); !errors.Is(err, protocol.ErrNoCapacity) {
+					t.Fatalf("request 2 while request 1's chunk is computed: %v, want ErrNoCapacity", err)
+				}
+				close(kv.release)
+				if err := <-submitted; err != nil {
+					t.Fatal(err)
+				}
+				eventually(t, "request 1's pages come back", func() bool { return p.Stats().PagesFree == pages })
+				if err := p.Submit(3, "decode", pages*pageTokens); err != nil {
+					t.Fatal(err)
+				}
+				if err := dn.wait(3)[3]; err != nil {
+					t.Fatalf("request 3: %v", err)
+				}
+				return
+			}
+			eventually(t, "the cancel frees request 1's pages mid-chunk", func() bool { return p.Stats().PagesFree == pages })
+			before := p.Stats().PagesWritten
+			second := make(chan error, 1)
+			go func() { second <- p.Submit(2, "decode", pages*pageTokens) }()
+			// Under the switch nothing is held: the Grant is admitted at once.
+			eventually(t, "request 2's Grant is admitted", func() bool { return p.Status(2) == protocol.SenderWriting })
+			qp := (&link{P: p}).faults()
+			qp.Pause() // request 2's WRITEs wait in the network
+			close(kv.before[2])
+			if err := <-second; err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, "request 2's WRITEs are posted", func() bool { return p.Stats().PagesWritten == before+pages })
+			close(kv.release) // request 1's chunk writes its KV into request 2's pages
+			if err := <-submitted; err != nil {
+				t.Fatal(err)
+			}
+			qp.Resume()
+			eventually(t, "request 2 ends on decode", func() bool {
+				dn.mu.Lock()
+				defer dn.mu.Unlock()
+				_, ok := dn.outcomes[2]
+				return ok
+			})
+			dn.mu.Lock()
+			err := dn.outcomes[2]
+			dn.mu.Unlock()
+			if !errors.Is(err, protocol.ErrChecksumMismatch) {
+				t.Fatalf("request 2 under free-computing: %v, want a checksum mismatch", err)
+			}
+			_ = pn
+		})
+	}
 }

@@ -77,6 +77,11 @@ const (
 	// whatever they held, the previous request's KV, under this request's
 	// tag (docs/protocol.md rule 25).
 	WriteUncomputed
+	// FreeComputing: the prefill driver feeds the Sender a cancel, an
+	// Abort or a flush as it arrives, while the request's KV is being
+	// computed: its source pages go back to the pool and to the next
+	// request while the engine still writes them (transfer).
+	FreeComputing
 	numSwitches = iota
 )
 
@@ -111,7 +116,7 @@ var names = [numSwitches]string{"admit-finished", "abort-still-sends", "no-token
 	"timeout-free", "prefill-early-free", "no-tag-check", "no-checksum", "leak-on-cancel", "no-peer-cancel", "double-free",
 	"abort-frees-source", "checksum-hangs", "peer-by-name",
 	"pool-wide-key", "verify-before-revoke", "unticketed-bootstrap",
-	"scope-dropped", "client-scope", "evict-pinned", "prefix-count-mismatch", "write-shared", "write-uncomputed"}
+	"scope-dropped", "client-scope", "evict-pinned", "prefix-count-mismatch", "write-shared", "write-uncomputed", "free-computing"}
 
 func (s Switch) String() string {
 	for i, n := range names {
