@@ -17,8 +17,8 @@ package spec
 //
 // What the partitioned node still does reaches no one, and its registration
 // lost, it stops (node/common.go, waitForStop): the model drops its records,
-// pages and slots at the partition, as a decode restart does, so what is
-// left is what the rest of the deployment holds on its behalf: prefill legs
+// pages and slots at the partition, as a decode restart does (a free pool,
+// epochs from zero: none of it is seen again), so what is left is what the rest of the deployment holds on its behalf: prefill legs
 // waiting on it, source pages its WRITEs read. Ending those is the lease
 // defenses' work: the router's cancel of the open prefill legs of its
 // requests, and each prefill node's fence (the cut of its queue pair to it,
@@ -68,7 +68,7 @@ func (x *sys) partition(d int) {
 	}
 	for i := range x.s.Pages[d] {
 		pg := &x.s.Pages[d][i]
-		pg.Owner, pg.Quarantined = Free, false
+		pg.Owner, pg.Quarantined, pg.Epoch = Free, false, 0
 	}
 	clearCache(x.s, d)
 	for i := range x.s.Slots[d] {

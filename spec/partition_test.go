@@ -121,3 +121,22 @@ func TestTheCorrectProtocolHoldsUnderPartitionsIn2x2(t *testing.T) {
 		}
 	}
 }
+
+// A partition drops the node's pool with its prefix cache: a page pinned by
+// a request of the partitioned node is no longer anyone's, so dropping it is
+// no reallocation (PinnedNeverReallocated judges a decode restart the same
+// way; without that, this configuration failed it in 12 steps).
+func TestAPartitionDropsAPinnedPrefixWithTheNode(t *testing.T) {
+	cfg := NewConfig(2, 3, 2)
+	cfg.Prompts, cfg.PrefillPages = []int{4, 4}, 2
+	cfg.PrefixCache, cfg.Scopes, cfg.Contents = 2, []int{1, 1}, []string{"aa", "aa"}
+	cfg.Faults = Budget{}
+	cfg.Faults[FaultPartition] = 1
+	m, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := explore(t, m); len(got) > 0 {
+		t.Fatalf("violated %v", got)
+	}
+}
