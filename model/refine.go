@@ -71,6 +71,11 @@ import (
 //	              Router.AddNode with the next Incarnation (its prefill legs' cancels
 //	              delivered as the spec's Aborts), and the registry's news (PeerFailed,
 //	              PeerRestarted) on every router→prefill queue
+//	Partition     decode node d cut off: its Receiver is never called again (a fresh one
+//	              over the same page memory stands for it in the view), what is on the
+//	              wire to it or back from it is lost without a word to either end, and
+//	              what is sent to it later is lost too; the Router lists it until the
+//	              spec's DetectCrash of it, its lease's expiry (as LeaseLost of a decode node)
 //
 // A queue pair is live while each end is the other's current incarnation;
 // what is posted on one that is not is flushed: a SEND at once, a WRITE at
@@ -161,6 +166,9 @@ type decodeEnd struct {
 	dst      *protocoltest.Memory
 	inc      uint64 // its incarnation: restarts so far
 	toDecode []spec.Msg
+	// partitioned: cut off for good (the spec's partition fault): what is
+	// sent to it or by it is lost, and it is never called again.
+	partitioned bool
 }
 
 // pairEnd is the queue pair between a prefill and a decode node.
@@ -313,7 +321,15 @@ func (h *Refinement) registered(id protocol.NodeID) (bool, uint64) {
 // accepted this one yet.
 func (h *Refinement) live(p, d int) bool {
 	pr := h.pairs[p][d]
-	return !pr.fenced && pr.inc == h.pre[p].inc && pr.dinc == h.dec[d].inc
+	return !pr.fenced && pr.inc == h.pre[p].inc && pr.dinc == h.dec[d].inc && !h.dec[d].partitioned
+}
+
+// tellDecode is a message of the router or the registry to decode node d:
+// lost if d is partitioned.
+func (h *Refinement) tellDecode(d int, m spec.Msg) {
+	if de := h.dec[d]; !de.partitioned {
+		de.toDecode = append(de.toDecode, m)
+	}
 }
 
 const tenantID = protocol.RequestID(1 << 40)
@@ -602,6 +618,8 @@ func (h *Refinement) apply(a spec.Action, popped *[spec.MaxPrefills][spec.MaxDec
 		// spec's correct protocol refuses it, and nothing changes).
 	case spec.CorruptSend:
 		err = h.applyCorruptSend(a, popped)
+	case spec.Partition:
+		err = h.applyPartition(a)
 	}
 	if err != nil {
 		return err
@@ -770,8 +788,8 @@ func (h *Refinement) applyRestart(a spec.Action) error {
 	if !h.s.CrashDetected[p] && !h.bugs.Has(research.PeerByName) {
 		h.tellLostDecodes(p) // the restart was the loss of the old incarnation
 	}
-	for _, de := range h.dec { // the registry's news, to every decode node
-		de.toDecode = append(de.toDecode, spec.Msg{Kind: spec.MPeerRestarted, Req: -1, Peer: int8(p), Inc: uint8(pe.inc)})
+	for d := range h.dec { // the registry's news, to every decode node
+		h.tellDecode(d, spec.Msg{Kind: spec.MPeerRestarted, Req: -1, Peer: int8(p), Inc: uint8(pe.inc)})
 	}
 	return nil
 }
@@ -862,7 +880,7 @@ func (h *Refinement) routerEffects(a spec.Action, client bool) error {
 				return fmt.Errorf("%w after %v: the router cancelled a leg of r%d, which has not failed (%v)", ErrRefinement, a, msg.Req, st.Status)
 			}
 		case c.Node >= decodePeer:
-			h.dec[decodeOf(c.Node)].toDecode = append(h.dec[decodeOf(c.Node)].toDecode, msg)
+			h.tellDecode(decodeOf(c.Node), msg)
 		case !h.pre[prefillOf(c.Node)].crashed:
 			h.pre[prefillOf(c.Node)].toPrefill = append(h.pre[prefillOf(c.Node)].toPrefill, msg)
 		}
@@ -871,8 +889,7 @@ func (h *Refinement) routerEffects(a spec.Action, client bool) error {
 		if l.Node < decodePeer || l.Lost >= decodePeer {
 			return fmt.Errorf("%w after %v: the router told node %d that %d is lost", ErrRefinement, a, l.Node, l.Lost)
 		}
-		de := h.dec[decodeOf(l.Node)]
-		de.toDecode = append(de.toDecode, spec.Msg{Kind: spec.MPeerFailed, Req: -1, Peer: int8(prefillOf(l.Lost))})
+		h.tellDecode(decodeOf(l.Node), spec.Msg{Kind: spec.MPeerFailed, Req: -1, Peer: int8(prefillOf(l.Lost))})
 	}
 	return nil // outcomes are the router's state, compared in the view
 }
@@ -921,6 +938,34 @@ func (h *Refinement) restartDecode(a spec.Action) error {
 	return nil
 }
 
+// applyPartition cuts decode node a.Arg off for good (the spec's partition
+// fault): what is on the wire to it or back from it is lost without a word
+// to either end (no Sender.Flushed, no completion), what the router and the
+// registry send it from now on is lost, and its Receiver, whose doings reach
+// no one, is never called again: a fresh one over the same page memory
+// stands for it in the view (no records, a free pool, epochs from zero), as
+// the spec drops the node's state. The Router still lists it until the
+// spec's DetectCrash of it (applyLoss), its lease's expiry.
+func (h *Refinement) applyPartition(a spec.Action) error {
+	d := int(a.Arg & 15)
+	de := h.dec[d]
+	recv, err := protocol.NewReceiver(de.cfg)
+	if err != nil {
+		return err
+	}
+	de.recv, de.toDecode, de.partitioned = recv, nil, true
+	for r := range h.cfg.Prompts {
+		if q := &h.s.Req[r]; q.Submitted && int(q.D) == d {
+			h.refused[r] = false
+		}
+	}
+	for p := range h.pre {
+		pr := h.pairs[p][d]
+		pr.wire, pr.back = nil, nil
+	}
+	return nil
+}
+
 // tellPrefills is the registry's news m to every prefill node; a crashed
 // node drops what it is sent.
 func (h *Refinement) tellPrefills(m spec.Msg) {
@@ -939,9 +984,9 @@ func (h *Refinement) tellLostDecodes(p int) {
 	if h.bugs.Has(research.NoPeerCancel) {
 		return
 	}
-	for d, de := range h.dec {
+	for d := range h.dec {
 		if h.s.DecodeLost[d] {
-			de.toDecode = append(de.toDecode, spec.Msg{Kind: spec.MPeerFailed, Req: -1, Peer: int8(p)})
+			h.tellDecode(d, spec.Msg{Kind: spec.MPeerFailed, Req: -1, Peer: int8(p)})
 		}
 	}
 }

@@ -761,3 +761,53 @@ func TestRefinementCatchesADecodeRestartWithADefenseOff(t *testing.T) {
 		})
 	}
 }
+
+// The implementation refines the spec under the partition fault: a decode
+// node cut off for good, silently (its Receiver never called again, what is
+// on the wire to it or from it lost without a word to the Sender), still
+// listed by the Router until its lease expires (Router.NodeLost), after
+// which each Sender's fence (the cut of its queue pair to it) ends the legs
+// the partition stranded. One pair at the default bounds, and 2x2 with every
+// fault, restarts and leases.
+func TestImplementationRefinesTheSpecUnderPartitions(t *testing.T) {
+	seeds := uint64(1000)
+	if testing.Short() {
+		seeds = 200
+	}
+	one := spec.DefaultConfig()
+	one.Faults[spec.FaultPartition] = 1
+	two := twoByTwo()
+	two.Faults[spec.FaultPartition] = 1
+	count := func() (partitions, losses int) {
+		countersMu.Lock()
+		defer countersMu.Unlock()
+		return walkCoverage["Partition"], walkCoverage["DetectCrash"]
+	}
+	p0, l0 := count()
+	for i, cfg := range []spec.Config{one, two} {
+		for seed := uint64(0); seed < seeds; seed++ {
+			if err := walk(cfg, research.Switches{}, seed); err != nil {
+				t.Fatalf("config %d, seed %d: %v", i, seed, err)
+			}
+		}
+	}
+	p1, l1 := count()
+	if p1 == p0 || l1 == l0 {
+		t.Fatalf("%d partitions and %d losses in %d walks: the test shows nothing", p1-p0, l1-l0, 2*seeds)
+	}
+	t.Logf("%d walks: %d partitions, %d losses detected", 2*seeds, p1-p0, l1-l0)
+	// The mapping sees the fence: beside a spec without it, the Sender's cut
+	// of its queue pair to the lost node parts the two ways.
+	without := one
+	without.Mutation = spec.NoLostDecodeFence
+	for seed := uint64(0); ; seed++ {
+		err := walk(without, research.Switches{}, seed)
+		if errors.Is(err, ErrRefinement) {
+			t.Logf("beside no-lost-decode-fence, seed %d: %.200s", seed, err)
+			break
+		}
+		if seed == seeds {
+			t.Fatalf("beside a spec without the fence, %d walks never parted ways", seeds)
+		}
+	}
+}

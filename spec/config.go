@@ -138,15 +138,16 @@ type Fault int
 
 // The faults, each with a budget in Config.Faults.
 const (
-	FaultCancel  Fault = iota // the client cancels a request at any point
-	FaultCrash                // the prefill node crashes
-	FaultTimeout              // decode's timer for a reserved request fires
-	FaultCut                  // the queue pair breaks: everything in flight is flushed
-	FaultLate                 // a posted WRITE stays in the network, placed arbitrarily later
-	FaultCorrupt              // a WRITE's payload is corrupted in transit
-	FaultRogue                // a peer WRITEs any page with any key it has held, or sends a Bootstrap for a request nobody dispatched (issue 17)
-	FaultLease                // a node's registry lease expires (the node may live on, unreachable)
-	FaultRestart              // a crashed prefill node comes back under a new incarnation (and, with Config.DecodeRestarts, a decode node crashes and comes back under one)
+	FaultCancel    Fault = iota // the client cancels a request at any point
+	FaultCrash                  // the prefill node crashes
+	FaultTimeout                // decode's timer for a reserved request fires
+	FaultCut                    // the queue pair breaks: everything in flight is flushed
+	FaultLate                   // a posted WRITE stays in the network, placed arbitrarily later
+	FaultCorrupt                // a WRITE's payload is corrupted in transit
+	FaultRogue                  // a peer WRITEs any page with any key it has held, or sends a Bootstrap for a request nobody dispatched (issue 17)
+	FaultLease                  // a node's registry lease expires (the node may live on, unreachable)
+	FaultRestart                // a crashed prefill node comes back under a new incarnation (and, with Config.DecodeRestarts, a decode node crashes and comes back under one)
+	FaultPartition              // a live decode node is cut off from the router, the registry and every prefill node for good, silently (partition.go)
 	NumFaults
 )
 
@@ -155,7 +156,7 @@ const (
 // that the one-pair runs read as they did before the topology existed.
 const numClassicFaults = FaultLease
 
-var faultNames = [NumFaults]string{"cancel", "crash", "timeout", "cut", "late", "corrupt", "rogue", "lease", "restart"}
+var faultNames = [NumFaults]string{"cancel", "crash", "timeout", "cut", "late", "corrupt", "rogue", "lease", "restart", "partition"}
 
 func (f Fault) String() string {
 	if f >= 0 && f < NumFaults {
@@ -183,8 +184,8 @@ func (b Budget) String() string {
 var ErrBadFaults = errors.New("bad fault list")
 
 // ParseFaults parses "name[=N],..." (a bare name means N=1); "none" is no faults;
-// "all" is every fault of the one-pair deployment once (not lease, not
-// restart), alone or in a list ("all,restart"). Faults not named get budget 0.
+// "all" is every fault of the one-pair deployment once (not lease, restart
+// or partition), alone or in a list ("all,restart"). Faults not named get budget 0.
 func ParseFaults(list string) (Budget, error) {
 	var b Budget
 	switch list {

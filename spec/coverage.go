@@ -71,6 +71,8 @@ const (
 	VerifyPrefix                        // verification: Done's prefix differs from the grant's
 	VerifyPinned                        // verification: a pinned page is no longer cached at its epoch, scope and chain
 	ReadShared                          // read: a pinned page is no longer cached at its epoch, scope and chain: failed
+	PartitionLoss                       // router: a partitioned decode node's lease expired: lost (partition.go)
+	LostDecodeFence                     // prefill: the queue pair to a decode node the registry declared lost cut for good
 	NumBranches
 )
 
@@ -92,6 +94,7 @@ var branchNames = [NumBranches]string{
 	"rogue-revoked", "rogue-uncovered", "rogue-landed", "rogue-landed-free", "rogue-landed-foreign", "decode-no-ticket",
 	"router-scope-in-body", "prefix-hit", "prefix-scope-miss", "prefix-evict", "evict-skips-pinned", "prefix-insert",
 	"verify-prefix", "verify-pinned", "read-shared",
+	"partition-loss", "lost-decode-fence",
 }
 
 func (b Branch) String() string {
@@ -104,14 +107,14 @@ func (b Branch) String() string {
 // Defense reports whether b is one of the protocol's refusing checks that a
 // run of the correct protocol can reach: an intake rejection, a capacity
 // refusal, a verification check, the grant check at admission, the fence
-// of a replaced incarnation's queue pair, a remote key's check (revoked, or
-// not covering the page) or the router's ticket at decode's intake. A
-// coverage gate requires each to fire.
+// of a replaced incarnation's queue pair or of a lost decode node's, a
+// remote key's check (revoked, or not covering the page) or the router's
+// ticket at decode's intake. A coverage gate requires each to fire.
 func (b Branch) Defense() bool {
 	switch b {
 	case RouterOverLimit, PrefillOverLimit, PrefillNoCapacity, AdmitGrantMismatch, DecodeOverLimit,
 		DecodeNoSlot, DecodeNoPages, VerifyTokens, VerifyPages, VerifyTagRequest,
-		VerifyTagIndex, VerifyTagEpoch, VerifyChecksumFirst, VerifyChecksumLater, RestartFence,
+		VerifyTagIndex, VerifyTagEpoch, VerifyChecksumFirst, VerifyChecksumLater, RestartFence, LostDecodeFence,
 		RogueRevoked, RogueUncovered, DecodeNoTicket, RouterScopeInBody, PrefixScopeMiss, EvictSkipsPinned:
 		return true
 	}

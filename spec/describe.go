@@ -111,6 +111,9 @@ func (m *Model) describeAction(s *State, a Action) string {
 	case DecodeRead:
 		return fmt.Sprintf("decode attends over r%d's pages and replies", r)
 	case DetectCrash:
+		if a.Arg&DecodeNode != 0 {
+			return fmt.Sprintf("the router loses %s: its registry lease expired (it is partitioned, alive)", m.decodeName(int(a.Arg&15)))
+		}
 		if m.multi() {
 			return fmt.Sprintf("the router detects that prefill node p%d is gone (its lease expired)", a.Arg)
 		}
@@ -140,6 +143,8 @@ func (m *Model) describeAction(s *State, a Action) string {
 			return fmt.Sprintf("[FAULT restart] %s crashes and comes back as incarnation %d (a fresh pool, epochs from zero, no records, new queue pairs) and registers under its name", m.decodeName(d), s.DInc[d]+1)
 		}
 		return fmt.Sprintf("[FAULT restart] %s comes back as incarnation %d (fresh pools, no records) and registers under its name", m.prefillName(int(a.Arg)), s.Inc[a.Arg]+1)
+	case Partition:
+		return fmt.Sprintf("[FAULT partition] %s is cut off from the router, the registry and every prefill node, alive: what is in flight to or from it is lost, and no one is told (the registry still lists it until its lease expires)", m.decodeName(int(a.Arg&15)))
 	case RogueWrite:
 		out := fmt.Sprintf("[FAULT rogue] %s WRITEs page %d of %s with the key of r%d's Grant", m.prefillName(rp), a.Arg, m.decodeName(rd), r)
 		switch {

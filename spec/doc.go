@@ -62,6 +62,10 @@
 // Rogue (RogueWrite: a peer WRITEs any page with any key it has held, which
 // lands only if the key is live and covers the page; RogueBootstrap: a
 // Bootstrap for a request nobody dispatched, which decode refuses; keys.go).
+// With the topology's faults, LeaseLost (a live node's registry lease
+// expires), Restart, and Partition (a live decode node cut off from
+// everything, silently, until its lease expires and the router loses it;
+// partition.go).
 // Without the Late fault a WRITE posted on an empty queue
 // pair is placed at once; that keeps the state space small without losing any
 // interleaving that matters, since every in-flight WRITE a bug needs can be

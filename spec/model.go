@@ -486,7 +486,7 @@ func (e *encoder) appendNodes(dst []byte) []byte {
 	if e.decodeRestarts {
 		dst = append(dst, s.DInc[:nd]...)
 	}
-	if e.multi || e.c.Faults[FaultLease] > 0 || e.restarts {
+	if e.multi || e.c.Faults[FaultLease] > 0 || e.c.Faults[FaultPartition] > 0 || e.restarts {
 		// Without the lease fault or restarts a fenced queue pair's prefill
 		// end has crashed, never to return: the fence changes nothing then.
 		// With restarts it may come back (accepting the new incarnation
@@ -500,6 +500,11 @@ func (e *encoder) appendNodes(dst []byte) []byte {
 			for sp := 0; sp < np; sp++ {
 				dst = append(dst, b2b(s.Fenced[sp][d]))
 			}
+		}
+	}
+	if e.c.Faults[FaultPartition] > 0 {
+		for d := 0; d < nd; d++ {
+			dst = append(dst, b2b(s.Partitioned[d]))
 		}
 	}
 	return dst

@@ -371,8 +371,8 @@ func (m *Model) observePinned(prev *State, a Action, next *State) {
 		return
 	}
 	for d := 0; d < m.cfg.NumDecodes(); d++ {
-		if a.Kind == Restart && a.Arg == DecodeNode|uint16(d) {
-			continue
+		if (a.Kind == Restart || a.Kind == Partition) && a.Arg == DecodeNode|uint16(d) {
+			continue // the node's pool is dropped: no request of it reads the pages again
 		}
 		for p := 0; p < m.cfg.DecodePages; p++ {
 			a, b := &prev.Pages[d][p], &next.Pages[d][p]

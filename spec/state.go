@@ -317,6 +317,7 @@ type State struct {
 	PrefillCrashed [MaxPrefills]bool
 	CrashDetected  [MaxPrefills]bool              // the prefill node's registry lease expired: the router knows it is gone
 	DecodeLost     [MaxDecodes]bool               // the decode node's registry lease expired (the node itself may live on)
+	Partitioned    [MaxDecodes]bool               // the decode node is cut off from the rest of the deployment for good (the partition fault, partition.go)
 	Fenced         [MaxPrefills][MaxDecodes]bool  // the queue pair was cut for good: one end was declared lost
 	Inc            [MaxPrefills]uint8             // each prefill node's incarnation: advanced at every restart
 	QPInc          [MaxPrefills][MaxDecodes]uint8 // the incarnation of prefill node p whose queue pair decode node d holds

@@ -17,7 +17,7 @@ const (
 	DecodeRecvQP                     // the next WRITE on the queue pair is placed, or the next SEND delivered
 	PostWrite                        // prefill posts the next page's WRITE (Arg: Late, Corrupt bits)
 	DecodeRead                       // decode attends over a ready request's pages and replies
-	DetectCrash                      // the router notices the prefill node is gone
+	DetectCrash                      // the router notices a node is gone: a crashed prefill node, or a partitioned decode node whose lease expired (Arg: the node, DecodeNode|d for a decode node)
 	Cancel                           // fault: the client disconnects
 	Crash                            // fault: the prefill node crashes
 	Timeout                          // fault: decode's timer for a reserved request fires
@@ -27,6 +27,7 @@ const (
 	Restart                          // fault: a crashed prefill node comes back under a new incarnation, or a decode node crashes and comes back under one (Arg: the node, DecodeNode|d for a decode node)
 	RogueWrite                       // fault: r's prefill node WRITEs a page of r's decode node with the key of r's Grant, at any time (Arg: the page)
 	RogueBootstrap                   // fault: a peer sends decode a Bootstrap for r, which the router never dispatched
+	Partition                        // fault: a live decode node is cut off from the deployment for good, silently (Arg: DecodeNode|d; partition.go)
 	NumActionKinds                   // the number of action kinds
 )
 
@@ -101,7 +102,11 @@ func (a Action) String() string {
 				s += fmt.Sprintf("+source-choice-%d", a.Arg>>8)
 			}
 		case Crash, DetectCrash:
-			s += fmt.Sprintf("@p%d", a.Arg)
+			if a.Arg&DecodeNode != 0 {
+				s += fmt.Sprintf("@d%d", a.Arg&15)
+			} else {
+				s += fmt.Sprintf("@p%d", a.Arg)
+			}
 		case DecodeRecv:
 			s += fmt.Sprintf("@d%d", a.Arg)
 		}
@@ -109,7 +114,7 @@ func (a Action) String() string {
 	if a.Kind == RogueWrite {
 		s += fmt.Sprintf("@page%d", a.Arg)
 	}
-	if a.Kind == LeaseLost || a.Kind == Restart {
+	if a.Kind == LeaseLost || a.Kind == Restart || a.Kind == Partition {
 		s += fmt.Sprintf("@%c%d", "pd"[a.Arg>>8], a.Arg&15)
 	}
 	return s
@@ -117,7 +122,7 @@ func (a Action) String() string {
 
 var actionNames = [NumActionKinds]string{"Submit", "PrefillRecv", "PrefillRecvQP", "DecodeRecv", "DecodeRecvQP",
 	"PostWrite", "DecodeRead", "DetectCrash", "Cancel", "Crash", "Timeout", "Cut", "CorruptSend", "LeaseLost", "Restart",
-	"RogueWrite", "RogueBootstrap"}
+	"RogueWrite", "RogueBootstrap", "Partition"}
 
 func (k ActionKind) String() string {
 	if k < NumActionKinds {
@@ -146,6 +151,7 @@ func (m *Model) Successors(s *State, emit func(Action, *State)) {
 	g.postWrites()
 	g.decodeReads()
 	g.detectCrashes()
+	g.detectPartitions()
 	// Faults.
 	if !m.faultAllowed(s) {
 		return
@@ -158,6 +164,7 @@ func (m *Model) Successors(s *State, emit func(Action, *State)) {
 	g.restarts()
 	g.rogues()
 	g.leasesLost()
+	g.partitions()
 }
 
 // successors enumerates the actions enabled in one state, one method per
@@ -414,6 +421,9 @@ func (g *successors) restarts() {
 		}
 		if c.DecodeRestarts && !m.restartNewsPending(s) { // a bound of the model: see restartNewsPending
 			for d := 0; d < c.NumDecodes(); d++ {
+				if s.Partitioned[d] {
+					continue // cut off for good: nothing of it reaches the deployment again
+				}
 				g.do(Action{Restart, -1, DecodeNode | uint16(d)}, 0, 0, d, 0, func(x *sys, _, _, d, _ int) { x.restartDecode(d) })
 			}
 		}
@@ -450,7 +460,7 @@ func (g *successors) leasesLost() {
 			}
 		}
 		for d := 0; d < g.c.NumDecodes(); d++ {
-			if !s.DecodeLost[d] {
+			if !s.DecodeLost[d] && !s.Partitioned[d] { // a partitioned node's lease expires as a protocol step: DetectCrash
 				g.do(Action{LeaseLost, -1, DecodeNode | uint16(d)}, 0, 0, d, 0, func(x *sys, _, _, d, _ int) { x.decodeLost(d) })
 			}
 		}
@@ -809,9 +819,10 @@ func (x *sys) toQP(r int, msg Msg) {
 // qpLive reports whether queue pair (p, d) connects the live incarnations
 // of both nodes: not fenced, and each end is the one the other holds. A
 // message sent on a queue pair whose other end is a replaced incarnation
-// (or is not yet accepted) is flushed.
+// (or is not yet accepted) is flushed; one to or from a partitioned decode
+// node is lost, and neither end learns of it (partition.go).
 func (x *sys) qpLive(p, d int) bool {
-	return !x.s.Fenced[p][d] && x.s.QPInc[p][d] == x.s.Inc[p] && x.s.PQPInc[p][d] == x.s.DInc[d]
+	return !x.s.Fenced[p][d] && x.s.QPInc[p][d] == x.s.Inc[p] && x.s.PQPInc[p][d] == x.s.DInc[d] && !x.s.Partitioned[d]
 }
 
 // toQPBack sends on r's queue pair to prefill, stamped with the decode
@@ -868,7 +879,7 @@ func (x *sys) cancel(r int) {
 	x.report(r, Cancelled, ClientCancelled)
 	q := &x.s.Req[r]
 	x.toPrefill(int(q.P), &x.s.ToPrefill[q.P], Msg{Kind: MAbort, Req: int8(r)})
-	x.push(&x.s.ToDecode[q.D], Msg{Kind: MAbort, Req: int8(r)})
+	x.toDecode(int(q.D), Msg{Kind: MAbort, Req: int8(r)})
 }
 
 // detectLoss is the router's reaction to prefill node p's expired lease
@@ -884,7 +895,7 @@ func (x *sys) detectLoss(p int) {
 	}
 	if !x.bug(NoPeerCancel) {
 		for d := 0; d < x.m.cfg.NumDecodes(); d++ {
-			x.push(&x.s.ToDecode[d], Msg{Kind: MPeerFailed, Req: -1, Peer: int8(p)})
+			x.toDecode(d, Msg{Kind: MPeerFailed, Req: -1, Peer: int8(p)})
 		}
 	}
 }
@@ -937,6 +948,7 @@ func (x *sys) prefillRecv(p, choice int) {
 	case MAbort:
 		x.prefillAbort(int(msg.Req))
 	case MPeerFailed:
+		x.hit(LostDecodeFence)
 		if !x.mut(NoLostDecodeFence) {
 			x.fenceQP(p, int(msg.Peer)) // the fence for a lost decode node
 		}
@@ -1177,7 +1189,7 @@ func (x *sys) restart(p int) {
 	x.s.CrashDetected[p] = false
 	for d := 0; d < x.m.cfg.NumDecodes(); d++ {
 		x.s.PQPInc[p][d] = x.s.DInc[d] // its new queue pairs are to the live incarnation of each decode node
-		x.push(&x.s.ToDecode[d], Msg{Kind: MPeerRestarted, Req: -1, Peer: int8(p), Inc: x.s.Inc[p]})
+		x.toDecode(d, Msg{Kind: MPeerRestarted, Req: -1, Peer: int8(p), Inc: x.s.Inc[p]})
 	}
 }
 

@@ -144,7 +144,7 @@ func (f *checkFlags) define(fs *flag.FlagSet) {
 	fs.IntVar(&f.pageSize, "page-size", 2, "tokens per page")
 	fs.StringVar(&f.prompts, "prompts", "", "prompt lengths in tokens, comma-separated (overrides --requests), e.g. 4,4,9")
 	fs.IntVar(&f.prefillPages, "prefill-pages", 0, "prefill pool pages (0: half of --pages); its intake rejects longer prompts")
-	fs.StringVar(&f.faults, "faults", "all", `fault budgets: "all" (every one but lease and restart), "none" or name[=N],... of all, cancel, crash, timeout, cut, late, corrupt, lease, restart`)
+	fs.StringVar(&f.faults, "faults", "all", `fault budgets: "all" (every one but lease, restart and partition), "none" or name[=N],... of all, cancel, crash, timeout, cut, late, corrupt, rogue, lease, restart, partition`)
 	fs.IntVar(&f.prefills, "prefills", 1, fmt.Sprintf("prefill nodes, each with the prefill pool (1..%d)", spec.MaxPrefills))
 	fs.IntVar(&f.decodes, "decodes", 1, fmt.Sprintf("decode nodes, each with the decode pool and slots (1..%d); a queue pair per (prefill, decode) pair", spec.MaxDecodes))
 	fs.IntVar(&f.restarts, "restarts", -1, "restarts of a crashed prefill node under a new incarnation (0..3; the same as restart=N in --faults, which it overrides; needs a crash budget)")

@@ -39,7 +39,7 @@ func actors(a spec.Action) (from, to string) {
 		return "Prefill", ""
 	case spec.DetectCrash:
 		return "Router", ""
-	case spec.Timeout:
+	case spec.Timeout, spec.Partition:
 		return "Decode", ""
 	case spec.Cut:
 		return "Prefill", "Decode"
