@@ -219,7 +219,7 @@ func (d *Decode) message(c *conn, m protocol.Message) error {
 		if pages := (int64(b.Tokens) + int64(d.cfg.PageTokens) - 1) / int64(d.cfg.PageTokens); pages > int64(c.maxPages) {
 			abort := &protocol.Abort{Request: b.Request, Reason: protocol.AbortRejected}
 			if d.trace != nil {
-				d.trace.Emit(msgEvent(trace.Send, c.name, abort))
+				d.trace.Emit(msgEvent(trace.Send, c, abort))
 			}
 			c.backlog = append(c.backlog, protocol.Op{Peer: c.peer, Msg: abort})
 			return fmt.Errorf("%w: %w: request %d of %d pages, peer %q takes %d", protocol.ErrRejected, protocol.ErrTooLong, b.Request, pages, c.name, c.maxPages)
@@ -249,7 +249,7 @@ func (d *Decode) completed(c *conn, k wrKind, st rdma.Status) error {
 // land; its windows are closed, then its requests fail and quarantined
 // pages come back.
 func (d *Decode) fenced(c *conn) {
-	d.trace.Emit(trace.Event{Kind: trace.Fenced, Peer: c.name})
+	d.trace.Emit(qpEvent(trace.Fenced, c))
 	if d.win != nil {
 		d.win.fenced(c)
 	}
@@ -265,7 +265,7 @@ func (d *Decode) carry() {
 		for _, s := range re.Sends {
 			if c := d.conns[s.Peer]; c != nil && !c.broken {
 				if d.trace != nil {
-					d.trace.Emit(msgEvent(trace.Send, c.name, s.Msg))
+					d.trace.Emit(msgEvent(trace.Send, c, s.Msg))
 				}
 				c.backlog = append(c.backlog, protocol.Op{Peer: s.Peer, Msg: s.Msg})
 			}
@@ -286,7 +286,7 @@ func (d *Decode) carry() {
 		}
 		for _, peer := range re.Cuts {
 			if c := d.conns[peer]; c != nil {
-				d.trace.Emit(trace.Event{Kind: trace.Cut, Peer: c.name})
+				d.trace.Emit(qpEvent(trace.Cut, c))
 				d.cut(c, fmt.Errorf("%w: the receiver cut it", protocol.ErrPeerFailed))
 			}
 		}

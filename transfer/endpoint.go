@@ -341,7 +341,7 @@ func (e *endpoint) receive(c *conn, wc rdma.Completion) {
 		return // a credit update
 	}
 	if e.trace != nil {
-		e.trace.Emit(msgEvent(trace.Recv, c.name, m))
+		e.trace.Emit(msgEvent(trace.Recv, c, m))
 	}
 	if err := e.role.message(c, m); err != nil {
 		if errors.Is(err, protocol.ErrMalformed) {

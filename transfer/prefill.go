@@ -188,7 +188,7 @@ func (p *Prefill) SubmitWith(id protocol.RequestID, peer string, tokens int, o p
 		return err
 	}
 	pages, err := p.sender.SubmitWith(id, c.peer, tokens, o)
-	p.trace.Emit(trace.Event{Kind: trace.Submit, Peer: peer, Req: uint64(id), Tokens: uint32(max(tokens, 0)), PageTokens: uint32(p.cfg.PageTokens), Pages: pages, Err: errText(err)})
+	p.trace.Emit(trace.Event{Kind: trace.Submit, Peer: peer, QP: uint32(c.peer), Req: uint64(id), Tokens: uint32(max(tokens, 0)), PageTokens: uint32(p.cfg.PageTokens), Pages: pages, Err: errText(err)})
 	if err != nil {
 		p.mu.Unlock()
 		return err
@@ -327,7 +327,9 @@ func (p *Prefill) completed(c *conn, k wrKind, status rdma.Status) error {
 		err = fmt.Errorf("rdma: WRITE completion: %v", status)
 	}
 	if p.trace != nil {
-		p.trace.Emit(trace.Event{Kind: trace.Complete, Peer: c.name, Write: k.write, Err: errText(err)})
+		ev := qpEvent(trace.Complete, c)
+		ev.Write, ev.Err = k.write, errText(err)
+		p.trace.Emit(ev)
 	}
 	if err := p.sender.Completed(k.write, err); err != nil && !errors.Is(err, protocol.ErrUnknownRequest) {
 		return err
@@ -339,7 +341,7 @@ func (p *Prefill) completed(c *conn, k wrKind, status rdma.Status) error {
 // so its requests fail and their source pages are free; once no request on
 // it is computing its KV.
 func (p *Prefill) fenced(c *conn) {
-	p.trace.Emit(trace.Event{Kind: trace.Fenced, Peer: c.name})
+	p.trace.Emit(qpEvent(trace.Fenced, c))
 	if p.computingOn(c.peer) {
 		for _, st := range p.computing {
 			if st.peer == c.peer {
@@ -359,7 +361,7 @@ func (p *Prefill) carry() {
 	for _, op := range se.Ops {
 		if c := p.conns[op.Peer]; c != nil && !c.broken {
 			if p.trace != nil {
-				p.trace.Emit(opEvent(c.name, op))
+				p.trace.Emit(opEvent(c, op))
 			}
 			c.backlog = append(c.backlog, op)
 			if op.Write != nil {

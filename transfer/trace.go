@@ -5,9 +5,9 @@ import (
 	"github.com/kvhandoff/kvhandoff/protocol"
 )
 
-// msgEvent is the trace event of a SEND m to or from peer (docs/trace.md).
-func msgEvent(kind, peer string, m protocol.Message) trace.Event {
-	ev := trace.Event{Kind: kind, Peer: peer, Req: uint64(protocol.RequestOf(m))}
+// msgEvent is the trace event of a SEND m on queue pair c (docs/trace.md).
+func msgEvent(kind string, c *conn, m protocol.Message) trace.Event {
+	ev := trace.Event{Kind: kind, Peer: c.name, QP: uint32(c.peer), Req: uint64(protocol.RequestOf(m))}
 	switch m := m.(type) {
 	case *protocol.Bootstrap:
 		ev.Msg, ev.Tokens = "Bootstrap", m.Tokens
@@ -27,9 +27,9 @@ func msgEvent(kind, peer string, m protocol.Message) trace.Event {
 	return ev
 }
 
-// writeEvent is the trace event of a WRITE handed to the queue pair to peer.
-func writeEvent(peer string, w *protocol.Write) trace.Event {
-	return trace.Event{Kind: trace.Post, Peer: peer, Req: uint64(w.Request), Write: w.ID, Index: w.Index,
+// writeEvent is the trace event of a WRITE handed to queue pair c.
+func writeEvent(c *conn, w *protocol.Write) trace.Event {
+	return trace.Event{Kind: trace.Post, Peer: c.name, QP: uint32(c.peer), Req: uint64(w.Request), Write: w.ID, Index: w.Index,
 		Pages: []uint32{w.Remote.Page}, Epochs: []uint64{w.Remote.Epoch}}
 }
 
@@ -45,10 +45,15 @@ func refEvent(kind string, id protocol.RequestID, refs []protocol.PageRef, err e
 	return ev
 }
 
-// opEvent is the trace event of an Op handed to the queue pair to peer.
-func opEvent(peer string, op protocol.Op) trace.Event {
+// opEvent is the trace event of an Op handed to queue pair c.
+func opEvent(c *conn, op protocol.Op) trace.Event {
 	if op.Write != nil {
-		return writeEvent(peer, op.Write)
+		return writeEvent(c, op.Write)
 	}
-	return msgEvent(trace.Send, peer, op.Msg)
+	return msgEvent(trace.Send, c, op.Msg)
+}
+
+// qpEvent is an event of kind on queue pair c.
+func qpEvent(kind string, c *conn) trace.Event {
+	return trace.Event{Kind: kind, Peer: c.name, QP: uint32(c.peer)}
 }

@@ -66,13 +66,16 @@ const (
 
 // Event is one line of a trace. Fields a kind does not use are left out.
 type Event struct {
-	Node   string `json:"node"`
-	Inc    string `json:"inc,omitempty"` // Start: the incarnation's id
-	Seq    uint64 `json:"seq"`
-	T      int64  `json:"t"` // wall clock, Unix nanoseconds
-	Kind   string `json:"ev"`
-	Role   string `json:"role,omitempty"`
-	Peer   string `json:"peer,omitempty"`
+	Node string `json:"node"`
+	Inc  string `json:"inc,omitempty"` // Start: the incarnation's id
+	Seq  uint64 `json:"seq"`
+	T    int64  `json:"t"` // wall clock, Unix nanoseconds
+	Kind string `json:"ev"`
+	Role string `json:"role,omitempty"`
+	Peer string `json:"peer,omitempty"`
+	// QP: the node's own id of the queue pair to Peer an event is on (a
+	// reconnect to the same peer is a new queue pair, a new id).
+	QP     uint32 `json:"qp,omitempty"`
 	Decode string `json:"decode,omitempty"` // Dispatch: the decode node
 	Req    uint64 `json:"req,omitempty"`
 	Msg    string `json:"msg,omitempty"` // Send, Recv: Bootstrap, Grant, Done, Abort, AbortAck

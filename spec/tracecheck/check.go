@@ -50,7 +50,7 @@ type Failure struct {
 
 // Check merges the events of every node and replays them in the spec.
 func Check(events []trace.Event) (*Report, error) {
-	merged, roles, err := merge(events)
+	merged, roles, links, err := merge(events)
 	if err != nil {
 		return nil, err
 	}
@@ -59,7 +59,7 @@ func Check(events []trace.Event) (*Report, error) {
 		rep.Nodes = append(rep.Nodes, n)
 	}
 	sort.Strings(rep.Nodes)
-	c := &checker{merged: merged, roles: roles, reqs: map[uint64]*replay{}, writes: map[string]map[uint64]uint64{}, rep: rep}
+	c := &checker{merged: merged, roles: roles, links: links, reqs: map[uint64]*replay{}, writes: map[string]map[uint64]uint64{}, rep: rep}
 	c.collect()
 	var first *failure
 	var firstReq *replay
@@ -80,6 +80,7 @@ func Check(events []trace.Event) (*Report, error) {
 type checker struct {
 	merged []trace.Event
 	roles  map[string]string
+	links  map[end]end
 	reqs   map[uint64]*replay
 	order  []uint64
 	writes map[string]map[uint64]uint64 // prefill node → WRITE id → request
@@ -120,13 +121,21 @@ func (c *checker) collect() {
 		if ev.Req == 0 {
 			for _, id := range c.order {
 				r := c.reqs[id]
-				if r.on(ev) {
+				if r.on(ev) && c.onQP(r, ev) {
 					r.events = append(r.events, i)
 				}
 			}
 			continue
 		}
 		r := get(ev)
+		if ev.QP != 0 {
+			if r.qp == nil {
+				r.qp = map[string]uint32{}
+			}
+			if _, ok := r.qp[ev.Node]; !ok {
+				r.qp[ev.Node] = ev.QP
+			}
+		}
 		switch ev.Kind {
 		case trace.Dispatch:
 			r.prefill, r.decode, r.tokens, r.pt = ev.Peer, ev.Decode, ev.Tokens, ev.PageTokens
@@ -184,6 +193,31 @@ func (r *replay) on(ev *trace.Event) bool {
 		return ev.Node == r.prefill && ev.Peer == r.decode || ev.Node == r.decode && ev.Peer == r.prefill
 	}
 	return false
+}
+
+// onQP reports whether a queue pair's fence or cut is of the queue pair
+// the request is on: a node reconnects to a peer on a new queue pair, and
+// a fence of an older one is not the request's. The request's queue pair at
+// the event's node, or, before it has one there, the other end's, linked by
+// a message that crossed it. An event naming no queue pair (the router's
+// news of a lost node) is of every queue pair to that peer.
+func (c *checker) onQP(r *replay, ev *trace.Event) bool {
+	if ev.QP == 0 || ev.Kind == trace.NodeLost {
+		return true
+	}
+	if qp, ok := r.qp[ev.Node]; ok {
+		return qp == ev.QP
+	}
+	other := r.prefill
+	if ev.Node == r.prefill {
+		other = r.decode
+	}
+	qp, ok := r.qp[other]
+	if !ok {
+		return false // on neither end yet: the fence was of a queue pair before it
+	}
+	far, linked := c.links[end{ev.Node, ev.QP}]
+	return linked && far == end{other, qp}
 }
 
 // reasonOf shortens an error's text to its kind for the report.

@@ -21,6 +21,12 @@ type stream struct {
 	pos             int
 }
 
+// end is one end of a queue pair: a node and its own id of the queue pair.
+type end struct {
+	node string
+	qp   uint32
+}
+
 // msgKey names a SEND on one direction of a queue pair.
 type msgKey struct {
 	from, to, msg string
@@ -34,10 +40,14 @@ type msgKey struct {
 // after the router's Dispatch when the trace has a router. Among the events
 // causality leaves free, the one with the earliest wall clock goes first.
 // It also returns each node's role, from its Start events.
-func merge(events []trace.Event) ([]trace.Event, map[string]string, error) {
+//
+// links pairs the two ends of each queue pair a message crossed (each node
+// names a queue pair by an id of its own).
+func merge(events []trace.Event) (out []trace.Event, roles map[string]string, links map[end]end, err error) {
 	var streams []*stream
 	current := map[string]*stream{}
-	roles := map[string]string{}
+	roles, links = map[string]string{}, map[end]end{}
+	sentOn := map[msgKey][]end{}
 	for _, ev := range events {
 		st := current[ev.Node]
 		if ev.Kind == trace.Start || st == nil {
@@ -49,7 +59,7 @@ func merge(events []trace.Event) ([]trace.Event, map[string]string, error) {
 			}
 		}
 		if n := len(st.events); n > 0 && ev.Seq != st.events[n-1].Seq+1 {
-			return nil, nil, fmt.Errorf("%w: node %s: event %d follows %d (events missing or out of order)", ErrTrace, ev.Node, ev.Seq, st.events[n-1].Seq)
+			return nil, nil, nil, fmt.Errorf("%w: node %s: event %d follows %d (events missing or out of order)", ErrTrace, ev.Node, ev.Seq, st.events[n-1].Seq)
 		}
 		st.events = append(st.events, ev)
 	}
@@ -69,7 +79,7 @@ func merge(events []trace.Event) ([]trace.Event, map[string]string, error) {
 		}
 		return false
 	}
-	out := make([]trace.Event, 0, len(events))
+	out = make([]trace.Event, 0, len(events))
 	for {
 		var best *stream
 		left := 0
@@ -87,7 +97,7 @@ func merge(events []trace.Event) ([]trace.Event, map[string]string, error) {
 			}
 		}
 		if left == 0 {
-			return out, roles, nil
+			return out, roles, links, nil
 		}
 		if best == nil {
 			var heads []string
@@ -98,15 +108,23 @@ func merge(events []trace.Event) ([]trace.Event, map[string]string, error) {
 				}
 			}
 			sort.Strings(heads)
-			return nil, nil, fmt.Errorf("%w: every node waits for a message no trace sent: %s", ErrTrace, strings.Join(heads, "; "))
+			return nil, nil, nil, fmt.Errorf("%w: every node waits for a message no trace sent: %s", ErrTrace, strings.Join(heads, "; "))
 		}
 		ev := best.events[best.pos]
 		best.pos++
 		switch ev.Kind {
 		case trace.Send:
-			sent[msgKey{ev.Node, ev.Peer, ev.Msg, ev.Req}]++
+			k := msgKey{ev.Node, ev.Peer, ev.Msg, ev.Req}
+			sent[k]++
+			sentOn[k] = append(sentOn[k], end{ev.Node, ev.QP})
 		case trace.Recv:
-			received[msgKey{ev.Peer, ev.Node, ev.Msg, ev.Req}]++
+			k := msgKey{ev.Peer, ev.Node, ev.Msg, ev.Req}
+			received[k]++
+			from, here := sentOn[k][0], end{ev.Node, ev.QP}
+			sentOn[k] = sentOn[k][1:]
+			if from.qp != 0 && here.qp != 0 {
+				links[from], links[here] = here, from
+			}
 		case trace.Dispatch:
 			dispatched[ev.Req] = true
 		}

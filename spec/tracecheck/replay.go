@@ -43,13 +43,14 @@ type replay struct {
 	pages           int // pages the spec's request has: its written pages
 	completes       int
 	cutCall         bool
-	reading         bool            // decode acquired the pages and has not finished
-	readDone        bool            // decode finished reading it (Finish): the router's leg-end is its DecodeRead
-	damaged         bool            // a verification of it failed: a corrupt WRITE explains it
-	unplaced        map[int]bool    // page indices of WRITEs whose completion failed: never placed
-	abortTo         map[string]bool // nodes the replay queued an Abort for
-	late            map[uint64]bool // WRITE id → its completion failed (never placed)
-	intake          string          // a prefill intake refusal the spec replays (refusedNoPeer, refusedTooLong)
+	reading         bool              // decode acquired the pages and has not finished
+	readDone        bool              // decode finished reading it (Finish): the router's leg-end is its DecodeRead
+	damaged         bool              // a verification of it failed: a corrupt WRITE explains it
+	unplaced        map[int]bool      // page indices of WRITEs whose completion failed: never placed
+	abortTo         map[string]bool   // nodes the replay queued an Abort for
+	qp              map[string]uint32 // node → its id of the queue pair the request is on there
+	late            map[uint64]bool   // WRITE id → its completion failed (never placed)
+	intake          string            // a prefill intake refusal the spec replays (refusedNoPeer, refusedTooLong)
 }
 
 // The prefill intake refusals the spec replays: over the node's limit (its

@@ -119,7 +119,7 @@ func (c *checker) prefillRule(r *replay, ev *trace.Event) (string, moves) {
 			return "prefill recv " + ev.Msg, func(*spec.State) []move { return nil }
 		}
 		return "prefill recv " + ev.Msg + " is PrefillRecvQP", func(s *spec.State) []move {
-			return one(move{act: headIs(spec.PrefillRecvQP, qpBack, mk)})
+			return lateOnCut(s, move{act: headIs(spec.PrefillRecvQP, qpBack, mk)})
 		}
 	case trace.Send:
 		return c.sendRule(r, ev, qp, map[string]spec.MsgKind{"Bootstrap": spec.MBootstrap, "Done": spec.MDone, "AbortAck": spec.MAbortAck})
@@ -160,12 +160,39 @@ func (c *checker) prefillRule(r *replay, ev *trace.Event) (string, moves) {
 		allDone := r.completes >= r.pages
 		return "prefill outcome is the sender's end", require(func(s *spec.State) bool {
 			p := s.Req[0].S.Phase
-			return ok && p == spec.SFinished && allDone || !ok && !p.Live() && p != spec.SFinished && p != spec.SNone
+			// A cancelled leg's outcome comes at the cancel, its AbortAck
+			// once its WRITEs complete (the spec's aborting phase). The
+			// spec completes a WRITE where it is placed; a real completion
+			// comes back later: a sender the spec has finished may still
+			// wait for completions the trace has not shown, and be
+			// cancelled meanwhile.
+			return ok && p == spec.SFinished && allDone ||
+				!ok && (p == spec.SAborting || p == spec.SFinished && !allDone || !p.Live() && p != spec.SFinished && p != spec.SNone)
 		})
 	case trace.Fenced:
 		return "prefill fenced is Cut", cutMoves(r)
 	}
 	return "prefill " + ev.Kind, nil
+}
+
+// lateOnCut: a message received is the spec's receipt of it; or, once the
+// spec has cut the request's queue pair, one that was on the wire when one
+// end broke it and reached the other end before that end saw the break. The
+// spec's cut flushes both directions at once; a real queue pair breaks at
+// one end first (decode's cut on the router's news, say), and a SEND it had
+// sent may still arrive. Its receiver's state machine then takes it for a
+// request whose leg the spec has ended: nothing the spec must follow.
+func lateOnCut(s *spec.State, m move) []move {
+	if cutPair(s) {
+		return []move{m, {keep: true}}
+	}
+	return one(m)
+}
+
+// cutPair reports whether the spec has cut the request's queue pair: a Cut
+// fault, or the fence of a lost node's.
+func cutPair(s *spec.State) bool {
+	return s.Fenced[0][0] || s.Budget[spec.FaultCut] < budget[spec.FaultCut]
 }
 
 // flushed reports whether the request's queue pair is cut in s, or its
@@ -205,7 +232,7 @@ func (c *checker) decodeRule(r *replay, ev *trace.Event) (string, moves) {
 			return "decode recv " + ev.Msg, func(*spec.State) []move { return nil }
 		}
 		return "decode recv " + ev.Msg + " is DecodeRecvQP", func(s *spec.State) []move {
-			return one(move{act: headIs(spec.DecodeRecvQP, qp, mk)})
+			return lateOnCut(s, move{act: headIs(spec.DecodeRecvQP, qp, mk)})
 		}
 	case trace.Send:
 		return c.sendRule(r, ev, qpBack, map[string]spec.MsgKind{"Grant": spec.MGrant, "Abort": spec.MAbort})
