@@ -34,6 +34,7 @@ type spy struct {
 	mu      sync.Mutex
 	qp      rdma.QueuePair
 	src     rdma.MemoryRegion // the largest region: the endpoint's source pages
+	pd      rdma.ProtectionDomain
 	learnt  map[uint32]uint64 // key -> the lowest address the endpoint wrote under it
 	highest map[uint32]uint64 // key -> the highest
 }
@@ -43,6 +44,9 @@ func (d spyDevice) AllocPD() (rdma.ProtectionDomain, error) {
 	if err != nil {
 		return nil, err
 	}
+	d.s.mu.Lock()
+	d.s.pd = pd
+	d.s.mu.Unlock()
 	return spyPD{pd, d.s}, nil
 }
 
@@ -203,7 +207,7 @@ func attackDecode(ctx context.Context, t *testing.T, l *Local, pageBytes int, c 
 				time.Sleep(5 * time.Millisecond)
 			}
 			s.mu.Lock()
-			qp, src := s.qp, s.src
+			qp, src, pd := s.qp, s.src, s.pd
 			var keys []uint32
 			var near uint64
 			own := map[uint32][2]uint64{} // its own grant's range under each key
@@ -221,8 +225,17 @@ func attackDecode(ctx context.Context, t *testing.T, l *Local, pageBytes int, c 
 			if held, _ := d.Endpoint().PeerUse("prefill-9"); held > 1 {
 				t.Errorf("prefill-9 holds %d requests: only its ticketed one may reserve pages", held)
 			}
+			// The rogue's bytes come from a region of their own: its
+			// source pages are its own request's, whose WRITEs may still
+			// read them (a provider reads a WRITE's source when it runs it),
+			// and bytes of its own Grant's pages are allowed to land.
+			rogue, err := pd.Alloc(256, rdma.LocalWrite)
+			if err != nil {
+				t.Error(err)
+				return
+			}
 			for i := range 256 {
-				src.Bytes()[i] = 0xEE
+				rogue.Bytes()[i] = 0xEE
 			}
 			pages, posted := int64(l.cfg.DecodePages), 0
 			defer func() {
@@ -247,7 +260,7 @@ func attackDecode(ctx context.Context, t *testing.T, l *Local, pageBytes int, c 
 					if qp.State() != rdma.StateRTS {
 						return
 					}
-					if err := qp.PostSend(rdma.WorkRequest{ID: rogueWRID, Op: rdma.OpWrite, Local: rdma.SGE{MR: src, Length: 256},
+					if err := qp.PostSend(rdma.WorkRequest{ID: rogueWRID, Op: rdma.OpWrite, Local: rdma.SGE{MR: rogue, Length: 256},
 						RemoteAddr: target, RKey: key}); err != nil {
 						return
 					}
