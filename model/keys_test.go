@@ -21,6 +21,10 @@ func TestEverySpecSwitchHasAnImplementationCounterpart(t *testing.T) {
 			if err == nil {
 				t.Errorf("done-unmatched has an implementation counterpart now: walk it in the refinement tests")
 			}
+		case awaitingTheImplementation[sw]:
+			if err == nil {
+				t.Errorf("%v has an implementation counterpart now: drop it from awaitingTheImplementation and walk it", sw)
+			}
 		case err != nil:
 			t.Errorf("%v: no implementation counterpart: %v", sw, err)
 		}
@@ -33,6 +37,12 @@ func TestEverySpecSwitchHasAnImplementationCounterpart(t *testing.T) {
 		}
 	}
 }
+
+// awaitingTheImplementation are the spec's streaming switches, whose
+// implementation counterparts (the Sender's ComputedPages and the prefill
+// driver's chunks) land on their own branch (issue 19): until they are
+// merged, research has no such switch.
+var awaitingTheImplementation = map[spec.Switch]bool{spec.WriteUncomputed: true, spec.FreeComputing: true}
 
 // The harness's rogue WRITE follows the remote key of the grant: with a
 // harness whose rogue WRITEs land whatever the key, the mapping parts ways

@@ -45,7 +45,8 @@ import (
 // The correspondence, action by action:
 //
 //	Submit        Router.Submit; its Dispatch on the router→prefill queue of the node it chose
-//	PrefillRecv   Sender.Submit, the KV computed, Sender.Computed (or Sender.Cancel for an Abort);
+//	PrefillRecv   Sender.Submit, the KV computed, Sender.Computed (or Sender.Cancel for an Abort),
+//	              then one spec Compute per page (computeBacklog);
 //	              for the news of a decode node's restart, the cut of the queue pair to the
 //	              old incarnation (Sender.Flushed) before one to the new is held
 //	PrefillRecvQP Sender.Step with the Grant or Abort at the head of the pair's decode→prefill
@@ -111,7 +112,10 @@ type Refinement struct {
 	pairs  [][]*pairEnd // [prefill][decode]
 	size   int
 
-	srcPages   [spec.MaxRequests][]uint32
+	srcPages [spec.MaxRequests][]uint32
+	// computed is how many of each request's pages its engine has computed
+	// (the Sender was told): the spec's Computes follow it (computeBacklog).
+	computed   [spec.MaxRequests]int
 	granted    [spec.MaxRequests][]protocol.PageRef
 	readLabels [spec.MaxRequests][]string
 	// gone is the sender's phase of a request whose prefill node crashed,
@@ -362,7 +366,8 @@ func (h *Refinement) Model() *spec.Model { return h.m }
 func (h *Refinement) routeOf(r int) (p, d int) { return int(h.s.Req[r].P), int(h.s.Req[r].D) }
 
 // Enabled lists the spec's enabled actions that a driver chooses: not
-// PostWrite, which follows the Sender (see Step); for a Submit, an intake and
+// PostWrite, which follows the Sender (see Step), nor Compute, which follows
+// the engine (computeBacklog); for a Submit, an intake and
 // a reservation one action only, since the Router chooses the route and the
 // pools the pages.
 func (h *Refinement) Enabled() []spec.Action {
@@ -370,7 +375,7 @@ func (h *Refinement) Enabled() []spec.Action {
 	seen := map[spec.Action]bool{}
 	h.m.Successors(&h.s, func(a spec.Action, _ *spec.State) {
 		switch {
-		case a.Kind == spec.PostWrite:
+		case a.Kind == spec.PostWrite, a.Kind == spec.Compute:
 			return
 		case a.Kind == spec.DecodeRecvQP, a.Kind == spec.Submit:
 			a.Arg = 0
@@ -394,6 +399,8 @@ func (h *Refinement) Step(a spec.Action) error {
 	switch a.Kind {
 	case spec.PostWrite:
 		return fmt.Errorf("model: PostWrite follows the sender; drive the other actions")
+	case spec.Compute:
+		return fmt.Errorf("model: Compute follows the engine; drive the other actions")
 	case spec.Submit:
 		// The Router chooses the route; the spec's Submit is the one for it.
 		r := int(a.Req)
@@ -526,6 +533,9 @@ func (h *Refinement) step(a spec.Action) error {
 	h.s = chosen
 	if h.s.Overflow {
 		return fmt.Errorf("%w after %v (queue bound %d)", ErrOutOfBounds, a, h.cfg.QueueBound())
+	}
+	if err := h.computeBacklog(a); err != nil {
+		return err
 	}
 	// Whatever the spec put on a queue pair in this step, the harness hands
 	// from the Sender's backlog to the wire, in the same order. A queue
@@ -969,7 +979,34 @@ func (h *Refinement) intake(p, r int) error {
 	for i, pg := range pages {
 		h.fill(pe.src.Payload(uint32(pg)), spec.Label{Req: int8(r), Index: int8(i)})
 	}
+	h.computed[r] = len(pages)
 	return pe.snd.Computed(id(r))
+}
+
+// computeBacklog takes the spec's Compute for every page an engine has
+// computed and the spec has not: the engine computes a chunk of pages at a
+// time (here every page at its intake), the spec one page per Compute, so a
+// chunk of k pages is k Computes in a row. Each must be enabled: the spec
+// computes only for a leg that is computing.
+func (h *Refinement) computeBacklog(after spec.Action) error {
+	for r := range h.cfg.Prompts {
+		for int(h.s.Req[r].S.Computed) < h.computed[r] {
+			c := spec.Action{Kind: spec.Compute, Req: int8(r)}
+			var next spec.State
+			found := false
+			h.m.Successors(&h.s, func(b spec.Action, n *spec.State) {
+				if !found && b == c {
+					next, found = *n, true
+				}
+			})
+			if !found {
+				return fmt.Errorf("%w after %v: the engine computed r%d's page %d, which the spec does not compute now", ErrRefinement, after, r, h.s.Req[r].S.Computed)
+			}
+			h.s = next
+			h.Trace = append(h.Trace, c.String())
+		}
+	}
+	return nil
 }
 
 // release hands prefill node p's next operation for msg's request to the

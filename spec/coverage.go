@@ -71,6 +71,9 @@ const (
 	VerifyPrefix                        // verification: Done's prefix differs from the grant's
 	VerifyPinned                        // verification: a pinned page is no longer cached at its epoch, scope and chain
 	ReadShared                          // read: a pinned page is no longer cached at its epoch, scope and chain: failed
+	AdmitMidStream                      // prefill admission: the Grant is admitted before every page is computed (stream.go)
+	EndMidStream                        // a sender's leg ends with pages not yet computed: the computation stops (stream.go)
+	ComputeEnded                        // free-computing: a page computed for a leg that has ended, into a source page it no longer holds
 	NumBranches
 )
 
@@ -92,6 +95,7 @@ var branchNames = [NumBranches]string{
 	"rogue-revoked", "rogue-uncovered", "rogue-landed", "rogue-landed-free", "rogue-landed-foreign", "decode-no-ticket",
 	"router-scope-in-body", "prefix-hit", "prefix-scope-miss", "prefix-evict", "evict-skips-pinned", "prefix-insert",
 	"verify-prefix", "verify-pinned", "read-shared",
+	"admit-mid-stream", "end-mid-stream", "compute-ended",
 }
 
 func (b Branch) String() string {
