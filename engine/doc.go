@@ -31,6 +31,9 @@
 //	cache, _ := kv.OverPages(g, p.Pages(), kv.Unversioned)
 //	e, _ := engine.New(m, cpu.New(), cache, engine.Options{}); src.Use(e)
 //	src.Expect(id, prompt); p.Submit(id, "decode-1", len(prompt)) // FillKV runs e.Prefill
+//	// with PrefillConfig.ChunkPages, FillKVChunks instead: a step per chunk of
+//	// pages, each chunk's pages sent while the next is computed, and a cancel
+//	// stops the prefill at the chunk's end (Source.Stats counts the chunks)
 //
 //	// decode node: the engine reads the pages the WRITEs placed, checked
 //	// against the endpoint's epochs, and appends its own tokens in pages

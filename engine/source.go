@@ -7,6 +7,7 @@ import (
 	"github.com/kvhandoff/kvhandoff/engine/kv"
 	"github.com/kvhandoff/kvhandoff/internal/research"
 	"github.com/kvhandoff/kvhandoff/protocol"
+	"github.com/kvhandoff/kvhandoff/transfer"
 )
 
 // Source computes requests' KV on a prefill node: it is the transport's
@@ -21,6 +22,8 @@ type Source struct {
 	mu      sync.Mutex
 	e       *Engine
 	prompts map[protocol.RequestID][]int
+	// chunks and stopped count the computation (Stats).
+	chunks, stopped uint64
 }
 
 // NewSource is a KV source without an engine yet.
@@ -55,22 +58,71 @@ func (s *Source) Forget(id protocol.RequestID) {
 // Calls for different requests run one at a time: the engine is one
 // backend, used by one goroutine at a time.
 func (s *Source) FillKV(id protocol.RequestID, tokens int, pages []uint32, _ [][]byte) error {
+	return s.FillKVChunks(id, tokens, pages, nil, 0, nil)
+}
+
+// FillKVChunks is FillKV in chunks of chunkPages pages (the whole prompt
+// when chunkPages is 0): each chunk is one batched prefill step over the
+// positions of its pages, attending over the KV of the chunks before it, so
+// the KV is the one FillKV computes. After each chunk the pages it
+// completed are downloaded from a device backend, and computed (if not nil)
+// is told how many of the prompt's pages now hold their KV; when it answers
+// false (the request ended) the source stops there, touches the pages no
+// more, and returns an error wrapping transfer.ErrStopped. It implements
+// transfer.StreamingKVSource.
+func (s *Source) FillKVChunks(id protocol.RequestID, tokens int, pages []uint32, _ [][]byte, chunkPages int, computed func(pages int) bool) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	table, prompt, err := s.prepare(id, tokens, pages)
+	if err != nil {
+		return err
+	}
+	g := s.e.cache.Geometry()
+	step := len(prompt)
+	if chunkPages > 0 {
+		step = chunkPages * g.PageTokens
+	}
+	ids := make([]uint32, 0, len(table))
+	for lo := 0; lo < len(prompt); lo += step {
+		hi := min(lo+step, len(prompt))
+		if _, err := s.e.Step(table, prompt[lo:hi], lo); err != nil {
+			return err
+		}
+		// A device backend computed the KV in its own pool; the WRITEs send the host pages.
+		first, done := lo/g.PageTokens, g.PagesFor(hi)
+		ids = ids[:0]
+		for _, ref := range table[first:done] {
+			ids = append(ids, ref.Page)
+		}
+		if err := s.e.backend.DownloadPages(ids); err != nil {
+			return err
+		}
+		s.chunks++
+		if computed != nil && !computed(done) {
+			s.stopped++
+			return fmt.Errorf("%w: request %d after %d of %d prompt tokens", transfer.ErrStopped, id, hi, len(prompt))
+		}
+	}
+	return nil
+}
+
+// prepare takes request id's prompt, checked against tokens and its source
+// pages.
+func (s *Source) prepare(id protocol.RequestID, tokens int, pages []uint32) (kv.Table, []int, error) {
 	if s.e == nil {
-		return fmt.Errorf("%w: the KV source has no engine", ErrBadRequest)
+		return nil, nil, fmt.Errorf("%w: the KV source has no engine", ErrBadRequest)
 	}
 	prompt, ok := s.prompts[id]
 	if !ok {
-		return fmt.Errorf("%w: no prompt for request %d", ErrBadRequest, id)
+		return nil, nil, fmt.Errorf("%w: no prompt for request %d", ErrBadRequest, id)
 	}
 	delete(s.prompts, id)
 	if tokens != len(prompt) {
-		return fmt.Errorf("%w: request %d: %d tokens to compute, its prompt has %d", ErrBadRequest, id, tokens, len(prompt))
+		return nil, nil, fmt.Errorf("%w: request %d: %d tokens to compute, its prompt has %d", ErrBadRequest, id, tokens, len(prompt))
 	}
 	table := kv.SourceTable(pages)
 	if err := s.e.cache.ValidTable(table); err != nil {
-		return err
+		return nil, nil, err
 	}
 	if need := s.e.cache.Geometry().PagesFor(len(prompt)); len(table) < need {
 		// Only the incident's bug hands fewer source pages than the prompt
@@ -78,17 +130,25 @@ func (s *Source) FillKV(id protocol.RequestID, tokens int, pages []uint32, _ [][
 		// one-token placeholder (admit-finished), whose KV is computed: the
 		// prompt's first token, BOS (every prompt starts with it).
 		if !s.e.opts.Research.Has(research.AdmitFinished) {
-			return fmt.Errorf("%w: request %d: %d source pages for a prompt of %d tokens (%d pages)", ErrBadRequest, id, len(table), len(prompt), need)
+			return nil, nil, fmt.Errorf("%w: request %d: %d source pages for a prompt of %d tokens (%d pages)", ErrBadRequest, id, len(table), len(prompt), need)
 		}
 		prompt = prompt[:1]
 	}
-	if _, err := s.e.Prefill(table, prompt); err != nil {
-		return err
-	}
-	// A device backend computed the KV in its own pool; the WRITEs send the host pages.
-	ids := make([]uint32, len(table))
-	for i, ref := range table {
-		ids[i] = ref.Page
-	}
-	return s.e.backend.DownloadPages(ids)
+	return table, prompt, nil
+}
+
+// SourceStats are a Source's counters.
+type SourceStats struct {
+	// Chunks is the prefill steps computed (a request computed whole is one).
+	Chunks uint64
+	// Stopped is the requests whose computation stopped before their last
+	// chunk because the request had ended (transfer.ErrStopped).
+	Stopped uint64
+}
+
+// Stats returns the source's counters.
+func (s *Source) Stats() SourceStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return SourceStats{Chunks: s.chunks, Stopped: s.stopped}
 }

@@ -58,6 +58,13 @@ type NodeConfig struct {
 	// Timeout bounds a leg on this node: decode's wait for Done, and for the
 	// router's call after verification; 0 means 30 s.
 	Timeout time.Duration
+	// PrefillChunkPages is a prefill node's chunk, in pages, with a Model:
+	// it computes each prompt a chunk at a time, sends each chunk's pages
+	// while it computes the next, and stops a cancelled request at the
+	// chunk's end (transfer.PrefillConfig.ChunkPages). 0 means
+	// DefaultPrefillChunkPages; a negative value computes each prompt whole
+	// before anything moves.
+	PrefillChunkPages int
 
 	wrapKV func(transfer.KVSource) transfer.KVSource // tests: hold or fail a KV computation
 }

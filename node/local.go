@@ -57,6 +57,8 @@ type LocalConfig struct {
 	// PeerRequests and PeerPages are the decode nodes' per-peer quotas
 	// (DecodeConfig); 0 means their defaults.
 	PeerRequests, PeerPages int
+	// PrefillChunkPages is the prefill nodes' (NodeConfig.PrefillChunkPages).
+	PrefillChunkPages int
 	// PrefixCache turns the decode nodes' prefix cache on (the router
 	// scopes every request, with a fresh scope key); PublicPrefixes are the
 	// router's declared public prefixes.
@@ -250,7 +252,7 @@ func (l *Local) startPrefill(i int) error {
 	}
 	nc := NodeConfig{Name: name, Device: l.fabric.Device(name), Pages: cfg.PrefillPages, PageTokens: cfg.PageTokens,
 		PageBytes: cfg.PageBytes, Model: cfg.Model, ModelID: cfg.ModelID, Security: sec, Registry: reg, Log: cfg.Log, Timeout: cfg.Timeout,
-		ContextTokens: cfg.ContextTokens, AdvertiseContext: cfg.AdvertiseContext, Research: cfg.Research}
+		ContextTokens: cfg.ContextTokens, AdvertiseContext: cfg.AdvertiseContext, Research: cfg.Research, PrefillChunkPages: cfg.PrefillChunkPages}
 	if cfg.prefillKV != nil {
 		nc.wrapKV = func(src transfer.KVSource) transfer.KVSource { return cfg.prefillKV(i, src) }
 	}

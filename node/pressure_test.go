@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"io"
 	"net/http"
 	"strings"
@@ -52,13 +53,17 @@ func poolPressure(t *testing.T, l *Local, maxTokens int, stream, leave bool) pre
 // timeout 6 s) every request ends with a 200 or an explicit 503, none
 // hangs, every page comes back, and a request the router gave up on stops
 // its decode generation at once: at most one token after each cancel
-// (kvhandoff_decode_tokens_after_cancel_total). The successes are logged
+// (kvhandoff_decode_tokens_after_cancel_total), and its prefill computation
+// within one chunk: no prefill node computes more than a chunk's pages of a
+// request after its end (transfer.Stats.MostPagesComputedAfterEnd, summed in
+// kvhandoff_prefill_pages_after_end_total). The successes are logged
 // (docs/nodes.md has the figures).
-func TestPoolPressureEndsEveryRequestAndStopsCancelledDecodes(t *testing.T) {
+func TestPoolPressureEndsEveryRequestAndStopsCancelledWork(t *testing.T) {
 	if testing.Short() {
 		t.Skip("the pool-pressure workload computes six 1,000-token prefills (seconds on a loaded machine)")
 	}
-	l := localBuiltin(t, LocalConfig{PrefillPages: 256, DecodePages: 70, Timeout: 6 * time.Second})
+	chunk := *pressureChunkPages
+	l := localBuiltin(t, LocalConfig{PrefillPages: 256, DecodePages: 70, Timeout: 6 * time.Second, PrefillChunkPages: chunk})
 	for _, c := range []struct {
 		name      string
 		maxTokens int
@@ -86,8 +91,21 @@ func TestPoolPressureEndsEveryRequestAndStopsCancelledDecodes(t *testing.T) {
 		if after > failed {
 			t.Fatalf("%s: %v tokens generated after a cancel over %v failed decode legs", c.name, after, failed)
 		}
+		for _, p := range l.Prefills {
+			st := p.Endpoint().Stats()
+			t.Logf("%s: %s computed %d chunks, %d pages after their request's end (at most %d for one request)",
+				c.name, p.cfg.Name, st.ChunksComputed, st.PagesComputedAfterEnd, st.MostPagesComputedAfterEnd)
+			if chunk > 0 && st.MostPagesComputedAfterEnd > uint64(chunk) {
+				t.Errorf("%s: %s computed %d pages of one request after its end, more than a chunk of %d", c.name, p.cfg.Name, st.MostPagesComputedAfterEnd, chunk)
+			}
+		}
 	}
 }
+
+// pressureChunkPages is the pool-pressure test's prefill chunk
+// (LocalConfig.PrefillChunkPages): the node's default; -1 computes each
+// prompt whole, as before streaming (docs/nodes.md's "before" figures).
+var pressureChunkPages = flag.Int("pressure-chunk-pages", DefaultPrefillChunkPages, "the pool-pressure test's prefill chunk in pages; -1: whole prompts")
 
 // pagesFree: every node's pages are free.
 func pagesFree(l *Local) bool {

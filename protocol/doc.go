@@ -26,6 +26,7 @@
 //
 //	pages, err := sender.Submit(id, decodePeer, tokens) // intake; err wraps ErrRejected
 //	compute the KV into pages, then sender.Computed(id)
+//	    (or a chunk at a time, sender.ComputedPages(id, k) after each: WRITEs follow the chunks)
 //	for each event: sender.Step(peer, msg) | sender.Completed(writeID, err) | sender.Cancel(id)
 //	    e := sender.Effects()
 //	    post e.Ops in order (a Write: payload, then tag record; a Msg: SEND)
@@ -58,8 +59,8 @@
 // ErrNoCapacity, ErrBadGrant, ErrTokenMismatch, ErrTagMismatch,
 // ErrTagMalformed, ErrChecksumMismatch, ErrCancelled, ErrTimedOut,
 // ErrPeerFailed or ErrFenced, so callers match them with errors.Is. Calls that break the protocol (a Done for an unknown request, a
-// second Done, a message from the wrong peer) return an error and change
-// nothing; late and duplicate fences are expected and ignored.
+// second Done, a message from the wrong peer, a computed page count outside
+// the request: ErrBadComputed) return an error and change nothing; late and duplicate fences are expected and ignored.
 //
 // # Rule index
 //
@@ -91,6 +92,7 @@
 //  22. Prefix lengths agree: Sender.admit, Sender.post, Receiver.verify; TestPrefixHitGrantsAndWritesOnlyThePagesPastIt, TestSenderRefusesAGrantWhosePrefixDoesNotFit
 //  23. Shared read check: Receiver.Acquire, Pool.CheckShared; TestEvictionTakesOnlyUnpinnedPagesLeastRecentlyUsedFirst, TestEvictPinnedReallocatesAPinnedPage
 //  24. Insert verified pages, unpin on every end, evict only unpinned, leaf first: Receiver.Finish, Receiver.dropSlot, Pool.Insert, Pool.Pin, Pool.TouchChain, Pool.Unpin, Pool.Allocate, Receiver.Audit; TestEvictionTakesOnlyUnpinnedPagesLeastRecentlyUsedFirst, TestEvictionTakesAChainsLeafBeforeItsRoot, TestFinishLeavesAChainsRootTheMostRecentlyUsed, TestPrefixReuseAtScaleKeepsEveryProperty, TestEachPrefixSwitchBreaksAProperty
+//  25. Write only computed pages: Sender.ComputedPages, Sender.post; TestAWriteWaitsForItsPageToBeComputed, TestPagesComputedBeforeTheGrantAreWrittenAtIt, TestDoneWaitsForEveryPageToBeComputed, TestComputedPagesRefusesCountsOutsideTheRequest, TestComputedPagesAfterTheRequestEndedChangesNothing, TestStreamingWithAPrefixWritesOnlyThePagesPastIt, TestWriteUncomputedShipsPagesNotComputedYet
 //
 // # Encodings
 //

@@ -77,6 +77,9 @@ var (
 	ErrWrongPeer = errors.New("protocol: message from a peer the request is not on")
 	// ErrUnexpectedMessage: a message that never travels in this direction.
 	ErrUnexpectedMessage = errors.New("protocol: message not expected in this direction")
+	// ErrBadComputed: ComputedPages with a page count outside the request's
+	// pages, or below one it was given before (computed pages only grow).
+	ErrBadComputed = errors.New("protocol: computed pages out of range")
 	// ErrNotReady: Acquire or Finish on a request that is not verified or not being read.
 	ErrNotReady = errors.New("protocol: request not verified for reading")
 )

@@ -74,7 +74,7 @@ type sendRequest struct {
 	src       []PageRef // source pages, in request order
 	chain     int       // full pages the request's chain names: the most decode can have cached
 	skip      int       // pages decode has (the Grant's prefix): WRITEs start at this index
-	computed  bool
+	computed  int       // pages 0..computed-1 hold complete KV (ComputedPages): only they may be written
 	posted    int
 	completed int
 	failed    error // a WRITE failed: the queue pair is broken
@@ -242,14 +242,49 @@ func (s *Sender) SubmitWith(id RequestID, peer PeerID, tokens int, o SubmitOptio
 	return pages, nil
 }
 
-// Computed says the request's KV is in its source pages; WRITEs start once the
-// grant is admitted too.
+// Computed says the request's KV is in its source pages, every page of it:
+// ComputedPages(id, all). WRITEs start once the grant is admitted too. For a
+// request that has ended it changes nothing.
 func (s *Sender) Computed(id RequestID) error {
 	q := s.reqs[id]
 	if q == nil {
 		return fmt.Errorf("%w: %d", ErrUnknownRequest, id)
 	}
-	q.computed = true
+	return s.ComputedPages(id, len(q.src))
+}
+
+// ComputedPages says the first n source pages of request id, in request
+// order, now hold complete KV in every layer (rule 25): a prefill that
+// computes the prompt a chunk at a time calls it after each chunk, and each
+// granted page's WRITE is posted as soon as its page is computed, so the
+// transfer runs behind the computation instead of after it. Done goes only
+// once every page is computed and every WRITE posted. n counts every page
+// of the prompt, the prefix a Grant says decode holds included (those pages
+// are computed, never written). n only grows: 1 <= n <= the request's source
+// pages, and not below an earlier n (repeating it changes nothing); anything
+// else is ErrBadComputed and changes nothing. An unknown request is
+// ErrUnknownRequest. For a request that has ended (aborted, failed,
+// finished, or aborting behind its posted WRITEs) it changes nothing and
+// returns nil: a driver that computes in chunks asks Status whether the
+// request is still live before the next chunk, and stops when it is not.
+//
+// Between two calls the driver must not feed the Sender an event that could
+// end the request (a Grant, an Abort, a Cancel, a flush) while a chunk is
+// being computed: hold those until the chunk is done, as for Computed.
+func (s *Sender) ComputedPages(id RequestID, n int) error {
+	q := s.reqs[id]
+	if q == nil {
+		return fmt.Errorf("%w: %d", ErrUnknownRequest, id)
+	}
+	switch q.phase {
+	case SenderAwaitGrant, SenderWriting, SenderDoneSent:
+	default:
+		return nil // ended: nothing of it is written any more
+	}
+	if n < 1 || n > len(q.src) || n < q.computed {
+		return fmt.Errorf("%w: request %d: %d pages computed, it has %d and %d were computed before", ErrBadComputed, id, n, len(q.src), q.computed)
+	}
+	q.computed = n
 	s.post(id, q)
 	return nil
 }
@@ -371,12 +406,17 @@ func repeatedPage(pages []PageGrant) (i, j int, found bool) {
 	return 0, 0, false
 }
 
-// post posts WRITEs up to the in-flight bound, then Done after the last one.
+// post posts the WRITEs of computed pages up to the in-flight bound (rule
+// 25), then Done once every page is computed and its WRITE posted.
 func (s *Sender) post(id RequestID, q *sendRequest) {
-	if q.phase != SenderWriting || !q.computed || q.failed != nil { // nothing more on a broken queue pair
+	if q.phase != SenderWriting || q.computed == 0 || q.failed != nil { // nothing more on a broken queue pair
 		return
 	}
-	for q.posted < len(q.writes) && q.posted-q.completed < s.cfg.MaxInFlight {
+	computed := q.computed
+	if s.cfg.Research.Has(research.WriteUncomputed) {
+		computed = len(q.src) // the bug: the first chunk's completion taken for the prompt's
+	}
+	for q.posted < len(q.writes) && q.skip+q.posted < computed && q.posted-q.completed < s.cfg.MaxInFlight {
 		w := &q.writes[q.posted]
 		i := q.skip + q.posted // the page's index in the request: the prefix is not written
 		src := q.src[i].Page
@@ -393,7 +433,7 @@ func (s *Sender) post(id RequestID, q *sendRequest) {
 		s.effects.Ops = append(s.effects.Ops, Op{Peer: q.peer, Write: w})
 		q.posted++
 	}
-	if q.posted == len(q.writes) {
+	if q.posted == len(q.writes) && q.computed == len(q.src) {
 		s.sendDone(id, q)
 	}
 }
@@ -567,7 +607,7 @@ type SenderStatus uint8
 const (
 	SenderNone       SenderStatus = iota
 	SenderAwaitGrant              // Bootstrap sent
-	SenderWriting                 // grant admitted; WRITEs posted once the KV is computed
+	SenderWriting                 // grant admitted; each page's WRITE posted once the page is computed
 	SenderDoneSent                // Done posted, WRITEs completing
 	SenderAborting                // stopped; waiting for posted WRITEs before AbortAck
 	SenderFinished                // handed off, every WRITE completed

@@ -161,6 +161,13 @@ func (s *SharedSender) Computed(id RequestID) error {
 	return s.s.Computed(id)
 }
 
+// ComputedPages says the first n pages' KV is ready (see Sender.ComputedPages).
+func (s *SharedSender) ComputedPages(id RequestID, n int) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.s.ComputedPages(id, n)
+}
+
 // Step handles a message from a receiver (see Sender.Step).
 func (s *SharedSender) Step(peer PeerID, m Message) error {
 	s.mu.Lock()

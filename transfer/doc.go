@@ -83,6 +83,15 @@
 // first fresh page on, and Decode.Acquire returns the prefix pages, then the
 // written ones; the prefix pages are shared and read-only.
 //
+// Streaming prefill (docs/protocol.md rule 25): with PrefillConfig.ChunkPages
+// and a KVSource that implements StreamingKVSource, a request's KV is
+// computed in chunks of pages; after each, the endpoint applies what was held
+// for the request (decode's messages, a cancel), tells the Sender the pages
+// computed (protocol.Sender.ComputedPages), whose WRITEs then go out while the
+// next chunk is computed, and stops the source if the request ended. So a
+// cancel, an abort or a flush stops the computation within one chunk, and
+// Stats counts the pages computed after a request's end.
+//
 // A cut is the queue pair's error state. Every work request it held then
 // completes with a flush error; once the last has, the state machine learns
 // of it (Sender.Flushed, Receiver.QueuePairFenced), its requests fail and its

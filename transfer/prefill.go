@@ -48,6 +48,13 @@ type PrefillConfig struct {
 	MaxPeers        int           // queue pairs at once, draining ones included; 0 means 16
 	Horizon         time.Duration // see protocol.SenderConfig.Horizon
 	KV              KVSource      // nil means GeneratedKV
+	// ChunkPages, with a KV source that implements StreamingKVSource,
+	// computes each request in chunks of that many pages and posts each
+	// page's WRITE as soon as its chunk is computed, so the transfer runs
+	// behind the computation; a cancel, an abort or a flush then stops the
+	// computation at the next chunk's end. 0 computes the whole prompt in
+	// one FillKV before anything moves.
+	ChunkPages int
 	// MaxTokens is the Sender's intake limit in tokens (the node's own
 	// limit, when smaller than its largest request); 0 means
 	// MaxRequestPages*PageTokens.
@@ -73,6 +80,9 @@ type Prefill struct {
 	flushHeld map[protocol.PeerID]bool
 	// pagesWritten counts the WRITEs handed to the queue pairs (Stats).
 	pagesWritten uint64
+	// chunksComputed, pagesAfterEnd and mostPagesAfterEnd count the
+	// computation (Stats).
+	chunksComputed, pagesAfterEnd, mostPagesAfterEnd uint64
 }
 
 // NewPrefill makes a prefill endpoint on dev.
@@ -82,6 +92,9 @@ func NewPrefill(dev rdma.Device, cfg PrefillConfig) (*Prefill, error) {
 	}
 	if cfg.MaxRequestPages == 0 {
 		cfg.MaxRequestPages = min(cfg.Pages, protocol.MaxGrantPages)
+	}
+	if cfg.ChunkPages < 0 {
+		return nil, fmt.Errorf("transfer: ChunkPages %d below 0", cfg.ChunkPages)
 	}
 	if cfg.MaxRequestPages < 1 || cfg.MaxRequestPages > min(cfg.Pages, protocol.MaxGrantPages) {
 		return nil, fmt.Errorf("transfer: MaxRequestPages %d outside 1..%d", cfg.MaxRequestPages, min(cfg.Pages, protocol.MaxGrantPages))
@@ -125,13 +138,17 @@ func (p *Prefill) page(page uint32) []byte {
 // limit is refused with protocol.ErrRejected), the Bootstrap (so that the
 // decode node reserves while the KV is computed), the KV computed into its
 // source pages by the KVSource, then the WRITEs. It returns once the KV is
-// computed; the outcome arrives as an Event.
+// computed (or its computation stopped because the request ended); the
+// outcome arrives as an Event.
 //
 // FillKV runs outside the endpoint's lock, so the run loop and the other
 // requests go on meanwhile. Nothing may free the request's source pages
 // while it runs: whatever would (a Cancel, an Abort or Grant from the decode
 // node, the queue pair's flush) waits until FillKV returns, then applies in
-// the order it came.
+// the order it came. With ChunkPages and a StreamingKVSource, it waits only
+// until the chunk being computed ends: between chunks the endpoint applies
+// it, posts the WRITEs of the pages computed so far, and stops the source
+// if the request ended.
 func (p *Prefill) Submit(id protocol.RequestID, peer string, tokens int) error {
 	return p.SubmitTicket(id, peer, tokens, nil)
 }
@@ -172,27 +189,28 @@ func (p *Prefill) SubmitWith(id protocol.RequestID, peer string, tokens int, o p
 	for i, pg := range pages {
 		memory[i] = p.page(pg)
 	}
-	st := &computing{peer: c.peer}
+	st := &computing{peer: c.peer, endedAt: -1}
 	p.computing[id] = st
 	p.carry()
 	p.flushAll()
 	p.mu.Unlock()
 
-	err = p.cfg.KV.FillKV(id, tokens, pages, memory)
+	err = p.fill(id, st, tokens, pages, memory)
 
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	delete(p.computing, id)
-	for _, m := range st.held { // what came for it meanwhile, in order
-		if serr := p.sender.Step(st.peer, m); serr != nil {
+	p.account(st, st.reported)
+	p.applyHeld(id, st) // what came for it meanwhile, in order
+	stopped := errors.Is(err, ErrStopped)
+	switch {
+	case stopped && p.flushHeld[st.peer]: // the flush below fails it
+	case err != nil:
+		p.sender.Cancel(id) // nothing for a request that ended (ErrStopped)
+	default:
+		if serr := p.sender.Computed(id); serr != nil {
 			p.refused++
 		}
-	}
-	switch {
-	case err != nil || st.cancelled:
-		p.sender.Cancel(id)
-	default:
-		p.sender.Computed(id)
 	}
 	if p.flushHeld[st.peer] && !p.computingOn(st.peer) {
 		delete(p.flushHeld, st.peer)
@@ -200,7 +218,7 @@ func (p *Prefill) SubmitWith(id protocol.RequestID, peer string, tokens int, o p
 	}
 	p.carry()
 	p.flushAll()
-	if err != nil {
+	if err != nil && !stopped { // stopped: the request ended, and its outcome says why
 		return fmt.Errorf("transfer: computing request %d's KV: %w", id, err)
 	}
 	return nil
@@ -212,6 +230,10 @@ type computing struct {
 	peer      protocol.PeerID
 	held      []protocol.Message // messages from its decode peer, in order
 	cancelled bool
+	// reported is the pages computed at the last chunk's end; chunks the
+	// chunks computed; endedAt the pages reported when its end arrived (a
+	// cancel, decode's Abort, its queue pair's flush), -1 before.
+	reported, chunks, endedAt int
 }
 
 func (p *Prefill) computingOn(peer protocol.PeerID) bool {
@@ -229,6 +251,7 @@ func (p *Prefill) Cancel(id protocol.RequestID) {
 	defer p.mu.Unlock()
 	if st := p.computing[id]; st != nil {
 		st.cancelled = true
+		st.ended()
 		return
 	}
 	p.sender.Cancel(id)
@@ -251,6 +274,12 @@ type Stats struct {
 	// Prefill: the pages whose WRITEs it handed to the queue pairs, over its
 	// life (with prefix reuse, the pages past each request's prefix).
 	PagesWritten uint64
+	// Prefill: the chunks its KV source computed (a FillKV is one), and the
+	// pages computed after their request had ended (its cancel, decode's
+	// Abort or its queue pair's flush arrived while they were computed):
+	// in all, and the most for one request. Streaming (ChunkPages) bounds
+	// the most by a chunk; without it, by the prompt.
+	ChunksComputed, PagesComputedAfterEnd, MostPagesComputedAfterEnd uint64
 	// Decode: the prefix cache's counters (protocol.ReceiverStats), zero
 	// without DecodeConfig.PrefixCache.
 	Prefix protocol.ReceiverStats
@@ -260,12 +289,16 @@ type Stats struct {
 func (p *Prefill) Stats() Stats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return Stats{PagesFree: p.sender.Pool().Free(), Records: p.sender.Records(), Peers: len(p.names), PagesWritten: p.pagesWritten}
+	return Stats{PagesFree: p.sender.Pool().Free(), Records: p.sender.Records(), Peers: len(p.names), PagesWritten: p.pagesWritten,
+		ChunksComputed: p.chunksComputed, PagesComputedAfterEnd: p.pagesAfterEnd, MostPagesComputedAfterEnd: p.mostPagesAfterEnd}
 }
 
 func (p *Prefill) message(c *conn, m protocol.Message) error {
 	if st := p.computing[protocol.RequestOf(m)]; st != nil && st.peer == c.peer {
 		st.held = append(st.held, m)
+		if _, abort := m.(*protocol.Abort); abort {
+			st.ended()
+		}
 		return nil
 	}
 	return p.sender.Step(c.peer, m)
@@ -291,6 +324,11 @@ func (p *Prefill) completed(c *conn, k wrKind, status rdma.Status) error {
 func (p *Prefill) fenced(c *conn) {
 	if p.computingOn(c.peer) {
 		p.flushHeld[c.peer] = true
+		for _, st := range p.computing {
+			if st.peer == c.peer {
+				st.ended()
+			}
+		}
 		return
 	}
 	p.sender.Flushed(c.peer)

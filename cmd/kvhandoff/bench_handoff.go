@@ -19,8 +19,10 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/kvhandoff/kvhandoff/engine/llama"
 	"github.com/kvhandoff/kvhandoff/internal/pki"
 	"github.com/kvhandoff/kvhandoff/internal/research"
+	"github.com/kvhandoff/kvhandoff/node"
 	"github.com/kvhandoff/kvhandoff/protocol"
 	"github.com/kvhandoff/kvhandoff/rdma"
 	"github.com/kvhandoff/kvhandoff/rdma/inproc"
@@ -50,6 +52,15 @@ and bytes prefill WRITEs per request, the time from Submit to the decode
 node holding the verified pages (the handoff's share of the time to first
 token: the KV source writes markers, no model computes), and on the reuse
 row the ratios to no-reuse.
+
+--stream-prompts (default 64,256,1024) adds, for the in-process providers,
+time to first token rows: prompts of those token counts, the built-in model
+computing their KV on the prefill node (engine.Source) and the first token on
+the decode node, with the prefill computed whole before its pages move and
+streamed in chunks of --chunk-pages pages (each chunk's pages sent while the
+next is computed), requests alternating between the two in the same run;
+the p50 of each and the ratio streamed / whole (both must generate the same
+first token).
 
 --bugs compares the decode node's defenses in the same run: a list of
 research switch sets separated by ';' ("none;pool-wide-key" is per-grant
@@ -144,12 +155,23 @@ func runBenchHandoff(args []string, stdout, stderr io.Writer) int {
 	decodeNode := fs.String("decode-node", "", "internal: run as the decode process of socket-process, with the certificates in this directory")
 	jsonOut := fs.Bool("json", false, "print exactly one JSON object on stdout")
 	bugList := fs.String("bugs", "none", "research switch sets on the decode node, separated by ';', alternated round by round (in-process providers)")
+	streamPrompts := fs.String("stream-prompts", "64,256,1024", "time to first token rows (in-process providers): prompts of these token counts, the built-in model computing, the prefill whole and streamed; none: no rows")
+	chunkPages := fs.Int("chunk-pages", node.DefaultPrefillChunkPages, "the streamed prefill's chunk in pages (--stream-prompts)")
+	streamRequests := fs.Int("stream-requests", 5, "requests per prompt length, mode and round (--stream-prompts)")
 	prefix := fs.Float64("prefix", 0.75, "prefix reuse rows (in-process providers): requests whose prompts share this fraction of their pages, with and without the decode node's prefix cache; 0: none")
 	if code := parseFlags(fs, args, stderr); code >= 0 {
 		return code
 	}
 	if *pageBytes < 64 || *pages < 1 || *requests < 1 || *window < 1 || *reps < 1 {
 		fmt.Fprintln(stderr, "kvhandoff bench handoff: --page-bytes must be at least 64, --pages, --requests, --window and --reps at least 1")
+		return 2
+	}
+	lengths, err := parsePromptLengths(*streamPrompts, llama.BuiltinConfig.SeqLen)
+	if err == nil && (*chunkPages < 1 || *streamRequests < 1) {
+		err = fmt.Errorf("--chunk-pages and --stream-requests must be at least 1")
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "kvhandoff bench handoff: %v\n", err)
 		return 2
 	}
 	if *decodeNode != "" {
@@ -171,6 +193,7 @@ func runBenchHandoff(args []string, stdout, stderr io.Writer) int {
 	}
 	var rows []handoffRow
 	var prefixRows []prefixRow
+	var streamRows []streamRow
 	for _, name := range strings.Split(*providers, ",") {
 		separate := name == "socket-process"
 		mk, ok := handoffDevices[strings.TrimSuffix(name, "-process")]
@@ -223,6 +246,18 @@ func runBenchHandoff(args []string, stdout, stderr io.Writer) int {
 				prefixRows = append(prefixRows, r)
 			}
 		}
+		for _, tokens := range lengths {
+			if separate {
+				break
+			}
+			r, err := measureStreaming(mk, tokens, *chunkPages, *streamRequests, *reps)
+			if err != nil {
+				fmt.Fprintf(stderr, "kvhandoff bench handoff: %s, streaming prefill of %d tokens: %v\n", name, tokens, err)
+				return 1
+			}
+			r.Provider = name
+			streamRows = append(streamRows, r)
+		}
 	}
 	if *jsonOut {
 		enc := json.NewEncoder(stdout)
@@ -230,7 +265,8 @@ func runBenchHandoff(args []string, stdout, stderr io.Writer) int {
 		if err := enc.Encode(struct {
 			Rows       []handoffRow `json:"rows"`
 			PrefixRows []prefixRow  `json:"prefix_rows,omitempty"`
-		}{rows, prefixRows}); err != nil {
+			StreamRows []streamRow  `json:"stream_rows,omitempty"`
+		}{rows, prefixRows, streamRows}); err != nil {
 			fmt.Fprintf(stderr, "kvhandoff bench handoff: %v\n", err)
 			return 2
 		}
@@ -256,6 +292,15 @@ func runBenchHandoff(args []string, stdout, stderr io.Writer) int {
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%.0f%%\t%d\t%.1f\t%.0f\t%.0f\t%.0f\t%s\t%s\t\n", r.Provider, r.Mode, 100*r.Prefix, r.Pages, r.PagesWritten,
 				r.BytesWritten/1024, r.TTFTP50Micros, r.TTFTP99Micros, ratio(r.PagesRatio), ratio(r.TTFTRatio))
+		}
+		tw.Flush()
+	}
+	if len(streamRows) > 0 {
+		fmt.Fprintln(stdout)
+		tw = tabwriter.NewWriter(stdout, 2, 8, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "provider\tprompt tokens\tpages\tchunk pages\tttft whole p50 µs\tttft streamed p50 µs\tratio\t")
+		for _, r := range streamRows {
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.0f\t%.0f\t%.2f\t\n", r.Provider, r.PromptTokens, r.Pages, r.ChunkPages, r.WholeTTFTMicros, r.StreamTTFTMicros, r.Ratio)
 		}
 		tw.Flush()
 	}

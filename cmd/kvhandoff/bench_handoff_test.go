@@ -18,7 +18,7 @@ func TestMain(m *testing.M) {
 
 func TestBenchHandoffJSON(t *testing.T) {
 	t.Setenv("KVH_TEST_AS_KVHANDOFF", "1") // the decode process of socket-process is this test binary
-	code, out, errOut := runCLI(t, "bench", "handoff", "--json", "--requests", "40", "--pages", "4", "--page-bytes", "16384", "--window", "4", "--reps", "2")
+	code, out, errOut := runCLI(t, "bench", "handoff", "--json", "--requests", "40", "--pages", "4", "--page-bytes", "16384", "--window", "4", "--reps", "2", "--stream-prompts", "none")
 	var r struct {
 		Rows []struct {
 			Provider       string  `json:"provider"`
@@ -53,7 +53,7 @@ func TestBenchHandoffJSON(t *testing.T) {
 // per-grant windows against the pool-wide key.
 func TestBenchHandoffComparesDefensesInOneRun(t *testing.T) {
 	code, out, errOut := runCLI(t, "bench", "handoff", "--json", "--provider", "inproc", "--bugs", "none;pool-wide-key",
-		"--requests", "40", "--pages", "4", "--page-bytes", "16384", "--window", "4", "--reps", "2")
+		"--requests", "40", "--pages", "4", "--page-bytes", "16384", "--window", "4", "--reps", "2", "--stream-prompts", "none")
 	var r struct {
 		Rows []struct {
 			Provider       string  `json:"provider"`
@@ -81,7 +81,7 @@ func TestBenchHandoffComparesDefensesInOneRun(t *testing.T) {
 // them with the decode node's cache (the first request writes all), in the
 // same run as the same requests without it, and the ratios are the rows'.
 func TestBenchHandoffPrefixReuseWritesOnlyThePagesPastThePrefix(t *testing.T) {
-	code, out, errOut := runCLI(t, "bench", "handoff", "--json", "--provider", "inproc", "--requests", "40", "--pages", "8", "--page-bytes", "16384", "--reps", "1")
+	code, out, errOut := runCLI(t, "bench", "handoff", "--json", "--provider", "inproc", "--requests", "40", "--pages", "8", "--page-bytes", "16384", "--reps", "1", "--stream-prompts", "none")
 	var r struct {
 		PrefixRows []struct {
 			Mode         string  `json:"mode"`
@@ -107,6 +107,41 @@ func TestBenchHandoffPrefixReuseWritesOnlyThePagesPastThePrefix(t *testing.T) {
 	for _, bad := range []string{"0.1", "1", "-0.5"} { // no whole page shared, every page, negative
 		if code, _, _ := runCLI(t, "bench", "handoff", "--prefix", bad, "--pages", "4"); code != 2 {
 			t.Fatalf("--prefix %s of 4 pages: exit %d", bad, code)
+		}
+	}
+}
+
+// --stream-prompts adds time to first token rows, the prefill computed whole
+// and streamed, on each in-process provider: ratio is streamed / whole, and
+// the two generated the same first token (the run fails otherwise).
+func TestBenchHandoffStreamRows(t *testing.T) {
+	code, out, errOut := runCLI(t, "bench", "handoff", "--json", "--provider", "inproc,socket", "--requests", "8", "--pages", "2",
+		"--page-bytes", "4096", "--window", "2", "--reps", "1", "--prefix", "0", "--stream-prompts", "40,100", "--chunk-pages", "2", "--stream-requests", "2")
+	var r struct {
+		StreamRows []struct {
+			Provider     string  `json:"provider"`
+			PromptTokens int     `json:"prompt_tokens"`
+			ChunkPages   int     `json:"chunk_pages"`
+			Pages        int     `json:"pages"`
+			Requests     int     `json:"requests"`
+			Whole        float64 `json:"whole_ttft_p50_us"`
+			Stream       float64 `json:"stream_ttft_p50_us"`
+			Ratio        float64 `json:"ratio"`
+		} `json:"stream_rows"`
+	}
+	if err := json.Unmarshal([]byte(out), &r); err != nil || code != 0 || len(r.StreamRows) != 4 {
+		t.Fatalf("exit %d, %+v, %v\n%s%s", code, r, err, out, errOut)
+	}
+	for i, row := range r.StreamRows {
+		tokens := []int{40, 100}[i%2]
+		if row.Provider != []string{"inproc", "socket"}[i/2] || row.PromptTokens != tokens || row.ChunkPages != 2 || row.Pages != (tokens+15)/16 ||
+			row.Requests != 2 || row.Whole <= 0 || row.Stream <= 0 || math.Abs(row.Ratio-row.Stream/row.Whole) > 1e-9*row.Ratio {
+			t.Fatalf("row %d: %+v", i, row)
+		}
+	}
+	for _, bad := range []string{"1", "2000", "x"} {
+		if code, _, _ := runCLI(t, "bench", "handoff", "--stream-prompts", bad); code != 2 {
+			t.Fatalf("--stream-prompts %s: exit %d", bad, code)
 		}
 	}
 }

@@ -83,6 +83,9 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	default:
 		return fail("--role %q: router, prefill or decode", o.role)
 	}
+	if o.prefillChunk < 0 {
+		return fail("--prefill-chunk-pages %d: 0 (whole prompts) or more", o.prefillChunk)
+	}
 	sec, err := o.security(log)
 	if err != nil {
 		return fail("%v", err)
@@ -158,6 +161,7 @@ type serveFlags struct {
 	peerRequests, peerPages                     int
 	logFormat, logLevel                         string
 	prefixCache                                 bool
+	prefillChunk                                int
 	scopeKey                                    string
 	publicPrefixes                              []node.PublicPrefix
 }
@@ -178,6 +182,7 @@ func defineServeFlags(fs *flag.FlagSet) *serveFlags {
 	fs.IntVar(&o.pageTokens, "page-tokens", 16, "tokens per page")
 	fs.IntVar(&o.pageBytes, "page-bytes", 0, "bytes per page (--model none only; with a model the model's geometry sets it); 0 means 4096")
 	fs.IntVar(&o.contextTokens, "context-tokens", 0, "the longest prompt this node takes; 0 means the model's context")
+	fs.IntVar(&o.prefillChunk, "prefill-chunk-pages", node.DefaultPrefillChunkPages, "prefill: compute each prompt in chunks of this many pages, sending each chunk's pages while the next is computed and stopping a cancelled request at the chunk's end; 0 computes each prompt whole first")
 	fs.StringVar(&o.modelName, "model", "builtin", "builtin (the built-in copy model, --seed), none (generated KV, a digest as the answer), or a llama2.c checkpoint file")
 	fs.Uint64Var(&o.seed, "seed", 1, "the built-in model's seed")
 	fs.StringVar(&o.modelID, "model-id", "", "the model's name in the registry and the client API (default: kvhandoff-builtin-SEED, or the file's name)")
@@ -419,7 +424,10 @@ func (o *serveFlags) runNode(ctx context.Context, reg node.Registry, sec node.Se
 	defer dev.Close()
 	cfg := node.NodeConfig{Name: o.name, Device: dev, Pages: o.pages, PageTokens: o.pageTokens, PageBytes: o.pageBytes,
 		ContextTokens: o.contextTokens, Model: m, ModelID: o.modelID, Security: sec, Callers: []string{o.router},
-		Registry: reg, Metrics: node.NewMetrics(), Log: log, Timeout: o.timeout, CheckJoin: true}
+		Registry: reg, Metrics: node.NewMetrics(), Log: log, Timeout: o.timeout, CheckJoin: true, PrefillChunkPages: o.prefillChunk}
+	if o.prefillChunk == 0 {
+		cfg.PrefillChunkPages = -1 // the flag's 0 is NodeConfig's "whole prompts"
+	}
 	ctl, err := net.Listen("tcp", o.control)
 	if err != nil {
 		return err

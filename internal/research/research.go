@@ -71,6 +71,12 @@ const (
 	// WriteShared: the receiver grants the pinned prefix pages too (with
 	// Prefix 0), so the sender writes pages other requests read.
 	WriteShared
+	// WriteUncomputed: a prefill that computes in chunks posts the WRITEs
+	// of every granted page once its first chunk is computed, as if one
+	// chunk's completion were the prompt's: the pages not computed yet ship
+	// whatever they held, the previous request's KV, under this request's
+	// tag (docs/protocol.md rule 25).
+	WriteUncomputed
 	numSwitches = iota
 )
 
@@ -90,7 +96,7 @@ var names = [numSwitches]string{"admit-finished", "abort-still-sends", "no-token
 	"timeout-free", "prefill-early-free", "no-tag-check", "no-checksum", "leak-on-cancel", "no-peer-cancel", "double-free",
 	"abort-frees-source", "checksum-hangs", "peer-by-name",
 	"pool-wide-key", "verify-before-revoke", "unticketed-bootstrap",
-	"scope-dropped", "client-scope", "evict-pinned", "prefix-count-mismatch", "write-shared"}
+	"scope-dropped", "client-scope", "evict-pinned", "prefix-count-mismatch", "write-shared", "write-uncomputed"}
 
 func (s Switch) String() string {
 	for i, n := range names {

@@ -175,6 +175,7 @@ type Request struct {
 	DecodeInc       uint64          // the incarnation of Decode it was dispatched to
 	Src             []uint32        // source pages the prefill node's intake gave it
 	Computed        bool
+	ComputedPages   int // the first pages of Src whose KV is computed
 	Granted         []protocol.PageRef
 	PrefillEnded    bool // the prefill node reported, or crashed
 	DecodeEnded     bool // the decode node reported
@@ -231,6 +232,9 @@ type Network struct {
 	// ComputeAtIntake computes a request's KV as soon as its prefill node
 	// takes it; otherwise Compute is an event of its own.
 	ComputeAtIntake bool
+	// ComputePagesAtIntake, with ComputeAtIntake, computes only that many
+	// pages at intake (a streaming prefill's first chunk); 0 means all.
+	ComputePagesAtIntake int
 	// OnOutcome, when set, sees every outcome a node reports.
 	OnOutcome func(node protocol.NodeID, o protocol.Outcome)
 	prefill   map[protocol.NodeID]*PrefillNode
@@ -500,6 +504,10 @@ func (n *Network) intake(p *PrefillNode, m RouterMsg) {
 	}
 	q.Src = src
 	if n.ComputeAtIntake {
+		if n.ComputePagesAtIntake > 0 {
+			n.computeTo(p, q, n.ComputePagesAtIntake)
+			return
+		}
 		n.compute(p, q)
 	}
 }
@@ -523,16 +531,28 @@ func (n *Network) Compute(id protocol.RequestID) {
 	n.settle()
 }
 
-func (n *Network) compute(p *PrefillNode, q *Request) {
-	for i, page := range q.Src {
+// ComputePages is the prefill node computing request id's KV up to its
+// first pages pages (Sender.ComputedPages): a chunk of a streaming prefill.
+func (n *Network) ComputePages(id protocol.RequestID, pages int) {
+	q := n.reqs[id]
+	n.computeTo(n.prefill[q.Prefill], q, pages)
+	n.settle()
+}
+
+func (n *Network) compute(p *PrefillNode, q *Request) { n.computeTo(p, q, len(q.Src)) }
+
+func (n *Network) computeTo(p *PrefillNode, q *Request, pages int) {
+	for i := q.ComputedPages; i < min(pages, len(q.Src)); i++ {
+		page := q.Src[i]
 		if q.Prompt != nil {
 			FillPrompt(p.Mem.payloads[page], q.Prompt, n.pageTokens(p.ID), i)
 			continue
 		}
 		FillPattern(p.Mem.payloads[page], q.ID, i)
 	}
-	q.Computed = true
-	if err := p.Sender.Computed(q.ID); err != nil {
+	q.ComputedPages = max(q.ComputedPages, min(pages, len(q.Src)))
+	q.Computed = q.ComputedPages == len(q.Src)
+	if err := p.Sender.ComputedPages(q.ID, pages); err != nil {
 		n.refused(p.Name, err)
 	}
 }

@@ -28,12 +28,14 @@ import (
 //	                            the router (default its own: more is the incident's lie),
 //	                            every node forgetting ended records after horizon D
 //	                            (default never), decode nodes with the prefix cache (cache=1)
-//	submit r=ID tokens=T [scope=S shared=K]
+//	submit r=ID tokens=T [scope=S shared=K] [computed=C]
 //	                            the client's request: router intake, the dispatch taken by
-//	                            the prefill node at once, its KV computed at once; with a
+//	                            the prefill node at once, its KV computed at once (only its
+//	                            first C pages with computed=C, a streaming prefill); with a
 //	                            scope, a prompt of T tokens whose first K are the ones every
 //	                            such request shares (the rest are its own), its chain in
 //	                            the Bootstrap
+//	compute r=ID pages=C        the prefill node has computed r's first C pages (ComputedPages)
 //	acquire [node=N]            decode's decoder takes (and checks) its next verified request
 //	finish [node=N]             decode's decoder ends its oldest read
 //	deliver [n=K] [qp=P,D]      place or deliver the next K items prefill→decode
@@ -172,6 +174,14 @@ var commands = map[string]func(s *scenario, a *args) error{
 	"send-decode":  (*scenario).sendDecode,
 	"send-prefill": (*scenario).sendPrefill,
 	"pools":        (*scenario).pools,
+	"compute": func(s *scenario, a *args) error {
+		if s.n.Request(a.request()) == nil {
+			return fmt.Errorf("no request r%d", a.request())
+		}
+		s.logf("prefill computes r%d up to page %d", a.request(), a.num("pages", 0))
+		s.n.ComputePages(a.request(), a.num("pages", 0))
+		return nil
+	},
 	"acquire": func(s *scenario, a *args) error {
 		d := s.n.DecodeNode(protocol.NodeID(a.num("node", int(DecodeID(0)))))
 		if d == nil || len(d.Verified) == 0 {
@@ -249,6 +259,8 @@ func (s *scenario) submit(a *args) error {
 	if scope != 0 {
 		prompt = SharedPrompt(a.request(), tokens, a.num("shared", 0))
 	}
+	n.ComputePagesAtIntake = a.num("computed", 0)
+	defer func() { n.ComputePagesAtIntake = 0 }()
 	if n.SubmitPrompt(a.request(), tokens, scope, prompt) == nil {
 		for _, p := range n.Prefill {
 			if len(p.Inbox) > before[p.ID] {
