@@ -27,12 +27,6 @@ import "github.com/kvhandoff/kvhandoff/internal/research"
 //     four of them (TestSimulationFindsEveryPrefixSwitch), and
 //     protocol.TestEachPrefixSwitchBreaksAProperty stages each;
 //     client-scope is the router's, in package node.
-//   - write-uncomputed: the streaming prefill's per-page computation
-//     (Sender.ComputedPages, docs/protocol.md rule 25), which the refinement
-//     does not drive yet (it computes a request's KV at once); staged by
-//     protocol.TestWriteUncomputedShipsPagesNotComputedYet and, over real
-//     bytes, transfer.TestAPageIsWrittenOnlyOnceComputed. The spec's
-//     counterpart is helper STREAMSPEC's (the same name).
 //
 // The tests that iterate research.All() skip exactly these, by name, so that
 // nothing passes silently.
@@ -45,5 +39,4 @@ var notInTheModel = map[research.Switch]bool{
 	research.EvictPinned:         true,
 	research.PrefixCountMismatch: true,
 	research.WriteShared:         true,
-	research.WriteUncomputed:     true,
 }

@@ -45,11 +45,12 @@ import (
 // The correspondence, action by action:
 //
 //	Submit        Router.Submit; its Dispatch on the router→prefill queue of the node it chose
-//	PrefillRecv   Sender.Submit, the KV computed, Sender.Computed (or Sender.Cancel for an Abort),
-//	              then one spec Compute per page (computeBacklog);
+//	PrefillRecv   Sender.Submit (or Sender.Cancel for an Abort);
 //	              for the news of a decode node's restart, the cut of the queue pair to the
 //	              old incarnation (Sender.Flushed) before one to the new is held
 //	PrefillRecvQP Sender.Step with the Grant or Abort at the head of the pair's decode→prefill
+//	Compute       the request's next page computed into its source page (the engine's
+//	              chunk of one page), then Sender.ComputedPages with the pages computed
 //	PostWrite     the next WRITE of the request the sender emitted is handed to the wire
 //	DecodeRecvQP  the head of the pair's wire: a WRITE placed (payload, then tag record) and
 //	              Sender.Completed, or a SEND given to Receiver.Step
@@ -114,7 +115,7 @@ type Refinement struct {
 
 	srcPages [spec.MaxRequests][]uint32
 	// computed is how many of each request's pages its engine has computed
-	// (the Sender was told): the spec's Computes follow it (computeBacklog).
+	// (the Sender was told, ComputedPages).
 	computed   [spec.MaxRequests]int
 	granted    [spec.MaxRequests][]protocol.PageRef
 	readLabels [spec.MaxRequests][]string
@@ -258,6 +259,9 @@ func NewRefinementWith(cfg spec.Config, bugs research.Switches) (*Refinement, er
 			return nil, err
 		}
 		src := protocoltest.NewMemory(cfg.PrefillPages, size)
+		for pg := 0; pg < cfg.PrefillPages; pg++ { // an earlier tenant's KV: source pages are never zeroed either
+			h.fill(src.Payload(uint32(pg)), spec.Label{Req: spec.Tenant})
+		}
 		sc := protocol.SenderConfig{Pages: cfg.PrefillPages, PageTokens: cfg.PageSize,
 			MaxInFlight: cfg.MaxInFlight, Memory: src, TagKeys: refKeys, Research: bugs}
 		snd, err := protocol.NewSender(sc)
@@ -366,8 +370,7 @@ func (h *Refinement) Model() *spec.Model { return h.m }
 func (h *Refinement) routeOf(r int) (p, d int) { return int(h.s.Req[r].P), int(h.s.Req[r].D) }
 
 // Enabled lists the spec's enabled actions that a driver chooses: not
-// PostWrite, which follows the Sender (see Step), nor Compute, which follows
-// the engine (computeBacklog); for a Submit, an intake and
+// PostWrite, which follows the Sender (see Step); for a Submit, an intake and
 // a reservation one action only, since the Router chooses the route and the
 // pools the pages.
 func (h *Refinement) Enabled() []spec.Action {
@@ -375,7 +378,7 @@ func (h *Refinement) Enabled() []spec.Action {
 	seen := map[spec.Action]bool{}
 	h.m.Successors(&h.s, func(a spec.Action, _ *spec.State) {
 		switch {
-		case a.Kind == spec.PostWrite, a.Kind == spec.Compute:
+		case a.Kind == spec.PostWrite:
 			return
 		case a.Kind == spec.DecodeRecvQP, a.Kind == spec.Submit:
 			a.Arg = 0
@@ -399,8 +402,6 @@ func (h *Refinement) Step(a spec.Action) error {
 	switch a.Kind {
 	case spec.PostWrite:
 		return fmt.Errorf("model: PostWrite follows the sender; drive the other actions")
-	case spec.Compute:
-		return fmt.Errorf("model: Compute follows the engine; drive the other actions")
 	case spec.Submit:
 		// The Router chooses the route; the spec's Submit is the one for it.
 		r := int(a.Req)
@@ -534,9 +535,6 @@ func (h *Refinement) step(a spec.Action) error {
 	if h.s.Overflow {
 		return fmt.Errorf("%w after %v (queue bound %d)", ErrOutOfBounds, a, h.cfg.QueueBound())
 	}
-	if err := h.computeBacklog(a); err != nil {
-		return err
-	}
 	// Whatever the spec put on a queue pair in this step, the harness hands
 	// from the Sender's backlog to the wire, in the same order. A queue
 	// that no longer starts with what was left of it was cleared (a cut).
@@ -577,6 +575,10 @@ func (h *Refinement) apply(a spec.Action, popped *[spec.MaxPrefills][spec.MaxDec
 		err = h.applyPrefillRecvQP(a)
 	case spec.PostWrite:
 		err = h.applyPostWrite(a)
+	case spec.Compute:
+		if err := h.compute(r); err != nil {
+			return fmt.Errorf("%w after %v: %v", ErrRefinement, a, err)
+		}
 	case spec.DecodeRecvQP:
 		p, d := h.routeOf(r)
 		popped[p][d] = 1
@@ -956,7 +958,8 @@ func (h *Refinement) tellLostDecodes(p int) {
 	}
 }
 
-// intake is prefill node p taking request r: admission, the KV computed.
+// intake is prefill node p taking request r: admission; its pages are
+// computed later, one Compute each.
 // Its refusal is its leg's outcome, relayed to the router. Over a queue pair
 // fenced for good, or one decode holds for another incarnation, there is no
 // queue pair to send on: the leg fails there (transfer refuses the Submit).
@@ -976,37 +979,21 @@ func (h *Refinement) intake(p, r int) error {
 		return h.router.LegEnded(prefillID(p), id(r), err)
 	}
 	h.srcPages[r] = pages
-	for i, pg := range pages {
-		h.fill(pe.src.Payload(uint32(pg)), spec.Label{Req: int8(r), Index: int8(i)})
-	}
-	h.computed[r] = len(pages)
-	return pe.snd.Computed(id(r))
+	h.computed[r] = 0 // the pages hold what they held: the engine computes them one Compute at a time
+	return nil
 }
 
-// computeBacklog takes the spec's Compute for every page an engine has
-// computed and the spec has not: the engine computes a chunk of pages at a
-// time (here every page at its intake), the spec one page per Compute, so a
-// chunk of k pages is k Computes in a row. Each must be enabled: the spec
-// computes only for a leg that is computing.
-func (h *Refinement) computeBacklog(after spec.Action) error {
-	for r := range h.cfg.Prompts {
-		for int(h.s.Req[r].S.Computed) < h.computed[r] {
-			c := spec.Action{Kind: spec.Compute, Req: int8(r)}
-			var next spec.State
-			found := false
-			h.m.Successors(&h.s, func(b spec.Action, n *spec.State) {
-				if !found && b == c {
-					next, found = *n, true
-				}
-			})
-			if !found {
-				return fmt.Errorf("%w after %v: the engine computed r%d's page %d, which the spec does not compute now", ErrRefinement, after, r, h.s.Req[r].S.Computed)
-			}
-			h.s = next
-			h.Trace = append(h.Trace, c.String())
-		}
+// compute is the engine computing request r's next page into its source
+// page, a chunk of one page, and telling the Sender how many are complete.
+func (h *Refinement) compute(r int) error {
+	p, _ := h.routeOf(r)
+	i := h.computed[r]
+	if i >= len(h.srcPages[r]) {
+		return fmt.Errorf("r%d has %d pages, all computed", r, len(h.srcPages[r]))
 	}
-	return nil
+	h.fill(h.pre[p].src.Payload(h.srcPages[r][i]), spec.Label{Req: int8(r), Index: int8(i)})
+	h.computed[r]++
+	return h.pre[p].snd.ComputedPages(id(r), h.computed[r])
 }
 
 // release hands prefill node p's next operation for msg's request to the
