@@ -5,8 +5,10 @@
 // requests of random lengths (some over the prefill pool, as in the incident)
 // through a protocol.Router to prefill nodes and a decode node joined by
 // in-memory queue pairs (a protocoltest.Network, the harness every test of
-// the module shares), with
-// WRITEs and SENDs placed in order per queue pair but at random points, and
+// the module shares), with each request's KV computed a page at a time
+// (a streaming prefill: Sender.ComputedPages after each page, so WRITEs
+// interleave with the computation), WRITEs and SENDs placed in order per
+// queue pair but at random points, and
 // faults: client cancels that reach the two legs in either order, WRITEs
 // corrupted in transit, queue-pair cuts, prefill crashes that the router
 // detects later, restarts of a crashed prefill node under a new incarnation
@@ -34,7 +36,8 @@
 // Router, a Sender per prefill node and a Receiver per decode node of the
 // spec's deployment (up to two of each, a queue pair per pair, crashes,
 // restarts of either role under a new incarnation, either node's lease)
-// beside package spec, one spec action at a time, maps
+// beside package spec, one spec action at a time (the spec's Compute is the
+// engine computing the request's next page and Sender.ComputedPages), maps
 // the implementation's state into the spec's terms after every step (View,
 // SpecView) and fails on any difference; the spec's properties are then checked
 // on the spec state the mapping has shown equal. refine_test.go drives it with

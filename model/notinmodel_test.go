@@ -27,15 +27,10 @@ import "github.com/kvhandoff/kvhandoff/internal/research"
 //     four of them (TestSimulationFindsEveryPrefixSwitch), and
 //     protocol.TestEachPrefixSwitchBreaksAProperty stages each;
 //     client-scope is the router's, in package node.
-//   - write-uncomputed and free-computing: the streaming prefill's per-page
-//     computation (Sender.ComputedPages, docs/protocol.md rule 25), which
-//     the refinement does not drive yet (it computes a request's KV at
-//     once), and transfer's driver, which holds what would end a request
-//     until its chunk ends (free-computing is the driver's bug, not the
-//     Sender's). Staged by protocol.TestWriteUncomputedShipsPagesNotComputedYet,
-//     transfer.TestAPageIsWrittenOnlyOnceComputed and
-//     transfer.TestAComputingRequestsPagesStayItsUntilTheChunkEnds. The
-//     spec's counterparts are helper STREAMSPEC's (the same names).
+//   - free-computing: transfer's driver, which holds what would end a
+//     request until its chunk ends (free-computing is the driver's bug, not
+//     the Sender's: the refinement drives the Sender, not the driver).
+//     Staged by transfer.TestAComputingRequestsPagesStayItsUntilTheChunkEnds.
 //
 // The tests that iterate research.All() skip exactly these, by name, so that
 // nothing passes silently.
@@ -48,6 +43,5 @@ var notInTheModel = map[research.Switch]bool{
 	research.EvictPinned:         true,
 	research.PrefixCountMismatch: true,
 	research.WriteShared:         true,
-	research.WriteUncomputed:     true,
 	research.FreeComputing:       true,
 }

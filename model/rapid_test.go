@@ -281,6 +281,7 @@ var matrixCombinations = []struct {
 	{bugs: []research.Switch{research.AbortFreesSource, research.NoChecksum}, want: []string{"Isolation"}},
 	{bugs: []research.Switch{research.ChecksumHangs}, want: []string{"Termination"}},
 	{bugs: []research.Switch{research.PeerByName}, want: []string{"NoOldIncarnation"}},
+	{bugs: []research.Switch{research.WriteUncomputed}, want: []string{"Isolation"}}, // issue 19: the stale page verifies under its own checksum
 }
 
 // Every implementation switch, in its matrix combination, is caught by the

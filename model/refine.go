@@ -45,10 +45,12 @@ import (
 // The correspondence, action by action:
 //
 //	Submit        Router.Submit; its Dispatch on the router→prefill queue of the node it chose
-//	PrefillRecv   Sender.Submit, the KV computed, Sender.Computed (or Sender.Cancel for an Abort);
+//	PrefillRecv   Sender.Submit (or Sender.Cancel for an Abort);
 //	              for the news of a decode node's restart, the cut of the queue pair to the
 //	              old incarnation (Sender.Flushed) before one to the new is held
 //	PrefillRecvQP Sender.Step with the Grant or Abort at the head of the pair's decode→prefill
+//	Compute       the request's next page computed into its source page (the engine's
+//	              chunk of one page), then Sender.ComputedPages with the pages computed
 //	PostWrite     the next WRITE of the request the sender emitted is handed to the wire
 //	DecodeRecvQP  the head of the pair's wire: a WRITE placed (payload, then tag record) and
 //	              Sender.Completed, or a SEND given to Receiver.Step
@@ -116,7 +118,10 @@ type Refinement struct {
 	pairs  [][]*pairEnd // [prefill][decode]
 	size   int
 
-	srcPages   [spec.MaxRequests][]uint32
+	srcPages [spec.MaxRequests][]uint32
+	// computed is how many of each request's pages its engine has computed
+	// (the Sender was told, ComputedPages).
+	computed   [spec.MaxRequests]int
 	granted    [spec.MaxRequests][]protocol.PageRef
 	readLabels [spec.MaxRequests][]string
 	// gone is the sender's phase of a request whose prefill node crashed,
@@ -262,6 +267,9 @@ func NewRefinementWith(cfg spec.Config, bugs research.Switches) (*Refinement, er
 			return nil, err
 		}
 		src := protocoltest.NewMemory(cfg.PrefillPages, size)
+		for pg := 0; pg < cfg.PrefillPages; pg++ { // an earlier tenant's KV: source pages are never zeroed either
+			h.fill(src.Payload(uint32(pg)), spec.Label{Req: spec.Tenant})
+		}
 		sc := protocol.SenderConfig{Pages: cfg.PrefillPages, PageTokens: cfg.PageSize,
 			MaxInFlight: cfg.MaxInFlight, Memory: src, TagKeys: refKeys, Research: bugs}
 		snd, err := protocol.NewSender(sc)
@@ -583,6 +591,10 @@ func (h *Refinement) apply(a spec.Action, popped *[spec.MaxPrefills][spec.MaxDec
 		err = h.applyPrefillRecvQP(a)
 	case spec.PostWrite:
 		err = h.applyPostWrite(a)
+	case spec.Compute:
+		if err := h.compute(r); err != nil {
+			return fmt.Errorf("%w after %v: %v", ErrRefinement, a, err)
+		}
 	case spec.DecodeRecvQP:
 		p, d := h.routeOf(r)
 		popped[p][d] = 1
@@ -991,7 +1003,8 @@ func (h *Refinement) tellLostDecodes(p int) {
 	}
 }
 
-// intake is prefill node p taking request r: admission, the KV computed.
+// intake is prefill node p taking request r: admission; its pages are
+// computed later, one Compute each.
 // Its refusal is its leg's outcome, relayed to the router. Over a queue pair
 // fenced for good, or one decode holds for another incarnation, there is no
 // queue pair to send on: the leg fails there (transfer refuses the Submit).
@@ -1011,10 +1024,21 @@ func (h *Refinement) intake(p, r int) error {
 		return h.router.LegEnded(prefillID(p), id(r), err)
 	}
 	h.srcPages[r] = pages
-	for i, pg := range pages {
-		h.fill(pe.src.Payload(uint32(pg)), spec.Label{Req: int8(r), Index: int8(i)})
+	h.computed[r] = 0 // the pages hold what they held: the engine computes them one Compute at a time
+	return nil
+}
+
+// compute is the engine computing request r's next page into its source
+// page, a chunk of one page, and telling the Sender how many are complete.
+func (h *Refinement) compute(r int) error {
+	p, _ := h.routeOf(r)
+	i := h.computed[r]
+	if i >= len(h.srcPages[r]) {
+		return fmt.Errorf("r%d has %d pages, all computed", r, len(h.srcPages[r]))
 	}
-	return pe.snd.Computed(id(r))
+	h.fill(h.pre[p].src.Payload(h.srcPages[r][i]), spec.Label{Req: int8(r), Index: int8(i)})
+	h.computed[r]++
+	return h.pre[p].snd.ComputedPages(id(r), h.computed[r])
 }
 
 // release hands prefill node p's next operation for msg's request to the

@@ -255,7 +255,7 @@ func TestImplementationRefinesTheSpecOnSeededWalks(t *testing.T) {
 	if outOfBounds*100 > int(seeds)*(len(configs())+len(damageConfigs())) {
 		t.Errorf("%d walks left the spec's bounds: more than 1%%", outOfBounds)
 	}
-	for _, what := range []string{"Submit", "PrefillRecv", "PrefillRecvQP", "DecodeRecv", "DecodeRecvQP", "PostWrite", "DecodeRead",
+	for _, what := range []string{"Submit", "PrefillRecv", "Compute", "PrefillRecvQP", "DecodeRecv", "DecodeRecvQP", "PostWrite", "DecodeRead",
 		"DetectCrash", "Cancel", "Crash", "Timeout", "Cut", "Restart", "LeaseLost", "late or corrupt WRITE", "tag damaged", "CorruptSend",
 		"decode restart", "ok from a restarted decode node", "outcome ok", "outcome rejected", "outcome cancelled", "outcome failed"} {
 		if walkCoverage[what] == 0 {
@@ -584,10 +584,10 @@ var stagedTraces = map[string][]string{"no-checksum,abort-frees-source": abortFr
 // abort-frees-source with no-checksum (docs/spec.md), as the actions a
 // driver takes: the Sender posts r0's WRITE (late) and Done on the Grant;
 // the client's cancel reaches prefill first; r1 is taken into the source
-// page the aborted sender gave back; the late WRITE ships r1's KV and decode
-// reads it as r0's.
-var abortFreesSourceTrace = []string{"Submit(r0)", "PrefillRecv", "DecodeRecvQP", "PrefillRecvQP", "Cancel(r0)",
-	"Submit(r1)", "PrefillRecv", "PrefillRecv", "DecodeRecvQP", "DecodeRecvQP", "DecodeRead(r0)"}
+// page the aborted sender gave back and computed there; the late WRITE
+// ships r1's KV and decode reads it as r0's.
+var abortFreesSourceTrace = []string{"Submit(r0)", "PrefillRecv", "Compute(r0)", "DecodeRecvQP", "PrefillRecvQP", "Cancel(r0)",
+	"Submit(r1)", "PrefillRecv", "PrefillRecv", "Compute(r1)", "DecodeRecvQP", "DecodeRecvQP", "DecodeRead(r0)"}
 
 // errTraceEnds says an action of a replayed trace is not enabled: the run
 // took another way (a defense stopped it), and broke nothing up to there.

@@ -154,6 +154,7 @@ func newWorld(cfg SimConfig, tokens []int, pick func(int) int) *world {
 	if err != nil {
 		panic(err) // the defaults are valid; a bad config is a programming error here
 	}
+	n.StreamPages = true // a streaming prefill, a page per chunk: WRITEs interleave with the computation (docs/protocol.md rule 25)
 	return &world{cfg: cfg, pick: pick, n: n, tokens: tokens,
 		res: &SimResult{Seed: cfg.Seed, Requests: len(tokens), Outcomes: map[string]int{}, FailedBy: map[string]int{}}}
 }

@@ -47,7 +47,7 @@ if [ -n "${KVH_MUTANTS:-}" ]; then
 else
   { echo '```'; output check --mutants scripts/check-configs; echo '```'; } | fill docs/spec.md mutants
 fi
-for sw in admit-finished eager-release timeout-free no-checksum leak-on-cancel no-peer-cancel double-free checksum-hangs pool-wide-key verify-before-revoke unticketed-bootstrap scope-dropped client-scope evict-pinned prefix-count-mismatch write-shared; do
+for sw in admit-finished eager-release timeout-free no-checksum leak-on-cancel no-peer-cancel double-free checksum-hangs pool-wide-key verify-before-revoke unticketed-bootstrap scope-dropped client-scope evict-pinned prefix-count-mismatch write-shared write-uncomputed free-computing; do
   { echo '```'; output check --bug "$sw" | grep -E '^(VIOLATION|  *[0-9]+\. )'; echo '```'; } | fill docs/spec.md "trace-$sw"
 done
 { echo '```'; output check --bug peer-by-name --restarts 1 | grep -E '^(VIOLATION|  *[0-9]+\. )'; echo '```'; } | fill docs/spec.md trace-peer-by-name

@@ -38,6 +38,8 @@ const (
 	EvictPinned                            // eviction of cached pages ignores pins: a page a live request shares is reallocated
 	PrefixCountMismatch                    // prefill skips one page more than the grant's prefix: decode's hit length and prefill's skipped length disagree
 	WriteShared                            // decode's Grant lists the pinned prefix pages too (prefix 0), so prefill WRITEs shared pages
+	WriteUncomputed                        // prefill posts a page's WRITE before the page is computed: decode gets whoever's KV was in the source page before (stream.go)
+	FreeComputing                          // an ended leg's computation goes on: a page is computed into a source page its Abort, Cancel or flush has freed (stream.go)
 	numSwitches         = iota
 )
 
@@ -47,6 +49,7 @@ var switchNames = [numSwitches]string{
 	"no-peer-cancel", "double-free", "abort-frees-source", "checksum-hangs", "peer-by-name",
 	"pool-wide-key", "verify-before-revoke", "unticketed-bootstrap",
 	"scope-dropped", "client-scope", "evict-pinned", "prefix-count-mismatch", "write-shared",
+	"write-uncomputed", "free-computing",
 }
 
 // AllSwitches lists every switch in catalogue order.

@@ -73,6 +73,9 @@ const (
 	ReadShared                          // read: a pinned page is no longer cached at its epoch, scope and chain: failed
 	PartitionLoss                       // router: a partitioned decode node's lease expired: lost (partition.go)
 	LostDecodeFence                     // prefill: the queue pair to a decode node the registry declared lost cut for good
+	AdmitMidStream                      // prefill admission: the Grant is admitted before every page is computed (stream.go)
+	EndMidStream                        // a sender's leg ends with pages not yet computed: the computation stops (stream.go)
+	ComputeEnded                        // free-computing: a page computed for a leg that has ended, into a source page it no longer holds
 	NumBranches
 )
 
@@ -95,6 +98,7 @@ var branchNames = [NumBranches]string{
 	"router-scope-in-body", "prefix-hit", "prefix-scope-miss", "prefix-evict", "evict-skips-pinned", "prefix-insert",
 	"verify-prefix", "verify-pinned", "read-shared",
 	"partition-loss", "lost-decode-fence",
+	"admit-mid-stream", "end-mid-stream", "compute-ended",
 }
 
 func (b Branch) String() string {

@@ -110,6 +110,13 @@ func (m *Model) describeAction(s *State, a Action) string {
 		return out
 	case DecodeRead:
 		return fmt.Sprintf("decode attends over r%d's pages and replies", r)
+	case Compute:
+		snd := &s.Req[r].S
+		out := fmt.Sprintf("%s computes r%d's page %d (of %d) into source page %d", m.prefillName(rp), r, snd.Computed, snd.Pages, snd.Src[snd.Computed])
+		if !snd.SrcHeld {
+			out += ", which its ended leg gave back"
+		}
+		return out
 	case DetectCrash:
 		if a.Arg&DecodeNode != 0 {
 			return fmt.Sprintf("the router loses %s: its registry lease expired (it is partitioned, alive)", m.decodeName(int(a.Arg&15)))

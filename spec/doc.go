@@ -49,7 +49,12 @@
 // on which it cuts the queue pair), DecodeRecvQP (the head of the queue pair is
 // placed or delivered: a WRITE lands, or decode handles Bootstrap, Done or
 // AbortAck), PostWrite, DecodeRead (attend over a verified request's pages and
-// reply) and DetectCrash (the router notices the dead prefill node).
+// reply), DetectCrash (the router notices the dead prefill node) and Compute
+// (the prefill node computes the next page of a request's KV: the intake
+// takes the source pages and sends the Bootstrap, and the pages are computed
+// one at a time while the Grant and the WRITEs come and go; a WRITE waits
+// for its page, and the computation stops when the leg ends; stream.go,
+// docs/spec.md#streaming-prefill).
 //
 // Faults, each with a budget in [Config.Faults] and all together bounded by
 // [Config.MaxFaults]: Cancel (client disconnect at any time), Crash (the prefill
@@ -88,7 +93,8 @@
 // #49238, among them), and the enforcement switches of remote access per
 // grant (pool-wide-key, verify-before-revoke, unticketed-bootstrap), and
 // those of prefix reuse (scope-dropped, SGLang #37160; client-scope,
-// evict-pinned, prefix-count-mismatch, write-shared), are
+// evict-pinned, prefix-count-mismatch, write-shared), and those of
+// streaming prefill (write-uncomputed, free-computing), are
 // [Switch] values with the catalogue's names; [Config.Bugs] turns them on. Each
 // changes exactly the branch the catalogue describes (grep the switch's
 // constant to find it). docs/spec.md tells the story of each one's

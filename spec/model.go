@@ -161,7 +161,7 @@ func requestKey(q *Request) uint64 {
 	return uint64(flags) | uint64(q.P&3)<<6 | uint64(q.D&3)<<8 | uint64(q.Outcome&15)<<10 | uint64(q.Reason&15)<<14 |
 		uint64(q.S.Phase&15)<<18 | uint64(q.S.Pages&15)<<22 | uint64(q.S.Posted&15)<<26 | uint64(q.S.Completed&15)<<30 |
 		uint64(q.R.Phase&15)<<34 | uint64(q.R.Reason&15)<<38 | uint64(q.R.N&15)<<42 | uint64(q.R.Slot&15)<<46 |
-		uint64(q.ReadN&15)<<50
+		uint64(q.ReadN&15)<<50 | uint64(q.S.Computed&15)<<54
 }
 
 // sortsByKey reports whether renaming requests by perm lists each prompt
@@ -397,7 +397,7 @@ func (e *encoder) appendRequests(dst []byte) []byte {
 		if e.cache {
 			dst = append(dst, q.Scope, sn.Skip, q.R.Prefix)
 		}
-		dst = append(dst, byte(sn.Phase), b2b(sn.Placeholder), sn.Pages, b2b(sn.SrcHeld), b2b(sn.Granted), sn.Posted, sn.Completed)
+		dst = append(dst, byte(sn.Phase), b2b(sn.Placeholder), sn.Pages, sn.Computed, b2b(sn.SrcHeld), b2b(sn.Granted), sn.Posted, sn.Completed)
 		for i := 0; i < int(sn.Pages); i++ {
 			dst = append(dst, byte(sn.Src[i]))
 		}

@@ -64,12 +64,15 @@ func PrefixBounds(c Config) Config {
 }
 
 // Bounds is c widened by what the switches need to act at all: their
-// faults (Faults), and for a prefix switch in a configuration without the
-// cache, PrefixBounds.
+// faults (Faults), for a prefix switch in a configuration without the
+// cache, PrefixBounds, and for write-uncomputed, StreamBounds.
 func (s Switches) Bounds(c Config) Config {
 	c.Faults = s.Faults(c.Faults)
 	if s&prefixSwitches != 0 && c.PrefixCache == 0 {
 		c = PrefixBounds(c)
+	}
+	if s.Has(WriteUncomputed) {
+		c = StreamBounds(c)
 	}
 	return c
 }

@@ -142,10 +142,10 @@ func TestEveryPrefixInvariantCanFail(t *testing.T) {
 			t.Fatalf("%v(r%d) is not enabled", k, r)
 		}
 	}
-	for _, k := range []ActionKind{Submit, PrefillRecv, DecodeRecvQP, PrefillRecvQP, PostWrite, PostWrite, DecodeRecvQP, DecodeRead} {
+	for _, k := range []ActionKind{Submit, PrefillRecv, Compute, Compute, DecodeRecvQP, PrefillRecvQP, PostWrite, PostWrite, DecodeRecvQP, DecodeRead} {
 		step(k, 0)
 	}
-	for _, k := range []ActionKind{Submit, PrefillRecv, DecodeRecvQP, PrefillRecvQP} {
+	for _, k := range []ActionKind{Submit, PrefillRecv, Compute, Compute, DecodeRecvQP, PrefillRecvQP} {
 		step(k, 2)
 	}
 	if s.Req[2].R.Prefix != 1 || s.Req[2].S.Skip != 1 {

@@ -57,9 +57,19 @@ func (w *world) holds(name string) bool {
 	return false
 }
 
-// granted takes r0 to the point where prefill holds decode's grant.
+// granted takes r to the point where prefill holds decode's grant, with
+// every page of r computed.
 func (w *world) granted(r int) *world {
-	return w.do(Submit, r, 0).do(PrefillRecv, r, 0).do(DecodeRecvQP, r, 0).do(PrefillRecvQP, r, 0)
+	return w.do(Submit, r, 0).do(PrefillRecv, r, 0).computed(r).do(DecodeRecvQP, r, 0).do(PrefillRecvQP, r, 0)
+}
+
+// computed computes r's pages that are left (streaming prefill, stream.go).
+func (w *world) computed(r int) *world {
+	w.t.Helper()
+	for w.enabled(Compute, r) {
+		w.do(Compute, r, 0)
+	}
+	return w
 }
 
 func TestRouterAdmitsByAdvertisedContextAndPrefillRejectsOverLong(t *testing.T) {
@@ -332,8 +342,8 @@ func TestParseSwitchesAndFaults(t *testing.T) {
 	if _, err := ParseSwitches("admit-finishd"); !errors.Is(err, ErrUnknownSwitch) {
 		t.Fatalf("want ErrUnknownSwitch, got %v", err)
 	}
-	if len(AllSwitches()) != 23 {
-		t.Fatal("the catalogue has 23 switches")
+	if len(AllSwitches()) != 25 {
+		t.Fatal("the catalogue has 25 switches (with streaming's write-uncomputed and free-computing)")
 	}
 	b, err := ParseFaults("cancel=2,late")
 	if err != nil || b[FaultCancel] != 2 || b[FaultLate] != 1 || b[FaultCrash] != 0 {

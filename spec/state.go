@@ -123,7 +123,7 @@ type SenderPhase uint8
 // The sender phases. Terminal: SFinished, SAborted, SRejected, SFailed.
 const (
 	SNone       SenderPhase = iota
-	SAwaitGrant             // KV computed, Bootstrap sent
+	SAwaitGrant             // source pages taken, Bootstrap sent; the KV is computed page by page (stream.go)
 	SWriting                // grant admitted, posting WRITEs
 	SSent                   // Done sent, waiting for WRITE completions
 	SAborting               // aborted, waiting for posted WRITEs to complete before AbortAck
@@ -168,7 +168,8 @@ func (p ReceiverPhase) Live() bool { return p >= RReserved && p <= RQuarantine }
 type Sender struct {
 	Phase       SenderPhase
 	Placeholder bool  // admit-finished: a rejected prompt swapped for a one-token placeholder
-	Pages       uint8 // pages computed (1 for a placeholder)
+	Pages       uint8 // source pages taken: the pages to compute and write (1 for a placeholder)
+	Computed    uint8 // pages whose KV is computed, the first ones in order (stream.go): a WRITE waits for its page
 	Src         [MaxDecodePages]int8
 	SrcHeld     bool // source pages still allocated to this request
 	Granted     bool

@@ -18,6 +18,7 @@ const (
 	PostWrite                        // prefill posts the next page's WRITE (Arg: Late, Corrupt bits)
 	DecodeRead                       // decode attends over a ready request's pages and replies
 	DetectCrash                      // the router notices a node is gone: a crashed prefill node, or a partitioned decode node whose lease expired (Arg: the node, DecodeNode|d for a decode node)
+	Compute                          // prefill computes the next page of a request's KV into its source page (stream.go)
 	Cancel                           // fault: the client disconnects
 	Crash                            // fault: the prefill node crashes
 	Timeout                          // fault: decode's timer for a reserved request fires
@@ -121,7 +122,7 @@ func (a Action) String() string {
 }
 
 var actionNames = [NumActionKinds]string{"Submit", "PrefillRecv", "PrefillRecvQP", "DecodeRecv", "DecodeRecvQP",
-	"PostWrite", "DecodeRead", "DetectCrash", "Cancel", "Crash", "Timeout", "Cut", "CorruptSend", "LeaseLost", "Restart",
+	"PostWrite", "DecodeRead", "DetectCrash", "Compute", "Cancel", "Crash", "Timeout", "Cut", "CorruptSend", "LeaseLost", "Restart",
 	"RogueWrite", "RogueBootstrap", "Partition"}
 
 func (k ActionKind) String() string {
@@ -152,6 +153,7 @@ func (m *Model) Successors(s *State, emit func(Action, *State)) {
 	g.decodeReads()
 	g.detectCrashes()
 	g.detectPartitions()
+	g.computes()
 	// Faults.
 	if !m.faultAllowed(s) {
 		return
@@ -295,7 +297,7 @@ func (g *successors) postWrites() {
 	for r := 0; r < len(c.Prompts); r++ {
 		snd := &s.Req[r].S
 		if s.PrefillCrashed[s.Req[r].P] || snd.Phase != SWriting || snd.Posted >= snd.Pages ||
-			int(snd.Posted-snd.Completed) >= c.MaxInFlight {
+			int(snd.Posted-snd.Completed) >= c.MaxInFlight || !m.writable(snd) {
 			continue
 		}
 		for v := uint16(0); v < 16; v++ {
@@ -1004,10 +1006,10 @@ func (x *sys) prefillIntake(r, choice int) {
 	}
 	x.hit(PrefillAccept)
 	for i, p := range got {
-		src[p] = SourcePage{Owner: int8(r), Data: Label{Req: int8(r), Index: int8(i)}}
+		src[p].Owner = int8(r) // its KV is whoever's was there before until Compute writes it (stream.go)
 		snd.Src[i] = p
 	}
-	snd.Pages, snd.SrcHeld, snd.Phase = uint8(pages), true, SAwaitGrant
+	snd.Pages, snd.Computed, snd.SrcHeld, snd.Phase = uint8(pages), 0, true, SAwaitGrant
 	x.toQP(r, Msg{Kind: MBootstrap, Req: int8(r), Tokens: uint8(t), Scope: x.s.Req[r].Scope})
 }
 
@@ -1043,6 +1045,9 @@ func (x *sys) admit(r int, g Msg) {
 			return
 		}
 		x.hit(AdmitGrant)
+		if snd.Computed < snd.Pages {
+			x.hit(AdmitMidStream)
+		}
 		snd.Grant = x.s.Req[r].R.Pages // a grant carries the reservation's (page, epoch) tags
 		for i := 0; i < int(g.Prefix); i++ {
 			snd.Grant[i] = PageRef{} // only the fresh pages: the prefix's are not in it
@@ -1054,9 +1059,7 @@ func (x *sys) admit(r int, g Msg) {
 			skip = min(g.Prefix+1, snd.Pages) // it counts the prefix its own way: a page more
 		}
 		snd.Skip, snd.Posted, snd.Completed = skip, skip, skip
-		if snd.Posted == snd.Pages {
-			x.sendDone(r)
-		}
+		x.doneIfComplete(r)
 	case SAborted, SFailed:
 		// Nothing was posted for r: tell decode it is fenced.
 		x.hit(AdmitEndedGrant)
@@ -1121,9 +1124,7 @@ func (x *sys) postWrite(r int, variant uint16) {
 	default:
 		x.toQP(r, w)
 	}
-	if snd.Posted == snd.Pages {
-		x.sendDone(r)
-	}
+	x.doneIfComplete(r)
 }
 
 // sendDone posts Done behind the WRITEs on the same queue pair (step 5).
@@ -1162,6 +1163,9 @@ func (x *sys) freeSrc(r int) {
 	snd := &x.s.Req[r].S
 	if !snd.SrcHeld {
 		return
+	}
+	if snd.Computed < snd.Pages {
+		x.hit(EndMidStream)
 	}
 	for i := 0; i < int(snd.Pages); i++ {
 		x.srcPool(r)[snd.Src[i]].Owner = Free

@@ -42,10 +42,11 @@ func (w *world) submitRoutes(r int) []uint16 {
 }
 
 // reserved takes r through the router (to prefill p and decode d), prefill's
-// intake and decode's reservation, with the grant still on its way back.
+// intake and computation and decode's reservation, with the grant still on
+// its way back.
 func (w *world) reserved(r, p, d int) *world {
 	w.t.Helper()
-	return w.do(Submit, r, Route(p, d)).do(PrefillRecv, r, uint16(p)).do(DecodeRecvQP, r, 0)
+	return w.do(Submit, r, Route(p, d)).do(PrefillRecv, r, uint16(p)).computed(r).do(DecodeRecvQP, r, 0)
 }
 
 func TestRouterChoosesAnyLiveNodeOfEachRole(t *testing.T) {

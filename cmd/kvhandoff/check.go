@@ -286,6 +286,11 @@ func (f *checkFlags) config() (spec.Config, error) {
 		// runs under the bounds that expose it (the matrix's too).
 		cfg = cfg.Bugs.Bounds(cfg)
 	}
+	if f.prompts == "" && cfg.Bugs.Has(spec.WriteUncomputed) {
+		// It acts only on a request of two pages: named without --prompts,
+		// it runs under the bounds that expose it (the matrix's too).
+		cfg = spec.StreamBounds(cfg)
+	}
 	return cfg, cfg.Validate()
 }
 

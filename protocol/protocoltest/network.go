@@ -235,6 +235,10 @@ type Network struct {
 	// ComputePagesAtIntake, with ComputeAtIntake, computes only that many
 	// pages at intake (a streaming prefill's first chunk); 0 means all.
 	ComputePagesAtIntake int
+	// StreamPages makes the compute event (Events) compute one page of a
+	// request at a time, as a streaming prefill in chunks of one page does
+	// (Sender.ComputedPages), instead of the whole prompt.
+	StreamPages bool
 	// OnOutcome, when set, sees every outcome a node reports.
 	OnOutcome func(node protocol.NodeID, o protocol.Outcome)
 	prefill   map[protocol.NodeID]*PrefillNode
@@ -1190,8 +1194,14 @@ func (n *Network) Events(opts EventOptions) (proto, faults []Event) {
 		q := n.reqs[id]
 		// An engine computes only while the request is live on its node: once
 		// the sender reported an outcome, its source pages may be someone else's.
+		// With StreamPages it computes a page at a time (a streaming
+		// prefill's chunk of one), so WRITEs interleave with the computation.
 		if q.Src != nil && !q.Computed && !q.PrefillEnded && !n.prefill[q.Prefill].Crashed {
-			add(&proto, "compute", false, func() { n.Compute(q.ID) }, "%s computes r%d", n.prefill[q.Prefill].Name, q.ID)
+			if n.StreamPages {
+				add(&proto, "compute", false, func() { n.ComputePages(q.ID, q.ComputedPages+1) }, "%s computes r%d's page %d", n.prefill[q.Prefill].Name, q.ID, q.ComputedPages)
+			} else {
+				add(&proto, "compute", false, func() { n.Compute(q.ID) }, "%s computes r%d", n.prefill[q.Prefill].Name, q.ID)
+			}
 		}
 	}
 	for _, p := range n.Prefill {

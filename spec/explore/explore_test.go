@@ -64,6 +64,8 @@ func TestEverySwitchIsExposed(t *testing.T) {
 		{"evict-pinned", []string{spec.PinnedNeverReallocated}},                          // issue 18: eviction ignores pins
 		{"prefix-count-mismatch", []string{spec.PrefixExact}},                            // issue 18: hit and skip disagree by a page
 		{"write-shared", []string{spec.PinnedNeverReallocated}},                          // issue 18: a shared page in the grant
+		{"write-uncomputed", []string{spec.Isolation, spec.HonestOutcome}},               // issue 19: a WRITE of a page not yet computed ships its stale KV, which its checksum covers
+		{"free-computing", []string{spec.Isolation, spec.HonestOutcome}},                 // issue 19: an ended leg's computation writes a source page another request took
 	}
 	covered := spec.Switches(0)
 	for name, base := range map[string]spec.Config{"default": spec.DefaultConfig(), "multi-page": multiPage()} {
@@ -181,6 +183,7 @@ func TestMatrixOfSingleSwitches(t *testing.T) {
 		"pool-wide-key":  spec.ReadAsVerified, "verify-before-revoke": spec.ReadAsVerified, "unticketed-bootstrap": spec.Ticketed,
 		"scope-dropped": spec.NoCrossScopeRead, "client-scope": spec.NoCrossScopeRead, "evict-pinned": spec.PinnedNeverReallocated,
 		"prefix-count-mismatch": spec.PrefixExact, "write-shared": spec.PinnedNeverReallocated,
+		"write-uncomputed": spec.Isolation, "free-computing": spec.Isolation,
 	}
 	if !x.Base.OK || len(x.Rows) != len(spec.AllSwitches()) || x.OK() {
 		t.Fatalf("base ok=%v rows=%d ok=%v: want a passing base, a row per switch, and some switches unexposed alone", x.Base.OK, len(x.Rows), x.OK())

@@ -35,7 +35,7 @@ func actors(a spec.Action) (from, to string) {
 		return "Prefill", "Decode"
 	case spec.DecodeRead:
 		return "Decode", "Router"
-	case spec.PostWrite, spec.Crash, spec.Restart:
+	case spec.PostWrite, spec.Compute, spec.Crash, spec.Restart:
 		return "Prefill", ""
 	case spec.DetectCrash:
 		return "Router", ""
