@@ -71,6 +71,7 @@ const (
 	VerifyPrefix                        // verification: Done's prefix differs from the grant's
 	VerifyPinned                        // verification: a pinned page is no longer cached at its epoch, scope and chain
 	ReadShared                          // read: a pinned page is no longer cached at its epoch, scope and chain: failed
+	PrefixPurge                         // a cut or a failed verification takes a cached page its writer wrote out of the cache
 	NumBranches
 )
 
@@ -91,7 +92,7 @@ var branchNames = [NumBranches]string{
 	"prefill-old-incarnation", "restart-loss", "restart-fence",
 	"rogue-revoked", "rogue-uncovered", "rogue-landed", "rogue-landed-free", "rogue-landed-foreign", "decode-no-ticket",
 	"router-scope-in-body", "prefix-hit", "prefix-scope-miss", "prefix-evict", "evict-skips-pinned", "prefix-insert",
-	"verify-prefix", "verify-pinned", "read-shared",
+	"verify-prefix", "verify-pinned", "read-shared", "prefix-purge",
 }
 
 func (b Branch) String() string {

@@ -149,12 +149,22 @@ func (m *Model) scopeMatch(pg, scope uint8) bool {
 	return pg == scope || m.cfg.Bugs.Has(ScopeDropped)
 }
 
+// Chain is request r's chain id at full page i (1 and up; 0 past its full
+// pages): two requests' ids agree exactly when their contents agree up to
+// page i. The refinement mapping names the implementation's chain hashes by it.
+func (m *Model) Chain(r, i int) uint8 {
+	if r < 0 || r >= len(m.cfg.Prompts) || i < 0 || i >= m.fullPages(r) {
+		return 0
+	}
+	return m.chain[r][i]
+}
+
 // cachedPage returns the page of decode node d cached under (scope, key),
 // or -1. The cache holds at most one page per key, so the answer does not
-// depend on how pages are numbered.
+// depend on how pages are numbered. A doomed page is in no index.
 func (m *Model) cachedPage(s *State, d int, scope, key uint8) int8 {
 	for p := 0; p < m.cfg.DecodePages; p++ {
-		if pg := &s.Pages[d][p]; pg.Cached && pg.Key == key && m.scopeMatch(pg.Scope, scope) {
+		if pg := &s.Pages[d][p]; pg.Cached && !pg.Doomed && pg.Key == key && m.scopeMatch(pg.Scope, scope) {
 			return int8(p)
 		}
 	}
@@ -188,7 +198,7 @@ func (m *Model) plan(s *State, d, r int, b Msg, n int) prefixPlan {
 			p := m.cachedPage(s, d, b.Scope, m.chain[r][i])
 			if p < 0 {
 				for q := 0; q < m.cfg.DecodePages; q++ {
-					if pg := &s.Pages[d][q]; pg.Cached && pg.Key == m.chain[r][i] {
+					if pg := &s.Pages[d][q]; pg.Cached && !pg.Doomed && pg.Key == m.chain[r][i] {
 						pl.scopeMiss = true
 					}
 				}
@@ -201,14 +211,18 @@ func (m *Model) plan(s *State, d, r int, b Msg, n int) prefixPlan {
 	pl.fresh = n - pl.k
 	pl.cands = free
 	if short := pl.fresh - len(free); short > 0 && m.cacheOn() {
-		// Least recently used first; the hit's own pages count as just used.
+		// Least recently used first; the hit's own pages count as just used,
+		// pinned deepest first, so that the hit's root is the most recent
+		// (as takePrefix touches them). A doomed page is in no LRU order.
 		var order []int8
 		for p := 0; p < m.cfg.DecodePages; p++ {
 			pg := &s.Pages[d][p]
-			if !pg.Cached {
+			if !pg.Cached || pg.Doomed {
 				continue
 			}
-			if pg.Pins > 0 && !m.cfg.Bugs.Has(EvictPinned) {
+			// The hit's pages are pinned before the fresh ones are taken, so
+			// making room never evicts them (Receiver.bootstrap pins first).
+			if (pg.Pins > 0 || slices.Contains(pl.hit[:pl.k], int8(p))) && !m.cfg.Bugs.Has(EvictPinned) {
 				pl.skipped = true
 				continue
 			}
@@ -216,7 +230,7 @@ func (m *Model) plan(s *State, d, r int, b Msg, n int) prefixPlan {
 		}
 		rank := func(p int8) int {
 			if i := slices.Index(pl.hit[:pl.k], p); i >= 0 {
-				return 256 + i
+				return 256 + pl.k - 1 - i
 			}
 			return int(s.Pages[d][p].LRU)
 		}
@@ -236,7 +250,7 @@ func touch(s *State, d int, p int8, npages int) {
 	pg := &s.Pages[d][p]
 	top := uint8(0)
 	for q := 0; q < npages; q++ {
-		if s.Pages[d][q].Cached {
+		if s.Pages[d][q].Cached && !s.Pages[d][q].Doomed {
 			top = max(top, s.Pages[d][q].LRU)
 		}
 	}
@@ -245,11 +259,11 @@ func touch(s *State, d int, p int8, npages int) {
 }
 
 // renumber keeps the cached pages' LRU ranks dense (1 to their number), so
-// equal orders encode the same.
+// equal orders encode the same; a doomed page has none.
 func renumber(s *State, d, npages int) {
 	var order []int8
 	for q := 0; q < npages; q++ {
-		if s.Pages[d][q].Cached {
+		if s.Pages[d][q].Cached && !s.Pages[d][q].Doomed {
 			order = append(order, int8(q))
 		} else {
 			s.Pages[d][q].LRU = 0
@@ -271,7 +285,11 @@ func (x *sys) takePrefix(r, d int, pl *prefixPlan) {
 		pg := &x.s.Pages[d][p]
 		pg.Cached, pg.Scope, pg.Key, pg.Pins, pg.LRU = false, 0, 0, 0, 0
 	}
-	for i, p := range pl.hit[:pl.k] {
+	// Deepest first, so that the root ends the most recently used: a
+	// chain's pages are evicted leaf first, and eviction never leaves a
+	// cached page whose root is gone (the implementation's Pool.Pin).
+	for i := pl.k - 1; i >= 0; i-- {
+		p := pl.hit[i]
 		pg := &x.s.Pages[d][p]
 		pg.Pins++
 		touch(x.s, d, p, npages)
@@ -284,8 +302,19 @@ func (x *sys) takePrefix(r, d int, pl *prefixPlan) {
 	}
 }
 
+// touchHit makes the pages of pl's hit the most recently used, deepest
+// first, without pinning them: a reservation that found its prefix but not
+// its fresh pages pinned the hit and unpinned it again (the
+// implementation's Receiver.bootstrap: Pin, then Allocate, then Unpin).
+func (x *sys) touchHit(d int, pl *prefixPlan) {
+	for i := pl.k - 1; i >= 0; i-- {
+		touch(x.s, d, pl.hit[i], x.m.cfg.DecodePages)
+	}
+}
+
 // unpin releases r's hold on the pages of its prefix hit: still cached at
-// the epoch it pinned (an evict-pinned eviction may have taken one).
+// the epoch it pinned (an evict-pinned eviction may have taken one). A
+// doomed page is freed at its last unpin.
 func (x *sys) unpin(r int) {
 	rec := &x.s.Req[r].R
 	if x.mut(NoUnpin) {
@@ -295,6 +324,49 @@ func (x *sys) unpin(r int) {
 		ref := rec.Pages[i]
 		if pg := &x.pool(r)[ref.Page]; pg.Cached && pg.Epoch == ref.Epoch && pg.Pins > 0 {
 			pg.Pins--
+			if pg.Pins == 0 && pg.Doomed {
+				uncache(pg)
+			}
+		}
+	}
+}
+
+// uncache makes a cached page free: its KV, tag record and epoch stay.
+func uncache(pg *DecodePage) {
+	pg.Cached, pg.Scope, pg.Key, pg.Pins, pg.LRU, pg.Doomed = false, 0, 0, 0, 0, false
+}
+
+// purge takes the pages prefill node p wrote out of decode node d's cache,
+// as the queue pair between them is cut (a cut, a lost node, a new
+// incarnation) or a Done from p fails verification: verification proves
+// who wrote a page, not that it is the prompt's KV, so a writer caught is
+// no longer trusted for what it wrote before (docs/security.md). A cached
+// page's writer is the prefill node of the request its tag record names
+// (the request that inserted it, verified). An unpinned page is freed at
+// once; a pinned one is doomed: out of the index and the LRU order, freed
+// at its last unpin, so the requests reading it keep what they verified.
+// p's requests at d not yet read insert nothing (NoInsert). The
+// implementation's Receiver.purge, to the page.
+func (x *sys) purge(p, d int) {
+	if !x.m.cacheOn() {
+		return
+	}
+	for i := 0; i < x.m.cfg.DecodePages; i++ {
+		pg := &x.s.Pages[d][i]
+		if w := pg.Tag.Req; !pg.Cached || pg.Doomed || w < 0 || int(w) >= len(x.m.cfg.Prompts) || int(x.s.Req[w].P) != p {
+			continue
+		}
+		x.hit(PrefixPurge)
+		if pg.Pins == 0 {
+			uncache(pg)
+		} else {
+			pg.Doomed, pg.LRU = true, 0
+		}
+	}
+	renumber(x.s, d, x.m.cfg.DecodePages)
+	for r := range x.m.cfg.Prompts {
+		if q := &x.s.Req[r]; q.onPair(p, d) && (q.R.Phase == RReserved || q.R.Phase == RReady) && q.DInc == x.s.DInc[d] {
+			q.R.NoInsert = true
 		}
 	}
 }
@@ -309,6 +381,14 @@ func (x *sys) insert(r int) {
 		return
 	}
 	d := int(q.D)
+	if q.R.NoInsert {
+		return // its writer was caught since it was bootstrapped
+	}
+	for i := 0; i < int(q.R.Prefix); i++ {
+		if ref := q.R.Pages[i]; x.s.Pages[d][ref.Page].Doomed && x.s.Pages[d][ref.Page].Epoch == ref.Epoch {
+			return // its prefix's writer was caught: pages past it would hang from no hit
+		}
+	}
 	for i := int(q.R.Prefix); i < min(int(q.R.N), x.m.fullPages(r)); i++ {
 		ref := q.R.Pages[i]
 		pg := &x.s.Pages[d][ref.Page]
@@ -326,6 +406,13 @@ func (x *sys) insert(r int) {
 		pg.Cached, pg.Scope, pg.Key, pg.Pins = true, q.Scope, x.m.chain[r][i], 0
 		touch(x.s, d, ref.Page, c.DecodePages)
 	}
+	// The whole chain, deepest first, so that each cached page is more
+	// recent than the pages further down its chain (Pool.TouchChain).
+	for i := x.m.fullPages(r) - 1; i >= 0; i-- {
+		if p := x.m.cachedPage(x.s, d, q.Scope, x.m.chain[r][i]); p >= 0 {
+			touch(x.s, d, p, c.DecodePages)
+		}
+	}
 }
 
 // sharedOK is the check of a pinned page of r (at Done and at the read):
@@ -340,8 +427,7 @@ func (x *sys) sharedOK(r, i int) bool {
 // clearCache empties decode node d's cache (its restart: the pool is gone).
 func clearCache(s *State, d int) {
 	for i := range s.Pages[d] {
-		pg := &s.Pages[d][i]
-		pg.Cached, pg.Scope, pg.Key, pg.Pins, pg.LRU = false, 0, 0, 0, 0
+		uncache(&s.Pages[d][i])
 	}
 }
 
@@ -381,12 +467,52 @@ func (m *Model) observePinned(prev *State, a Action, next *State) {
 			}
 			written := b.Data != a.Data || b.Tag != a.Tag
 			moved := !b.Cached || b.Epoch != a.Epoch
-			if written && b.Cached || a.Pins > 0 && (written || moved) {
+			// A purged page freed at its last unpin, untouched, with no
+			// request holding a pin on it, is no reallocation.
+			freed := !b.Cached && b.Owner == Free && b.Epoch == a.Epoch && !written && !m.pinHeld(next, d, p, a.Epoch)
+			if written && b.Cached || a.Pins > 0 && (written || moved) && !freed {
 				next.Ghost.Pinned, next.Ghost.PinnedPage, next.Ghost.PinnedNode = true, int8(p), int8(d)
 				return
 			}
 		}
 	}
+	// A pin taken in this very step counts too: a request holding its pins
+	// (reserved or verified) whose prefix page is no longer cached at the
+	// epoch it pinned (under evict-pinned, the reservation that pinned it
+	// evicted it for its own fresh pages).
+	for r := range m.cfg.Prompts {
+		q := &next.Req[r]
+		if !q.Submitted || q.R.Released || q.R.Phase != RReserved && q.R.Phase != RReady {
+			continue
+		}
+		if a.Kind == Restart && a.Arg == DecodeNode|uint16(q.D) {
+			continue
+		}
+		for i := 0; i < int(q.R.Prefix); i++ {
+			ref := q.R.Pages[i]
+			if pg := &next.Pages[q.D][ref.Page]; !pg.Cached || pg.Epoch != ref.Epoch {
+				next.Ghost.Pinned, next.Ghost.PinnedPage, next.Ghost.PinnedNode = true, ref.Page, q.D
+				return
+			}
+		}
+	}
+}
+
+// pinHeld reports whether a request whose pages are not yet released holds
+// a pin on page p of decode node d at epoch e (its prefix hit names it).
+func (m *Model) pinHeld(s *State, d, p int, e uint8) bool {
+	for r := range m.cfg.Prompts {
+		q := &s.Req[r]
+		if !q.Submitted || int(q.D) != d || q.R.Released || q.R.Phase == RNone {
+			continue
+		}
+		for i := 0; i < int(q.R.Prefix); i++ {
+			if ref := q.R.Pages[i]; int(ref.Page) == p && ref.Epoch == e {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func noCrossScopeRead(m *Model, s *State) bool {

@@ -1299,6 +1299,7 @@ func (x *sys) place(w Msg) {
 func (x *sys) cutQP(p, d int, why Reason) {
 	x.s.QP[p][d].Clear()
 	x.s.QPBack[p][d].Clear()
+	x.purge(p, d) // the writer is caught: its cached pages go (prefix.go)
 	for r := range x.m.cfg.Prompts {
 		if !x.s.Req[r].onPair(p, d) {
 			continue
@@ -1390,6 +1391,7 @@ func (x *sys) reserve(r int, b Msg, choice int) {
 			x.hit(DecodeNoSlot)
 		} else {
 			x.hit(DecodeNoPages)
+			x.touchHit(d, &pl) // pinned and unpinned again: used, all the same
 		}
 		rec.Phase, rec.Reason, rec.Released = RClosed, NoCapacity, true
 		x.report(r, Failed, NoCapacity)
@@ -1455,6 +1457,8 @@ func (x *sys) done(d Msg) {
 		x.closeReceiver(r, why)
 		x.report(r, Failed, why)
 		x.peerCancel(r)
+		via := &x.s.Req[d.Req]          // the queue pair the Done came on
+		x.purge(int(via.P), int(via.D)) // its KV is suspect: so is what it wrote before (prefix.go)
 		return
 	}
 	x.hit(VerifyOK)
@@ -1565,7 +1569,9 @@ func (x *sys) release(r int) {
 		}
 		return
 	}
-	x.unpin(r)
+	if rec.Phase != RQuarantine { // a quarantined record unpinned as it was aborted
+		x.unpin(r)
+	}
 	if x.mut(InsertUnverified) {
 		x.insert(r) // at every end, verified or not
 	}
@@ -1594,6 +1600,7 @@ func (x *sys) abortDecode(r int, why Reason, cancelled, early bool) {
 	case RReserved:
 		x.hit(AbortQuarantine)
 		x.freeSlotOf(r)
+		x.unpin(r) // the pins end with the slot: no writer can write a pinned page, so none waits for the fence
 		rec.Reason = why
 		if leak {
 			rec.Phase, rec.Released = RClosed, true // the pages are forgotten, never returned
