@@ -25,7 +25,9 @@ import (
 // of tenant 2 has r0's tokens, every fault once; three-page prompts sharing
 // up to two pages, two of one tenant, without crashes (more hits); the
 // first with two prefill and two decode nodes (the purge is per writer);
-// and the first with decode restarts (a restart empties the cache).
+// the first with decode restarts (a restart empties the cache); and
+// three-page prompts of two tenants starting with a declared public prefix
+// (they share its page, and only their own past it).
 func prefixConfigs() []spec.Config {
 	shared := spec.NewConfig(3, 3, 2)
 	shared.Prompts, shared.PrefillPages = []int{4, 4, 4}, 4
@@ -40,7 +42,9 @@ func prefixConfigs() []spec.Config {
 	restart := shared
 	restart.Faults[spec.FaultRestart] = 1
 	restart.DecodeRestarts = true
-	return []spec.Config{shared, deep, two, restart}
+	public := deep
+	public.Scopes, public.Contents, public.PublicPrefix = []int{1, 2, 1}, []string{"aab", "aab", "ab"}, "a"
+	return []spec.Config{shared, deep, two, restart, public}
 }
 
 // prefixCombinations are the prefix switches the refinement and the

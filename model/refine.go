@@ -317,8 +317,11 @@ func NewRefinementWith(cfg spec.Config, bugs research.Switches) (*Refinement, er
 // chains works out each request's prompt tokens and chain hashes with the
 // prefix cache: page i of request r holds tokens named by the letter of its
 // contents (spec.Config.Contents), so two prompts agree up to a page
-// exactly when the spec's chains do; and it names each hash by the spec's
-// chain id, failing if the two disagree.
+// exactly when the spec's chains do; past the pages of a declared public
+// prefix a public request's tokens also carry its tenant, as the node's
+// router salts the chain there with it (so only the tenant's own requests
+// share those pages). It names each hash by the spec's chain id, failing
+// if the two disagree.
 func (h *Refinement) chains() error {
 	if h.cfg.PrefixCache == 0 {
 		return nil
@@ -335,6 +338,9 @@ func (h *Refinement) chains() error {
 				letter = uint32(h.cfg.Contents[r][i])
 			}
 			tokens[j] = letter<<8 | uint32(j%h.cfg.PageSize)
+			if pub := h.cfg.PublicPages(r); pub > 0 && j/h.cfg.PageSize >= pub {
+				tokens[j] |= uint32(h.cfg.Scopes[r]) << 16 // the tenant's salt
+			}
 		}
 		h.chain[r] = protocol.PrefixChain(tokens, h.cfg.PageSize)
 		if t > h.cfg.ContextLimit {
@@ -352,10 +358,14 @@ func (h *Refinement) chains() error {
 }
 
 // scopeOf is the scope the router gives request r: its authenticated
-// tenant's (spec.Config.Scopes), never one its client names.
+// tenant's (spec.Config.Scopes), or the public scope for a request that
+// starts with the declared public prefix; never one its client names.
 func (h *Refinement) scopeOf(r int) protocol.Scope {
-	if h.cfg.PrefixCache == 0 || len(h.cfg.Scopes) == 0 {
+	switch {
+	case h.cfg.PrefixCache == 0 || len(h.cfg.Scopes) == 0:
 		return 0
+	case h.cfg.PublicPages(r) > 0:
+		return spec.PublicScope
 	}
 	return protocol.Scope(h.cfg.Scopes[r])
 }

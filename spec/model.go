@@ -35,7 +35,7 @@ func New(cfg Config) (*Model, error) {
 	for r, t := range cfg.Prompts {
 		sig[r] = fmt.Sprint(t)
 		if cfg.PrefixCache > 0 {
-			sig[r] += fmt.Sprintf("/%d/%s", cfg.scopeOf(r), cfg.contentsOf(r))
+			sig[r] += fmt.Sprintf("/%d/%s", cfg.scopeOf(r), cfg.contentsOf(r)) // the public prefix is the same for all
 		}
 	}
 	class := make([]int, len(sig))

@@ -1,6 +1,10 @@
 package spec
 
-import "slices"
+import (
+	"fmt"
+	"slices"
+	"strings"
+)
 
 // Prefix reuse (docs/spec.md#prefix-reuse; docs/protocol.md, prefix reuse).
 // With Config.PrefixCache a decode node keeps verified full prompt pages
@@ -21,8 +25,12 @@ import "slices"
 //
 // KV stays a Label: a page written for request q's page i holds q[i], which
 // is request r's KV for page i too when their chains agree there
-// (Model.ownKV). The properties: NoCrossScopeRead (a request reads another
-// request's KV only if both are of the same tenant scope),
+// (Model.ownKV). A declared public prefix (Config.PublicPrefix) gives the
+// requests that start with it the public scope, their chains salted with
+// their tenant past the public pages: every tenant shares the public pages,
+// only its own the rest. The properties: NoCrossScopeRead (a request reads
+// another request's KV only if both are of the same tenant scope, or the
+// page is a public page both start with),
 // PinnedNeverReallocated (a ghost: a pinned page is never reallocated or
 // written, a cached one never written) and PrefixExact (prefill's skipped
 // length is decode's hit length, short of the last page).
@@ -30,7 +38,8 @@ import "slices"
 // Property names of the prefix cache (docs/spec.md#properties).
 const (
 	// NoCrossScopeRead: no request reads a page whose KV was written for
-	// another tenant's scope (the model declares no public scope).
+	// another tenant's scope, but for the pages of a declared public prefix
+	// both requests start with.
 	NoCrossScopeRead = "NoCrossScopeRead"
 	// PinnedNeverReallocated: a pinned page is never reallocated or
 	// written while pinned, and a cached page never written.
@@ -88,6 +97,31 @@ func (c *Config) scopeOf(r int) uint8 {
 	return uint8(c.Scopes[r])
 }
 
+// PublicScope is the scope of the declared public prefix (Config.PublicPrefix):
+// one past the tenant scopes.
+const PublicScope = MaxScopes + 1
+
+// PublicPages is how many of request r's first pages are the declared public
+// prefix's: its length if r is of a tenant scope and its contents start
+// with it, else 0 (r is then no public request).
+func (c *Config) PublicPages(r int) int {
+	p := c.PublicPrefix
+	if p == "" || c.scopeOf(r) == 0 || !strings.HasPrefix(c.contentsOf(r), p) {
+		return 0
+	}
+	return len(p)
+}
+
+// routerScope is the scope the router gives request r: the public scope
+// for a request that starts with the public prefix (its chain past the
+// public pages salted with its tenant: chains), else its tenant's.
+func (c *Config) routerScope(r int) uint8 {
+	if c.PublicPages(r) > 0 {
+		return PublicScope
+	}
+	return c.scopeOf(r)
+}
+
 // contentsOf is request r's full pages, one letter each.
 func (c *Config) contentsOf(r int) string {
 	if len(c.Contents) == 0 {
@@ -103,24 +137,32 @@ func (c *Config) contentsOf(r int) string {
 
 // chains numbers the distinct prompt prefixes of cfg: chain[r][i] (1 and
 // up) names request r's pages 0..i, for each full page i; two requests'
-// ids are equal exactly when their contents agree up to page i. The ids
-// depend on contents only, so they are the same under any renaming of
+// ids are equal exactly when their contents agree up to page i. Past the
+// public pages of a public request the chain is salted with its tenant
+// (unless the unsalted-public-chain mutation drops the salt), so two
+// tenants' requests share only the public pages. The ids depend on
+// contents and scopes only, so they are the same under any renaming of
 // interchangeable requests.
 func chains(cfg *Config) (out [MaxRequests][MaxDecodePages]uint8) {
+	key := func(r, i int) string {
+		k := cfg.contentsOf(r)[:i]
+		if pub := cfg.PublicPages(r); pub > 0 && i > pub && cfg.Mutation != UnsaltedPublicChain {
+			k += fmt.Sprintf("/%d", cfg.scopeOf(r))
+		}
+		return k
+	}
 	var prefixes []string
 	for r := range cfg.Prompts {
-		s := cfg.contentsOf(r)
-		for i := 1; i <= len(s) && i <= MaxDecodePages; i++ {
-			if !slices.Contains(prefixes, s[:i]) {
-				prefixes = append(prefixes, s[:i])
+		for i := 1; i <= len(cfg.contentsOf(r)) && i <= MaxDecodePages; i++ {
+			if !slices.Contains(prefixes, key(r, i)) {
+				prefixes = append(prefixes, key(r, i))
 			}
 		}
 	}
 	slices.Sort(prefixes)
 	for r := range cfg.Prompts {
-		s := cfg.contentsOf(r)
-		for i := 1; i <= len(s) && i <= MaxDecodePages; i++ {
-			out[r][i-1] = uint8(slices.Index(prefixes, s[:i]) + 1)
+		for i := 1; i <= len(cfg.contentsOf(r)) && i <= MaxDecodePages; i++ {
+			out[r][i-1] = uint8(slices.Index(prefixes, key(r, i)) + 1)
 		}
 	}
 	return out
@@ -515,6 +557,17 @@ func (m *Model) pinHeld(s *State, d, p int, e uint8) bool {
 	return false
 }
 
+// mayShare reports whether request r may read KV request w wrote for page
+// i: both of one tenant scope (not 0), or page i a page of the declared
+// public prefix that both start with (NoCrossScopeRead).
+func (m *Model) mayShare(r, w, i int) bool {
+	c := &m.cfg
+	if c.scopeOf(r) != 0 && c.scopeOf(r) == c.scopeOf(w) {
+		return true
+	}
+	return i < c.PublicPages(r) && i < c.PublicPages(w)
+}
+
 func noCrossScopeRead(m *Model, s *State) bool {
 	if !m.cacheOn() {
 		return true
@@ -522,7 +575,7 @@ func noCrossScopeRead(m *Model, s *State) bool {
 	for r := range m.cfg.Prompts {
 		q := &s.Req[r]
 		for i := 0; i < int(q.ReadN); i++ {
-			if w := q.ReadData[i].Req; w >= 0 && int(w) != r && (m.cfg.scopeOf(r) == 0 || m.cfg.scopeOf(int(w)) != m.cfg.scopeOf(r)) {
+			if w := q.ReadData[i].Req; w >= 0 && int(w) != r && !m.mayShare(r, int(w), i) {
 				return false
 			}
 		}

@@ -854,7 +854,7 @@ func (x *sys) submit(r, p, d int) {
 		x.report(r, Failed, PeerFailed)
 	default:
 		x.hit(RouterDispatch)
-		q.Scope = x.m.cfg.scopeOf(r) // the authenticated tenant's
+		q.Scope = x.m.cfg.routerScope(r) // the authenticated tenant's, or the public prefix's
 		q.P, q.D, q.PInc, q.DInc = int8(p), int8(d), x.s.Inc[p], x.s.DInc[d]
 		x.toPrefill(p, &x.s.ToPrefill[p], Msg{Kind: MPrefill, Req: int8(r), Tokens: uint8(t)})
 	}
@@ -1037,6 +1037,10 @@ func (x *sys) admit(r int, g Msg) {
 		skip := g.Prefix
 		if x.bug(PrefixCountMismatch) && g.Prefix > 0 {
 			skip = min(g.Prefix+1, snd.Pages) // it counts the prefix its own way: a page more
+			// and WRITEs its first page past that into the grant's first page, and so on
+			for i := int(snd.Pages) - 1; i >= int(skip); i-- {
+				snd.Grant[i] = snd.Grant[i-int(skip-g.Prefix)]
+			}
 		}
 		snd.Skip, snd.Posted, snd.Completed = skip, skip, skip
 		if snd.Posted == snd.Pages {
