@@ -540,12 +540,13 @@ func (m *Model) observePinned(prev *State, a Action, next *State) {
 	}
 }
 
-// pinHeld reports whether a request whose pages are not yet released holds
-// a pin on page p of decode node d at epoch e (its prefix hit names it).
+// pinHeld reports whether a request holding its pins (reserved or
+// verified: an abort unpins at once, a release at every other end) holds
+// one on page p of decode node d at epoch e (its prefix hit names it).
 func (m *Model) pinHeld(s *State, d, p int, e uint8) bool {
 	for r := range m.cfg.Prompts {
 		q := &s.Req[r]
-		if !q.Submitted || int(q.D) != d || q.R.Released || q.R.Phase == RNone {
+		if !q.Submitted || int(q.D) != d || q.R.Released || q.R.Phase != RReserved && q.R.Phase != RReady {
 			continue
 		}
 		for i := 0; i < int(q.R.Prefix); i++ {
