@@ -3,6 +3,7 @@ package model
 import (
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 
@@ -64,9 +65,12 @@ var prefixCombinations = []struct {
 // walks of every cache-on deployment, and the walks hit, insert, evict and
 // purge.
 func TestImplementationWithThePrefixCacheRefinesTheSpecOnSeededWalks(t *testing.T) {
-	seeds := uint64(2000)
+	seeds := uint64(1000) // KVH_LONG=1: 10,000
 	if testing.Short() {
 		seeds = 300
+	}
+	if os.Getenv("KVH_LONG") != "" {
+		seeds = 10000
 	}
 	clear(walkCoverage)
 	t.Run("configs", func(t *testing.T) {
@@ -152,7 +156,7 @@ func wantsOneOf(err error, props []string) bool {
 // the cache-on deployments (the bug is the same bug on both sides), and
 // some walks run to their end.
 func TestImplementationWithAPrefixSwitchRefinesTheSpecWithIt(t *testing.T) {
-	walks := uint64(300)
+	walks := uint64(150)
 	if testing.Short() {
 		walks = 50
 	}
