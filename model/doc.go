@@ -35,9 +35,11 @@
 // Refinement holds the implementation to the spec's transitions: it runs the
 // Router, a Sender per prefill node and a Receiver per decode node of the
 // spec's deployment (up to two of each, a queue pair per pair, crashes,
-// restarts of either role under a new incarnation, either node's lease)
-// beside package spec, one spec action at a time (the spec's Compute is the
-// engine computing the request's next page and Sender.ComputedPages), maps
+// restarts of either role under a new incarnation, either node's lease,
+// and the decode nodes' prefix cache: each cached page's key, pins, LRU rank
+// and purge, each request's prefix hit) beside package spec, one spec
+// action at a time (the spec's Compute is the engine computing the
+// request's next page and Sender.ComputedPages), maps
 // the implementation's state into the spec's terms after every step (View,
 // SpecView) and fails on any difference; the spec's properties are then checked
 // on the spec state the mapping has shown equal. refine_test.go drives it with

@@ -19,14 +19,16 @@ import "github.com/kvhandoff/kvhandoff/internal/research"
 //     honest peers, every Bootstrap one the router dispatched. Caught by
 //     protocol.TestBootstrapWithoutAValidTicketReservesNothing and
 //     node.TestUnticketedFloodFromAnIntruderReservesNothing.
-//   - scope-dropped, client-scope, evict-pinned, prefix-count-mismatch and
-//     write-shared: the prefix cache (docs/protocol.md, "Prefix reuse"). The
-//     refinement maps the spec without its cache (the spec's cache is built
-//     separately), and the switch tests above run the default workload,
-//     which shares no prefix. The simulation with SimConfig.PrefixCache finds
-//     four of them (TestSimulationFindsEveryPrefixSwitch), and
-//     protocol.TestEachPrefixSwitchBreaksAProperty stages each;
-//     client-scope is the router's, in package node.
+//   - client-scope: the scope decision is node's router (node.Router's
+//     scopeOf and its front door's refusal of a body naming a scope, the
+//     OpenAI cache_salt field): protocol.Router.Submit takes no scope and
+//     the model's router plays only the authenticated tenant's, so no walk
+//     has a client naming one (the refinement's driver leaves the spec's
+//     rogue Submit out). Caught by node.TestARequestNamingItsScopeIsRefused
+//     (under the switch the body's scope is taken, and is the victim's).
+//     The other four prefix switches are in the model: the refinement maps
+//     the prefix cache (prefix_refine_test.go), and the simulation with
+//     SimConfig.PrefixCache finds them (TestSimulationFindsEveryPrefixSwitch).
 //   - free-computing: transfer's driver, which holds what would end a
 //     request until its chunk ends (free-computing is the driver's bug, not
 //     the Sender's: the refinement drives the Sender, not the driver).
@@ -38,10 +40,6 @@ var notInTheModel = map[research.Switch]bool{
 	research.PoolWideKey:         true,
 	research.VerifyBeforeRevoke:  true,
 	research.UnticketedBootstrap: true,
-	research.ScopeDropped:        true,
 	research.ClientScope:         true,
-	research.EvictPinned:         true,
-	research.PrefixCountMismatch: true,
-	research.WriteShared:         true,
 	research.FreeComputing:       true,
 }

@@ -133,6 +133,11 @@ type Refinement struct {
 	// registered when it dispatched the request.
 	routedInc [spec.MaxRequests]uint64
 	sums      map[uint64]spec.Label
+	// With the prefix cache: each request's chain hashes (from its
+	// prompt's tokens, as the router computes them), and the spec's chain
+	// id of each hash.
+	chain   [spec.MaxRequests][]protocol.ChainHash
+	chainID map[protocol.ChainHash]uint8
 
 	// keepQueuePairAtDecodeRestart is a test-only mutation: a prefill node
 	// that takes the news of a decode node's restart moves its queue pair
@@ -209,6 +214,12 @@ func writeDamage(variant uint16) uint8 {
 // ErrRefinement says the implementation and the spec parted ways.
 var ErrRefinement = errors.New("refinement mapping differs")
 
+// ErrAudit says a Receiver's own audit (Receiver.Audit: the pool's
+// bookkeeping, every pin held on a page still cached) failed while the
+// views were equal. A bug the spec also has can do that in the very step
+// where the spec's property breaks: the driver reports the property first.
+var ErrAudit = errors.New("a receiver's audit failed")
+
 // ErrOutOfBounds says the run left the spec's bounds: a queue of the spec
 // reached spec.MaxQueue, where the spec drops the message and flags
 // WithinBounds. It is a limit of the model, not a difference: the run ends.
@@ -258,8 +269,16 @@ func NewRefinementWith(cfg spec.Config, bugs research.Switches) (*Refinement, er
 	if err != nil {
 		return nil, err
 	}
+	if cfg.PrefixCache > 0 && cfg.PrefixCache < cfg.DecodePages {
+		// The Receiver's cache is bounded by its pool alone: the spec's
+		// must never be the one that stops an insertion.
+		return nil, fmt.Errorf("model: the refinement maps a prefix cache as large as the pool (%d pages), not %d", cfg.DecodePages, cfg.PrefixCache)
+	}
 	const size = 64
 	h := &Refinement{m: m, cfg: cfg, s: m.Initial()[0], size: size, sums: map[uint64]spec.Label{}, bugs: bugs}
+	if err := h.chains(); err != nil {
+		return nil, err
+	}
 	// Every node advertises what the spec's router trusts: ContextLimit tokens.
 	h.router = protocol.NewRouter(protocol.RouterConfig{Research: bugs})
 	for p := 0; p < cfg.NumPrefills(); p++ {
@@ -295,6 +314,13 @@ func NewRefinementWith(cfg spec.Config, bugs research.Switches) (*Refinement, er
 		rc := protocol.ReceiverConfig{Pages: cfg.DecodePages, PageTokens: cfg.PageSize,
 			MaxTokens: cfg.DecodeLimit(), Slots: cfg.DecodeSlots, Memory: dst, TagKeys: refKeys,
 			Region: func(p uint32) (uint64, uint32) { return uint64(p) << 20, 0x1000 }, Research: bugs}
+		if cfg.PrefixCache > 0 {
+			// The scope comes authenticated: the router's ticket binds it
+			// (node's Authorize, tested there); the model's peers are
+			// honest, each Bootstrap the one the router dispatched.
+			rc.PrefixCache = true
+			rc.Authorize = func(protocol.PeerID, *protocol.Bootstrap) error { return nil }
+		}
 		recv, err := protocol.NewReceiver(rc)
 		if err != nil {
 			return nil, err
@@ -302,6 +328,62 @@ func NewRefinementWith(cfg spec.Config, bugs research.Switches) (*Refinement, er
 		h.dec = append(h.dec, &decodeEnd{recv: recv, cfg: rc, dst: dst})
 	}
 	return h, h.compare("initial state")
+}
+
+// chains works out each request's prompt tokens and chain hashes with the
+// prefix cache: page i of request r holds tokens named by the letter of its
+// contents (spec.Config.Contents), so two prompts agree up to a page
+// exactly when the spec's chains do; past the pages of a declared public
+// prefix a public request's tokens also carry its tenant, as the node's
+// router salts the chain there with it (so only the tenant's own requests
+// share those pages). It names each hash by the spec's chain id, failing
+// if the two disagree.
+func (h *Refinement) chains() error {
+	if h.cfg.PrefixCache == 0 {
+		return nil
+	}
+	h.chainID = map[protocol.ChainHash]uint8{}
+	for r, t := range h.cfg.Prompts {
+		if h.scopeOf(r) == 0 {
+			continue
+		}
+		tokens := make([]uint32, t)
+		for j := range tokens {
+			letter := uint32('a')
+			if i := j / h.cfg.PageSize; len(h.cfg.Contents) > 0 && i < len(h.cfg.Contents[r]) {
+				letter = uint32(h.cfg.Contents[r][i])
+			}
+			tokens[j] = letter<<8 | uint32(j%h.cfg.PageSize)
+			if pub := h.cfg.PublicPages(r); pub > 0 && j/h.cfg.PageSize >= pub {
+				tokens[j] |= uint32(h.cfg.Scopes[r]) << 16 // the tenant's salt
+			}
+		}
+		h.chain[r] = protocol.PrefixChain(tokens, h.cfg.PageSize)
+		if t > h.cfg.ContextLimit {
+			continue // the router refuses it: no decode node sees its chain
+		}
+		for i, c := range h.chain[r] {
+			id := h.m.Chain(r, i)
+			if old, ok := h.chainID[c]; ok && old != id || id == 0 {
+				return fmt.Errorf("model: r%d's chain hash at page %d is the spec's chain %d and %d", r, i, old, id)
+			}
+			h.chainID[c] = id
+		}
+	}
+	return nil
+}
+
+// scopeOf is the scope the router gives request r: its authenticated
+// tenant's (spec.Config.Scopes), or the public scope for a request that
+// starts with the declared public prefix; never one its client names.
+func (h *Refinement) scopeOf(r int) protocol.Scope {
+	switch {
+	case h.cfg.PrefixCache == 0 || len(h.cfg.Scopes) == 0:
+		return 0
+	case h.cfg.PublicPages(r) > 0:
+		return spec.PublicScope
+	}
+	return protocol.Scope(h.cfg.Scopes[r])
 }
 
 // nodeInfo is node id's registration in role as its incarnation inc:
@@ -1019,7 +1101,8 @@ func (h *Refinement) intake(p, r int) error {
 		}
 		return h.router.LegEnded(prefillID(p), id(r), fmt.Errorf("%w: no queue pair to decode node %d", protocol.ErrPeerFailed, d))
 	}
-	pages, err := pe.snd.Submit(id(r), qpTo(decodeID(d)), h.cfg.Prompts[r])
+	pages, err := pe.snd.SubmitWith(id(r), qpTo(decodeID(d)), h.cfg.Prompts[r],
+		protocol.SubmitOptions{Scope: h.scopeOf(r), Chain: h.chain[r]})
 	if err != nil {
 		return h.router.LegEnded(prefillID(p), id(r), err)
 	}
@@ -1245,6 +1328,14 @@ func reasonOf(err error) spec.Reason {
 
 func (h *Refinement) grantOf(r int) []protocol.PageRef { return h.granted[r] }
 
+// recordPages is request r's pages as its decode node's Receiver holds them:
+// its prefix hit's pinned pages, then its fresh ones (the spec's record).
+func (h *Refinement) recordPages(r int) []protocol.PageRef {
+	_, d := h.routeOf(r)
+	prefix, fresh := h.dec[d].recv.Pages(id(r))
+	return append(slices.Clone(prefix), fresh...)
+}
+
 // sourceMatches reports whether n's sender record for r took the source
 // pages, in order, that the Sender's pool gave r.
 func (h *Refinement) sourceMatches(r int, n *spec.State) bool {
@@ -1262,6 +1353,9 @@ func (h *Refinement) sourceMatches(r int, n *spec.State) bool {
 
 func (h *Refinement) grantMatches(r int, n *spec.State) bool {
 	refs := h.grantOf(r)
+	if h.cfg.PrefixCache > 0 {
+		refs = h.recordPages(r)
+	}
 	rec := &n.Req[r].R
 	if len(refs) != int(rec.N) {
 		return false
@@ -1274,10 +1368,18 @@ func (h *Refinement) grantMatches(r int, n *spec.State) bool {
 	return true
 }
 
-// compare fails if the implementation's view differs from the spec's.
+// compare fails if the implementation's view differs from the spec's, or,
+// with the prefix cache, if a Receiver's own audit fails (ErrAudit).
 func (h *Refinement) compare(after string) error {
 	want, got := SpecView(h.cfg, &h.s), h.View()
 	if want == got {
+		if h.cfg.PrefixCache > 0 {
+			for d, de := range h.dec {
+				if err := de.recv.Audit(); err != nil {
+					return fmt.Errorf("%w after %s: decode node %d: %v", ErrAudit, after, d, err)
+				}
+			}
+		}
 		return nil
 	}
 	wl, gl := strings.Split(want, "\n"), strings.Split(got, "\n")
@@ -1378,7 +1480,13 @@ func (h *Refinement) View() string {
 		}
 		fmt.Fprintf(&b, "r%d%s: %v %v | sender %s | receiver %s | grant", r, incName(h.cfg, h.routedInc[r]), o, why, sp, rp)
 		if rp != "-" && st != protocol.ReceiverTombstone {
-			for _, ref := range h.granted[r] {
+			refs := h.granted[r]
+			if h.cfg.PrefixCache > 0 {
+				prefix, _ := h.dec[d].recv.Pages(id(r))
+				refs = h.recordPages(r)
+				fmt.Fprintf(&b, " prefix %d:", len(prefix))
+			}
+			for _, ref := range refs {
 				fmt.Fprintf(&b, " %d@%d", ref.Page, ref.Epoch)
 			}
 		}
@@ -1397,11 +1505,22 @@ func (h *Refinement) View() string {
 	}
 	for d, de := range h.dec {
 		pool := de.recv.Pool()
+		rank := map[uint32]int{}
+		for i, p := range pool.LRUOrder() {
+			rank[p] = i + 1
+		}
 		for p := 0; p < h.cfg.DecodePages; p++ {
 			owner, quarantined, free := pool.Owner(uint32(p))
 			o := "free"
 			if !free {
 				o = fmt.Sprintf("r%d", int(owner)-1)
+			}
+			if e, ok := pool.Entry(uint32(p)); ok {
+				chain, known := h.chainID[e.Hash]
+				if !known {
+					chain = 255 // a hash no prompt of the run has: the spec has no such key
+				}
+				o = cachedName(uint8(e.Scope), chain, e.Pins, rank[uint32(p)], e.Purged)
 			}
 			tag := "torn"
 			t, err := protocol.ParseTag(de.dst.TagRecord(uint32(p)), refKey)
@@ -1457,6 +1576,17 @@ func (h *Refinement) View() string {
 	return b.String()
 }
 
+// cachedName is how a view names a cached page: its key (scope, chain
+// id), its pins, its rank in LRU order (1 the least recently used; 0 for a
+// purged page, in no order) and whether it was purged.
+func cachedName(scope, chain uint8, pins, lru int, purged bool) string {
+	s := fmt.Sprintf("cached scope %d chain %d pins %d lru %d", scope, chain, pins, lru)
+	if purged {
+		s += " purged"
+	}
+	return s
+}
+
 // writeRouterQueue is the view of the router's messages to one node.
 func writeRouterQueue(b *strings.Builder, name string, node, of int, msgs []spec.Msg) {
 	if of > 1 {
@@ -1497,6 +1627,9 @@ func SpecView(cfg spec.Config, s *spec.State) string {
 		}
 		fmt.Fprintf(&b, "r%d%s: %v %v | sender %s | receiver %s | grant", r, incName(cfg, uint64(q.DInc)), q.Outcome, why, sp, rp)
 		if rp != "-" && q.R.Phase != spec.RTombstone {
+			if cfg.PrefixCache > 0 {
+				fmt.Fprintf(&b, " prefix %d:", q.R.Prefix)
+			}
 			for i := 0; i < int(q.R.N); i++ {
 				fmt.Fprintf(&b, " %d@%d", q.R.Pages[i].Page, q.R.Pages[i].Epoch)
 			}
@@ -1522,6 +1655,9 @@ func SpecView(cfg spec.Config, s *spec.State) string {
 			o := "free"
 			if pg.Owner != spec.Free {
 				o = fmt.Sprintf("r%d", pg.Owner)
+			}
+			if pg.Cached {
+				o = cachedName(pg.Scope, pg.Key, int(pg.Pins), int(pg.LRU), pg.Doomed)
 			}
 			req := fmt.Sprintf("r%d", pg.Tag.Req)
 			if pg.Tag.Req == spec.Tenant {

@@ -526,6 +526,36 @@ func (p *Pool) Shared(page uint32) (scope Scope, pins int, cached bool) {
 	return pg.key.scope, int(pg.pins), true
 }
 
+// CacheEntry is what a cached page is kept under, for audits and the
+// refinement mapping (package model): its key, its pins, and whether it
+// was purged (its writer failed while it was pinned: out of the index,
+// freed at its last unpin).
+type CacheEntry struct {
+	Scope  Scope
+	Hash   ChainHash
+	Pins   int
+	Purged bool
+}
+
+// Entry says what page is cached under, if it is cached.
+func (p *Pool) Entry(page uint32) (CacheEntry, bool) {
+	pg := &p.pages[page]
+	if pg.state != pageCached {
+		return CacheEntry{}, false
+	}
+	return CacheEntry{Scope: pg.key.scope, Hash: pg.key.hash, Pins: int(pg.pins), Purged: pg.doomed}, true
+}
+
+// LRUOrder is the cached pages eviction may consider, least recently used
+// first (purged pages are in no order). For audits and the refinement mapping.
+func (p *Pool) LRUOrder() []uint32 {
+	var out []uint32
+	for id := p.tail; id != noPage; id = p.pages[id].prev {
+		out = append(out, id)
+	}
+	return out
+}
+
 // Epoch is a page's current epoch.
 func (p *Pool) Epoch(page uint32) uint64 { return p.pages[page].epoch.Load() }
 

@@ -897,6 +897,17 @@ func (s ReceiverStatus) String() string {
 
 var receiverStatusNames = [...]string{"none", "tombstone", "reserved", "ready", "reading", "quarantine", "finished", "closed"}
 
+// Pages is request id's pages as its record holds them: the cached pages
+// of its prefix hit (pinned while it lives), then the fresh pages it was
+// granted, each at its epoch; nil for a request without a record. For
+// audits and the refinement mapping (package model).
+func (r *Receiver) Pages(id RequestID) (prefix, fresh []PageRef) {
+	if q := r.reqs[id]; q != nil {
+		return q.prefix, q.refs
+	}
+	return nil, nil
+}
+
 // Status is request id's state on this node.
 func (r *Receiver) Status(id RequestID) ReceiverStatus {
 	q := r.reqs[id]

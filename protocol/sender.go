@@ -343,7 +343,7 @@ func (s *Sender) admit(peer PeerID, g *Grant) error {
 		refuse = fmt.Errorf("%w: Grant for %d tokens in %d pages, the request is %d tokens in %d pages",
 			ErrTokenMismatch, g.Tokens, len(g.Pages), q.tokens, len(q.src))
 	} else if s.cfg.Research.Has(research.PrefixCountMismatch) {
-		if len(g.Pages) < n-skip || skip >= n {
+		if len(g.Pages) < n-skip || skip > n { // only what indexing needs: a skip of every page posts Done at once
 			refuse = fmt.Errorf("%w: Grant of %d pages, %d to write", ErrBadGrant, len(g.Pages), n-skip)
 		}
 	} else if int(g.Prefix)%pt != 0 || k > q.chain || len(g.Pages) != n-k {

@@ -325,6 +325,12 @@ type Config struct {
 	// share the chain up to page i when their first i+1 letters agree. Empty
 	// means "a" for every page (every prompt shares every prefix).
 	Contents []string
+	// PublicPrefix is a declared public prefix (a system prompt every tenant
+	// may share), as the letters of its full pages; empty: none. A request
+	// of a tenant scope whose contents start with it gets the public scope,
+	// and its chain past the public pages is salted with its tenant
+	// (prefix.go), as the node's router does.
+	PublicPrefix string
 }
 
 // NumPrefills is the number of prefill nodes.
@@ -460,7 +466,12 @@ func (c *Config) Validate() error {
 			}
 		}
 	}
-	if (len(c.Scopes) > 0 || len(c.Contents) > 0) && c.PrefixCache == 0 {
+	for _, ch := range c.PublicPrefix {
+		if ch < 'a' || ch > 'z' {
+			return bad("public prefix %q: pages are named a..z", c.PublicPrefix)
+		}
+	}
+	if (len(c.Scopes) > 0 || len(c.Contents) > 0 || c.PublicPrefix != "") && c.PrefixCache == 0 {
 		return bad("scopes and contents describe the prefix cache: give it a capacity too")
 	}
 	return nil

@@ -76,6 +76,7 @@ const (
 	AdmitMidStream                      // prefill admission: the Grant is admitted before every page is computed (stream.go)
 	EndMidStream                        // a sender's leg ends with pages not yet computed: the computation stops (stream.go)
 	ComputeEnded                        // free-computing: a page computed for a leg that has ended, into a source page it no longer holds
+	PrefixPurge                         // a cut or a failed verification takes a cached page its writer wrote out of the cache
 	NumBranches
 )
 
@@ -99,6 +100,7 @@ var branchNames = [NumBranches]string{
 	"verify-prefix", "verify-pinned", "read-shared",
 	"partition-loss", "lost-decode-fence",
 	"admit-mid-stream", "end-mid-stream", "compute-ended",
+	"prefix-purge",
 }
 
 func (b Branch) String() string {

@@ -35,7 +35,7 @@ func New(cfg Config) (*Model, error) {
 	for r, t := range cfg.Prompts {
 		sig[r] = fmt.Sprint(t)
 		if cfg.PrefixCache > 0 {
-			sig[r] += fmt.Sprintf("/%d/%s", cfg.scopeOf(r), cfg.contentsOf(r))
+			sig[r] += fmt.Sprintf("/%d/%s", cfg.scopeOf(r), cfg.contentsOf(r)) // the public prefix is the same for all
 		}
 	}
 	class := make([]int, len(sig))
@@ -290,8 +290,8 @@ func (e *encoder) sortPages() {
 				uint64(e.req(pg.Tag.Req))<<8 | uint64(byte(pg.Tag.Index))
 			lo := uint64(pg.Tag.Epoch)<<56 | uint64(e.req(pg.Tag.Sum.Req))<<48 | uint64(byte(pg.Tag.Sum.Index))<<40 |
 				uint64(b2b(pg.Tag.Sum.Corrupt))<<32 | noSite
-			if pg.Cached { // 15 bits: cached, scope (2), chain (6), pins (3), LRU rank (3)
-				lo |= uint64(1<<15|uint16(pg.Scope&3)<<13|uint16(pg.Key&63)<<7|uint16(pg.Pins&7)<<4|uint16(pg.LRU&7)<<1) << 16
+			if pg.Cached { // 16 bits: cached, scope (2), chain (6), pins (3), LRU rank (3), doomed
+				lo |= uint64(1<<15|uint16(pg.Scope&3)<<13|uint16(pg.Key&63)<<7|uint16(pg.Pins&7)<<4|uint16(pg.LRU&7)<<1|uint16(b2b(pg.Doomed))) << 16
 			}
 			keys[p] = pageKey{hi: hi, lo: lo, page: int8(p)}
 		}
@@ -395,7 +395,7 @@ func (e *encoder) appendRequests(dst []byte) []byte {
 		}
 		sn := &q.S
 		if e.cache {
-			dst = append(dst, q.Scope, sn.Skip, q.R.Prefix)
+			dst = append(dst, q.Scope, sn.Skip, q.R.Prefix|b2b(q.R.NoInsert)<<7)
 		}
 		dst = append(dst, byte(sn.Phase), b2b(sn.Placeholder), sn.Pages, sn.Computed, b2b(sn.SrcHeld), b2b(sn.Granted), sn.Posted, sn.Completed)
 		for i := 0; i < int(sn.Pages); i++ {

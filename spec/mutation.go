@@ -39,6 +39,7 @@ const (
 	NoSharedReadCheck                     // the read does not check the pinned prefix pages
 	InsertUnverified                      // a request's written pages enter the prefix cache at every end, not only after a verified read
 	NoUnpin                               // a request's end does not unpin the pages of its prefix hit
+	UnsaltedPublicChain                   // the chain past a public prefix is not salted with the tenant: a public request's private pages are keyed alike for every tenant
 	NumMutations
 )
 
@@ -49,6 +50,7 @@ var mutationNames = [NumMutations]string{"none",
 	"no-router-leg-cancel", "no-lost-decode-fence",
 	"key-outlives-record", "key-covers-pool", "no-ticket-check",
 	"no-done-prefix-check", "no-pinned-check", "no-shared-read-check", "insert-unverified", "no-unpin",
+	"unsalted-public-chain",
 }
 
 func (m Mutation) String() string {

@@ -1,6 +1,10 @@
 package spec
 
-import "slices"
+import (
+	"fmt"
+	"slices"
+	"strings"
+)
 
 // Prefix reuse (docs/spec.md#prefix-reuse; docs/protocol.md, prefix reuse).
 // With Config.PrefixCache a decode node keeps verified full prompt pages
@@ -21,8 +25,12 @@ import "slices"
 //
 // KV stays a Label: a page written for request q's page i holds q[i], which
 // is request r's KV for page i too when their chains agree there
-// (Model.ownKV). The properties: NoCrossScopeRead (a request reads another
-// request's KV only if both are of the same tenant scope),
+// (Model.ownKV). A declared public prefix (Config.PublicPrefix) gives the
+// requests that start with it the public scope, their chains salted with
+// their tenant past the public pages: every tenant shares the public pages,
+// only its own the rest. The properties: NoCrossScopeRead (a request reads
+// another request's KV only if both are of the same tenant scope, or the
+// page is a public page both start with),
 // PinnedNeverReallocated (a ghost: a pinned page is never reallocated or
 // written, a cached one never written) and PrefixExact (prefill's skipped
 // length is decode's hit length, short of the last page).
@@ -30,7 +38,8 @@ import "slices"
 // Property names of the prefix cache (docs/spec.md#properties).
 const (
 	// NoCrossScopeRead: no request reads a page whose KV was written for
-	// another tenant's scope (the model declares no public scope).
+	// another tenant's scope, but for the pages of a declared public prefix
+	// both requests start with.
 	NoCrossScopeRead = "NoCrossScopeRead"
 	// PinnedNeverReallocated: a pinned page is never reallocated or
 	// written while pinned, and a cached page never written.
@@ -91,6 +100,31 @@ func (c *Config) scopeOf(r int) uint8 {
 	return uint8(c.Scopes[r])
 }
 
+// PublicScope is the scope of the declared public prefix (Config.PublicPrefix):
+// one past the tenant scopes.
+const PublicScope = MaxScopes + 1
+
+// PublicPages is how many of request r's first pages are the declared public
+// prefix's: its length if r is of a tenant scope and its contents start
+// with it, else 0 (r is then no public request).
+func (c *Config) PublicPages(r int) int {
+	p := c.PublicPrefix
+	if p == "" || c.scopeOf(r) == 0 || !strings.HasPrefix(c.contentsOf(r), p) {
+		return 0
+	}
+	return len(p)
+}
+
+// routerScope is the scope the router gives request r: the public scope
+// for a request that starts with the public prefix (its chain past the
+// public pages salted with its tenant: chains), else its tenant's.
+func (c *Config) routerScope(r int) uint8 {
+	if c.PublicPages(r) > 0 {
+		return PublicScope
+	}
+	return c.scopeOf(r)
+}
+
 // contentsOf is request r's full pages, one letter each.
 func (c *Config) contentsOf(r int) string {
 	if len(c.Contents) == 0 {
@@ -106,24 +140,32 @@ func (c *Config) contentsOf(r int) string {
 
 // chains numbers the distinct prompt prefixes of cfg: chain[r][i] (1 and
 // up) names request r's pages 0..i, for each full page i; two requests'
-// ids are equal exactly when their contents agree up to page i. The ids
-// depend on contents only, so they are the same under any renaming of
+// ids are equal exactly when their contents agree up to page i. Past the
+// public pages of a public request the chain is salted with its tenant
+// (unless the unsalted-public-chain mutation drops the salt), so two
+// tenants' requests share only the public pages. The ids depend on
+// contents and scopes only, so they are the same under any renaming of
 // interchangeable requests.
 func chains(cfg *Config) (out [MaxRequests][MaxDecodePages]uint8) {
+	key := func(r, i int) string {
+		k := cfg.contentsOf(r)[:i]
+		if pub := cfg.PublicPages(r); pub > 0 && i > pub && cfg.Mutation != UnsaltedPublicChain {
+			k += fmt.Sprintf("/%d", cfg.scopeOf(r))
+		}
+		return k
+	}
 	var prefixes []string
 	for r := range cfg.Prompts {
-		s := cfg.contentsOf(r)
-		for i := 1; i <= len(s) && i <= MaxDecodePages; i++ {
-			if !slices.Contains(prefixes, s[:i]) {
-				prefixes = append(prefixes, s[:i])
+		for i := 1; i <= len(cfg.contentsOf(r)) && i <= MaxDecodePages; i++ {
+			if !slices.Contains(prefixes, key(r, i)) {
+				prefixes = append(prefixes, key(r, i))
 			}
 		}
 	}
 	slices.Sort(prefixes)
 	for r := range cfg.Prompts {
-		s := cfg.contentsOf(r)
-		for i := 1; i <= len(s) && i <= MaxDecodePages; i++ {
-			out[r][i-1] = uint8(slices.Index(prefixes, s[:i]) + 1)
+		for i := 1; i <= len(cfg.contentsOf(r)) && i <= MaxDecodePages; i++ {
+			out[r][i-1] = uint8(slices.Index(prefixes, key(r, i)) + 1)
 		}
 	}
 	return out
@@ -152,12 +194,22 @@ func (m *Model) scopeMatch(pg, scope uint8) bool {
 	return pg == scope || m.cfg.Bugs.Has(ScopeDropped)
 }
 
+// Chain is request r's chain id at full page i (1 and up; 0 past its full
+// pages): two requests' ids agree exactly when their contents agree up to
+// page i. The refinement mapping names the implementation's chain hashes by it.
+func (m *Model) Chain(r, i int) uint8 {
+	if r < 0 || r >= len(m.cfg.Prompts) || i < 0 || i >= m.fullPages(r) {
+		return 0
+	}
+	return m.chain[r][i]
+}
+
 // cachedPage returns the page of decode node d cached under (scope, key),
 // or -1. The cache holds at most one page per key, so the answer does not
-// depend on how pages are numbered.
+// depend on how pages are numbered. A doomed page is in no index.
 func (m *Model) cachedPage(s *State, d int, scope, key uint8) int8 {
 	for p := 0; p < m.cfg.DecodePages; p++ {
-		if pg := &s.Pages[d][p]; pg.Cached && pg.Key == key && m.scopeMatch(pg.Scope, scope) {
+		if pg := &s.Pages[d][p]; pg.Cached && !pg.Doomed && pg.Key == key && m.scopeMatch(pg.Scope, scope) {
 			return int8(p)
 		}
 	}
@@ -191,7 +243,7 @@ func (m *Model) plan(s *State, d, r int, b Msg, n int) prefixPlan {
 			p := m.cachedPage(s, d, b.Scope, m.chain[r][i])
 			if p < 0 {
 				for q := 0; q < m.cfg.DecodePages; q++ {
-					if pg := &s.Pages[d][q]; pg.Cached && pg.Key == m.chain[r][i] {
+					if pg := &s.Pages[d][q]; pg.Cached && !pg.Doomed && pg.Key == m.chain[r][i] {
 						pl.scopeMiss = true
 					}
 				}
@@ -204,14 +256,18 @@ func (m *Model) plan(s *State, d, r int, b Msg, n int) prefixPlan {
 	pl.fresh = n - pl.k
 	pl.cands = free
 	if short := pl.fresh - len(free); short > 0 && m.cacheOn() {
-		// Least recently used first; the hit's own pages count as just used.
+		// Least recently used first; the hit's own pages count as just used,
+		// pinned deepest first, so that the hit's root is the most recent
+		// (as takePrefix touches them). A doomed page is in no LRU order.
 		var order []int8
 		for p := 0; p < m.cfg.DecodePages; p++ {
 			pg := &s.Pages[d][p]
-			if !pg.Cached {
+			if !pg.Cached || pg.Doomed {
 				continue
 			}
-			if pg.Pins > 0 && !m.cfg.Bugs.Has(EvictPinned) {
+			// The hit's pages are pinned before the fresh ones are taken, so
+			// making room never evicts them (Receiver.bootstrap pins first).
+			if (pg.Pins > 0 || slices.Contains(pl.hit[:pl.k], int8(p))) && !m.cfg.Bugs.Has(EvictPinned) {
 				pl.skipped = true
 				continue
 			}
@@ -219,7 +275,7 @@ func (m *Model) plan(s *State, d, r int, b Msg, n int) prefixPlan {
 		}
 		rank := func(p int8) int {
 			if i := slices.Index(pl.hit[:pl.k], p); i >= 0 {
-				return 256 + i
+				return 256 + pl.k - 1 - i
 			}
 			return int(s.Pages[d][p].LRU)
 		}
@@ -239,7 +295,7 @@ func touch(s *State, d int, p int8, npages int) {
 	pg := &s.Pages[d][p]
 	top := uint8(0)
 	for q := 0; q < npages; q++ {
-		if s.Pages[d][q].Cached {
+		if s.Pages[d][q].Cached && !s.Pages[d][q].Doomed {
 			top = max(top, s.Pages[d][q].LRU)
 		}
 	}
@@ -248,11 +304,11 @@ func touch(s *State, d int, p int8, npages int) {
 }
 
 // renumber keeps the cached pages' LRU ranks dense (1 to their number), so
-// equal orders encode the same.
+// equal orders encode the same; a doomed page has none.
 func renumber(s *State, d, npages int) {
 	var order []int8
 	for q := 0; q < npages; q++ {
-		if s.Pages[d][q].Cached {
+		if s.Pages[d][q].Cached && !s.Pages[d][q].Doomed {
 			order = append(order, int8(q))
 		} else {
 			s.Pages[d][q].LRU = 0
@@ -274,7 +330,11 @@ func (x *sys) takePrefix(r, d int, pl *prefixPlan) {
 		pg := &x.s.Pages[d][p]
 		pg.Cached, pg.Scope, pg.Key, pg.Pins, pg.LRU = false, 0, 0, 0, 0
 	}
-	for i, p := range pl.hit[:pl.k] {
+	// Deepest first, so that the root ends the most recently used: a
+	// chain's pages are evicted leaf first, and eviction never leaves a
+	// cached page whose root is gone (the implementation's Pool.Pin).
+	for i := pl.k - 1; i >= 0; i-- {
+		p := pl.hit[i]
 		pg := &x.s.Pages[d][p]
 		pg.Pins++
 		touch(x.s, d, p, npages)
@@ -287,8 +347,19 @@ func (x *sys) takePrefix(r, d int, pl *prefixPlan) {
 	}
 }
 
+// touchHit makes the pages of pl's hit the most recently used, deepest
+// first, without pinning them: a reservation that found its prefix but not
+// its fresh pages pinned the hit and unpinned it again (the
+// implementation's Receiver.bootstrap: Pin, then Allocate, then Unpin).
+func (x *sys) touchHit(d int, pl *prefixPlan) {
+	for i := pl.k - 1; i >= 0; i-- {
+		touch(x.s, d, pl.hit[i], x.m.cfg.DecodePages)
+	}
+}
+
 // unpin releases r's hold on the pages of its prefix hit: still cached at
-// the epoch it pinned (an evict-pinned eviction may have taken one).
+// the epoch it pinned (an evict-pinned eviction may have taken one). A
+// doomed page is freed at its last unpin.
 func (x *sys) unpin(r int) {
 	rec := &x.s.Req[r].R
 	if x.mut(NoUnpin) {
@@ -298,6 +369,49 @@ func (x *sys) unpin(r int) {
 		ref := rec.Pages[i]
 		if pg := &x.pool(r)[ref.Page]; pg.Cached && pg.Epoch == ref.Epoch && pg.Pins > 0 {
 			pg.Pins--
+			if pg.Pins == 0 && pg.Doomed {
+				uncache(pg)
+			}
+		}
+	}
+}
+
+// uncache makes a cached page free: its KV, tag record and epoch stay.
+func uncache(pg *DecodePage) {
+	pg.Cached, pg.Scope, pg.Key, pg.Pins, pg.LRU, pg.Doomed = false, 0, 0, 0, 0, false
+}
+
+// purge takes the pages prefill node p wrote out of decode node d's cache,
+// as the queue pair between them is cut (a cut, a lost node, a new
+// incarnation) or a Done from p fails verification: verification proves
+// who wrote a page, not that it is the prompt's KV, so a writer caught is
+// no longer trusted for what it wrote before (docs/security.md). A cached
+// page's writer is the prefill node of the request its tag record names
+// (the request that inserted it, verified). An unpinned page is freed at
+// once; a pinned one is doomed: out of the index and the LRU order, freed
+// at its last unpin, so the requests reading it keep what they verified.
+// p's requests at d not yet read insert nothing (NoInsert). The
+// implementation's Receiver.purge, to the page.
+func (x *sys) purge(p, d int) {
+	if !x.m.cacheOn() {
+		return
+	}
+	for i := 0; i < x.m.cfg.DecodePages; i++ {
+		pg := &x.s.Pages[d][i]
+		if w := pg.Tag.Req; !pg.Cached || pg.Doomed || w < 0 || int(w) >= len(x.m.cfg.Prompts) || int(x.s.Req[w].P) != p {
+			continue
+		}
+		x.hit(PrefixPurge)
+		if pg.Pins == 0 {
+			uncache(pg)
+		} else {
+			pg.Doomed, pg.LRU = true, 0
+		}
+	}
+	renumber(x.s, d, x.m.cfg.DecodePages)
+	for r := range x.m.cfg.Prompts {
+		if q := &x.s.Req[r]; q.onPair(p, d) && (q.R.Phase == RReserved || q.R.Phase == RReady) && q.DInc == x.s.DInc[d] {
+			q.R.NoInsert = true
 		}
 	}
 }
@@ -312,6 +426,14 @@ func (x *sys) insert(r int) {
 		return
 	}
 	d := int(q.D)
+	if q.R.NoInsert {
+		return // its writer was caught since it was bootstrapped
+	}
+	for i := 0; i < int(q.R.Prefix); i++ {
+		if ref := q.R.Pages[i]; x.s.Pages[d][ref.Page].Doomed && x.s.Pages[d][ref.Page].Epoch == ref.Epoch {
+			return // its prefix's writer was caught: pages past it would hang from no hit
+		}
+	}
 	for i := int(q.R.Prefix); i < min(int(q.R.N), x.m.fullPages(r)); i++ {
 		ref := q.R.Pages[i]
 		pg := &x.s.Pages[d][ref.Page]
@@ -329,6 +451,13 @@ func (x *sys) insert(r int) {
 		pg.Cached, pg.Scope, pg.Key, pg.Pins = true, q.Scope, x.m.chain[r][i], 0
 		touch(x.s, d, ref.Page, c.DecodePages)
 	}
+	// The whole chain, deepest first, so that each cached page is more
+	// recent than the pages further down its chain (Pool.TouchChain).
+	for i := x.m.fullPages(r) - 1; i >= 0; i-- {
+		if p := x.m.cachedPage(x.s, d, q.Scope, x.m.chain[r][i]); p >= 0 {
+			touch(x.s, d, p, c.DecodePages)
+		}
+	}
 }
 
 // sharedOK is the check of a pinned page of r (at Done and at the read):
@@ -343,8 +472,7 @@ func (x *sys) sharedOK(r, i int) bool {
 // clearCache empties decode node d's cache (its restart: the pool is gone).
 func clearCache(s *State, d int) {
 	for i := range s.Pages[d] {
-		pg := &s.Pages[d][i]
-		pg.Cached, pg.Scope, pg.Key, pg.Pins, pg.LRU = false, 0, 0, 0, 0
+		uncache(&s.Pages[d][i])
 	}
 }
 
@@ -384,12 +512,64 @@ func (m *Model) observePinned(prev *State, a Action, next *State) {
 			}
 			written := b.Data != a.Data || b.Tag != a.Tag
 			moved := !b.Cached || b.Epoch != a.Epoch
-			if written && b.Cached || a.Pins > 0 && (written || moved) {
+			// A purged page freed at its last unpin, untouched, with no
+			// request holding a pin on it, is no reallocation.
+			freed := !b.Cached && b.Owner == Free && b.Epoch == a.Epoch && !written && !m.pinHeld(next, d, p, a.Epoch)
+			if written && b.Cached || a.Pins > 0 && (written || moved) && !freed {
 				next.Ghost.Pinned, next.Ghost.PinnedPage, next.Ghost.PinnedNode = true, int8(p), int8(d)
 				return
 			}
 		}
 	}
+	// A pin taken in this very step counts too: a request holding its pins
+	// (reserved or verified) whose prefix page is no longer cached at the
+	// epoch it pinned (under evict-pinned, the reservation that pinned it
+	// evicted it for its own fresh pages).
+	for r := range m.cfg.Prompts {
+		q := &next.Req[r]
+		if !q.Submitted || q.R.Released || q.R.Phase != RReserved && q.R.Phase != RReady {
+			continue
+		}
+		if a.Kind == Restart && a.Arg == DecodeNode|uint16(q.D) {
+			continue
+		}
+		for i := 0; i < int(q.R.Prefix); i++ {
+			ref := q.R.Pages[i]
+			if pg := &next.Pages[q.D][ref.Page]; !pg.Cached || pg.Epoch != ref.Epoch {
+				next.Ghost.Pinned, next.Ghost.PinnedPage, next.Ghost.PinnedNode = true, ref.Page, q.D
+				return
+			}
+		}
+	}
+}
+
+// pinHeld reports whether a request holding its pins (reserved or
+// verified: an abort unpins at once, a release at every other end) holds
+// one on page p of decode node d at epoch e (its prefix hit names it).
+func (m *Model) pinHeld(s *State, d, p int, e uint8) bool {
+	for r := range m.cfg.Prompts {
+		q := &s.Req[r]
+		if !q.Submitted || int(q.D) != d || q.R.Released || q.R.Phase != RReserved && q.R.Phase != RReady {
+			continue
+		}
+		for i := 0; i < int(q.R.Prefix); i++ {
+			if ref := q.R.Pages[i]; int(ref.Page) == p && ref.Epoch == e {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// mayShare reports whether request r may read KV request w wrote for page
+// i: both of one tenant scope (not 0), or page i a page of the declared
+// public prefix that both start with (NoCrossScopeRead).
+func (m *Model) mayShare(r, w, i int) bool {
+	c := &m.cfg
+	if c.scopeOf(r) != 0 && c.scopeOf(r) == c.scopeOf(w) {
+		return true
+	}
+	return i < c.PublicPages(r) && i < c.PublicPages(w)
 }
 
 func noCrossScopeRead(m *Model, s *State) bool {
@@ -399,7 +579,7 @@ func noCrossScopeRead(m *Model, s *State) bool {
 	for r := range m.cfg.Prompts {
 		q := &s.Req[r]
 		for i := 0; i < int(q.ReadN); i++ {
-			if w := q.ReadData[i].Req; w >= 0 && int(w) != r && (m.cfg.scopeOf(r) == 0 || m.cfg.scopeOf(int(w)) != m.cfg.scopeOf(r)) {
+			if w := q.ReadData[i].Req; w >= 0 && int(w) != r && !m.mayShare(r, int(w), i) {
 				return false
 			}
 		}

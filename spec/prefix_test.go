@@ -202,3 +202,55 @@ func TestFingerprintWithTheCacheIsCanonical(t *testing.T) {
 		t.Fatal("requests of different tenants must stay distinct")
 	}
 }
+
+// publicConfig is two three-page prompts of tenants 1 and 2, both starting
+// with the declared public prefix "a" and alike past it, one page a token.
+func publicConfig() Config {
+	c := DefaultConfig()
+	c.PageSize, c.DecodePages, c.PrefillPages, c.ContextLimit = 1, 3, 3, 3
+	c.Prompts, c.DecodeSlots = []int{3, 3}, 1
+	c.PrefixCache, c.Scopes, c.Contents, c.PublicPrefix = 3, []int{1, 2}, []string{"aab", "aab"}, "a"
+	c.Faults = Budget{}
+	return c
+}
+
+// A declared public prefix is shared across tenants, and only it: tenant 2
+// hits tenant 1's public page (the only hits these bounds have are across
+// tenants), and NoCrossScopeRead holds. With the chain past the public
+// pages left unsalted (the unsalted-public-chain mutation), tenant 2 hits
+// tenant 1's private page too and reads it.
+func TestNoCrossScopeReadCatchesAnUnsaltedPublicChain(t *testing.T) {
+	cfg := publicConfig()
+	got, cov := checkCoverage(t, cfg)
+	if len(got) > 0 || cov.Branch(PrefixHit) == 0 {
+		t.Fatalf("with the public prefix: violated %v, %d hits; want none violated and a hit", got, cov.Branch(PrefixHit))
+	}
+	cfg.Mutation = UnsaltedPublicChain
+	if got := explore(t, mustNew(t, cfg)); !slices.Contains(got, NoCrossScopeRead) {
+		t.Fatalf("unsalted: violated %v, want %s", got, NoCrossScopeRead)
+	}
+	// Without the public prefix the two tenants share nothing.
+	cfg = publicConfig()
+	cfg.PublicPrefix = ""
+	if got, cov := checkCoverage(t, cfg); len(got) > 0 || cov.Branch(PrefixHit) != 0 {
+		t.Fatalf("without the public prefix: violated %v, %d hits; want neither", got, cov.Branch(PrefixHit))
+	}
+}
+
+// The public scope is the router's, for a request of a tenant that starts
+// with the public prefix; a request of scope 0 or another start keeps its own.
+func TestThePublicScopeIsForRequestsThatStartWithThePublicPrefix(t *testing.T) {
+	c := publicConfig()
+	c.Prompts, c.Scopes, c.Contents = []int{3, 3, 3}, []int{1, 0, 2}, []string{"aab", "aab", "bab"}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	for r, want := range []uint8{PublicScope, 0, 2} {
+		if got := c.routerScope(r); got != want {
+			t.Errorf("r%d: scope %d, want %d", r, got, want)
+		}
+	}
+	if c.PublicPages(0) != 1 || c.PublicPages(1) != 0 || c.PublicPages(2) != 0 {
+		t.Errorf("public pages %d %d %d, want 1 0 0", c.PublicPages(0), c.PublicPages(1), c.PublicPages(2))
+	}
+}

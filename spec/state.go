@@ -63,12 +63,15 @@ type DecodePage struct {
 	// The prefix cache (prefix.go): a cached page is free of any owner and
 	// holds verified KV under its key (Scope, Key); Pins counts the live
 	// requests that share it; LRU is its rank among the cached pages, 1 the
-	// least recently used.
+	// least recently used. Doomed: its writer was caught (prefix.go,
+	// purge) while it was pinned: out of the index and the LRU order (LRU
+	// 0, no hit takes it), freed at its last unpin.
 	Cached bool
 	Scope  uint8
 	Key    uint8 // the chain: Model.chain's id of the prompt's pages up to and including this one
 	Pins   uint8
 	LRU    uint8
+	Doomed bool
 }
 
 // SourcePage is one page of the prefill node's KV pool.
@@ -189,6 +192,7 @@ type Receiver struct {
 	Slot     int8
 	Released bool  // pages given back to the pool (or, with leak-on-cancel, abandoned)
 	Prefix   uint8 // Pages[:Prefix] are cached pages of the prefix hit, pinned; the rest were granted
+	NoInsert bool  // its writer was caught while the record lived (prefix.go, purge): its read inserts nothing
 }
 
 // Request is everything about one request: the client's view, both legs, and

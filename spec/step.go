@@ -870,7 +870,7 @@ func (x *sys) submit(r, p, d int) {
 		x.report(r, Failed, PeerFailed)
 	default:
 		x.hit(RouterDispatch)
-		q.Scope = x.m.cfg.scopeOf(r) // the authenticated tenant's
+		q.Scope = x.m.cfg.routerScope(r) // the authenticated tenant's, or the public prefix's
 		q.P, q.D, q.PInc, q.DInc = int8(p), int8(d), x.s.Inc[p], x.s.DInc[d]
 		x.toPrefill(p, &x.s.ToPrefill[p], Msg{Kind: MPrefill, Req: int8(r), Tokens: uint8(t)})
 	}
@@ -1057,6 +1057,10 @@ func (x *sys) admit(r int, g Msg) {
 		skip := g.Prefix
 		if x.bug(PrefixCountMismatch) && g.Prefix > 0 {
 			skip = min(g.Prefix+1, snd.Pages) // it counts the prefix its own way: a page more
+			// and WRITEs its first page past that into the grant's first page, and so on
+			for i := int(snd.Pages) - 1; i >= int(skip); i-- {
+				snd.Grant[i] = snd.Grant[i-int(skip-g.Prefix)]
+			}
 		}
 		snd.Skip, snd.Posted, snd.Completed = skip, skip, skip
 		x.doneIfComplete(r)
@@ -1318,6 +1322,7 @@ func (x *sys) place(w Msg) {
 func (x *sys) cutQP(p, d int, why Reason) {
 	x.s.QP[p][d].Clear()
 	x.s.QPBack[p][d].Clear()
+	x.purge(p, d) // the writer is caught: its cached pages go (prefix.go)
 	for r := range x.m.cfg.Prompts {
 		if !x.s.Req[r].onPair(p, d) {
 			continue
@@ -1409,6 +1414,7 @@ func (x *sys) reserve(r int, b Msg, choice int) {
 			x.hit(DecodeNoSlot)
 		} else {
 			x.hit(DecodeNoPages)
+			x.touchHit(d, &pl) // pinned and unpinned again: used, all the same
 		}
 		rec.Phase, rec.Reason, rec.Released = RClosed, NoCapacity, true
 		x.report(r, Failed, NoCapacity)
@@ -1474,6 +1480,8 @@ func (x *sys) done(d Msg) {
 		x.closeReceiver(r, why)
 		x.report(r, Failed, why)
 		x.peerCancel(r)
+		via := &x.s.Req[d.Req]          // the queue pair the Done came on
+		x.purge(int(via.P), int(via.D)) // its KV is suspect: so is what it wrote before (prefix.go)
 		return
 	}
 	x.hit(VerifyOK)
@@ -1584,7 +1592,9 @@ func (x *sys) release(r int) {
 		}
 		return
 	}
-	x.unpin(r)
+	if rec.Phase != RQuarantine { // a quarantined record unpinned as it was aborted
+		x.unpin(r)
+	}
 	if x.mut(InsertUnverified) {
 		x.insert(r) // at every end, verified or not
 	}
@@ -1613,6 +1623,7 @@ func (x *sys) abortDecode(r int, why Reason, cancelled, early bool) {
 	case RReserved:
 		x.hit(AbortQuarantine)
 		x.freeSlotOf(r)
+		x.unpin(r) // the pins end with the slot: no writer can write a pinned page, so none waits for the fence
 		rec.Reason = why
 		if leak {
 			rec.Phase, rec.Released = RClosed, true // the pages are forgotten, never returned

@@ -60,6 +60,7 @@ type checkFlags struct {
 	mutation                  string
 	prefixCache               int
 	scopes, contents          string
+	publicPrefix              string
 }
 
 func runCheck(args []string, stdout, stderr io.Writer) int {
@@ -175,6 +176,7 @@ func (f *checkFlags) define(fs *flag.FlagSet) {
 	fs.IntVar(&f.contextLimit, "context-limit", 0, "the router's limit in tokens, the advertised context (0: the decode pool's capacity)")
 	fs.StringVar(&f.damage, "damage", "payload", `what the corrupt fault may damage: payload (always), tag (a tag record's request, index or epoch), send (a Done's or Grant's token or page count), comma-separated`)
 	fs.IntVar(&f.prefixCache, "prefix-cache", 0, fmt.Sprintf("pages each decode node's prefix cache may hold (0..%d; 0: no cache). A prefix switch named with no cache runs under the bounds that expose it (docs/spec.md#prefix-reuse)", spec.MaxPrefixCache))
+	fs.StringVar(&f.publicPrefix, "public-prefix", "", "with --prefix-cache: a declared public prefix every tenant may share, as its full pages' letters (a request of a tenant scope whose --contents start with it gets the public scope; its chain past it is salted with its tenant)")
 	fs.StringVar(&f.scopes, "scopes", "", fmt.Sprintf("with --prefix-cache: each request's tenant scope, comma-separated (0: no reuse; 1..%d); default 0 for all", spec.MaxScopes))
 	fs.StringVar(&f.contents, "contents", "", `with --prefix-cache: each request's full pages named by letters, comma-separated (e.g. aa,aa,ab: requests share a prefix as far as their letters agree); default "a" for every page`)
 	fs.BoolVar(&f.coverage, "coverage", false, "count how often each action and each guarded branch of the spec fired; printed after the result (\"coverage\" in --json)")
@@ -267,6 +269,7 @@ func (f *checkFlags) config() (spec.Config, error) {
 		return cfg, fmt.Errorf("--prefills and --decodes must be at least 1")
 	}
 	cfg.PrefixCache = f.prefixCache
+	cfg.PublicPrefix = f.publicPrefix
 	if f.scopes != "" {
 		for _, v := range strings.Split(f.scopes, ",") {
 			sc, err := strconv.Atoi(strings.TrimSpace(v))
@@ -313,6 +316,9 @@ func describeConfig(c spec.Config) string {
 	cache := ""
 	if c.PrefixCache > 0 {
 		cache = fmt.Sprintf(", prefix cache %d pages (scopes %s, contents %s)", c.PrefixCache, strings.Trim(strings.Join(strings.Fields(fmt.Sprint(c.Scopes)), ","), "[]"), strings.Join(c.Contents, ","))
+		if c.PublicPrefix != "" {
+			cache = strings.TrimSuffix(cache, ")") + ", public prefix " + c.PublicPrefix + ")"
+		}
 	}
 	return topology + fmt.Sprintf("%d requests (prompts %s tokens), page size %d, decode pool %d pages, prefill pool %d pages (%d tokens), context limit %d, %d decode slots%s; faults %s, %s; bugs: %s",
 		len(c.Prompts), strings.Join(prompts, ","), c.PageSize, c.DecodePages, c.PrefillPages, c.PrefillLimit(), c.ContextLimit, c.DecodeSlots, cache, c.Faults, limit, c.Bugs)
