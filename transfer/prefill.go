@@ -217,9 +217,7 @@ func (p *Prefill) SubmitWith(id protocol.RequestID, peer string, tokens int, o p
 	case err != nil:
 		p.sender.Cancel(id) // nothing for a request that ended (ErrStopped)
 	default:
-		if serr := p.sender.Computed(id); serr != nil {
-			p.refused++
-		}
+		p.computed(id, st, len(pages))
 	}
 	if p.flushHeld[st.peer] && !p.computingOn(st.peer) {
 		delete(p.flushHeld, st.peer)
@@ -243,6 +241,29 @@ type computing struct {
 	// chunks computed; endedAt the pages reported when its end arrived (a
 	// cancel, decode's Abort, its queue pair's flush), -1 before.
 	reported, chunks, endedAt int
+	// traced is the pages traced as computed (trace.Computed).
+	traced int
+}
+
+// computed tells the Sender that request id's first n pages are computed,
+// and traces each page newly computed while its leg is live (a trace.Computed
+// event a page: the spec's Compute; an ended leg's ComputedPages is a no-op,
+// and so traces nothing).
+func (p *Prefill) computed(id protocol.RequestID, st *computing, n int) {
+	live := false
+	switch p.sender.Status(id) {
+	case protocol.SenderAwaitGrant, protocol.SenderWriting, protocol.SenderDoneSent:
+		live = true
+	}
+	if err := p.sender.ComputedPages(id, n); err != nil {
+		p.refused++
+		return
+	}
+	if live && p.trace != nil {
+		for ; st.traced < n; st.traced++ {
+			p.trace.Emit(trace.Event{Kind: trace.Computed, Req: uint64(id), NPages: uint32(st.traced + 1)})
+		}
+	}
 }
 
 func (p *Prefill) computingOn(peer protocol.PeerID) bool {

@@ -75,9 +75,7 @@ func (p *Prefill) chunkDone(id protocol.RequestID, st *computing, n int) bool {
 		// other requests on it that are inside a chunk; this one stops.
 		return false
 	}
-	if err := p.sender.ComputedPages(id, n); err != nil {
-		p.refused++
-	}
+	p.computed(id, st, n)
 	p.carry()
 	p.flushAll()
 	switch p.sender.Status(id) {

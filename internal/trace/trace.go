@@ -53,6 +53,7 @@ const (
 	Submit   = "submit"   // prefill's intake took the request (Tokens; Pages its source pages) or refused it (Err)
 	Send     = "send"     // a SEND handed to the queue pair to Peer (Msg and its fields)
 	Recv     = "recv"     // a SEND received from Peer, before the state machine sees it
+	Computed = "computed" // prefill: the request's first NPages pages hold complete KV, one event a page (the spec's Compute)
 	Post     = "post"     // a WRITE handed to the queue pair: Write its id, Index, Pages [target page], Epochs
 	Complete = "complete" // a WRITE's completion (Write), Err if it failed
 	Verified = "verified" // decode: the request's pages verified

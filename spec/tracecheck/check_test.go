@@ -43,6 +43,8 @@ var (
 	bootRecv  = trace.Event{Node: "d", Kind: trace.Recv, Msg: "Bootstrap", Req: req, Peer: "p", Tokens: 32}
 	grant     = trace.Event{Node: "d", Kind: trace.Send, Msg: "Grant", Req: req, Peer: "p", Tokens: 32, Pages: []uint32{3, 4}, Epochs: []uint64{1, 1}}
 	grantRecv = trace.Event{Node: "p", Kind: trace.Recv, Msg: "Grant", Req: req, Peer: "d", Tokens: 32, Pages: []uint32{3, 4}, Epochs: []uint64{1, 1}}
+	computed1 = trace.Event{Node: "p", Kind: trace.Computed, Req: req, NPages: 1}
+	computed2 = trace.Event{Node: "p", Kind: trace.Computed, Req: req, NPages: 2}
 	post1     = trace.Event{Node: "p", Kind: trace.Post, Req: req, Peer: "d", Write: 1, Index: 0, Pages: []uint32{3}, Epochs: []uint64{1}}
 	post2     = trace.Event{Node: "p", Kind: trace.Post, Req: req, Peer: "d", Write: 2, Index: 1, Pages: []uint32{4}, Epochs: []uint64{1}}
 	done      = trace.Event{Node: "p", Kind: trace.Send, Msg: "Done", Req: req, Peer: "d", Tokens: 32, NPages: 2}
@@ -60,7 +62,7 @@ var (
 )
 
 func happy() []trace.Event {
-	return []trace.Event{dispatch, submit, bootstrap, bootRecv, grant, grantRecv, post1, post2, done, complete1, complete2, prefOK,
+	return []trace.Event{dispatch, submit, bootstrap, computed1, computed2, bootRecv, grant, grantRecv, post1, post2, done, complete1, complete2, prefOK,
 		doneRecv, verified, acquire, release, decOK, legP, legD, clientOK}
 }
 
@@ -125,7 +127,7 @@ func moved(evs []trace.Event, ev, before trace.Event) []trace.Event {
 }
 
 func eq(a, b trace.Event) bool {
-	return a.Node == b.Node && a.Kind == b.Kind && a.Msg == b.Msg && a.Write == b.Write && a.Req == b.Req && a.Cause == b.Cause
+	return a.Node == b.Node && a.Kind == b.Kind && a.Msg == b.Msg && a.Write == b.Write && a.Req == b.Req && a.Cause == b.Cause && a.NPages == b.NPages
 }
 
 // Each rule of the mapping refuses a trace that breaks it, at the event
@@ -139,14 +141,16 @@ func TestEachMappingRuleRefusesATraceThatBreaksIt(t *testing.T) {
 	}{
 		{"Done is sent only once every WRITE is posted", moved(happy(), done, post2), done, "send Done"},
 		{"a WRITE is posted only under a Grant", moved(happy(), post1, grantRecv), post1, "post"},
+		{"a WRITE is posted only once its page is computed", moved(moved(happy(), computed2, done), computed1, post2), post2, "post"},
+		{"pages are computed in order", moved(happy(), computed1, post1), computed2, "computed"},
 		{"a Grant names the request's pages", replace(happy(), grant, withPages(grant, 3)), withPages(grant, 3), "Grant"},
 		{"decode reads only a verified request", moved(happy(), acquire, doneRecv), acquire, "acquire"},
 		{"verification follows Done", moved(happy(), verified, doneRecv), verified, "verified"},
 		{"the client's ok is a read's reply", moved(happy(), clientOK, legP), clientOK, "client-end"},
 		{"a success at prefill has its WRITEs completed", moved(happy(), prefOK, complete1), prefOK, "outcome"},
-		{"a decode node's own sweep does not end a verified request", append(happy()[:14], trace.Event{Node: "d", Kind: trace.Cancel, Req: req, Cause: "sweep-no-call"}), trace.Event{Node: "d", Kind: trace.Cancel, Req: req, Cause: "sweep-no-call"}, "sweep-no-call"},
+		{"a decode node's own sweep does not end a verified request", append(happy()[:16], trace.Event{Node: "d", Kind: trace.Cancel, Req: req, Cause: "sweep-no-call"}), trace.Event{Node: "d", Kind: trace.Cancel, Req: req, Cause: "sweep-no-call"}, "sweep-no-call"},
 		{"a leg is cancelled only for a request that ended", moved(happy(), trace.Event{Node: "router", Kind: trace.CancelLeg, Req: req, Peer: "d"}, bootRecv), trace.Event{Node: "router", Kind: trace.CancelLeg, Req: req}, "cancel-leg"},
-		{"a Done behind a WRITE that was never placed never arrives", append(without(happy()[:12], complete2, prefOK), trace.Event{Node: "p", Kind: trace.Complete, Peer: "d", Write: 2, Err: "flushed"}, doneRecv, verified), doneRecv, "recv Done"},
+		{"a Done behind a WRITE that was never placed never arrives", append(without(happy()[:14], complete2, prefOK), trace.Event{Node: "p", Kind: trace.Complete, Peer: "d", Write: 2, Err: "flushed"}, doneRecv, verified), doneRecv, "recv Done"},
 	}
 	for _, tc := range bad {
 		t.Run(tc.rule, func(t *testing.T) {
@@ -183,7 +187,7 @@ func withPages(ev trace.Event, pages ...uint32) trace.Event {
 // that timed out by decode's timer; both conform.
 func TestTheTraceResolvesWhichFaultHappened(t *testing.T) {
 	abort := trace.Event{Node: "d", Kind: trace.Send, Msg: "Abort", Req: req, Peer: "p", Reason: "verification failed"}
-	corrupt := append(happy()[:13:13],
+	corrupt := append(happy()[:15:15],
 		trace.Event{Node: "d", Kind: trace.Outcome, Req: req, Peer: "p", Err: "protocol: checksum mismatch: page 1"},
 		abort,
 		trace.Event{Node: "p", Kind: trace.Recv, Msg: "Abort", Req: req, Peer: "d", Reason: "verification failed"},
@@ -193,7 +197,7 @@ func TestTheTraceResolvesWhichFaultHappened(t *testing.T) {
 	if rep := check(t, corrupt); !rep.Conforms() {
 		t.Fatalf("a corrupted WRITE:\n%s", report(rep))
 	}
-	timeout := append(happy()[:6:6],
+	timeout := append(happy()[:8:8],
 		trace.Event{Node: "d", Kind: trace.Send, Msg: "Abort", Req: req, Peer: "p", Reason: "timed out"},
 		trace.Event{Node: "d", Kind: trace.Outcome, Req: req, Peer: "p", Err: "protocol: timed out"},
 		trace.Event{Node: "p", Kind: trace.Recv, Msg: "Abort", Req: req, Peer: "d", Reason: "timed out"},

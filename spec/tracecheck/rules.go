@@ -123,6 +123,25 @@ func (c *checker) prefillRule(r *replay, ev *trace.Event) (string, moves) {
 		}
 	case trace.Send:
 		return c.sendRule(r, ev, qp, map[string]spec.MsgKind{"Bootstrap": spec.MBootstrap, "Done": spec.MDone, "AbortAck": spec.MAbortAck})
+	case trace.Computed:
+		// A page computed on a live leg: the spec's Compute of that page.
+		// A leg the spec has ended (a flush, a cut) computes no more.
+		// The spec's request has only the pages written: a page under
+		// the Grant's prefix (cached at decode, computed all the same) is
+		// none of its.
+		k := int(ev.NPages) - int(r.prefix/r.pt)
+		if k <= 0 {
+			return "prefill computed of a page under the prefix", nil
+		}
+		n := uint8(k)
+		return "prefill computed is Compute", func(s *spec.State) []move {
+			if s.Req[0].S.Computed >= n || flushed(s) {
+				return keep
+			}
+			return one(move{act: func(a spec.Action, _, nx *spec.State) bool {
+				return a.Kind == spec.Compute && nx.Req[0].S.Computed == n
+			}})
+		}
 	case trace.Post:
 		// A WRITE whose completion failed was never placed, which the
 		// spec's PostWrite says with its Late variant (else it places a
