@@ -42,7 +42,7 @@ func TestAPartitionedDecodeNodeIsSilentUntilItsLeaseExpires(t *testing.T) {
 			t.Fatalf("the partitioned node's page %d: %+v, record %v; want dropped", i, pg, w.s.Req[0].R.Phase)
 		}
 	}
-	w.do(PostWrite, 0, 0)
+	w.do(Compute, 0, 0).do(PostWrite, 0, 0)
 	if snd := &w.s.Req[0].S; snd.Completed != 0 || snd.Phase != SSent || w.s.QP[0][0].N != 0 || !snd.SrcHeld {
 		t.Fatalf("sender %+v, %d on the queue pair: want the WRITE and Done posted, lost, never completed", *snd, w.s.QP[0][0].N)
 	}

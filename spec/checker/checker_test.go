@@ -512,7 +512,7 @@ func TestCheckRestoresTheCollectorSettingsAfterConcurrentRuns(t *testing.T) {
 
 // TestWorkerCountsExploreTheSameGraph: with 1, 2 and 5 workers the spec's
 // states, transitions, depth, acyclicity and counterexample are the same, for
-// the correct protocol (64,551 states at the default bounds with at most two
+// the correct protocol (108,202 states at the default bounds with at most two
 // faults: a wave or more per level, with duplicates across blocks and shards) and a bug's
 // counterexample.
 func TestWorkerCountsExploreTheSameGraph(t *testing.T) {
@@ -553,8 +553,8 @@ func TestWorkerCountsExploreTheSameGraph(t *testing.T) {
 				}
 			}
 		}
-		if bugs == 0 && first.Stats.States != 64551 {
-			t.Fatalf("%d states, docs/spec.md says 64,551", first.Stats.States)
+		if bugs == 0 && first.Stats.States != 108202 {
+			t.Fatalf("%d states, docs/spec.md says 108,202", first.Stats.States)
 		}
 	}
 }
