@@ -238,6 +238,11 @@ func TestAPageIsWrittenOnlyOnceComputed(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/write-uncomputed=%v", provider, bug), func(t *testing.T) {
 				var bugs research.Switches
 				if bug {
+					if raceDetector {
+						// The bug is a data race: the provider reads a
+						// page for its WRITE while the engine computes it.
+						t.Skip("write-uncomputed races by design; its run is the one without -race")
+					}
 					bugs = research.On(research.WriteUncomputed)
 				}
 				kv := newGatedKV(2, 1)
