@@ -54,7 +54,9 @@ func (p *Prefill) fill(id protocol.RequestID, st *computing, tokens int, pages [
 	}
 	err := p.cfg.KV.FillKV(id, tokens, pages, memory)
 	if err == nil {
+		p.mu.Lock() // the run loop reads it (ended) under the lock
 		st.reported = len(pages)
+		p.mu.Unlock()
 	}
 	return err
 }
