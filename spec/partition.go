@@ -61,20 +61,7 @@ func (g *successors) detectPartitions() {
 func (x *sys) partition(d int) {
 	x.s.Budget[FaultPartition]--
 	x.s.Partitioned[d] = true
-	for r := range x.m.cfg.Prompts {
-		if q := &x.s.Req[r]; q.Submitted && int(q.D) == d {
-			q.R = Receiver{Slot: -1}
-		}
-	}
-	for i := range x.s.Pages[d] {
-		pg := &x.s.Pages[d][i]
-		pg.Owner, pg.Quarantined, pg.Epoch = Free, false, 0
-	}
-	clearCache(x.s, d)
-	for i := range x.s.Slots[d] {
-		x.s.Slots[d][i] = Free
-	}
-	x.s.ToDecode[d].Clear()
+	x.dropDecode(d)
 	for p := 0; p < x.m.cfg.NumPrefills(); p++ {
 		x.s.QP[p][d].Clear()
 		x.s.QPBack[p][d].Clear()

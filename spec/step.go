@@ -1218,20 +1218,7 @@ func (x *sys) restartDecode(d int) {
 	if !x.mut(DecodeRestartSameIncarnation) {
 		x.s.DInc[d]++
 	}
-	for r := range x.m.cfg.Prompts {
-		if q := &x.s.Req[r]; q.Submitted && int(q.D) == d {
-			q.R = Receiver{Slot: -1}
-		}
-	}
-	for i := range x.s.Pages[d] {
-		pg := &x.s.Pages[d][i]
-		pg.Owner, pg.Quarantined, pg.Epoch = Free, false, 0
-	}
-	clearCache(x.s, d)
-	for i := range x.s.Slots[d] {
-		x.s.Slots[d][i] = Free
-	}
-	x.s.ToDecode[d].Clear()
+	x.dropDecode(d)
 	for p := 0; p < x.m.cfg.NumPrefills(); p++ {
 		x.s.QP[p][d].Clear()
 		x.s.QPInc[p][d], x.s.Fenced[p][d] = x.s.Inc[p], x.s.CrashDetected[p]
@@ -1719,4 +1706,24 @@ func (x *sys) decodeRead(r int) {
 	x.release(r)
 	rec.Phase = RFinished
 	x.report(r, OK, NoReason)
+}
+
+// dropDecode empties decode node d as a restart or a partition leaves it:
+// no request records, every page free at epoch 0, no cache, no slot held,
+// nothing in flight to it from the router.
+func (x *sys) dropDecode(d int) {
+	for r := range x.m.cfg.Prompts {
+		if q := &x.s.Req[r]; q.Submitted && int(q.D) == d {
+			q.R = Receiver{Slot: -1}
+		}
+	}
+	for i := range x.s.Pages[d] {
+		pg := &x.s.Pages[d][i]
+		pg.Owner, pg.Quarantined, pg.Epoch = Free, false, 0
+	}
+	clearCache(x.s, d)
+	for i := range x.s.Slots[d] {
+		x.s.Slots[d][i] = Free
+	}
+	x.s.ToDecode[d].Clear()
 }

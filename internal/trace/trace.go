@@ -123,10 +123,15 @@ func (s *Sink) Flush() error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.flushLocked()
+	return s.err
+}
+
+// flushLocked writes out the buffered events, keeping the first error.
+func (s *Sink) flushLocked() {
 	if err := s.w.Flush(); err != nil && s.err == nil {
 		s.err = err
 	}
-	return s.err
 }
 
 // Close closes the file Create opened and reports the first write error.
@@ -136,9 +141,7 @@ func (s *Sink) Close() error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if err := s.w.Flush(); err != nil && s.err == nil {
-		s.err = err
-	}
+	s.flushLocked()
 	if s.c != nil {
 		if err := s.c.Close(); err != nil && s.err == nil {
 			s.err = err
