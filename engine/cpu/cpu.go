@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 	"runtime"
-	"sync"
 
 	"github.com/kvhandoff/kvhandoff/engine/backend"
 	"github.com/kvhandoff/kvhandoff/engine/kv"
@@ -17,6 +16,7 @@ type Backend struct {
 	cache   *kv.Cache
 	epochs  []uint64 // the mirror of the pool's current epochs, by page
 	workers int
+	team    *team     // workers-1 goroutines, started by the first parallel product
 	cos     []float32 // rotary tables: (seqLen, rotary/2)
 	sin     []float32
 	// The weights' bytes Load advised and collapsed onto huge pages.
@@ -97,8 +97,15 @@ func (b *Backend) UploadPages([]uint32) error { return nil }
 // DownloadPages does nothing: the host region is the pool.
 func (b *Backend) DownloadPages([]uint32) error { return nil }
 
-// Close releases nothing.
-func (b *Backend) Close() error { return nil }
+// Close stops the backend's worker goroutines, if it started any; a later
+// step starts them again.
+func (b *Backend) Close() error {
+	if b.team != nil {
+		b.team.close()
+		b.team = nil
+	}
+	return nil
+}
 
 func grow(s []float32, n int) []float32 {
 	if cap(s) < n {
@@ -114,22 +121,18 @@ func (b *Backend) serial(n, cost int) bool {
 }
 
 // parallel calls f over [0, n) split into one chunk per core; the caller
-// runs the first. Callers check serial first and call their loop directly
-// when it holds, so that one thread makes no closure (no allocation) and no
-// goroutine.
+// runs the first, the team's workers the others. Callers check serial first
+// and call their loop directly when it holds, so that one thread makes no
+// closure (no allocation) and starts no goroutine. A backend computes one
+// step at a time (its scratch is shared), so one team serves every call.
 func (b *Backend) parallel(n int, f func(lo, hi int)) {
-	chunks := min(n, b.workers)
-	var wg sync.WaitGroup
-	for c := 1; c < chunks; c++ {
-		lo, hi := c*n/chunks, (c+1)*n/chunks
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			f(lo, hi)
-		}()
+	if b.team == nil {
+		b.team = newTeam(b.workers - 1)
+		// A backend dropped without Close stops its workers when collected:
+		// they hold the team, not the backend.
+		runtime.AddCleanup(b, (*team).close, b.team)
 	}
-	f(0, n/chunks)
-	wg.Wait()
+	b.team.run(n, min(n, b.workers), f)
 }
 
 // matmul: out[t*d+i] = Σ_j w[i*n+j]·x[t*n+j] for T tokens, by the vector

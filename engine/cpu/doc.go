@@ -12,7 +12,9 @@
 // Load asks Linux to back the weights with huge pages (a hint; see
 // adviseHugePages), and the matrix-vector kernel prefetches the rows' bytes
 // ahead of its reads. One thread computes on the caller's goroutine with no
-// allocation.
+// allocation; more split each product with a team of worker goroutines that
+// spin briefly between products and park when idle (team.go), stopped by
+// Close.
 //
 // Its KV pool is the cache's host region itself, so the pages it writes are
 // the bytes the transport moves, with no copy (UploadPages and DownloadPages
