@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"text/tabwriter"
@@ -61,7 +62,11 @@ the decode node, with the prefill computed whole before its pages move and
 streamed in chunks of --chunk-pages pages (each chunk's pages sent while the
 next is computed), requests alternating between the two in the same run;
 the p50 of each and the ratio streamed / whole (both must generate the same
-first token).
+first token). --stream-link gives each row set a link from the prefill node
+to the decode node: 0 is the provider's own speed; a rate in Gbit/s paces the
+prefill node's sends in order at that rate (an emulated link, as netem's rate
+is), since here a CPU computes the KV slowly and moves it in a copy, the
+reverse of a GPU prefill sending its KV over a network.
 
 --bugs compares the decode node's defenses in the same run: a list of
 research switch sets separated by ';' ("none;pool-wide-key" is per-grant
@@ -160,6 +165,7 @@ func runBenchHandoff(args []string, stdout, stderr io.Writer) int {
 	bugList := fs.String("bugs", "none", "research switch sets on the decode node, separated by ';', alternated round by round (in-process providers)")
 	streamPrompts := fs.String("stream-prompts", "64,256,1024", "time to first token rows (in-process providers): prompts of these token counts, the built-in model computing, the prefill whole and streamed; none: no rows")
 	chunkPages := fs.Int("chunk-pages", node.DefaultPrefillChunkPages, "the streamed prefill's chunk in pages (--stream-prompts)")
+	streamLink := fs.String("stream-link", "0,1", "time to first token rows: the link from the prefill node to the decode node, comma-separated rates in Gbit/s, each its own rows (0: the provider's own speed; others emulated by pacing the prefill node's sends)")
 	streamRequests := fs.Int("stream-requests", 5, "requests per prompt length, mode and round (--stream-prompts)")
 	prefix := fs.Float64("prefix", 0.75, "prefix reuse rows (in-process providers): requests whose prompts share this fraction of their pages, with and without the decode node's prefix cache; 0: none")
 	if code := parseFlags(fs, args, stderr); code >= 0 {
@@ -170,6 +176,10 @@ func runBenchHandoff(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	lengths, err := parsePromptLengths(*streamPrompts, llama.BuiltinConfig.SeqLen)
+	var links []float64
+	if err == nil {
+		links, err = parseLinkRates(*streamLink)
+	}
 	if err == nil && (*chunkPages < 1 || *streamRequests < 1) {
 		err = fmt.Errorf("--chunk-pages and --stream-requests must be at least 1")
 	}
@@ -255,17 +265,19 @@ func runBenchHandoff(args []string, stdout, stderr io.Writer) int {
 				prefixRows = append(prefixRows, r)
 			}
 		}
-		for _, tokens := range lengths {
-			if separate {
-				break
+		for _, link := range links {
+			for _, tokens := range lengths {
+				if separate {
+					break
+				}
+				r, err := measureStreaming(mk, link, tokens, *chunkPages, *streamRequests, *reps)
+				if err != nil {
+					fmt.Fprintf(stderr, "kvhandoff bench handoff: %s, streaming prefill of %d tokens (link %g Gbit/s): %v\n", name, tokens, link, err)
+					return 1
+				}
+				r.Provider = name
+				streamRows = append(streamRows, r)
 			}
-			r, err := measureStreaming(mk, tokens, *chunkPages, *streamRequests, *reps)
-			if err != nil {
-				fmt.Fprintf(stderr, "kvhandoff bench handoff: %s, streaming prefill of %d tokens: %v\n", name, tokens, err)
-				return 1
-			}
-			r.Provider = name
-			streamRows = append(streamRows, r)
 		}
 	}
 	if *jsonOut {
@@ -307,9 +319,13 @@ func runBenchHandoff(args []string, stdout, stderr io.Writer) int {
 	if len(streamRows) > 0 {
 		fmt.Fprintln(stdout)
 		tw = tabwriter.NewWriter(stdout, 2, 8, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "provider\tprompt tokens\tpages\tchunk pages\tttft whole p50 µs\tttft streamed p50 µs\tratio\t")
+		fmt.Fprintln(tw, "provider\tlink Gbit/s\tprompt tokens\tpages\tchunk pages\tttft whole p50 µs\tttft streamed p50 µs\tratio\t")
 		for _, r := range streamRows {
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.0f\t%.0f\t%.2f\t\n", r.Provider, r.PromptTokens, r.Pages, r.ChunkPages, r.WholeTTFTMicros, r.StreamTTFTMicros, r.Ratio)
+			link := "own"
+			if r.LinkGbps > 0 {
+				link = strconv.FormatFloat(r.LinkGbps, 'g', -1, 64)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%.0f\t%.0f\t%.2f\t\n", r.Provider, link, r.PromptTokens, r.Pages, r.ChunkPages, r.WholeTTFTMicros, r.StreamTTFTMicros, r.Ratio)
 		}
 		tw.Flush()
 	}

@@ -23,12 +23,15 @@ import (
 // run: the engine (the built-in model on the CPU) computes the KV on the
 // prefill node and the first token on the decode node.
 type streamRow struct {
-	Provider     string `json:"provider"`
-	PromptTokens int    `json:"prompt_tokens"`
-	ChunkPages   int    `json:"chunk_pages"`
-	Pages        int    `json:"pages"`
-	PageBytes    int    `json:"page_bytes"`
-	Requests     int    `json:"requests"` // per mode, over every round
+	Provider string `json:"provider"`
+	// LinkGbps is the emulated link's rate (pacedDevice), 0 for the
+	// provider's own speed.
+	LinkGbps     float64 `json:"link_gbps"`
+	PromptTokens int     `json:"prompt_tokens"`
+	ChunkPages   int     `json:"chunk_pages"`
+	Pages        int     `json:"pages"`
+	PageBytes    int     `json:"page_bytes"`
+	Requests     int     `json:"requests"` // per mode, over every round
 	// Time to first token, p50 over the requests: Submit on the prefill
 	// node to the decode node's first generated token.
 	WholeTTFTMicros  float64 `json:"whole_ttft_p50_us"`
@@ -36,6 +39,19 @@ type streamRow struct {
 	// Ratio is stream over whole: below 1, streaming's transfer hid
 	// behind the computation.
 	Ratio float64 `json:"ratio"`
+}
+
+// parseLinkRates reads --stream-link: rates in Gbit/s, 0 for none.
+func parseLinkRates(list string) ([]float64, error) {
+	var out []float64
+	for _, f := range strings.Split(list, ",") {
+		r, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+		if err != nil || r < 0 || r > 1e4 {
+			return nil, fmt.Errorf("--stream-link: %q is not a rate in Gbit/s (0..10000; 0: the provider's own)", f)
+		}
+		out = append(out, r)
+	}
+	return out, nil
 }
 
 // parsePromptLengths reads --stream-prompts: token counts, or none.
@@ -159,10 +175,20 @@ func (sp *streamPipeline) ttft(id protocol.RequestID, prompt []int) (time.Durati
 // measureStreaming is the time to first token of requests prompts of tokens
 // tokens each, the prefill computed whole and in chunks of chunkPages, in
 // reps rounds that alternate the two; both must generate the same token.
-func measureStreaming(mk func() (rdma.Device, rdma.Device, func(), error), tokens, chunkPages, requests, reps int) (streamRow, error) {
+func measureStreaming(mk func() (rdma.Device, rdma.Device, func(), error), linkGbps float64, tokens, chunkPages, requests, reps int) (streamRow, error) {
+	if linkGbps > 0 { // the prefill node's sends paced: the link from it to the decode node
+		own := mk
+		mk = func() (rdma.Device, rdma.Device, func(), error) {
+			p, d, closeDevs, err := own()
+			if err != nil {
+				return nil, nil, nil, err
+			}
+			return pacedDevice{p, linkGbps * 1e9 / 8}, d, closeDevs, nil
+		}
+	}
 	m := llama.Builtin(1)
 	pages := protocol.PagesFor(uint32(tokens), benchPageTokens)
-	row := streamRow{PromptTokens: tokens, ChunkPages: chunkPages, Pages: pages,
+	row := streamRow{LinkGbps: linkGbps, PromptTokens: tokens, ChunkPages: chunkPages, Pages: pages,
 		PageBytes: engine.GeometryOf(m.Config, benchPageTokens).PageBytes(), Requests: requests * reps}
 	var pipes [2]*streamPipeline // whole, streaming
 	for i, chunk := range []int{0, chunkPages} {

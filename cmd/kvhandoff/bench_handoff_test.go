@@ -112,14 +112,16 @@ func TestBenchHandoffPrefixReuseWritesOnlyThePagesPastThePrefix(t *testing.T) {
 }
 
 // --stream-prompts adds time to first token rows, the prefill computed whole
-// and streamed, on each in-process provider: ratio is streamed / whole, and
-// the two generated the same first token (the run fails otherwise).
+// and streamed, on each in-process provider and each --stream-link rate
+// (the provider's own, then an emulated link): ratio is streamed / whole,
+// and the two generated the same first token (the run fails otherwise).
 func TestBenchHandoffStreamRows(t *testing.T) {
 	code, out, errOut := runCLI(t, "bench", "handoff", "--json", "--provider", "inproc,socket", "--requests", "8", "--pages", "2",
-		"--page-bytes", "4096", "--window", "2", "--reps", "1", "--prefix", "0", "--stream-prompts", "40,100", "--chunk-pages", "2", "--stream-requests", "2")
+		"--page-bytes", "4096", "--window", "2", "--reps", "1", "--prefix", "0", "--stream-prompts", "40,100", "--chunk-pages", "2", "--stream-requests", "2", "--stream-link", "0,0.5")
 	var r struct {
 		StreamRows []struct {
 			Provider     string  `json:"provider"`
+			LinkGbps     float64 `json:"link_gbps"`
 			PromptTokens int     `json:"prompt_tokens"`
 			ChunkPages   int     `json:"chunk_pages"`
 			Pages        int     `json:"pages"`
@@ -129,12 +131,12 @@ func TestBenchHandoffStreamRows(t *testing.T) {
 			Ratio        float64 `json:"ratio"`
 		} `json:"stream_rows"`
 	}
-	if err := json.Unmarshal([]byte(out), &r); err != nil || code != 0 || len(r.StreamRows) != 4 {
+	if err := json.Unmarshal([]byte(out), &r); err != nil || code != 0 || len(r.StreamRows) != 8 {
 		t.Fatalf("exit %d, %+v, %v\n%s%s", code, r, err, out, errOut)
 	}
 	for i, row := range r.StreamRows {
 		tokens := []int{40, 100}[i%2]
-		if row.Provider != []string{"inproc", "socket"}[i/2] || row.PromptTokens != tokens || row.ChunkPages != 2 || row.Pages != (tokens+15)/16 ||
+		if row.Provider != []string{"inproc", "socket"}[i/4] || row.LinkGbps != []float64{0, 0.5}[i/2%2] || row.PromptTokens != tokens || row.ChunkPages != 2 || row.Pages != (tokens+15)/16 ||
 			row.Requests != 2 || row.Whole <= 0 || row.Stream <= 0 || math.Abs(row.Ratio-row.Stream/row.Whole) > 1e-9*row.Ratio {
 			t.Fatalf("row %d: %+v", i, row)
 		}
@@ -142,6 +144,11 @@ func TestBenchHandoffStreamRows(t *testing.T) {
 	for _, bad := range []string{"1", "2000", "x"} {
 		if code, _, _ := runCLI(t, "bench", "handoff", "--stream-prompts", bad); code != 2 {
 			t.Fatalf("--stream-prompts %s: exit %d", bad, code)
+		}
+	}
+	for _, bad := range []string{"-1", "x", "1,"} {
+		if code, _, _ := runCLI(t, "bench", "handoff", "--stream-link", bad); code != 2 {
+			t.Fatalf("--stream-link %s: exit %d", bad, code)
 		}
 	}
 }
