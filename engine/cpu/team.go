@@ -95,19 +95,21 @@ func (w *worker) run(stop *atomic.Bool) {
 // await waits until the caller publishes a share past last: it reports
 // false when the team stops.
 func (w *worker) await(last uint64, stop *atomic.Bool) bool {
+	spinThenPark(func() bool { return stop.Load() || w.seq.Load() != last }, &w.parked, w.wake)
+	return !stop.Load()
+}
+
+// spinThenPark returns once ready holds: it spins, yielding to other
+// goroutines every 64 tries, for spinWait, then parks on wake with parked
+// set. Whoever makes ready hold stores that first and then reads parked,
+// sending a token if it is set: either that read sees parked, or ready's
+// check after parked is set sees the store.
+func spinThenPark(ready func() bool, parked *atomic.Bool, wake <-chan struct{}) {
 	var since time.Time
-	for spins := 0; ; spins++ {
-		if stop.Load() {
-			return false
-		}
-		if w.seq.Load() != last {
-			return true
-		}
-		if spins&255 != 255 {
+	for spins := 1; !ready(); spins++ {
+		if spins%64 != 0 {
 			continue
 		}
-		// Every 256 spins: let other goroutines on this thread run, and
-		// park once spinWait has passed with nothing to do.
 		runtime.Gosched()
 		if since.IsZero() {
 			since = time.Now()
@@ -116,13 +118,11 @@ func (w *worker) await(last uint64, stop *atomic.Bool) bool {
 		if time.Since(since) < spinWait {
 			continue
 		}
-		w.parked.Store(true)
-		// The caller bumps seq, then reads parked: either it sees parked
-		// and sends a token, or this load sees its bump.
-		if w.seq.Load() == last && !stop.Load() {
-			<-w.wake
+		parked.Store(true)
+		if !ready() {
+			<-wake // may be a stale token: the loop checks again
 		}
-		w.parked.Store(false)
+		parked.Store(false)
 		since = time.Time{}
 	}
 }
@@ -148,26 +148,8 @@ func (t *team) run(n, chunks int, f func(lo, hi int)) {
 	}
 }
 
-// wait returns once the worker finished share want: spinning, then parked.
+// wait returns once the worker finished share want: spinning, then parked
+// (the worker stores done, then reads callerParked).
 func (w *worker) wait(want uint64) {
-	var since time.Time
-	for spins := 0; w.done.Load() != want; spins++ {
-		if spins&63 != 63 {
-			continue
-		}
-		runtime.Gosched()
-		if since.IsZero() {
-			since = time.Now()
-			continue
-		}
-		if time.Since(since) < spinWait {
-			continue
-		}
-		w.callerParked.Store(true)
-		if w.done.Load() != want { // the worker stores done, then reads callerParked
-			<-w.finished
-		}
-		w.callerParked.Store(false)
-		since = time.Time{}
-	}
+	spinThenPark(func() bool { return w.done.Load() == want }, &w.callerParked, w.finished)
 }
