@@ -258,32 +258,35 @@ func dot4(a, b0, b1, b2, b3 []float32) (s0, s1, s2, s3 float32) {
 	j := 0
 	for ; j+2 <= n; j += 2 {
 		a0, a1 := a[j], a[j+1]
-		s0 += a0*b0[j] + a1*b0[j+1]
-		s1 += a0*b1[j] + a1*b1[j+1]
-		s2 += a0*b2[j] + a1*b2[j+1]
-		s3 += a0*b3[j] + a1*b3[j+1]
+		s0 += float32(a0*b0[j]) + float32(a1*b0[j+1])
+		s1 += float32(a0*b1[j]) + float32(a1*b1[j+1])
+		s2 += float32(a0*b2[j]) + float32(a1*b2[j+1])
+		s3 += float32(a0*b3[j]) + float32(a1*b3[j+1])
 	}
 	for ; j < n; j++ {
-		s0 += a[j] * b0[j]
-		s1 += a[j] * b1[j]
-		s2 += a[j] * b2[j]
-		s3 += a[j] * b3[j]
+		s0 += float32(a[j] * b0[j])
+		s1 += float32(a[j] * b1[j])
+		s2 += float32(a[j] * b2[j])
+		s3 += float32(a[j] * b3[j])
 	}
 	return
 }
 
 // dot is one lane of dot4, in the same order, so a product comes out
 // bit-identical whichever path computed it: a position's KV is the same from
-// a prefill batch as from a single decode step.
+// a prefill batch as from a single decode step. The explicit float32
+// conversions keep every product rounded on its own: Go may fuse x*y+z into
+// one multiply-add where the CPU has it (arm64 always, amd64 with GOAMD64=v3),
+// and it fused dot and dot4 differently on arm64.
 func dot(a, b []float32) float32 {
 	b = b[:len(a)]
 	var s float32
 	j := 0
 	for ; j+2 <= len(a); j += 2 {
-		s += a[j]*b[j] + a[j+1]*b[j+1]
+		s += float32(a[j]*b[j]) + float32(a[j+1]*b[j+1])
 	}
 	for ; j < len(a); j++ {
-		s += a[j] * b[j]
+		s += float32(a[j] * b[j])
 	}
 	return s
 }

@@ -4,9 +4,10 @@
 //
 // On amd64 with AVX2 and FMA the matrix products and attention's inner
 // products run in assembly (kernels_amd64.s, written by the avo generator in
-// asmgen: go generate), elsewhere pure Go. Every kernel computes an inner
+// asmgen: go generate), on arm64 in NEON assembly written by hand
+// (kernels_arm64.s), elsewhere pure Go. Every kernel computes an inner
 // product in the same order (see asmgen), so a product's bits do not depend
-// on the kernel, the batch or the split over threads.
+// on the kernel, the batch, the split over threads or the architecture.
 //
 // Decode is bound by memory bandwidth: each step reads every weight. So
 // Load asks Linux to back the weights with huge pages (a hint; see

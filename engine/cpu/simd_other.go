@@ -1,9 +1,10 @@
-//go:build !amd64
+//go:build !amd64 && !arm64
 
 package cpu
 
-// simd is false: the vector kernels are amd64's (see simd_amd64.go); the
-// functions below are the pure-Go products, in case a test sets it.
+// simd is false: the vector kernels are amd64's and arm64's (see
+// simd_amd64.go, simd_arm64.go); the functions below are the pure-Go
+// products, in case a test sets it.
 var simd = false
 
 func dotSIMD(a, b []float32) float32 { return dot(a, b) }

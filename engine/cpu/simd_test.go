@@ -184,7 +184,7 @@ func TestBothPathsGenerateTheSameTokensAndBatchesWriteTheSameKV(t *testing.T) {
 		got = append(got, r)
 	})
 	if len(got) < 2 {
-		t.Skip("this CPU has no AVX2+FMA: the pure-Go path alone ran")
+		t.Skip("this CPU has no vector kernels (amd64 without AVX2+FMA): the pure-Go path alone ran")
 	}
 	for i := range got[0].toks {
 		if got[0].toks[i] != got[1].toks[i] {
@@ -284,4 +284,104 @@ func TestAGroupOfProductsSplitTogetherComputesEachAsAlone(t *testing.T) {
 			}
 		}
 	})
+}
+
+// fma32 is x*y+z rounded once to float32, as FMLA, FMADDS and VFMADD231PS
+// round it. x*y is exact in float64; the sum is rounded to odd (the float64
+// result, moved to its odd neighbour toward the exact sum when it is even and
+// inexact), so the one rounding to float32 that follows is the correct one
+// (53 bits hold float32's 24 and two more). Normal finite operands only.
+func fma32(x, y, z float32) float32 {
+	p, c := float64(x)*float64(y), float64(z)
+	s := p + c
+	b := s - p
+	if e := (p - (s - b)) + (c - b); e != 0 && math.Float64bits(s)&1 == 0 {
+		s = math.Nextafter(s, math.Copysign(math.Inf(1), e))
+	}
+	return float32(s)
+}
+
+// kernelDot is an inner product in the order every vector kernel computes
+// it on amd64 and arm64 (asmgen, kernels_arm64.s): eight lanes by fused
+// multiply-add over the multiples of 8, the lanes summed as
+// ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)), the tail by fused multiply-add in
+// order.
+func kernelDot(a, b []float32) float32 {
+	var acc [8]float32
+	j := 0
+	for ; j+8 <= len(a); j += 8 {
+		for l := range acc {
+			acc[l] = fma32(a[j+l], b[j+l], acc[l])
+		}
+	}
+	s := ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
+	for ; j < len(a); j++ {
+		s = fma32(a[j], b[j], s)
+	}
+	return s
+}
+
+// Every vector kernel computes the order kernelDot spells out, bit for bit:
+// the single product, the matrix-vector block (four rows), the
+// matrix-matrix block (four rows by three tokens), a query's scores over a
+// page's keys, and the weighted sum (each output c[j]·v[j] added by fused
+// multiply-add in order of j). Since the AVX2 kernels and the NEON ones
+// both pass it, an amd64 node and an arm64 node compute a matrix product or
+// an attention kernel with the same bits. Lengths 0 to 70 (every tail of the
+// 8-lane loop, the 16- and 4-wide blocks of the weighted sum), 288 and 768
+// (stories15M's), unaligned.
+func TestEveryVectorKernelComputesTheDocumentedOrderBitForBit(t *testing.T) {
+	if !simd {
+		t.Skip("this CPU has no vector kernels: the pure-Go path has its own order")
+	}
+	rng := rand.New(rand.NewPCG(9, 10))
+	same := func(what string, n int, got, want float32) {
+		t.Helper()
+		if math.Float32bits(got) != math.Float32bits(want) {
+			t.Fatalf("%s, n %d: %g (%#08x), the documented order gives %g (%#08x)", what, n, got, math.Float32bits(got), want, math.Float32bits(want))
+		}
+	}
+	lengths := []int{288, 768}
+	for n := 0; n <= 70; n++ {
+		lengths = append(lengths, n)
+	}
+	for _, n := range lengths {
+		a, b := unaligned(rng, n), unaligned(rng, n)
+		same("dot", n, dotSIMD(a, b), kernelDot(a, b))
+
+		const groups = 2
+		x, w := unaligned(rng, 3*groups*n), unaligned(rng, 4*n)
+		out := unaligned(rng, 4*groups)
+		ws := unaligned(rng, 4*groups*n)
+		gemv4SIMD(out, x[:n], ws, n, groups)
+		for r := range out {
+			same(fmt.Sprintf("gemv4 row %d", r), n, out[r], kernelDot(ws[r*n:(r+1)*n], x[:n]))
+		}
+		const ldo = 5
+		out = unaligned(rng, (3*groups-1)*ldo+4)
+		gemm4x3SIMD(out, x, w, n, ldo, groups)
+		for c := 0; c < 3*groups; c++ {
+			for r := 0; r < 4; r++ {
+				same(fmt.Sprintf("gemm4x3 row %d token %d", r, c), n, out[r+c*ldo], kernelDot(w[r*n:(r+1)*n], x[c*n:(c+1)*n]))
+			}
+		}
+
+		const cnt = 7
+		ld := n + 3
+		kv, q, weights := unaligned(rng, cnt*ld+n), unaligned(rng, n), unaligned(rng, cnt)
+		scoresOut := unaligned(rng, cnt)
+		scoresSIMD(scoresOut, q, kv, ld)
+		for j := range scoresOut {
+			same(fmt.Sprintf("scores key %d", j), n, scoresOut[j], kernelDot(q, kv[j*ld:j*ld+n]))
+		}
+		sum := unaligned(rng, n)
+		want := append([]float32(nil), sum...)
+		weightedSumSIMD(sum, kv, weights, ld)
+		for i := range want {
+			for j := range weights {
+				want[i] = fma32(weights[j], kv[j*ld+i], want[i])
+			}
+			same(fmt.Sprintf("weighted sum output %d", i), n, sum[i], want[i])
+		}
+	}
 }

@@ -15,7 +15,9 @@
 // accumulator, acc += a[j:j+8]*b[j:j+8] by fused multiply-add over the
 // multiples of 8; then its lanes summed as (l0+l4)+(l2+l6) + (l1+l5)+(l3+l7)
 // (halves, then pairs, then the two); then s += a[j]*b[j] by scalar fused
-// multiply-add over the tail, in order.
+// multiply-add over the tail, in order. The arm64 kernels (kernels_arm64.s,
+// by hand) follow the same order, and
+// TestEveryVectorKernelComputesTheDocumentedOrderBitForBit holds both to it.
 package main
 
 import (
