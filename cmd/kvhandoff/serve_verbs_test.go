@@ -28,7 +28,12 @@ import (
 // verbs device; every decode node's pages are all free again afterwards; and
 // SIGTERM stops every process cleanly. Without a device the test skips,
 // unless KVH_VERBS_REQUIRED is set (the VM sets it).
+//
+// With KVH_VERBS_TRACE=PREFIX every process writes its protocol events to
+// PREFIX.NAME (serve --trace), for kvhandoff trace check (the VM runs it
+// after this test, docs/trace.md).
 func TestServeProcessesOverVerbsAnswerVerifiedRequests(t *testing.T) {
+	traces := os.Getenv("KVH_VERBS_TRACE")
 	device := os.Getenv("KVH_VERBS_DEVICE")
 	d, err := verbs.Open(device)
 	if err != nil {
@@ -55,8 +60,12 @@ func TestServeProcessesOverVerbsAnswerVerifiedRequests(t *testing.T) {
 	}
 	// Generous timeouts: under software emulation (TCG) every step is slow.
 	common := func(name string) []string {
-		return []string{"--etcd", etcd, "--lease", "10s", "--timeout", "60s", "--grace", "10s", "--model", "none",
+		args := []string{"--etcd", etcd, "--lease", "10s", "--timeout", "60s", "--grace", "10s", "--model", "none",
 			"--tls-cert", filepath.Join(dir, pki.CertFile(name)), "--tls-key", filepath.Join(dir, pki.KeyFile(name)), "--tls-ca", filepath.Join(dir, pki.CAFile)}
+		if traces != "" {
+			args = append(args, "--trace", traces+"."+name)
+		}
+		return args
 	}
 	pool := []string{"--pool-pages", strconv.Itoa(servePool), "--page-tokens", strconv.Itoa(servePageTokens), "--page-bytes", strconv.Itoa(servePageBytes),
 		"--provider", "verbs", "--rdma", device}

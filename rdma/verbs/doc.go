@@ -37,6 +37,8 @@
 // Semantics differ from the pure-Go providers in one way: receive-not-ready
 // is retried by the NIC (rnr_retry 7, unbounded) rather than failing at once,
 // because on a real NIC a receive buffer reposted a moment late is normal.
-// rdma/verbs/vmtest/run.sh runs the conformance suite and the handoff tests
-// over this provider on Soft-RoCE inside QEMU.
+// rdma/verbs/vmtest/run.sh runs the conformance suite, the handoff tests and
+// the serve topology (a router, two prefill and two decode processes, every
+// process traced and the traces replayed in the spec by kvhandoff trace check,
+// docs/trace.md) over this provider on Soft-RoCE inside QEMU.
 package verbs

@@ -4,10 +4,19 @@
 # over it the rdma conformance suite, the parts of the hostile-peer suite a NIC
 # answers for, the handoff tests, the serve topology (router, two prefill and two
 # decode processes, every queue pair on rxe0) and the verbs benchmark
-# against perftest's ib_write_bw. Exits 0 only if the guest prints the PASS marker.
+# against perftest's ib_write_bw. Every process of the serve topology writes its
+# protocol events (serve --trace, in the guest's /tmp/traces/serve.NODE), and
+# kvhandoff trace check replays them in the spec inside the guest (docs/trace.md):
+# the guest log shows each node's event count and the verdict, and a trace that
+# does not conform fails the run. Exits 0 only if the guest prints the PASS marker.
 #
 #   rdma/verbs/vmtest/run.sh            # installs host packages if missing (root, apt)
 #   rdma/verbs/vmtest/run.sh --install  # only that: libibverbs-dev for go vet -tags verbs, QEMU, ...
+#   rdma/verbs/vmtest/run.sh --inject-sweep
+#       # the proof that the trace check fails: only the serve topology and its check,
+#       # with decode-0's own sweep of a verified request's pages (what the bug
+#       # no-cut-call-cancel leaves) written into its real trace (inject-sweep.awk);
+#       # the guest log shows the check naming that event, and the run FAILs (exit 1)
 #
 # Env: KVH_VM_CACHE   where the extracted kernel is kept between runs
 #                     (default ~/.cache/kvhandoff-vm; keyed by the kernel package)
@@ -31,6 +40,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 [ "${1:-}" = --install ] && exit 0
+INJECT=
+case "${1:-}" in
+  --inject-sweep) INJECT=1 ;;
+  "") ;;
+  *) echo "vmtest: unknown argument $1 (--install or --inject-sweep)"; exit 2 ;;
+esac
 OUT=${KVH_VM_OUT:-$(mktemp -d)}
 TIMEOUT=${KVH_VM_TIMEOUT:-600}
 mkdir -p "$CACHE" "$OUT"
@@ -66,6 +81,7 @@ ln -s usr/bin "$R/bin"; ln -s usr/sbin "$R/sbin"; ln -s usr/lib "$R/lib"; ln -s 
 cp /bin/busybox "$R/usr/bin/busybox"
 for a in $("$R/usr/bin/busybox" --list); do [ -e "$R/usr/bin/$a" ] || ln -s busybox "$R/usr/bin/$a"; done
 cp "$HERE/init" "$R/init"; chmod +x "$R/init"
+cp "$HERE/inject-sweep.awk" "$R/inject-sweep.awk"
 cp "$W/verbs.test" "$W/transfer.test" "$W/kvhandoff.test" "$W/kvhandoff" "$R/usr/bin/"
 # crc32_generic: rxe needs the "crc32" crypto algorithm when a link is added,
 # and it is not among rdma_rxe's module dependencies.
@@ -97,6 +113,7 @@ for f in /usr/bin/ib_write_bw /usr/bin/rdma "$RXE" "$R/usr/bin/verbs.test" "$R/u
   done
 done
 echo "127.0.0.1 localhost" > "$R/etc/hosts"
+[ -z "$INJECT" ] || : > "$R/etc/kvh-inject-sweep"
 echo "root:x:0:0:root:/:/bin/sh" > "$R/etc/passwd"
 (cd "$R" && find . -print0 | cpio --null -o -H newc --quiet) | gzip -1 > "$W/initrd.gz"
 
