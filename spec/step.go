@@ -688,7 +688,7 @@ func (m *Model) sourceChoices(s *State, p int) int {
 		}
 		pages = 1 // the placeholder
 	}
-	if s.Fenced[q.P][q.D] || s.QPInc[q.P][q.D] != s.Inc[q.P] {
+	if s.Fenced[q.P][q.D] || s.QPInc[q.P][q.D] != s.Inc[q.P] || s.Severed[q.D] {
 		return 0
 	}
 	free := 0
