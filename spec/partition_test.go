@@ -78,8 +78,9 @@ func TestAPartitionedDecodeNodeIsSilentUntilItsLeaseExpires(t *testing.T) {
 // Each lease defense under the partition fault: prefill's fence on a lost
 // decode node is the only thing that ends a leg whose WRITE went into the
 // silent node (without it, Termination fails in 6 steps); the router's
-// cancel of the open prefill legs is redundant behind that fence (docs/spec.md,
-// "The partition fault").
+// cancel of the open prefill legs is redundant behind that fence with the
+// registry (docs/spec.md, "The partition fault"; with static peers it is
+// not: TestTheRouterLegCancelEndsALegAwaitingAGrantFromASilentNodeWithStaticPeers).
 func TestTheLostDecodeFenceEndsTheLegsAPartitionStrands(t *testing.T) {
 	cfg := partitioned(t)
 	if got := explore(t, withMutation(t, cfg, NoMutation)); len(got) > 0 {
