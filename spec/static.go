@@ -38,10 +38,15 @@ package spec
 // stays); with static peers a partition can lose that Abort and nothing
 // fences, so the router's cancel is the prefill leg's only word. A prefill
 // node the router lost gets none (the router ends that leg as lost), nor
-// does a leg that has ended.
+// does a leg that has ended. Under no-peer-cancel the router tells no leg
+// of the other's failure, but still cancels a lost decode node's prefill
+// legs (NodeLost's own branch).
 func (x *sys) staticLegCancel(r int) {
 	q := &x.s.Req[r]
 	if !x.m.cfg.StaticPeers || x.mut(NoRouterLegCancel) || x.s.CrashDetected[q.P] || !(q.S.Phase == SNone || q.S.Phase.Live()) {
+		return
+	}
+	if x.bug(NoPeerCancel) && !x.s.DecodeLost[q.D] {
 		return
 	}
 	x.toPrefill(int(q.P), &x.s.ToPrefill[q.P], Msg{Kind: MAbort, Req: int8(r)})
