@@ -78,6 +78,9 @@ import (
 //	              wire to it or back from it is lost without a word to either end, and
 //	              what is sent to it later is lost too; the Router lists it until the
 //	              spec's DetectCrash of it, its lease's expiry (as LeaseLost of a decode node)
+//	DataplaneCut  every queue pair to decode node d cut as by Cut, and none set up again:
+//	              a later intake over one fails as over a fenced one (no queue pair);
+//	              the Router still lists d
 //
 // A queue pair is live while each end is the other's current incarnation;
 // what is posted on one that is not is flushed: a SEND at once, a WRITE at
@@ -179,6 +182,9 @@ type decodeEnd struct {
 	// partitioned: cut off for good (the spec's partition fault): what is
 	// sent to it or by it is lost, and it is never called again.
 	partitioned bool
+	// severed: the data plane to it is cut for good (the spec's
+	// dataplane-cut fault): no queue pair to it can be set up.
+	severed bool
 }
 
 // pairEnd is the queue pair between a prefill and a decode node.
@@ -411,7 +417,7 @@ func (h *Refinement) registered(id protocol.NodeID) (bool, uint64) {
 // accepted this one yet.
 func (h *Refinement) live(p, d int) bool {
 	pr := h.pairs[p][d]
-	return !pr.fenced && pr.inc == h.pre[p].inc && pr.dinc == h.dec[d].inc && !h.dec[d].partitioned
+	return !pr.fenced && pr.inc == h.pre[p].inc && pr.dinc == h.dec[d].inc && !h.dec[d].partitioned && !h.dec[d].severed
 }
 
 // tellDecode is a message of the router or the registry to decode node d:
@@ -714,6 +720,14 @@ func (h *Refinement) apply(a spec.Action, popped *[spec.MaxPrefills][spec.MaxDec
 		err = h.applyCorruptSend(a, popped)
 	case spec.Partition:
 		err = h.applyPartition(a)
+	case spec.DataplaneCut:
+		// Every queue pair to the node breaks at both ends, and stays
+		// broken: the Router still lists the node.
+		d := int(a.Arg & 15)
+		h.dec[d].severed = true
+		for p := range h.pre {
+			h.cut(p, d)
+		}
 	}
 	if err != nil {
 		return err
@@ -1089,11 +1103,12 @@ func (h *Refinement) tellLostDecodes(p int) {
 // computed later, one Compute each.
 // Its refusal is its leg's outcome, relayed to the router. Over a queue pair
 // fenced for good, or one decode holds for another incarnation, there is no
-// queue pair to send on: the leg fails there (transfer refuses the Submit).
+// queue pair to send on: the leg fails there (transfer refuses the Submit),
+// and over one to a decode node whose data plane is cut none can be set up.
 func (h *Refinement) intake(p, r int) error {
 	pe := h.pre[p]
 	_, d := h.routeOf(r)
-	if pr := h.pairs[p][d]; pr.fenced || pr.inc != pe.inc {
+	if pr := h.pairs[p][d]; pr.fenced || pr.inc != pe.inc || h.dec[d].severed {
 		if h.cfg.Prompts[r] > h.cfg.PrefillLimit() && !h.cfg.Bugs.Has(spec.AdmitFinished) {
 			// The node's own intake refuses it first.
 			_, err := pe.snd.Submit(id(r), qpTo(decodeID(d)), h.cfg.Prompts[r])

@@ -837,6 +837,40 @@ func TestRefinementCatchesADecodeRestartWithADefenseOff(t *testing.T) {
 // which each Sender's fence (the cut of its queue pair to it) ends the legs
 // the partition stranded. One pair at the default bounds, and 2x2 with every
 // fault, restarts and leases.
+// The dataplane-cut fault maps to a cut of every queue pair to the node
+// (Receiver.QueuePairFenced, Sender.Flushed) that stays: a later intake over
+// one finds no queue pair, while the Router still routes to the node. The
+// one-pair default bounds and 2x2 (restarts, leases) with the fault agree
+// step by step.
+func TestImplementationRefinesTheSpecUnderADataplaneCut(t *testing.T) {
+	seeds := uint64(1000)
+	if testing.Short() {
+		seeds = 200
+	}
+	one := spec.DefaultConfig()
+	one.Faults[spec.FaultDataplaneCut] = 1
+	two := twoByTwo()
+	two.Faults[spec.FaultDataplaneCut] = 1
+	count := func() int {
+		countersMu.Lock()
+		defer countersMu.Unlock()
+		return walkCoverage["DataplaneCut"]
+	}
+	c0 := count()
+	for i, cfg := range []spec.Config{one, two} {
+		for seed := uint64(0); seed < seeds; seed++ {
+			if err := walk(cfg, research.Switches{}, seed); err != nil {
+				t.Fatalf("config %d, seed %d: %v", i, seed, err)
+			}
+		}
+	}
+	if c1 := count(); c1 == c0 {
+		t.Fatalf("no data plane cut in %d walks: the test shows nothing", 2*seeds)
+	} else {
+		t.Logf("%d walks: %d data plane cuts", 2*seeds, c1-c0)
+	}
+}
+
 func TestImplementationRefinesTheSpecUnderPartitions(t *testing.T) {
 	seeds := uint64(1000)
 	if testing.Short() {

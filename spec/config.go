@@ -141,16 +141,17 @@ type Fault int
 
 // The faults, each with a budget in Config.Faults.
 const (
-	FaultCancel    Fault = iota // the client cancels a request at any point
-	FaultCrash                  // the prefill node crashes
-	FaultTimeout                // decode's timer for a reserved request fires
-	FaultCut                    // the queue pair breaks: everything in flight is flushed
-	FaultLate                   // a posted WRITE stays in the network, placed arbitrarily later
-	FaultCorrupt                // a WRITE's payload is corrupted in transit
-	FaultRogue                  // a peer WRITEs any page with any key it has held, or sends a Bootstrap for a request nobody dispatched (issue 17)
-	FaultLease                  // a node's registry lease expires (the node may live on, unreachable)
-	FaultRestart                // a crashed prefill node comes back under a new incarnation (and, with Config.DecodeRestarts, a decode node crashes and comes back under one)
-	FaultPartition              // a live decode node is cut off from the router, the registry and every prefill node for good, silently (partition.go)
+	FaultCancel       Fault = iota // the client cancels a request at any point
+	FaultCrash                     // the prefill node crashes
+	FaultTimeout                   // decode's timer for a reserved request fires
+	FaultCut                       // the queue pair breaks: everything in flight is flushed
+	FaultLate                      // a posted WRITE stays in the network, placed arbitrarily later
+	FaultCorrupt                   // a WRITE's payload is corrupted in transit
+	FaultRogue                     // a peer WRITEs any page with any key it has held, or sends a Bootstrap for a request nobody dispatched (issue 17)
+	FaultLease                     // a node's registry lease expires (the node may live on, unreachable)
+	FaultRestart                   // a crashed prefill node comes back under a new incarnation (and, with Config.DecodeRestarts, a decode node crashes and comes back under one)
+	FaultPartition                 // a live decode node is cut off from the router, the registry and every prefill node for good, silently (partition.go)
+	FaultDataplaneCut              // the queue pairs between a live decode node and every prefill node break for good, while the registry and the router still list it (dataplane.go)
 	NumFaults
 )
 
@@ -159,7 +160,7 @@ const (
 // that the one-pair runs read as they did before the topology existed.
 const numClassicFaults = FaultLease
 
-var faultNames = [NumFaults]string{"cancel", "crash", "timeout", "cut", "late", "corrupt", "rogue", "lease", "restart", "partition"}
+var faultNames = [NumFaults]string{"cancel", "crash", "timeout", "cut", "late", "corrupt", "rogue", "lease", "restart", "partition", "dataplane-cut"}
 
 func (f Fault) String() string {
 	if f >= 0 && f < NumFaults {
@@ -187,8 +188,8 @@ func (b Budget) String() string {
 var ErrBadFaults = errors.New("bad fault list")
 
 // ParseFaults parses "name[=N],..." (a bare name means N=1); "none" is no faults;
-// "all" is every fault of the one-pair deployment once (not lease, restart
-// or partition), alone or in a list ("all,restart"). Faults not named get budget 0.
+// "all" is every fault of the one-pair deployment once (not lease, restart,
+// partition or dataplane-cut), alone or in a list ("all,restart"). Faults not named get budget 0.
 func ParseFaults(list string) (Budget, error) {
 	var b Budget
 	switch list {
@@ -305,6 +306,13 @@ type Config struct {
 	// queue pairs. Off, only prefill nodes restart (the state space of
 	// every earlier run is unchanged).
 	DecodeRestarts bool
+	// StaticPeers is a deployment whose registry never loses a node
+	// (kvhandoff serve --peers: node.Static): the router loses a decode node
+	// only when its control API stops answering, and no prefill node is
+	// ever told (no PeerFailed, so no fence). A queue pair to a partitioned
+	// decode node then ends by RC's retry limit, as the RetryExceeded step
+	// (static.go). Off, the registry tells every prefill node.
+	StaticPeers bool
 	// MaxQueue bounds every channel (0: the default, MaxQueue; at most
 	// QueueCapacity). A message sent on a full one is dropped and flags
 	// WithinBounds: the bound, not the protocol, was too small.
@@ -441,6 +449,10 @@ func (c *Config) Validate() error {
 		return bad("contents: one per request (%d), got %d", len(c.Prompts), len(c.Contents))
 	case c.DecodeRestarts && c.Faults[FaultRestart] == 0:
 		return bad("decode restarts are restarts: give the restart fault a budget too")
+	case c.StaticPeers && c.Faults[FaultLease] > 0:
+		return bad("static peers have no leases: the router's own loss of a partitioned decode node is the partition's (static.go)")
+	case c.StaticPeers && c.DecodeRestarts:
+		return bad("static peers and decode restarts: a restarted decode node's news reaches prefill nodes through the registry, which static peers do not change")
 	case c.Faults[FaultRestart] > 0 && c.Faults[FaultCrash] == 0 && !c.DecodeRestarts:
 		return bad("a restart brings back a crashed prefill node: give the crash fault a budget too")
 	}

@@ -77,6 +77,7 @@ const (
 	EndMidStream                        // a sender's leg ends with pages not yet computed: the computation stops (stream.go)
 	ComputeEnded                        // free-computing: a page computed for a leg that has ended, into a source page it no longer holds
 	PrefixPurge                         // a cut or a failed verification takes a cached page its writer wrote out of the cache
+	RetryLimit                          // static peers: RC's retry limit errors prefill's end of a queue pair to a partitioned decode node (static.go)
 	NumBranches
 )
 
@@ -100,7 +101,7 @@ var branchNames = [NumBranches]string{
 	"verify-prefix", "verify-pinned", "read-shared",
 	"partition-loss", "lost-decode-fence",
 	"admit-mid-stream", "end-mid-stream", "compute-ended",
-	"prefix-purge",
+	"prefix-purge", "retry-limit",
 }
 
 func (b Branch) String() string {

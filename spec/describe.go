@@ -119,6 +119,9 @@ func (m *Model) describeAction(s *State, a Action) string {
 		return out
 	case DetectCrash:
 		if a.Arg&DecodeNode != 0 {
+			if m.cfg.StaticPeers {
+				return fmt.Sprintf("the router loses %s: a call to its control API failed (it is partitioned, alive); the static registry still lists it, and no prefill node is told", m.decodeName(int(a.Arg&15)))
+			}
 			return fmt.Sprintf("the router loses %s: its registry lease expired (it is partitioned, alive)", m.decodeName(int(a.Arg&15)))
 		}
 		if m.multi() {
@@ -151,7 +154,14 @@ func (m *Model) describeAction(s *State, a Action) string {
 		}
 		return fmt.Sprintf("[FAULT restart] %s comes back as incarnation %d (fresh pools, no records) and registers under its name", m.prefillName(int(a.Arg)), s.Inc[a.Arg]+1)
 	case Partition:
+		if m.cfg.StaticPeers {
+			return fmt.Sprintf("[FAULT partition] %s is cut off from the router and every prefill node, alive: what is in flight to or from it is lost, and no one is told (the static registry lists it for good)", m.decodeName(int(a.Arg&15)))
+		}
 		return fmt.Sprintf("[FAULT partition] %s is cut off from the router, the registry and every prefill node, alive: what is in flight to or from it is lost, and no one is told (the registry still lists it until its lease expires)", m.decodeName(int(a.Arg&15)))
+	case RetryExceeded:
+		return fmt.Sprintf("RC's retry limit: work that %s posted on its queue pair to the silent %s is never acknowledged, so its end breaks: every leg on it fails, and no new queue pair to it can be set up", m.prefillName(ap), m.decodeName(ad))
+	case DataplaneCut:
+		return fmt.Sprintf("[FAULT dataplane-cut] the network between %s and every prefill node fails: each of its queue pairs breaks at both ends (everything in flight on it is flushed) and no new one can be set up; the registry and the router still list it", m.decodeName(int(a.Arg&15)))
 	case RogueWrite:
 		out := fmt.Sprintf("[FAULT rogue] %s WRITEs page %d of %s with the key of r%d's Grant", m.prefillName(rp), a.Arg, m.decodeName(rd), r)
 		switch {

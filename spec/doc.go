@@ -68,9 +68,15 @@
 // lands only if the key is live and covers the page; RogueBootstrap: a
 // Bootstrap for a request nobody dispatched, which decode refuses; keys.go).
 // With the topology's faults, LeaseLost (a live node's registry lease
-// expires), Restart, and Partition (a live decode node cut off from
+// expires), Restart, Partition (a live decode node cut off from
 // everything, silently, until its lease expires and the router loses it;
-// partition.go).
+// partition.go) and DataplaneCut (every queue pair to a live decode node
+// breaks for good while the registry and the router still list it;
+// dataplane.go). With [Config.StaticPeers] (static.go) the registry loses
+// no node, so no prefill node fences one: the router cancels the prefill
+// leg of every request that fails, and RetryExceeded (a protocol step,
+// RC's bounded retry) breaks prefill's end of a queue pair holding work
+// that a partitioned decode node will never acknowledge.
 // Without the Late fault a WRITE posted on an empty queue
 // pair is placed at once; that keeps the state space small without losing any
 // interleaving that matters, since every in-flight WRITE a bug needs can be

@@ -71,7 +71,7 @@ func (m *Model) rogueWriter(s *State, r int) bool {
 	q := &s.Req[r]
 	p, d := int(q.P), int(q.D)
 	return q.Submitted && q.S.Granted && !s.PrefillCrashed[p] && q.PInc == s.Inc[p] && q.DInc == s.DInc[d] &&
-		!s.Fenced[p][d] && s.QPInc[p][d] == s.Inc[p] && s.PQPInc[p][d] == s.DInc[d]
+		!s.Fenced[p][d] && s.QPInc[p][d] == s.Inc[p] && s.PQPInc[p][d] == s.DInc[d] && !s.Severed[d]
 }
 
 // rogueWrites calls emit once per rogue WRITE worth exploring in s: every

@@ -507,6 +507,18 @@ func (e *encoder) appendNodes(dst []byte) []byte {
 			dst = append(dst, b2b(s.Partitioned[d]))
 		}
 	}
+	if e.c.StaticPeers && e.c.Faults[FaultPartition] > 0 {
+		for d := 0; d < nd; d++ {
+			for sp := 0; sp < np; sp++ {
+				dst = append(dst, b2b(s.Unacked[sp][d]))
+			}
+		}
+	}
+	if e.c.Faults[FaultDataplaneCut] > 0 {
+		for d := 0; d < nd; d++ {
+			dst = append(dst, b2b(s.Severed[d]))
+		}
+	}
 	return dst
 }
 

@@ -29,7 +29,7 @@ const (
 	NoRestartFence                        // decode accepts a prefill node's new incarnation without cutting the old one's queue pair
 	NoDecodeRestartFence                  // prefill accepts a decode node's new incarnation without cutting its queue pair to the old one
 	DecodeRestartSameIncarnation          // a decode node restarts under the incarnation it had (the registry sees no new one)
-	NoRouterLegCancel                     // the router does not cancel the open prefill legs of a lost decode node's requests
+	NoRouterLegCancel                     // the router does not cancel the open prefill legs of a lost decode node's requests (with static peers, of any failed request: static.go)
 	NoLostDecodeFence                     // prefill does not cut its queue pair to a decode node the registry declared lost
 	KeyOutlivesRecord                     // decode revokes a grant's key at Done only: not at an abort, a quarantine, a fence or a cut
 	KeyCoversPool                         // a grant's key covers every page of the pool (revoked as the rule says)
@@ -40,6 +40,7 @@ const (
 	InsertUnverified                      // a request's written pages enter the prefix cache at every end, not only after a verified read
 	NoUnpin                               // a request's end does not unpin the pages of its prefix hit
 	UnsaltedPublicChain                   // the chain past a public prefix is not salted with the tenant: a public request's private pages are keyed alike for every tenant
+	UnboundedRetry                        // RC retries a work request to a silent peer for ever (retry_cnt 7 on rxe and some NICs): no RetryExceeded (static.go)
 	NumMutations
 )
 
@@ -50,7 +51,7 @@ var mutationNames = [NumMutations]string{"none",
 	"no-router-leg-cancel", "no-lost-decode-fence",
 	"key-outlives-record", "key-covers-pool", "no-ticket-check",
 	"no-done-prefix-check", "no-pinned-check", "no-shared-read-check", "insert-unverified", "no-unpin",
-	"unsalted-public-chain",
+	"unsalted-public-chain", "unbounded-retry",
 }
 
 func (m Mutation) String() string {
@@ -102,7 +103,6 @@ var Equivalent = map[string]string{
 	"release-ignores-epoch":   "a release names pages the record owns at their granted epochs while Conservation holds, so the test it drops is always true; only a second release (double-free) makes it matter, and double-free is caught",
 	"no-restart-fence":        "redundant behind the lost node's fence: the new incarnation's registration tells the router the old one is lost first, and the PeerFailed it sends reaches decode ahead of PeerRestarted on the same FIFO queue and cuts the queue pair for good; it shows only with no-peer-cancel or peer-by-name on (issue 23)",
 	"no-decode-restart-fence": "as no-restart-fence, for a decode node: its new registration makes the router lose the old incarnation, and the PeerFailed every prefill node gets ahead of PeerRestarted cuts its queue pair to it",
-	"no-router-leg-cancel":    "redundant behind prefill's fence on a lost decode node: the loss that makes the router cancel a leg sends every prefill node PeerFailed right behind the cancels, and the fence's cut fails every live leg on the queue pair to that node and flushes every later intake for it, so it ends each leg the cancel would; under the partition fault, whose silent node strands legs that only a cut can end, the fence alone ends them all (docs/spec.md, The partition fault)",
 	"no-done-prefix-check":    "the spec's sender takes its skip from the grant's prefix and Done carries it, and no fault damages it, so the check refuses nothing a run of the correct protocol sends; a skip that differs (prefix-count-mismatch) violates PrefixExact at admission, before any Done",
 	"no-pinned-check":         "a pinned page stays cached at its epoch, scope and chain while pinned (PinnedNeverReallocated holds in every exploration, and the checker expands no state that violates it), so the check at Done refuses nothing: defense in depth, as no-pool-epoch-check",
 	"no-shared-read-check":    "as no-pinned-check, at the read",

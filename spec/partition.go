@@ -63,6 +63,9 @@ func (x *sys) partition(d int) {
 	x.s.Partitioned[d] = true
 	x.dropDecode(d)
 	for p := 0; p < x.m.cfg.NumPrefills(); p++ {
+		if x.s.QP[p][d].N > 0 {
+			x.postedIntoSilence(p, d) // in flight when it fell silent: never acknowledged
+		}
 		x.s.QP[p][d].Clear()
 		x.s.QPBack[p][d].Clear()
 	}

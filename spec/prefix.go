@@ -635,7 +635,7 @@ func (x *sys) submitClaim(r, p, d int, sc uint8) {
 	if !x.bug(ClientScope) {
 		x.hit(RouterScopeInBody)
 		x.s.Req[r].Submitted = true
-		x.report(r, Rejected, ScopeInBody)
+		x.refuse(r, Rejected, ScopeInBody)
 		return
 	}
 	x.submit(r, p, d)

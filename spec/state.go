@@ -323,7 +323,9 @@ type State struct {
 	CrashDetected  [MaxPrefills]bool              // the prefill node's registry lease expired: the router knows it is gone
 	DecodeLost     [MaxDecodes]bool               // the decode node's registry lease expired (the node itself may live on)
 	Partitioned    [MaxDecodes]bool               // the decode node is cut off from the rest of the deployment for good (the partition fault, partition.go)
+	Severed        [MaxDecodes]bool               // the data plane between the decode node and every prefill node is cut for good, the node still listed (the dataplane-cut fault, dataplane.go)
 	Fenced         [MaxPrefills][MaxDecodes]bool  // the queue pair was cut for good: one end was declared lost
+	Unacked        [MaxPrefills][MaxDecodes]bool  // with static peers: prefill posted a SEND on the queue pair to a partitioned decode node that no one will acknowledge (static.go)
 	Inc            [MaxPrefills]uint8             // each prefill node's incarnation: advanced at every restart
 	QPInc          [MaxPrefills][MaxDecodes]uint8 // the incarnation of prefill node p whose queue pair decode node d holds
 	DInc           [MaxDecodes]uint8              // each decode node's incarnation: advanced at every restart of it (Config.DecodeRestarts)

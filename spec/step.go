@@ -19,6 +19,7 @@ const (
 	DecodeRead                       // decode attends over a ready request's pages and replies
 	DetectCrash                      // the router notices a node is gone: a crashed prefill node, or a partitioned decode node whose lease expired (Arg: the node, DecodeNode|d for a decode node)
 	Compute                          // prefill computes the next page of a request's KV into its source page (stream.go)
+	RetryExceeded                    // with static peers, RC's retry limit errors prefill's end of a queue pair to a partitioned decode node that holds work outstanding (Arg: Route(p, d); static.go)
 	Cancel                           // fault: the client disconnects
 	Crash                            // fault: the prefill node crashes
 	Timeout                          // fault: decode's timer for a reserved request fires
@@ -29,6 +30,7 @@ const (
 	RogueWrite                       // fault: r's prefill node WRITEs a page of r's decode node with the key of r's Grant, at any time (Arg: the page)
 	RogueBootstrap                   // fault: a peer sends decode a Bootstrap for r, which the router never dispatched
 	Partition                        // fault: a live decode node is cut off from the deployment for good, silently (Arg: DecodeNode|d; partition.go)
+	DataplaneCut                     // fault: the queue pairs between a live decode node and every prefill node break for good, the node still listed (Arg: DecodeNode|d; dataplane.go)
 	NumActionKinds                   // the number of action kinds
 )
 
@@ -90,7 +92,7 @@ func (a Action) String() string {
 	}
 	if a.Arg != 0 {
 		switch a.Kind {
-		case Submit, PrefillRecvQP, Cut:
+		case Submit, PrefillRecvQP, Cut, RetryExceeded:
 			s += fmt.Sprintf("@p%d-d%d", a.Arg>>4&15, a.Arg&15)
 			if a.Kind == Submit && a.Arg>>8 != 0 {
 				s += fmt.Sprintf("+scope-%d", a.Arg>>8)
@@ -115,15 +117,15 @@ func (a Action) String() string {
 	if a.Kind == RogueWrite {
 		s += fmt.Sprintf("@page%d", a.Arg)
 	}
-	if a.Kind == LeaseLost || a.Kind == Restart || a.Kind == Partition {
+	if a.Kind == LeaseLost || a.Kind == Restart || a.Kind == Partition || a.Kind == DataplaneCut {
 		s += fmt.Sprintf("@%c%d", "pd"[a.Arg>>8], a.Arg&15)
 	}
 	return s
 }
 
 var actionNames = [NumActionKinds]string{"Submit", "PrefillRecv", "PrefillRecvQP", "DecodeRecv", "DecodeRecvQP",
-	"PostWrite", "DecodeRead", "DetectCrash", "Compute", "Cancel", "Crash", "Timeout", "Cut", "CorruptSend", "LeaseLost", "Restart",
-	"RogueWrite", "RogueBootstrap", "Partition"}
+	"PostWrite", "DecodeRead", "DetectCrash", "Compute", "RetryExceeded", "Cancel", "Crash", "Timeout", "Cut", "CorruptSend", "LeaseLost", "Restart",
+	"RogueWrite", "RogueBootstrap", "Partition", "DataplaneCut"}
 
 func (k ActionKind) String() string {
 	if k < NumActionKinds {
@@ -154,6 +156,7 @@ func (m *Model) Successors(s *State, emit func(Action, *State)) {
 	g.detectCrashes()
 	g.detectPartitions()
 	g.computes()
+	g.retriesExceeded()
 	// Faults.
 	if !m.faultAllowed(s) {
 		return
@@ -167,6 +170,7 @@ func (m *Model) Successors(s *State, emit func(Action, *State)) {
 	g.rogues()
 	g.leasesLost()
 	g.partitions()
+	g.dataplaneCuts()
 }
 
 // successors enumerates the actions enabled in one state, one method per
@@ -684,7 +688,7 @@ func (m *Model) sourceChoices(s *State, p int) int {
 		}
 		pages = 1 // the placeholder
 	}
-	if s.Fenced[q.P][q.D] || s.QPInc[q.P][q.D] != s.Inc[q.P] {
+	if s.Fenced[q.P][q.D] || s.QPInc[q.P][q.D] != s.Inc[q.P] || s.Severed[q.D] {
 		return 0
 	}
 	free := 0
@@ -815,6 +819,8 @@ func (x *sys) toQP(r int, msg Msg) {
 	msg.Inc, msg.DInc = x.s.Inc[q.P], x.s.PQPInc[q.P][q.D]
 	if x.qpLive(int(q.P), int(q.D)) {
 		x.push(x.qp(r), msg)
+	} else {
+		x.postedIntoSilence(int(q.P), int(q.D))
 	}
 }
 
@@ -824,7 +830,7 @@ func (x *sys) toQP(r int, msg Msg) {
 // (or is not yet accepted) is flushed; one to or from a partitioned decode
 // node is lost, and neither end learns of it (partition.go).
 func (x *sys) qpLive(p, d int) bool {
-	return !x.s.Fenced[p][d] && x.s.QPInc[p][d] == x.s.Inc[p] && x.s.PQPInc[p][d] == x.s.DInc[d] && !x.s.Partitioned[d]
+	return !x.s.Fenced[p][d] && x.s.QPInc[p][d] == x.s.Inc[p] && x.s.PQPInc[p][d] == x.s.DInc[d] && !x.s.Partitioned[d] && !x.s.Severed[d]
 }
 
 // toQPBack sends on r's queue pair to prefill, stamped with the decode
@@ -850,6 +856,17 @@ func (x *sys) report(r int, o Outcome, why Reason) {
 	q := &x.s.Req[r]
 	if q.Outcome == Pending {
 		q.Outcome, q.Reason = o, why
+		if o == Failed || o == Rejected {
+			x.staticLegCancel(r)
+		}
+	}
+}
+
+// refuse is the router's own refusal of r at its intake: nothing was
+// dispatched, so there is no leg to cancel.
+func (x *sys) refuse(r int, o Outcome, why Reason) {
+	if q := &x.s.Req[r]; q.Outcome == Pending {
+		q.Outcome, q.Reason = o, why
 	}
 }
 
@@ -864,10 +881,10 @@ func (x *sys) submit(r, p, d int) {
 	switch {
 	case t > x.m.cfg.ContextLimit && !x.mut(RouterIgnoresLimit):
 		x.hit(RouterOverLimit)
-		x.report(r, Rejected, OverLimit)
+		x.refuse(r, Rejected, OverLimit)
 	case p < 0:
 		x.hit(RouterPeerDead)
-		x.report(r, Failed, PeerFailed)
+		x.refuse(r, Failed, PeerFailed)
 	default:
 		x.hit(RouterDispatch)
 		q.Scope = x.m.cfg.routerScope(r) // the authenticated tenant's, or the public prefix's
@@ -920,12 +937,12 @@ func (x *sys) decodeLoss(d int) {
 	for r := range x.m.cfg.Prompts {
 		if q := &x.s.Req[r]; q.Submitted && int(q.D) == d && q.Outcome == Pending {
 			x.report(r, Failed, PeerFailed)
-			if (q.S.Phase == SNone || q.S.Phase.Live()) && !x.mut(NoRouterLegCancel) { // a leg that has ended needs no cancel
+			if (q.S.Phase == SNone || q.S.Phase.Live()) && !x.mut(NoRouterLegCancel) && !x.m.cfg.StaticPeers { // a leg that has ended needs no cancel (static peers: report sent it)
 				x.toPrefill(int(q.P), &x.s.ToPrefill[q.P], Msg{Kind: MAbort, Req: int8(r)})
 			}
 		}
 	}
-	if !x.bug(NoPeerCancel) {
+	if !x.bug(NoPeerCancel) && !x.m.cfg.StaticPeers { // a static registry tells no prefill node (static.go)
 		for p := 0; p < x.m.cfg.NumPrefills(); p++ {
 			x.toPrefill(p, &x.s.ToPrefill[p], Msg{Kind: MPeerFailed, Req: -1, Peer: int8(d)})
 		}
@@ -987,13 +1004,15 @@ func (x *sys) prefillIntake(r, choice int) {
 	if c.AnySourcePages && len(got) >= pages {
 		got = nthTuple(got, pages, choice)
 	}
-	if q := &x.s.Req[r]; x.s.Fenced[q.P][q.D] || x.s.QPInc[q.P][q.D] != x.s.Inc[q.P] || x.s.PQPInc[q.P][q.D] != q.DInc {
+	if q := &x.s.Req[r]; x.s.Fenced[q.P][q.D] || x.s.QPInc[q.P][q.D] != x.s.Inc[q.P] || x.s.PQPInc[q.P][q.D] != q.DInc || x.s.Severed[q.D] {
 		// The queue pair to the chosen decode node was cut for good when
 		// one end was declared lost, or this incarnation has none yet
 		// (decode has not accepted it): the Bootstrap is flushed, so the
 		// leg fails. So does a request routed to a decode incarnation
 		// other than the one this node's queue pair is to: the route
-		// names the incarnation, and a replaced one is gone.
+		// names the incarnation, and a replaced one is gone. And one
+		// routed to a decode node whose data plane is cut: no queue pair
+		// to it can be set up (transfer.ErrNoPeer; dataplane.go).
 		snd.Phase = SFailed
 		x.report(r, Failed, Flushed)
 		return

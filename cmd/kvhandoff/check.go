@@ -51,6 +51,7 @@ type checkFlags struct {
 	restarts                  int
 	anySource                 bool
 	decodeRestarts            bool
+	staticPeers               bool
 	maxQueue                  int
 	bitstate                  bool
 	bitstateSize              string
@@ -145,10 +146,11 @@ func (f *checkFlags) define(fs *flag.FlagSet) {
 	fs.IntVar(&f.pageSize, "page-size", 2, "tokens per page")
 	fs.StringVar(&f.prompts, "prompts", "", "prompt lengths in tokens, comma-separated (overrides --requests), e.g. 4,4,9")
 	fs.IntVar(&f.prefillPages, "prefill-pages", 0, "prefill pool pages (0: half of --pages); its intake rejects longer prompts")
-	fs.StringVar(&f.faults, "faults", "all", `fault budgets: "all" (every one but lease, restart and partition), "none" or name[=N],... of all, cancel, crash, timeout, cut, late, corrupt, rogue, lease, restart, partition`)
+	fs.StringVar(&f.faults, "faults", "all", `fault budgets: "all" (every one but lease, restart, partition and dataplane-cut), "none" or name[=N],... of all, cancel, crash, timeout, cut, late, corrupt, rogue, lease, restart, partition, dataplane-cut`)
 	fs.IntVar(&f.prefills, "prefills", 1, fmt.Sprintf("prefill nodes, each with the prefill pool (1..%d)", spec.MaxPrefills))
 	fs.IntVar(&f.decodes, "decodes", 1, fmt.Sprintf("decode nodes, each with the decode pool and slots (1..%d); a queue pair per (prefill, decode) pair", spec.MaxDecodes))
 	fs.IntVar(&f.restarts, "restarts", -1, "restarts of a crashed prefill node under a new incarnation (0..3; the same as restart=N in --faults, which it overrides; needs a crash budget)")
+	fs.BoolVar(&f.staticPeers, "static-peers", false, "a registry that never loses a node (serve --peers): the router loses a decode node when its control API stops answering, and no prefill node is told; RC's retry limit breaks a queue pair to a partitioned node")
 	fs.BoolVar(&f.decodeRestarts, "decode-restarts", false, "the restart fault may also crash a decode node and bring it back at once under a new incarnation (a fresh pool, epochs from zero); needs a restart budget, shared with prefill restarts")
 	fs.BoolVar(&f.anySource, "any-source-pages", false, "a prefill node's intake may take any free source pages, in any order, not only the lowest: every choice explored (the refinement mapping's setting; more states)")
 	fs.IntVar(&f.maxQueue, "max-queue", 0, fmt.Sprintf("the bound of every channel, in messages (0: %d; at most %d); a message sent on a full one breaks WithinBounds", spec.MaxQueue, spec.QueueCapacity))
@@ -263,6 +265,7 @@ func (f *checkFlags) config() (spec.Config, error) {
 	cfg.MaxFaults = f.maxFaults
 	cfg.AnySourcePages = f.anySource
 	cfg.DecodeRestarts = f.decodeRestarts
+	cfg.StaticPeers = f.staticPeers
 	cfg.MaxQueue = f.maxQueue
 	cfg.Prefills, cfg.Decodes = f.prefills, f.decodes
 	if f.prefills < 1 || f.decodes < 1 {
@@ -312,6 +315,9 @@ func describeConfig(c spec.Config) string {
 	}
 	if c.NumPrefills()*c.NumDecodes() > 1 {
 		topology = fmt.Sprintf("%d prefill x %d decode nodes, ", c.NumPrefills(), c.NumDecodes())
+	}
+	if c.StaticPeers {
+		topology += "static peers (the registry loses no node), "
 	}
 	cache := ""
 	if c.PrefixCache > 0 {

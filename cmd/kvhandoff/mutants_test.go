@@ -49,6 +49,8 @@ func TestRemovingAConfigurationFailsTheGate(t *testing.T) {
 	for _, c := range []struct{ mutation, line string }{
 		{"no-lost-decode-fence", "--page-size 2 --pages 2 --prompts 2 --faults partition"},
 		{"decode-restart-same-incarnation", "--page-size 2 --pages 4 --prompts 2,2 --faults restart --decode-restarts"},
+		{"no-router-leg-cancel", "--page-size 2 --pages 2 --prompts 2 --faults partition --static-peers"},
+		{"unbounded-retry", "--page-size 2 --pages 2 --prompts 2 --faults partition --static-peers"},
 	} {
 		mu, err := spec.ParseMutation(c.mutation)
 		if err != nil {

@@ -41,7 +41,7 @@ func actors(a spec.Action) (from, to string) {
 		return "Router", ""
 	case spec.Timeout, spec.Partition:
 		return "Decode", ""
-	case spec.Cut:
+	case spec.Cut, spec.DataplaneCut:
 		return "Prefill", "Decode"
 	case spec.CorruptSend:
 		if a.Arg&spec.SendBack != 0 {
