@@ -1,12 +1,16 @@
 package model
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 
+	"github.com/kvhandoff/kvhandoff/internal/parallel"
 	"github.com/kvhandoff/kvhandoff/internal/research"
 	"github.com/kvhandoff/kvhandoff/protocol"
 	"github.com/kvhandoff/kvhandoff/spec"
@@ -473,34 +477,63 @@ func TestRefinementCatchesEverySwitch(t *testing.T) {
 					violated = fmt.Errorf("on its shortest trace: %w", err)
 				}
 			}
-			for _, cfg := range configs() {
-				for seed := uint64(0); seed < 3000 && !done(); seed++ {
-					for i, other := range beside {
-						if diverged[i] == nil {
-							with := cfg
-							with.Bugs = specOf(other)
-							with.Faults = specOf(impl).Faults(with.Faults) // the faults the switch acts under (peer-by-name: a restart)
-							if err := walk(with, impl, seed); errors.Is(err, ErrRefinement) {
+			// Up to 3,000 seeds per configuration, on every core: the incident's
+			// combination walked for minutes on one core after the others had
+			// finished. The seeds are handed out in the serial loop's order and
+			// the walks stop once done; what is found is what a serial loop
+			// finds, perhaps at another seed.
+			const seeds = 3000
+			cfgs := configs()
+			var mu sync.Mutex // guards diverged, violated and refineErr
+			var refineErr error
+			parallel.For(len(cfgs)*seeds, func(j int) {
+				cfg, seed := cfgs[j/seeds], uint64(j%seeds)
+				mu.Lock()
+				stop := done() || refineErr != nil
+				needed := slices.Clone(diverged) // nil: still to be shown
+				wantViolation := violated == nil
+				mu.Unlock()
+				if stop {
+					return
+				}
+				for i, other := range beside {
+					if needed[i] == nil {
+						with := cfg
+						with.Bugs = specOf(other)
+						with.Faults = specOf(impl).Faults(with.Faults) // the faults the switch acts under (peer-by-name: a restart)
+						if err := walk(with, impl, seed); errors.Is(err, ErrRefinement) {
+							mu.Lock()
+							if diverged[i] == nil {
 								diverged[i] = err
 							}
-						}
-					}
-					for _, variants := range []uint16{spec.Late | spec.Corrupt, spec.Late} {
-						if violated != nil || variants == spec.Late && len(combo.bugs) == 1 {
-							continue
-						}
-						with := cfg
-						with.Bugs = specOf(impl)
-						with.Faults = with.Bugs.Faults(with.Faults)
-						err := walkWith(with, impl, seed, variants)
-						if errors.Is(err, ErrRefinement) {
-							t.Fatalf("with the switch on both sides, the implementation must still refine the spec: %v", err)
-						}
-						if err != nil && needsEveryOnBothSides(cfg, impl, combo.bugs, seed, variants, specOf) {
-							violated = err
+							mu.Unlock()
 						}
 					}
 				}
+				for _, variants := range []uint16{spec.Late | spec.Corrupt, spec.Late} {
+					if !wantViolation || variants == spec.Late && len(combo.bugs) == 1 {
+						continue
+					}
+					with := cfg
+					with.Bugs = specOf(impl)
+					with.Faults = with.Bugs.Faults(with.Faults)
+					err := walkWith(with, impl, seed, variants)
+					if errors.Is(err, ErrRefinement) {
+						mu.Lock()
+						refineErr = cmp.Or(refineErr, err)
+						mu.Unlock()
+						return
+					}
+					if err != nil && needsEveryOnBothSides(cfg, impl, combo.bugs, seed, variants, specOf) {
+						mu.Lock()
+						violated = cmp.Or(violated, err)
+						mu.Unlock()
+						wantViolation = false
+					}
+				}
+			})
+			if refineErr != nil {
+				t.Fatalf("with the switch on both sides, the implementation must still refine the spec: %v", refineErr)
 			}
 			for i, d := range diverged {
 				if d == nil {

@@ -246,7 +246,9 @@ func Check[S any, A comparable](m Model[S, A], props Properties[S], opt Options)
 // CheckAccepting is Check with a filter on counterexamples: a violation that
 // accept refuses is not reported, and exploration goes on looking for another
 // (the bad state is still not expanded). The defense matrix uses it to demand
-// traces that need every switch of a combination.
+// traces that need every switch of a combination. accept must not keep the
+// violation's Trace past its return: a refused trace's steps are reused for
+// the next candidate's.
 func CheckAccepting[S any, A comparable](m Model[S, A], props Properties[S], opt Options, accept func(Violation[S, A]) bool) (*Result[S, A], error) {
 	c, err := newRun(m, props, opt, accept)
 	if err != nil {
@@ -287,8 +289,14 @@ type run[S any, A comparable] struct {
 	// the first choice that differs.
 	last        []Step[S, A]
 	lastChoices []int
-	stop        bool
-	heap        *heap
+	// lastKept says that last is held by a reported violation. Otherwise the
+	// next rebuild writes its trace over last's steps: a trace is a State
+	// per step (2 KB each for the spec), and the matrix's most filtered
+	// combinations refuse millions of candidates, whose fresh traces were
+	// a third of their CPU time (with the collections they caused, more).
+	lastKept bool
+	stop     bool
+	heap     *heap
 
 	blocks  blockPool[S]
 	scratch []*worker[S, A]
@@ -386,6 +394,7 @@ func (c *run[S, A]) report(prop string, kind Kind, at stateRef) (bool, error) {
 	}
 	c.found[prop] = true
 	c.res.Violations = append(c.res.Violations, Violation[S, A]{Property: prop, Kind: kind, Trace: trace})
+	c.lastKept = true
 	if !c.opt.All {
 		c.stop = true
 	}
@@ -738,20 +747,25 @@ func (c *run[S, A]) rebuild(at stateRef) ([]Step[S, A], error) {
 		k++
 	}
 	var trace []Step[S, A]
-	if k > 0 {
+	switch {
+	case !c.lastKept && cap(c.last) >= len(choices):
+		trace = c.last[:k] // the shared prefix in place; the rest is overwritten
+		c.lastChoices = c.lastChoices[:k]
+	default:
 		trace = append(make([]Step[S, A], 0, len(choices)), c.last[:k]...)
-	} else {
+	}
+	if k == 0 {
 		cur := c.inits[choices[0]]
 		if !check(0, &cur) {
 			return nil, ErrNondeterministic
 		}
-		trace = append(make([]Step[S, A], 0, len(choices)), Step[S, A]{State: cur, Initial: true})
+		trace = append(trace, Step[S, A]{State: cur, Initial: true})
 		k = 1
 	}
 	cur := trace[k-1].State
+	var next S // outside the loop: the closure below makes it escape, one allocation a rebuild
 	for i, want := range choices[k:] {
 		i += k - 1
-		var next S
 		var action A
 		n, ok := 0, false
 		c.m.Successors(&cur, func(a A, s *S) {
@@ -766,6 +780,6 @@ func (c *run[S, A]) rebuild(at stateRef) ([]Step[S, A], error) {
 		cur = next
 		trace = append(trace, Step[S, A]{Action: action, State: cur})
 	}
-	c.last, c.lastChoices = trace, append(c.lastChoices[:0], choices...)
+	c.last, c.lastChoices, c.lastKept = trace, append(c.lastChoices[:0], choices...), false
 	return trace, nil
 }

@@ -381,6 +381,43 @@ func TestAcceptFilterSkipsRefusedCounterexamples(t *testing.T) {
 	}
 }
 
+// The checker writes a refused candidate's trace over the last one's steps;
+// a reported violation's trace must survive the candidates refused after it.
+func TestAcceptedTracesSurviveLaterRefusedCandidates(t *testing.T) {
+	twoAt := func(i int) checker.Invariant[string] {
+		return checker.Invariant[string]{Name: fmt.Sprintf("NoTwoAt%d", i), Holds: func(s *string) bool { return (*s)[i] != 2 }}
+	}
+	props := checker.Properties[string]{Invariants: []checker.Invariant[string]{twoAt(0), twoAt(1)}}
+	refused := 0
+	res, err := checker.CheckAccepting[string, int](tokens{k: 4}, props, checker.Options{All: true, Workers: 1}, func(v checker.Violation[string, int]) bool {
+		if last := v.Trace[len(v.Trace)-1].State; last[3] != 1 {
+			refused++
+			return false
+		}
+		return true
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Violations) != 2 || refused < 2 {
+		t.Fatalf("want both properties violated after refusals, got %d violations, %d refused", len(res.Violations), refused)
+	}
+	for _, v := range res.Violations {
+		tr := v.Trace
+		for i := 1; i < len(tr); i++ {
+			prev, cur := []byte(tr[i-1].State), []byte(tr[i].State)
+			prev[tr[i].Action]++
+			if string(prev) != string(cur) {
+				t.Fatalf("%s: step %d is not the action applied to the previous state: %v", v.Property, i, tr)
+			}
+		}
+		last := tr[len(tr)-1].State
+		if !tr[0].Initial || last[3] != 1 || props.Invariants[v.Property[len(v.Property)-1]-'0'].Holds(&last) {
+			t.Fatalf("%s: the trace does not end where the accepted violation was: %v", v.Property, tr)
+		}
+	}
+}
+
 func TestMaxStates(t *testing.T) {
 	_, err := checker.Check[string, int](tokens{k: 4}, checker.Properties[string]{}, checker.Options{MaxStates: 10})
 	if !errors.Is(err, checker.ErrTooManyStates) {

@@ -276,6 +276,10 @@ type replayer struct {
 	// from the state without faults (liveness candidates).
 	reach map[string]bool
 	buf   []byte
+	// next is the successor a replay looks for: a field, not a local the
+	// closure would move to the heap (a 2 KB State an action, millions of
+	// actions in the matrix's most filtered combinations).
+	next spec.State
 }
 
 // reachKey is the key of reach for goal g and state s.
@@ -369,11 +373,10 @@ func (r *replayer) stillViolates(v checker.Violation[spec.State, spec.Action]) b
 	r.actions, r.states, r.dead = r.actions[:k], r.states[:k+1], false
 	for _, st := range steps[k:] {
 		cur := &r.states[len(r.states)-1]
-		var next spec.State
 		found := false
 		r.m.Successors(cur, func(a spec.Action, n *spec.State) {
 			if !found && a == st.Action {
-				next, found = *n, true
+				r.next, found = *n, true
 			}
 		})
 		r.actions = append(r.actions, st.Action)
@@ -381,7 +384,7 @@ func (r *replayer) stillViolates(v checker.Violation[spec.State, spec.Action]) b
 			r.dead = true
 			return false
 		}
-		r.states = append(r.states, next)
+		r.states = append(r.states, r.next)
 	}
 	cur := &r.states[len(r.states)-1]
 	switch v.Kind {
