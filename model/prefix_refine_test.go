@@ -48,17 +48,31 @@ func prefixConfigs() []spec.Config {
 	return []spec.Config{shared, deep, two, restart, public}
 }
 
+// prefixCombination is a set of prefix switches and the properties it
+// breaks.
+type prefixCombination struct {
+	bugs []research.Switch
+	want []string
+}
+
 // prefixCombinations are the prefix switches the refinement and the
 // simulation catch, with the properties each breaks. client-scope is not
 // among them: see notInTheModel.
-var prefixCombinations = []struct {
-	bugs []research.Switch
-	want []string
-}{
+var prefixCombinations = []prefixCombination{
 	{[]research.Switch{research.ScopeDropped}, []string{spec.NoCrossScopeRead}},
 	{[]research.Switch{research.EvictPinned}, []string{spec.PinnedNeverReallocated, spec.Conservation}},
 	{[]research.Switch{research.WriteShared}, []string{spec.PinnedNeverReallocated}},
 	{[]research.Switch{research.PrefixCountMismatch}, []string{spec.PrefixExact}},
+}
+
+// switches are c's switches on the implementation's side and on the spec's.
+func (c prefixCombination) switches(t *testing.T) (research.Switches, spec.Switches) {
+	impl := research.On(c.bugs...)
+	sp, err := spec.ParseSwitches(impl.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return impl, sp
 }
 
 // The implementation with the cache refines the spec with it on seeded
@@ -77,11 +91,7 @@ func TestImplementationWithThePrefixCacheRefinesTheSpecOnSeededWalks(t *testing.
 		for i, cfg := range prefixConfigs() {
 			t.Run(fmt.Sprint(i), func(t *testing.T) {
 				t.Parallel()
-				for seed := uint64(0); seed < seeds; seed++ {
-					if err := walk(cfg, research.Switches{}, seed); err != nil {
-						t.Fatalf("config %d, seed %d: %v", i, seed, err)
-					}
-				}
+				walkSeeds(t, i, cfg, seeds)
 			})
 		}
 	})
@@ -99,11 +109,7 @@ func TestImplementationWithThePrefixCacheRefinesTheSpecOnSeededWalks(t *testing.
 // fails on the mapped state.
 func TestRefinementCatchesEveryPrefixSwitch(t *testing.T) {
 	for _, c := range prefixCombinations {
-		impl := research.On(c.bugs...)
-		sp, err := spec.ParseSwitches(impl.String())
-		if err != nil {
-			t.Fatal(err)
-		}
+		impl, sp := c.switches(t)
 		t.Run(impl.String(), func(t *testing.T) {
 			t.Parallel()
 			var diverged, violated error
@@ -161,11 +167,7 @@ func TestImplementationWithAPrefixSwitchRefinesTheSpecWithIt(t *testing.T) {
 		walks = 50
 	}
 	for _, c := range prefixCombinations {
-		impl := research.On(c.bugs...)
-		sp, err := spec.ParseSwitches(impl.String())
-		if err != nil {
-			t.Fatal(err)
-		}
+		impl, sp := c.switches(t)
 		t.Run(impl.String(), func(t *testing.T) {
 			t.Parallel()
 			for ci, cfg := range prefixConfigs() {

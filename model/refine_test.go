@@ -275,11 +275,7 @@ func TestImplementationRefinesTheSpecOnSeededWalks(t *testing.T) {
 		for i, cfg := range append(configs(), damageConfigs()...) {
 			t.Run(fmt.Sprint(i), func(t *testing.T) {
 				t.Parallel()
-				for seed := uint64(0); seed < seeds; seed++ {
-					if err := walk(cfg, research.Switches{}, seed); err != nil {
-						t.Fatalf("config %d, seed %d: %v", i, seed, err)
-					}
-				}
+				walkSeeds(t, i, cfg, seeds)
 			})
 		}
 	})
@@ -863,13 +859,6 @@ func TestRefinementCatchesADecodeRestartWithADefenseOff(t *testing.T) {
 	}
 }
 
-// The implementation refines the spec under the partition fault: a decode
-// node cut off for good, silently (its Receiver never called again, what is
-// on the wire to it or from it lost without a word to the Sender), still
-// listed by the Router until its lease expires (Router.NodeLost), after
-// which each Sender's fence (the cut of its queue pair to it) ends the legs
-// the partition stranded. One pair at the default bounds, and 2x2 with every
-// fault, restarts and leases.
 // The dataplane-cut fault maps to a cut of every queue pair to the node
 // (Receiver.QueuePairFenced, Sender.Flushed) that stays: a later intake over
 // one finds no queue pair, while the Router still routes to the node. The
@@ -880,10 +869,7 @@ func TestImplementationRefinesTheSpecUnderADataplaneCut(t *testing.T) {
 	if testing.Short() {
 		seeds = 200
 	}
-	one := spec.DefaultConfig()
-	one.Faults[spec.FaultDataplaneCut] = 1
-	two := twoByTwo()
-	two.Faults[spec.FaultDataplaneCut] = 1
+	one, two := withFault(spec.FaultDataplaneCut)
 	count := func() int {
 		countersMu.Lock()
 		defer countersMu.Unlock()
@@ -891,11 +877,7 @@ func TestImplementationRefinesTheSpecUnderADataplaneCut(t *testing.T) {
 	}
 	c0 := count()
 	for i, cfg := range []spec.Config{one, two} {
-		for seed := uint64(0); seed < seeds; seed++ {
-			if err := walk(cfg, research.Switches{}, seed); err != nil {
-				t.Fatalf("config %d, seed %d: %v", i, seed, err)
-			}
-		}
+		walkSeeds(t, i, cfg, seeds)
 	}
 	if c1 := count(); c1 == c0 {
 		t.Fatalf("no data plane cut in %d walks: the test shows nothing", 2*seeds)
@@ -904,15 +886,19 @@ func TestImplementationRefinesTheSpecUnderADataplaneCut(t *testing.T) {
 	}
 }
 
+// The implementation refines the spec under the partition fault: a decode
+// node cut off for good, silently (its Receiver never called again, what is
+// on the wire to it or from it lost without a word to the Sender), still
+// listed by the Router until its lease expires (Router.NodeLost), after
+// which each Sender's fence (the cut of its queue pair to it) ends the legs
+// the partition stranded. One pair at the default bounds, and 2x2 with every
+// fault, restarts and leases.
 func TestImplementationRefinesTheSpecUnderPartitions(t *testing.T) {
 	seeds := uint64(1000)
 	if testing.Short() {
 		seeds = 200
 	}
-	one := spec.DefaultConfig()
-	one.Faults[spec.FaultPartition] = 1
-	two := twoByTwo()
-	two.Faults[spec.FaultPartition] = 1
+	one, two := withFault(spec.FaultPartition)
 	count := func() (partitions, losses int) {
 		countersMu.Lock()
 		defer countersMu.Unlock()
@@ -920,11 +906,7 @@ func TestImplementationRefinesTheSpecUnderPartitions(t *testing.T) {
 	}
 	p0, l0 := count()
 	for i, cfg := range []spec.Config{one, two} {
-		for seed := uint64(0); seed < seeds; seed++ {
-			if err := walk(cfg, research.Switches{}, seed); err != nil {
-				t.Fatalf("config %d, seed %d: %v", i, seed, err)
-			}
-		}
+		walkSeeds(t, i, cfg, seeds)
 	}
 	p1, l1 := count()
 	if p1 == p0 || l1 == l0 {
@@ -945,4 +927,24 @@ func TestImplementationRefinesTheSpecUnderPartitions(t *testing.T) {
 			t.Fatalf("beside a spec without the fence, %d walks never parted ways", seeds)
 		}
 	}
+}
+
+// walkSeeds walks cfg, the implementation with no switch beside it, for
+// seeds 0 to seeds-1, and fails t at the first walk that parts ways or
+// breaks a property.
+func walkSeeds(t *testing.T, i int, cfg spec.Config, seeds uint64) {
+	t.Helper()
+	for seed := uint64(0); seed < seeds; seed++ {
+		if err := walk(cfg, research.Switches{}, seed); err != nil {
+			t.Fatalf("config %d, seed %d: %v", i, seed, err)
+		}
+	}
+}
+
+// withFault is the one-pair default bounds and 2x2 with fault f once each.
+func withFault(f spec.Fault) (one, two spec.Config) {
+	one, two = spec.DefaultConfig(), twoByTwo()
+	one.Faults[f] = 1
+	two.Faults[f] = 1
+	return one, two
 }

@@ -108,6 +108,14 @@ func (n *node) handle(ev Event, d *Decode) {
 	}
 }
 
+// ended reports whether request id has an outcome.
+func (n *node) ended(id protocol.RequestID) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	_, ok := n.outcomes[id]
+	return ok
+}
+
 // wait waits until every request in ids has an outcome, and returns them.
 func (n *node) wait(ids ...protocol.RequestID) map[protocol.RequestID]error {
 	n.t.Helper()
@@ -135,11 +143,9 @@ func (n *node) wait(ids ...protocol.RequestID) map[protocol.RequestID]error {
 		if time.Now().After(deadline) {
 			var missing []string
 			for _, id := range ids {
-				n.mu.Lock()
-				if _, ok := n.outcomes[id]; !ok {
+				if !n.ended(id) {
 					missing = append(missing, fmt.Sprint(id))
 				}
-				n.mu.Unlock()
 			}
 			n.t.Fatalf("%d of %d requests have no outcome after 20 s: %v", len(ids)-done, len(ids), missing)
 		}

@@ -253,12 +253,7 @@ func TestAPageIsWrittenOnlyOnceComputed(t *testing.T) {
 				}
 				// Request 1 fills the pages (under the switch it streams
 				// wrongly too, on fresh pages: what it reads is not checked).
-				eventually(t, "request 1 ends on decode", func() bool {
-					dn.mu.Lock()
-					defer dn.mu.Unlock()
-					_, ok := dn.outcomes[1]
-					return ok
-				})
+				eventually(t, "request 1 ends on decode", func() bool { return dn.ended(1) })
 				eventually(t, "request 1's pages come back", func() bool { return p.Stats().PagesFree == pages })
 				dn.mu.Lock()
 				dn.foreign = nil
@@ -279,12 +274,7 @@ func TestAPageIsWrittenOnlyOnceComputed(t *testing.T) {
 				if err := <-submitted; err != nil {
 					t.Fatal(err)
 				}
-				eventually(t, "request 2 ends on decode", func() bool {
-					dn.mu.Lock()
-					defer dn.mu.Unlock()
-					_, ok := dn.outcomes[2]
-					return ok
-				})
+				eventually(t, "request 2 ends on decode", func() bool { return dn.ended(2) })
 				dn.mu.Lock()
 				foreign, outcome := dn.foreign, dn.outcomes[2]
 				dn.mu.Unlock()
@@ -383,12 +373,7 @@ func TestAComputingRequestsPagesStayItsUntilTheChunkEnds(t *testing.T) {
 				t.Fatal(err)
 			}
 			qp.Resume()
-			eventually(t, "request 2 ends on decode", func() bool {
-				dn.mu.Lock()
-				defer dn.mu.Unlock()
-				_, ok := dn.outcomes[2]
-				return ok
-			})
+			eventually(t, "request 2 ends on decode", func() bool { return dn.ended(2) })
 			dn.mu.Lock()
 			err := dn.outcomes[2]
 			dn.mu.Unlock()
