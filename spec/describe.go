@@ -172,7 +172,7 @@ func (m *Model) describeAction(s *State, a Action) string {
 		}
 		return out + ": the key is live and covers the page, so it lands"
 	case RogueBootstrap:
-		out := fmt.Sprintf("[FAULT rogue] a peer sends %s a Bootstrap for r%d, which the router never dispatched", m.decodeName(rd), r)
+		out := fmt.Sprintf("[FAULT rogue] a peer sends %s a Bootstrap for r%d, which the router never dispatched", m.decodeName(int(a.Arg)), r)
 		if !m.cfg.Bugs.Has(UnticketedBootstrap) {
 			return out + ": it carries no ticket, so decode refuses it"
 		}

@@ -161,13 +161,15 @@ func TestDecodeRefusesMalformedEncodings(t *testing.T) {
 }
 
 // fullMinimum is the canonical form by definition: the smallest encoding over
-// every request symmetry. AppendFingerprint must identify exactly the states
+// every request symmetry and node renaming. AppendFingerprint must identify exactly the states
 // it identifies.
 func fullMinimum(m *Model, s *State) string {
 	var best []byte
-	for _, p := range m.perms {
-		if e := m.encode(nil, s, p); best == nil || bytes.Compare(e, best) < 0 {
-			best = e
+	for i := range m.nodes {
+		for _, p := range m.perms {
+			if e := m.encode(nil, s, renaming{req: p, nodes: &m.nodes[i]}); best == nil || bytes.Compare(e, best) < 0 {
+				best = e
+			}
 		}
 	}
 	return string(best)
@@ -255,7 +257,10 @@ func stateLeaves() []leaf {
 		case reflect.Struct:
 			for i := 0; i < t.NumField(); i++ {
 				f := t.Field(i)
-				if (strings.HasSuffix(f.Name, "Req") && path != "") || f.Name == "Owner" || f.Name == "Page" || f.Name == "Slots" {
+				// Dispatched too: no step reads it (only the fingerprint, to tell
+				// a route from the zeros of none), so states that differ in it
+				// alone may merge.
+				if (strings.HasSuffix(f.Name, "Req") && path != "") || f.Name == "Owner" || f.Name == "Page" || f.Name == "Slots" || f.Name == "Dispatched" {
 					continue
 				}
 				walk(f.Type, off+f.Offset, group, elem, fence || f.Name == "Fenced" || f.Name == "DecodeLost", path+"."+f.Name)
@@ -313,6 +318,17 @@ func contentOf(leaves []leaf, s *State, fences bool) string {
 		}
 	}
 	return string(fixed)
+}
+
+// nodeContentOf is contentOf without the names of nodes either: the least
+// content over every renaming of the nodes (permuteNodes).
+func nodeContentOf(m *Model, leaves []leaf, s *State, fences bool) string {
+	best := contentOf(leaves, s, fences)
+	for i := 1; i < len(m.nodes); i++ {
+		r := permuteNodes(s, &m.nodes[i])
+		best = min(best, contentOf(leaves, &r, fences))
+	}
+	return best
 }
 
 // Two reachable states with one fingerprint have the same content: a field
@@ -384,7 +400,7 @@ func TestFingerprintCoversEveryField(t *testing.T) {
 				continue
 			}
 			merged++
-			if contentOf(leaves, &states[prev], fences) != contentOf(leaves, &states[i], fences) {
+			if nodeContentOf(m, leaves, &states[prev], fences) != nodeContentOf(m, leaves, &states[i], fences) {
 				t.Fatalf("%v: states %d and %d have one fingerprint but differ beyond renaming:\n%+v\n%+v", cfg.Prompts, prev, i, states[prev], states[i])
 			}
 		}

@@ -165,13 +165,12 @@ func (x *sys) rogueWrite(r, page int) {
 	pg.Data = Label{Req: Rogue}
 }
 
-// rogueBootstrap is a peer's Bootstrap for r, which the router has not
-// dispatched: it carries no ticket of the router's for r, so decode refuses
-// it and reserves nothing. With unticketed-bootstrap decode reserves pages
-// and a slot for it (the lowest free ones; its Grant goes to the rogue), as
-// it would for a dispatched request. Before the router dispatches r its
-// route is unset, so it names decode node 0.
-func (x *sys) rogueBootstrap(r int) {
+// rogueBootstrap is a peer's Bootstrap for r to decode node d, which the
+// router has not dispatched: it carries no ticket of the router's for r, so
+// decode refuses it and reserves nothing. With unticketed-bootstrap decode
+// reserves pages and a slot for it (the lowest free ones; its Grant goes to
+// the rogue), as it would for a dispatched request, and r's record names d.
+func (x *sys) rogueBootstrap(r, d int) {
 	if !x.bug(UnticketedBootstrap) && !x.mut(NoTicketCheck) {
 		x.hit(DecodeNoTicket)
 		return
@@ -180,13 +179,13 @@ func (x *sys) rogueBootstrap(r int) {
 	x.s.Budget[FaultRogue]--
 	t := c.Prompts[r]
 	n := c.PagesFor(t)
-	d := int(x.s.Req[r].D)
 	slot := freeSlot(x.s, d, c.DecodeSlots)
 	free := freePages(x.s, d, c.DecodePages)
 	rec := &x.s.Req[r].R
 	if t > c.DecodeLimit() || slot < 0 || len(free) < n || rec.Phase != RNone {
 		return // refused for its size or for capacity, as a dispatched one would be
 	}
+	x.s.Req[r].D = int8(d)
 	for i, p := range free[:n] {
 		pg := &x.pool(r)[p]
 		pg.Epoch++

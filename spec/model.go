@@ -13,6 +13,7 @@ type Model struct {
 	cfg   Config
 	cov   *Coverage                          // nil: steps are not counted
 	perms [][]int8                           // request permutations that preserve the configuration: the symmetry group
+	nodes []nodeRenaming                     // renamings of the prefill nodes and of the decode nodes (every node of a role is alike): the identity first
 	chain [MaxRequests][MaxDecodePages]uint8 // each request's chain id per full page (prefix.go)
 	class []int                              // requests of equal class are interchangeable
 	// mutate, set only by this package's tests, wraps every step: it may change
@@ -43,6 +44,7 @@ func New(cfg Config) (*Model, error) {
 		class[r] = slices.Index(sig, sig[r])
 	}
 	m.perms, m.class = symmetries(class), class
+	m.nodes = nodeRenamings(cfg.NumPrefills(), cfg.NumDecodes())
 	m.chain = chains(&cfg)
 	return m, nil
 }
@@ -108,45 +110,205 @@ func (m *Model) IsFault(a Action) bool { return a.IsFault() }
 func (m *Model) Finished(s *State) bool { return m.terminated(s) }
 
 // AppendFingerprint appends the canonical encoding of s: the smallest
-// encoding over the request symmetries that list each prompt length's
-// requests in order of their requestKey, with decode pages relabelled
-// canonically (pages are interchangeable, so only their contents and who
-// refers to them matter).
+// encoding over the deployment's symmetries (requests of one class renamed
+// among themselves, prefill nodes among themselves, decode nodes among
+// themselves) that list each class's requests, and each role's nodes, in
+// order of their keys, with decode pages relabelled canonically (pages are
+// interchangeable, so only their contents and who refers to them matter).
 //
 // Limiting the minimum to the key-sorted renamings keeps it canonical: a key
-// moves with its request when requests are renamed and ignores page numbers,
-// so the sorted renamings of any renaming of s yield the same encodings as
-// those of s. Most states' keys differ, and then one renaming is encoded
-// instead of every one (2 at the default bounds, 6 for three equal prompts).
+// moves with its request or node when they are renamed and ignores page
+// numbers (a request's key names its nodes by their new names), so the
+// sorted renamings of any renaming of s yield the same encodings as those of
+// s. Most states' keys differ, and then one renaming is encoded instead of
+// every one (2 at the default bounds, 6 for three equal prompts, times 4 for
+// two prefill and two decode nodes).
 func (m *Model) AppendFingerprint(dst []byte, s *State) []byte {
-	if len(m.perms) == 1 {
-		// No two requests are interchangeable: the identity is the one
-		// renaming, and it sorts by key whatever the keys.
-		return m.encode(dst, s, m.perms[0])
+	return m.appendCanonical(dst, s, m.nodes)
+}
+
+// appendCanonical is AppendFingerprint with the node renamings limited to
+// nodes (the tests compare it with nodes limited to the identity).
+func (m *Model) appendCanonical(dst []byte, s *State, nodes []nodeRenaming) []byte {
+	if len(m.perms) == 1 && len(nodes) == 1 {
+		// No two requests or nodes are interchangeable: the identity is the
+		// one renaming, and it sorts by key whatever the keys.
+		return m.encode(dst, s, renaming{req: m.perms[0], nodes: &nodes[0]})
 	}
-	var keys [MaxRequests]uint64
-	for r := range m.cfg.Prompts {
-		keys[r] = requestKey(&s.Req[r])
+	var pk [MaxPrefills]uint64
+	var dk [MaxDecodes]uint64
+	if len(nodes) > 1 {
+		pk, dk = m.nodeKeys(s)
 	}
 	base, best := len(dst), -1
-	// Each other candidate is encoded after the best so far, in dst itself:
-	// the checker calls this for every transition, so it must not allocate.
-	for _, p := range m.perms {
-		if !m.sortsByKey(p, &keys) {
+	var keys [MaxRequests]uint64
+	for ni := range nodes {
+		nr := &nodes[ni]
+		if len(nodes) > 1 && !m.nodesSortByKey(nr, &pk, &dk) {
 			continue
 		}
-		if best < 0 {
-			dst = m.encode(dst, s, p)
-			best = len(dst) - base
-			continue
+		if len(m.perms) > 1 {
+			for r := range m.cfg.Prompts {
+				keys[r] = requestKey(&s.Req[r], nr)
+			}
 		}
-		dst = m.encode(dst, s, p)
-		if cand := dst[base+best:]; bytes.Compare(cand, dst[base:base+best]) < 0 {
-			best = copy(dst[base:], cand)
+		// Each other candidate is encoded after the best so far, in dst
+		// itself: the checker calls this for every transition, so it must
+		// not allocate.
+		for _, p := range m.perms {
+			if len(m.perms) > 1 && !m.sortsByKey(p, &keys) {
+				continue
+			}
+			dst = m.encode(dst, s, renaming{req: p, nodes: nr})
+			if best < 0 {
+				best = len(dst) - base
+				continue
+			}
+			if cand := dst[base+best:]; bytes.Compare(cand, dst[base:base+best]) < 0 {
+				best = copy(dst[base:], cand)
+			}
+			dst = dst[:base+best]
 		}
-		dst = dst[:base+best]
 	}
 	return dst
+}
+
+// nodeRenaming renames the prefill nodes by pre and the decode nodes by dec
+// (old name to new), with their inverses.
+type nodeRenaming struct {
+	pre, preInv [MaxPrefills]int8
+	dec, decInv [MaxDecodes]int8
+}
+
+// nodeRenamings returns every renaming of np prefill and nd decode nodes
+// among their role, the identity first. Every node of a role has the same
+// pools and the router may pick any live one (submits), and no step or
+// property names a node but by the index it is given: renaming the nodes of
+// a reachable state yields a reachable state with the renamed successors
+// (TestTheSpecIsSymmetricInItsNodes checks this, under every switch and
+// mutation).
+func nodeRenamings(np, nd int) []nodeRenaming {
+	var out []nodeRenaming
+	for _, pre := range permutations(np) {
+		for _, dec := range permutations(nd) {
+			var nr nodeRenaming
+			for i := range nr.pre {
+				nr.pre[i], nr.preInv[i] = int8(i), int8(i)
+			}
+			for i := range nr.dec {
+				nr.dec[i], nr.decInv[i] = int8(i), int8(i)
+			}
+			for old, nw := range pre {
+				nr.pre[old], nr.preInv[nw] = nw, int8(old)
+			}
+			for old, nw := range dec {
+				nr.dec[old], nr.decInv[nw] = nw, int8(old)
+			}
+			out = append(out, nr)
+		}
+	}
+	return out
+}
+
+// permutations returns every permutation of 0..n-1, the identity first.
+func permutations(n int) [][]int8 {
+	return symmetries(make([]int, n)) // one class: every permutation
+}
+
+// routeNames returns q's prefill and decode node under nr. They name nodes
+// once the router has dispatched q, and the decode node once decode holds a
+// record of q (a rogue's Bootstrap under unticketed-bootstrap); otherwise
+// they are 0 and name no node (not yet routed, or refused by the router),
+// so they stay.
+func routeNames(q *Request, nr *nodeRenaming) (p, d int8) {
+	p, d = q.P, q.D
+	if q.Dispatched {
+		p = nr.pre[p]
+	}
+	if q.Dispatched || q.R.Phase != RNone {
+		d = nr.dec[d]
+	}
+	return p, d
+}
+
+// nodeKeys summarizes each node's own state without naming a request, a
+// page or another node: the same for the node under any renaming of
+// requests, pages or nodes (sums over the other role's nodes, counts of
+// requests). Like requestKey, any such function keeps the fingerprint
+// canonical; one that tells more nodes apart saves more encodings.
+func (m *Model) nodeKeys(s *State) (pk [MaxPrefills]uint64, dk [MaxDecodes]uint64) {
+	c := &m.cfg
+	np, nd := c.NumPrefills(), c.NumDecodes()
+	var preReqs [MaxPrefills]uint64
+	var decReqs [MaxDecodes]uint64
+	for r := range c.Prompts {
+		q := &s.Req[r]
+		if q.Dispatched {
+			preReqs[q.P]++
+		}
+		if q.Dispatched || q.R.Phase != RNone { // as routeNames
+			decReqs[q.D]++
+		}
+	}
+	for p := range np {
+		held := uint64(0)
+		for i := range c.PrefillPages {
+			if s.Src[p][i].Owner != Free {
+				held++
+			}
+		}
+		var out, back, fenced uint64
+		for d := range nd {
+			out += uint64(s.QP[p][d].N)
+			back += uint64(s.QPBack[p][d].N)
+			fenced += uint64(b2b(s.Fenced[p][d]))
+		}
+		pk[p] = uint64(b2b(s.PrefillCrashed[p])) | uint64(b2b(s.CrashDetected[p]))<<1 | uint64(s.Inc[p]&15)<<2 |
+			uint64(s.ToPrefill[p].N&15)<<6 | held<<10 | preReqs[p]<<14 | out<<18 | back<<24 | fenced<<30
+	}
+	for d := range nd {
+		held, slots := uint64(0), uint64(0)
+		for i := range c.DecodePages {
+			if s.Pages[d][i].Owner != Free {
+				held++
+			}
+		}
+		for i := range c.DecodeSlots {
+			if s.Slots[d][i] != Free {
+				slots++
+			}
+		}
+		var in, back, fenced uint64
+		for p := range np {
+			in += uint64(s.QP[p][d].N)
+			back += uint64(s.QPBack[p][d].N)
+			fenced += uint64(b2b(s.Fenced[p][d]))
+		}
+		dk[d] = uint64(b2b(s.DecodeLost[d])) | uint64(b2b(s.Partitioned[d]))<<1 | uint64(b2b(s.Severed[d]))<<2 |
+			uint64(s.DInc[d]&15)<<3 | uint64(s.ToDecode[d].N&15)<<7 | held<<11 | slots<<15 | decReqs[d]<<18 |
+			in<<22 | back<<28 | fenced<<34
+	}
+	return pk, dk
+}
+
+// nodesSortByKey reports whether nr lists each role's nodes in nondecreasing
+// key order.
+func (m *Model) nodesSortByKey(nr *nodeRenaming, pk *[MaxPrefills]uint64, dk *[MaxDecodes]uint64) bool {
+	for a := range m.cfg.NumPrefills() {
+		for b := range m.cfg.NumPrefills() {
+			if pk[a] < pk[b] && nr.pre[a] > nr.pre[b] {
+				return false
+			}
+		}
+	}
+	for a := range m.cfg.NumDecodes() {
+		for b := range m.cfg.NumDecodes() {
+			if dk[a] < dk[b] && nr.dec[a] > nr.dec[b] {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // requestKey summarizes a request's own record without naming a request or a
@@ -155,10 +317,12 @@ func (m *Model) AppendFingerprint(dst []byte, s *State) []byte {
 // canonical; one that tells more states apart saves more encodings. (Keys of
 // different records may collide, as fields are cut to 4 bits: that only
 // makes a tie.)
-func requestKey(q *Request) uint64 {
+// The request's nodes are written by their names under nr.
+func requestKey(q *Request, nr *nodeRenaming) uint64 {
+	p, d := routeNames(q, nr)
 	flags := b2b(q.Submitted) | b2b(q.S.Placeholder)<<1 | b2b(q.S.SrcHeld)<<2 | b2b(q.S.Granted)<<3 |
 		b2b(q.R.Released)<<4 | b2b(q.Read)<<5
-	return uint64(flags) | uint64(q.P&3)<<6 | uint64(q.D&3)<<8 | uint64(q.Outcome&15)<<10 | uint64(q.Reason&15)<<14 |
+	return uint64(flags) | uint64(p&3)<<6 | uint64(d&3)<<8 | uint64(q.Outcome&15)<<10 | uint64(q.Reason&15)<<14 |
 		uint64(q.S.Phase&15)<<18 | uint64(q.S.Pages&15)<<22 | uint64(q.S.Posted&15)<<26 | uint64(q.S.Completed&15)<<30 |
 		uint64(q.R.Phase&15)<<34 | uint64(q.R.Reason&15)<<38 | uint64(q.R.N&15)<<42 | uint64(q.R.Slot&15)<<46 |
 		uint64(q.ReadN&15)<<50 | uint64(q.S.Computed&15)<<54
@@ -178,12 +342,19 @@ func (m *Model) sortsByKey(perm []int8, keys *[MaxRequests]uint64) bool {
 	return true
 }
 
-// encode writes s with request r renamed perm[r] and each decode node's pages
-// renamed canonically. A one-pair deployment leaves out the route and node
-// fields, which are all zero there.
-func (m *Model) encode(dst []byte, s *State, perm []int8) []byte {
+// renaming is one symmetry of the deployment: request r renamed req[r], and
+// the nodes renamed by nodes.
+type renaming struct {
+	req   []int8
+	nodes *nodeRenaming
+}
+
+// encode writes s renamed by rn, with each decode node's pages renamed
+// canonically. A one-pair deployment leaves out the route and node fields,
+// which are all zero there.
+func (m *Model) encode(dst []byte, s *State, rn renaming) []byte {
 	var e encoder
-	e.init(m, s, perm)
+	e.init(m, s, rn)
 	e.sortPages()
 	dst = e.appendPages(dst)
 	dst = e.appendSources(dst)
@@ -204,6 +375,7 @@ type encoder struct {
 	c              *Config
 	s              *State
 	perm           []int8
+	nodes          *nodeRenaming
 	npages         int
 	np, nd         int
 	multi          bool
@@ -228,9 +400,10 @@ type pageKey struct {
 // noSite is a pageKey's place for a page nothing refers to.
 const noSite = 0xffff
 
-func (e *encoder) init(m *Model, s *State, perm []int8) {
+func (e *encoder) init(m *Model, s *State, rn renaming) {
 	c := &m.cfg
-	e.c, e.s, e.perm = c, s, perm
+	perm := rn.req
+	e.c, e.s, e.perm, e.nodes = c, s, perm, rn.nodes
 	e.npages = c.DecodePages
 	e.np, e.nd = c.NumPrefills(), c.NumDecodes()
 	e.multi = e.np*e.nd > 1
@@ -263,6 +436,22 @@ func (e *encoder) req(r int8) byte {
 		return byte(r)
 	}
 	return byte(e.perm[r])
+}
+
+// pre is prefill node p's new name (a negative p, no node, stays).
+func (e *encoder) pre(p int8) byte {
+	if p < 0 {
+		return byte(p)
+	}
+	return byte(e.nodes.pre[p])
+}
+
+// dec is decode node d's new name (a negative d, no node, stays).
+func (e *encoder) dec(d int8) byte {
+	if d < 0 {
+		return byte(d)
+	}
+	return byte(e.nodes.dec[d])
 }
 
 // page is decode node d's page p's new name (an out-of-range p stays).
@@ -315,7 +504,7 @@ func (e *encoder) sortPages() {
 			}
 		}
 		for p := 0; p < e.np; p++ {
-			for i, msg := range s.QP[p][d].Items() {
+			for i, msg := range s.QP[e.nodes.preInv[p]][d].Items() {
 				if msg.Kind == MWrite {
 					see(msg.Target.Page, uint16(1000+p*QueueCapacity+i))
 				}
@@ -344,7 +533,7 @@ func (e *encoder) sortPages() {
 // appendPages writes each decode page's content, in sorted order.
 func (e *encoder) appendPages(dst []byte) []byte {
 	for d := 0; d < e.nd; d++ {
-		for _, k := range e.keyArr[d][:e.npages] {
+		for _, k := range e.keyArr[e.nodes.decInv[d]][:e.npages] {
 			dst = binary.BigEndian.AppendUint64(dst, k.hi)
 			dst = binary.BigEndian.AppendUint32(dst, uint32(k.lo>>32))
 			if e.cache {
@@ -359,9 +548,10 @@ func (e *encoder) appendPages(dst []byte) []byte {
 func (e *encoder) appendSources(dst []byte) []byte {
 	s := e.s
 	for sp := 0; sp < e.np; sp++ {
+		src := &s.Src[e.nodes.preInv[sp]]
 		for p := 0; p < e.c.PrefillPages; p++ {
-			dst = append(dst, e.req(s.Src[sp][p].Owner))
-			dst = e.label(dst, s.Src[sp][p].Data)
+			dst = append(dst, e.req(src[p].Owner))
+			dst = e.label(dst, src[p].Data)
 		}
 	}
 	return dst
@@ -370,8 +560,9 @@ func (e *encoder) appendSources(dst []byte) []byte {
 // appendSlots writes each decode node's slots.
 func (e *encoder) appendSlots(dst []byte) []byte {
 	for d := 0; d < e.nd; d++ {
+		slots := &e.s.Slots[e.nodes.decInv[d]]
 		for i := 0; i < e.c.DecodeSlots; i++ {
-			dst = append(dst, e.req(e.s.Slots[d][i]))
+			dst = append(dst, e.req(slots[i]))
 		}
 	}
 	return dst
@@ -385,7 +576,8 @@ func (e *encoder) appendRequests(dst []byte) []byte {
 		q := &s.Req[e.inv[nw]]
 		dst = append(dst, b2b(q.Submitted), byte(q.Outcome), byte(q.Reason))
 		if e.multi {
-			dst = append(dst, byte(q.P), byte(q.D))
+			p, d := routeNames(q, e.nodes)
+			dst = append(dst, byte(p), byte(d))
 		}
 		if e.restarts {
 			dst = append(dst, q.PInc)
@@ -423,23 +615,27 @@ func (e *encoder) appendRequests(dst []byte) []byte {
 // queue pair's two directions.
 func (e *encoder) appendQueues(dst []byte) []byte {
 	s := e.s
+	nr := e.nodes
 	for sp := 0; sp < e.np; sp++ {
-		dst = e.appendQueue(dst, &s.ToPrefill[sp], 0)
+		dst = e.appendQueue(dst, &s.ToPrefill[nr.preInv[sp]], 0, e.dec)
 	}
 	for d := 0; d < e.nd; d++ {
-		dst = e.appendQueue(dst, &s.ToDecode[d], int8(d))
+		dst = e.appendQueue(dst, &s.ToDecode[nr.decInv[d]], nr.decInv[d], e.pre)
 	}
 	for sp := 0; sp < e.np; sp++ {
 		for d := 0; d < e.nd; d++ {
-			dst = e.appendQueue(dst, &s.QP[sp][d], int8(d))
-			dst = e.appendQueue(dst, &s.QPBack[sp][d], int8(d))
+			op, od := nr.preInv[sp], nr.decInv[d]
+			dst = e.appendQueue(dst, &s.QP[op][od], od, nil)
+			dst = e.appendQueue(dst, &s.QPBack[op][od], od, nil)
 		}
 	}
 	return dst
 }
 
-// appendQueue writes one queue, whose WRITEs target decode node d's pages.
-func (e *encoder) appendQueue(dst []byte, qu *Queue, d int8) []byte {
+// appendQueue writes one queue, whose WRITEs target decode node d's pages
+// and whose PeerFailed and PeerRestarted name a node that peer renames (a
+// prefill node on a queue to a decode node, and the reverse).
+func (e *encoder) appendQueue(dst []byte, qu *Queue, d int8, peer func(int8) byte) []byte {
 	dst = append(dst, qu.N)
 	for _, msg := range qu.Items() {
 		dst = append(dst, byte(msg.Kind), e.req(msg.Req), msg.Tokens, msg.Pages, byte(msg.Slot))
@@ -448,7 +644,7 @@ func (e *encoder) appendQueue(dst []byte, qu *Queue, d int8) []byte {
 			dst = e.label(dst, msg.Sum)
 		}
 		if e.multi && msg.Kind == MPeerFailed {
-			dst = append(dst, byte(msg.Peer))
+			dst = append(dst, peer(msg.Peer))
 		}
 		if e.cache {
 			dst = append(dst, msg.Prefix, msg.Scope)
@@ -456,7 +652,7 @@ func (e *encoder) appendQueue(dst []byte, qu *Queue, d int8) []byte {
 		if e.restarts {
 			dst = append(dst, msg.Inc)
 			if msg.Kind == MPeerRestarted {
-				dst = append(dst, byte(msg.Peer))
+				dst = append(dst, peer(msg.Peer))
 			}
 		}
 		if e.decodeRestarts {
@@ -466,25 +662,29 @@ func (e *encoder) appendQueue(dst []byte, qu *Queue, d int8) []byte {
 	return dst
 }
 
-// appendNodes writes each node's liveness, incarnations and fences.
+// appendNodes writes each node's liveness, incarnations and fences, in the
+// order of the nodes' new names.
 func (e *encoder) appendNodes(dst []byte) []byte {
-	s, np, nd := e.s, e.np, e.nd
+	s, np, nd, nr := e.s, e.np, e.nd, e.nodes
 	for sp := 0; sp < np; sp++ {
-		dst = append(dst, b2b(s.PrefillCrashed[sp]), b2b(s.CrashDetected[sp]))
+		op := nr.preInv[sp]
+		dst = append(dst, b2b(s.PrefillCrashed[op]), b2b(s.CrashDetected[op]))
 		if e.restarts {
-			dst = append(dst, s.Inc[sp])
+			dst = append(dst, s.Inc[op])
 			for d := 0; d < nd; d++ {
-				dst = append(dst, s.QPInc[sp][d])
+				dst = append(dst, s.QPInc[op][nr.decInv[d]])
 			}
 		}
 		if e.decodeRestarts {
 			for d := 0; d < nd; d++ {
-				dst = append(dst, s.PQPInc[sp][d])
+				dst = append(dst, s.PQPInc[op][nr.decInv[d]])
 			}
 		}
 	}
 	if e.decodeRestarts {
-		dst = append(dst, s.DInc[:nd]...)
+		for d := 0; d < nd; d++ {
+			dst = append(dst, s.DInc[nr.decInv[d]])
+		}
 	}
 	if e.multi || e.c.Faults[FaultLease] > 0 || e.c.Faults[FaultPartition] > 0 || e.restarts {
 		// Without the lease fault or restarts a fenced queue pair's prefill
@@ -496,27 +696,28 @@ func (e *encoder) appendNodes(dst []byte) []byte {
 		// states there (check --bug peer-by-name --restarts 1: 9,901 states
 		// explored instead of 10,033).
 		for d := 0; d < nd; d++ {
-			dst = append(dst, b2b(s.DecodeLost[d]))
+			od := nr.decInv[d]
+			dst = append(dst, b2b(s.DecodeLost[od]))
 			for sp := 0; sp < np; sp++ {
-				dst = append(dst, b2b(s.Fenced[sp][d]))
+				dst = append(dst, b2b(s.Fenced[nr.preInv[sp]][od]))
 			}
 		}
 	}
 	if e.c.Faults[FaultPartition] > 0 {
 		for d := 0; d < nd; d++ {
-			dst = append(dst, b2b(s.Partitioned[d]))
+			dst = append(dst, b2b(s.Partitioned[nr.decInv[d]]))
 		}
 	}
 	if e.c.StaticPeers && e.c.Faults[FaultPartition] > 0 {
 		for d := 0; d < nd; d++ {
 			for sp := 0; sp < np; sp++ {
-				dst = append(dst, b2b(s.Unacked[sp][d]))
+				dst = append(dst, b2b(s.Unacked[nr.preInv[sp]][nr.decInv[d]]))
 			}
 		}
 	}
 	if e.c.Faults[FaultDataplaneCut] > 0 {
 		for d := 0; d < nd; d++ {
-			dst = append(dst, b2b(s.Severed[d]))
+			dst = append(dst, b2b(s.Severed[nr.decInv[d]]))
 		}
 	}
 	return dst
@@ -547,7 +748,7 @@ func (e *encoder) appendGhost(dst []byte) []byte {
 		dst = append(dst, 0)
 	}
 	if g.Pinned {
-		dst = append(dst, 1, e.page(g.PinnedNode, g.PinnedPage), byte(g.PinnedNode))
+		dst = append(dst, 1, e.page(g.PinnedNode, g.PinnedPage), e.dec(g.PinnedNode))
 	} else if e.cache {
 		dst = append(dst, 0)
 	}
@@ -560,7 +761,7 @@ func (e *encoder) appendForeign(dst []byte) []byte {
 	if s.Foreign.Happened {
 		dst = append(dst, 1, e.req(s.Foreign.Req), e.page(s.Foreign.Node, s.Foreign.Page), e.req(s.Foreign.Owner))
 		if e.multi {
-			dst = append(dst, byte(s.Foreign.Node))
+			dst = append(dst, e.dec(s.Foreign.Node))
 		}
 	} else {
 		dst = append(dst, 0)

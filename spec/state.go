@@ -199,17 +199,22 @@ type Receiver struct {
 // what decode read (a history variable for Isolation).
 type Request struct {
 	Submitted bool
-	Scope     uint8 // the scope the router set (prefix.go): the tenant's, or with client-scope the body's
-	P, D      int8  // the prefill and decode node the router chose (both 0 in a 1x1 deployment)
-	PInc      uint8 // the incarnation of prefill node P the request was dispatched to
-	DInc      uint8 // the incarnation of decode node D the request was dispatched to (Config.DecodeRestarts)
-	Outcome   Outcome
-	Reason    Reason
-	S         Sender
-	R         Receiver
-	Read      bool
-	ReadN     uint8
-	ReadData  [MaxDecodePages]Label
+	// Dispatched: the router sent it to P and D, which name nodes from
+	// then on (a request the router refused keeps 0 and 0, which name
+	// none). Only the fingerprint reads it, to rename a route with the
+	// nodes (node symmetry, model.go); no step does.
+	Dispatched bool
+	Scope      uint8 // the scope the router set (prefix.go): the tenant's, or with client-scope the body's
+	P, D       int8  // the prefill and decode node the router chose (both 0 in a 1x1 deployment)
+	PInc       uint8 // the incarnation of prefill node P the request was dispatched to
+	DInc       uint8 // the incarnation of decode node D the request was dispatched to (Config.DecodeRestarts)
+	Outcome    Outcome
+	Reason     Reason
+	S          Sender
+	R          Receiver
+	Read       bool
+	ReadN      uint8
+	ReadData   [MaxDecodePages]Label
 }
 
 // MsgKind is a message or work request type.

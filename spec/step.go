@@ -28,7 +28,7 @@ const (
 	LeaseLost                        // fault: a live node's registry lease expires (Arg: the node, DecodeNode for a decode node)
 	Restart                          // fault: a crashed prefill node comes back under a new incarnation, or a decode node crashes and comes back under one (Arg: the node, DecodeNode|d for a decode node)
 	RogueWrite                       // fault: r's prefill node WRITEs a page of r's decode node with the key of r's Grant, at any time (Arg: the page)
-	RogueBootstrap                   // fault: a peer sends decode a Bootstrap for r, which the router never dispatched
+	RogueBootstrap                   // fault: a peer sends a decode node a Bootstrap for r, which the router never dispatched (Arg: the decode node)
 	Partition                        // fault: a live decode node is cut off from the deployment for good, silently (Arg: DecodeNode|d; partition.go)
 	DataplaneCut                     // fault: the queue pairs between a live decode node and every prefill node break for good, the node still listed (Arg: DecodeNode|d; dataplane.go)
 	NumActionKinds                   // the number of action kinds
@@ -110,7 +110,7 @@ func (a Action) String() string {
 			} else {
 				s += fmt.Sprintf("@p%d", a.Arg)
 			}
-		case DecodeRecv:
+		case DecodeRecv, RogueBootstrap:
 			s += fmt.Sprintf("@d%d", a.Arg)
 		}
 	}
@@ -446,7 +446,9 @@ func (g *successors) rogues() {
 		})
 		for r := 0; r < len(g.c.Prompts); r++ {
 			if !s.Req[r].Submitted {
-				g.do(Action{RogueBootstrap, int8(r), 0}, r, 0, 0, 0, func(x *sys, r, _, _, _ int) { x.rogueBootstrap(r) })
+				for d := 0; d < g.c.NumDecodes(); d++ { // a peer may send it to any decode node
+					g.do(Action{RogueBootstrap, int8(r), uint16(d)}, r, 0, d, 0, func(x *sys, r, _, d, _ int) { x.rogueBootstrap(r, d) })
+				}
 			}
 		}
 	}
@@ -888,7 +890,7 @@ func (x *sys) submit(r, p, d int) {
 	default:
 		x.hit(RouterDispatch)
 		q.Scope = x.m.cfg.routerScope(r) // the authenticated tenant's, or the public prefix's
-		q.P, q.D, q.PInc, q.DInc = int8(p), int8(d), x.s.Inc[p], x.s.DInc[d]
+		q.Dispatched, q.P, q.D, q.PInc, q.DInc = true, int8(p), int8(d), x.s.Inc[p], x.s.DInc[d]
 		x.toPrefill(p, &x.s.ToPrefill[p], Msg{Kind: MPrefill, Req: int8(r), Tokens: uint8(t)})
 	}
 }
