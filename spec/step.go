@@ -137,7 +137,8 @@ func (k ActionKind) String() string {
 // Successors emits every enabled action of s and its next state. The next
 // state is a scratch state, valid only during the call to emit: emit copies
 // it to keep it (the checker calls this for every state it explores, and a
-// State is about 2 KB: passing it by value cost a third of the run).
+// State is about 3 KB: passing it by value cost a third of the run), and
+// must not change it: for an action that changes nothing it is s itself.
 func (m *Model) Successors(s *State, emit func(Action, *State)) {
 	// The steps are called through function values, so the state they work
 	// on escapes to the heap: it is a scratch state from a pool, not one
@@ -442,16 +443,44 @@ func (g *successors) rogues() {
 	s := g.s
 	if s.Budget[FaultRogue] > 0 {
 		g.m.rogueWrites(s, func(r, page int) {
-			g.do(Action{RogueWrite, int8(r), uint16(page)}, r, 0, 0, page, func(x *sys, r, _, _, page int) { x.rogueWrite(r, page) })
+			a := Action{RogueWrite, int8(r), uint16(page)}
+			f := func(x *sys, r, _, _, page int) { x.rogueWrite(r, page) }
+			if !g.m.keyLive(s, r) || !g.m.keyCovers(s, r, page) {
+				g.unchanged(a, r, 0, 0, page, f) // refused: a remote access error
+				return
+			}
+			g.do(a, r, 0, 0, page, f)
 		})
+		refused := !g.c.Bugs.Has(UnticketedBootstrap) && g.c.Mutation != NoTicketCheck // no ticket
 		for r := 0; r < len(g.c.Prompts); r++ {
 			if !s.Req[r].Submitted {
 				for d := 0; d < g.c.NumDecodes(); d++ { // a peer may send it to any decode node
-					g.do(Action{RogueBootstrap, int8(r), uint16(d)}, r, 0, d, 0, func(x *sys, r, _, d, _ int) { x.rogueBootstrap(r, d) })
+					a := Action{RogueBootstrap, int8(r), uint16(d)}
+					f := func(x *sys, r, _, d, _ int) { x.rogueBootstrap(r, d) }
+					if refused {
+						g.unchanged(a, r, 0, d, 0, f)
+					} else {
+						g.do(a, r, 0, d, 0, f)
+					}
 				}
 			}
 		}
 	}
+}
+
+// unchanged emits a, a step that changes nothing (a refusal: its step
+// returns at once), with the state being expanded itself as its successor:
+// no copy, step or fingerprint, and the checker, seeing its own state come
+// back, takes the state for the successor (a fifth of the default bounds'
+// transitions are rogue refusals). With coverage or the tests' hook the step
+// runs, to count its defense or to be mutated.
+// TestUnchangedStepsChangeNothing checks that the step does change nothing.
+func (g *successors) unchanged(a Action, r, p, d, n int, f step) {
+	if g.m.cov != nil || g.m.mutate != nil {
+		g.do(a, r, p, d, n, f)
+		return
+	}
+	g.emit(a, g.s)
 }
 
 // leasesLost emits the loss of the lease of each node the router still

@@ -257,3 +257,69 @@ func TestNodeSymmetryMergesMirrorImages(t *testing.T) {
 		t.Fatalf("one pair: %d node renamings, want 1", len(one.nodes))
 	}
 }
+
+// A step the spec hands back unchanged (Successors passes the state being
+// expanded itself, and the checker takes it for the successor without a
+// fingerprint) must change nothing: run for real, as with coverage on, every
+// such step yields the state it was given, for the protocol and under every
+// switch and mutation, in a one-pair and a two-by-two deployment with the
+// rogue.
+func TestUnchangedStepsChangeNothing(t *testing.T) {
+	limit := 3000
+	if testing.Short() {
+		limit = 500
+	}
+	onePair := NewConfig(3, 4, 2)
+	for f := range NumFaults {
+		onePair.Faults[f] = 1
+	}
+	deployments := map[string]Config{"one pair, every fault": onePair, "two by two, cache and rogue": symmetricDeployments()["prefix cache, rogue"]}
+	type variant struct {
+		bugs Switches
+		mu   Mutation
+	}
+	variants := []variant{{}}
+	for _, sw := range AllSwitches() {
+		variants = append(variants, variant{bugs: Switches(sw)})
+	}
+	for _, mu := range AllMutations() {
+		variants = append(variants, variant{mu: mu})
+	}
+	for name, base := range deployments {
+		handedBack := 0
+		for _, v := range variants {
+			cfg := base
+			cfg.Bugs, cfg.Mutation = v.bugs, v.mu
+			fast, err := New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			stepped := fast.WithCoverage(&Coverage{})
+			n := limit
+			if v != (variant{}) {
+				n = limit / 10
+			}
+			for _, s := range reachableBy(fast, n, func(s *State) string { return string(fast.AppendFingerprint(nil, s)) }) {
+				type succ struct {
+					a    Action
+					next State
+				}
+				var got, want []succ
+				fast.Successors(&s, func(a Action, next *State) {
+					if next == &s {
+						handedBack++
+					}
+					got = append(got, succ{a, *next})
+				})
+				stepped.Successors(&s, func(a Action, next *State) { want = append(want, succ{a, *next}) })
+				if !slices.Equal(got, want) {
+					t.Fatalf("%s, %v %v: the successors handed back unchanged differ from the steps run", name, v.bugs, v.mu)
+				}
+			}
+		}
+		if handedBack == 0 {
+			t.Fatalf("%s: no step was handed back unchanged: the test shows nothing", name)
+		}
+		t.Logf("%s: %d steps handed back unchanged, each equal to its step run", name, handedBack)
+	}
+}

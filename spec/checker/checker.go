@@ -17,7 +17,9 @@ type Model[S any, A comparable] interface {
 	// Successors calls emit once for every enabled action and the state it leads
 	// to. It must not modify *s and must be deterministic. *next need only
 	// last until emit returns (a model may reuse one scratch state): emit
-	// copies what it keeps.
+	// copies what it keeps. For an action that changes nothing the model may
+	// pass s itself as next: the checker then knows the successor without
+	// computing its fingerprint.
 	Successors(s *S, emit func(a A, next *S))
 	// AppendFingerprint appends a canonical encoding of *s to dst. States with
 	// equal encodings are treated as the same state.

@@ -595,3 +595,61 @@ func TestWorkerCountsExploreTheSameGraph(t *testing.T) {
 		}
 	}
 }
+
+// --- an idler: 0..N by +1, and an action that changes nothing ---
+
+// idler's "idle" action leaves the state as it is; handBack passes the
+// state being expanded itself for it (as a model may), otherwise a copy.
+type idler struct {
+	n               int
+	handBack, fault bool
+}
+
+func (m idler) Initial() []int { return []int{0} }
+func (m idler) Successors(s *int, emit func(string, *int)) {
+	if *s < m.n {
+		next := *s + 1
+		emit("inc", &next)
+	}
+	if m.handBack {
+		emit("idle", s)
+	} else {
+		same := *s
+		emit("idle", &same)
+	}
+}
+func (m idler) AppendFingerprint(dst []byte, s *int) []byte { return append(dst, byte(*s)) }
+func (m idler) IsFault(a string) bool                       { return m.fault && a == "idle" }
+func (m idler) Finished(s *int) bool                        { return *s == m.n }
+
+// A successor handed back as the state itself is that state: the same
+// states, transitions and liveness verdicts as the same action emitted as a
+// copy, whether it is a fault (no cycle) or a protocol action (a cycle of
+// one state, so the protocol graph is not acyclic).
+func TestAStateHandedBackIsItsOwnSuccessor(t *testing.T) {
+	props := checker.Properties[int]{Goals: []checker.Goal[int]{{Name: "End", Reached: func(s *int) bool { return *s == 5 }}}}
+	for _, fault := range []bool{false, true} {
+		var stats [2]checker.Stats
+		for i, handBack := range []bool{false, true} {
+			for _, workers := range []int{1, 2} {
+				res, err := checker.Check[int, string](idler{n: 5, handBack: handBack, fault: fault}, props, checker.Options{Workers: workers})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !res.OK() {
+					t.Fatalf("fault=%v handBack=%v: %v", fault, handBack, res.Violations)
+				}
+				stats[i] = res.Stats
+			}
+		}
+		want := checker.No
+		if fault {
+			want = checker.Yes
+		}
+		for i, s := range stats {
+			if s.States != 6 || s.Transitions != 11 || s.Acyclic != want {
+				t.Fatalf("fault=%v, handed back %v: %d states, %d transitions, acyclic %v; want 6, 11, %v", fault, i == 1, s.States, s.Transitions, s.Acyclic, want)
+			}
+		}
+	}
+}

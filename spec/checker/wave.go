@@ -381,6 +381,7 @@ type worker[S any, A comparable] struct {
 	count [numShards]int32
 
 	out    *expansion[S] // where successors go
+	cur    *S            // the state being expanded
 	parent int32         // the number of the state being expanded
 	n      int           // its successors so far
 }
@@ -421,7 +422,7 @@ func (w *worker[S, A]) expand(b *block[S], out *expansion[S]) {
 			data = data[k+int(l):]
 			s = &w.state
 		}
-		w.parent, w.n = parent, 0
+		w.parent, w.n, w.cur = parent, 0, s
 		if c.bits != nil {
 			w.parent = int32(i)
 		}
@@ -461,6 +462,14 @@ func (w *worker[S, A]) successor(a A, next *S) {
 	w.n++
 	if k > maxSuccessors {
 		out.err = fmt.Errorf("checker: a state has more than %d successors", maxSuccessors)
+		return
+	}
+	if next == w.cur {
+		// The model handed back the state being expanded (an action that
+		// changes nothing): the successor is that state, known already.
+		if c.liveness && c.bits == nil && !c.m.IsFault(a) {
+			out.edges = append(out.edges, uint32(w.parent))
+		}
 		return
 	}
 	w.fbuf = c.m.AppendFingerprint(w.fbuf[:0], next)
