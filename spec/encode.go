@@ -267,6 +267,7 @@ func putXOR(dst []byte, w int, a, b *[stateSize]byte, from, to int) int {
 func (m *Model) DecodeState(src []byte, s *State) error {
 	copyState(s, &encodingBase)
 	out := stateArray(s)
+	le := binary.LittleEndian
 	i := 0
 	for len(src) > 0 {
 		eq, rest, ok := count(src)
@@ -280,9 +281,18 @@ func (m *Model) DecodeState(src []byte, s *State) error {
 		i += int(eq)
 		lit := rest[:n]
 		src = rest[n:]
-		// Byte by byte: most runs are short, and they are close together,
-		// so a word written here would stall the next run's word read
-		// (store-to-load forwarding; measured 50 ns slower per state).
+		// A word at a time, the last one masked where the state and the
+		// literal's array have a word from there.
+		for len(lit) >= 8 {
+			le.PutUint64(out[i:], le.Uint64(out[i:])^le.Uint64(lit))
+			i, lit = i+8, lit[8:]
+		}
+		if len(lit) > 0 && i <= stateSize-8 && cap(lit) >= 8 {
+			mask := uint64(1)<<(8*len(lit)) - 1
+			le.PutUint64(out[i:], le.Uint64(out[i:])^le.Uint64(lit[:8])&mask)
+			i += len(lit)
+			continue
+		}
 		for _, c := range lit {
 			out[i] ^= c
 			i++
