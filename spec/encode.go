@@ -42,61 +42,85 @@ func copyState(dst, src *State) { copy(stateBytes(dst), stateBytes(src)) }
 // configuration; any fixed state would be exact, a close one is compact).
 var encodingBase = (&Model{}).Initial()[0]
 
-// span is the bytes [from, to) of a State.
-type span struct{ from, to int }
+// span is the bytes [from, to) of a State. A queue's span starts at the
+// queue (its N) and its bytes past the N messages equal the base: a queue
+// keeps the slots past its messages empty (Queue.Push, Pop and Clear), so
+// AppendState scans a queue's messages only.
+type span struct {
+	from, to int
+	queue    bool
+}
+
+// msgSize is the size of a queue slot.
+const msgSize = int(unsafe.Sizeof(Msg{}))
+
+// end is where the bytes of sp that may differ from the base end in s.
+func (sp span) end(s *[stateSize]byte) int {
+	if !sp.queue {
+		return sp.to
+	}
+	return min(sp.to, sp.from+1+int(s[sp.from])*msgSize)
+}
 
 // wholeState is the span of a model made without New: every byte.
-var wholeState = []span{{0, stateSize}}
+var wholeState = []span{{from: 0, to: stateSize}}
 
 // spanGap is the shortest stretch of unreachable bytes kept between two
 // spans; shorter ones are scanned with their neighbours, which costs less
-// than a span's bookkeeping. At least 2: a differing run ends at two equal
-// bytes, so a run that reaches a span's end ends there, as in a whole scan.
+// than a span's bookkeeping.
 const spanGap = 32
 
 // liveSpans returns the bytes of State that cfg's steps can change, in order:
 // every byte but those of the nodes, requests, pages, slots and queue slots
-// beyond cfg. A field State gains is in a span until it is listed here.
+// beyond cfg, with each queue of the deployment a span of its own. A field
+// State gains is in a span until it is listed here.
 func liveSpans(cfg *Config) []span {
 	var s State
 	at := func(p unsafe.Pointer) int { return int(uintptr(p) - uintptr(unsafe.Pointer(&s))) }
-	var dead []span
-	out := func(from, to unsafe.Pointer) { dead = append(dead, span{at(from), at(to)}) }
-	end := func(p unsafe.Pointer, size uintptr) unsafe.Pointer { return unsafe.Add(p, size) }
+	// What each byte is: 0 out of reach, 1 in reach, 2 in a queue of the
+	// deployment, up to its bound.
+	const deadByte, liveByte, queueByte = 0, 1, 2
+	kind := make([]byte, stateSize)
+	for i := range kind {
+		kind[i] = liveByte
+	}
+	mark := func(k byte, from unsafe.Pointer, size uintptr) {
+		for i := range int(size) {
+			kind[at(from)+i] = k
+		}
+	}
+	var queues []int
 	np, nd := cfg.NumPrefills(), cfg.NumDecodes()
 	nreq := len(cfg.Prompts)
-	// A queue's slots past the bound stay empty (Queue.Push).
 	queue := func(q *Queue, live bool) {
-		if !live {
-			out(unsafe.Pointer(q), end(unsafe.Pointer(q), unsafe.Sizeof(*q)))
-			return
-		}
-		if b := cfg.QueueBound(); b < QueueCapacity {
-			out(unsafe.Pointer(&q.Buf[b]), end(unsafe.Pointer(&q.Buf), unsafe.Sizeof(q.Buf)))
+		mark(deadByte, unsafe.Pointer(q), unsafe.Sizeof(*q))
+		if live {
+			queues = append(queues, at(unsafe.Pointer(q)))
+			mark(queueByte, unsafe.Pointer(q), uintptr(1+min(cfg.QueueBound(), QueueCapacity)*msgSize))
 		}
 	}
 	if nreq < MaxRequests {
-		out(unsafe.Pointer(&s.Req[nreq]), end(unsafe.Pointer(&s.Req), unsafe.Sizeof(s.Req)))
+		mark(deadByte, unsafe.Pointer(&s.Req[nreq]), uintptr(MaxRequests-nreq)*unsafe.Sizeof(s.Req[0]))
 	}
 	for d := range MaxDecodes {
 		if d >= nd {
-			out(unsafe.Pointer(&s.Pages[d]), end(unsafe.Pointer(&s.Pages[d]), unsafe.Sizeof(s.Pages[d])))
-			out(unsafe.Pointer(&s.Slots[d]), end(unsafe.Pointer(&s.Slots[d]), unsafe.Sizeof(s.Slots[d])))
+			mark(deadByte, unsafe.Pointer(&s.Pages[d]), unsafe.Sizeof(s.Pages[d]))
+			mark(deadByte, unsafe.Pointer(&s.Slots[d]), unsafe.Sizeof(s.Slots[d]))
 			continue
 		}
-		if cfg.DecodePages < MaxDecodePages {
-			out(unsafe.Pointer(&s.Pages[d][cfg.DecodePages]), end(unsafe.Pointer(&s.Pages[d]), unsafe.Sizeof(s.Pages[d])))
+		if n := cfg.DecodePages; n < MaxDecodePages {
+			mark(deadByte, unsafe.Pointer(&s.Pages[d][n]), uintptr(MaxDecodePages-n)*unsafe.Sizeof(s.Pages[d][0]))
 		}
-		if cfg.DecodeSlots < MaxSlots {
-			out(unsafe.Pointer(&s.Slots[d][cfg.DecodeSlots]), end(unsafe.Pointer(&s.Slots[d]), unsafe.Sizeof(s.Slots[d])))
+		if n := cfg.DecodeSlots; n < MaxSlots {
+			mark(deadByte, unsafe.Pointer(&s.Slots[d][n]), uintptr(MaxSlots-n)*unsafe.Sizeof(s.Slots[d][0]))
 		}
 	}
 	for p := range MaxPrefills {
-		switch {
+		switch n := cfg.PrefillPages; {
 		case p >= np:
-			out(unsafe.Pointer(&s.Src[p]), end(unsafe.Pointer(&s.Src[p]), unsafe.Sizeof(s.Src[p])))
-		case cfg.PrefillPages < MaxPrefillPages:
-			out(unsafe.Pointer(&s.Src[p][cfg.PrefillPages]), end(unsafe.Pointer(&s.Src[p]), unsafe.Sizeof(s.Src[p])))
+			mark(deadByte, unsafe.Pointer(&s.Src[p]), unsafe.Sizeof(s.Src[p]))
+		case n < MaxPrefillPages:
+			mark(deadByte, unsafe.Pointer(&s.Src[p][n]), uintptr(MaxPrefillPages-n)*unsafe.Sizeof(s.Src[p][0]))
 		}
 		queue(&s.ToPrefill[p], p < np)
 		for d := range MaxDecodes {
@@ -107,28 +131,30 @@ func liveSpans(cfg *Config) []span {
 	for d := range MaxDecodes {
 		queue(&s.ToDecode[d], d < nd)
 	}
-	slices.SortFunc(dead, func(a, b span) int { return a.from - b.from })
-	var live []span
-	from := 0
-	for _, d := range dead {
-		if d.from > from {
-			live = append(live, span{from, d.from})
+	// The queues' spans, then the other live bytes', two of those merged
+	// when only a few unreachable bytes lie between them.
+	var out []span
+	for _, q := range queues {
+		out = append(out, span{from: q, to: q + 1 + min(cfg.QueueBound(), QueueCapacity)*msgSize, queue: true})
+	}
+	for i := 0; i < stateSize; {
+		if kind[i] != liveByte {
+			i++
+			continue
 		}
-		from = max(from, d.to)
-	}
-	if from < stateSize {
-		live = append(live, span{from, stateSize})
-	}
-	// Merge spans whose gap is too short to skip.
-	merged := live[:1]
-	for _, sp := range live[1:] {
-		if last := &merged[len(merged)-1]; sp.from-last.to < spanGap {
-			last.to = sp.to
+		j := i
+		for j < stateSize && kind[j] == liveByte {
+			j++
+		}
+		if n := len(out) - 1; n >= len(queues) && i-out[n].to < spanGap && !slices.Contains(kind[out[n].to:i], queueByte) {
+			out[n].to = j
 		} else {
-			merged = append(merged, sp)
+			out = append(out, span{from: i, to: j})
 		}
+		i = j
 	}
-	return merged
+	slices.SortFunc(out, func(a, b span) int { return a.from - b.from })
+	return out
 }
 
 // spans is the model's spans (every byte for a model made without New).
@@ -147,9 +173,10 @@ func (m *Model) AppendState(dst []byte, s *State) []byte {
 	w, buf := len(dst), dst[:cap(dst)]
 	i := 0 // the end of the last run written
 	for _, sp := range m.spans() {
-		for at := max(i, sp.from); at < sp.to; {
-			eq := firstDifference(cur, base, at, sp.to)
-			if eq == sp.to {
+		end := sp.end(cur)
+		for at := max(i, sp.from); at < end; {
+			eq := firstDifference(cur, base, at, end)
+			if eq == end {
 				break
 			}
 			diff := runEnd(cur, base, eq)

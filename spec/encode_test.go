@@ -62,13 +62,19 @@ func reachable(t *testing.T, cfg Config, limit int) (*Model, []State) {
 	return m, out
 }
 
-// outsideSpans returns the first byte of s outside m's spans that differs
-// from the encoding's base, or -1: AppendState would lose it.
+// outsideSpans returns the first byte of s outside m's spans (a queue's
+// past its messages) that differs from the encoding's base, or -1:
+// AppendState would lose it.
 func outsideSpans(m *Model, s *State) int {
-	cur, base := stateBytes(s), stateBytes(&encodingBase)
+	cur, base := stateArray(s), stateArray(&encodingBase)
 	from := 0
-	for _, sp := range append(m.spans(), span{stateSize, stateSize}) {
+	for _, sp := range append(m.spans(), span{from: stateSize, to: stateSize}) {
 		for i := from; i < sp.from; i++ {
+			if cur[i] != base[i] {
+				return i
+			}
+		}
+		for i := sp.end(cur); i < sp.to; i++ {
 			if cur[i] != base[i] {
 				return i
 			}
@@ -171,13 +177,34 @@ func TestOutsideSpansFindsBytesBeyondTheConfiguration(t *testing.T) {
 	if sps[0].from != 0 || sps[len(sps)-1].to != stateSize {
 		t.Errorf("spans %v: want the first request's and the ghost's bytes in", sps)
 	}
+	queues := 0
 	for k := range sps {
 		s := encodingBase
 		b := stateBytes(&s)
-		b[sps[k].from] ^= 1
-		b[sps[k].to-1] ^= 1
-		if at := outsideSpans(m, &s); at >= 0 {
-			t.Errorf("a byte in span %v reported outside at %d", sps[k], at)
+		if sps[k].queue {
+			// A full queue's last slot is in; past one message, the
+			// second slot is out.
+			queues++
+			b[sps[k].from] = MaxQueue
+			b[sps[k].to-1] ^= 1
+			if at := outsideSpans(m, &s); at >= 0 {
+				t.Errorf("a full queue's last byte, in span %v, reported outside at %d", sps[k], at)
+			}
+			b[sps[k].from] = 1
+			if at, want := outsideSpans(m, &s), sps[k].to-1; at != want {
+				t.Errorf("a queue of one message, span %v: outsideSpans says %d, want %d", sps[k], at, want)
+			}
+			b[sps[k].to-1] ^= 1
+			b[sps[k].from+1+msgSize] ^= 1
+			if at, want := outsideSpans(m, &s), sps[k].from+1+msgSize; at != want {
+				t.Errorf("a queue of one message, span %v: outsideSpans says %d, want %d", sps[k], at, want)
+			}
+		} else {
+			b[sps[k].from] ^= 1
+			b[sps[k].to-1] ^= 1
+			if at := outsideSpans(m, &s); at >= 0 {
+				t.Errorf("a byte in span %v reported outside at %d", sps[k], at)
+			}
 		}
 		if k == len(sps)-1 {
 			continue
@@ -189,6 +216,9 @@ func TestOutsideSpansFindsBytesBeyondTheConfiguration(t *testing.T) {
 				t.Errorf("byte %d, between spans %v and %v: outsideSpans says %d", at, sps[k], sps[k+1], got)
 			}
 		}
+	}
+	if queues != 4 {
+		t.Errorf("%d queue spans, want the one pair's 4", queues)
 	}
 	// The fourth request, the second decode node's pages and the third
 	// queue slot past the bound are out of the default bounds' reach.
@@ -255,6 +285,10 @@ func TestAppendStateWritesTheDefinitionsBytes(t *testing.T) {
 						b[at+k] ^= byte(1 + rng.IntN(255))
 					}
 				}
+			}
+			// A queue's slots past its messages stay empty.
+			for _, sp := range sps {
+				copy(b[sp.end(stateArray(&s)):sp.to], stateBytes(&encodingBase)[sp.end(stateArray(&s)):sp.to])
 			}
 			states = append(states, s)
 		}
