@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"unsafe"
 )
 
 // plain reports whether t holds only numbers, booleans, arrays and structs of
@@ -61,12 +62,86 @@ func reachable(t *testing.T, cfg Config, limit int) (*Model, []State) {
 	return m, out
 }
 
+// outsideSpans returns the first byte of s outside m's spans (a queue's
+// past its messages) that differs from the encoding's base, or -1:
+// AppendState would lose it.
+func outsideSpans(m *Model, s *State) int {
+	cur, base := stateArray(s), stateArray(&encodingBase)
+	from := 0
+	for _, sp := range append(m.spans(), span{from: stateSize, to: stateSize}) {
+		for i := from; i < sp.from; i++ {
+			if cur[i] != base[i] {
+				return i
+			}
+		}
+		for i := sp.end(cur); i < sp.to; i++ {
+			if cur[i] != base[i] {
+				return i
+			}
+		}
+		from = sp.to
+	}
+	return -1
+}
+
+// walks returns the states of random walks of up to depth steps from the
+// initial state: deeper than a breadth-first prefix reaches (full queues, the
+// last pages and slots of the pools).
+func walks(m *Model, n, depth int) []State {
+	rng := rand.New(rand.NewPCG(3, 4))
+	var out, next []State
+	for range n {
+		s := m.Initial()[0]
+		for range depth {
+			next = next[:0]
+			m.Successors(&s, func(_ Action, n *State) { next = append(next, *n) })
+			if len(next) == 0 {
+				break
+			}
+			s = next[rng.IntN(len(next))]
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// Every reachable state round-trips, and none differs from the base outside
+// its model's spans: a step that writes where liveSpans says the
+// configuration cannot fails here rather than losing state in the checker.
+// The configurations reach every node, queue and pool array of State; each
+// is looked at breadth-first and along random walks.
 func TestEncodingRoundTripsReachableStates(t *testing.T) {
-	for _, cfg := range []Config{NewConfig(3, 4, 2), func() Config { c := NewConfig(3, 6, 2); c.Prompts = []int{4, 4, 9}; c.PrefillPages = 4; return c }()} {
-		m, states := reachable(t, cfg, 20000)
+	all := func(c Config) Config {
+		for f := range NumFaults {
+			c.Faults[f] = 1
+		}
+		c.Damage = DamageTag | DamageSend
+		return c
+	}
+	twoPage := NewConfig(3, 6, 2)
+	twoPage.Prompts, twoPage.PrefillPages = []int{4, 4, 9}, 4
+	twoByTwo := all(NewConfig(4, 8, 2))
+	twoByTwo.Prefills, twoByTwo.Decodes, twoByTwo.DecodeSlots = 2, 2, MaxSlots
+	twoByTwo.DecodeRestarts = true
+	shortQueues := all(NewConfig(3, 4, 2))
+	shortQueues.MaxQueue = 2
+	longQueues := NewConfig(3, 4, 2)
+	longQueues.MaxQueue = QueueCapacity
+	cache := NewConfig(3, 4, 2)
+	cache.PrefixCache, cache.Scopes = 2, []int{1, 1, 2}
+	oneByTwo := all(NewConfig(2, 4, 2))
+	oneByTwo.Decodes = 2
+	twoByOne := all(NewConfig(2, 4, 2))
+	twoByOne.Prefills = 2
+	for _, cfg := range []Config{NewConfig(3, 4, 2), twoPage, twoByTwo, shortQueues, longQueues, cache, oneByTwo, twoByOne} {
+		m, states := reachable(t, cfg, 5000)
+		states = append(states, walks(m, 300, 60)...)
 		total := 0
 		var buf []byte
 		for i := range states {
+			if at := outsideSpans(m, &states[i]); at >= 0 {
+				t.Fatalf("%v: state %d differs from the base at byte %d, outside the spans %v: a step writes where liveSpans says the configuration cannot\n%+v", cfg.Prompts, i, at, m.spans(), states[i])
+			}
 			buf = m.AppendState(buf[:0], &states[i])
 			total += len(buf)
 			var got State
@@ -77,16 +152,91 @@ func TestEncodingRoundTripsReachableStates(t *testing.T) {
 				t.Fatalf("state %d does not round-trip:\n%+v\n%+v", i, states[i], got)
 			}
 		}
-		t.Logf("%d states, %d bytes per encoding on average (a State is %d)", len(states), total/len(states), stateSize)
+		live := 0
+		for _, sp := range m.spans() {
+			live += sp.to - sp.from
+		}
+		t.Logf("%v: %d states, %d bytes per encoding on average (a State is %d, %d of them in %d spans)", cfg.Prompts, len(states), total/len(states), stateSize, live, len(m.spans()))
 		if avg := total / len(states); avg > stateSize/4 {
 			t.Errorf("%d bytes per encoded state on average, want well under the %d of a State", avg, stateSize)
 		}
 	}
 }
 
+// outsideSpans finds a byte changed in each stretch between spans, and none
+// inside them, so the round-trip test would catch a step that wrote there.
+func TestOutsideSpansFindsBytesBeyondTheConfiguration(t *testing.T) {
+	m, err := New(NewConfig(3, 4, 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sps := m.spans()
+	if len(sps) < 2 {
+		t.Fatalf("spans %v: the default bounds leave nothing out", sps)
+	}
+	if sps[0].from != 0 || sps[len(sps)-1].to != stateSize {
+		t.Errorf("spans %v: want the first request's and the ghost's bytes in", sps)
+	}
+	queues := 0
+	for k := range sps {
+		s := encodingBase
+		b := stateBytes(&s)
+		if sps[k].queue {
+			// A full queue's last slot is in; past one message, the
+			// second slot is out.
+			queues++
+			b[sps[k].from] = MaxQueue
+			b[sps[k].to-1] ^= 1
+			if at := outsideSpans(m, &s); at >= 0 {
+				t.Errorf("a full queue's last byte, in span %v, reported outside at %d", sps[k], at)
+			}
+			b[sps[k].from] = 1
+			if at, want := outsideSpans(m, &s), sps[k].to-1; at != want {
+				t.Errorf("a queue of one message, span %v: outsideSpans says %d, want %d", sps[k], at, want)
+			}
+			b[sps[k].to-1] ^= 1
+			b[sps[k].from+1+msgSize] ^= 1
+			if at, want := outsideSpans(m, &s), sps[k].from+1+msgSize; at != want {
+				t.Errorf("a queue of one message, span %v: outsideSpans says %d, want %d", sps[k], at, want)
+			}
+		} else {
+			b[sps[k].from] ^= 1
+			b[sps[k].to-1] ^= 1
+			if at := outsideSpans(m, &s); at >= 0 {
+				t.Errorf("a byte in span %v reported outside at %d", sps[k], at)
+			}
+		}
+		if k == len(sps)-1 {
+			continue
+		}
+		for _, at := range []int{sps[k].to, sps[k+1].from - 1} {
+			s := encodingBase
+			stateBytes(&s)[at] ^= 1
+			if got := outsideSpans(m, &s); got != at {
+				t.Errorf("byte %d, between spans %v and %v: outsideSpans says %d", at, sps[k], sps[k+1], got)
+			}
+		}
+	}
+	if queues != 4 {
+		t.Errorf("%d queue spans, want the one pair's 4", queues)
+	}
+	// The fourth request, the second decode node's pages and the third
+	// queue slot past the bound are out of the default bounds' reach.
+	var s State
+	for _, p := range []unsafe.Pointer{unsafe.Pointer(&s.Req[3].R.Slot), unsafe.Pointer(&s.Pages[1][0].Epoch), unsafe.Pointer(&s.QP[0][0].Buf[MaxQueue+2].Tokens)} {
+		at := int(uintptr(p) - uintptr(unsafe.Pointer(&s)))
+		for _, sp := range sps {
+			if at >= sp.from && at < sp.to {
+				t.Errorf("byte %d is in span %v", at, sp)
+			}
+		}
+	}
+}
+
 // appendStateByBytes is the encoding as its definition reads, a byte at a
-// time: AppendState, which skips equal bytes a word at a time, must write
-// exactly this.
+// time over the whole State: AppendState, which skips equal bytes a word at a
+// time and looks only at its model's spans, must write exactly this for any
+// state that equals the base outside them.
 func appendStateByBytes(dst []byte, s *State) []byte {
 	cur, base := stateBytes(s), stateBytes(&encodingBase)
 	for i := 0; ; {
@@ -112,36 +262,49 @@ func appendStateByBytes(dst []byte, s *State) []byte {
 
 // AppendState writes the byte-at-a-time definition's bytes,
 // for reachable states and for states with differing bytes placed anywhere
-// (runs ending at the last byte, single equal bytes inside a run, runs
-// crossing every word boundary), and they decode back.
+// in the model's spans (runs ending at a span's last byte and at the State's,
+// single equal bytes inside a run, runs crossing every word boundary), and
+// they decode back. The models are the default bounds' and one whose spans
+// are the whole State (a model made without New).
 func TestAppendStateWritesTheDefinitionsBytes(t *testing.T) {
-	m, states := reachable(t, NewConfig(3, 4, 2), 3000)
+	def, states := reachable(t, NewConfig(3, 4, 2), 3000)
 	rng := rand.New(rand.NewPCG(1, 2))
-	for range 3000 {
-		s := encodingBase
-		b := stateBytes(&s)
-		for range 1 + rng.IntN(40) {
-			at := rng.IntN(stateSize)
-			if rng.IntN(4) == 0 {
-				at = stateSize - 1 - rng.IntN(10)
-			}
-			for k := range 1 + rng.IntN(12) {
-				if at+k < stateSize && rng.IntN(5) > 0 {
-					b[at+k] ^= byte(1 + rng.IntN(255))
+	for _, m := range []*Model{def, {}} {
+		sps := m.spans()
+		for range 3000 {
+			s := encodingBase
+			b := stateBytes(&s)
+			for range 1 + rng.IntN(40) {
+				sp := sps[rng.IntN(len(sps))]
+				at := sp.from + rng.IntN(sp.to-sp.from)
+				if rng.IntN(4) == 0 {
+					at = max(sp.from, sp.to-1-rng.IntN(10))
+				}
+				for k := range 1 + rng.IntN(12) {
+					if at+k < sp.to && rng.IntN(5) > 0 {
+						b[at+k] ^= byte(1 + rng.IntN(255))
+					}
 				}
 			}
+			// A queue's slots past its messages stay empty.
+			for _, sp := range sps {
+				copy(b[sp.end(stateArray(&s)):sp.to], stateBytes(&encodingBase)[sp.end(stateArray(&s)):sp.to])
+			}
+			states = append(states, s)
 		}
-		states = append(states, s)
-	}
-	for i := range states {
-		want := appendStateByBytes(nil, &states[i])
-		got := m.AppendState([]byte{0xee}, &states[i])
-		if !bytes.Equal(got[1:], want) || got[0] != 0xee {
-			t.Fatalf("state %d: AppendState wrote\n%x\nthe definition\n%x", i, got[1:], want)
-		}
-		var back State
-		if err := m.DecodeState(want, &back); err != nil || back != states[i] {
-			t.Fatalf("state %d does not decode back (%v)", i, err)
+		for i := range states {
+			if outsideSpans(m, &states[i]) >= 0 {
+				t.Fatalf("state %d: the test wrote outside the spans", i)
+			}
+			want := appendStateByBytes(nil, &states[i])
+			got := m.AppendState([]byte{0xee}, &states[i])
+			if !bytes.Equal(got[1:], want) || got[0] != 0xee {
+				t.Fatalf("state %d: AppendState wrote\n%x\nthe definition\n%x", i, got[1:], want)
+			}
+			var back State
+			if err := m.DecodeState(want, &back); err != nil || back != states[i] {
+				t.Fatalf("state %d does not decode back (%v)", i, err)
+			}
 		}
 	}
 }

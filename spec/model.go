@@ -16,6 +16,7 @@ type Model struct {
 	nodes []nodeRenaming                     // renamings of the prefill nodes and of the decode nodes (every node of a role is alike): the identity first
 	chain [MaxRequests][MaxDecodePages]uint8 // each request's chain id per full page (prefix.go)
 	class []int                              // requests of equal class are interchangeable
+	live  []span                             // the bytes of State the configuration can change (encode.go)
 	// mutate, set only by this package's tests, wraps every step: it may change
 	// the state before and after calling step, to break the protocol on purpose
 	// and show that a property catches it.
@@ -46,6 +47,7 @@ func New(cfg Config) (*Model, error) {
 	m.perms, m.class = symmetries(class), class
 	m.nodes = nodeRenamings(cfg.NumPrefills(), cfg.NumDecodes())
 	m.chain = chains(&cfg)
+	m.live = liveSpans(&cfg)
 	return m, nil
 }
 

@@ -3,6 +3,7 @@ package checker
 import (
 	"errors"
 	"math"
+	"math/bits"
 )
 
 // graph holds the protocol (non-fault) transitions for the liveness analysis,
@@ -75,52 +76,59 @@ func (g *graph) reverse(n int) *reverse {
 // reach them are never reported (a liveness verdict there would be an artefact
 // of stopping at the safety violation).
 func unreachableGoal(n int, r *reverse, goal, bad bitset, limit int) []int32 {
-	can := make(bitset, (n+63)/64)
+	// can starts as goal | bad, a word at a time, and the search starts
+	// from its states.
+	words := (n + 63) / 64
+	can := make(bitset, words)
 	queue := make([]uint32, 0, 1024)
-	for i := int32(0); i < int32(n); i++ {
-		// A bad state was not expanded, so what it could reach is unknown: count
-		// it as reaching the goal rather than blame its predecessors.
-		if goal.has(i) || bad.has(i) {
-			can.set(i)
-			queue = append(queue, uint32(i))
+	for w := range words {
+		var x uint64
+		if w < len(goal) {
+			x = goal[w]
+		}
+		if w < len(bad) {
+			x |= bad[w]
+		}
+		can[w] = x
+		for ; x != 0; x &= x - 1 {
+			queue = append(queue, uint32(w*64+bits.TrailingZeros64(x)))
 		}
 	}
 	for len(queue) > 0 {
 		d := queue[len(queue)-1]
 		queue = queue[:len(queue)-1]
 		for _, s := range r.src[r.start[d]:r.start[d+1]] {
-			if !can.has(int32(s)) {
-				can.set(int32(s))
+			if w, b := s>>6, uint64(1)<<(s&63); can[w]&b == 0 {
+				can[w] |= b
 				queue = append(queue, s)
 			}
 		}
 	}
 	var out []int32
-	for i := int32(0); i < int32(n) && len(out) < limit; i++ {
-		if !can.has(i) {
-			out = append(out, i)
+	for w := 0; w < words && len(out) < limit; w++ {
+		x := ^can[w]
+		if w == words-1 && n%64 != 0 {
+			x &= 1<<(n%64) - 1
+		}
+		for ; x != 0 && len(out) < limit; x &= x - 1 {
+			out = append(out, int32(w*64+bits.TrailingZeros64(x)))
 		}
 	}
 	return out
 }
 
-// acyclic reports whether the graph has no cycle (Kahn's algorithm, over the
-// reverse graph's in-degrees).
+// acyclic reports whether the graph has no cycle (Kahn's algorithm). It runs
+// on the reverse graph, which has a cycle exactly when the graph has, and
+// whose plain arrays cost less to walk than the graph's chunks; a state's
+// in-degree there is its out-degree in the graph.
 func acyclic(n int, g *graph, r *reverse) bool {
 	indeg := make([]uint32, n)
-	selfLoop := false
-	for d := range n {
-		indeg[d] = r.start[d+1] - r.start[d]
-		for _, s := range r.src[r.start[d]:r.start[d+1]] {
-			selfLoop = selfLoop || int(s) == d
-		}
-	}
-	if selfLoop {
-		return false
+	for s := range n {
+		indeg[s] = g.start.at(s+1) - g.start.at(s)
 	}
 	queue := make([]uint32, 0, 1024)
-	for i := range indeg {
-		if indeg[i] == 0 {
+	for i, d := range indeg {
+		if d == 0 {
 			queue = append(queue, uint32(i))
 		}
 	}
@@ -129,11 +137,10 @@ func acyclic(n int, g *graph, r *reverse) bool {
 		v := queue[len(queue)-1]
 		queue = queue[:len(queue)-1]
 		seen++
-		for j, end := g.start.at(int(v)), g.start.at(int(v)+1); j < end; j++ {
-			d := g.dst.at(int(j))
-			indeg[d]--
-			if indeg[d] == 0 {
-				queue = append(queue, d)
+		for _, s := range r.src[r.start[v]:r.start[v+1]] {
+			indeg[s]--
+			if indeg[s] == 0 {
+				queue = append(queue, s)
 			}
 		}
 	}
