@@ -36,7 +36,9 @@
 // Router, a Sender per prefill node and a Receiver per decode node of the
 // spec's deployment (up to two of each, a queue pair per pair, crashes,
 // restarts of either role under a new incarnation, either node's lease,
-// and the decode nodes' prefix cache: each cached page's key, pins, LRU rank
+// a decode node's partition and its data plane's cut, static peers with
+// RC's retry limit and the router's leg cancels, and the decode nodes'
+// prefix cache: each cached page's key, pins, LRU rank
 // and purge, each request's prefix hit) beside package spec, one spec
 // action at a time (the spec's Compute is the engine computing the
 // request's next page and Sender.ComputedPages), maps

@@ -40,7 +40,8 @@ import (
 // failed leg (or a lost node) it also cancels the other leg, a second path
 // beside the legs' own Abort and AbortAck. The harness checks that each such
 // cancel names a leg of a request that has just failed, and does not deliver
-// it (the spec has no action for it); the simulation delivers them.
+// it (the spec has no action for it; with static peers, those of prefill
+// legs are the spec's, below); the simulation delivers them.
 //
 // The correspondence, action by action:
 //
@@ -81,6 +82,13 @@ import (
 //	DataplaneCut  every queue pair to decode node d cut as by Cut, and none set up again:
 //	              a later intake over one fails as over a fenced one (no queue pair);
 //	              the Router still lists d
+//	RetryExceeded (static peers) RC's retry limit errors prefill p's end of its queue pair
+//	              to partitioned decode node d: Sender.Flushed, as a cut's at prefill's
+//	              end (transfer: the failed completion breaks the queue pair, and once
+//	              its flush drains, Prefill.fenced calls Flushed); the silent end hears
+//	              nothing, and the queue pair stays cut (no new one to a silent node can
+//	              be set up). Only where prefill posted work on it that no one
+//	              acknowledged: a WRITE or SEND the harness lost to the partition
 //
 // A queue pair is live while each end is the other's current incarnation;
 // what is posted on one that is not is flushed: a SEND at once, a WRITE at
@@ -95,6 +103,19 @@ import (
 // registry watch makes it cut its queue pair), and to a lost decode node,
 // which may live on, when a prefill node is lost (the Router tells only the
 // live ones).
+//
+// With static peers (spec.Config.StaticPeers: serve --peers, a registry
+// that never loses a node) the registry tells no prefill node of a decode
+// node's loss, and the harness delivers no PeerFailed for it. The Router's
+// cancels of a failed request's open prefill leg (Router.decide's rule 15,
+// and NodeLost's own cancel of a lost decode node's legs) are then the
+// spec's (its staticLegCancel): the harness delivers each as an Abort on the
+// router→prefill queue, where the view compares them with the spec's. Its
+// cancels of a decode leg stay checked and undelivered, as without static
+// peers: the spec's router sends decode none. The view also shows, per
+// queue pair, whether prefill posted work on it that no one will acknowledge
+// (the spec's Unacked): the harness's own record of what it lost to a
+// partition, against the spec's.
 //
 // Two differences of granularity are mapped, not hidden. A Sender emits a
 // whole window of WRITEs (and Done behind them) in one step, where the spec
@@ -146,6 +167,11 @@ type Refinement struct {
 	// that takes the news of a decode node's restart moves its queue pair
 	// to the new incarnation without cutting the old one (its legs live on).
 	keepQueuePairAtDecodeRestart bool
+	// With static peers, the Router's cancels of prefill legs the harness
+	// delivered: of a request that failed (rule 15, from decide), and of a
+	// lost decode node's requests (NodeLost's own), for the tests' figures.
+	failCancels, lossCancels int
+
 	// rogueIgnoresKeys is a test-only mutation: every rogue WRITE lands,
 	// whatever its key (a pool-wide key, never revoked).
 	rogueIgnoresKeys bool
@@ -194,6 +220,10 @@ type pairEnd struct {
 	inc    uint64 // the incarnation of the prefill node decode holds it for
 	dinc   uint64 // the incarnation of the decode node prefill holds it to
 	fenced bool   // cut for good: one end was declared lost
+	// unacked: with static peers, prefill posted work on it (a WRITE or a
+	// SEND) to a partitioned decode node, which no one will acknowledge:
+	// RC's retry limit will error prefill's end (the spec's Unacked).
+	unacked bool
 }
 
 type wireOp struct {
@@ -420,6 +450,17 @@ func (h *Refinement) live(p, d int) bool {
 	return !pr.fenced && pr.inc == h.pre[p].inc && pr.dinc == h.dec[d].inc && !h.dec[d].partitioned && !h.dec[d].severed
 }
 
+// postedIntoSilence records that prefill node p's work on its queue pair to
+// decode node d was lost to d's partition (in flight at it, or posted into
+// it): nothing will acknowledge it, so RC's retry limit will error prefill's
+// end. Only static peers need it (spec: postedIntoSilence); on a fenced
+// queue pair a post fails at once, and a crashed node posts nothing.
+func (h *Refinement) postedIntoSilence(p, d int) {
+	if pr := h.pairs[p][d]; h.cfg.StaticPeers && h.dec[d].partitioned && !pr.fenced && !h.pre[p].crashed {
+		pr.unacked = true
+	}
+}
+
 // tellDecode is a message of the router or the registry to decode node d:
 // lost if d is partitioned.
 func (h *Refinement) tellDecode(d int, m spec.Msg) {
@@ -557,11 +598,13 @@ func (h *Refinement) postBacklog(a spec.Action) error {
 			if !enabled[post] {
 				return fmt.Errorf("%w after %v: the sender posted %s, which the spec does not allow now", ErrRefinement, a, h.describe(op))
 			}
-			if !h.live(p, decodeOf(nodeAt(op.Peer))) {
+			if d := decodeOf(nodeAt(op.Peer)); !h.live(p, d) {
 				// Posted on a queue pair that is not live (fenced, or an end
 				// of it is a replaced incarnation): flushed, never placed,
-				// never completed; the spec's PostWrite flushes it too.
+				// never completed; the spec's PostWrite flushes it too. Into
+				// a partitioned node it is lost instead, unacknowledged.
 				pe.staged = pe.staged[1:]
+				h.postedIntoSilence(p, d)
 			}
 			if err := h.step(post); err != nil {
 				return err
@@ -709,6 +752,8 @@ func (h *Refinement) apply(a spec.Action, popped *[spec.MaxPrefills][spec.MaxDec
 	case spec.Cut:
 		ap, ad := int(a.Arg>>4), int(a.Arg&15) // the pair of the actions that name one
 		h.cut(ap, ad)
+	case spec.RetryExceeded:
+		err = h.retryExceeded(int(a.Arg>>4), int(a.Arg&15))
 	case spec.RogueWrite:
 		h.rogueWrite(r, int(a.Arg))
 	case spec.RogueBootstrap:
@@ -828,7 +873,10 @@ func (h *Refinement) applyLoss(a spec.Action) error {
 	}
 	// A decode node's lease: the Router fails its requests and cancels
 	// their prefill legs (delivered: the spec's Aborts), and the registry
-	// tells every prefill node, which cuts its queue pair to it.
+	// tells every prefill node, which cuts its queue pair to it. A static
+	// registry never loses a node: with static peers the Router's loss of
+	// a partitioned decode node (its calls to the node fail) tells no
+	// prefill node, and its cancels are the only word they get.
 	d := int(a.Arg & 15)
 	if err := h.router.NodeLost(decodeID(d)); err != nil {
 		return fmt.Errorf("%w after %v: %v", ErrRefinement, a, err)
@@ -836,7 +884,7 @@ func (h *Refinement) applyLoss(a spec.Action) error {
 	if err := h.routerEffects(a, true); err != nil {
 		return err
 	}
-	if !h.bugs.Has(research.NoPeerCancel) {
+	if !h.bugs.Has(research.NoPeerCancel) && !h.cfg.StaticPeers {
 		h.tellPrefills(spec.Msg{Kind: spec.MPeerFailed, Req: -1, Peer: int8(d)})
 	}
 	return nil
@@ -966,9 +1014,10 @@ func (h *Refinement) rogueWrite(r, page int) {
 
 // routerEffects carries the router's effects: its messages onto the queues
 // to the nodes (a crashed node's are dropped, as the spec drops them).
-// Cancels count as the spec's Aborts only after a client's Cancel (client
-// set); any other is the Router's second path on a failed leg, checked and
-// not delivered (see Refinement).
+// Cancels count as the spec's Aborts after a client's Cancel (client set),
+// and with static peers a cancel of a failed request's prefill leg (rule 15,
+// the spec's staticLegCancel); any other is the Router's second path on a
+// failed leg, checked and not delivered (see Refinement).
 func (h *Refinement) routerEffects(a spec.Action, client bool) error {
 	e := h.router.Effects()
 	for _, d := range e.Dispatches {
@@ -987,10 +1036,17 @@ func (h *Refinement) routerEffects(a spec.Action, client bool) error {
 			if st := h.router.Request(c.Request); st.Status == protocol.RouteRunning || st.Err == nil {
 				return fmt.Errorf("%w after %v: the router cancelled a leg of r%d, which has not failed (%v)", ErrRefinement, a, msg.Req, st.Status)
 			}
+			if h.cfg.StaticPeers && c.Node < decodePeer && !h.pre[prefillOf(c.Node)].crashed {
+				h.pre[prefillOf(c.Node)].toPrefill = append(h.pre[prefillOf(c.Node)].toPrefill, msg)
+				h.failCancels++
+			}
 		case c.Node >= decodePeer:
 			h.tellDecode(decodeOf(c.Node), msg)
 		case !h.pre[prefillOf(c.Node)].crashed:
 			h.pre[prefillOf(c.Node)].toPrefill = append(h.pre[prefillOf(c.Node)].toPrefill, msg)
+			if h.cfg.StaticPeers && a.Kind == spec.DetectCrash {
+				h.lossCancels++
+			}
 		}
 	}
 	for _, l := range e.PeerLost {
@@ -1069,8 +1125,42 @@ func (h *Refinement) applyPartition(a spec.Action) error {
 	}
 	for p := range h.pre {
 		pr := h.pairs[p][d]
+		if len(pr.wire) > 0 {
+			h.postedIntoSilence(p, d) // in flight when it fell silent: never acknowledged
+		}
 		pr.wire, pr.back = nil, nil
 	}
+	return nil
+}
+
+// retryExceeded is RC's retry limit erroring prefill p's end of its queue
+// pair to partitioned decode node d (the spec's RetryExceeded, with static
+// peers). In transfer the work request that no one acknowledged completes
+// in error, the queue pair breaks (conn.fail), the rest of its work
+// requests flush, and once the flush has drained Prefill.fenced calls
+// Sender.Flushed: every leg on it fails (peer failed) and frees its source
+// pages. That is Flushed here, after the flush, as a cut's prefill end. The
+// decode end is silent and hears nothing (its Receiver stand-in is not
+// called), and the queue pair stays cut: the dialer's new one to a silent
+// node is never set up, so a later intake over it finds no queue pair.
+// The spec takes the step only where prefill posted work that no one
+// acknowledged; the harness's own record of that must agree.
+func (h *Refinement) retryExceeded(p, d int) error {
+	pr, pe := h.pairs[p][d], h.pre[p]
+	if !pr.unacked || !h.dec[d].partitioned || pe.crashed {
+		return fmt.Errorf("%w: RC's retry limit on queue pair p%d-d%d, where prefill has no work outstanding to a silent node (unacked %v, partitioned %v, crashed %v)",
+			ErrRefinement, p, d, pr.unacked, h.dec[d].partitioned, pe.crashed)
+	}
+	pr.unacked, pr.fenced = false, true
+	pr.wire, pr.back = nil, nil
+	kept := pe.staged[:0]
+	for _, op := range pe.staged {
+		if op.Peer != qpTo(decodeID(d)) {
+			kept = append(kept, op)
+		}
+	}
+	pe.staged = kept
+	pe.snd.Flushed(qpTo(decodeID(d)))
 	return nil
 }
 
@@ -1255,8 +1345,10 @@ func (h *Refinement) collect(a spec.Action) error {
 				// A SEND on a queue pair that is not live is flushed; a
 				// WRITE still waits for the spec's PostWrite, which flushes
 				// it (see postBacklog).
-				if op.Write != nil || h.live(p, decodeOf(nodeAt(op.Peer))) {
+				if d := decodeOf(nodeAt(op.Peer)); op.Write != nil || h.live(p, d) {
 					pe.staged = append(pe.staged, op)
+				} else {
+					h.postedIntoSilence(p, d) // a SEND lost to a partition is never acknowledged
 				}
 			}
 			for _, o := range se.Outcomes {
@@ -1469,6 +1561,16 @@ func pairName(cfg spec.Config, p, d int, inc, dinc uint64, fenced bool) string {
 	return fmt.Sprintf("queue pair p%d-d%d (incarnation %d, fenced %v)", p, d, inc, fenced)
 }
 
+// unackedName is the line of a queue pair's view that says whether
+// prefill holds work on it that no one will acknowledge: only with static
+// peers, where RC's retry limit ends it (spec.State.Unacked).
+func unackedName(cfg spec.Config, unacked bool) string {
+	if !cfg.StaticPeers {
+		return ""
+	}
+	return fmt.Sprintf("unacknowledged work %v\n", unacked)
+}
+
 // incName is how a view shows the decode incarnation a message or a route
 // names: only with decode restarts.
 func incName(cfg spec.Config, dinc uint64) string {
@@ -1574,7 +1676,7 @@ func (h *Refinement) View() string {
 				}
 				fmt.Fprintf(&b, " %v r%d%s", k, int(protocol.RequestOf(m.msg))-1, incName(h.cfg, m.dinc))
 			}
-			b.WriteString("\n")
+			b.WriteString("\n" + unackedName(h.cfg, pr.unacked))
 		}
 	}
 	if h.cfg.DecodeRestarts {
@@ -1696,7 +1798,7 @@ func SpecView(cfg spec.Config, s *spec.State) string {
 			for _, m := range s.QPBack[p][d].Items() {
 				fmt.Fprintf(&b, " %v r%d%s", m.Kind, m.Req, incName(cfg, uint64(m.DInc)))
 			}
-			b.WriteString("\n")
+			b.WriteString("\n" + unackedName(cfg, s.Unacked[p][d]))
 		}
 	}
 	if cfg.DecodeRestarts {

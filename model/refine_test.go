@@ -189,6 +189,14 @@ func walkMutated(cfg spec.Config, bugs research.Switches, seed uint64, variants 
 			walkCoverage["decode restart"]++
 		}
 	}
+	walkCoverage["static cancel of a failed request's prefill leg"] += x.h.failCancels
+	walkCoverage["static cancel of a lost decode node's prefill leg"] += x.h.lossCancels
+	if x.h.failCancels > 0 {
+		walkCoverage["walk with a static cancel of a failed request's prefill leg"]++
+	}
+	if slices.ContainsFunc(x.h.Trace, func(a string) bool { return strings.HasPrefix(a, "RetryExceeded") }) {
+		walkCoverage["walk with RetryExceeded"]++
+	}
 	for _, de := range x.h.dec {
 		st := de.recv.Stats()
 		walkCoverage["prefix hit"] += int(st.PrefixHits)
@@ -947,4 +955,144 @@ func withFault(f spec.Fault) (one, two spec.Config) {
 	one.Faults[f] = 1
 	two.Faults[f] = 1
 	return one, two
+}
+
+// staticPeers are deployments of static peers (spec.Config.StaticPeers:
+// no leases, no registry news) with the partition fault: the one-pair
+// default bounds, 2x2 with a restart, 2x2 with the dataplane-cut fault too,
+// and two requests of one page each over a pool of two with only the
+// faults of the spec's rule-15 counterexample (partition, cancel, timeout,
+// late; docs/spec.md).
+func staticPeers() []spec.Config {
+	one, two := withFault(spec.FaultPartition)
+	two.Faults[spec.FaultLease] = 0
+	cut := two
+	cut.Faults[spec.FaultDataplaneCut] = 1
+	small := spec.NewConfig(2, 2, 2)
+	small.Prompts, small.Faults = []int{2, 2}, spec.Budget{}
+	for _, f := range []spec.Fault{spec.FaultPartition, spec.FaultCancel, spec.FaultTimeout, spec.FaultLate} {
+		small.Faults[f] = 1
+	}
+	out := []spec.Config{one, two, cut, small}
+	for i := range out {
+		out[i].StaticPeers = true
+	}
+	return out
+}
+
+// The implementation refines the spec with static peers: the Router's loss
+// of a partitioned decode node sends no prefill node a PeerFailed, its
+// cancel of every failed request's open prefill leg (rule 15, and NodeLost's
+// own) reaches the prefill node as the spec's Abort, and RC's retry limit
+// on a queue pair to a silent node that holds work no one acknowledged is
+// Sender.Flushed there (the spec's RetryExceeded), after which the queue
+// pair stays cut. Each configuration of staticPeers, 1,000 walks (200 with
+// -short).
+func TestImplementationRefinesTheSpecWithStaticPeers(t *testing.T) {
+	seeds := uint64(1000)
+	if testing.Short() {
+		seeds = 200
+	}
+	keys := []string{"Partition", "DetectCrash", "RetryExceeded", "walk with RetryExceeded",
+		"static cancel of a failed request's prefill leg", "walk with a static cancel of a failed request's prefill leg",
+		"static cancel of a lost decode node's prefill leg"}
+	count := func() []int {
+		countersMu.Lock()
+		defer countersMu.Unlock()
+		var out []int
+		for _, k := range keys {
+			out = append(out, walkCoverage[k])
+		}
+		return out
+	}
+	before := count()
+	cfgs := staticPeers()
+	for i, cfg := range cfgs {
+		walkSeeds(t, i, cfg, seeds)
+	}
+	var figures []string
+	for i, n := range count() {
+		if n == before[i] {
+			t.Errorf("no %s in %d walks", keys[i], uint64(len(cfgs))*seeds)
+		}
+		figures = append(figures, fmt.Sprintf("%s %d", keys[i], n-before[i]))
+	}
+	t.Logf("%d walks: %s", uint64(len(cfgs))*seeds, strings.Join(figures, ", "))
+}
+
+// The mapping holds the Router's rule-15 cancels to the spec's, with static
+// peers, both ways. With no-peer-cancel on in the implementation alone (a
+// failure on one leg is not told to the other: Router.decide cancels no
+// open leg), the mapping parts ways where a request fails, on an Abort the
+// spec's router sends prefill and the Router does not; with it on both
+// sides, the implementation still refines the spec and a walk breaks a
+// property (a leg stranded by a partition). Beside a spec without the cancel
+// (no-router-leg-cancel), the implementation with every defense parts ways
+// on the Abort the Router sends and the spec's router does not, where a
+// request fails (not only at a lost node's NodeLost).
+func TestRefinementCatchesTheRouterLegCancelOffWithStaticPeers(t *testing.T) {
+	seeds := uint64(1000)
+	if testing.Short() {
+		seeds = 200
+	}
+	npc := research.On(research.NoPeerCancel)
+	// missing reports whether err's difference is a router→prefill queue
+	// on which one side has an Abort more than the other at its end.
+	missing := func(err error, more, less string) bool {
+		diff := strings.Split(strings.SplitN(err.Error(), "\nsteps:", 2)[0], "\n")
+		for i := 1; i+1 < len(diff); i++ {
+			sides := map[string]string{}
+			for _, l := range diff[i : i+2] {
+				side, line, _ := strings.Cut(strings.TrimSpace(l), ": ")
+				sides[side] = line
+			}
+			m, l := sides[more], sides[less]
+			if strings.HasPrefix(l, "router to prefill") && strings.HasPrefix(m, l) && strings.HasPrefix(m[len(l):], " Abort r") {
+				return true
+			}
+		}
+		return false
+	}
+	var alone, beside, broke error
+	violated, clean := 0, 0
+	for i, cfg := range staticPeers() {
+		without := cfg
+		without.Mutation = spec.NoRouterLegCancel
+		with := cfg
+		with.Bugs = spec.Switches(spec.NoPeerCancel)
+		for seed := uint64(0); seed < seeds; seed++ {
+			if err := walk(cfg, npc, seed); alone == nil && errors.Is(err, ErrRefinement) && missing(err, "spec", "impl") {
+				alone = fmt.Errorf("config %d, seed %d: %w", i, seed, err)
+			}
+			// Not at the Router's loss of a node: NodeLost's cancel is the
+			// mutation's too; this is decide's, of a request failed elsewhere.
+			if err := walk(without, research.Switches{}, seed); beside == nil && errors.Is(err, ErrRefinement) && missing(err, "impl", "spec") &&
+				!strings.HasPrefix(err.Error(), ErrRefinement.Error()+" after DetectCrash") {
+				beside = fmt.Errorf("config %d, seed %d: %w", i, seed, err)
+			}
+			switch err := walk(with, npc, seed); {
+			case errors.Is(err, ErrRefinement):
+				t.Fatalf("no-peer-cancel on both sides, config %d, seed %d: the implementation must still refine the spec: %v", i, seed, err)
+			case err != nil:
+				violated++
+				broke = cmp.Or(broke, fmt.Errorf("config %d, seed %d: %w", i, seed, err))
+			default:
+				clean++
+			}
+		}
+	}
+	if alone == nil {
+		t.Errorf("no-peer-cancel in the implementation alone: the mapping never parted ways on a missing rule-15 cancel")
+	} else {
+		t.Logf("no-peer-cancel in the implementation alone: %.700s", alone)
+	}
+	if beside == nil {
+		t.Errorf("beside no-router-leg-cancel: the mapping never parted ways on the Router's cancel")
+	} else {
+		t.Logf("beside no-router-leg-cancel: %.700s", beside)
+	}
+	if violated == 0 || clean == 0 {
+		t.Errorf("no-peer-cancel on both sides: %d walks broke a property, %d did not; want some of each", violated, clean)
+	}
+	t.Logf("no-peer-cancel on both sides: %d walks broke a property, %d ran to their end; the first: %.500s", violated, clean, broke)
 }
