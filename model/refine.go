@@ -199,6 +199,18 @@ type prefillEnd struct {
 
 // decodeEnd is one decode node: its Receiver (replaced at a restart) over
 // its page memory (never zeroed), and what is addressed to it.
+// unstage drops what the Sender emitted for decode node d and the wire has
+// not taken: the queue pair to d is gone.
+func (pe *prefillEnd) unstage(d int) {
+	kept := pe.staged[:0]
+	for _, op := range pe.staged {
+		if op.Peer != qpTo(decodeID(d)) {
+			kept = append(kept, op)
+		}
+	}
+	pe.staged = kept
+}
+
 type decodeEnd struct {
 	recv     *protocol.Receiver
 	cfg      protocol.ReceiverConfig
@@ -1153,13 +1165,7 @@ func (h *Refinement) retryExceeded(p, d int) error {
 	}
 	pr.unacked, pr.fenced = false, true
 	pr.wire, pr.back = nil, nil
-	kept := pe.staged[:0]
-	for _, op := range pe.staged {
-		if op.Peer != qpTo(decodeID(d)) {
-			kept = append(kept, op)
-		}
-	}
-	pe.staged = kept
+	pe.unstage(d)
 	pe.snd.Flushed(qpTo(decodeID(d)))
 	return nil
 }
@@ -1318,13 +1324,7 @@ func (h *Refinement) read(r int) error {
 func (h *Refinement) cut(p, d int) {
 	pr, pe := h.pairs[p][d], h.pre[p]
 	pr.wire, pr.back = nil, nil
-	kept := pe.staged[:0]
-	for _, op := range pe.staged {
-		if op.Peer != qpTo(decodeID(d)) {
-			kept = append(kept, op)
-		}
-	}
-	pe.staged = kept
+	pe.unstage(d)
 	h.dec[d].recv.QueuePairFenced(qpTo(prefillID(p)))
 	if !pe.crashed {
 		pe.snd.Flushed(qpTo(decodeID(d)))

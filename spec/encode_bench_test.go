@@ -68,20 +68,7 @@ func reachableB(b *testing.B, cfg Config, limit int) (*Model, []State) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	seen := map[State]bool{}
-	queue := m.Initial()
-	var out []State
-	for len(queue) > 0 && len(out) < limit {
-		s := queue[0]
-		queue = queue[1:]
-		if seen[s] {
-			continue
-		}
-		seen[s] = true
-		out = append(out, s)
-		m.Successors(&s, func(_ Action, n *State) { queue = append(queue, *n) })
-	}
-	return m, out
+	return m, reachableBy(m, limit, func(s *State) string { return string(stateBytes(s)) })
 }
 
 // BenchmarkCopyState compares copyState with the struct assignment it

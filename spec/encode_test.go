@@ -46,20 +46,17 @@ func reachable(t *testing.T, cfg Config, limit int) (*Model, []State) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	seen := map[State]bool{}
-	queue := m.Initial()
-	var out []State
-	for len(queue) > 0 && len(out) < limit {
-		s := queue[0]
-		queue = queue[1:]
-		if seen[s] {
-			continue
-		}
-		seen[s] = true
-		out = append(out, s)
-		m.Successors(&s, func(_ Action, n *State) { queue = append(queue, *n) })
+	return m, reachableBy(m, limit, func(s *State) string { return string(stateBytes(s)) })
+}
+
+// withEveryFault is c with a budget of one for every fault, and the corrupt
+// fault free to damage tag records and SENDs too.
+func withEveryFault(c Config) Config {
+	for f := range NumFaults {
+		c.Faults[f] = 1
 	}
-	return m, out
+	c.Damage = DamageTag | DamageSend
+	return c
 }
 
 // outsideSpans returns the first byte of s outside m's spans (a queue's
@@ -111,13 +108,7 @@ func walks(m *Model, n, depth int) []State {
 // The configurations reach every node, queue and pool array of State; each
 // is looked at breadth-first and along random walks.
 func TestEncodingRoundTripsReachableStates(t *testing.T) {
-	all := func(c Config) Config {
-		for f := range NumFaults {
-			c.Faults[f] = 1
-		}
-		c.Damage = DamageTag | DamageSend
-		return c
-	}
+	all := withEveryFault
 	twoPage := NewConfig(3, 6, 2)
 	twoPage.Prompts, twoPage.PrefillPages = []int{4, 4, 9}, 4
 	twoByTwo := all(NewConfig(4, 8, 2))
@@ -504,13 +495,7 @@ func nodeContentOf(m *Model, leaves []leaf, s *State, fences bool) string {
 // dropping a request's incarnation (PInc) under restarts. It looks at the first 10,000 states each configuration reaches
 // breadth-first, not at every reachable state.
 func TestFingerprintCoversEveryField(t *testing.T) {
-	all := func(c Config) Config {
-		for f := range NumFaults {
-			c.Faults[f] = 1
-		}
-		c.Damage = DamageTag | DamageSend
-		return c
-	}
+	all := withEveryFault
 	twoPage := NewConfig(3, 6, 2)
 	twoPage.Prompts, twoPage.PrefillPages = []int{4, 4, 9}, 4
 	twoByTwo := NewConfig(3, 4, 2)

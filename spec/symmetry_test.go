@@ -269,10 +269,7 @@ func TestUnchangedStepsChangeNothing(t *testing.T) {
 	if testing.Short() {
 		limit = 500
 	}
-	onePair := NewConfig(3, 4, 2)
-	for f := range NumFaults {
-		onePair.Faults[f] = 1
-	}
+	onePair := withEveryFault(NewConfig(3, 4, 2))
 	deployments := map[string]Config{"one pair, every fault": onePair, "two by two, cache and rogue": symmetricDeployments()["prefix cache, rogue"]}
 	type variant struct {
 		bugs Switches
