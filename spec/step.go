@@ -365,12 +365,16 @@ func (g *successors) crashes() {
 	}
 }
 
-// timeouts emits the reservation timeout of each reserved request.
+// timeouts emits the reservation timeout of each reserved request the router
+// dispatched. A rogue's reservation (unticketed-bootstrap) has no prefill
+// leg to tell, and its request no prefill node (its timeout would tell node
+// 0's, singling a node out); it exists only in a state that violates
+// Ticketed already, which the checker does not expand.
 func (g *successors) timeouts() {
 	s := g.s
 	if s.Budget[FaultTimeout] > 0 {
 		for r := 0; r < len(g.c.Prompts); r++ {
-			if s.Req[r].R.Phase == RReserved {
+			if s.Req[r].R.Phase == RReserved && s.Req[r].Dispatched {
 				g.do(Action{Timeout, int8(r), 0}, r, 0, 0, 0, func(x *sys, r, _, _, _ int) { x.timeout(r) })
 			}
 		}

@@ -82,14 +82,15 @@ func symmetricDeployments() map[string]Config {
 	cache.PageSize, cache.DecodePages, cache.PrefillPages = 2, 3, 4
 	cache.Prompts, cache.Scopes, cache.Contents, cache.PrefixCache = []int{4, 4, 4}, []int{1, 2, 1}, []string{"aa", "aa", "ab"}, 2
 	return map[string]Config{
-		"crash,lease,cut":      twoByTwo(2, FaultCrash, FaultLease, FaultCut),
-		"timeout,corrupt":      twoByTwo(2, FaultTimeout, FaultCorrupt, FaultCancel),
-		"restarts":             restarts,
-		"partition":            twoByTwo(2, FaultPartition, FaultLease),
-		"static peers":         static,
-		"dataplane-cut":        twoByTwo(2, FaultDataplaneCut, FaultCrash),
-		"prefix cache, rogue":  cache,
-		"three requests, cuts": twoByTwo(3, FaultCut, FaultCrash),
+		"crash,lease,cut":       twoByTwo(2, FaultCrash, FaultLease, FaultCut),
+		"timeout,corrupt":       twoByTwo(2, FaultTimeout, FaultCorrupt, FaultCancel),
+		"restarts":              restarts,
+		"partition":             twoByTwo(2, FaultPartition, FaultLease),
+		"static peers":          static,
+		"dataplane-cut":         twoByTwo(2, FaultDataplaneCut, FaultCrash),
+		"prefix cache, rogue":   cache,
+		"three requests, cuts":  twoByTwo(3, FaultCut, FaultCrash),
+		"rogue, timeout, crash": twoByTwo(2, FaultRogue, FaultTimeout, FaultCrash),
 	}
 }
 
