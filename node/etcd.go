@@ -28,6 +28,9 @@ type Etcd struct {
 	// beforeCommit, set only by tests, runs in RegisterChecked between the
 	// check and the transaction that depends on it.
 	beforeCommit func()
+	// watchHook, set only by tests, replaces the etcd watch Watch starts
+	// (to break one).
+	watchHook func(ctx context.Context, rev int64) clientv3.WatchChan
 }
 
 // NewEtcd connects to the etcd cluster at endpoints in plaintext. ttl is
@@ -210,57 +213,131 @@ func (e *Etcd) commit(ctx context.Context, put clientv3.Op, check func([]Member)
 	return fmt.Errorf("%w: %d attempts", ErrJoinContended, maxJoinAttempts)
 }
 
-// Watch implements Registry.
+// Watch implements Registry. A watch that breaks (the cluster lost its
+// leader, the revision it resumes from was compacted) is not the end of the
+// registry's news: Watch lists the registry again, reports what changed
+// meanwhile (a member gone as Lost, a new or changed one as Joined), and
+// watches on from there, until ctx ends. A node whose watch ended for good
+// would never dial a decode node that joined afterwards.
 func (e *Etcd) Watch(ctx context.Context) (<-chan Change, error) {
-	resp, err := e.cli.Get(ctx, e.prefix, clientv3.WithPrefix())
-	if err != nil {
-		return nil, fmt.Errorf("node: etcd get: %w", err)
-	}
 	out := make(chan Change, watchBuffer)
 	known := map[string]Member{}
-	for _, kv := range resp.Kvs {
-		if m, err := e.member(kv.Key, kv.Value); err == nil {
-			known[m.Name] = m
-			out <- Change{Kind: Joined, Member: m}
-		}
+	rev, err := e.relist(ctx, known, out)
+	if err != nil {
+		return nil, err
 	}
-	wch := e.cli.Watch(clientv3.WithRequireLeader(ctx), e.prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
 	go func() {
 		defer close(out)
-		for wr := range wch {
-			if err := wr.Err(); err != nil {
-				e.log.Error("node: etcd watch", "err", err)
+		backoff := 50 * time.Millisecond
+		for {
+			err := e.forward(ctx, e.watch(ctx, rev), known, out, &rev)
+			if ctx.Err() != nil {
 				return
 			}
-			for _, ev := range wr.Events {
-				name := strings.TrimPrefix(string(ev.Kv.Key), e.prefix)
-				var c Change
-				switch ev.Type {
-				case clientv3.EventTypePut:
-					m, err := e.member(ev.Kv.Key, ev.Kv.Value)
-					if err != nil {
-						e.log.Warn("node: a registry record refused", "key", string(ev.Kv.Key), "err", err)
-						continue
-					}
-					known[name] = m
-					c = Change{Kind: Joined, Member: m}
-				case clientv3.EventTypeDelete:
-					m, ok := known[name]
-					if !ok {
-						continue
-					}
-					delete(known, name)
-					c = Change{Kind: Lost, Member: m}
-				}
-				select {
-				case out <- c:
-				case <-ctx.Done():
-					return
-				}
+			e.log.Warn("node: the etcd watch broke; listing the registry again", "err", err, "retry_in", backoff)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(backoff):
 			}
+			r, err := e.relist(ctx, known, out)
+			if err != nil {
+				backoff = min(2*backoff, 2*time.Second)
+				continue
+			}
+			rev, backoff = r, 50*time.Millisecond
 		}
 	}()
 	return out, nil
+}
+
+// watch starts a watch of the registry from revision rev (a field only tests
+// replace, to break a watch).
+func (e *Etcd) watch(ctx context.Context, rev int64) clientv3.WatchChan {
+	if e.watchHook != nil {
+		return e.watchHook(ctx, rev)
+	}
+	return e.cli.Watch(clientv3.WithRequireLeader(ctx), e.prefix, clientv3.WithPrefix(), clientv3.WithRev(rev))
+}
+
+// relist reads the registry and reports the differences from known (which
+// it updates) on out: Joined for a member new or changed, Lost for one
+// gone. It returns the revision to watch from.
+func (e *Etcd) relist(ctx context.Context, known map[string]Member, out chan<- Change) (int64, error) {
+	resp, err := e.cli.Get(ctx, e.prefix, clientv3.WithPrefix())
+	if err != nil {
+		return 0, fmt.Errorf("node: etcd get: %w", err)
+	}
+	now := map[string]Member{}
+	for _, kv := range resp.Kvs {
+		if m, err := e.member(kv.Key, kv.Value); err == nil {
+			now[m.Name] = m
+		}
+	}
+	var changes []Change
+	for name, m := range known {
+		if _, ok := now[name]; !ok {
+			changes = append(changes, Change{Kind: Lost, Member: m})
+			delete(known, name)
+		}
+	}
+	for _, kv := range resp.Kvs { // in key order: the listing's
+		name := strings.TrimPrefix(string(kv.Key), e.prefix)
+		m, ok := now[name]
+		if !ok {
+			continue
+		}
+		if old, seen := known[name]; !seen || old != m {
+			changes = append(changes, Change{Kind: Joined, Member: m})
+			known[name] = m
+		}
+	}
+	for _, c := range changes {
+		select {
+		case out <- c:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
+	return resp.Header.Revision + 1, nil
+}
+
+// forward reports the events of wch on out, keeping known and the revision
+// to resume from up to date, until the watch breaks (its error) or ctx ends.
+func (e *Etcd) forward(ctx context.Context, wch clientv3.WatchChan, known map[string]Member, out chan<- Change, rev *int64) error {
+	for wr := range wch {
+		if err := wr.Err(); err != nil {
+			return err
+		}
+		for _, ev := range wr.Events {
+			*rev = ev.Kv.ModRevision + 1
+			name := strings.TrimPrefix(string(ev.Kv.Key), e.prefix)
+			var c Change
+			switch ev.Type {
+			case clientv3.EventTypePut:
+				m, err := e.member(ev.Kv.Key, ev.Kv.Value)
+				if err != nil {
+					e.log.Warn("node: a registry record refused", "key", string(ev.Kv.Key), "err", err)
+					continue
+				}
+				known[name] = m
+				c = Change{Kind: Joined, Member: m}
+			case clientv3.EventTypeDelete:
+				m, ok := known[name]
+				if !ok {
+					continue
+				}
+				delete(known, name)
+				c = Change{Kind: Lost, Member: m}
+			}
+			select {
+			case out <- c:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+	}
+	return errors.New("node: the etcd watch channel closed")
 }
 
 func (e *Etcd) member(key, value []byte) (Member, error) {

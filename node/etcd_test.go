@@ -2,8 +2,10 @@ package node
 
 import (
 	"context"
+	"encoding/json"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -142,5 +144,90 @@ func TestEtcdRegistryLosesANodeWhoseLeaseEnds(t *testing.T) {
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
+	}
+}
+
+// A watch that breaks is not the end of the registry's news: Watch lists
+// the registry again, reports what changed while it was broken (a member
+// gone, a member new), and watches on. Before, the channel closed for good
+// and a prefill node never dialled a decode node that joined afterwards.
+func TestEtcdWatchResumesAfterItBreaks(t *testing.T) {
+	addr := startEtcd(t)
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{addr}, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	const prefix = "/test/watch/"
+	put := func(name string) {
+		m := Member{Name: name, Role: RoleDecode, Control: "127.0.0.1:1", Transfer: "127.0.0.1:2", PoolPages: 4, PageTokens: 16, PageBytes: 64}
+		b, err := json.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cli.Put(context.Background(), prefix+name, string(b)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put("decode-a")
+	put("decode-b")
+	reg, err := NewEtcd([]string{addr}, prefix, 2*time.Second, quietLog())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Close()
+	broken := make(chan clientv3.WatchResponse, 1)
+	var calls atomic.Int32
+	reg.watchHook = func(ctx context.Context, rev int64) clientv3.WatchChan {
+		if calls.Add(1) == 1 {
+			return broken // breaks when the test says
+		}
+		return reg.cli.Watch(clientv3.WithRequireLeader(ctx), reg.prefix, clientv3.WithPrefix(), clientv3.WithRev(rev))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	changes, err := reg.Watch(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := func() Change {
+		t.Helper()
+		select {
+		case c, ok := <-changes:
+			if !ok {
+				t.Fatal("the watch ended")
+			}
+			return c
+		case <-time.After(10 * time.Second):
+			t.Fatal("no change within 10 s")
+		}
+		return Change{}
+	}
+	for _, want := range []string{"decode-a", "decode-b"} {
+		if c := next(); c.Kind != Joined || c.Member.Name != want {
+			t.Fatalf("listed first: %+v, want %s joined", c, want)
+		}
+	}
+	// While the watch is broken, a node leaves and another joins.
+	if _, err := cli.Delete(context.Background(), prefix+"decode-a"); err != nil {
+		t.Fatal(err)
+	}
+	put("decode-c")
+	broken <- clientv3.WatchResponse{CompactRevision: 1} // ErrCompacted
+	got := map[string]ChangeKind{}
+	for range 2 {
+		c := next()
+		got[c.Member.Name] = c.Kind
+	}
+	if got["decode-a"] != Lost || got["decode-c"] != Joined || len(got) != 2 {
+		t.Fatalf("after the break: %v, want decode-a lost and decode-c joined", got)
+	}
+	// And it watches on.
+	put("decode-d")
+	if c := next(); c.Kind != Joined || c.Member.Name != "decode-d" {
+		t.Fatalf("after the relisting: %+v, want decode-d joined", c)
+	}
+	if n := calls.Load(); n != 2 {
+		t.Fatalf("%d watches started, want 2", n)
 	}
 }

@@ -175,26 +175,33 @@ func (p *Procs) waitReady(timeout time.Duration) error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_, _, err := p.Complete(ctx, Request{Prompt: "ready? ", MaxTokens: 1})
 		cancel()
-		if err == nil && p.queuePairsUp() {
+		if err == nil {
+			err = p.queuePairsDown()
+		}
+		if err == nil {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("demo: the deployment's processes did not come up: %w", err)
+			return fmt.Errorf("demo: the deployment's processes did not come up within %v: %w", timeout, err)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
 }
 
-// queuePairsUp reports whether every prefill node has a live queue pair to
-// every decode node (its kvhandoff_queue_pairs gauge).
-func (p *Procs) queuePairsUp() bool {
+// queuePairsDown says which prefill node lacks a live queue pair to some
+// decode node (its kvhandoff_queue_pairs gauge), or returns nil.
+func (p *Procs) queuePairsDown() error {
 	for i := range p.d.Prefills {
-		n, err := p.scrape(p.metrics[fmt.Sprintf("prefill-%d", i)], "kvhandoff_queue_pairs{", `state="live"`)
-		if err != nil || n < p.d.Decodes {
-			return false
+		name := fmt.Sprintf("prefill-%d", i)
+		n, err := p.scrape(p.metrics[name], "kvhandoff_queue_pairs{", `state="live"`)
+		if err != nil {
+			return fmt.Errorf("%s's metrics: %w", name, err)
+		}
+		if n < p.d.Decodes {
+			return fmt.Errorf("%s has %d live queue pairs of %d", name, n, p.d.Decodes)
 		}
 	}
-	return true
+	return nil
 }
 
 // httpError is a non-200 answer of the client API.
