@@ -314,12 +314,11 @@ func (m *Model) nodesSortByKey(nr *nodeRenaming, pk *[MaxPrefills]uint64, dk *[M
 }
 
 // requestKey summarizes a request's own record without naming a request or a
-// decode page: it is the same for the request under any renaming of requests
-// or relabelling of pages. Any such function keeps AppendFingerprint
-// canonical; one that tells more states apart saves more encodings. (Keys of
-// different records may collide, as fields are cut to 4 bits: that only
-// makes a tie.)
-// The request's nodes are written by their names under nr.
+// decode page, and with its nodes by their names under nr: it is the same for
+// the request under any renaming of requests or relabelling of pages. Any
+// such function keeps AppendFingerprint canonical; one that tells more
+// states apart saves more encodings. (Keys of different records may collide,
+// as fields are cut to 4 bits: that only makes a tie.)
 func requestKey(q *Request, nr *nodeRenaming) uint64 {
 	p, d := routeNames(q, nr)
 	flags := b2b(q.Submitted) | b2b(q.S.Placeholder)<<1 | b2b(q.S.SrcHeld)<<2 | b2b(q.S.Granted)<<3 |
