@@ -31,10 +31,12 @@
 //
 // [New] validates a configuration. [Model.Initial] gives the initial state;
 // [Model.Successors] calls back once per enabled [Action] with the next state
-// (a scratch state, valid during the call: copy it to keep it);
+// (a scratch state, valid during the call: copy it to keep it, never change
+// it; for a step that changes nothing it is the state itself);
 // [Model.AppendFingerprint] gives a canonical encoding for the checker, with
-// symmetry reduction (requests of equal length are interchangeable, and so
-// are decode pages: a page's identity is its content and who refers to it);
+// symmetry reduction (requests of equal length are interchangeable, so are
+// the nodes of one role, and so are decode pages: a page's identity is its
+// content and who refers to it);
 // [Invariants] and [Goals] are the properties; [Model.Describe] explains a step
 // for a trace. The model checker in package checker drives this loop; package
 // explore binds the two. The spec has no goroutines, clocks or I/O.
