@@ -224,13 +224,20 @@ func permutations(n int) [][]int8 {
 // so they stay.
 func routeNames(q *Request, nr *nodeRenaming) (p, d int8) {
 	p, d = q.P, q.D
-	if q.Dispatched {
+	namesP, namesD := routeNamesNodes(q)
+	if namesP {
 		p = nr.pre[p]
 	}
-	if q.Dispatched || q.R.Phase != RNone {
+	if namesD {
 		d = nr.dec[d]
 	}
 	return p, d
+}
+
+// routeNamesNodes reports whether q's prefill and decode node fields name
+// nodes (routeNames).
+func routeNamesNodes(q *Request) (p, d bool) {
+	return q.Dispatched, q.Dispatched || q.R.Phase != RNone
 }
 
 // nodeKeys summarizes each node's own state without naming a request, a
@@ -245,10 +252,11 @@ func (m *Model) nodeKeys(s *State) (pk [MaxPrefills]uint64, dk [MaxDecodes]uint6
 	var decReqs [MaxDecodes]uint64
 	for r := range c.Prompts {
 		q := &s.Req[r]
-		if q.Dispatched {
+		namesP, namesD := routeNamesNodes(q)
+		if namesP {
 			preReqs[q.P]++
 		}
-		if q.Dispatched || q.R.Phase != RNone { // as routeNames
+		if namesD {
 			decReqs[q.D]++
 		}
 	}
