@@ -165,13 +165,19 @@ func (x *sys) rogueWrite(r, page int) {
 	pg.Data = Label{Req: Rogue}
 }
 
+// ticketChecked reports whether decode's intake refuses a Bootstrap without
+// the router's ticket (not under unticketed-bootstrap or no-ticket-check).
+func (m *Model) ticketChecked() bool {
+	return !m.cfg.Bugs.Has(UnticketedBootstrap) && m.cfg.Mutation != NoTicketCheck
+}
+
 // rogueBootstrap is a peer's Bootstrap for r to decode node d, which the
 // router has not dispatched: it carries no ticket of the router's for r, so
 // decode refuses it and reserves nothing. With unticketed-bootstrap decode
 // reserves pages and a slot for it (the lowest free ones; its Grant goes to
 // the rogue), as it would for a dispatched request, and r's record names d.
 func (x *sys) rogueBootstrap(r, d int) {
-	if !x.bug(UnticketedBootstrap) && !x.mut(NoTicketCheck) {
+	if x.m.ticketChecked() {
 		x.hit(DecodeNoTicket)
 		return
 	}

@@ -455,7 +455,7 @@ func (g *successors) rogues() {
 			}
 			g.do(a, r, 0, 0, page, f)
 		})
-		refused := !g.c.Bugs.Has(UnticketedBootstrap) && g.c.Mutation != NoTicketCheck // no ticket
+		refused := g.m.ticketChecked() // a rogue's Bootstrap carries no ticket
 		for r := 0; r < len(g.c.Prompts); r++ {
 			if !s.Req[r].Submitted {
 				for d := 0; d < g.c.NumDecodes(); d++ { // a peer may send it to any decode node
