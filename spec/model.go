@@ -16,7 +16,13 @@ type Model struct {
 	nodes []nodeRenaming                     // renamings of the prefill nodes and of the decode nodes (every node of a role is alike): the identity first
 	chain [MaxRequests][MaxDecodePages]uint8 // each request's chain id per full page (prefix.go)
 	class []int                              // requests of equal class are interchangeable
-	live  []span                             // the bytes of State the configuration can change (encode.go)
+	// nth[c][k] is the k-th request, by id, of the class whose first request
+	// is c; shared lists the requests whose class has another request, and
+	// classOf is class as an array.
+	nth     [MaxRequests][MaxRequests]int8
+	shared  []int8
+	classOf [MaxRequests]int8
+	live    []span // the bytes of State the configuration can change (encode.go)
 	// mutate, set only by this package's tests, wraps every step: it may change
 	// the state before and after calling step, to break the protocol on purpose
 	// and show that a property catches it.
@@ -45,6 +51,17 @@ func New(cfg Config) (*Model, error) {
 		class[r] = slices.Index(sig, sig[r])
 	}
 	m.perms, m.class = symmetries(class), class
+	var members [MaxRequests]int
+	for r, c := range class {
+		m.nth[c][members[c]] = int8(r)
+		members[c]++
+	}
+	for r, c := range class {
+		m.classOf[r] = int8(c)
+		if members[c] > 1 {
+			m.shared = append(m.shared, int8(r))
+		}
+	}
 	m.nodes = nodeRenamings(cfg.NumPrefills(), cfg.NumDecodes())
 	m.chain = chains(&cfg)
 	m.live = liveSpans(&cfg)
@@ -144,14 +161,22 @@ func (m *Model) appendCanonical(dst []byte, s *State, nodes []nodeRenaming) []by
 	}
 	base, best := len(dst), -1
 	var keys [MaxRequests]uint64
+	var rank [MaxRequests]int8
 	for ni := range nodes {
 		nr := &nodes[ni]
 		if len(nodes) > 1 && !m.nodesSortByKey(nr, &pk, &dk) {
 			continue
 		}
 		if len(m.perms) > 1 {
-			for r := range m.cfg.Prompts {
+			for _, r := range m.shared {
 				keys[r] = requestKey(&s.Req[r], nr)
+			}
+			// Most states' keys tell the requests of each class apart: then
+			// one renaming sorts by key, the ranks', found without trying
+			// every permutation.
+			if m.rankPerm(&keys, &rank) {
+				dst = m.keepLeast(dst, base, &best, s, renaming{req: rank[:len(m.class)], nodes: nr})
+				continue
 			}
 		}
 		// Each other candidate is encoded after the best so far, in dst
@@ -161,19 +186,62 @@ func (m *Model) appendCanonical(dst []byte, s *State, nodes []nodeRenaming) []by
 			if len(m.perms) > 1 && !m.sortsByKey(p, &keys) {
 				continue
 			}
-			dst = m.encode(dst, s, renaming{req: p, nodes: nr})
-			if best < 0 {
-				best = len(dst) - base
-				continue
-			}
-			if cand := dst[base+best:]; bytes.Compare(cand, dst[base:base+best]) < 0 {
-				best = copy(dst[base:], cand)
-			}
-			dst = dst[:base+best]
+			dst = m.keepLeast(dst, base, &best, s, renaming{req: p, nodes: nr})
 		}
 	}
 	return dst
 }
+
+// keepLeast encodes s renamed by rn after dst[base:base+*best], the least
+// encoding so far (none while *best < 0), and keeps the lesser of the two
+// there: in dst itself, as the checker calls this for every transition and
+// it must not allocate.
+func (m *Model) keepLeast(dst []byte, base int, best *int, s *State, rn renaming) []byte {
+	dst = m.encode(dst, s, rn)
+	if *best < 0 {
+		*best = len(dst) - base
+		return dst
+	}
+	if cand := dst[base+*best:]; bytes.Compare(cand, dst[base:base+*best]) < 0 {
+		*best = copy(dst[base:], cand)
+	}
+	return dst[:base+*best]
+}
+
+// rankPerm sets perm to the renaming that lists each class's requests in
+// increasing key order (a request's new name is the id of its class's
+// request of the same rank), and reports false, leaving perm unset, when two
+// requests of a class have equal keys: several renamings sort by key then.
+// Where it reports true, the renaming is the one of m.perms that sortsByKey.
+func (m *Model) rankPerm(keys *[MaxRequests]uint64, perm *[MaxRequests]int8) bool {
+	*perm = identityPerm // a request alone in its class keeps its id
+	for _, a := range m.shared {
+		a := uint8(a) % MaxRequests // no-ops that spare the bounds checks
+		rank := uint8(0)
+		for _, b := range m.shared {
+			b := uint8(b) % MaxRequests
+			if b == a || m.classOf[b] != m.classOf[a] {
+				continue
+			}
+			if keys[b] == keys[a] {
+				return false
+			}
+			if keys[b] < keys[a] {
+				rank++
+			}
+		}
+		perm[a] = m.nth[uint8(m.classOf[a])%MaxRequests][rank%MaxRequests]
+	}
+	return true
+}
+
+// identityPerm names every request by its own id.
+var identityPerm = func() (p [MaxRequests]int8) {
+	for r := range p {
+		p[r] = int8(r)
+	}
+	return p
+}()
 
 // nodeRenaming renames the prefill nodes by pre and the decode nodes by dec
 // (old name to new), with their inverses.

@@ -321,3 +321,49 @@ func TestUnchangedStepsChangeNothing(t *testing.T) {
 		t.Logf("%s: %d steps handed back unchanged, each equal to its step run", name, handedBack)
 	}
 }
+
+// TestRankPermIsTheOneRenamingThatSortsByKey: where no two requests of a
+// class tie, rankPerm's renaming is the one of the symmetry group that lists
+// each class in key order; where two tie, it declines (the fingerprint then
+// tries every renaming that sorts by key).
+func TestRankPermIsTheOneRenamingThatSortsByKey(t *testing.T) {
+	for _, prompts := range [][]int{{2, 2, 5}, {2, 2, 2}, {2, 3, 2, 3}, {2, 2, 2, 2}, {1, 2, 3}} {
+		cfg := NewConfig(len(prompts), 8, 2)
+		cfg.Prompts = prompts
+		m, err := New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var keys [MaxRequests]uint64
+		var walk func(r int)
+		tried := 0
+		walk = func(r int) {
+			if r < len(prompts) {
+				for k := range uint64(3) { // every assignment of keys 0..2: ties and not
+					keys[r] = k
+					walk(r + 1)
+				}
+				return
+			}
+			tried++
+			var sorting [][]int8
+			for _, p := range m.perms {
+				if m.sortsByKey(p, &keys) {
+					sorting = append(sorting, p)
+				}
+			}
+			var rank [MaxRequests]int8
+			ok := m.rankPerm(&keys, &rank)
+			switch {
+			case ok && (len(sorting) != 1 || !slices.Equal(sorting[0], rank[:len(prompts)])):
+				t.Fatalf("prompts %v keys %v: rankPerm gives %v, the renamings that sort by key are %v", prompts, keys, rank[:len(prompts)], sorting)
+			case !ok && len(sorting) < 2:
+				t.Fatalf("prompts %v keys %v: rankPerm declines, but only %v sort by key", prompts, keys, sorting)
+			}
+		}
+		walk(0)
+		if tried == 0 {
+			t.Fatal("no keys tried")
+		}
+	}
+}
