@@ -130,7 +130,7 @@ func workerRates[S any, A comparable](b *testing.B, m checker.Model[S, A], props
 }
 
 // BenchmarkWorkersDefaultBounds: 1 and 2 workers at kvhandoff check's default
-// bounds (699,452 states).
+// bounds (1,052,395 states).
 func BenchmarkWorkersDefaultBounds(b *testing.B) {
 	m, err := spec.New(spec.NewConfig(3, 4, 2))
 	if err != nil {

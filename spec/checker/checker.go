@@ -602,16 +602,16 @@ func (c *run[S, A]) run() (*Result[S, A], error) {
 		c.edges.close(n)
 		rev := c.edges.reverse(n)
 		c.heap.over(0)
-		// The cycle check and each goal's backward search are independent:
+		// The cycle check and the goals' backward search are independent:
 		// they run at once, and are reported in goal order.
-		unreached := make([][]int32, len(c.goals))
+		var unreached [][]int32
 		isAcyclic := false
-		parallel(c.workers, len(c.goals)+1, func(i int) {
+		parallel(c.workers, 2, func(i int) {
 			if i == 0 {
 				isAcyclic = acyclic(n, &c.edges, rev)
 				return
 			}
-			unreached[i-1] = unreachableGoal(n, rev, c.goalSets[i-1], c.bad, c.opt.MaxRejects)
+			unreached = unreachableGoals(n, rev, c.goalSets, c.bad, c.opt.MaxRejects)
 		})
 		c.res.Stats.Acyclic = No
 		if isAcyclic {

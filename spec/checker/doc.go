@@ -31,7 +31,8 @@
 // keeps the protocol transitions as a compressed sparse row graph (4 bytes per
 // state and per protocol transition) and a bit per state per goal; the
 // analysis at the end builds the reverse graph (4 more per state and per
-// transition) after dropping the index. Traces are rebuilt by replaying the
+// transition) after dropping the index, and a byte per state for the goals
+// it reaches. Traces are rebuilt by replaying the
 // recorded successor choices from an initial state, checking every
 // fingerprint, which yields concrete (not canonicalised) states and detects a
 // model that is not deterministic. The only whole states kept are the BFS
@@ -57,7 +58,8 @@
 // states, by block and by shard. New states are numbered in the order a
 // sequential search numbers them (a serial loop over an array), so two runs
 // report the same counterexample whatever the core count. The liveness
-// analysis runs its cycle check and each goal's search at once.
+// analysis runs its cycle check and one backward search for all the goals
+// (up to 8) at once.
 //
 // Bitstate mode ([Options].Bitstate, SPIN's supertrace) replaces the visited
 // set by a bit array of a fixed size, for bounds too large to store: a state

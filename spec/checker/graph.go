@@ -70,52 +70,80 @@ func (g *graph) reverse(n int) *reverse {
 	return r
 }
 
-// unreachableGoal returns up to limit states, lowest number (hence shallowest)
-// first, from which no state in goal is reachable over protocol edges. States
-// that violate a safety property were not expanded; they and the states that
-// reach them are never reported (a liveness verdict there would be an artefact
-// of stopping at the safety violation).
-func unreachableGoal(n int, r *reverse, goal, bad bitset, limit int) []int32 {
-	// can starts as goal | bad, a word at a time, and the search starts
-	// from its states.
+// unreachableGoals returns, for each goal, up to limit states, lowest number
+// (hence shallowest) first, from which no state in the goal is reachable over
+// protocol edges. States that violate a safety property were not expanded;
+// they and the states that reach them are never reported (a liveness verdict
+// there would be an artefact of stopping at the safety violation).
+//
+// One backward search serves up to goalsPerSearch goals: a byte per state
+// holds the goals it reaches, and a state is searched from again each time
+// it gains one. A search per goal read every reverse edge once per goal; the
+// spec's two goals mostly reach the same states, so this reads most edges
+// once.
+func unreachableGoals(n int, r *reverse, goals []bitset, bad bitset, limit int) [][]int32 {
+	out := make([][]int32, len(goals))
 	words := (n + 63) / 64
-	can := make(bitset, words)
+	reach := make([]uint8, n)
 	queue := make([]uint32, 0, 1024)
-	for w := range words {
-		var x uint64
-		if w < len(goal) {
-			x = goal[w]
+	word := func(b bitset, w int) uint64 {
+		if w < len(b) {
+			return b[w]
 		}
-		if w < len(bad) {
-			x |= bad[w]
-		}
-		can[w] = x
-		for ; x != 0; x &= x - 1 {
-			queue = append(queue, uint32(w*64+bits.TrailingZeros64(x)))
-		}
+		return 0
 	}
-	for len(queue) > 0 {
-		d := queue[len(queue)-1]
-		queue = queue[:len(queue)-1]
-		for _, s := range r.src[r.start[d]:r.start[d+1]] {
-			if w, b := s>>6, uint64(1)<<(s&63); can[w]&b == 0 {
-				can[w] |= b
-				queue = append(queue, s)
+	for from := 0; from < len(goals); from += goalsPerSearch {
+		group := goals[from:min(from+goalsPerSearch, len(goals))]
+		all := uint8(uint16(1)<<len(group) - 1)
+		clear(reach)
+		// The search starts from the states of the goals and the bad ones,
+		// found a word at a time.
+		for w := range words {
+			any := word(bad, w)
+			for _, g := range group {
+				any |= word(g, w)
+			}
+			for x := any; x != 0; x &= x - 1 {
+				s := w*64 + bits.TrailingZeros64(x)
+				b := uint64(1) << (s & 63)
+				m := uint8(0)
+				if word(bad, w)&b != 0 {
+					m = all
+				}
+				for i, g := range group {
+					if word(g, w)&b != 0 {
+						m |= 1 << i
+					}
+				}
+				reach[s] = m
+				queue = append(queue, uint32(s))
 			}
 		}
-	}
-	var out []int32
-	for w := 0; w < words && len(out) < limit; w++ {
-		x := ^can[w]
-		if w == words-1 && n%64 != 0 {
-			x &= 1<<(n%64) - 1
+		for len(queue) > 0 {
+			d := queue[len(queue)-1]
+			queue = queue[:len(queue)-1]
+			m := reach[d]
+			for _, s := range r.src[r.start[d]:r.start[d+1]] {
+				if add := m &^ reach[s]; add != 0 {
+					reach[s] |= add
+					queue = append(queue, s)
+				}
+			}
 		}
-		for ; x != 0 && len(out) < limit; x &= x - 1 {
-			out = append(out, int32(w*64+bits.TrailingZeros64(x)))
+		for i := range group {
+			for s := 0; s < n && len(out[from+i]) < limit; s++ {
+				if reach[s]&(1<<i) == 0 {
+					out[from+i] = append(out[from+i], int32(s))
+				}
+			}
 		}
 	}
 	return out
 }
+
+// goalsPerSearch is how many goals one backward search of unreachableGoals
+// follows: the bits of a byte.
+const goalsPerSearch = 8
 
 // acyclic reports whether the graph has no cycle (Kahn's algorithm). It runs
 // on the reverse graph, which has a cycle exactly when the graph has, and

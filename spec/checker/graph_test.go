@@ -61,7 +61,7 @@ func reachesByDFS(edges [][]uint32, s int, target func(int) bool) bool {
 	return false
 }
 
-// acyclic and unreachableGoal agree with their definitions on random graphs
+// acyclic and unreachableGoals agree with their definitions on random graphs
 // (sizes around multiples of 64, self loops, goal and bad sets shorter than
 // the graph, as bitsets grow only to their last state), and on a self loop.
 func TestLivenessAnalysisMatchesTheDefinitions(t *testing.T) {
@@ -86,24 +86,29 @@ func TestLivenessAnalysisMatchesTheDefinitions(t *testing.T) {
 		if got, want := acyclic(n, g, r), acyclicByDFS(edges); got != want {
 			t.Fatalf("trial %d: acyclic = %v, want %v", trial, got, want)
 		}
-		var goal, bad bitset
+		// 1 to 2*goalsPerSearch+1 goals: one search, several, a last one
+		// with fewer goals.
+		goals := make([]bitset, 1+trial%(2*goalsPerSearch+1))
+		var bad bitset
 		for s := range n - rng.IntN(n) {
-			switch rng.IntN(8) {
-			case 0:
-				goal.set(int32(s))
-			case 1:
+			switch k := rng.IntN(4 + 2*len(goals)); {
+			case k < len(goals):
+				goals[k].set(int32(s))
+			case k == len(goals):
 				bad.set(int32(s))
 			}
 		}
 		limit := 1 + rng.IntN(n)
-		var want []int32
-		for s := 0; s < n && len(want) < limit; s++ {
-			if !reachesByDFS(edges, s, func(v int) bool { return goal.has(int32(v)) || bad.has(int32(v)) }) {
-				want = append(want, int32(s))
+		want := make([][]int32, len(goals))
+		for i, goal := range goals {
+			for s := 0; s < n && len(want[i]) < limit; s++ {
+				if !reachesByDFS(edges, s, func(v int) bool { return goal.has(int32(v)) || bad.has(int32(v)) }) {
+					want[i] = append(want[i], int32(s))
+				}
 			}
 		}
-		if got := unreachableGoal(n, r, goal, bad, limit); !slices.Equal(got, want) {
-			t.Fatalf("trial %d: unreachableGoal = %v, want %v", trial, got, want)
+		if got := unreachableGoals(n, r, goals, bad, limit); !slices.EqualFunc(got, want, slices.Equal) {
+			t.Fatalf("trial %d: unreachableGoals = %v, want %v", trial, got, want)
 		}
 	}
 }
