@@ -17,20 +17,23 @@ type graph struct {
 
 var errTooManyEdges = errors.New("checker: more than 2^32 protocol transitions; use SkipLiveness")
 
-// open starts the edge list of state src; states skipped since the last one
-// (not expanded) get none.
-func (g *graph) open(src int32) {
-	for g.start.len() <= int(src) {
-		g.start.append(uint32(g.dst.len()))
-	}
-}
-
-// addAll appends edges to the list of the state opened last.
-func (g *graph) addAll(dst []uint32) error {
-	if uint64(g.dst.len())+uint64(len(dst)) > math.MaxUint32 {
+// addBlock appends the edge lists of the states srcs (in increasing order,
+// after those added before), whose edges are edges, the list of srcs[i]
+// ending at ends[i]; states skipped since the last one (not expanded) get
+// none. A block's edges are appended at once: a call per state cost more
+// than the copy (a wave's edges are added by one goroutine).
+func (g *graph) addBlock(srcs, ends []int32, edges []uint32) error {
+	if uint64(g.dst.len())+uint64(len(edges)) > math.MaxUint32 {
 		return errTooManyEdges
 	}
-	g.dst.appendSlice(dst)
+	base, from := uint32(g.dst.len()), uint32(0)
+	for i, src := range srcs {
+		for g.start.len() <= int(src) {
+			g.start.append(base + from)
+		}
+		from = uint32(ends[i])
+	}
+	g.dst.appendSlice(edges)
 	return nil
 }
 

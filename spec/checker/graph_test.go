@@ -8,13 +8,29 @@ import (
 
 // graphOf builds the liveness analysis's graph from edge lists.
 func graphOf(edges [][]uint32) (*graph, *reverse) {
+	// In blocks of up to 3 states, leaving out every fifth (a state not
+	// expanded, whose list is empty).
 	var g graph
-	for s, out := range edges {
-		g.open(int32(s))
-		if err := g.addAll(out); err != nil {
+	var srcs, ends []int32
+	var all []uint32
+	flush := func() {
+		if err := g.addBlock(srcs, ends, all); err != nil {
 			panic(err)
 		}
+		srcs, ends, all = srcs[:0], ends[:0], all[:0]
 	}
+	for s, out := range edges {
+		if s%5 == 4 && len(out) == 0 {
+			continue
+		}
+		srcs = append(srcs, int32(s))
+		all = append(all, out...)
+		ends = append(ends, int32(len(all)))
+		if len(srcs) == 3 {
+			flush()
+		}
+	}
+	flush()
 	g.close(len(edges))
 	return &g, g.reverse(len(edges))
 }

@@ -203,14 +203,8 @@ func (c *run[S, A]) collect(outs []*expansion[S], ref, num []int32, next *fronti
 		}
 		out.next = out.next[:0]
 		if c.liveness {
-			from := int32(0)
-			for si, src := range out.src {
-				c.edges.open(src)
-				end := out.edgeEnd[si]
-				if err := c.edges.addAll(out.edges[from:end]); err != nil {
-					return err
-				}
-				from = end
+			if err := c.edges.addBlock(out.src, out.edgeEnd, out.edges); err != nil {
+				return err
 			}
 		}
 	}
