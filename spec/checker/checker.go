@@ -177,8 +177,9 @@ type Options struct {
 	// While it runs, Check also lowers the runtime's soft memory limit
 	// (debug.SetMemoryLimit) to it, so the collector works harder before
 	// giving up; with concurrent explorations the limit is the smallest of
-	// theirs. Check also lowers GOGC to 25 while it runs (see gcPercent); the
-	// program's settings come back when the last exploration ends.
+	// theirs. Check also lowers GOGC while it runs, to 100 and, past 256 MiB
+	// of heap, to 25 (see gcPercent); the program's settings come back when
+	// the last exploration ends.
 	MaxMemory uint64
 	// FrontierMemory is how many bytes of encoded frontier are held in memory
 	// before the oldest blocks are spilled to a file in SpillDir (only for a
@@ -649,7 +650,8 @@ func (c *run[S, A]) run() (*Result[S, A], error) {
 
 // limits checks the state and memory limits after a wave.
 func (c *run[S, A]) limits(depth int) error {
-	over, _ := c.heap.over(c.opt.MaxMemory)
+	over, objects := c.heap.over(c.opt.MaxMemory)
+	adaptCollector(objects)
 	var limit error
 	switch {
 	case c.opt.MaxStates > 0 && c.count() > c.opt.MaxStates:
