@@ -17,6 +17,7 @@ type Model struct {
 	chain [MaxRequests][MaxDecodePages]uint8 // each request's chain id per full page (prefix.go)
 	class []int                              // requests of equal class are interchangeable
 	live  []span                             // the bytes of State the configuration can change (encode.go)
+	enc   *spanWords                         // live's words, as the encoding numbers them (encode.go)
 	// mutate, set only by this package's tests, wraps every step: it may change
 	// the state before and after calling step, to break the protocol on purpose
 	// and show that a property catches it.
@@ -48,6 +49,7 @@ func New(cfg Config) (*Model, error) {
 	m.nodes = nodeRenamings(cfg.NumPrefills(), cfg.NumDecodes())
 	m.chain = chains(&cfg)
 	m.live = liveSpans(&cfg)
+	m.enc = newSpanWords(m.live)
 	return m, nil
 }
 
