@@ -9,23 +9,42 @@ import (
 )
 
 // The model checker holds the states still to explore (its frontier) encoded:
-// a State is about 3.4 KB (every node of the largest deployment), but a reachable state differs from the initial state in
-// a few dozen. The encoding is the state's bytes XORed with the initial state's,
-// as runs: a uvarint count of equal bytes, a uvarint count of differing bytes,
-// then those bytes XORed; the trailing equal run is implied. It is exact, byte
-// for byte, so it needs no update when State gains a field; State must stay
-// free of pointers, slices and maps (TestStateIsPlainData).
+// a State is about 3.4 KB (every node of the largest deployment), but a
+// reachable state differs from the initial state in a few dozen bytes. The
+// encoding is the state XORed with a fixed base, word by word over the
+// model's words (the 8-byte words of State that overlap its spans, below,
+// numbered in address order): for each word that differs from the base, the
+// bytes from its first differing one to its last, XORed; then a header byte
+// per such word (how many equal bytes are below those, and their count less
+// 1); then the bitmap of the differing words' numbers without its zero
+// bytes; then the summary, a bit per bitmap byte, of which those are. It is
+// exact, byte for byte, so it needs no update when State gains a field; State
+// must stay free of pointers, slices and maps (TestStateIsPlainData).
+//
+// Words, not runs of bytes, because the per-run bookkeeping was the cost (a
+// search for each run's start and one for its end): AppendState skips equal
+// words 32 bytes at a time and spends a few operations on each differing one
+// (its header from the XOR's trailing and leading zeros, its bytes one word
+// store), and DecodeState reads the headers apart from the bytes, so that
+// one word's loads need not wait for the one before. At the default bounds a
+// frontier state has 23 differing words of the 132, 3.9 bytes each with
+// its header, and 102 bytes in all, where the runs took 106 (docs/spec.md,
+// Word-granular frontier encoding).
 //
 // Most of a State is out of a configuration's reach: nodes past its
 // deployment, requests past its prompts, pages past its pools, queue slots
 // past its bound. Those bytes keep the initial state's value in every
-// reachable state, so AppendState looks only at the model's spans, the bytes
-// the configuration can change (about 1,000 of the 3,384 at the default
-// bounds), and writes what a scan of the whole State would write.
+// reachable state, so the model's words are those of its spans, the bytes
+// the configuration can change (about 1,000 of the 3,388 at the default
+// bounds), and AppendState scans a queue's only up to its messages.
 // TestEncodingRoundTripsReachableStates checks, on the reachable states of
 // several configurations, that no step writes outside them.
 
-// ErrBadEncoding is returned by DecodeState for bytes AppendState did not write.
+// ErrBadEncoding is returned by DecodeState for bytes that are no encoding
+// for its model: cut short or run on, a bitmap bit past its words, a header
+// past its word. (It does not check that a word's bytes are nonzero at both
+// ends, as AppendState writes them: such bytes still decode to one state,
+// changed in the model's words only.)
 var ErrBadEncoding = errors.New("spec: malformed state encoding")
 
 const stateSize = int(unsafe.Sizeof(State{}))
@@ -165,177 +184,314 @@ func (m *Model) spans() []span {
 	return m.live
 }
 
-// AppendState appends the compact, lossless encoding of s to dst.
-func (m *Model) AppendState(dst []byte, s *State) []byte {
-	cur, base := stateArray(s), stateArray(&encodingBase)
-	// Written in place (buf is dst up to its capacity, w its end), with a
-	// word of slack past each run for putXOR.
-	w, buf := len(dst), dst[:cap(dst)]
-	i := 0 // the end of the last run written
-	for _, sp := range m.spans() {
-		end := sp.end(cur)
-		for at := max(i, sp.from); at < end; {
-			eq := firstDifference(cur, base, at, end)
-			if eq == end {
-				break
+// spanWords is the encoding's view of a model's spans, computed once at New:
+// the 8-byte words of State that overlap them, numbered in address order
+// (a word's number is its bit in the encoding's bitmap), as ranges of
+// consecutive words that AppendState scans in one loop.
+type spanWords struct {
+	ranges  []wordRange
+	offsets [512]uint16 // the State offset of each word, by number (512: a mask bounds the index)
+	words   int         // how many there are
+	mapLen  int         // the bitmap's length in bytes
+	sumLen  int         // the summary's: a bit per bitmap byte
+}
+
+// wordRange is the words [from, to) of State (byte offsets, multiples of 8
+// but for the State's end: its last word is short where its size is not a
+// multiple of 8), the first of them numbered first. A queue's range is the
+// words that hold its bytes alone; AppendState scans it only up to the N
+// messages, the rest equalling the base.
+type wordRange struct {
+	from, to, first int
+	queue           int // the offset of the queue's N; -1 for bytes always scanned
+}
+
+// wholeWords is the words of a model made without New.
+var wholeWords = newSpanWords(wholeState)
+
+// newSpanWords returns the words of sps. A word that holds bytes of an
+// ordinary span, or of two spans, is always scanned; one that holds bytes of
+// a single queue span only is scanned while the queue's messages reach it.
+func newSpanWords(sps []span) *spanWords {
+	const dead, always = -2, -1
+	kind := make([]int, (stateSize+7)/8) // dead, always, or the offset of a queue's N
+	for i := range kind {
+		kind[i] = dead
+	}
+	for _, sp := range sps {
+		k := always
+		if sp.queue {
+			k = sp.from
+		}
+		for wd := sp.from / 8; wd < (sp.to+7)/8; wd++ {
+			if kind[wd] == dead {
+				kind[wd] = k
+			} else {
+				kind[wd] = always
 			}
-			diff := runEnd(cur, base, eq)
-			// Two counts below 2^14 take 4 bytes at most.
-			if need := 4 + diff - eq + 8; len(buf)-w < need {
-				buf = slices.Grow(buf[:w], need)
-				buf = buf[:cap(buf)]
-			}
-			w = putCount(buf, w, eq-i)
-			w = putCount(buf, w, diff-eq)
-			w = putXOR(buf, w, cur, base, eq, diff)
-			i, at = diff, diff
 		}
 	}
-	return buf[:w]
+	sw := &spanWords{}
+	for wd := 0; wd < len(kind); wd++ {
+		if kind[wd] == dead {
+			continue
+		}
+		n := len(sw.ranges) - 1
+		if n >= 0 && sw.ranges[n].to == 8*wd && sw.ranges[n].queue == kind[wd] {
+			sw.ranges[n].to = min(8*wd+8, stateSize)
+		} else {
+			sw.ranges = append(sw.ranges, wordRange{from: 8 * wd, to: min(8*wd+8, stateSize), first: sw.words, queue: kind[wd]})
+		}
+		sw.offsets[sw.words] = uint16(8 * wd)
+		sw.words++
+	}
+	sw.mapLen = (sw.words + 7) / 8
+	sw.sumLen = (sw.mapLen + 7) / 8
+	return sw
+}
+
+// words is the model's span words.
+func (m *Model) words() *spanWords {
+	if m.enc == nil {
+		return wholeWords
+	}
+	return m.enc
+}
+
+// Constants of the SWAR byte tests: the low 7 bits and the top bit of every byte.
+const lo7, hi = 0x7f7f7f7f7f7f7f7f, 0x8080808080808080
+
+// nonzeroBytes returns a bit per byte of x, bit i set when byte i (the i-th
+// in memory) is not zero.
+func nonzeroBytes(x uint64) byte {
+	// The top bit of each nonzero byte (exact: nothing carries between
+	// bytes), then those 8 bits gathered into the top byte by one multiply
+	// (each lands on its own bit, so no two products carry into each other).
+	t := (x&lo7 + lo7 | x) & hi
+	return byte((t >> 7) * 0x0102040810204080 >> 56)
+}
+
+// maxWordBytes is the most one differing word's bytes take, and what put
+// writes for it: a word store.
+const maxWordBytes = 8
+
+// maxWords is how many words a State has: the most a model's spans can
+// have.
+const maxWords = (stateSize + 7) / 8
+
+// The bitmap's bytes are at most 64, so the summary of which are not zero
+// is one uint64; and the words fit spanWords.offsets.
+var _ = [1]int{}[(maxWords+7)/8/65+maxWords/513]
+
+// wordSet is the differing words AppendState has found: their bits, and
+// their headers in order.
+type wordSet struct {
+	bits [(maxWords + 63) / 64]uint64
+	hdr  [maxWords]byte
+	n    int
+}
+
+// AppendState appends the compact, lossless encoding of s to dst.
+func (m *Model) AppendState(dst []byte, s *State) []byte {
+	sw := m.words()
+	cur, base := stateArray(s), stateArray(&encodingBase)
+	// Written in place: buf is dst up to its capacity, w its end. Room for
+	// a block of 4 words is made before each; the headers and the bitmap
+	// are kept in set until the end.
+	w := len(dst)
+	buf := slices.Grow(dst, 4*maxWordBytes)
+	buf = buf[:cap(buf)]
+	var set wordSet
+	le := binary.LittleEndian
+	for _, r := range sw.ranges {
+		to := r.to
+		if r.queue >= 0 {
+			to = min(to, (r.queue+1+int(cur[r.queue])*msgSize+7)&^7)
+		}
+		at, k := r.from, r.first
+		// 32 bytes at a time, one branch for the four words: most of the
+		// spans equal the base (empty queues, free pages).
+		for ; at+32 <= to; at, k = at+32, k+4 {
+			c, b := (*[32]byte)(cur[at:]), (*[32]byte)(base[at:])
+			x0 := le.Uint64(c[0:]) ^ le.Uint64(b[0:])
+			x1 := le.Uint64(c[8:]) ^ le.Uint64(b[8:])
+			x2 := le.Uint64(c[16:]) ^ le.Uint64(b[16:])
+			x3 := le.Uint64(c[24:]) ^ le.Uint64(b[24:])
+			if x0|x1|x2|x3 == 0 {
+				continue
+			}
+			if len(buf)-w < 4*maxWordBytes {
+				buf = slices.Grow(buf[:w], 4*maxWordBytes)
+				buf = buf[:cap(buf)]
+			}
+			w = set.put(buf, w, k, x0)
+			w = set.put(buf, w, k+1, x1)
+			w = set.put(buf, w, k+2, x2)
+			w = set.put(buf, w, k+3, x3)
+		}
+		for ; at < to; at, k = at+8, k+1 {
+			var x uint64
+			if at <= stateSize-8 {
+				x = le.Uint64(cur[at:]) ^ le.Uint64(base[at:])
+			} else {
+				// The State's short last word, its bytes as the low
+				// ones of a word.
+				x = (le.Uint64(cur[stateSize-8:]) ^ le.Uint64(base[stateSize-8:])) >> (8 * (at - (stateSize - 8)))
+			}
+			if x == 0 {
+				continue
+			}
+			if len(buf)-w < maxWordBytes {
+				buf = slices.Grow(buf[:w], 4*maxWordBytes)
+				buf = buf[:cap(buf)]
+			}
+			w = set.put(buf, w, k, x)
+		}
+	}
+	// The headers, the bitmap's nonzero bytes, then the summary: a bit per
+	// bitmap byte, set for those written.
+	if need := set.n + len(set.bits)*8 + 8; len(buf)-w < need {
+		buf = slices.Grow(buf[:w], need)
+		buf = buf[:cap(buf)]
+	}
+	w += copy(buf[w:], set.hdr[:set.n])
+	var sum uint64
+	for i, b := range set.bits {
+		for nz := nonzeroBytes(b); nz != 0; nz &= nz - 1 {
+			j := bits.TrailingZeros8(nz)
+			buf[w] = byte(b >> (8 * j))
+			w++
+			sum |= 1 << (8*i + j)
+		}
+	}
+	le.PutUint64(buf[w:], sum)
+	return buf[:w+sw.sumLen]
+}
+
+// put writes word k's XOR x at buf[w:], if it is not zero: the bytes from
+// its first nonzero one to its last (a word store: up to 7 bytes past them
+// are overwritten). It sets k's bit and adds its header: how many zero bytes
+// are below those written, and how many those are, less 1. It returns where
+// they end.
+func (set *wordSet) put(buf []byte, w, k int, x uint64) int {
+	if x == 0 {
+		return w
+	}
+	set.bits[k>>6] |= 1 << (k & 63)
+	low := bits.TrailingZeros64(x) >> 3
+	n := 8 - low - bits.LeadingZeros64(x)>>3
+	set.hdr[set.n] = byte(low | (n-1)<<3)
+	set.n++
+	binary.LittleEndian.PutUint64(buf[w:], x>>(8*low&63))
+	return w + n
+}
+
+// header is what a word's header byte says: which bytes of the word are
+// written (keep: the n written, from its low end) and where they go (shift:
+// past the low zero bytes). bad is 1 for a byte AppendState never writes as a
+// header: 64 or more, or bytes past the word's end.
+type header struct {
+	keep, shift uint64
+	low, n      uint8
+	bad         uint8
+}
+
+// headers is every header byte's meaning.
+var headers = func() (hs [256]header) {
+	for h := range hs {
+		low, n := h&7, h>>3+1
+		if n > 8 || low+n > 8 {
+			hs[h] = header{bad: 1}
+			continue
+		}
+		hs[h] = header{keep: ^uint64(0) >> (64 - 8*n), shift: uint64(8 * low), low: uint8(low), n: uint8(n)}
+	}
+	return hs
+}()
+
+// DecodeState sets *s to the state src encodes. src may be any bytes (the
+// frontier is spilled to disk and read back): it writes only the words its
+// model numbers, reads only src, and returns ErrBadEncoding for bytes that are
+// no encoding for the model.
+func (m *Model) DecodeState(src []byte, s *State) error {
+	sw := m.words()
+	copyState(s, &encodingBase)
+	out := stateArray(s)
+	if len(src) < sw.sumLen {
+		return ErrBadEncoding
+	}
+	var sum uint64
+	for j, b := range src[len(src)-sw.sumLen:] {
+		sum |= uint64(b) << (8 * j)
+	}
+	data := src[:len(src)-sw.sumLen]
+	n := bits.OnesCount64(sum)
+	if sum>>sw.mapLen != 0 || n > len(data) {
+		return ErrBadEncoding
+	}
+	data, bm := data[:len(data)-n], data[len(data)-n:]
+	// The bitmap whole first: one loop over its set bits after, instead
+	// of one per byte (each loop's exit is a mispredicted branch).
+	var set [(maxWords + 63) / 64]uint64
+	words := 0
+	for i := 0; sum != 0; sum, i = sum&(sum-1), i+1 {
+		if bm[i] == 0 {
+			return ErrBadEncoding // AppendState writes only nonzero bitmap bytes
+		}
+		j := bits.TrailingZeros64(sum)
+		set[j>>3] |= uint64(bm[i]) << (8 * (j & 7))
+		words += bits.OnesCount8(bm[i])
+	}
+	if set[sw.words/64]>>(sw.words%64) != 0 || words > len(data) {
+		return ErrBadEncoding // a word past the model's, or too few headers
+	}
+	data, hdr := data[:len(data)-words], data[len(data)-words:]
+	le := binary.LittleEndian
+	// The headers are apart from the bytes, so that the loads of one word
+	// do not wait for the one before (only the bytes' position does, an
+	// add). A word's bytes are read at once where 8 are left in src (those
+	// past data are the headers', masked off), and its checks collected in
+	// bad, one branch at the end: none of them guards a write, which goes
+	// to one of the model's words whatever the bytes say, nor a read, which
+	// stays in src.
+	r, bad := 0, uint64(0)
+	hp := unsafe.Pointer(unsafe.SliceData(hdr))
+	sp := unsafe.Pointer(unsafe.SliceData(src))
+	op := unsafe.Pointer(out)
+	for i, word := range set[:(sw.words+63)/64] {
+		for ; word != 0; word &= word - 1 {
+			off := int(sw.offsets[(64*i+bits.TrailingZeros64(word))&511])
+			e := &headers[*(*byte)(hp)]
+			hp = unsafe.Add(hp, 1)
+			var v uint64
+			if r <= len(src)-8 {
+				v = le.Uint64((*[8]byte)(unsafe.Add(sp, r))[:])
+			} else {
+				for j, c := range src[min(r, len(src)):] {
+					v |= uint64(c) << (8 * j)
+				}
+			}
+			v &= e.keep
+			r += int(e.n)
+			bad |= uint64(e.bad)
+			x := v << (e.shift & 63)
+			if off > stateSize-8 {
+				// The State's short last word: bytes past the State
+				// are malformed.
+				bad |= (uint64(stateSize-off) - uint64(e.low) - uint64(e.n)) >> 63
+				x <<= (8 * (off - (stateSize - 8))) & 63
+				off = stateSize - 8
+			}
+			o := (*[8]byte)(unsafe.Add(op, off))
+			le.PutUint64(o[:], le.Uint64(o[:])^x)
+		}
+	}
+	if bad != 0 || r != len(data) {
+		return ErrBadEncoding
+	}
+	return nil
 }
 
 // stateArray is s's bytes as an array, whose constant length lets the
 // compiler prove the scans' indices in range.
 func stateArray(s *State) *[stateSize]byte { return (*[stateSize]byte)(unsafe.Pointer(s)) }
-
-// firstDifference returns the first index in [i, end) where a and b differ,
-// or end. Most of a span equals the base (empty queues, free pages), so it
-// compares 32 bytes at a time, four words and one branch, past end to the
-// next multiple of 32 (what it finds there it reports as end).
-func firstDifference(a, b *[stateSize]byte, i, end int) int {
-	le := binary.LittleEndian
-	for ; i < end && i <= stateSize-32; i += 32 {
-		x0 := le.Uint64(a[i:]) ^ le.Uint64(b[i:])
-		x1 := le.Uint64(a[i+8:]) ^ le.Uint64(b[i+8:])
-		x2 := le.Uint64(a[i+16:]) ^ le.Uint64(b[i+16:])
-		x3 := le.Uint64(a[i+24:]) ^ le.Uint64(b[i+24:])
-		if x0|x1|x2|x3 == 0 {
-			continue
-		}
-		switch {
-		case x0 != 0:
-			return min(end, i+bits.TrailingZeros64(x0)/8)
-		case x1 != 0:
-			return min(end, i+8+bits.TrailingZeros64(x1)/8)
-		case x2 != 0:
-			return min(end, i+16+bits.TrailingZeros64(x2)/8)
-		}
-		return min(end, i+24+bits.TrailingZeros64(x3)/8)
-	}
-	for ; i < end && i <= stateSize-8; i += 8 {
-		if x := le.Uint64(a[i:]) ^ le.Uint64(b[i:]); x != 0 {
-			return min(end, i+bits.TrailingZeros64(x)/8)
-		}
-	}
-	for ; i < end && i < stateSize; i++ {
-		if a[i] != b[i] {
-			return i
-		}
-	}
-	return end
-}
-
-// runEnd returns the end of the differing run that starts at eq: the first
-// index after eq that starts two equal bytes in a row (one equal byte costs
-// less as a literal than as a new run), or where the state ends. It looks at
-// 8 bytes at a time, stepping 7 so that each pair is inside one word.
-func runEnd(a, b *[stateSize]byte, eq int) int {
-	const lo7, hi = 0x7f7f7f7f7f7f7f7f, 0x8080808080808080
-	le := binary.LittleEndian
-	i := eq + 1
-	for ; i <= stateSize-8; i += 7 {
-		x := le.Uint64(a[i:]) ^ le.Uint64(b[i:])
-		// The top bit of each zero byte of x (exact: nothing carries
-		// between bytes), then of each that the next byte also is.
-		z := ^((x&lo7 + lo7) | x) & hi
-		if pair := z & (z >> 8); pair != 0 {
-			return i + bits.TrailingZeros64(pair)/8
-		}
-	}
-	for ; i < stateSize-1; i++ {
-		if a[i] == b[i] && a[i+1] == b[i+1] {
-			return i
-		}
-	}
-	if i == stateSize-1 && a[i] == b[i] {
-		return i
-	}
-	return stateSize
-}
-
-// putCount writes n as a uvarint at dst[w:] and returns where it ends. Most
-// counts are under 128: one byte, without PutUvarint's loop.
-func putCount(dst []byte, w, n int) int {
-	if n < 0x80 {
-		dst[w] = byte(n)
-		return w + 1
-	}
-	return w + binary.PutUvarint(dst[w:], uint64(n))
-}
-
-// putXOR writes a[from:to] XOR b[from:to] at dst[w:], a word at a time
-// (up to 7 bytes past them are overwritten), and returns where they end.
-func putXOR(dst []byte, w int, a, b *[stateSize]byte, from, to int) int {
-	if to > stateSize-8 {
-		for j := from; j < to; j++ {
-			dst[w] = a[j] ^ b[j]
-			w++
-		}
-		return w
-	}
-	le := binary.LittleEndian
-	for j := from; j < to; j += 8 {
-		le.PutUint64(dst[w+j-from:], le.Uint64(a[j:])^le.Uint64(b[j:]))
-	}
-	return w + to - from
-}
-
-// DecodeState sets *s to the state src encodes.
-func (m *Model) DecodeState(src []byte, s *State) error {
-	copyState(s, &encodingBase)
-	out := stateArray(s)
-	le := binary.LittleEndian
-	i := 0
-	for len(src) > 0 {
-		eq, rest, ok := count(src)
-		if !ok {
-			return ErrBadEncoding
-		}
-		n, rest, ok := count(rest)
-		if !ok || eq > uint64(stateSize-i) || n > uint64(stateSize-i)-eq || n > uint64(len(rest)) {
-			return ErrBadEncoding
-		}
-		i += int(eq)
-		lit := rest[:n]
-		src = rest[n:]
-		// A word at a time, the last one masked where the state and the
-		// literal's array have a word from there.
-		for len(lit) >= 8 {
-			le.PutUint64(out[i:], le.Uint64(out[i:])^le.Uint64(lit))
-			i, lit = i+8, lit[8:]
-		}
-		if len(lit) > 0 && i <= stateSize-8 && cap(lit) >= 8 {
-			mask := uint64(1)<<(8*len(lit)) - 1
-			le.PutUint64(out[i:], le.Uint64(out[i:])^le.Uint64(lit[:8])&mask)
-			i += len(lit)
-			continue
-		}
-		for _, c := range lit {
-			out[i] ^= c
-			i++
-		}
-	}
-	return nil
-}
-
-// count reads a uvarint count off src; ok is false when there is none.
-func count(src []byte) (n uint64, rest []byte, ok bool) {
-	if len(src) > 0 && src[0] < 0x80 {
-		return uint64(src[0]), src[1:], true
-	}
-	n, k := binary.Uvarint(src)
-	if k <= 0 {
-		return 0, src, false
-	}
-	return n, src[k:], true
-}

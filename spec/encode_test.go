@@ -225,30 +225,56 @@ func TestOutsideSpansFindsBytesBeyondTheConfiguration(t *testing.T) {
 }
 
 // appendStateByBytes is the encoding as its definition reads, a byte at a
-// time over the whole State: AppendState, which skips equal bytes a word at a
-// time and looks only at its model's spans, must write exactly this for any
-// state that equals the base outside them.
-func appendStateByBytes(dst []byte, s *State) []byte {
+// time: the model's words are the 8-byte words of State (the last one short
+// where the State is) that overlap its spans; for each that differs from the
+// base, in order, the bytes from its first differing one to its last, XORed,
+// and a header (the equal bytes below them, and their count less 1 above
+// that); then the headers, the bitmap of those words' numbers without its
+// zero bytes, and the summary of which bitmap bytes those are. AppendState,
+// which skips equal words 4 at a time and a queue's slots past its messages,
+// must write exactly this for any state that equals the base outside them.
+func appendStateByBytes(m *Model, dst []byte, s *State) []byte {
 	cur, base := stateBytes(s), stateBytes(&encodingBase)
-	for i := 0; ; {
-		eq := i
-		for eq < stateSize && cur[eq] == base[eq] {
-			eq++
+	var words []int
+	for wd := 0; 8*wd < stateSize; wd++ {
+		for _, sp := range m.spans() {
+			if sp.from < 8*wd+8 && 8*wd < sp.to {
+				words = append(words, wd)
+				break
+			}
 		}
-		if eq == stateSize {
-			return dst
-		}
-		diff := eq + 1
-		for diff < stateSize && (cur[diff] != base[diff] || diff+1 < stateSize && cur[diff+1] != base[diff+1]) {
-			diff++
-		}
-		dst = binary.AppendUvarint(dst, uint64(eq-i))
-		dst = binary.AppendUvarint(dst, uint64(diff-eq))
-		for j := eq; j < diff; j++ {
-			dst = append(dst, cur[j]^base[j])
-		}
-		i = diff
 	}
+	bitmap := make([]byte, (len(words)+7)/8)
+	var hdrs []byte
+	for k, wd := range words {
+		from, to := 8*wd, min(8*wd+8, stateSize)
+		first, last := -1, -1
+		for i := from; i < to; i++ {
+			if cur[i] != base[i] {
+				last = i
+				if first < 0 {
+					first = i
+				}
+			}
+		}
+		if first < 0 {
+			continue
+		}
+		bitmap[k/8] |= 1 << (k % 8)
+		hdrs = append(hdrs, byte(first-from+(last-first)<<3))
+		for i := first; i <= last; i++ {
+			dst = append(dst, cur[i]^base[i])
+		}
+	}
+	dst = append(dst, hdrs...)
+	summary := make([]byte, (len(bitmap)+7)/8)
+	for j, b := range bitmap {
+		if b != 0 {
+			dst = append(dst, b)
+			summary[j/8] |= 1 << (j % 8)
+		}
+	}
+	return append(dst, summary...)
 }
 
 // AppendState writes the byte-at-a-time definition's bytes,
@@ -287,7 +313,7 @@ func TestAppendStateWritesTheDefinitionsBytes(t *testing.T) {
 			if outsideSpans(m, &states[i]) >= 0 {
 				t.Fatalf("state %d: the test wrote outside the spans", i)
 			}
-			want := appendStateByBytes(nil, &states[i])
+			want := appendStateByBytes(m, nil, &states[i])
 			got := m.AppendState([]byte{0xee}, &states[i])
 			if !bytes.Equal(got[1:], want) || got[0] != 0xee {
 				t.Fatalf("state %d: AppendState wrote\n%x\nthe definition\n%x", i, got[1:], want)
@@ -300,18 +326,177 @@ func TestAppendStateWritesTheDefinitionsBytes(t *testing.T) {
 	}
 }
 
-func TestDecodeRefusesMalformedEncodings(t *testing.T) {
-	m, _ := New(NewConfig(3, 4, 2))
-	var s State
-	for _, b := range [][]byte{
-		{0x80},       // a truncated uvarint
-		{0, 5, 1, 2}, // fewer literal bytes than announced
-		append(binary.AppendUvarint(nil, uint64(stateSize)), 1, 0xaa), // a run past the end of the state
-	} {
-		if err := m.DecodeState(b, &s); !errors.Is(err, ErrBadEncoding) {
-			t.Errorf("%x: got %v, want ErrBadEncoding", b, err)
+// The encoding is exact: a state that differs from a reachable one in any
+// single byte of the spans, to any of a few values, round-trips byte for
+// byte, with each queue full so that every slot is in. A codec that drops or
+// misplaces a byte (a word's first or last, the State's short last word, a
+// queue's last slot) fails here.
+func TestEncodingIsExact(t *testing.T) {
+	def, states := reachable(t, NewConfig(3, 4, 2), 200)
+	rng := rand.New(rand.NewPCG(5, 6))
+	var buf []byte
+	for _, m := range []*Model{def, {}} {
+		for _, from := range []State{encodingBase, states[len(states)-1]} {
+			full := from
+			queueN := map[int]bool{}
+			for _, sp := range m.spans() {
+				if sp.queue {
+					stateBytes(&full)[sp.from] = byte((sp.to - sp.from - 1) / msgSize)
+					queueN[sp.from] = true
+				}
+			}
+			for _, sp := range m.spans() {
+				for at := sp.from; at < sp.to; at++ {
+					if queueN[at] {
+						continue
+					}
+					for _, v := range []byte{1, 0x80, 0xff, byte(1 + rng.IntN(255))} {
+						s := full
+						stateBytes(&s)[at] ^= v
+						buf = m.AppendState(buf[:0], &s)
+						var back State
+						if err := m.DecodeState(buf, &back); err != nil {
+							t.Fatalf("byte %d ^ %#x: %v", at, v, err)
+						}
+						if back != s {
+							t.Fatalf("byte %d ^ %#x does not round-trip: %x", at, v, buf)
+						}
+					}
+				}
+			}
 		}
 	}
+}
+
+// DecodeState refuses what AppendState does not write: a truncated or
+// extended encoding, a bitmap byte or bit past the model's words, a zero
+// bitmap byte, a header past 63 or past its word, bytes past the State's
+// short last word, too few or too many bytes for the headers. None of these
+// panics or writes out of the State.
+func TestDecodeRefusesMalformedEncodings(t *testing.T) {
+	def, states := reachable(t, NewConfig(3, 4, 2), 2000)
+	var s State
+	bad := func(m *Model, name string, b []byte) {
+		t.Helper()
+		if err := m.DecodeState(b, &s); !errors.Is(err, ErrBadEncoding) {
+			t.Errorf("%s: %x: got %v, want ErrBadEncoding", name, b, err)
+		}
+	}
+	sw := def.words()
+	// A state that differs in one byte of the first word: its byte, its
+	// header, a bitmap byte of bit 0 and a summary of bit 0.
+	one := encodingBase
+	stateBytes(&one)[0] ^= 0x5a
+	enc := def.AppendState(nil, &one)
+	summary := func(bits uint64) []byte {
+		return binary.LittleEndian.AppendUint64(nil, bits)[:sw.sumLen]
+	}
+	if want := append([]byte{0x5a, 0, 1}, summary(1)...); !bytes.Equal(enc, want) {
+		t.Fatalf("one byte's encoding is %x, want %x", enc, want)
+	}
+	cat := func(parts ...[]byte) []byte { return bytes.Join(parts, nil) }
+	bad(def, "empty", nil)
+	bad(def, "a summary bit past the bitmap", cat([]byte{0x5a, 0, 1}, summary(1|1<<sw.mapLen)))
+	bad(def, "a zero bitmap byte", cat([]byte{0x5a, 0, 0}, summary(1)))
+	last := byte(1) << (sw.words % 8)
+	if sw.words%8 == 0 {
+		t.Fatalf("%d words: the last bitmap byte has no bit past them to test", sw.words)
+	}
+	bad(def, "a bitmap bit past the words", cat([]byte{0x5a, 0, last}, summary(1<<(sw.mapLen-1))))
+	bad(def, "a header of 64", cat([]byte{0x5a, 64, 1}, summary(1)))
+	bad(def, "bytes past the word", cat([]byte{0x5a, 0x5a, 7 | 1<<3, 1}, summary(1)))
+	bad(def, "a byte short", cat([]byte{0x5a, 1 << 3, 1}, summary(1)))
+	bad(def, "a byte over", cat([]byte{0x5a, 0x5a, 0, 1}, summary(1)))
+	bad(def, "no header", cat([]byte{0x5a, 1}, summary(1)))
+	// The whole State's model: its short last word holds stateSize%8 bytes.
+	whole := &Model{}
+	wsw := whole.words()
+	tail := stateSize % 8
+	if tail == 0 {
+		t.Fatalf("a State of %d bytes has no short last word to test", stateSize)
+	}
+	k := wsw.words - 1
+	tailEnc := func(h byte) []byte {
+		return cat(bytes.Repeat([]byte{0x5a}, int(h>>3)+1), []byte{h, 1 << (k % 8)}, binary.LittleEndian.AppendUint64(nil, 1<<(k/8))[:wsw.sumLen])
+	}
+	var back State
+	if err := whole.DecodeState(tailEnc(byte(tail-1)<<3), &back); err != nil {
+		t.Fatalf("the short last word's %d bytes: %v", tail, err)
+	}
+	for i := stateSize - tail; i < stateSize; i++ {
+		if got, want := stateBytes(&back)[i], stateBytes(&encodingBase)[i]^0x5a; got != want {
+			t.Errorf("the short last word: byte %d decodes to %#x, want %#x", i, got, want)
+		}
+	}
+	bad(whole, "bytes past the State", tailEnc(byte(tail)<<3))
+	bad(whole, "bytes past the State, shifted", tailEnc(1|byte(tail-1)<<3))
+	bad(def, "a byte appended", append(enc, 0))
+	// Every truncation of reachable states' encodings decodes or is
+	// refused, without a panic and only into the model's words.
+	for i := range states[:200] {
+		e := def.AppendState(nil, &states[len(states)-1-i])
+		for n := range len(e) {
+			if def.DecodeState(e[:n], &s) == nil {
+				if at := outsideWords(def, &s); at >= 0 {
+					t.Errorf("%x, a prefix of %x, decodes to a state that differs from the base at byte %d, outside the model's words", e[:n], e, at)
+				}
+			}
+		}
+	}
+}
+
+// FuzzDecodeState: any bytes decode without a panic, and change the State
+// only in its model's words; and a state decoded that keeps its queues'
+// slots past their messages empty encodes to bytes that decode to it.
+func FuzzDecodeState(f *testing.F) {
+	m, states := reachableForFuzz(f)
+	for i := range states {
+		f.Add(m.AppendState(nil, &states[i]))
+	}
+	f.Add([]byte{0x5a, 0, 1, 1, 0, 0})
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var s State
+		if m.DecodeState(b, &s) != nil {
+			return
+		}
+		if at := outsideWords(m, &s); at >= 0 {
+			t.Fatalf("%x decodes to a state that differs from the base at byte %d, outside the model's words", b, at)
+		}
+		if outsideSpans(m, &s) >= 0 {
+			return // a queue slot past its messages: no reachable state's
+		}
+		var back State
+		if err := m.DecodeState(m.AppendState(nil, &s), &back); err != nil || back != s {
+			t.Fatalf("%x: its state does not round-trip (%v)", b, err)
+		}
+	})
+}
+
+func reachableForFuzz(f *testing.F) (*Model, []State) {
+	m, err := New(NewConfig(3, 4, 2))
+	if err != nil {
+		f.Fatal(err)
+	}
+	return m, reachableBy(m, 300, func(s *State) string { return string(stateBytes(s)) })
+}
+
+// outsideWords returns the first byte of s outside m's words that differs
+// from the base, or -1.
+func outsideWords(m *Model, s *State) int {
+	in := make([]bool, stateSize)
+	for _, sp := range m.spans() {
+		for i := sp.from &^ 7; i < min((sp.to+7)&^7, stateSize); i++ {
+			in[i] = true
+		}
+	}
+	cur, base := stateBytes(s), stateBytes(&encodingBase)
+	for i := range cur {
+		if !in[i] && cur[i] != base[i] {
+			return i
+		}
+	}
+	return -1
 }
 
 // fullMinimum is the canonical form by definition: the smallest encoding over

@@ -22,7 +22,8 @@ type Model struct {
 	nth     [MaxRequests][MaxRequests]int8
 	shared  []int8
 	classOf [MaxRequests]int8
-	live    []span // the bytes of State the configuration can change (encode.go)
+	live    []span     // the bytes of State the configuration can change (encode.go)
+	enc     *spanWords // live's words, as the encoding numbers them (encode.go)
 	// mutate, set only by this package's tests, wraps every step: it may change
 	// the state before and after calling step, to break the protocol on purpose
 	// and show that a property catches it.
@@ -65,6 +66,7 @@ func New(cfg Config) (*Model, error) {
 	m.nodes = nodeRenamings(cfg.NumPrefills(), cfg.NumDecodes())
 	m.chain = chains(&cfg)
 	m.live = liveSpans(&cfg)
+	m.enc = newSpanWords(m.live)
 	return m, nil
 }
 
