@@ -165,9 +165,7 @@ func (c *run[S, A]) wave(blocks []*block[S], outs []*expansion[S], next *frontie
 			return
 		}
 		s := i - len(outs)
-		for _, f := range c.waves[s].firsts {
-			c.seen.place(f.fp, num[f.g])
-		}
+		c.seen.placeAll(c.waves[s].firsts, num)
 	})
 	return c.collect(outs, ref, num, next, deadlocks, newBad)
 }
