@@ -22,8 +22,9 @@ type Model struct {
 	nth     [MaxRequests][MaxRequests]int8
 	shared  []int8
 	classOf [MaxRequests]int8
-	live    []span     // the bytes of State the configuration can change (encode.go)
-	enc     *spanWords // live's words, as the encoding numbers them (encode.go)
+	permAt  [1 << (permBits * MaxRequests)]int16 // the index in perms of each renaming, by permCode
+	live    []span                               // the bytes of State the configuration can change (encode.go)
+	enc     *spanWords                           // live's words, as the encoding numbers them (encode.go)
 	// mutate, set only by this package's tests, wraps every step: it may change
 	// the state before and after calling step, to break the protocol on purpose
 	// and show that a property catches it.
@@ -56,6 +57,9 @@ func New(cfg Config) (*Model, error) {
 	for r, c := range class {
 		m.nth[c][members[c]] = int8(r)
 		members[c]++
+	}
+	for i, p := range m.perms {
+		m.permAt[permCode(p)] = int16(i)
 	}
 	for r, c := range class {
 		m.classOf[r] = int8(c)
@@ -177,7 +181,10 @@ func (m *Model) appendCanonical(dst []byte, s *State, nodes []nodeRenaming) []by
 			// one renaming sorts by key, the ranks', found without trying
 			// every permutation.
 			if m.rankPerm(&keys, &rank) {
-				dst = m.keepLeast(dst, base, &best, s, renaming{req: rank[:len(m.class)], nodes: nr})
+				// The group's own slice: a slice of rank would move rank to
+				// the heap (an allocation per fingerprint).
+				p := m.perms[m.permAt[permCode(rank[:len(m.class)])]]
+				dst = m.keepLeast(dst, base, &best, s, renaming{req: p, nodes: nr})
 				continue
 			}
 		}
@@ -236,6 +243,21 @@ func (m *Model) rankPerm(keys *[MaxRequests]uint64, perm *[MaxRequests]int8) boo
 	}
 	return true
 }
+
+// permCode numbers a renaming of requests: permBits bits per request's new id.
+func permCode(perm []int8) int {
+	code := 0
+	for r, nw := range perm {
+		code |= int(nw&(1<<permBits-1)) << (permBits * r)
+	}
+	return code
+}
+
+// permBits is the bits of a request id in permCode.
+const permBits = 2
+
+// A request id fits permBits (the array's length is negative otherwise).
+var _ [1 - (MaxRequests-1)>>permBits]struct{}
 
 // identityPerm names every request by its own id.
 var identityPerm = func() (p [MaxRequests]int8) {
