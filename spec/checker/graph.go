@@ -102,11 +102,11 @@ func unreachableGoals(n int, r *reverse, goals []bitset, bad bitset, limit int) 
 		// The search starts from the states of the goals and the bad ones,
 		// found a word at a time.
 		for w := range words {
-			any := word(bad, w)
+			seeds := word(bad, w)
 			for _, g := range group {
-				any |= word(g, w)
+				seeds |= word(g, w)
 			}
-			for x := any; x != 0; x &= x - 1 {
+			for x := seeds; x != 0; x &= x - 1 {
 				s := w*64 + bits.TrailingZeros64(x)
 				b := uint64(1) << (s & 63)
 				m := uint8(0)
