@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"time"
 
 	"github.com/kvhandoff/kvhandoff/internal/research"
 	"github.com/kvhandoff/kvhandoff/linearizability"
@@ -14,8 +15,8 @@ const lincheckUsage = `usage: kvhandoff lincheck [flags]
 Records histories of the concurrent APIs (protocol.SharedReceiver, then
 protocol.SharedSender) from real runs of many goroutines, with --ops operations
 each, and checks them for linearizability with porcupine (docs/linearizability.md). Exit status 0 iff the history is linearizable; 1 if it
-is illegal (the path of an HTML visualization is printed) or the check timed out;
-2 on bad usage.
+is illegal (the path of an HTML visualization is printed) or the check ran past
+--timeout (unknown); 2 on bad usage.
 
 flags:
 `
@@ -28,12 +29,13 @@ func runLincheck(args []string, stdout, stderr io.Writer) int {
 	bug := fs.String("bug", "", "a concurrency switch to turn on: stale-status or split-acquire")
 	seed := fs.Uint64("seed", 1, "the workload's choices (the interleaving is the scheduler's)")
 	dir := fs.String("dir", "", "where to write the visualization (default: the temporary directory)")
+	timeout := fs.Duration("timeout", time.Minute, "how long each side's check may run before it is reported unknown (exit 1): a check starved of CPU needs more")
 	jsonOut := fs.Bool("json", false, "print exactly one JSON object on stdout")
 	if code := parseFlags(fs, args, stderr); code >= 0 {
 		return code
 	}
-	if *clients < 2 || *ops < 1 {
-		fmt.Fprintln(stderr, "kvhandoff lincheck: --clients must be at least 2 and --ops at least 1")
+	if *clients < 2 || *ops < 1 || *timeout <= 0 {
+		fmt.Fprintln(stderr, "kvhandoff lincheck: --clients must be at least 2, --ops at least 1 and --timeout positive")
 		return 2
 	}
 	sw, err := research.Parse(*bug)
@@ -41,7 +43,7 @@ func runLincheck(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "kvhandoff lincheck: %v\n", err)
 		return 2
 	}
-	cfg := linearizability.Config{Clients: *clients, Ops: *ops, Faults: *faults, Bugs: sw, Seed: *seed, Dir: *dir}
+	cfg := linearizability.Config{Clients: *clients, Ops: *ops, Faults: *faults, Bugs: sw, Seed: *seed, Dir: *dir, Timeout: *timeout}
 	r, err := linearizability.Run(cfg) // the receiver: its switches apply here
 	if err != nil {
 		fmt.Fprintf(stderr, "kvhandoff lincheck: %v\n", err)

@@ -216,6 +216,9 @@ func TestLincheckJSON(t *testing.T) {
 	if code, _, errOut := runCLI(t, "lincheck", "--bug", "eager-release-ish"); code != 2 || errOut == "" {
 		t.Fatalf("a bad switch: exit %d", code)
 	}
+	if code, _, errOut := runCLI(t, "lincheck", "--timeout", "0s"); code != 2 || !strings.Contains(errOut, "--timeout") {
+		t.Fatalf("a zero timeout: exit %d, %q", code, errOut)
+	}
 }
 
 func TestBenchTransferJSON(t *testing.T) {
