@@ -15,16 +15,16 @@ type Model struct {
 	perms [][]int8                           // request permutations that preserve the configuration: the symmetry group
 	nodes []nodeRenaming                     // renamings of the prefill nodes and of the decode nodes (every node of a role is alike): the identity first
 	chain [MaxRequests][MaxDecodePages]uint8 // each request's chain id per full page (prefix.go)
-	class []int                              // requests of equal class are interchangeable
-	// nth[c][k] is the k-th request, by id, of the class whose first request
-	// is c; shared lists the requests whose class has another request, and
-	// classOf is class as an array.
-	nth     [MaxRequests][MaxRequests]int8
-	shared  []int8
-	classOf [MaxRequests]int8
-	permAt  [1 << (permBits * MaxRequests)]int16 // the index in perms of each renaming, by permCode
-	live    []span                               // the bytes of State the configuration can change (encode.go)
-	enc     *spanWords                           // live's words, as the encoding numbers them (encode.go)
+	// class[r] is the first request of r's class: requests of a class are
+	// interchangeable. nth[c][k] is the k-th request, by id, of the class
+	// whose first request is c; shared lists the requests whose class has
+	// another request.
+	class  [MaxRequests]int8
+	nth    [MaxRequests][MaxRequests]int8
+	shared []int8
+	permAt [1 << (permBits * MaxRequests)]int16 // the index in perms of each renaming, by permCode
+	live   []span                               // the bytes of State the configuration can change (encode.go)
+	enc    *spanWords                           // live's words, as the encoding numbers them (encode.go)
 	// mutate, set only by this package's tests, wraps every step: it may change
 	// the state before and after calling step, to break the protocol on purpose
 	// and show that a property catches it.
@@ -52,7 +52,7 @@ func New(cfg Config) (*Model, error) {
 	for r := range sig {
 		class[r] = slices.Index(sig, sig[r])
 	}
-	m.perms, m.class = symmetries(class), class
+	m.perms = symmetries(class)
 	var members [MaxRequests]int
 	for r, c := range class {
 		m.nth[c][members[c]] = int8(r)
@@ -62,7 +62,7 @@ func New(cfg Config) (*Model, error) {
 		m.permAt[permCode(p)] = int16(i)
 	}
 	for r, c := range class {
-		m.classOf[r] = int8(c)
+		m.class[r] = int8(c)
 		if members[c] > 1 {
 			m.shared = append(m.shared, int8(r))
 		}
@@ -183,7 +183,7 @@ func (m *Model) appendCanonical(dst []byte, s *State, nodes []nodeRenaming) []by
 			if m.rankPerm(&keys, &rank) {
 				// The group's own slice: a slice of rank would move rank to
 				// the heap (an allocation per fingerprint).
-				p := m.perms[m.permAt[permCode(rank[:len(m.class)])]]
+				p := m.perms[m.permAt[permCode(rank[:len(m.cfg.Prompts)])]]
 				dst = m.keepLeast(dst, base, &best, s, renaming{req: p, nodes: nr})
 				continue
 			}
@@ -229,7 +229,7 @@ func (m *Model) rankPerm(keys *[MaxRequests]uint64, perm *[MaxRequests]int8) boo
 		rank := uint8(0)
 		for _, b := range m.shared {
 			b := uint8(b) % MaxRequests
-			if b == a || m.classOf[b] != m.classOf[a] {
+			if b == a || m.class[b] != m.class[a] {
 				continue
 			}
 			if keys[b] == keys[a] {
@@ -239,7 +239,7 @@ func (m *Model) rankPerm(keys *[MaxRequests]uint64, perm *[MaxRequests]int8) boo
 				rank++
 			}
 		}
-		perm[a] = m.nth[uint8(m.classOf[a])%MaxRequests][rank%MaxRequests]
+		perm[a] = m.nth[uint8(m.class[a])%MaxRequests][rank%MaxRequests]
 	}
 	return true
 }
@@ -432,10 +432,9 @@ func requestKey(q *Request, nr *nodeRenaming) uint64 {
 // sortsByKey reports whether renaming requests by perm lists each prompt
 // length's requests in nondecreasing key order.
 func (m *Model) sortsByKey(perm []int8, keys *[MaxRequests]uint64) bool {
-	prompts := m.class
-	for a := range prompts {
-		for b := range prompts {
-			if prompts[a] == prompts[b] && keys[a] < keys[b] && perm[a] > perm[b] {
+	for a := range m.cfg.Prompts {
+		for b := range m.cfg.Prompts {
+			if m.class[a] == m.class[b] && keys[a] < keys[b] && perm[a] > perm[b] {
 				return false
 			}
 		}
