@@ -21,7 +21,7 @@ func cpuPerOp(b *testing.B, start time.Duration) {
 // BenchmarkAppendState encodes a few hundred states, which stay in cache as
 // the state the checker has just generated does.
 func BenchmarkAppendState(b *testing.B) {
-	m, states := reachableB(b, NewConfig(3, 4, 2), 5000)
+	m, states := reachable(b, NewConfig(3, 4, 2), 5000)
 	states = states[len(states)-300:]
 	var buf []byte
 	b.ResetTimer()
@@ -33,7 +33,7 @@ func BenchmarkAppendState(b *testing.B) {
 }
 
 func BenchmarkDecodeState(b *testing.B) {
-	m, states := reachableB(b, NewConfig(3, 4, 2), 5000)
+	m, states := reachable(b, NewConfig(3, 4, 2), 5000)
 	var encs [][]byte
 	for i := range states {
 		encs = append(encs, m.AppendState(nil, &states[i]))
@@ -52,7 +52,7 @@ func BenchmarkDecodeState(b *testing.B) {
 // BenchmarkAppendFingerprint, like BenchmarkAppendState, works on states in
 // cache: the checker fingerprints the successor it has just generated.
 func BenchmarkAppendFingerprint(b *testing.B) {
-	m, states := reachableB(b, NewConfig(3, 4, 2), 5000)
+	m, states := reachable(b, NewConfig(3, 4, 2), 5000)
 	states = states[len(states)-300:]
 	var buf []byte
 	b.ResetTimer()
@@ -61,14 +61,6 @@ func BenchmarkAppendFingerprint(b *testing.B) {
 	for i := 0; b.Loop(); i++ {
 		buf = m.AppendFingerprint(buf[:0], &states[i%len(states)])
 	}
-}
-
-func reachableB(b *testing.B, cfg Config, limit int) (*Model, []State) {
-	m, err := New(cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	return m, reachableBy(m, limit, func(s *State) string { return string(stateBytes(s)) })
 }
 
 // BenchmarkCopyState compares copyState with the struct assignment it

@@ -40,11 +40,11 @@ func TestStateIsPlainData(t *testing.T) {
 }
 
 // reachable returns up to limit states reachable in cfg, breadth-first.
-func reachable(t *testing.T, cfg Config, limit int) (*Model, []State) {
-	t.Helper()
+func reachable(tb testing.TB, cfg Config, limit int) (*Model, []State) {
+	tb.Helper()
 	m, err := New(cfg)
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	return m, reachableBy(m, limit, func(s *State) string { return string(stateBytes(s)) })
 }
@@ -449,7 +449,7 @@ func TestDecodeRefusesMalformedEncodings(t *testing.T) {
 // only in its model's words; and a state decoded that keeps its queues'
 // slots past their messages empty encodes to bytes that decode to it.
 func FuzzDecodeState(f *testing.F) {
-	m, states := reachableForFuzz(f)
+	m, states := reachable(f, NewConfig(3, 4, 2), 300)
 	for i := range states {
 		f.Add(m.AppendState(nil, &states[i]))
 	}
@@ -471,14 +471,6 @@ func FuzzDecodeState(f *testing.F) {
 			t.Fatalf("%x: its state does not round-trip (%v)", b, err)
 		}
 	})
-}
-
-func reachableForFuzz(f *testing.F) (*Model, []State) {
-	m, err := New(NewConfig(3, 4, 2))
-	if err != nil {
-		f.Fatal(err)
-	}
-	return m, reachableBy(m, 300, func(s *State) string { return string(stateBytes(s)) })
 }
 
 // outsideWords returns the first byte of s outside m's words that differs

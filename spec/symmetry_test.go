@@ -106,23 +106,9 @@ func TestTheSpecIsSymmetricInItsNodes(t *testing.T) {
 	if testing.Short() {
 		limit, variantLimit = 500, 40
 	}
-	type variant struct {
-		name string
-		bugs Switches
-		mu   Mutation
-	}
-	variants := []variant{{name: "protocol"}}
-	for _, sw := range AllSwitches() {
-		variants = append(variants, variant{name: sw.String(), bugs: Switches(sw)})
-	}
-	for _, mu := range AllMutations() {
-		variants = append(variants, variant{name: mu.String(), mu: mu})
-	}
 	for name, base := range symmetricDeployments() {
-		for _, v := range variants {
-			cfg := base
-			cfg.Bugs, cfg.Mutation = v.bugs, v.mu
-			m, err := New(cfg)
+		for _, v := range everyStepVariant() {
+			m, err := New(v.of(base))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -143,6 +129,33 @@ func TestTheSpecIsSymmetricInItsNodes(t *testing.T) {
 			}
 		}
 	}
+}
+
+// stepVariant is the protocol's steps (name "protocol") or those under one
+// switch or one mutation.
+type stepVariant struct {
+	name string
+	bugs Switches
+	mu   Mutation
+}
+
+// everyStepVariant returns the protocol, then every switch, then every
+// mutation.
+func everyStepVariant() []stepVariant {
+	variants := []stepVariant{{name: "protocol"}}
+	for _, sw := range AllSwitches() {
+		variants = append(variants, stepVariant{name: sw.String(), bugs: Switches(sw)})
+	}
+	for _, mu := range AllMutations() {
+		variants = append(variants, stepVariant{name: mu.String(), mu: mu})
+	}
+	return variants
+}
+
+// of is cfg under v.
+func (v stepVariant) of(cfg Config) Config {
+	cfg.Bugs, cfg.Mutation = v.bugs, v.mu
+	return cfg
 }
 
 // reachableBy returns the first limit states a breadth-first search from m's
@@ -272,29 +285,16 @@ func TestUnchangedStepsChangeNothing(t *testing.T) {
 	}
 	onePair := withEveryFault(NewConfig(3, 4, 2))
 	deployments := map[string]Config{"one pair, every fault": onePair, "two by two, cache and rogue": symmetricDeployments()["prefix cache, rogue"]}
-	type variant struct {
-		bugs Switches
-		mu   Mutation
-	}
-	variants := []variant{{}}
-	for _, sw := range AllSwitches() {
-		variants = append(variants, variant{bugs: Switches(sw)})
-	}
-	for _, mu := range AllMutations() {
-		variants = append(variants, variant{mu: mu})
-	}
 	for name, base := range deployments {
 		handedBack := 0
-		for _, v := range variants {
-			cfg := base
-			cfg.Bugs, cfg.Mutation = v.bugs, v.mu
-			fast, err := New(cfg)
+		for _, v := range everyStepVariant() {
+			fast, err := New(v.of(base))
 			if err != nil {
 				t.Fatal(err)
 			}
 			stepped := fast.WithCoverage(&Coverage{})
 			n := limit
-			if v != (variant{}) {
+			if v.name != "protocol" {
 				n = limit / 10
 			}
 			for _, s := range reachableBy(fast, n, func(s *State) string { return string(fast.AppendFingerprint(nil, s)) }) {
