@@ -101,20 +101,23 @@ func unreachableGoals(n int, r *reverse, goals []bitset, bad bitset, limit int) 
 		clear(reach)
 		// The search starts from the states of the goals and the bad ones,
 		// found a word at a time.
+		var goalWords [goalsPerSearch]uint64
 		for w := range words {
-			seeds := word(bad, w)
-			for _, g := range group {
-				seeds |= word(g, w)
+			badWord := word(bad, w)
+			seeds := badWord
+			for i, g := range group {
+				goalWords[i] = word(g, w)
+				seeds |= goalWords[i]
 			}
 			for x := seeds; x != 0; x &= x - 1 {
 				s := w*64 + bits.TrailingZeros64(x)
 				b := uint64(1) << (s & 63)
 				m := uint8(0)
-				if word(bad, w)&b != 0 {
+				if badWord&b != 0 {
 					m = all
 				}
-				for i, g := range group {
-					if word(g, w)&b != 0 {
+				for i := range group {
+					if goalWords[i]&b != 0 {
 						m |= 1 << i
 					}
 				}
