@@ -188,11 +188,11 @@ func (x *sys) rogueBootstrap(r, d int) {
 	slot := freeSlot(x.s, d, c.DecodeSlots)
 	free := freePages(x.s, d, c.DecodePages)
 	rec := &x.s.Req[r].R
-	if t > c.DecodeLimit() || slot < 0 || len(free) < n || rec.Phase != RNone {
+	if t > c.DecodeLimit() || slot < 0 || free.n < n || rec.Phase != RNone {
 		return // refused for its size or for capacity, as a dispatched one would be
 	}
 	x.s.Req[r].D = int8(d)
-	for i, p := range free[:n] {
+	for i, p := range free.list()[:n] {
 		pg := &x.pool(r)[p]
 		pg.Epoch++
 		pg.Owner, pg.Quarantined = int8(r), false

@@ -225,7 +225,7 @@ type prefixPlan struct {
 	hit       [MaxDecodePages]int8
 	evict     [MaxDecodePages]int8
 	nevict    int
-	cands     []int8
+	cands     pageList
 	fresh     int
 	ok        bool
 	scopeMiss bool // a page of the chain was cached under another scope only
@@ -255,7 +255,7 @@ func (m *Model) plan(s *State, d, r int, b Msg, n int) prefixPlan {
 	}
 	pl.fresh = n - pl.k
 	pl.cands = free
-	if short := pl.fresh - len(free); short > 0 && m.cacheOn() {
+	if short := pl.fresh - free.n; short > 0 && m.cacheOn() {
 		// Least recently used first; the hit's own pages count as just used,
 		// pinned deepest first, so that the hit's root is the most recent
 		// (as takePrefix touches them). A doomed page is in no LRU order.
@@ -282,11 +282,13 @@ func (m *Model) plan(s *State, d, r int, b Msg, n int) prefixPlan {
 		slices.SortFunc(order, func(a, b int8) int { return rank(a) - rank(b) })
 		if len(order) >= short {
 			pl.nevict = copy(pl.evict[:], order[:short])
-			pl.cands = append(slices.Clone(free), order[:short]...)
-			slices.Sort(pl.cands)
+			for _, p := range order[:short] {
+				pl.cands.add(p)
+			}
+			slices.Sort(pl.cands.list())
 		}
 	}
-	pl.ok = len(pl.cands) >= pl.fresh
+	pl.ok = pl.cands.n >= pl.fresh
 	return pl
 }
 

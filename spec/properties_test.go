@@ -114,8 +114,8 @@ func TestNoSpuriousFailureCatchesACapacityCheckOffByOne(t *testing.T) {
 		m := mutant(t, exactlyFull(), func(a Action, s *State, step func()) {
 			hidden := int8(-1)
 			if h := s.QP[0][0].Head(); a.Kind == DecodeRecvQP && s.QP[0][0].N > 0 && h.Kind == MBootstrap {
-				if free := freePages(s, 0, 2); len(free) == (int(h.Tokens)+1)/2 {
-					hidden = free[0] // the check counts one page fewer than there is
+				if free := freePages(s, 0, 2); free.n == (int(h.Tokens)+1)/2 {
+					hidden = free.p[0] // the check counts one page fewer than there is
 					s.Pages[0][hidden].Owner = MaxRequests
 				}
 			}

@@ -763,7 +763,7 @@ func (m *Model) reservations(s *State, d int, h Msg) int {
 	}
 	count := 1
 	for i := 0; i < pl.fresh; i++ {
-		count *= len(pl.cands) - i
+		count *= pl.cands.n - i
 	}
 	return count
 }
@@ -771,11 +771,11 @@ func (m *Model) reservations(s *State, d int, h Msg) int {
 // onPair reports whether the request was routed to queue pair (p, d).
 func (q *Request) onPair(p, d int) bool { return q.Submitted && int(q.P) == p && int(q.D) == d }
 
-func freePages(s *State, d, n int) []int8 {
-	var out []int8
+func freePages(s *State, d, n int) pageList {
+	var out pageList
 	for p := 0; p < n; p++ {
 		if s.Pages[d][p].Owner == Free && !s.Pages[d][p].Cached {
-			out = append(out, int8(p))
+			out.add(int8(p))
 		}
 	}
 	return out
@@ -792,20 +792,46 @@ func freeSlot(s *State, d, n int) int8 {
 
 // nthTuple returns the choice-th ordered tuple of n distinct elements of free,
 // in lexicographic order of positions.
-func nthTuple(free []int8, n, choice int) []int8 {
-	pool := append([]int8(nil), free...)
-	out := make([]int8, 0, n)
+func nthTuple(free []int8, n, choice int) pageList {
+	var pool pageList
+	for _, p := range free {
+		pool.add(p)
+	}
+	var out pageList
 	for i := 0; i < n; i++ {
 		rest := 1
 		for j := i + 1; j < n; j++ {
-			rest *= len(pool) - 1 - (j - i - 1)
+			rest *= pool.n - 1 - (j - i - 1)
 		}
 		k := choice / rest
 		choice %= rest
-		out = append(out, pool[k])
-		pool = append(pool[:k], pool[k+1:]...)
+		out.add(pool.p[k])
+		pool.remove(k)
 	}
 	return out
+}
+
+// pageList is a list of page numbers, decode or prefill pages, held by
+// value: the steps that choose pages run for every transition the checker
+// explores, and a slice would be an allocation each.
+type pageList struct {
+	n int
+	p [max(MaxDecodePages, MaxPrefillPages)]int8
+}
+
+// list is the pages, in order.
+func (l *pageList) list() []int8 { return l.p[:l.n] }
+
+// add appends page p.
+func (l *pageList) add(p int8) {
+	l.p[l.n] = p
+	l.n++
+}
+
+// remove removes the k-th page.
+func (l *pageList) remove(k int) {
+	copy(l.p[k:l.n], l.p[k+1:l.n])
+	l.n--
 }
 
 // sys applies one step to a state. Its methods are the protocol of docs/protocol.md
@@ -1037,7 +1063,8 @@ func (x *sys) prefillIntake(r, choice int) {
 		}
 	}
 	if c.AnySourcePages && len(got) >= pages {
-		got = nthTuple(got, pages, choice)
+		tuple := nthTuple(got, pages, choice)
+		got = append(got[:0], tuple.list()...)
 	}
 	if q := &x.s.Req[r]; x.s.Fenced[q.P][q.D] || x.s.QPInc[q.P][q.D] != x.s.Inc[q.P] || x.s.PQPInc[q.P][q.D] != q.DInc || x.s.Severed[q.D] {
 		// The queue pair to the chosen decode node was cut for good when
@@ -1463,7 +1490,7 @@ func (x *sys) reserve(r int, b Msg, choice int) {
 		return
 	}
 	x.hit(DecodeReserve)
-	if len(pl.cands) == pl.fresh {
+	if pl.cands.n == pl.fresh {
 		x.hit(DecodeExactlyFull)
 	}
 	for q := range c.Prompts {
@@ -1474,7 +1501,8 @@ func (x *sys) reserve(r int, b Msg, choice int) {
 	}
 	x.takePrefix(r, d, &pl)
 	reused := false
-	for j, p := range nthTuple(pl.cands, pl.fresh, choice) {
+	fresh := nthTuple(pl.cands.list(), pl.fresh, choice)
+	for j, p := range fresh.list() {
 		pg := &x.pool(r)[p]
 		reused = reused || pg.Epoch > 0
 		pg.Epoch++

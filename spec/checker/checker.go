@@ -767,22 +767,30 @@ func (c *run[S, A]) rebuild(at stateRef) ([]Step[S, A], error) {
 		k = 1
 	}
 	cur := trace[k-1].State
-	var next S // outside the loop: the closure below makes it escape, one allocation a rebuild
+	// What the closure below finds, declared once: the closure makes it
+	// escape, one allocation a rebuild rather than one a step (the defense
+	// matrix rebuilds hundreds of thousands of traces).
+	var pick struct {
+		next    S
+		action  A
+		n, want int
+		ok      bool
+	}
+	take := func(a A, s *S) {
+		if pick.n == pick.want {
+			pick.next, pick.action, pick.ok = *s, a, true
+		}
+		pick.n++
+	}
 	for i, want := range choices[k:] {
 		i += k - 1
-		var action A
-		n, ok := 0, false
-		c.m.Successors(&cur, func(a A, s *S) {
-			if n == want {
-				next, action, ok = *s, a, true
-			}
-			n++
-		})
-		if !ok || !check(i+1, &next) {
+		pick.n, pick.want, pick.ok = 0, want, false
+		c.m.Successors(&cur, take)
+		if !pick.ok || !check(i+1, &pick.next) {
 			return nil, ErrNondeterministic
 		}
-		cur = next
-		trace = append(trace, Step[S, A]{Action: action, State: cur})
+		cur = pick.next
+		trace = append(trace, Step[S, A]{Action: pick.action, State: cur})
 	}
 	c.last, c.lastChoices, c.lastKept = trace, append(c.lastChoices[:0], choices...), false
 	return trace, nil

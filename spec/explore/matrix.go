@@ -247,7 +247,7 @@ func needing(cfg spec.Config) (func(checker.Violation[spec.State, spec.Action]) 
 			if err != nil {
 				return nil, err
 			}
-			without = append(without, &replayer{m: mw, reach: map[string]bool{}})
+			without = append(without, newReplayer(mw))
 		}
 	}
 	var mu sync.Mutex // the checker may offer candidates from its workers
@@ -274,84 +274,136 @@ type replayer struct {
 	dead    bool // the last replay's final action was not enabled
 	// reach remembers, by goal and state, whether the goal is reachable
 	// from the state without faults (liveness candidates).
-	reach map[string]bool
+	reach map[reachKey]bool
 	buf   []byte
-	// next is the successor a replay looks for: a field, not a local the
-	// closure would move to the heap (a 2 KB State an action, millions of
-	// actions in the matrix's most filtered combinations).
-	next spec.State
+	// A replay step looks for the action want among the successors with
+	// pick, which sets next and found: fields and a closure made once, not
+	// locals a closure would move to the heap (a 3.4 KB State an action,
+	// millions of actions in the matrix's most filtered combinations).
+	want  spec.Action
+	next  spec.State
+	found bool
+	pick  func(a spec.Action, n *spec.State)
+	search
 }
 
-// reachKey is the key of reach for goal g and state s.
-func (r *replayer) reachKey(g spec.Goal, s *spec.State) string {
-	r.buf = r.m.AppendFingerprint(append(append(r.buf[:0], g.Name...), 0), s)
-	return string(r.buf)
+// search is goalReachable's depth-first search, kept between searches so
+// that one allocates nothing once they have grown: a search visits up to
+// hundreds of thousands of states, and the matrix's most filtered
+// combinations run hundreds of thousands of searches (with a slice of
+// successors and a string key allocated per state, the collector took more
+// CPU than the searches).
+type search struct {
+	visited  map[checker.Fingerprint]struct{}
+	frames   []frame
+	pending  []spec.State // the frames' successors not yet searched, the top frame's last
+	cur      spec.State   // the state being pushed, copied out of pending
+	keep     func(a spec.Action, n *spec.State)
+	searched int // how many states the searches pushed (tests)
 }
 
-// goalReachable reports whether g is reachable from s without faults: a
-// depth-first search that stops at a state known either way. When it finds
-// the goal, every state on its stack reaches it; when it does not, no state
-// it visited does (it explored their whole closure). Both are remembered,
-// so the candidates of one exploration, which share most of their futures,
-// search each state about once.
-func (r *replayer) goalReachable(g spec.Goal, s *spec.State) bool {
-	if ok, known := r.reach[r.reachKey(g, s)]; known {
+// frame is a state on the search's stack; its successors not yet searched
+// are pending[from:] while it is on top.
+type frame struct {
+	fp   checker.Fingerprint
+	from int
+}
+
+// reachKey names a goal, by its index in spec.Goals, and a state, by its
+// fingerprint: keys of a few bytes (not the encodings) that the collector
+// need not scan, taking the checker's own assumption that two states with
+// the same fingerprint are the same state.
+type reachKey struct {
+	goal int
+	fp   checker.Fingerprint
+}
+
+// newReplayer returns a replayer for m.
+func newReplayer(m *spec.Model) *replayer {
+	r := &replayer{m: m, reach: map[reachKey]bool{}}
+	r.visited = map[checker.Fingerprint]struct{}{}
+	r.pick = func(a spec.Action, n *spec.State) {
+		if !r.found && a == r.want {
+			r.next, r.found = *n, true
+		}
+	}
+	r.keep = func(a spec.Action, n *spec.State) {
+		if !a.IsFault() {
+			r.pending = append(r.pending, *n)
+		}
+	}
+	return r
+}
+
+// fingerprint is s's fingerprint in r's model.
+func (r *replayer) fingerprint(s *spec.State) checker.Fingerprint {
+	r.buf = r.m.AppendFingerprint(r.buf[:0], s)
+	return checker.FingerprintOf(r.buf)
+}
+
+// maxReach bounds reach: it is cleared when it holds this many answers (a
+// bound on memory, not on the answers: about 50 MB).
+const maxReach = 1 << 20
+
+// goalReachable reports whether goal g (spec.Goals[g]) is reachable from s
+// without faults: a depth-first search that stops at a state known either
+// way. When it finds the goal, every state on its stack reaches it; when it
+// does not, no state it visited does (it explored their whole closure). Both
+// are remembered, so the candidates of one exploration, which share most of
+// their futures, search each state about once.
+func (r *replayer) goalReachable(g int, s *spec.State) bool {
+	if ok, known := r.reach[reachKey{g, r.fingerprint(s)}]; known {
 		return ok
 	}
-	if len(r.reach) >= 1<<18 {
-		clear(r.reach) // a bound on memory, not on the answers
+	if len(r.reach) >= maxReach {
+		clear(r.reach)
 	}
-	type frame struct {
-		key  string
-		next []spec.State // successors not yet searched
-	}
-	visited := map[string]bool{}
-	var stack []frame
-	// push reports whether st settles the search: the goal, or a state
-	// known to reach it; otherwise it is searched, unless known not to
-	// reach it or already visited.
-	push := func(st *spec.State) bool {
-		key := r.reachKey(g, st)
-		if ok, known := r.reach[key]; known {
-			return ok
-		}
-		if visited[key] {
-			return false
-		}
-		visited[key] = true
-		if g.Reached(r.m, st) {
-			r.reach[key] = true
-			return true
-		}
-		f := frame{key: key}
-		r.m.Successors(st, func(a spec.Action, n *spec.State) {
-			if !a.IsFault() {
-				f.next = append(f.next, *n)
-			}
-		})
-		stack = append(stack, f)
-		return false
-	}
-	found := push(s)
-	for !found && len(stack) > 0 {
-		top := &stack[len(stack)-1]
-		if len(top.next) == 0 {
-			stack = stack[:len(stack)-1]
+	clear(r.visited)
+	r.frames, r.pending = r.frames[:0], r.pending[:0]
+	r.cur = *s
+	found := r.push(g)
+	for !found && len(r.frames) > 0 {
+		if top := &r.frames[len(r.frames)-1]; len(r.pending) == top.from {
+			r.frames = r.frames[:len(r.frames)-1]
 			continue
 		}
-		n := top.next[len(top.next)-1]
-		top.next = top.next[:len(top.next)-1]
-		found = push(&n)
+		r.cur = r.pending[len(r.pending)-1]
+		r.pending = r.pending[:len(r.pending)-1]
+		found = r.push(g)
 	}
 	if found {
-		for _, f := range stack {
-			r.reach[f.key] = true
+		for _, f := range r.frames {
+			r.reach[reachKey{g, f.fp}] = true
 		}
 		return true
 	}
-	for key := range visited {
-		r.reach[key] = false
+	for fp := range r.visited {
+		r.reach[reachKey{g, fp}] = false
 	}
+	return false
+}
+
+// push looks at r.cur and reports whether it settles the search: the goal,
+// or a state known to reach it. Otherwise it is searched (its successors
+// without faults pending, on a new frame), unless it is known not to reach
+// the goal or was visited already.
+func (r *replayer) push(g int) bool {
+	st := &r.cur
+	fp := r.fingerprint(st)
+	if ok, known := r.reach[reachKey{g, fp}]; known {
+		return ok
+	}
+	if _, seen := r.visited[fp]; seen {
+		return false
+	}
+	r.visited[fp] = struct{}{}
+	r.searched++
+	if spec.Goals[g].Reached(r.m, st) {
+		r.reach[reachKey{g, fp}] = true
+		return true
+	}
+	r.frames = append(r.frames, frame{fp: fp, from: len(r.pending)})
+	r.m.Successors(st, r.keep)
 	return false
 }
 
@@ -371,16 +423,11 @@ func (r *replayer) stillViolates(v checker.Violation[spec.State, spec.Action]) b
 		r.states = append(r.states, r.m.Initial()[0])
 	}
 	r.actions, r.states, r.dead = r.actions[:k], r.states[:k+1], false
-	for _, st := range steps[k:] {
-		cur := &r.states[len(r.states)-1]
-		found := false
-		r.m.Successors(cur, func(a spec.Action, n *spec.State) {
-			if !found && a == st.Action {
-				r.next, found = *n, true
-			}
-		})
-		r.actions = append(r.actions, st.Action)
-		if !found {
+	for i := k; i < len(steps); i++ {
+		r.want, r.found = steps[i].Action, false
+		r.m.Successors(&r.states[len(r.states)-1], r.pick)
+		r.actions = append(r.actions, r.want)
+		if !r.found {
 			r.dead = true
 			return false
 		}
@@ -398,8 +445,8 @@ func (r *replayer) stillViolates(v checker.Violation[spec.State, spec.Action]) b
 		// A deadlock is reported as Termination: without the switch, the
 		// question is whether Termination can still be reached, not whether the
 		// state is literally stuck (another request may still move).
-		for _, g := range spec.Goals {
-			if g.Name == v.Property {
+		for g := range spec.Goals {
+			if spec.Goals[g].Name == v.Property {
 				return !r.goalReachable(g, cur)
 			}
 		}

@@ -1,0 +1,121 @@
+package explore
+
+import (
+	"testing"
+
+	"github.com/kvhandoff/kvhandoff/spec"
+	"github.com/kvhandoff/kvhandoff/spec/checker"
+)
+
+// reachesGoal is the definition goalReachable remembers its answers for: a
+// breadth-first search from s over actions without faults, with nothing kept
+// between calls.
+func reachesGoal(m *spec.Model, g spec.Goal, s *spec.State) bool {
+	seen := map[checker.Fingerprint]bool{}
+	queue := []spec.State{*s}
+	for len(queue) > 0 {
+		st := queue[0]
+		queue = queue[1:]
+		fp := checker.FingerprintOf(m.AppendFingerprint(nil, &st))
+		if seen[fp] {
+			continue
+		}
+		seen[fp] = true
+		if g.Reached(m, &st) {
+			return true
+		}
+		m.Successors(&st, func(a spec.Action, n *spec.State) {
+			if !a.IsFault() {
+				queue = append(queue, *n)
+			}
+		})
+	}
+	return false
+}
+
+// goalTestStates returns up to limit states of m, breadth first, for the
+// filter's tests: states a switched-off replay may end in.
+func goalTestStates(m *spec.Model, limit int) []spec.State {
+	seen := map[checker.Fingerprint]bool{}
+	queue := m.Initial()
+	var out []spec.State
+	for len(queue) > 0 && len(out) < limit {
+		st := queue[0]
+		queue = queue[1:]
+		fp := checker.FingerprintOf(m.AppendFingerprint(nil, &st))
+		if seen[fp] {
+			continue
+		}
+		seen[fp] = true
+		out = append(out, st)
+		m.Successors(&st, func(_ spec.Action, n *spec.State) { queue = append(queue, *n) })
+	}
+	return out
+}
+
+// The matrix's filter answers "is the goal still reachable" from memory
+// (every state a search settles, either way, and the stack of one that
+// finds the goal): the answers must be the definition's, for both goals, on
+// states where it is and where it is not, and asked again from memory.
+func TestGoalReachableMatchesTheDefinition(t *testing.T) {
+	cfg := spec.DefaultConfig()
+	cfg.MaxFaults = 2
+	cfg.Bugs = bugs(t, "leak-on-cancel")
+	m, err := spec.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	states := goalTestStates(m, 1500)
+	r := newReplayer(m)
+	answers := map[bool]int{}
+	for g, goal := range spec.Goals {
+		want := make([]bool, len(states))
+		for i := range states {
+			want[i] = reachesGoal(m, goal, &states[i])
+			answers[want[i]]++
+		}
+		for round := range 2 {
+			before := r.searched
+			for i := range states {
+				if got := r.goalReachable(g, &states[i]); got != want[i] {
+					t.Fatalf("%s from state %d (round %d): goalReachable says %v, the definition %v", goal.Name, i, round, got, want[i])
+				}
+			}
+			if round == 1 && r.searched != before {
+				t.Errorf("%s: asked again, the searches pushed %d more states; every answer should be remembered", goal.Name, r.searched-before)
+			}
+		}
+	}
+	// leak-on-cancel leaks pages: NoLeak is out of reach from some states.
+	if answers[true] == 0 || answers[false] == 0 {
+		t.Fatalf("the states must include both answers, got %v", answers)
+	}
+}
+
+// A search reuses its stack, its pending successors and its visited set:
+// once they have grown, a search allocates nothing (before, a slice of
+// successors and a string key per state made the collector cost more than
+// the searches).
+func TestGoalReachableDoesNotAllocate(t *testing.T) {
+	cfg := spec.DefaultConfig()
+	cfg.MaxFaults = 2
+	cfg.Bugs = bugs(t, "leak-on-cancel")
+	m, err := spec.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	states := goalTestStates(m, 200)
+	r := newReplayer(m)
+	search := func() {
+		for g := range spec.Goals {
+			for i := range states {
+				clear(r.reach) // search again, not from memory
+				r.goalReachable(g, &states[i])
+			}
+		}
+	}
+	search() // grow
+	if n := testing.AllocsPerRun(3, search); n > 0 {
+		t.Fatalf("%v allocations per %d searches, want none", n, len(spec.Goals)*len(states))
+	}
+}
