@@ -38,7 +38,7 @@ incident="admit-finished,no-token-check,no-tag-check"
 { echo '```'; output check --bug "$incident"; echo '```'; } | fill docs/incident.md incident-trace
 { echo '```mermaid'; output check --bug "$incident" --trace-format mermaid | sed -n '/^sequenceDiagram/,$p'; echo '```'; } | fill docs/incident.md incident-mermaid
 # KVH_MATRIX: a file holding the output of `kvhandoff check --matrix` from this commit
-# (CI passes the one it just computed; the matrix takes a minute and a half).
+# (CI passes the one it just computed; the matrix takes about 5 minutes of 2 cores).
 if [ -n "${KVH_MATRIX:-}" ]; then
   { echo '```'; grep -v -E '^[0-9]+ explorations in ' "$KVH_MATRIX" | trim; echo '```'; } | fill docs/spec.md matrix
 else
