@@ -1,12 +1,12 @@
 package model
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -141,6 +141,16 @@ type Refinement struct {
 	dec    []*decodeEnd
 	pairs  [][]*pairEnd // [prefill][decode]
 	size   int
+
+	// step's look at the spec's successors that match its action (see
+	// step), with a closure made once: how many there are, and the first,
+	// or with matchKeep set the first that matchKeep accepts.
+	matchAction  spec.Action
+	matches      int
+	matchKeep    func(r int, n *spec.State) bool
+	matchFound   bool
+	match        spec.State
+	collectMatch func(b spec.Action, n *spec.State)
 
 	srcPages [spec.MaxRequests][]uint32
 	// computed is how many of each request's pages its engine has computed
@@ -324,6 +334,25 @@ func NewRefinementWith(cfg spec.Config, bugs research.Switches) (*Refinement, er
 	}
 	const size = 64
 	h := &Refinement{m: m, cfg: cfg, s: m.Initial()[0], size: size, sums: map[uint64]spec.Label{}, bugs: bugs}
+	h.collectMatch = func(b spec.Action, n *spec.State) {
+		// The action itself, or any of the spec's choices that the
+		// implementation makes itself (a reservation's pages, an intake's
+		// source pages).
+		a := h.matchAction
+		if !(b == a || a.Kind == spec.DecodeRecvQP && b.Kind == spec.DecodeRecvQP && b.Req == a.Req ||
+			a.Kind == spec.PrefillRecv && b.Kind == spec.PrefillRecv && b.Arg&255 == a.Arg) {
+			return
+		}
+		switch {
+		case h.matchKeep == nil:
+			if h.matches == 0 {
+				h.match = *n
+			}
+			h.matches++
+		case !h.matchFound && h.matchKeep(int(a.Req), n):
+			h.match, h.matchFound = *n, true
+		}
+	}
 	if err := h.chains(); err != nil {
 		return nil, err
 	}
@@ -494,24 +523,49 @@ func (h *Refinement) fill(dst []byte, l spec.Label) {
 // bytesOf is the payload a label names: the first bytes say whose KV it is.
 func (h *Refinement) bytesOf(l spec.Label) []byte {
 	b := make([]byte, h.size)
-	b[0], b[1] = byte(l.Req), byte(l.Index)
-	for j := 2; j < len(b); j++ {
-		b[j] = byte(int(l.Req)*31 + int(l.Index)*7 + j)
-	}
-	if l.Corrupt {
-		b[len(b)/2] ^= 0x40
+	for j := range b {
+		b[j] = payloadByte(l, j, len(b))
 	}
 	return b
+}
+
+// payloadByte is byte j of the size bytes bytesOf writes for l.
+func payloadByte(l spec.Label, j, size int) byte {
+	v := byte(int(l.Req)*31 + int(l.Index)*7 + j)
+	switch j {
+	case 0:
+		v = byte(l.Req)
+	case 1:
+		v = byte(l.Index)
+	}
+	if l.Corrupt && j == size/2 {
+		v ^= 0x40
+	}
+	return v
+}
+
+// holdsLabel reports whether b is the payload of l, as bytesOf writes it,
+// without writing it: views read every page at every step.
+func (h *Refinement) holdsLabel(b []byte, l spec.Label) bool {
+	if len(b) != h.size {
+		return false
+	}
+	for j, v := range b {
+		if v != payloadByte(l, j, len(b)) {
+			return false
+		}
+	}
+	return true
 }
 
 // labelOf reads a payload back as a label.
 func (h *Refinement) labelOf(b []byte) string {
 	l := spec.Label{Req: int8(b[0]), Index: int8(b[1])}
-	if bytes.Equal(b, h.bytesOf(l)) {
+	if h.holdsLabel(b, l) {
 		return l.String()
 	}
 	l.Corrupt = true
-	if bytes.Equal(b, h.bytesOf(l)) {
+	if h.holdsLabel(b, l) {
 		return l.String()
 	}
 	return fmt.Sprintf("bytes %x...", b[:4])
@@ -642,14 +696,15 @@ func (h *Refinement) postsEnabled() map[spec.Action]bool {
 // is the one the implementation's choice matches, the messages the spec sent
 // are handed from the Senders' backlogs to the wires, and the views compared.
 func (h *Refinement) step(a spec.Action) error {
-	var next []spec.State
-	h.m.Successors(&h.s, func(b spec.Action, n *spec.State) {
-		if b == a || a.Kind == spec.DecodeRecvQP && b.Kind == spec.DecodeRecvQP && b.Req == a.Req ||
-			a.Kind == spec.PrefillRecv && b.Kind == spec.PrefillRecv && b.Arg&255 == a.Arg {
-			next = append(next, *n)
-		}
-	})
-	if len(next) == 0 {
+	// The spec's successors that match a are counted, and the first kept,
+	// before the implementation acts. Where there are several (the pages
+	// of a reservation, the source pages of an intake: choices the pools
+	// make), the one that matches the implementation's choice is found
+	// after it acted, by a second look: copying every choice (up to 120
+	// States of 3.4 KB for 3 pages of 6) was a tenth of a walk's CPU.
+	h.matchAction, h.matches, h.matchKeep = a, 0, nil
+	h.m.Successors(&h.s, h.collectMatch)
+	if h.matches == 0 {
 		return fmt.Errorf("model: %v is not enabled", a)
 	}
 	h.Trace = append(h.Trace, a.String())
@@ -663,34 +718,26 @@ func (h *Refinement) step(a spec.Action) error {
 	if err := h.apply(a, &popped); err != nil {
 		return err
 	}
-	chosen := next[0]
-	switch {
-	case len(next) > 1 && a.Kind == spec.PrefillRecv: // an intake: the spec state whose source pages are the pool's
-		chosen = spec.State{}
+	if h.matches > 1 {
 		r := int(a.Req)
-		for _, n := range next {
-			if h.sourceMatches(r, &n) {
-				chosen = n
-				break
-			}
+		h.matchKeep = h.grantMatches // a reservation: the spec state whose pages are the pool's
+		if a.Kind == spec.PrefillRecv {
+			h.matchKeep = h.sourceMatches // an intake: the spec state whose source pages are the pool's
 		}
-		if !chosen.Req[r].S.SrcHeld {
+		h.matchFound = false
+		h.m.Successors(&h.s, h.collectMatch)
+		h.matchKeep = nil
+		if !h.matchFound {
+			h.match = spec.State{}
+		}
+		switch {
+		case a.Kind == spec.PrefillRecv && !h.match.Req[r].S.SrcHeld:
 			return fmt.Errorf("%w after %v: the pool took source pages %v, which no spec choice takes", ErrRefinement, a, h.srcPages[r])
-		}
-	case len(next) > 1: // a reservation: the spec state whose pages are the pool's
-		chosen = spec.State{}
-		r := int(a.Req)
-		for _, n := range next {
-			if h.grantMatches(r, &n) {
-				chosen = n
-				break
-			}
-		}
-		if !chosen.Req[r].R.Phase.Live() {
+		case a.Kind != spec.PrefillRecv && !h.match.Req[r].R.Phase.Live():
 			return fmt.Errorf("%w after %v: the pool reserved pages no spec choice reserves: %v", ErrRefinement, a, h.grantOf(r))
 		}
 	}
-	h.s = chosen
+	h.s = h.match
 	if h.s.Overflow {
 		return fmt.Errorf("%w after %v (queue bound %d)", ErrOutOfBounds, a, h.cfg.QueueBound())
 	}
@@ -1540,12 +1587,77 @@ func refKeys(protocol.PeerID) *protocol.TagKey { return refKey }
 // then do views name nodes.
 func multi(cfg spec.Config) bool { return cfg.NumPrefills()*cfg.NumDecodes() > 1 }
 
+// viewSize is the room a view's builder starts with: enough for the views
+// of the tests' deployments (a one-pair deployment's take 0.5 to 1 KB, a
+// 2x2 one's up to 1.8 KB), instead of growing by doublings.
+const viewSize = 2048
+
 // pageName is how a view names page p of decode node d.
 func pageName(cfg spec.Config, d, p int) string {
 	if !multi(cfg) {
-		return fmt.Sprintf("page %d", p)
+		return "page " + strconv.Itoa(p)
 	}
-	return fmt.Sprintf("page d%d/%d", d, p)
+	return "page d" + strconv.Itoa(d) + "/" + strconv.Itoa(p)
+}
+
+// The views are written without fmt where they are long: a refinement walk
+// writes two views a step (with fmt, half of the refinement tests' CPU).
+
+// writePageLine writes a view's line for page p of decode node d.
+func writePageLine(b *strings.Builder, cfg spec.Config, d, p int, owner string, epoch uint64, quarantined bool, holds, tag string) {
+	b.WriteString(pageName(cfg, d, p))
+	b.WriteString(": ")
+	b.WriteString(owner)
+	b.WriteString(" epoch ")
+	b.WriteString(strconv.FormatUint(epoch, 10))
+	b.WriteString(" quarantined ")
+	b.WriteString(strconv.FormatBool(quarantined))
+	b.WriteString(" holds ")
+	b.WriteString(holds)
+	b.WriteString(" tag ")
+	b.WriteString(tag)
+	b.WriteString("\n")
+}
+
+// tagName is how a view names a tag record: its request, index and epoch,
+// and the label its sum is of.
+func tagName(req string, index int64, epoch uint64, sum string) string {
+	return req + "[" + strconv.FormatInt(index, 10) + "]@" + strconv.FormatUint(epoch, 10) + " sum " + sum
+}
+
+// reqName is how a view names request r (an owner, a tag's request).
+func reqName(r int) string { return "r" + strconv.Itoa(r) }
+
+// writeRequestHead writes the start of a view's line for request r: its
+// client outcome and reason, and its sender's and receiver's states.
+func writeRequestHead(b *strings.Builder, r int, inc string, o spec.Outcome, why spec.Reason, sender, receiver string) {
+	b.WriteString(reqName(r))
+	b.WriteString(inc)
+	b.WriteString(": ")
+	b.WriteString(o.String())
+	b.WriteString(" ")
+	b.WriteString(why.String())
+	b.WriteString(" | sender ")
+	b.WriteString(sender)
+	b.WriteString(" | receiver ")
+	b.WriteString(receiver)
+	b.WriteString(" | grant")
+}
+
+// writePageRef writes a granted page of a request's line.
+func writePageRef(b *strings.Builder, page int64, epoch uint64) {
+	b.WriteString(" ")
+	b.WriteString(strconv.FormatInt(page, 10))
+	b.WriteString("@")
+	b.WriteString(strconv.FormatUint(epoch, 10))
+}
+
+// writeSource writes the i-th source page of a request's line.
+func writeSource(b *strings.Builder, i int, label string) {
+	b.WriteString(" ")
+	b.WriteString(strconv.Itoa(i))
+	b.WriteString(":")
+	b.WriteString(label)
 }
 
 // pairName is how a view names queue pair (p, d) and its state: the
@@ -1577,7 +1689,7 @@ func incName(cfg spec.Config, dinc uint64) string {
 	if !cfg.DecodeRestarts {
 		return ""
 	}
-	return fmt.Sprintf("@dinc%d", dinc)
+	return "@dinc" + strconv.FormatUint(dinc, 10)
 }
 
 // View is the implementation's state in the spec's terms: per request the
@@ -1586,6 +1698,7 @@ func incName(cfg spec.Config, dinc uint64) string {
 // content and tag record; each queue pair's content in order.
 func (h *Refinement) View() string {
 	var b strings.Builder
+	b.Grow(viewSize)
 	for r := range h.cfg.Prompts {
 		o, why := h.clientView(r)
 		sp := h.senderView(r)
@@ -1595,7 +1708,7 @@ func (h *Refinement) View() string {
 		if st == protocol.ReceiverNone || h.refused[r] && st == protocol.ReceiverTombstone {
 			rp = "-" // never bootstrapped, or refused at intake (a later cancel leaves a tombstone)
 		}
-		fmt.Fprintf(&b, "r%d%s: %v %v | sender %s | receiver %s | grant", r, incName(h.cfg, h.routedInc[r]), o, why, sp, rp)
+		writeRequestHead(&b, r, incName(h.cfg, h.routedInc[r]), o, why, sp, rp)
 		if rp != "-" && st != protocol.ReceiverTombstone {
 			refs := h.granted[r]
 			if h.cfg.PrefixCache > 0 {
@@ -1604,7 +1717,7 @@ func (h *Refinement) View() string {
 				fmt.Fprintf(&b, " prefix %d:", len(prefix))
 			}
 			for _, ref := range refs {
-				fmt.Fprintf(&b, " %d@%d", ref.Page, ref.Epoch)
+				writePageRef(&b, int64(ref.Page), ref.Epoch)
 			}
 		}
 		if h.readLabels[r] != nil {
@@ -1614,7 +1727,7 @@ func (h *Refinement) View() string {
 		if pe := h.pre[p]; h.gone[r] == "" && !pe.crashed && sp != "-" {
 			for i, pg := range h.srcPages[r] {
 				if pool := pe.snd.Pool(); pool.Holds(id(r), protocol.PageRef{Page: pg, Epoch: pool.Epoch(pg)}) {
-					fmt.Fprintf(&b, " %d:%s", i, h.labelOf(pe.src.Payload(uint32(pg))))
+					writeSource(&b, i, h.labelOf(pe.src.Payload(uint32(pg))))
 				}
 			}
 		}
@@ -1630,7 +1743,7 @@ func (h *Refinement) View() string {
 			owner, quarantined, free := pool.Owner(uint32(p))
 			o := "free"
 			if !free {
-				o = fmt.Sprintf("r%d", int(owner)-1)
+				o = reqName(int(owner) - 1)
 			}
 			if e, ok := pool.Entry(uint32(p)); ok {
 				chain, known := h.chainID[e.Hash]
@@ -1647,14 +1760,13 @@ func (h *Refinement) View() string {
 				t, err = tagFields(de.dst.TagRecord(uint32(p))), nil
 			}
 			if err == nil {
-				req := fmt.Sprintf("r%d", int(t.Request)-1)
+				req := reqName(int(t.Request) - 1)
 				if t.Request == tenantID {
 					req = "tenant"
 				}
-				tag = fmt.Sprintf("%s[%d]@%d sum %v", req, t.Index, t.Epoch, h.sums[t.Sum])
+				tag = tagName(req, int64(t.Index), t.Epoch, h.sums[t.Sum].String())
 			}
-			fmt.Fprintf(&b, "%s: %s epoch %d quarantined %v holds %s tag %s\n", pageName(h.cfg, d, p), o, pool.Epoch(uint32(p)), quarantined,
-				h.labelOf(de.dst.Payload(uint32(p))), tag)
+			writePageLine(&b, h.cfg, d, p, o, pool.Epoch(uint32(p)), quarantined, h.labelOf(de.dst.Payload(uint32(p))), tag)
 		}
 	}
 	for p := range h.pre {
@@ -1725,6 +1837,7 @@ func writeRouterQueue(b *strings.Builder, name string, node, of int, msgs []spec
 // SpecView is View for a spec state.
 func SpecView(cfg spec.Config, s *spec.State) string {
 	var b strings.Builder
+	b.Grow(viewSize)
 	for r := range cfg.Prompts {
 		q := &s.Req[r]
 		sp := q.S.Phase.String()
@@ -1742,13 +1855,13 @@ func SpecView(cfg spec.Config, s *spec.State) string {
 		if q.R.Phase == spec.RNone || q.R.Phase == spec.RRejected || q.R.Phase == spec.RClosed && q.R.Reason == spec.NoCapacity && q.R.N == 0 {
 			rp = "-" // decode's intake refused it (over its limit, or no room): it keeps no record
 		}
-		fmt.Fprintf(&b, "r%d%s: %v %v | sender %s | receiver %s | grant", r, incName(cfg, uint64(q.DInc)), q.Outcome, why, sp, rp)
+		writeRequestHead(&b, r, incName(cfg, uint64(q.DInc)), q.Outcome, why, sp, rp)
 		if rp != "-" && q.R.Phase != spec.RTombstone {
 			if cfg.PrefixCache > 0 {
 				fmt.Fprintf(&b, " prefix %d:", q.R.Prefix)
 			}
 			for i := 0; i < int(q.R.N); i++ {
-				fmt.Fprintf(&b, " %d@%d", q.R.Pages[i].Page, q.R.Pages[i].Epoch)
+				writePageRef(&b, int64(q.R.Pages[i].Page), uint64(q.R.Pages[i].Epoch))
 			}
 		}
 		if q.Read {
@@ -1761,7 +1874,7 @@ func SpecView(cfg spec.Config, s *spec.State) string {
 		b.WriteString(" | source")
 		if q.S.SrcHeld {
 			for i := 0; i < int(q.S.Pages); i++ {
-				fmt.Fprintf(&b, " %d:%v", i, s.Src[q.P][q.S.Src[i]].Data)
+				writeSource(&b, i, s.Src[q.P][q.S.Src[i]].Data.String())
 			}
 		}
 		b.WriteString("\n")
@@ -1771,17 +1884,17 @@ func SpecView(cfg spec.Config, s *spec.State) string {
 			pg := &s.Pages[d][p]
 			o := "free"
 			if pg.Owner != spec.Free {
-				o = fmt.Sprintf("r%d", pg.Owner)
+				o = reqName(int(pg.Owner))
 			}
 			if pg.Cached {
 				o = cachedName(pg.Scope, pg.Key, int(pg.Pins), int(pg.LRU), pg.Doomed)
 			}
-			req := fmt.Sprintf("r%d", pg.Tag.Req)
+			req := reqName(int(pg.Tag.Req))
 			if pg.Tag.Req == spec.Tenant {
 				req = "tenant"
 			}
-			fmt.Fprintf(&b, "%s: %s epoch %d quarantined %v holds %v tag %s[%d]@%d sum %v\n", pageName(cfg, d, p), o, pg.Epoch, pg.Quarantined,
-				pg.Data, req, pg.Tag.Index, pg.Tag.Epoch, pg.Tag.Sum)
+			writePageLine(&b, cfg, d, p, o, uint64(pg.Epoch), pg.Quarantined, pg.Data.String(),
+				tagName(req, int64(pg.Tag.Index), uint64(pg.Tag.Epoch), pg.Tag.Sum.String()))
 		}
 	}
 	for p := 0; p < cfg.NumPrefills(); p++ {

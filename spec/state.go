@@ -1,6 +1,6 @@
 package spec
 
-import "fmt"
+import "strconv"
 
 // Tenant is the request id of KV left in decode pages by an earlier tenant: pages
 // are never zeroed, so at the start every page holds someone else's prompt.
@@ -23,12 +23,16 @@ type Label struct {
 }
 
 func (l Label) String() string {
-	s := fmt.Sprintf("r%d[%d]", l.Req, l.Index)
+	// Without fmt: the refinement's views name a label per page and per read
+	// at every step.
+	var s string
 	switch l.Req {
 	case Tenant:
 		s = "tenant"
 	case Rogue:
 		s = "rogue"
+	default:
+		s = "r" + strconv.Itoa(int(l.Req)) + "[" + strconv.Itoa(int(l.Index)) + "]"
 	}
 	if l.Corrupt {
 		s += "(corrupt)"
