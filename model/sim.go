@@ -102,6 +102,9 @@ type world struct {
 	next    int // next request to submit
 	drainAt int // the step from which no more faults happen
 	res     *SimResult
+	// events' lists, reused: it is called at every step, and each caller
+	// is done with a list before the next call.
+	proto, faults []event
 }
 
 // Simulate runs one seed: a random workload, interleaving and faults, with the
@@ -161,9 +164,19 @@ func newWorld(cfg SimConfig, tokens []int, pick func(int) int) *world {
 
 // event is one enabled step; kind groups events for the rapid state machine.
 type event struct {
-	kind string
-	name func() string // formatted only for the event taken
-	do   func()
+	kind  string
+	ev    protocoltest.Event // the network's event, named by its Name
+	label func() string      // or, for a submit, this names it
+	do    func()
+}
+
+// name says what the event does, formatted only when asked for (for the
+// event taken).
+func (e event) name() string {
+	if e.label != nil {
+		return e.label()
+	}
+	return e.ev.Name()
 }
 
 func (w *world) run(rng *rand.Rand) {
@@ -211,21 +224,27 @@ func (w *world) violate(prop, detail string) {
 // workload can finish; a crashed node may restart under a new incarnation,
 // and with DecodeRestarts a decode node may crash and restart at once.
 func (w *world) events(draining bool) (proto, faults []event) {
+	proto, faults = w.proto[:0], w.faults[:0]
 	if w.next < len(w.tokens) {
 		id, tokens := protocol.RequestID(w.next+1), w.tokens[w.next]
-		proto = append(proto, event{kind: "submit", name: func() string { return fmt.Sprintf("submit: r%d (%d tokens)", id, tokens) },
+		proto = append(proto, event{kind: "submit", label: func() string { return fmt.Sprintf("submit: r%d (%d tokens)", id, tokens) },
 			do: func() { w.submit(id, tokens) }})
 	}
-	p, f := w.n.Events(protocoltest.EventOptions{Faults: !draining, Crashable: func(i int) bool { return i > 0 }, Restarts: true,
+	p, f := w.n.Events(protocoltest.EventOptions{Faults: !draining, Crashable: notTheFirst, Restarts: true,
 		DecodeRestarts: w.cfg.DecodeRestarts, TimeJump: time.Minute})
 	for _, e := range p {
-		proto = append(proto, event{kind: e.Kind, name: e.Name, do: e.Do})
+		proto = append(proto, event{kind: e.Kind, ev: e, do: e.Do})
 	}
 	for _, e := range f {
-		faults = append(faults, event{kind: e.Kind, name: e.Name, do: e.Do})
+		faults = append(faults, event{kind: e.Kind, ev: e, do: e.Do})
 	}
+	w.proto, w.faults = proto, faults
 	return proto, faults
 }
+
+// notTheFirst says which prefill nodes may crash: all but node 0, so that
+// the workload can finish.
+func notTheFirst(i int) bool { return i > 0 }
 
 func (w *world) submit(id protocol.RequestID, tokens int) {
 	w.next++
