@@ -11,8 +11,36 @@ import (
 // breadth-first search from s over actions without faults, with nothing kept
 // between calls.
 func reachesGoal(m *spec.Model, g spec.Goal, s *spec.State) bool {
+	return breadthFirst(m, []spec.State{*s}, func(a spec.Action) bool { return !a.IsFault() },
+		func(st *spec.State) bool { return g.Reached(m, st) })
+}
+
+// leakingStates is the model of the default bounds (at most 2 faults) with
+// leak-on-cancel, and up to limit of its states: the goals' answers differ
+// among them, as leaked pages put NoLeak out of reach.
+func leakingStates(t *testing.T, limit int) (*spec.Model, []spec.State) {
+	t.Helper()
+	cfg := spec.DefaultConfig()
+	cfg.MaxFaults = 2
+	cfg.Bugs = bugs(t, "leak-on-cancel")
+	m, err := spec.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var states []spec.State
+	breadthFirst(m, m.Initial(), func(spec.Action) bool { return true }, func(st *spec.State) bool {
+		states = append(states, *st)
+		return len(states) == limit
+	})
+	return m, states
+}
+
+// breadthFirst visits the states reachable from start by the actions take
+// accepts, breadth first, each once, until visit returns true; it reports
+// whether it did.
+func breadthFirst(m *spec.Model, start []spec.State, take func(spec.Action) bool, visit func(*spec.State) bool) bool {
 	seen := map[checker.Fingerprint]bool{}
-	queue := []spec.State{*s}
+	queue := start
 	for len(queue) > 0 {
 		st := queue[0]
 		queue = queue[1:]
@@ -21,11 +49,11 @@ func reachesGoal(m *spec.Model, g spec.Goal, s *spec.State) bool {
 			continue
 		}
 		seen[fp] = true
-		if g.Reached(m, &st) {
+		if visit(&st) {
 			return true
 		}
 		m.Successors(&st, func(a spec.Action, n *spec.State) {
-			if !a.IsFault() {
+			if take(a) {
 				queue = append(queue, *n)
 			}
 		})
@@ -33,39 +61,12 @@ func reachesGoal(m *spec.Model, g spec.Goal, s *spec.State) bool {
 	return false
 }
 
-// goalTestStates returns up to limit states of m, breadth first, for the
-// filter's tests: states a switched-off replay may end in.
-func goalTestStates(m *spec.Model, limit int) []spec.State {
-	seen := map[checker.Fingerprint]bool{}
-	queue := m.Initial()
-	var out []spec.State
-	for len(queue) > 0 && len(out) < limit {
-		st := queue[0]
-		queue = queue[1:]
-		fp := checker.FingerprintOf(m.AppendFingerprint(nil, &st))
-		if seen[fp] {
-			continue
-		}
-		seen[fp] = true
-		out = append(out, st)
-		m.Successors(&st, func(_ spec.Action, n *spec.State) { queue = append(queue, *n) })
-	}
-	return out
-}
-
 // The matrix's filter answers "is the goal still reachable" from memory
 // (every state a search settles, either way, and the stack of one that
 // finds the goal): the answers must be the definition's, for both goals, on
 // states where it is and where it is not, and asked again from memory.
 func TestGoalReachableMatchesTheDefinition(t *testing.T) {
-	cfg := spec.DefaultConfig()
-	cfg.MaxFaults = 2
-	cfg.Bugs = bugs(t, "leak-on-cancel")
-	m, err := spec.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	states := goalTestStates(m, 1500)
+	m, states := leakingStates(t, 1500)
 	r := newReplayer(m)
 	answers := map[bool]int{}
 	for g, goal := range spec.Goals {
@@ -97,14 +98,7 @@ func TestGoalReachableMatchesTheDefinition(t *testing.T) {
 // successors and a string key per state made the collector cost more than
 // the searches).
 func TestGoalReachableDoesNotAllocate(t *testing.T) {
-	cfg := spec.DefaultConfig()
-	cfg.MaxFaults = 2
-	cfg.Bugs = bugs(t, "leak-on-cancel")
-	m, err := spec.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	states := goalTestStates(m, 200)
+	m, states := leakingStates(t, 200)
 	r := newReplayer(m)
 	search := func() {
 		for g := range spec.Goals {
