@@ -288,11 +288,13 @@ type replayer struct {
 }
 
 // search is goalReachable's depth-first search, kept between searches so
-// that one allocates nothing once they have grown: a search visits up to
-// hundreds of thousands of states, and the matrix's most filtered
-// combinations run hundreds of thousands of searches (with a slice of
-// successors and a string key allocated per state, the collector took more
-// CPU than the searches).
+// that one allocates nothing once they have grown: the matrix's most
+// filtered combinations run hundreds of thousands of searches, of up to a
+// few thousand states each (with a slice of successors and a string key
+// allocated per state, the collector took more CPU than the searches).
+// Clearing visited costs in proportion to the most it ever held: 0.42 s of
+// the 26.5 s of admit-finished,no-token-check,leak-on-cancel, whose largest
+// search visits 2,866 states.
 type search struct {
 	visited  map[checker.Fingerprint]struct{}
 	frames   []frame
