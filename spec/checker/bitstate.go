@@ -66,7 +66,7 @@ func newBitArray(size uint64, hashes int) *bitArray {
 
 // positions calls f with each of fp's bit positions in the array:
 // double hashing (Kirsch and Mitzenmacher) within fp's region.
-func (b *bitArray) has(fp fingerprint) bool {
+func (b *bitArray) has(fp Fingerprint) bool {
 	base := uint64(shardOf(fp)) << b.regionBits
 	mask := uint64(1)<<b.regionBits - 1
 	h, step := fp[1], fp[0]<<shardBits|1
@@ -82,7 +82,7 @@ func (b *bitArray) has(fp fingerprint) bool {
 
 // add sets fp's bits and reports whether any was clear (the state is new),
 // counting the expected misses. Only the task of fp's shard may call it.
-func (b *bitArray) add(fp fingerprint) bool {
+func (b *bitArray) add(fp Fingerprint) bool {
 	s := shardOf(fp)
 	base := uint64(s) << b.regionBits
 	mask := uint64(1)<<b.regionBits - 1
@@ -117,7 +117,7 @@ func (b *bitArray) stats() BitstateStats {
 // seeds are random per process): a bitstate run's collisions, and so its
 // result, replay from its seed, and runs with different seeds collide on
 // different states. Two lanes of 64-bit multiply-fold mixing (as wyhash).
-func seededHash(seed uint64, b []byte) fingerprint {
+func seededHash(seed uint64, b []byte) Fingerprint {
 	const k0, k1, k2, k3 = 0xa0761d6478bd642f, 0xe7037ed1a0b428db, 0x8ebc6af09c88c6e3, 0x589965cc75374cc3
 	h0, h1 := seed^k0, seed^k1^uint64(len(b))*k2
 	for ; len(b) >= 8; b = b[8:] {
@@ -130,7 +130,7 @@ func seededHash(seed uint64, b []byte) fingerprint {
 		w |= uint64(c) << (8 * i)
 	}
 	h0, h1 = mum(h0^w^k3, k1), mum(h1^w^k0, k2)
-	return fingerprint{mum(h0^uint64(len(b)), k0^h1), mum(h1, k3^h0)}
+	return Fingerprint{mum(h0^uint64(len(b)), k0^h1), mum(h1, k3^h0)}
 }
 
 func mum(a, b uint64) uint64 {

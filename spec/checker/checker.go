@@ -697,16 +697,16 @@ func sortByLength[S any, A comparable](v []Violation[S, A]) {
 type stateRef struct {
 	idx  int32
 	path []byte
-	fp   fingerprint
+	fp   Fingerprint
 }
 
 // fingerprint hashes a canonical encoding: with a seeded hash in bitstate
 // mode, whose collisions replay from the seed.
-func (c *run[S, A]) fingerprint(b []byte) fingerprint {
+func (c *run[S, A]) fingerprint(b []byte) Fingerprint {
 	if c.bits != nil {
 		return seededHash(c.opt.Seed, b)
 	}
-	return fingerprintOf(b)
+	return FingerprintOf(b)
 }
 
 // rebuild replays the recorded choices from the initial state to produce the
@@ -714,7 +714,7 @@ func (c *run[S, A]) fingerprint(b []byte) fingerprint {
 // (in bitstate mode, the last one's, when known).
 func (c *run[S, A]) rebuild(at stateRef) ([]Step[S, A], error) {
 	var choices []int
-	var fps []fingerprint
+	var fps []Fingerprint
 	if at.path == nil {
 		for _, i := range c.seen.path(at.idx) {
 			choices = append(choices, int(c.seen.succ.at(int(i))))
@@ -734,7 +734,7 @@ func (c *run[S, A]) rebuild(at stateRef) ([]Step[S, A], error) {
 	}
 	var buf []byte
 	check := func(i int, s *S) bool {
-		if fps == nil && (i < len(choices)-1 || at.fp == (fingerprint{})) {
+		if fps == nil && (i < len(choices)-1 || at.fp == (Fingerprint{})) {
 			return true
 		}
 		want := at.fp

@@ -8,9 +8,6 @@ import (
 	"github.com/zeebo/xxh3"
 )
 
-// fingerprint is a 128-bit hash of a state's canonical encoding.
-type fingerprint [2]uint64
-
 // Fingerprint is the checker's name for a state: a 128-bit hash of its
 // canonical encoding (AppendFingerprint). The checker takes two states with
 // the same fingerprint to be the same state; a tool that remembers states by
@@ -19,16 +16,13 @@ type fingerprint [2]uint64
 type Fingerprint [2]uint64
 
 // FingerprintOf is the fingerprint of the state whose canonical encoding is
-// encoding.
-func FingerprintOf(encoding []byte) Fingerprint { return Fingerprint(fingerprintOf(encoding)) }
-
-// fingerprintOf is XXH3's 128-bit hash of b: one pass over the bytes, where
-// two 64-bit hashes took two (the checker hashes an encoding of about 150
-// bytes for every transition). Its values are the same in every run; state
-// numbers, and so results, depend only on which fingerprints are equal.
-func fingerprintOf(b []byte) fingerprint {
-	h := xxh3.Hash128(b)
-	return fingerprint{h.Lo, h.Hi}
+// encoding: XXH3's 128-bit hash, one pass over the bytes, where two 64-bit
+// hashes took two (the checker hashes an encoding of about 150 bytes for
+// every transition). Its values are the same in every run; state numbers,
+// and so results, depend only on which fingerprints are equal.
+func FingerprintOf(encoding []byte) Fingerprint {
+	h := xxh3.Hash128(encoding)
+	return Fingerprint{h.Lo, h.Hi}
 }
 
 // shardBits sets the number of shards of the visited set's index: 64, so that
@@ -51,7 +45,7 @@ const numShards = 1 << shardBits
 // and the top 32-numBits bits of the fingerprint above them, so that most
 // probes that do not match are decided without reading the fingerprint array.
 type visited struct {
-	fps     chunked[fingerprint]
+	fps     chunked[Fingerprint]
 	parents chunked[int32]  // -1 for an initial state
 	succ    chunked[uint16] // index among the parent's successors; for an initial state, among Initial()
 	shards  [numShards]shard
@@ -85,10 +79,10 @@ func (v *visited) setLen(slots int) {
 func (v *visited) len() int { return v.fps.len() }
 
 // shardOf is the shard that indexes fp: its top bits (the slot is its low bits).
-func shardOf(fp fingerprint) int { return int(fp[0] >> (64 - shardBits)) }
+func shardOf(fp Fingerprint) int { return int(fp[0] >> (64 - shardBits)) }
 
 // tag is the part of fp stored in a slot beside the state number.
-func (v *visited) tag(fp fingerprint) uint32 {
+func (v *visited) tag(fp Fingerprint) uint32 {
 	if v.numBits >= 32 {
 		return 0
 	}
@@ -97,7 +91,7 @@ func (v *visited) tag(fp fingerprint) uint32 {
 
 // lookup returns the number of the state with fingerprint fp, or -1. It only
 // reads, so workers may call it concurrently while nobody inserts.
-func (v *visited) lookup(fp fingerprint) int32 {
+func (v *visited) lookup(fp Fingerprint) int32 {
 	t := v.shards[shardOf(fp)].table
 	tag, low := v.tag(fp), uint32(1)<<v.numBits-1
 	for i := fp[0] & v.mask; ; i = (i + 1) & v.mask {
@@ -113,7 +107,7 @@ func (v *visited) lookup(fp fingerprint) int32 {
 
 // place indexes state idx, which must be absent, under fp. Workers may place
 // states of distinct shards at once.
-func (v *visited) place(fp fingerprint, idx int32) {
+func (v *visited) place(fp Fingerprint, idx int32) {
 	s := &v.shards[shardOf(fp)]
 	i := fp[0] & v.mask
 	for s.table[i] != 0 {
@@ -156,7 +150,7 @@ func (v *visited) reserve(n int) {
 }
 
 // set records state idx, reserved before.
-func (v *visited) set(idx int32, fp fingerprint, parent int32, succ uint16) {
+func (v *visited) set(idx int32, fp Fingerprint, parent int32, succ uint16) {
 	*v.fps.ptr(int(idx)) = fp
 	*v.parents.ptr(int(idx)) = parent
 	*v.succ.ptr(int(idx)) = succ
@@ -165,7 +159,7 @@ func (v *visited) set(idx int32, fp fingerprint, parent int32, succ uint16) {
 // insert returns the number of the state with fingerprint fp, adding it as a
 // new state (reached from parent by successor succ) when absent; added reports
 // which. It is the serial path, for initial states.
-func (v *visited) insert(fp fingerprint, parent int32, succ uint16) (idx int32, added bool) {
+func (v *visited) insert(fp Fingerprint, parent int32, succ uint16) (idx int32, added bool) {
 	if idx := v.lookup(fp); idx >= 0 {
 		return idx, false
 	}

@@ -34,7 +34,7 @@ type candidate struct {
 	parent  int32
 	succ    uint16
 	fault   bool
-	fp      fingerprint
+	fp      Fingerprint
 	badMask uint64 // invariants violated (bit i = invariant i)
 	goals   uint64 // goals reached
 }
@@ -63,7 +63,7 @@ type expansion[S any] struct {
 
 // waveFirst is a candidate that first occurs in its wave.
 type waveFirst struct {
-	fp fingerprint
+	fp Fingerprint
 	g  int32 // its index in the wave
 }
 
