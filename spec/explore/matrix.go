@@ -344,7 +344,7 @@ func (r *replayer) fingerprint(s *spec.State) checker.Fingerprint {
 }
 
 // maxReach bounds reach: it is cleared when it holds this many answers (a
-// bound on memory, not on the answers: about 50 MB).
+// bound on memory, not on the answers: 80 MiB of map at the bound).
 const maxReach = 1 << 20
 
 // goalReachable reports whether goal g (spec.Goals[g]) is reachable from s
@@ -354,7 +354,8 @@ const maxReach = 1 << 20
 // are remembered, so the candidates of one exploration, which share most of
 // their futures, search each state about once.
 func (r *replayer) goalReachable(g int, s *spec.State) bool {
-	if ok, known := r.reach[reachKey{g, r.fingerprint(s)}]; known {
+	fp := r.fingerprint(s)
+	if ok, known := r.reach[reachKey{g, fp}]; known {
 		return ok
 	}
 	if len(r.reach) >= maxReach {
@@ -363,7 +364,7 @@ func (r *replayer) goalReachable(g int, s *spec.State) bool {
 	clear(r.visited)
 	r.frames, r.pending = r.frames[:0], r.pending[:0]
 	r.cur = *s
-	found := r.push(g)
+	found := r.push(g, fp)
 	for !found && len(r.frames) > 0 {
 		if top := &r.frames[len(r.frames)-1]; len(r.pending) == top.from {
 			r.frames = r.frames[:len(r.frames)-1]
@@ -371,7 +372,7 @@ func (r *replayer) goalReachable(g int, s *spec.State) bool {
 		}
 		r.cur = r.pending[len(r.pending)-1]
 		r.pending = r.pending[:len(r.pending)-1]
-		found = r.push(g)
+		found = r.push(g, r.fingerprint(&r.cur))
 	}
 	if found {
 		for _, f := range r.frames {
@@ -385,13 +386,12 @@ func (r *replayer) goalReachable(g int, s *spec.State) bool {
 	return false
 }
 
-// push looks at r.cur and reports whether it settles the search: the goal,
-// or a state known to reach it. Otherwise it is searched (its successors
-// without faults pending, on a new frame), unless it is known not to reach
-// the goal or was visited already.
-func (r *replayer) push(g int) bool {
+// push looks at r.cur, whose fingerprint is fp, and reports whether it
+// settles the search: the goal, or a state known to reach it. Otherwise it
+// is searched (its successors without faults pending, on a new frame),
+// unless it is known not to reach the goal or was visited already.
+func (r *replayer) push(g int, fp checker.Fingerprint) bool {
 	st := &r.cur
-	fp := r.fingerprint(st)
 	if ok, known := r.reach[reachKey{g, fp}]; known {
 		return ok
 	}
