@@ -162,19 +162,21 @@ func newWorld(cfg SimConfig, tokens []int, pick func(int) int) *world {
 		res: &SimResult{Seed: cfg.Seed, Requests: len(tokens), Outcomes: map[string]int{}, FailedBy: map[string]int{}}}
 }
 
-// event is one enabled step; kind groups events for the rapid state machine.
+// event is one enabled step: a network event, or with submit set the
+// world's next submit, request id with tokens tokens (held as values, not
+// closures: events are listed at every step).
 type event struct {
-	kind  string
-	ev    protocoltest.Event // the network's event, named by its Name
-	label func() string      // or, for a submit, this names it
-	do    func()
+	ev     protocoltest.Event
+	submit bool
+	id     protocol.RequestID
+	tokens int
 }
 
 // name says what the event does, formatted only when asked for (for the
 // event taken).
 func (e event) name() string {
-	if e.label != nil {
-		return e.label()
+	if e.submit {
+		return fmt.Sprintf("submit: r%d (%d tokens)", e.id, e.tokens)
 	}
 	return e.ev.Name()
 }
@@ -204,10 +206,14 @@ func (w *world) run(rng *rand.Rand) {
 // apply runs one event; the network checks the safety properties after it.
 func (w *world) apply(e event) {
 	w.res.Trace = append(w.res.Trace, fmt.Sprintf("%4d %s", w.step, e.name()))
-	if e.kind == "decode-restart" {
-		w.res.DecodeRestarts++
+	if e.submit {
+		w.submit(e.id, e.tokens)
+	} else {
+		if e.ev.Kind == "decode-restart" {
+			w.res.DecodeRestarts++
+		}
+		e.ev.Do()
 	}
-	e.do()
 	if v := w.n.Violations; len(v) > 0 {
 		w.violate(v[0].Property, v[0].Detail)
 	}
@@ -227,16 +233,15 @@ func (w *world) events(draining bool) (proto, faults []event) {
 	proto, faults = w.proto[:0], w.faults[:0]
 	if w.next < len(w.tokens) {
 		id, tokens := protocol.RequestID(w.next+1), w.tokens[w.next]
-		proto = append(proto, event{kind: "submit", label: func() string { return fmt.Sprintf("submit: r%d (%d tokens)", id, tokens) },
-			do: func() { w.submit(id, tokens) }})
+		proto = append(proto, event{submit: true, id: id, tokens: tokens})
 	}
 	p, f := w.n.Events(protocoltest.EventOptions{Faults: !draining, Crashable: notTheFirst, Restarts: true,
 		DecodeRestarts: w.cfg.DecodeRestarts, TimeJump: time.Minute})
 	for _, e := range p {
-		proto = append(proto, event{kind: e.Kind, ev: e, do: e.Do})
+		proto = append(proto, event{ev: e})
 	}
 	for _, e := range f {
-		faults = append(faults, event{kind: e.Kind, ev: e, do: e.Do})
+		faults = append(faults, event{ev: e})
 	}
 	w.proto, w.faults = proto, faults
 	return proto, faults
