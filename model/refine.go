@@ -340,7 +340,7 @@ func NewRefinementWith(cfg spec.Config, bugs research.Switches) (*Refinement, er
 		// source pages).
 		a := h.matchAction
 		if !(b == a || a.Kind == spec.DecodeRecvQP && b.Kind == spec.DecodeRecvQP && b.Req == a.Req ||
-			a.Kind == spec.PrefillRecv && b.Kind == spec.PrefillRecv && b.Arg&255 == a.Arg) {
+			a.Kind == spec.PrefillRecv && b.Kind == spec.PrefillRecv && b.Arg&15 == a.Arg) {
 			return
 		}
 		switch {
@@ -594,7 +594,7 @@ func (h *Refinement) Enabled() []spec.Action {
 		case a.Kind == spec.DecodeRecvQP, a.Kind == spec.Submit:
 			a.Arg = 0
 		case a.Kind == spec.PrefillRecv:
-			a.Arg &= 255 // the node; the Sender's pool chooses the source pages
+			a.Arg &= 15 // the node; the Sender's pool chooses the source pages
 		}
 		if !seen[a] {
 			seen[a] = true

@@ -413,6 +413,33 @@ func (c *Config) PrefillLimit() int { return c.PrefillPages * c.PageSize }
 // DecodeLimit is the decode node's own intake limit in tokens.
 func (c *Config) DecodeLimit() int { return c.DecodePages * c.PageSize }
 
+// MaxSourceChoices is the most choices of source pages an intake may have
+// under AnySourcePages: a PrefillRecv action names its choice in the top 12
+// bits of its argument (the node in the low 4), and a choice past them would
+// name another's, printing a wrong trace step.
+const MaxSourceChoices = 1 << 12
+
+// intakePages is how many source pages a prefill node's intake of a prompt
+// of t tokens takes: its pages, or one for a prompt over the prefill limit
+// (rejected, or under admit-finished swapped for a one-page placeholder).
+func (c *Config) intakePages(t int) int {
+	if t > c.PrefillLimit() {
+		return 1
+	}
+	return c.PagesFor(t)
+}
+
+// sourceOrderings is how many ordered choices of source pages an intake of a
+// prompt of t tokens has at most, all of the prefill pool free: with
+// AnySourcePages each is a successor (Model.sourceChoices).
+func (c *Config) sourceOrderings(t int) int {
+	n := 1
+	for i := range c.intakePages(t) {
+		n *= c.PrefillPages - i
+	}
+	return n
+}
+
 // Validate checks that the configuration fits the state encoding.
 func (c *Config) Validate() error {
 	bad := func(format string, a ...any) error {
@@ -463,6 +490,9 @@ func (c *Config) Validate() error {
 		// A prompt the router admits may be granted up to DecodePages pages.
 		if t <= c.ContextLimit && c.PagesFor(t) > MaxDecodePages {
 			return bad("prompt %d: %d pages exceed the encoding's %d", i, c.PagesFor(t), MaxDecodePages)
+		}
+		if n := c.sourceOrderings(t); c.AnySourcePages && n > MaxSourceChoices {
+			return bad("prompt %d: any source pages: its intake may take %d pages of the %d-page prefill pool in %d orders, more than the %d an action can name", i, c.intakePages(t), c.PrefillPages, n, MaxSourceChoices)
 		}
 		if len(c.Scopes) > 0 && (c.Scopes[i] < 0 || c.Scopes[i] > MaxScopes) {
 			return bad("request %d: scope must be 0..%d, got %d", i, MaxScopes, c.Scopes[i])

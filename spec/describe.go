@@ -86,7 +86,7 @@ func (m *Model) describeAction(s *State, a Action) string {
 		}
 		return out
 	case PrefillRecv:
-		return m.prefillName(int(a.Arg&255)) + " receives " + msgString(s.ToPrefill[a.Arg&255].Head()) + " from the router"
+		return m.prefillName(int(a.Arg&15)) + " receives " + msgString(s.ToPrefill[a.Arg&15].Head()) + " from the router"
 	case PrefillRecvQP:
 		return m.prefillName(ap) + " receives " + msgString(s.QPBack[ap][ad].Head()) + " from " + m.decodeName(ad)
 	case DecodeRecv:
@@ -272,7 +272,7 @@ func (m *Model) changes(p *State, a Action, n *State) []string {
 		rp, rd = int(p.Req[a.Req].P), int(p.Req[a.Req].D)
 	}
 	for sp := 0; sp < m.cfg.NumPrefills(); sp++ {
-		queues = append(queues, queueChange{"router -> " + m.prefillName(sp), &p.ToPrefill[sp], &n.ToPrefill[sp], a.Kind == PrefillRecv && int(a.Arg&255) == sp})
+		queues = append(queues, queueChange{"router -> " + m.prefillName(sp), &p.ToPrefill[sp], &n.ToPrefill[sp], a.Kind == PrefillRecv && int(a.Arg&15) == sp})
 	}
 	for d := 0; d < m.cfg.NumDecodes(); d++ {
 		queues = append(queues, queueChange{"router -> " + m.decodeName(d), &p.ToDecode[d], &n.ToDecode[d], a.Kind == DecodeRecv && int(a.Arg) == d})

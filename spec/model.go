@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"slices"
+	"unsafe"
 )
 
 // Model is the protocol under one Config. It implements the checker's model
@@ -22,9 +23,18 @@ type Model struct {
 	class  [MaxRequests]int8
 	nth    [MaxRequests][MaxRequests]int8
 	shared []int8
-	permAt [1 << (permBits * MaxRequests)]int16 // the index in perms of each renaming, by permCode
-	live   []span                               // the bytes of State the configuration can change (encode.go)
-	enc    *spanWords                           // live's words, as the encoding numbers them (encode.go)
+	// mates[r] lists the other requests of r's class; aloneCode is the
+	// permCode bits of the requests alone in their class, each its own id.
+	mates     [MaxRequests][]int8
+	aloneCode int
+	permAt    [1 << (permBits * MaxRequests)]int16 // the index in perms of each renaming, by permCode
+	// reqMaps[i] is perms[i] as a table from a request field's byte to its
+	// new name's: the encoder renames a dozen fields per page and message,
+	// and a table lookup needs no branch for the negative ids (Free,
+	// Tenant, Rogue), which stay.
+	reqMaps [][256]byte
+	live    []span     // the bytes of State the configuration can change (encode.go)
+	enc     *spanWords // live's words, as the encoding numbers them (encode.go)
 	// mutate, set only by this package's tests, wraps every step: it may change
 	// the state before and after calling step, to break the protocol on purpose
 	// and show that a property catches it.
@@ -58,13 +68,27 @@ func New(cfg Config) (*Model, error) {
 		m.nth[c][members[c]] = int8(r)
 		members[c]++
 	}
+	m.reqMaps = make([][256]byte, len(m.perms))
 	for i, p := range m.perms {
 		m.permAt[permCode(p)] = int16(i)
+		for b := range m.reqMaps[i] {
+			m.reqMaps[i][b] = byte(b)
+		}
+		for old, nw := range p {
+			m.reqMaps[i][old] = byte(nw)
+		}
 	}
 	for r, c := range class {
 		m.class[r] = int8(c)
 		if members[c] > 1 {
 			m.shared = append(m.shared, int8(r))
+		} else {
+			m.aloneCode |= r << (permBits * r)
+		}
+		for o, oc := range class {
+			if o != r && oc == c {
+				m.mates[r] = append(m.mates[r], int8(o))
+			}
 		}
 	}
 	m.nodes = nodeRenamings(cfg.NumPrefills(), cfg.NumDecodes())
@@ -158,7 +182,7 @@ func (m *Model) appendCanonical(dst []byte, s *State, nodes []nodeRenaming) []by
 	if len(m.perms) == 1 && len(nodes) == 1 {
 		// No two requests or nodes are interchangeable: the identity is the
 		// one renaming, and it sorts by key whatever the keys.
-		return m.encode(dst, s, renaming{req: m.perms[0], nodes: &nodes[0]})
+		return m.encode(dst, s, renaming{req: m.perms[0], reqMap: &m.reqMaps[0], nodes: &nodes[0]})
 	}
 	var pk [MaxPrefills]uint64
 	var dk [MaxDecodes]uint64
@@ -167,7 +191,6 @@ func (m *Model) appendCanonical(dst []byte, s *State, nodes []nodeRenaming) []by
 	}
 	base, best := len(dst), -1
 	var keys [MaxRequests]uint64
-	var rank [MaxRequests]int8
 	for ni := range nodes {
 		nr := &nodes[ni]
 		if len(nodes) > 1 && !m.nodesSortByKey(nr, &pk, &dk) {
@@ -180,22 +203,19 @@ func (m *Model) appendCanonical(dst []byte, s *State, nodes []nodeRenaming) []by
 			// Most states' keys tell the requests of each class apart: then
 			// one renaming sorts by key, the ranks', found without trying
 			// every permutation.
-			if m.rankPerm(&keys, &rank) {
-				// The group's own slice: a slice of rank would move rank to
-				// the heap (an allocation per fingerprint).
-				p := m.perms[m.permAt[permCode(rank[:len(m.cfg.Prompts)])]]
-				dst = m.keepLeast(dst, base, &best, s, renaming{req: p, nodes: nr})
+			if i, ok := m.rankPerm(&keys); ok {
+				dst = m.keepLeast(dst, base, &best, s, renaming{req: m.perms[i], reqMap: &m.reqMaps[i], nodes: nr})
 				continue
 			}
 		}
 		// Each other candidate is encoded after the best so far, in dst
 		// itself: the checker calls this for every transition, so it must
 		// not allocate.
-		for _, p := range m.perms {
+		for i, p := range m.perms {
 			if len(m.perms) > 1 && !m.sortsByKey(p, &keys) {
 				continue
 			}
-			dst = m.keepLeast(dst, base, &best, s, renaming{req: p, nodes: nr})
+			dst = m.keepLeast(dst, base, &best, s, renaming{req: p, reqMap: &m.reqMaps[i], nodes: nr})
 		}
 	}
 	return dst
@@ -217,31 +237,28 @@ func (m *Model) keepLeast(dst []byte, base int, best *int, s *State, rn renaming
 	return dst[:base+*best]
 }
 
-// rankPerm sets perm to the renaming that lists each class's requests in
-// increasing key order (a request's new name is the id of its class's
-// request of the same rank), and reports false, leaving perm unset, when two
+// rankPerm returns the index in m.perms of the renaming that lists each
+// class's requests in increasing key order (a request's new name is the id
+// of its class's request of the same rank), and reports false when two
 // requests of a class have equal keys: several renamings sort by key then.
 // Where it reports true, the renaming is the one of m.perms that sortsByKey.
-func (m *Model) rankPerm(keys *[MaxRequests]uint64, perm *[MaxRequests]int8) bool {
-	*perm = identityPerm // a request alone in its class keeps its id
+func (m *Model) rankPerm(keys *[MaxRequests]uint64) (int, bool) {
+	code := m.aloneCode // a request alone in its class keeps its id
 	for _, a := range m.shared {
 		a := uint8(a) % MaxRequests // no-ops that spare the bounds checks
 		rank := uint8(0)
-		for _, b := range m.shared {
+		for _, b := range m.mates[a] {
 			b := uint8(b) % MaxRequests
-			if b == a || m.class[b] != m.class[a] {
-				continue
-			}
 			if keys[b] == keys[a] {
-				return false
+				return 0, false
 			}
 			if keys[b] < keys[a] {
 				rank++
 			}
 		}
-		perm[a] = m.nth[uint8(m.class[a])%MaxRequests][rank%MaxRequests]
+		code |= int(m.nth[uint8(m.class[a])%MaxRequests][rank%MaxRequests]) << (permBits * a)
 	}
-	return true
+	return int(m.permAt[code]), true
 }
 
 // permCode numbers a renaming of requests: permBits bits per request's new id.
@@ -258,14 +275,6 @@ const permBits = 2
 
 // A request id fits permBits (the array's length is negative otherwise).
 var _ [1 - (MaxRequests-1)>>permBits]struct{}
-
-// identityPerm names every request by its own id.
-var identityPerm = func() (p [MaxRequests]int8) {
-	for r := range p {
-		p[r] = int8(r)
-	}
-	return p
-}()
 
 // nodeRenaming renames the prefill nodes by pre and the decode nodes by dec
 // (old name to new), with their inverses.
@@ -445,8 +454,9 @@ func (m *Model) sortsByKey(perm []int8, keys *[MaxRequests]uint64) bool {
 // renaming is one symmetry of the deployment: request r renamed req[r], and
 // the nodes renamed by nodes.
 type renaming struct {
-	req   []int8
-	nodes *nodeRenaming
+	req    []int8
+	reqMap *[256]byte // req as a table (Model.reqMaps)
+	nodes  *nodeRenaming
 }
 
 // encode writes s renamed by rn, with each decode node's pages renamed
@@ -482,28 +492,60 @@ type encoder struct {
 	restarts       bool
 	decodeRestarts bool
 	cache          bool              // the prefix cache: its page fields, scopes and prefixes are encoded
+	reqMap         *[256]byte        // a request field's new value, by its old one
+	identity       bool              // reqMap renames no request
 	inv            [MaxRequests]int8 // new id -> old id
 	keyArr         [MaxDecodes][MaxDecodePages]pageKey
 	rename         [MaxDecodes][MaxDecodePages]int8
 }
 
 // pageKey is a decode page's sort key: its content, then the first place that
-// refers to it. Places are distinct per page, so only unreferenced pages with
-// equal content tie, and those are interchangeable. The content is 12 bytes,
-// packed big endian into hi and the top of lo (the fingerprint writes them in
-// that order); the place is lo's low 16 bits.
+// refers to it, then its number. Places are distinct per page, so only
+// unreferenced pages with equal content tie on the first two, and those are
+// interchangeable: the number orders them as a stable sort would, and makes
+// every key distinct. The content is 12 bytes, packed big endian into hi and
+// the top of lo (the fingerprint writes them in that order); lo's low 16 bits
+// are the place (12 bits) and the number (4).
 type pageKey struct {
 	hi, lo uint64
-	page   int8
 }
 
 // noSite is a pageKey's place for a page nothing refers to.
-const noSite = 0xffff
+const noSite = 0xfff
+
+// pageHead is the length of a DecodePage's content in its sort key: its
+// first bytes, Epoch to Tag.Sum.Corrupt, which sortPages reads as two
+// big-endian words (a bool is the byte 0 or 1). The assertions below fail
+// to compile if the fields move.
+const pageHead = 12
+
+var (
+	_ [unsafe.Offsetof(DecodePage{}.Owner) - 1]struct{}
+	_ [1 - unsafe.Offsetof(DecodePage{}.Owner)]struct{}
+	_ [unsafe.Offsetof(DecodePage{}.Quarantined) - 2]struct{}
+	_ [2 - unsafe.Offsetof(DecodePage{}.Quarantined)]struct{}
+	_ [unsafe.Offsetof(DecodePage{}.Data) - 3]struct{}
+	_ [3 - unsafe.Offsetof(DecodePage{}.Data)]struct{}
+	_ [unsafe.Offsetof(DecodePage{}.Tag) - 6]struct{}
+	_ [6 - unsafe.Offsetof(DecodePage{}.Tag)]struct{}
+	_ [unsafe.Offsetof(DecodePage{}.Cached) - pageHead]struct{}
+	_ [pageHead - unsafe.Offsetof(DecodePage{}.Cached)]struct{}
+	_ [unsafe.Offsetof(Tag{}.Epoch) - 2]struct{}
+	_ [2 - unsafe.Offsetof(Tag{}.Epoch)]struct{}
+	_ [unsafe.Offsetof(Tag{}.Sum) - 3]struct{}
+	_ [3 - unsafe.Offsetof(Tag{}.Sum)]struct{}
+	_ [unsafe.Sizeof(Label{}) - 3]struct{}
+	_ [3 - unsafe.Sizeof(Label{})]struct{}
+)
+
+// A page's number fits its 4 bits of a pageKey.
+var _ [1 - (MaxDecodePages-1)>>4]struct{}
 
 func (e *encoder) init(m *Model, s *State, rn renaming) {
 	c := &m.cfg
 	perm := rn.req
-	e.c, e.s, e.perm, e.nodes = c, s, perm, rn.nodes
+	e.c, e.s, e.perm, e.nodes, e.reqMap = c, s, perm, rn.nodes, rn.reqMap
+	e.identity = rn.reqMap == &m.reqMaps[0] // symmetries lists the identity first
 	e.npages = c.DecodePages
 	e.np, e.nd = c.NumPrefills(), c.NumDecodes()
 	e.multi = e.np*e.nd > 1
@@ -531,28 +573,10 @@ func (e *encoder) grantLen(r int8) int {
 }
 
 // req is request r's new name (a negative r, no request, stays as it is).
-func (e *encoder) req(r int8) byte {
-	if r < 0 {
-		return byte(r)
-	}
-	return byte(e.perm[r])
-}
-
-// pre is prefill node p's new name (a negative p, no node, stays).
-func (e *encoder) pre(p int8) byte {
-	if p < 0 {
-		return byte(p)
-	}
-	return byte(e.nodes.pre[p])
-}
+func (e *encoder) req(r int8) byte { return e.reqMap[uint8(r)] }
 
 // dec is decode node d's new name (a negative d, no node, stays).
-func (e *encoder) dec(d int8) byte {
-	if d < 0 {
-		return byte(d)
-	}
-	return byte(e.nodes.dec[d])
-}
+func (e *encoder) dec(d int8) byte { return renamed(e.nodes.dec[:], d) }
 
 // page is decode node d's page p's new name (an out-of-range p stays).
 func (e *encoder) page(d int8, p int8) byte {
@@ -570,63 +594,74 @@ func (e *encoder) label(b []byte, l Label) []byte {
 // the pages in their order.
 func (e *encoder) sortPages() {
 	s, npages := e.s, e.npages
+	rm := e.reqMap
 	for d := 0; d < e.nd; d++ {
 		keys := e.keyArr[d][:npages]
-		for p := 0; p < npages; p++ {
+		for p := range keys {
 			pg := &s.Pages[d][p]
-			hi := uint64(pg.Epoch)<<56 | uint64(e.req(pg.Owner))<<48 | uint64(b2b(pg.Quarantined))<<40 |
-				uint64(e.req(pg.Data.Req))<<32 | uint64(byte(pg.Data.Index))<<24 | uint64(b2b(pg.Data.Corrupt))<<16 |
-				uint64(e.req(pg.Tag.Req))<<8 | uint64(byte(pg.Tag.Index))
-			lo := uint64(pg.Tag.Epoch)<<56 | uint64(e.req(pg.Tag.Sum.Req))<<48 | uint64(byte(pg.Tag.Sum.Index))<<40 |
-				uint64(b2b(pg.Tag.Sum.Corrupt))<<32 | noSite
+			// The content is the page's first 12 bytes, in order (pageHead),
+			// with the four request fields renamed: none to rename under
+			// the identity.
+			head := (*[pageHead]byte)(unsafe.Pointer(pg))
+			hi := binary.BigEndian.Uint64(head[0:])
+			lo := uint64(binary.BigEndian.Uint32(head[8:]))<<32 | noSite<<4 | uint64(p)
+			if !e.identity {
+				hi = hi&^(0xff<<48|0xff<<32|0xff<<8) | uint64(rm[head[1]])<<48 | uint64(rm[head[3]])<<32 | uint64(rm[head[6]])<<8
+				lo = lo&^(0xff<<48) | uint64(rm[head[9]])<<48
+			}
 			if pg.Cached { // 16 bits: cached, scope (2), chain (6), pins (3), LRU rank (3), doomed
 				lo |= uint64(1<<15|uint16(pg.Scope&3)<<13|uint16(pg.Key&63)<<7|uint16(pg.Pins&7)<<4|uint16(pg.LRU&7)<<1|uint16(b2b(pg.Doomed))) << 16
 			}
-			keys[p] = pageKey{hi: hi, lo: lo, page: int8(p)}
-		}
-		see := func(page int8, site uint16) {
-			if page >= 0 && int(page) < npages && uint64(site) < keys[page].lo&noSite {
-				keys[page].lo = keys[page].lo&^noSite | uint64(site)
-			}
+			keys[p] = pageKey{hi: hi, lo: lo}
 		}
 		for nw := 0; nw < len(e.c.Prompts); nw++ {
-			q := &s.Req[e.inv[nw]]
+			old := e.inv[nw]
+			q := &s.Req[old]
 			if int(q.D) != d {
 				continue
 			}
+			site := uint64(nw * 32)
 			for i := 0; i < int(q.R.N); i++ {
-				see(q.R.Pages[i].Page, uint16(nw*32+i))
+				see(keys, q.R.Pages[i].Page, site+uint64(i))
 			}
 			if q.S.Granted {
-				for i := 0; i < e.grantLen(e.inv[nw]); i++ {
-					see(q.S.Grant[i].Page, uint16(nw*32+16+i))
+				site += 16
+				for i := 0; i < e.grantLen(old); i++ {
+					see(keys, q.S.Grant[i].Page, site+uint64(i))
 				}
 			}
 		}
 		for p := 0; p < e.np; p++ {
 			for i, msg := range s.QP[e.nodes.preInv[p]][d].Items() {
 				if msg.Kind == MWrite {
-					see(msg.Target.Page, uint16(1000+p*QueueCapacity+i))
+					see(keys, msg.Target.Page, uint64(1000+p*QueueCapacity+i))
 				}
 			}
 		}
 		if s.Foreign.Happened && int(s.Foreign.Node) == d {
-			see(s.Foreign.Page, 2000)
+			see(keys, s.Foreign.Page, 2000)
 		}
 		// At most MaxDecodePages keys, sorted for every transition the checker
 		// explores: an insertion sort.
 		for i := 1; i < len(keys); i++ {
-			for j := i; j > 0; j-- {
-				a, b := &keys[j], &keys[j-1]
-				if a.hi > b.hi || a.hi == b.hi && a.lo >= b.lo {
-					break
-				}
-				*a, *b = *b, *a
+			k := keys[i]
+			j := i
+			for ; j > 0 && (k.hi < keys[j-1].hi || k.hi == keys[j-1].hi && k.lo < keys[j-1].lo); j-- {
+				keys[j] = keys[j-1]
 			}
+			keys[j] = k
 		}
 		for nw, k := range keys {
-			e.rename[d][k.page] = int8(nw)
+			e.rename[d][k.lo&15] = int8(nw)
 		}
+	}
+}
+
+// see records that place site refers to page: a page's key keeps the least
+// place that refers to it.
+func see(keys []pageKey, page int8, site uint64) {
+	if uint(page) < uint(len(keys)) && site<<4 < keys[page].lo&(noSite<<4) {
+		keys[page].lo = keys[page].lo&^(noSite<<4) | site<<4
 	}
 }
 
@@ -717,10 +752,10 @@ func (e *encoder) appendQueues(dst []byte) []byte {
 	s := e.s
 	nr := e.nodes
 	for sp := 0; sp < e.np; sp++ {
-		dst = e.appendQueue(dst, &s.ToPrefill[nr.preInv[sp]], 0, e.dec)
+		dst = e.appendQueue(dst, &s.ToPrefill[nr.preInv[sp]], 0, nr.dec[:])
 	}
 	for d := 0; d < e.nd; d++ {
-		dst = e.appendQueue(dst, &s.ToDecode[nr.decInv[d]], nr.decInv[d], e.pre)
+		dst = e.appendQueue(dst, &s.ToDecode[nr.decInv[d]], nr.decInv[d], nr.pre[:])
 	}
 	for sp := 0; sp < e.np; sp++ {
 		for d := 0; d < e.nd; d++ {
@@ -734,17 +769,19 @@ func (e *encoder) appendQueues(dst []byte) []byte {
 
 // appendQueue writes one queue, whose WRITEs target decode node d's pages
 // and whose PeerFailed and PeerRestarted name a node that peer renames (a
-// prefill node on a queue to a decode node, and the reverse).
-func (e *encoder) appendQueue(dst []byte, qu *Queue, d int8, peer func(int8) byte) []byte {
+// prefill node on a queue to a decode node, and the reverse; nil on a queue
+// pair, which carries neither).
+func (e *encoder) appendQueue(dst []byte, qu *Queue, d int8, peer []int8) []byte {
 	dst = append(dst, qu.N)
-	for _, msg := range qu.Items() {
+	for i := range qu.Items() {
+		msg := &qu.Buf[i]
 		dst = append(dst, byte(msg.Kind), e.req(msg.Req), msg.Tokens, msg.Pages, byte(msg.Slot))
 		if msg.Kind == MWrite { // only a WRITE uses these; elsewhere they are zero, not request 0
 			dst = append(dst, byte(msg.Index), e.page(d, msg.Target.Page), msg.Target.Epoch, byte(msg.Src), msg.Damage)
 			dst = e.label(dst, msg.Sum)
 		}
 		if e.multi && msg.Kind == MPeerFailed {
-			dst = append(dst, peer(msg.Peer))
+			dst = append(dst, renamed(peer, msg.Peer))
 		}
 		if e.cache {
 			dst = append(dst, msg.Prefix, msg.Scope)
@@ -752,7 +789,7 @@ func (e *encoder) appendQueue(dst []byte, qu *Queue, d int8, peer func(int8) byt
 		if e.restarts {
 			dst = append(dst, msg.Inc)
 			if msg.Kind == MPeerRestarted {
-				dst = append(dst, peer(msg.Peer))
+				dst = append(dst, renamed(peer, msg.Peer))
 			}
 		}
 		if e.decodeRestarts {
@@ -760,6 +797,14 @@ func (e *encoder) appendQueue(dst []byte, qu *Queue, d int8, peer func(int8) byt
 		}
 	}
 	return dst
+}
+
+// renamed is node n's new name under to (a negative n, no node, stays).
+func renamed(to []int8, n int8) byte {
+	if n < 0 {
+		return byte(n)
+	}
+	return byte(to[n])
 }
 
 // appendNodes writes each node's liveness, incarnations and fences, in the

@@ -3,6 +3,7 @@ package spec
 import (
 	"bytes"
 	"errors"
+	"slices"
 	"testing"
 )
 
@@ -383,11 +384,42 @@ func TestValidateRejectsConfigsOutsideTheEncoding(t *testing.T) {
 		"restart without a crash": func(c *Config) {
 			c.Faults[FaultCrash], c.Faults[FaultRestart] = 0, 1
 		},
+		// 8·7·6·5·4 = 6,720 orders of a 5-page intake: past the 4,096 an
+		// action names.
+		"source choices": func(c *Config) {
+			c.AnySourcePages, c.PrefillPages, c.Prompts = true, 8, []int{10, 2, 2}
+		},
 	} {
 		c := DefaultConfig()
 		mutate(&c)
 		if _, err := New(c); !errors.Is(err, ErrBadConfig) {
 			t.Errorf("%s: want ErrBadConfig, got %v", name, err)
+		}
+	}
+}
+
+// Under AnySourcePages every choice of an intake is an action of its own,
+// up to the most Validate allows (8·7·6·5 = 1,680 orders of a 4-page intake
+// from 8 pages, 8·7·6 = 336 of a 3-page one, 7·6·5 = 210 from 7): distinct
+// actions, one per choice. (When the choice had 8 bits of the argument,
+// choice 256 printed as choice 0; the refinement harness, which draws pools
+// of up to 6 pages, needs 720.)
+func TestAnySourcePagesNamesEveryChoiceApart(t *testing.T) {
+	for _, shape := range []struct{ pool, tokens, want int }{{8, 8, 1680}, {8, 6, 336}, {7, 6, 210}} {
+		cfg := DefaultConfig()
+		cfg.AnySourcePages, cfg.PrefillPages, cfg.DecodePages, cfg.Prompts, cfg.ContextLimit = true, shape.pool, 8, []int{shape.tokens}, 16
+		m, after := afterFirstSubmit(t, cfg)
+		seen := map[Action][]int8{}
+		m.Successors(&after, func(a Action, n *State) {
+			if a.Kind == PrefillRecv {
+				if prev, dup := seen[a]; dup {
+					t.Fatalf("pool %d: %v names two choices, %v and %v", shape.pool, a, prev, n.Req[0].S.Src[:n.Req[0].S.Pages])
+				}
+				seen[a] = slices.Clone(n.Req[0].S.Src[:n.Req[0].S.Pages])
+			}
+		})
+		if len(seen) != shape.want {
+			t.Errorf("pool %d, %d tokens: %d choices, want %d", shape.pool, shape.tokens, len(seen), shape.want)
 		}
 	}
 }
@@ -398,17 +430,7 @@ func TestAnySourcePagesExploresEveryChoice(t *testing.T) {
 	for _, anySrc := range []bool{false, true} {
 		cfg := DefaultConfig()
 		cfg.AnySourcePages = anySrc
-		m, err := New(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		s := m.Initial()[0]
-		var after State
-		m.Successors(&s, func(a Action, n *State) {
-			if a.Kind == Submit && a.Req == 0 {
-				after = *n
-			}
-		})
+		m, after := afterFirstSubmit(t, cfg)
 		took := map[int8]bool{}
 		m.Successors(&after, func(a Action, n *State) {
 			if a.Kind == PrefillRecv {
@@ -419,6 +441,28 @@ func TestAnySourcePagesExploresEveryChoice(t *testing.T) {
 			t.Errorf("AnySourcePages %v: r0's intake took source pages %v, want %d choices including page 0", anySrc, took, want)
 		}
 	}
+}
+
+// afterFirstSubmit is cfg's model and the state after r0's Submit, its
+// first action.
+func afterFirstSubmit(t *testing.T, cfg Config) (*Model, State) {
+	t.Helper()
+	m, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := m.Initial()[0]
+	var after State
+	found := false
+	m.Successors(&s, func(a Action, n *State) {
+		if a.Kind == Submit && a.Req == 0 {
+			after, found = *n, true
+		}
+	})
+	if !found {
+		t.Fatal("r0's Submit is not enabled in the initial state")
+	}
+	return m, after
 }
 
 func TestMaxQueueBoundsEveryChannel(t *testing.T) {

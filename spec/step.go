@@ -98,11 +98,11 @@ func (a Action) String() string {
 				s += fmt.Sprintf("+scope-%d", a.Arg>>8)
 			}
 		case PrefillRecv:
-			if a.Arg&255 != 0 {
-				s += fmt.Sprintf("@p%d", a.Arg&255)
+			if a.Arg&15 != 0 {
+				s += fmt.Sprintf("@p%d", a.Arg&15)
 			}
-			if a.Arg>>8 != 0 {
-				s += fmt.Sprintf("+source-choice-%d", a.Arg>>8)
+			if a.Arg>>4 != 0 {
+				s += fmt.Sprintf("+source-choice-%d", a.Arg>>4)
 			}
 		case Crash, DetectCrash:
 			if a.Arg&DecodeNode != 0 {
@@ -241,7 +241,7 @@ func (g *successors) prefillRecvs() {
 			h := s.ToPrefill[p].Head()
 			if n := m.sourceChoices(s, p); n > 1 {
 				for i := 0; i < n; i++ {
-					g.do(Action{PrefillRecv, h.Req, uint16(p) | uint16(i)<<8}, 0, p, 0, i, func(x *sys, _, p, _, i int) { x.prefillRecv(p, i) })
+					g.do(Action{PrefillRecv, h.Req, uint16(p) | uint16(i)<<4}, 0, p, 0, i, func(x *sys, _, p, _, i int) { x.prefillRecv(p, i) })
 				}
 			} else {
 				g.do(Action{PrefillRecv, h.Req, uint16(p)}, 0, p, 0, 0, func(x *sys, _, p, _, _ int) { x.prefillRecv(p, 0) })

@@ -147,7 +147,7 @@ func (c *run[S, A]) wave(blocks []*block[S], outs []*expansion[S], next *frontie
 	for s := range more {
 		more[s] = len(c.waves[s].firsts)
 	}
-	c.seen.makeRoom(&more, func(f func(int)) { parallel(c.workers, numShards, f) })
+	c.seen.makeRoom(&more, c.workers)
 	first := c.seen.len()
 	n := int32(first)
 	for g, r := range ref {
