@@ -138,17 +138,21 @@ func itoa(n int) string {
 // pages that hold other requests' KV and answers with success, and the
 // answers carry other tenants' canaries. The demo fails naming them.
 //
-// Whose KV an over-long prompt's stale pages hold depends on the schedule,
-// and a run of 150 requests has only a dozen such successes, some of them
-// continuing a prompt of their own tenant; so up to three workloads (seeds)
-// are tried for a leak, and every one of them must fail with incoherent
-// successes.
+// Whose KV an over-long prompt's stale pages hold depends on the schedule:
+// pages whose KV and checksum are one earlier request's make an incoherent
+// success, pages mixed from several fail their checksum. A run of 150
+// requests on a quiet machine has about a dozen such successes, some of them
+// continuing a prompt of their own tenant; on a loaded one fewer (CI, with
+// the model checker beside the tests, once had none of 21 in a run: all
+// failed their checksum). So up to five workloads (seeds) are tried for a
+// leak, and every run must fail, its over-long prompts answered or failed
+// with no fault to explain them.
 func TestDemoReproducesTheIncidentWithItsThreeDefensesOff(t *testing.T) {
 	t.Parallel()
-	for seed := 1; seed <= 3; seed++ {
+	for seed := 1; seed <= 5; seed++ {
 		rc, got := runDemoJSON(t, "--incident", "--requests", "150", "--seed", strconv.Itoa(seed), "--bug", "admit-finished,no-token-check,no-tag-check")
-		if rc != 1 || got.Incoherent == 0 || len(got.LeakExamples) != min(got.Leaks, 10) {
-			t.Fatalf("seed %d: exit %d, %+v: want successes of over-long prompts", seed, rc, got)
+		if rc != 1 || got.Incoherent+got.Unexplained == 0 || len(got.LeakExamples) != min(got.Leaks, 10) {
+			t.Fatalf("seed %d: exit %d, %+v: want over-long prompts answered or failed without a fault to explain them", seed, rc, got)
 		}
 		for _, l := range got.LeakExamples {
 			if l.Tenant == l.ForeignTenant || l.Request == "" || !strings.HasPrefix(l.Text, "Key is ") {
@@ -158,7 +162,7 @@ func TestDemoReproducesTheIncidentWithItsThreeDefensesOff(t *testing.T) {
 		if got.Leaks > 0 {
 			return
 		}
-		t.Logf("seed %d: %d incoherent successes, none carrying another tenant's canary", seed, got.Incoherent)
+		t.Logf("seed %d: %d incoherent successes and %d unexplained failures, none carrying another tenant's canary", seed, got.Incoherent, got.Unexplained)
 	}
 	t.Fatal("no run of the incident leaked another tenant's canary")
 }
