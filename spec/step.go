@@ -140,32 +140,62 @@ func (k ActionKind) String() string {
 // State is about 3 KB: passing it by value cost a third of the run), and
 // must not change it: for an action that changes nothing it is s itself.
 func (m *Model) Successors(s *State, emit func(Action, *State)) {
+	m.successors(s, nil, emit)
+}
+
+// SuccessorsWhere emits, as Successors does and in its order, only the
+// successors whose action keep takes; keep is offered each one with its
+// index in Successors' order, and once it answers more=false no other is
+// offered. The others are not built (no copy, step or observation), and
+// those after the last wanted are not enumerated: tracing a path back wants
+// one successor of each state on it (the checker's rebuild of a trace, the
+// defense matrix's replays, hundreds of thousands of them in its most
+// filtered combinations), and the rest were most of that cost. With
+// coverage on, only the successors built count.
+func (m *Model) SuccessorsWhere(s *State, keep func(n int, a Action) (take, more bool), emit func(Action, *State)) {
+	m.successors(s, keep, emit)
+}
+
+func (m *Model) successors(s *State, keep func(int, Action) (bool, bool), emit func(Action, *State)) {
 	// The steps are called through function values, so the state they work
 	// on escapes to the heap: it is a scratch state from a pool, not one
 	// allocated per step (the checker calls this for every state it explores).
 	x := scratch.Get().(*sys)
 	defer scratch.Put(x)
 	x.m = m
-	g := successors{m: m, c: &m.cfg, x: x, s: s, emit: emit}
+	g := successors{m: m, c: &m.cfg, x: x, s: s, keep: keep, emit: emit}
+	// Direct calls (a loop over the kinds cost 2% of the checker's
+	// instructions); g.done is checked between groups of kinds, enough to
+	// spare a rebuild or a replay most of the enumeration after the
+	// successor it wants.
 	g.submits()
 	g.prefillRecvs()
 	g.prefillRecvQPs()
 	g.decodeRecvs()
+	if g.done {
+		return
+	}
 	g.decodeRecvQPs()
 	g.postWrites()
 	g.decodeReads()
+	if g.done {
+		return
+	}
 	g.detectCrashes()
 	g.detectPartitions()
 	g.computes()
 	g.retriesExceeded()
 	// Faults.
-	if !m.faultAllowed(s) {
+	if g.done || !m.faultAllowed(s) {
 		return
 	}
 	g.cancels()
 	g.crashes()
 	g.timeouts()
 	g.cuts()
+	if g.done {
+		return
+	}
 	g.corruptSends()
 	g.restarts()
 	g.rogues()
@@ -182,7 +212,25 @@ type successors struct {
 	c    *Config
 	x    *sys
 	s    *State
+	keep func(n int, a Action) (take, more bool) // nil: every successor
+	n    int                                     // successors offered to keep so far
+	done bool                                    // keep wants no more
 	emit func(Action, *State)
+}
+
+// skip reports whether the next successor, whose action is a, is not to be
+// built: keep refuses it, or wants no more.
+func (g *successors) skip(a Action) bool {
+	if g.keep == nil {
+		return false
+	}
+	if g.done {
+		return true
+	}
+	take, more := g.keep(g.n, a)
+	g.n++
+	g.done = !more
+	return !take
 }
 
 // do applies f to a copy of g.s and emits a with the result. Each step gets
@@ -191,6 +239,9 @@ type successors struct {
 // hook, escapes, and costs an allocation per transition (a sixth of the
 // checker's time).
 func (g *successors) do(a Action, r, p, d, n int, f step) {
+	if g.skip(a) {
+		return
+	}
 	m, x, s := g.m, g.x, g.s
 	if m.cov != nil || m.mutate != nil {
 		m.hooked(x, s, a, func() { f(x, r, p, d, n) })
@@ -484,7 +535,9 @@ func (g *successors) unchanged(a Action, r, p, d, n int, f step) {
 		g.do(a, r, p, d, n, f)
 		return
 	}
-	g.emit(a, g.s)
+	if !g.skip(a) {
+		g.emit(a, g.s)
+	}
 }
 
 // leasesLost emits the loss of the lease of each node the router still

@@ -394,3 +394,73 @@ func TestFingerprintDoesNotAllocate(t *testing.T) {
 		}
 	}
 }
+
+// SuccessorsWhere emits exactly the successors keep takes, each as
+// Successors does (the same action and next state, in the same order), and
+// offers keep every successor with its index in that order until it wants
+// no more: a rebuilt trace takes the successor its index names, and a
+// replay the first its action does.
+func TestSuccessorsWhereEmitsTheChosenAsSuccessorsDoes(t *testing.T) {
+	limit := 2000
+	if testing.Short() {
+		limit = 300
+	}
+	deployments := map[string]Config{"one pair, every fault": withEveryFault(NewConfig(3, 4, 2)), "two by two, cache and rogue": symmetricDeployments()["prefix cache, rogue"]}
+	type succ struct {
+		a    Action
+		next State
+	}
+	for name, cfg := range deployments {
+		plain, err := New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The tests' hook runs every step: the path with coverage on.
+		for _, m := range []*Model{plain, plain.WithCoverage(&Coverage{})} {
+			checked := 0
+			for _, s := range reachableBy(plain, limit, func(s *State) string { return string(plain.AppendFingerprint(nil, s)) }) {
+				var all []succ
+				m.Successors(&s, func(a Action, next *State) { all = append(all, succ{a, *next}) })
+				for i := range all {
+					// Taking the i-th, then wanting no more (a rebuild), or
+					// going on to the end.
+					for _, stop := range []bool{true, false} {
+						var got []succ
+						offered := 0
+						m.SuccessorsWhere(&s, func(n int, a Action) (bool, bool) {
+							if n != offered || a != all[n].a {
+								t.Fatalf("%s: keep offered successor %d (%v), want %d (%v)", name, n, a, offered, all[offered].a)
+							}
+							offered++
+							return n == i, !stop || n < i
+						}, func(a Action, next *State) { got = append(got, succ{a, *next}) })
+						wantOffered := len(all)
+						if stop {
+							wantOffered = i + 1
+						}
+						if offered != wantOffered || len(got) != 1 || got[0] != all[i] {
+							t.Fatalf("%s: keeping successor %d of %d (%v), stop %v: offered %d, emitted %d, equal %v", name, i, len(all), all[i].a, stop, offered, len(got), len(got) == 1 && got[0] == all[i])
+						}
+					}
+					checked++
+				}
+				// By action, as a replay picks: every successor of a kind.
+				for _, kind := range []ActionKind{PostWrite, DecodeRecvQP, Cancel} {
+					var got, want []succ
+					for _, x := range all {
+						if x.a.Kind == kind {
+							want = append(want, x)
+						}
+					}
+					m.SuccessorsWhere(&s, func(_ int, a Action) (bool, bool) { return a.Kind == kind, true }, func(a Action, next *State) { got = append(got, succ{a, *next}) })
+					if !slices.Equal(got, want) {
+						t.Fatalf("%s: the %v successors differ from Successors'", name, kind)
+					}
+				}
+			}
+			if checked < limit {
+				t.Fatalf("%s: %d successors checked over %d states: the test shows little", name, checked, limit)
+			}
+		}
+	}
+}

@@ -31,6 +31,19 @@ type Model[S any, A comparable] interface {
 	Finished(s *S) bool
 }
 
+// Selector is implemented by a model that can build only some of a state's
+// successors. Rebuilding a violation's trace takes one successor of each
+// state on it, by its index in Successors' order: with a Selector the
+// others are not built (the defense matrix rebuilds hundreds of thousands
+// of refused candidates' traces).
+type Selector[S any, A comparable] interface {
+	// SuccessorsWhere calls emit, as Successors would and in its order,
+	// for the successors that keep takes. keep is offered the successors
+	// in Successors' order, each with its index there, until it answers
+	// more=false.
+	SuccessorsWhere(s *S, keep func(n int, a A) (take, more bool), emit func(a A, next *S))
+}
+
 // Properties are what Check verifies of a model.
 type Properties[S any] struct {
 	Invariants []Invariant[S] // safety: checked in every reachable state
@@ -263,7 +276,8 @@ func CheckAccepting[S any, A comparable](m Model[S, A], props Properties[S], opt
 // run is one exploration.
 type run[S any, A comparable] struct {
 	m        Model[S, A]
-	enc      Encoder[S] // nil: the frontier holds states
+	enc      Encoder[S]     // nil: the frontier holds states
+	sel      Selector[S, A] // nil: a rebuild builds every successor on its path
 	invs     []Invariant[S]
 	goals    []Goal[S]
 	opt      Options
@@ -298,6 +312,7 @@ type run[S any, A comparable] struct {
 	// combinations refuse millions of candidates, whose fresh traces were
 	// a third of their CPU time (with the collections they caused, more).
 	lastKept bool
+	pick     *tracePick[S, A] // made by the first rebuild
 	stop     bool
 	heap     *heap
 
@@ -316,6 +331,7 @@ func newRun[S any, A comparable](m Model[S, A], props Properties[S], opt Options
 		start: time.Now(), seen: newVisited(), res: &Result[S, A]{}, found: map[string]bool{},
 		rejects: map[string]int{}, firstDeadlock: -1, heap: newHeap()}
 	c.enc, _ = m.(Encoder[S])
+	c.sel, _ = m.(Selector[S, A])
 	c.workers = opt.Workers
 	if c.workers <= 0 {
 		c.workers = runtime.GOMAXPROCS(0)
@@ -709,17 +725,54 @@ func (c *run[S, A]) fingerprint(b []byte) Fingerprint {
 	return FingerprintOf(b)
 }
 
+// tracePick is what a rebuild's step looks for among a state's successors,
+// with the callbacks that find it, and the rebuild's scratch: made once a
+// run, as a State on the heap per rebuild (the callbacks make what they
+// capture escape) cost the defense matrix, which rebuilds hundreds of
+// thousands of traces, an allocation and a clear of 3.4 KB each.
+type tracePick[S any, A comparable] struct {
+	next    S
+	action  A
+	n, want int
+	ok      bool
+	take    func(a A, s *S)
+	wanted  func(n int, a A) (take, more bool)
+
+	path    []int32       // the states from an initial one
+	choices []int         // each one's index among its parent's successors
+	fps     []Fingerprint // each one's fingerprint
+	buf     []byte        // a fingerprint's encoding
+}
+
+func (c *run[S, A]) tracePick() *tracePick[S, A] {
+	if c.pick == nil {
+		p := &tracePick[S, A]{}
+		p.take = func(a A, s *S) {
+			if p.n == p.want {
+				p.next, p.action, p.ok = *s, a, true
+			}
+			p.n++
+		}
+		p.wanted = func(n int, _ A) (bool, bool) { return n == p.want, n < p.want }
+		c.pick = p
+	}
+	return c.pick
+}
+
 // rebuild replays the recorded choices from the initial state to produce the
 // concrete trace that reaches a state, checking each state's fingerprint
 // (in bitstate mode, the last one's, when known).
 func (c *run[S, A]) rebuild(at stateRef) ([]Step[S, A], error) {
-	var choices []int
-	var fps []Fingerprint
+	pick := c.tracePick()
+	choices, fps := pick.choices[:0], []Fingerprint(nil)
 	if at.path == nil {
-		for _, i := range c.seen.path(at.idx) {
+		pick.path = c.seen.appendPath(pick.path[:0], at.idx)
+		fps = pick.fps[:0]
+		for _, i := range pick.path {
 			choices = append(choices, int(c.seen.succ.at(int(i))))
 			fps = append(fps, c.seen.fps.at(int(i)))
 		}
+		pick.fps = fps
 	} else {
 		for p := at.path; len(p) > 0; {
 			v, k := binary.Uvarint(p)
@@ -729,10 +782,10 @@ func (c *run[S, A]) rebuild(at stateRef) ([]Step[S, A], error) {
 			choices, p = append(choices, int(v)), p[k:]
 		}
 	}
+	pick.choices = choices
 	if len(choices) == 0 || choices[0] >= len(c.inits) {
 		return nil, ErrNondeterministic
 	}
-	var buf []byte
 	check := func(i int, s *S) bool {
 		if fps == nil && (i < len(choices)-1 || at.fp == (Fingerprint{})) {
 			return true
@@ -741,8 +794,8 @@ func (c *run[S, A]) rebuild(at stateRef) ([]Step[S, A], error) {
 		if fps != nil {
 			want = fps[i]
 		}
-		buf = c.m.AppendFingerprint(buf[:0], s)
-		return c.fingerprint(buf) == want
+		pick.buf = c.m.AppendFingerprint(pick.buf[:0], s)
+		return c.fingerprint(pick.buf) == want
 	}
 	// The prefix the last rebuild shares (the same choices make the same
 	// states): copied, not replayed.
@@ -759,38 +812,28 @@ func (c *run[S, A]) rebuild(at stateRef) ([]Step[S, A], error) {
 		trace = append(make([]Step[S, A], 0, len(choices)), c.last[:k]...)
 	}
 	if k == 0 {
-		cur := c.inits[choices[0]]
-		if !check(0, &cur) {
+		init := &c.inits[choices[0]]
+		if !check(0, init) {
 			return nil, ErrNondeterministic
 		}
-		trace = append(trace, Step[S, A]{State: cur, Initial: true})
+		trace = append(trace, Step[S, A]{State: *init, Initial: true})
 		k = 1
-	}
-	cur := trace[k-1].State
-	// What the closure below finds, declared once: the closure makes it
-	// escape, one allocation a rebuild rather than one a step (the defense
-	// matrix rebuilds hundreds of thousands of traces).
-	var pick struct {
-		next    S
-		action  A
-		n, want int
-		ok      bool
-	}
-	take := func(a A, s *S) {
-		if pick.n == pick.want {
-			pick.next, pick.action, pick.ok = *s, a, true
-		}
-		pick.n++
 	}
 	for i, want := range choices[k:] {
 		i += k - 1
+		// trace has room for every step: cur stays put while it grows.
+		cur := &trace[len(trace)-1].State
 		pick.n, pick.want, pick.ok = 0, want, false
-		c.m.Successors(&cur, take)
+		if c.sel != nil {
+			pick.n = want // the one successor emitted is the wanted one
+			c.sel.SuccessorsWhere(cur, pick.wanted, pick.take)
+		} else {
+			c.m.Successors(cur, pick.take)
+		}
 		if !pick.ok || !check(i+1, &pick.next) {
 			return nil, ErrNondeterministic
 		}
-		cur = pick.next
-		trace = append(trace, Step[S, A]{Action: pick.action, State: cur})
+		trace = append(trace, Step[S, A]{Action: pick.action, State: pick.next})
 	}
 	c.last, c.lastChoices, c.lastKept = trace, append(c.lastChoices[:0], choices...), false
 	return trace, nil

@@ -3,6 +3,7 @@ package checker_test
 import (
 	"errors"
 	"fmt"
+	"reflect"
 	"runtime/debug"
 	"slices"
 	"sync"
@@ -415,6 +416,53 @@ func TestAcceptedTracesSurviveLaterRefusedCandidates(t *testing.T) {
 		if !tr[0].Initial || last[3] != 1 || props.Invariants[v.Property[len(v.Property)-1]-'0'].Holds(&last) {
 			t.Fatalf("%s: the trace does not end where the accepted violation was: %v", v.Property, tr)
 		}
+	}
+}
+
+// selectingTokens is tokens with a Selector that counts what it builds.
+type selectingTokens struct {
+	tokens
+	calls, built *int
+}
+
+func (t selectingTokens) SuccessorsWhere(s *string, keep func(int, int) (bool, bool), emit func(int, *string)) {
+	*t.calls++
+	n, done := 0, false
+	t.Successors(s, func(a int, next *string) {
+		if done {
+			return
+		}
+		take, more := keep(n, a)
+		if take {
+			*t.built++
+			emit(a, next)
+		}
+		n, done = n+1, !more
+	})
+}
+
+// With a Selector a rebuild asks for the one successor of each step that
+// its recorded choice names, and builds the same traces as without it.
+func TestRebuildWithASelectorTakesOneSuccessorAStep(t *testing.T) {
+	notTwoAt := func(i int) checker.Invariant[string] {
+		return checker.Invariant[string]{Name: fmt.Sprintf("NoTwoAt%d", i), Holds: func(s *string) bool { return (*s)[i] != 2 }}
+	}
+	props := checker.Properties[string]{Invariants: []checker.Invariant[string]{notTwoAt(1), notTwoAt(3)}}
+	refuseUnlessLastIs1 := func(v checker.Violation[string, int]) bool { return v.Trace[len(v.Trace)-1].State[0] == 1 }
+	plain, err := checker.CheckAccepting[string, int](tokens{k: 4}, props, checker.Options{All: true, Workers: 1}, refuseUnlessLastIs1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls, built int
+	sel, err := checker.CheckAccepting[string, int](selectingTokens{tokens{k: 4}, &calls, &built}, props, checker.Options{All: true, Workers: 1}, refuseUnlessLastIs1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if calls == 0 || built != calls {
+		t.Fatalf("the rebuilds called SuccessorsWhere %d times and it built %d successors: want one a call, and some calls", calls, built)
+	}
+	if len(plain.Violations) != 2 || !reflect.DeepEqual(plain.Violations, sel.Violations) {
+		t.Fatalf("with a Selector the violations differ:\n%v\nwithout:\n%v", sel.Violations, plain.Violations)
 	}
 }
 

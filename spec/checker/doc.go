@@ -35,7 +35,8 @@
 // it reaches. Traces are rebuilt by replaying the
 // recorded successor choices from an initial state, checking every
 // fingerprint, which yields concrete (not canonicalised) states and detects a
-// model that is not deterministic. The only whole states kept are the BFS
+// model that is not deterministic; a model that implements [Selector] builds
+// only the successor each step takes. The only whole states kept are the BFS
 // frontier's: a model that implements [Encoder] has them held as compact
 // encodings and spilled to a file past [Options].FrontierMemory.
 // [Options].MaxMemory bounds the live heap, measured with runtime/metrics; past

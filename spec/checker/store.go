@@ -224,13 +224,13 @@ func (v *visited) dropIndex() {
 	}
 }
 
-// path returns the state numbers from an initial state to idx.
-func (v *visited) path(idx int32) []int32 {
-	var p []int32
+// appendPath appends the state numbers from an initial state to idx.
+func (v *visited) appendPath(p []int32, idx int32) []int32 {
+	base := len(p)
 	for i := idx; i >= 0; i = v.parents.at(int(i)) {
 		p = append(p, i)
 	}
-	for l, r := 0, len(p)-1; l < r; l, r = l+1, r-1 {
+	for l, r := base, len(p)-1; l < r; l, r = l+1, r-1 {
 		p[l], p[r] = p[r], p[l]
 	}
 	return p

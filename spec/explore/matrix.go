@@ -277,13 +277,15 @@ type replayer struct {
 	reach map[reachKey]bool
 	buf   []byte
 	// A replay step looks for the action want among the successors with
-	// pick, which sets next and found: fields and a closure made once, not
+	// pick, which sets next and found: fields and closures made once, not
 	// locals a closure would move to the heap (a 3.4 KB State an action,
 	// millions of actions in the matrix's most filtered combinations).
-	want  spec.Action
-	next  spec.State
-	found bool
-	pick  func(a spec.Action, n *spec.State)
+	// wanted has the model build only that successor (SuccessorsWhere).
+	want   spec.Action
+	next   spec.State
+	found  bool
+	pick   func(a spec.Action, n *spec.State)
+	wanted func(n int, a spec.Action) (take, more bool)
 	search
 }
 
@@ -329,6 +331,7 @@ func newReplayer(m *spec.Model) *replayer {
 			r.next, r.found = *n, true
 		}
 	}
+	r.wanted = func(_ int, a spec.Action) (bool, bool) { return a == r.want, a != r.want } // the first match
 	r.keep = func(a spec.Action, n *spec.State) {
 		if !a.IsFault() {
 			r.pending = append(r.pending, *n)
@@ -427,7 +430,7 @@ func (r *replayer) stillViolates(v checker.Violation[spec.State, spec.Action]) b
 	r.actions, r.states, r.dead = r.actions[:k], r.states[:k+1], false
 	for i := k; i < len(steps); i++ {
 		r.want, r.found = steps[i].Action, false
-		r.m.Successors(&r.states[len(r.states)-1], r.pick)
+		r.m.SuccessorsWhere(&r.states[len(r.states)-1], r.wanted, r.pick)
 		r.actions = append(r.actions, r.want)
 		if !r.found {
 			r.dead = true
