@@ -429,15 +429,13 @@ func (c *Config) intakePages(t int) int {
 	return c.PagesFor(t)
 }
 
-// sourceOrderings is how many ordered choices of source pages an intake of a
-// prompt of t tokens has at most, all of the prefill pool free: with
-// AnySourcePages each is a successor (Model.sourceChoices).
-func (c *Config) sourceOrderings(t int) int {
-	n := 1
-	for i := range c.intakePages(t) {
-		n *= c.PrefillPages - i
+// orderings is how many ordered choices of k things there are among n.
+func orderings(n, k int) int {
+	count := 1
+	for i := range k {
+		count *= n - i
 	}
-	return n
+	return count
 }
 
 // Validate checks that the configuration fits the state encoding.
@@ -491,7 +489,9 @@ func (c *Config) Validate() error {
 		if t <= c.ContextLimit && c.PagesFor(t) > MaxDecodePages {
 			return bad("prompt %d: %d pages exceed the encoding's %d", i, c.PagesFor(t), MaxDecodePages)
 		}
-		if n := c.sourceOrderings(t); c.AnySourcePages && n > MaxSourceChoices {
+		// With AnySourcePages each choice of an intake's source pages is a
+		// successor (Model.sourceChoices): at most this many, the pool free.
+		if n := orderings(c.PrefillPages, c.intakePages(t)); c.AnySourcePages && n > MaxSourceChoices {
 			return bad("prompt %d: any source pages: its intake may take %d pages of the %d-page prefill pool in %d orders, more than the %d an action can name", i, c.intakePages(t), c.PrefillPages, n, MaxSourceChoices)
 		}
 		if len(c.Scopes) > 0 && (c.Scopes[i] < 0 || c.Scopes[i] > MaxScopes) {

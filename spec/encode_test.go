@@ -497,8 +497,8 @@ func outsideWords(m *Model, s *State) int {
 func fullMinimum(m *Model, s *State) string {
 	var best []byte
 	for i := range m.nodes {
-		for j, p := range m.perms {
-			if e := m.encode(nil, s, renaming{req: p, reqMap: &m.reqMaps[j], nodes: &m.nodes[i]}); best == nil || bytes.Compare(e, best) < 0 {
+		for j := range m.perms {
+			if e := m.encode(nil, s, renaming{req: j, nodes: &m.nodes[i]}); best == nil || bytes.Compare(e, best) < 0 {
 				best = e
 			}
 		}

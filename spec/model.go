@@ -182,7 +182,7 @@ func (m *Model) appendCanonical(dst []byte, s *State, nodes []nodeRenaming) []by
 	if len(m.perms) == 1 && len(nodes) == 1 {
 		// No two requests or nodes are interchangeable: the identity is the
 		// one renaming, and it sorts by key whatever the keys.
-		return m.encode(dst, s, renaming{req: m.perms[0], reqMap: &m.reqMaps[0], nodes: &nodes[0]})
+		return m.encode(dst, s, renaming{req: 0, nodes: &nodes[0]})
 	}
 	var pk [MaxPrefills]uint64
 	var dk [MaxDecodes]uint64
@@ -204,7 +204,7 @@ func (m *Model) appendCanonical(dst []byte, s *State, nodes []nodeRenaming) []by
 			// one renaming sorts by key, the ranks', found without trying
 			// every permutation.
 			if i, ok := m.rankPerm(&keys); ok {
-				dst = m.keepLeast(dst, base, &best, s, renaming{req: m.perms[i], reqMap: &m.reqMaps[i], nodes: nr})
+				dst = m.keepLeast(dst, base, &best, s, renaming{req: i, nodes: nr})
 				continue
 			}
 		}
@@ -215,7 +215,7 @@ func (m *Model) appendCanonical(dst []byte, s *State, nodes []nodeRenaming) []by
 			if len(m.perms) > 1 && !m.sortsByKey(p, &keys) {
 				continue
 			}
-			dst = m.keepLeast(dst, base, &best, s, renaming{req: p, reqMap: &m.reqMaps[i], nodes: nr})
+			dst = m.keepLeast(dst, base, &best, s, renaming{req: i, nodes: nr})
 		}
 	}
 	return dst
@@ -451,12 +451,12 @@ func (m *Model) sortsByKey(perm []int8, keys *[MaxRequests]uint64) bool {
 	return true
 }
 
-// renaming is one symmetry of the deployment: request r renamed req[r], and
-// the nodes renamed by nodes.
+// renaming is one symmetry of the deployment: request r renamed
+// perms[req][r] (req 0, the identity, renames none), and the nodes renamed
+// by nodes.
 type renaming struct {
-	req    []int8
-	reqMap *[256]byte // req as a table (Model.reqMaps)
-	nodes  *nodeRenaming
+	req   int
+	nodes *nodeRenaming
 }
 
 // encode writes s renamed by rn, with each decode node's pages renamed
@@ -484,7 +484,6 @@ func (m *Model) encode(dst []byte, s *State, rn renaming) []byte {
 type encoder struct {
 	c              *Config
 	s              *State
-	perm           []int8
 	nodes          *nodeRenaming
 	npages         int
 	np, nd         int
@@ -543,9 +542,8 @@ var _ [1 - (MaxDecodePages-1)>>4]struct{}
 
 func (e *encoder) init(m *Model, s *State, rn renaming) {
 	c := &m.cfg
-	perm := rn.req
-	e.c, e.s, e.perm, e.nodes, e.reqMap = c, s, perm, rn.nodes, rn.reqMap
-	e.identity = rn.reqMap == &m.reqMaps[0] // symmetries lists the identity first
+	e.c, e.s, e.nodes, e.reqMap = c, s, rn.nodes, &m.reqMaps[rn.req]
+	e.identity = rn.req == 0 // symmetries lists the identity first
 	e.npages = c.DecodePages
 	e.np, e.nd = c.NumPrefills(), c.NumDecodes()
 	e.multi = e.np*e.nd > 1
@@ -554,7 +552,7 @@ func (e *encoder) init(m *Model, s *State, rn renaming) {
 	e.restarts = c.Faults[FaultRestart] > 0
 	e.decodeRestarts = e.restarts && c.DecodeRestarts
 	e.cache = c.PrefixCache > 0
-	for old, nw := range perm {
+	for old, nw := range m.perms[rn.req] {
 		e.inv[nw] = int8(old)
 	}
 }

@@ -11,7 +11,7 @@ type ActionKind uint8
 // Protocol actions first, then faults (see Action.IsFault).
 const (
 	Submit         ActionKind = iota // the client sends a request; the router checks it and dispatches it
-	PrefillRecv                      // prefill takes the next router message (Prefill or Abort)
+	PrefillRecv                      // prefill takes the next router message (Prefill or Abort) (Arg: the node, and under AnySourcePages its choice of source pages <<4)
 	PrefillRecvQP                    // prefill takes the next message from decode (Grant or Abort)
 	DecodeRecv                       // decode takes the next router message (Abort or PeerFailed)
 	DecodeRecvQP                     // the next WRITE on the queue pair is placed, or the next SEND delivered
@@ -53,8 +53,8 @@ const (
 	SendBack   = 2 // the SEND is decode's Grant, not prefill's Done
 )
 
-// Node arguments. Submit's Arg is Route(p, d); PrefillRecv's, Crash's,
-// Restart's and DetectCrash's the prefill node; DecodeRecv's the decode node;
+// Node arguments. Submit's Arg is Route(p, d); PrefillRecv's (its low 4
+// bits), Crash's, Restart's and DetectCrash's the prefill node; DecodeRecv's the decode node;
 // PrefillRecvQP's and Cut's Route(p, d) of their queue pair; LeaseLost's the
 // prefill node or DecodeNode|d. Every other action's node follows from its
 // request's route. In a one-pair deployment every node argument is 0.
@@ -769,13 +769,10 @@ func (m *Model) sourceChoices(s *State, p int) int {
 	}
 	q := &s.Req[h.Req]
 	t := c.Prompts[h.Req]
-	pages := c.PagesFor(t)
-	if t > c.PrefillLimit() {
-		if !c.Bugs.Has(AdmitFinished) {
-			return 0
-		}
-		pages = 1 // the placeholder
+	if t > c.PrefillLimit() && !c.Bugs.Has(AdmitFinished) {
+		return 0 // rejected; admitted, a one-page placeholder
 	}
+	pages := c.intakePages(t)
 	if s.Fenced[q.P][q.D] || s.QPInc[q.P][q.D] != s.Inc[q.P] || s.Severed[q.D] {
 		return 0
 	}
@@ -788,11 +785,7 @@ func (m *Model) sourceChoices(s *State, p int) int {
 	if free < pages {
 		return 0
 	}
-	count := 1
-	for i := 0; i < pages; i++ {
-		count *= free - i
-	}
-	return count
+	return orderings(free, pages)
 }
 
 // reservations returns how many ways decode can reserve pages for the Bootstrap
@@ -814,11 +807,7 @@ func (m *Model) reservations(s *State, d int, h Msg) int {
 	if m.cfg.LowestPages {
 		return 1
 	}
-	count := 1
-	for i := 0; i < pl.fresh; i++ {
-		count *= pl.cands.n - i
-	}
-	return count
+	return orderings(pl.cands.n, pl.fresh)
 }
 
 // onPair reports whether the request was routed to queue pair (p, d).

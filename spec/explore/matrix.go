@@ -276,11 +276,11 @@ type replayer struct {
 	// from the state without faults (liveness candidates).
 	reach map[reachKey]bool
 	buf   []byte
-	// A replay step looks for the action want among the successors with
-	// pick, which sets next and found: fields and closures made once, not
-	// locals a closure would move to the heap (a 3.4 KB State an action,
-	// millions of actions in the matrix's most filtered combinations).
-	// wanted has the model build only that successor (SuccessorsWhere).
+	// A replay step has the model build only the first successor whose
+	// action is want (wanted, SuccessorsWhere), which pick keeps in next,
+	// setting found: fields and closures made once, not locals a closure
+	// would move to the heap (a 3.4 KB State an action, millions of actions
+	// in the matrix's most filtered combinations).
 	want   spec.Action
 	next   spec.State
 	found  bool
@@ -326,11 +326,7 @@ type reachKey struct {
 func newReplayer(m *spec.Model) *replayer {
 	r := &replayer{m: m, reach: map[reachKey]bool{}}
 	r.visited = map[checker.Fingerprint]struct{}{}
-	r.pick = func(a spec.Action, n *spec.State) {
-		if !r.found && a == r.want {
-			r.next, r.found = *n, true
-		}
-	}
+	r.pick = func(_ spec.Action, n *spec.State) { r.next, r.found = *n, true }
 	r.wanted = func(_ int, a spec.Action) (bool, bool) { return a == r.want, a != r.want } // the first match
 	r.keep = func(a spec.Action, n *spec.State) {
 		if !a.IsFault() {
