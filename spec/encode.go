@@ -57,6 +57,9 @@ func stateBytes(s *State) []byte { return unsafe.Slice((*byte)(unsafe.Pointer(s)
 // on the 2 KB State, BenchmarkCopyState).
 func copyState(dst, src *State) { copy(stateBytes(dst), stateBytes(src)) }
 
+// CopyState sets *dst to *src (the checker's StateCopier).
+func (m *Model) CopyState(dst, src *State) { copyState(dst, src) }
+
 // encodingBase is the base of every encoding: an initial state (that of a zero
 // configuration; any fixed state would be exact, a close one is compact).
 var encodingBase = (&Model{}).Initial()[0]

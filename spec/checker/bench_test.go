@@ -59,8 +59,11 @@ func BenchmarkCheckDefaultBounds(b *testing.B) {
 	b.ReportMetric(heapPerState, "heap-B/state")
 }
 
-// The spec holds its frontier encoded.
-var _ checker.Encoder[spec.State] = (*spec.Model)(nil)
+// The spec holds its frontier encoded, and copies its states with memmove.
+var (
+	_ checker.Encoder[spec.State]     = (*spec.Model)(nil)
+	_ checker.StateCopier[spec.State] = (*spec.Model)(nil)
+)
 
 // BenchmarkCheckTwoPageBounds explores the spec at CI's two-page bounds
 // (kvhandoff check --prompts 4,4,9 --pages 6 --prefill-pages 4): 4.9M states.

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"math"
 	"math/bits"
+	"unsafe"
 )
 
 // Bitstate mode (SPIN's -DBITSTATE, Holzmann's supertrace): instead of a
@@ -78,6 +79,12 @@ func (b *bitArray) has(fp Fingerprint) bool {
 		h += step
 	}
 	return true
+}
+
+// prefetch starts loading the word of fp's first bit.
+func (b *bitArray) prefetch(fp Fingerprint) {
+	p := uint64(shardOf(fp))<<b.regionBits | fp[1]&(uint64(1)<<b.regionBits-1)
+	prefetch(uintptr(unsafe.Pointer(&b.words[p>>6])))
 }
 
 // add sets fp's bits and reports whether any was clear (the state is new),

@@ -47,9 +47,13 @@
 // Below that it is 100: a small heap at 25 was collected every few megabytes.
 //
 // Speed: the model hands each successor to the checker by pointer, valid
-// during the call only, so that a large state is not copied per transition;
-// the model's fingerprint is computed once per transition and its encoding
-// once per new state, and those two dominate the checker's own costs.
+// during the call only; the model's fingerprint is computed once per
+// transition and its encoding once per new state, and those two dominate
+// the checker's own costs. A successor not among its block's candidates is
+// looked up in the visited set only once the next one has been
+// fingerprinted, with its index slot prefetched meanwhile, so that the
+// lookup's cache miss overlaps that work: the successor waits as a copy
+// (made by the model's CopyState if it implements [StateCopier]).
 //
 // Exploration is parallel (one worker per core) and deterministic, with no
 // serial merge: a level's frontier is cut into blocks of 256 states, and a

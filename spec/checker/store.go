@@ -3,7 +3,7 @@ package checker
 import (
 	"math"
 	"math/bits"
-	"sync/atomic"
+	"unsafe"
 
 	"github.com/zeebo/xxh3"
 )
@@ -51,7 +51,6 @@ type visited struct {
 	shards  [numShards]shard
 	mask    uint64 // slots per shard - 1
 	numBits uint   // log2(numShards × slots per shard)
-	touched atomic.Uint32
 }
 
 // shard is one part of the index.
@@ -105,6 +104,12 @@ func (v *visited) lookup(fp Fingerprint) int32 {
 	}
 }
 
+// prefetch starts loading the slot where a lookup of fp begins.
+func (v *visited) prefetch(fp Fingerprint) {
+	t := v.shards[shardOf(fp)].table
+	prefetch(uintptr(unsafe.Pointer(&t[fp[0]&v.mask])))
+}
+
 // place indexes state idx, which must be absent, under fp. Workers may place
 // states of distinct shards at once.
 func (v *visited) place(fp Fingerprint, idx int32) {
@@ -117,26 +122,23 @@ func (v *visited) place(fp Fingerprint, idx int32) {
 	s.n++
 }
 
-// placeAhead is how many states ahead placeAll reads the slot where a state
-// will probe: the loads of 8 places' slots are then in flight at once.
+// placeAhead is how many states ahead placeAll prefetches the slot where a
+// state will probe: the loads of 8 places' slots are then in flight at once.
 const placeAhead = 8
 
 // placeAll places the wave's first occurrences firsts of one shard, each
 // under its number num[f.g]. Placing one is a cache miss on its slot (the
-// index is megabytes, and the slot is random): a state's slot is first read
-// placeAhead states before it is placed, so that the misses overlap instead
-// of coming one after the other (a loop that placed one state at a time
-// spent about 100 ns a state, the memory's latency).
+// index is megabytes, and the slot is random): a state's slot is
+// prefetched placeAhead states before it is placed, so that the misses
+// overlap instead of coming one after the other (a loop that placed one
+// state at a time spent about 100 ns a state, the memory's latency).
 func (v *visited) placeAll(firsts []waveFirst, num []int32) {
-	var touched uint32
 	for k, f := range firsts {
 		if k+placeAhead < len(firsts) {
-			fp := firsts[k+placeAhead].fp
-			touched += v.shards[shardOf(fp)].table[fp[0]&v.mask]
+			v.prefetch(firsts[k+placeAhead].fp)
 		}
 		v.place(f.fp, num[f.g])
 	}
-	v.touched.Add(touched) // so that the reads above are not dropped as unused
 }
 
 // reserve grows the arrays to hold n states, for workers to set at once.

@@ -14,8 +14,10 @@ import (
 // arrays:
 //
 //  1. expand (a task per block): generate every successor, fingerprint it,
-//     drop those already visited (the index is only read) and those seen
-//     earlier in the block; the rest are candidates, grouped by shard;
+//     drop those seen earlier in the block and those already visited (the
+//     index is only read; a successor is looked up once the next one has
+//     been fingerprinted, its slot prefetched meanwhile); the rest are
+//     candidates, grouped by shard;
 //  2. deduplicate (a task per shard): in block order, keep the first
 //     occurrence of each candidate in the wave;
 //  3. commit (a task per block, and one per shard): the first occurrences,
@@ -376,11 +378,35 @@ type worker[S any, A comparable] struct {
 	cur    *S            // the state being expanded
 	parent int32         // the number of the state being expanded
 	n      int           // its successors so far
+
+	// pend is the last successor not found among the block's candidates:
+	// it is looked up in the visited set only once the next one has been
+	// fingerprinted, so that the cache miss of its slot, prefetched, has
+	// had that time to arrive (a lookup on the spot waited for memory,
+	// about a tenth of the run's time).
+	pend      pendingSucc[S]
+	pending   bool
+	copyState func(dst, src *S)
+}
+
+// pendingSucc is a successor whose lookup is deferred: a copy of its state,
+// with what its candidate needs.
+type pendingSucc[S any] struct {
+	state  S
+	fp     Fingerprint
+	parent int32
+	succ   uint16
+	fault  bool
+	edge   int // its protocol edge's place in out.edges, or -1
 }
 
 func newWorker[S any, A comparable](c *run[S, A]) *worker[S, A] {
 	w := &worker[S, A]{c: c, local: make([]int32, 1024)}
 	w.emit = w.successor
+	w.copyState = func(dst, src *S) { *dst = *src }
+	if cp, ok := c.m.(StateCopier[S]); ok {
+		w.copyState = cp.CopyState
+	}
 	return w
 }
 
@@ -394,6 +420,7 @@ func (w *worker[S, A]) expand(b *block[S], out *expansion[S]) {
 	out.states, out.data, out.deadlocks = out.states[:0], out.data[:0], out.deadlocks[:0]
 	out.transitions, out.err = 0, nil
 	clear(w.local)
+	w.pending = false
 	w.out = out
 	out.block = b
 	data := b.data
@@ -424,6 +451,9 @@ func (w *worker[S, A]) expand(b *block[S], out *expansion[S]) {
 		if w.n == 0 && !c.m.Finished(s) {
 			out.deadlocks = append(out.deadlocks, w.parent)
 		}
+	}
+	if w.pending {
+		w.resolve()
 	}
 	w.out = nil
 	// Group the candidates by shard (a counting sort, stable).
@@ -468,14 +498,19 @@ func (w *worker[S, A]) successor(a A, next *S) {
 	fp := c.fingerprint(w.fbuf)
 	fault := c.m.IsFault(a)
 	protocol := c.liveness && !fault
+	if w.pending && w.pend.fp == fp {
+		// The same state as the pending successor: decided first, so that
+		// the block's table below has it if it is new (else it would be a
+		// second candidate, encoded for the wave's deduplication to drop).
+		w.resolve()
+	}
 	// The block's own candidates first: their table is small and in cache,
 	// and a candidate is not in the visited set (nothing writes it while
 	// blocks expand), so the order of the two lookups changes nothing but
 	// the visited set's cache misses, saved for a state reached twice in
 	// the block.
 	mask := uint64(len(w.local) - 1)
-	i := fp[1] & mask
-	for ; w.local[i] != 0; i = (i + 1) & mask {
+	for i := fp[1] & mask; w.local[i] != 0; i = (i + 1) & mask {
 		if ci := w.local[i] - 1; out.cands[ci].fp == fp {
 			if protocol {
 				out.edges = append(out.edges, candRef|uint32(ci))
@@ -484,24 +519,54 @@ func (w *worker[S, A]) successor(a A, next *S) {
 		}
 	}
 	if c.bits != nil {
+		c.bits.prefetch(fp)
+	} else {
+		c.seen.prefetch(fp)
+	}
+	if w.pending {
+		w.resolve()
+	}
+	p := &w.pend
+	p.fp, p.parent, p.succ, p.fault, p.edge = fp, w.parent, uint16(k), fault, -1
+	if protocol {
+		p.edge = len(out.edges)
+		out.edges = append(out.edges, 0)
+	}
+	w.copyState(&p.state, next)
+	w.pending = true
+}
+
+// resolve decides the pending successor: a state visited before, or a new
+// candidate.
+func (w *worker[S, A]) resolve() {
+	c, out, p := w.c, w.out, &w.pend
+	w.pending = false
+	fp := p.fp
+	if c.bits != nil {
 		if c.bits.has(fp) {
 			return
 		}
 	} else if known := c.seen.lookup(fp); known >= 0 {
-		if protocol {
-			out.edges = append(out.edges, uint32(known))
+		if p.edge >= 0 {
+			out.edges[p.edge] = uint32(known)
 		}
 		return
 	}
+	mask := uint64(len(w.local) - 1)
+	i := fp[1] & mask
+	for w.local[i] != 0 {
+		i = (i + 1) & mask
+	}
 	ci := int32(len(out.cands))
 	w.local[i] = ci + 1
-	out.cands = append(out.cands, candidate{parent: w.parent, succ: uint16(k), fault: fault, fp: fp,
+	next := &p.state
+	out.cands = append(out.cands, candidate{parent: p.parent, succ: p.succ, fault: p.fault, fp: fp,
 		badMask: c.evalInvs(next), goals: c.evalGoals(next)})
 	if 2*len(out.cands) > len(w.local) {
 		w.growLocal()
 	}
-	if protocol {
-		out.edges = append(out.edges, candRef|uint32(ci))
+	if p.edge >= 0 {
+		out.edges[p.edge] = candRef | uint32(ci)
 	}
 	if c.enc == nil {
 		out.states = append(out.states, *next)
