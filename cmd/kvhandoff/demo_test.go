@@ -76,12 +76,27 @@ func TestDemoWithEveryDefenseOnLeaksNothingUnderFaults(t *testing.T) {
 // The prefix cache's scope dropped from its key (scope-dropped, SGLang
 // #37160): tenants read pages other tenants' requests cached, and the demo
 // fails naming each cross-scope hit as a leak.
+//
+// A cross-scope hit needs a tenant's request for the common system prompt
+// to come before its own scope has cached it, after another tenant's has:
+// the schedule decides. A quiet run of 150 requests has several; one beside
+// the whole test suite and two model checkers once had none of 35 hits. So
+// up to five workloads (seeds) are tried for one, and the run that has
+// cross-scope hits must fail naming them.
 func TestDemoNamesACrossScopeHitAsALeak(t *testing.T) {
-	rc, got := runDemoJSON(t, "--requests", "150", "--no-faults", "--bug", "scope-dropped")
-	if rc != 1 || got.CrossScopeHits == 0 || got.Leaks < got.CrossScopeHits || len(got.LeakExamples) == 0 ||
-		!strings.Contains(got.LeakExamples[0].Text, "cross-scope hit") || got.LeakExamples[0].ForeignTenant == got.LeakExamples[0].Tenant {
-		t.Fatalf("exit %d, %+v", rc, got)
+	for seed := 1; seed <= 5; seed++ {
+		rc, got := runDemoJSON(t, "--requests", "150", "--no-faults", "--seed", strconv.Itoa(seed), "--bug", "scope-dropped")
+		if got.CrossScopeHits == 0 {
+			t.Logf("seed %d: exit %d, %d prefix hits, none across scopes", seed, rc, got.PrefixHits)
+			continue
+		}
+		if rc != 1 || got.Leaks < got.CrossScopeHits || len(got.LeakExamples) == 0 ||
+			!strings.Contains(got.LeakExamples[0].Text, "cross-scope hit") || got.LeakExamples[0].ForeignTenant == got.LeakExamples[0].Tenant {
+			t.Fatalf("seed %d: exit %d, %+v", seed, rc, got)
+		}
+		return
 	}
+	t.Fatal("no run had a cross-scope hit")
 }
 
 // Each of the prefix cache's five switches makes the demo exit 1, naming
