@@ -50,9 +50,9 @@
 // during the call only; the model's fingerprint is computed once per
 // transition and its encoding once per new state, and those two dominate
 // the checker's own costs. A successor not among its block's candidates is
-// looked up in the visited set only once the next one has been
-// fingerprinted, with its index slot prefetched meanwhile, so that the
-// lookup's cache miss overlaps that work: the successor waits as a copy
+// looked up in the visited set only once the next such one has been
+// fingerprinted (or the block ends), with its index slot prefetched
+// meanwhile, so that the lookup's cache miss overlaps that work: the successor waits as a copy
 // (made by the model's CopyState if it implements [StateCopier]).
 //
 // Exploration is parallel (one worker per core) and deterministic, with no

@@ -15,9 +15,10 @@ import (
 //
 //  1. expand (a task per block): generate every successor, fingerprint it,
 //     drop those seen earlier in the block and those already visited (the
-//     index is only read; a successor is looked up once the next one has
-//     been fingerprinted, its slot prefetched meanwhile); the rest are
-//     candidates, grouped by shard;
+//     index is only read; a successor not among the block's candidates
+//     waits for its lookup until the next such one has been fingerprinted,
+//     its slot prefetched meanwhile); the rest are candidates, grouped by
+//     shard;
 //  2. deduplicate (a task per shard): in block order, keep the first
 //     occurrence of each candidate in the wave;
 //  3. commit (a task per block, and one per shard): the first occurrences,
@@ -380,10 +381,11 @@ type worker[S any, A comparable] struct {
 	n      int           // its successors so far
 
 	// pend is the last successor not found among the block's candidates:
-	// it is looked up in the visited set only once the next one has been
-	// fingerprinted, so that the cache miss of its slot, prefetched, has
-	// had that time to arrive (a lookup on the spot waited for memory,
-	// about a tenth of the run's time).
+	// it is looked up in the visited set only when the next such successor
+	// has been fingerprinted (or one equal to it, or the block ends), so
+	// that the cache miss of its slot, prefetched, has had that time to
+	// arrive (a lookup on the spot waited for memory, about a tenth of the
+	// run's time).
 	pend      pendingSucc[S]
 	pending   bool
 	copyState func(dst, src *S)

@@ -6,42 +6,39 @@ import (
 	"testing"
 )
 
-// twins is a chain 0 → 1 → … → limit in which every step is taken by two
-// actions in a row (0 and 1) that lead to the same state, and a third
-// (2) skips a state.
-type twins struct{ limit uint64 }
+// table is a model given by its successor lists: state s's successors are
+// table[s], in order, each by the action of its index.
+type table map[uint64][]uint64
 
-func (twins) Initial() []uint64 { return []uint64{0} }
+func (table) Initial() []uint64 { return []uint64{0} }
 
-func (m twins) Successors(s *uint64, emit func(a int, next *uint64)) {
-	if *s >= m.limit {
-		return
-	}
-	n := *s + 1
-	emit(0, &n)
-	emit(1, &n)
-	if *s+2 <= m.limit {
-		k := *s + 2
-		emit(2, &k)
+func (t table) Successors(s *uint64, emit func(a int, next *uint64)) {
+	for a, n := range t[*s] {
+		emit(a, &n)
 	}
 }
 
-func (twins) AppendFingerprint(dst []byte, s *uint64) []byte { return binary.AppendUvarint(dst, *s) }
-func (twins) IsFault(int) bool                               { return false }
-func (m twins) Finished(s *uint64) bool                      { return *s == m.limit }
+func (table) AppendFingerprint(dst []byte, s *uint64) []byte { return binary.AppendUvarint(dst, *s) }
+func (table) IsFault(int) bool                               { return false }
+func (t table) Finished(s *uint64) bool                      { return len(t[*s]) == 0 }
 
 // expandOne expands one block of states (numbered from 0) with a fresh run
-// of m, whose visited set is empty.
-func expandOne(t *testing.T, m twins, states ...uint64) *expansion[uint64] {
+// of m whose visited set holds known, numbered from 0.
+func expandOne(t *testing.T, m table, known []uint64, states ...uint64) *expansion[uint64] {
 	t.Helper()
-	done := Goal[uint64]{Name: "done", Reached: func(s *uint64) bool { return *s == m.limit }}
+	done := Goal[uint64]{Name: "done", Reached: func(s *uint64) bool { return m.Finished(s) }}
 	c, err := newRun(Model[uint64, int](m), Properties[uint64]{Goals: []Goal[uint64]{done}}, Options{Workers: 1}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
+	for i, s := range known {
+		if idx, added := c.seen.insert(c.fingerprint(m.AppendFingerprint(nil, &s)), -1, uint16(i)); !added || int(idx) != i {
+			t.Fatalf("state %d: numbered %d, added %v", s, idx, added)
+		}
+	}
 	b := c.blocks.get(false)
 	for i, s := range states {
-		b.idx, b.states = append(b.idx, int32(i)), append(b.states, s)
+		b.idx, b.states = append(b.idx, int32(len(known)+i)), append(b.states, s)
 	}
 	out := &expansion[uint64]{}
 	newWorker(c).expand(b, out)
@@ -51,44 +48,49 @@ func expandOne(t *testing.T, m twins, states ...uint64) *expansion[uint64] {
 	return out
 }
 
+// candidateAt is where a candidate came from, and its state.
+type candidateAt struct {
+	parent int32
+	succ   uint16
+	state  uint64
+}
+
+func candidatesOf(out *expansion[uint64]) []candidateAt {
+	var cs []candidateAt
+	for i, cd := range out.cands {
+		cs = append(cs, candidateAt{cd.parent, cd.succ, out.states[i]})
+	}
+	return cs
+}
+
 // A successor's lookup in the visited set waits until the next successor
-// has been fingerprinted (the pending one). A successor equal to the
-// pending one must find it, not become a second candidate: the deferral
-// must leave a block's candidates as distinct as a lookup on the spot did,
-// and each protocol edge must name its target.
+// not among the block's candidates has been fingerprinted (the pending
+// one). That next one must not overwrite the pending one's state, and one
+// equal to the pending one must find it, not become a second candidate: the
+// deferral must leave a block's candidates as a lookup on the spot did, and
+// each protocol edge must name its target.
 func TestADeferredLookupFindsTheSuccessorPendingBeforeIt(t *testing.T) {
-	out := expandOne(t, twins{limit: 5}, 2)
-	if len(out.cands) != 2 || out.cands[0].fp == out.cands[1].fp {
-		t.Fatalf("candidates %+v, want two distinct (states 3 and 4)", out.cands)
+	out := expandOne(t, table{10: {11, 12, 11, 12}}, nil, 10)
+	if got, want := candidatesOf(out), []candidateAt{{0, 0, 11}, {0, 1, 12}}; !slices.Equal(got, want) {
+		t.Fatalf("candidates %+v, want %+v", got, want)
 	}
-	if want := []uint32{candRef, candRef, candRef | 1}; !slices.Equal(out.edges, want) {
+	if want := []uint32{candRef, candRef | 1, candRef, candRef | 1}; !slices.Equal(out.edges, want) {
 		t.Fatalf("edges %x, want %x", out.edges, want)
-	}
-	if out.cands[0].succ != 0 || out.cands[1].succ != 2 {
-		t.Fatalf("candidates come from successors %d and %d, want 0 and 2", out.cands[0].succ, out.cands[1].succ)
 	}
 }
 
 // A pending successor outlives the state it came from: it is decided
 // while the next state of the block is expanded, or after the block's
 // last, under its own parent and successor index, its edge where that
-// parent's edges are.
+// parent's edges are; one already visited gets its number as its edge.
 func TestADeferredLookupKeepsItsParentAcrossStates(t *testing.T) {
-	out := expandOne(t, twins{limit: 5}, 2, 3) // 3, 3, 4; then 4, 4, 5
-	type cand struct {
-		parent int32
-		succ   uint16
+	// States 99 and 21 visited before (numbers 0 and 1); the block is 10
+	// and 20 (numbers 2 and 3).
+	out := expandOne(t, table{10: {11, 12, 11}, 20: {12, 21, 22}}, []uint64{99, 21}, 10, 20)
+	if got, want := candidatesOf(out), []candidateAt{{2, 0, 11}, {2, 1, 12}, {3, 2, 22}}; !slices.Equal(got, want) {
+		t.Fatalf("candidates %+v, want %+v", got, want)
 	}
-	want := []cand{{0, 0}, {0, 2}, {1, 2}} // states 3, 4 and 5
-	if len(out.cands) != len(want) {
-		t.Fatalf("candidates %+v, want %v", out.cands, want)
-	}
-	for i, w := range want {
-		if got := (cand{out.cands[i].parent, out.cands[i].succ}); got != w {
-			t.Fatalf("candidate %d comes from %+v, want %+v", i, got, w)
-		}
-	}
-	wantEdges := []uint32{candRef, candRef, candRef | 1, candRef | 1, candRef | 1, candRef | 2}
+	wantEdges := []uint32{candRef, candRef | 1, candRef, candRef | 1, 1, candRef | 2}
 	if !slices.Equal(out.edges, wantEdges) || !slices.Equal(out.edgeEnd, []int32{3, 6}) {
 		t.Fatalf("edges %x ending at %v, want %x ending at [3 6]", out.edges, out.edgeEnd, wantEdges)
 	}
