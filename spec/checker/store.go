@@ -198,6 +198,8 @@ func (v *visited) makeRoom(more *[numShards]int, workers int) {
 // read a fingerprint at a random place for each state (its number is all
 // a slot holds), a cache miss each, and spent 3.7% of a run's CPU there
 // (BenchmarkCheckDefaultBounds). Each group of shards scans every state.
+// A state's new slot is prefetched placeAhead states before it is written,
+// as placeAll does.
 func (v *visited) reindex(from, to int) {
 	for i := from; i < to; i++ {
 		v.shards[i].table = make([]uint32, v.mask+1)
@@ -206,6 +208,11 @@ func (v *visited) reindex(from, to int) {
 	for c := 0; c*(1<<chunkBits) < n; c++ {
 		chunk := v.fps.chunks[c][:min(1<<chunkBits, n-c*(1<<chunkBits))]
 		for k := range chunk {
+			if k+placeAhead < len(chunk) {
+				if ahead := chunk[k+placeAhead]; shardOf(ahead) >= from && shardOf(ahead) < to {
+					v.prefetch(ahead)
+				}
+			}
 			fp := &chunk[k]
 			if sh := shardOf(*fp); sh >= from && sh < to {
 				t := v.shards[sh].table
