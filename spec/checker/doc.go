@@ -52,8 +52,9 @@
 // the checker's own costs. A successor not among its block's candidates is
 // looked up in the visited set only once the next such one has been
 // fingerprinted (or the block ends), with its index slot prefetched
-// meanwhile, so that the lookup's cache miss overlaps that work: the successor waits as a copy
-// (made by the model's CopyState if it implements [StateCopier]).
+// meanwhile, so that the lookup's cache miss overlaps that work: the
+// successor waits as a copy (made by the model's CopyState if it
+// implements [StateCopier]).
 //
 // Exploration is parallel (one worker per core) and deterministic, with no
 // serial merge: a level's frontier is cut into blocks of 256 states, and a
