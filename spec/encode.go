@@ -315,7 +315,10 @@ func (m *Model) AppendState(dst []byte, s *State) []byte {
 		// 32 bytes at a time, one branch for the four words: most of the
 		// spans equal the base (empty queues, free pages).
 		for ; at+32 <= to; at, k = at+32, k+4 {
-			c, b := (*[32]byte)(cur[at:]), (*[32]byte)(base[at:])
+			// A range ends within the State (newSpanWords), so the 32
+			// bytes at at are in it: read without a bounds check each.
+			c := (*[32]byte)(unsafe.Add(unsafe.Pointer(cur), at))
+			b := (*[32]byte)(unsafe.Add(unsafe.Pointer(base), at))
 			x0 := le.Uint64(c[0:]) ^ le.Uint64(b[0:])
 			x1 := le.Uint64(c[8:]) ^ le.Uint64(b[8:])
 			x2 := le.Uint64(c[16:]) ^ le.Uint64(b[16:])
@@ -335,7 +338,7 @@ func (m *Model) AppendState(dst []byte, s *State) []byte {
 		for ; at < to; at, k = at+8, k+1 {
 			var x uint64
 			if at <= stateSize-8 {
-				x = le.Uint64(cur[at:]) ^ le.Uint64(base[at:])
+				x = le.Uint64((*[8]byte)(unsafe.Add(unsafe.Pointer(cur), at))[:]) ^ le.Uint64((*[8]byte)(unsafe.Add(unsafe.Pointer(base), at))[:])
 			} else {
 				// The State's short last word, its bytes as the low
 				// ones of a word.
