@@ -315,10 +315,7 @@ func (m *Model) AppendState(dst []byte, s *State) []byte {
 		// 32 bytes at a time, one branch for the four words: most of the
 		// spans equal the base (empty queues, free pages).
 		for ; at+32 <= to; at, k = at+32, k+4 {
-			// A range ends within the State (newSpanWords), so the 32
-			// bytes at at are in it: read without a bounds check each.
-			c := (*[32]byte)(unsafe.Add(unsafe.Pointer(cur), at))
-			b := (*[32]byte)(unsafe.Add(unsafe.Pointer(base), at))
+			c, b := bytesAt[[32]byte](cur, at), bytesAt[[32]byte](base, at)
 			x0 := le.Uint64(c[0:]) ^ le.Uint64(b[0:])
 			x1 := le.Uint64(c[8:]) ^ le.Uint64(b[8:])
 			x2 := le.Uint64(c[16:]) ^ le.Uint64(b[16:])
@@ -338,7 +335,7 @@ func (m *Model) AppendState(dst []byte, s *State) []byte {
 		for ; at < to; at, k = at+8, k+1 {
 			var x uint64
 			if at <= stateSize-8 {
-				x = le.Uint64((*[8]byte)(unsafe.Add(unsafe.Pointer(cur), at))[:]) ^ le.Uint64((*[8]byte)(unsafe.Add(unsafe.Pointer(base), at))[:])
+				x = le.Uint64(bytesAt[[8]byte](cur, at)[:]) ^ le.Uint64(bytesAt[[8]byte](base, at)[:])
 			} else {
 				// The State's short last word, its bytes as the low
 				// ones of a word.
@@ -372,6 +369,13 @@ func (m *Model) AppendState(dst []byte, s *State) []byte {
 	}
 	le.PutUint64(buf[w:], sum)
 	return buf[:w+sw.sumLen]
+}
+
+// bytesAt is the bytes of s from at, as an array B, which must end within
+// s: AppendState's ranges end within the State (newSpanWords), so its
+// loads need no bounds check each.
+func bytesAt[B [8]byte | [32]byte](s *[stateSize]byte, at int) *B {
+	return (*B)(unsafe.Add(unsafe.Pointer(s), at))
 }
 
 // put writes word k's XOR x at buf[w:], if it is not zero: the bytes from

@@ -54,10 +54,11 @@ const (
 )
 
 // Node arguments. Submit's Arg is Route(p, d); PrefillRecv's (its low 4
-// bits), Crash's, Restart's and DetectCrash's the prefill node; DecodeRecv's the decode node;
-// PrefillRecvQP's and Cut's Route(p, d) of their queue pair; LeaseLost's the
-// prefill node or DecodeNode|d. Every other action's node follows from its
-// request's route. In a one-pair deployment every node argument is 0.
+// bits), Crash's, Restart's and DetectCrash's the prefill node; DecodeRecv's
+// the decode node; PrefillRecvQP's and Cut's Route(p, d) of their queue
+// pair; LeaseLost's the prefill node or DecodeNode|d. Every other action's
+// node follows from its request's route. In a one-pair deployment every
+// node argument is 0.
 const DecodeNode = 1 << 8
 
 // Route is the node argument of a (prefill p, decode d) pair.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -50,6 +51,20 @@ func runDemoJSON(t *testing.T, args ...string) (int, demoJSON) {
 	return rc, got
 }
 
+// runDemoUntil runs the demo with args on workloads (seeds) 1 to 5 until
+// seen reports that a run showed what the test looks for, for a test of
+// something the schedule decides whether a run shows; seen fails the test
+// itself for a run that is wrong. what completes "no run ...".
+func runDemoUntil(t *testing.T, what string, seen func(seed, rc int, got demoJSON) bool, args ...string) {
+	t.Helper()
+	for seed := 1; seed <= 5; seed++ {
+		if rc, got := runDemoJSON(t, slices.Concat(args, []string{"--seed", strconv.Itoa(seed)})...); seen(seed, rc, got) {
+			return
+		}
+	}
+	t.Fatal("no run " + what)
+}
+
 // The default deployment under faults: every success is the colocated
 // run's answer, every other outcome explicit, no leak, no page left, and
 // the workload really has over-long prompts and clients that go away.
@@ -84,19 +99,17 @@ func TestDemoWithEveryDefenseOnLeaksNothingUnderFaults(t *testing.T) {
 // up to five workloads (seeds) are tried for one, and the run that has
 // cross-scope hits must fail naming them.
 func TestDemoNamesACrossScopeHitAsALeak(t *testing.T) {
-	for seed := 1; seed <= 5; seed++ {
-		rc, got := runDemoJSON(t, "--requests", "150", "--no-faults", "--seed", strconv.Itoa(seed), "--bug", "scope-dropped")
+	runDemoUntil(t, "had a cross-scope hit", func(seed, rc int, got demoJSON) bool {
 		if got.CrossScopeHits == 0 {
 			t.Logf("seed %d: exit %d, %d prefix hits, none across scopes", seed, rc, got.PrefixHits)
-			continue
+			return false
 		}
 		if rc != 1 || got.Leaks < got.CrossScopeHits || len(got.LeakExamples) == 0 ||
 			!strings.Contains(got.LeakExamples[0].Text, "cross-scope hit") || got.LeakExamples[0].ForeignTenant == got.LeakExamples[0].Tenant {
 			t.Fatalf("seed %d: exit %d, %+v", seed, rc, got)
 		}
-		return
-	}
-	t.Fatal("no run had a cross-scope hit")
+		return true
+	}, "--requests", "150", "--no-faults", "--bug", "scope-dropped")
 }
 
 // Each of the prefix cache's five switches makes the demo exit 1, naming
@@ -164,8 +177,7 @@ func itoa(n int) string {
 // with no fault to explain them.
 func TestDemoReproducesTheIncidentWithItsThreeDefensesOff(t *testing.T) {
 	t.Parallel()
-	for seed := 1; seed <= 5; seed++ {
-		rc, got := runDemoJSON(t, "--incident", "--requests", "150", "--seed", strconv.Itoa(seed), "--bug", "admit-finished,no-token-check,no-tag-check")
+	runDemoUntil(t, "of the incident leaked another tenant's canary", func(seed, rc int, got demoJSON) bool {
 		if rc != 1 || got.Incoherent+got.Unexplained == 0 || len(got.LeakExamples) != min(got.Leaks, 10) {
 			t.Fatalf("seed %d: exit %d, %+v: want over-long prompts answered or failed without a fault to explain them", seed, rc, got)
 		}
@@ -175,11 +187,11 @@ func TestDemoReproducesTheIncidentWithItsThreeDefensesOff(t *testing.T) {
 			}
 		}
 		if got.Leaks > 0 {
-			return
+			return true
 		}
 		t.Logf("seed %d: %d incoherent successes and %d unexplained failures, none carrying another tenant's canary", seed, got.Incoherent, got.Unexplained)
-	}
-	t.Fatal("no run of the incident leaked another tenant's canary")
+		return false
+	}, "--incident", "--requests", "150", "--bug", "admit-finished,no-token-check,no-tag-check")
 }
 
 // Each of the three defenses, switched back on alone, stops the incident:

@@ -65,12 +65,15 @@ func newBitArray(size uint64, hashes int) *bitArray {
 	return &bitArray{words: make([]uint64, words), regionBits: uint(bits.Len64(words/numShards*64) - 1), hashes: hashes}
 }
 
-// positions calls f with each of fp's bit positions in the array:
-// double hashing (Kirsch and Mitzenmacher) within fp's region.
+// probe is where fp's bits are: the i-th at base | (h+i*step)&mask, double
+// hashing (Kirsch and Mitzenmacher) within fp's region.
+func (b *bitArray) probe(fp Fingerprint) (base, mask, h, step uint64) {
+	return uint64(shardOf(fp)) << b.regionBits, uint64(1)<<b.regionBits - 1, fp[1], fp[0]<<shardBits | 1
+}
+
+// has reports whether all of fp's bits are set.
 func (b *bitArray) has(fp Fingerprint) bool {
-	base := uint64(shardOf(fp)) << b.regionBits
-	mask := uint64(1)<<b.regionBits - 1
-	h, step := fp[1], fp[0]<<shardBits|1
+	base, mask, h, step := b.probe(fp)
 	for range b.hashes {
 		p := base | h&mask
 		if b.words[p>>6]&(1<<(p&63)) == 0 {
@@ -83,7 +86,8 @@ func (b *bitArray) has(fp Fingerprint) bool {
 
 // prefetch starts loading the word of fp's first bit.
 func (b *bitArray) prefetch(fp Fingerprint) {
-	p := uint64(shardOf(fp))<<b.regionBits | fp[1]&(uint64(1)<<b.regionBits-1)
+	base, mask, h, _ := b.probe(fp)
+	p := base | h&mask
 	prefetch(uintptr(unsafe.Pointer(&b.words[p>>6])))
 }
 
@@ -91,9 +95,7 @@ func (b *bitArray) prefetch(fp Fingerprint) {
 // counting the expected misses. Only the task of fp's shard may call it.
 func (b *bitArray) add(fp Fingerprint) bool {
 	s := shardOf(fp)
-	base := uint64(s) << b.regionBits
-	mask := uint64(1)<<b.regionBits - 1
-	h, step := fp[1], fp[0]<<shardBits|1
+	base, mask, h, step := b.probe(fp)
 	fresh := false
 	for range b.hashes {
 		p := base | h&mask

@@ -554,13 +554,8 @@ func (w *worker[S, A]) resolve() {
 		}
 		return
 	}
-	mask := uint64(len(w.local) - 1)
-	i := fp[1] & mask
-	for w.local[i] != 0 {
-		i = (i + 1) & mask
-	}
 	ci := int32(len(out.cands))
-	w.local[i] = ci + 1
+	w.addLocal(fp, ci)
 	next := &p.state
 	out.cands = append(out.cands, candidate{parent: p.parent, succ: p.succ, fault: p.fault, fp: fp,
 		badMask: c.evalInvs(next), goals: c.evalGoals(next)})
@@ -582,12 +577,17 @@ func (w *worker[S, A]) resolve() {
 // growLocal doubles the block's candidate table.
 func (w *worker[S, A]) growLocal() {
 	w.local = make([]int32, 2*len(w.local))
-	mask := uint64(len(w.local) - 1)
 	for ci := range w.out.cands {
-		i := w.out.cands[ci].fp[1] & mask
-		for w.local[i] != 0 {
-			i = (i + 1) & mask
-		}
-		w.local[i] = int32(ci) + 1
+		w.addLocal(w.out.cands[ci].fp, int32(ci))
 	}
+}
+
+// addLocal files candidate ci, absent from the block's table, under fp.
+func (w *worker[S, A]) addLocal(fp Fingerprint, ci int32) {
+	mask := uint64(len(w.local) - 1)
+	i := fp[1] & mask
+	for w.local[i] != 0 {
+		i = (i + 1) & mask
+	}
+	w.local[i] = ci + 1
 }
