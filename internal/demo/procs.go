@@ -8,11 +8,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -31,19 +31,9 @@ type Procs struct {
 	logs     io.Writer
 
 	mu      sync.Mutex
-	procs   map[string]*exec.Cmd
+	procs   map[string]*proc
 	args    map[string][]string
 	metrics map[string]string // node -> its /metrics address
-}
-
-// freePort is a loopback address nothing listens on now.
-func freePort() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
 }
 
 // StartProcs starts d as processes of bin (the kvhandoff binary) in dir;
@@ -58,7 +48,7 @@ func StartProcs(bin, dir string, d Deployment, etcd string, logs io.Writer) (*Pr
 	if logs == nil {
 		logs = io.Discard
 	}
-	p := &Procs{bin: bin, dir: dir, d: d, logs: logs, procs: map[string]*exec.Cmd{}, args: map[string][]string{}, metrics: map[string]string{},
+	p := &Procs{bin: bin, dir: dir, d: d, logs: logs, procs: map[string]*proc{}, args: map[string][]string{}, metrics: map[string]string{},
 		client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}}
 	var names []string
 	for i := range d.Prefills {
@@ -79,10 +69,12 @@ func StartProcs(bin, dir string, d Deployment, etcd string, logs io.Writer) (*Pr
 	if d.ContextTokens > 0 {
 		common = append(common, "--context-tokens", strconv.Itoa(d.ContextTokens))
 	}
+	ports := newPortPicker()
+	var portErr error
 	addr := func() string {
-		a, err := freePort()
-		if err != nil {
-			panic(err) // loopback without a free port: nothing else works either
+		a, err := ports.addr()
+		if err != nil && portErr == nil {
+			portErr = err
 		}
 		return a
 	}
@@ -117,6 +109,9 @@ func StartProcs(bin, dir string, d Deployment, etcd string, logs io.Writer) (*Pr
 	p.api = addr()
 	p.args["router"] = append(append([]string{"serve", "--role", "router", "--name", "router", "--listen", p.api, "--peers", strings.Join(allPeers, ",")},
 		common...), tls("router")...)
+	if portErr != nil {
+		return nil, portErr
+	}
 	// The demo's traffic is the router's front proxy: it names each request's tenant.
 	p.args["router"] = append(p.args["router"], "--trust-tenant-header")
 	for _, pp := range d.publicPrefixes() {
@@ -156,22 +151,65 @@ func StartProcs(bin, dir string, d Deployment, etcd string, logs io.Writer) (*Pr
 	return p, nil
 }
 
+// proc is one serve process: done is closed once it has exited, and err
+// and out then say how it ended.
+type proc struct {
+	cmd  *exec.Cmd
+	out  *tail
+	done chan struct{}
+	err  error // cmd.Wait's
+}
+
 func (p *Procs) start(name string) error {
 	cmd := exec.Command(p.bin, p.args[name]...)
-	cmd.Stdout, cmd.Stderr = p.logs, p.logs
+	out := &tail{}
+	w := io.MultiWriter(p.logs, out)
+	cmd.Stdout, cmd.Stderr = w, w
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("demo: starting %s: %w", name, err)
 	}
+	pr := &proc{cmd: cmd, out: out, done: make(chan struct{})}
+	go func() {
+		pr.err = cmd.Wait()
+		close(pr.done)
+	}()
 	p.mu.Lock()
-	p.procs[name] = cmd
+	p.procs[name] = pr
 	p.mu.Unlock()
 	return nil
 }
 
-// waitReady waits until the router answers a completion.
+// exited names a process that has ended, with the end of its output (a
+// node that could not listen, or refused to join, says why there), or
+// returns nil.
+func (p *Procs) exited() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	names := make([]string, 0, len(p.procs))
+	for name := range p.procs {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		pr := p.procs[name]
+		select {
+		case <-pr.done:
+			return fmt.Errorf("%s exited (%v); the end of its output:\n%s", name, pr.err, pr.out.lastLines(10))
+		default:
+		}
+	}
+	return nil
+}
+
+// waitReady waits until the router answers a completion and every prefill
+// node has its queue pairs; a process that exits meanwhile ends the wait
+// at once, with its reason.
 func (p *Procs) waitReady(timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
+		if err := p.exited(); err != nil {
+			return fmt.Errorf("demo: the deployment's processes did not come up: %w", err)
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_, _, err := p.Complete(ctx, Request{Prompt: "ready? ", MaxTokens: 1})
 		cancel()
@@ -186,6 +224,36 @@ func (p *Procs) waitReady(timeout time.Duration) error {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// tail keeps the last tailBytes written to it: a process's output, for the
+// error that says why it exited.
+type tail struct {
+	mu  sync.Mutex
+	buf []byte
+}
+
+const tailBytes = 8 << 10
+
+func (t *tail) Write(b []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.buf = append(t.buf, b...)
+	if over := len(t.buf) - tailBytes; over > 0 {
+		t.buf = append(t.buf[:0], t.buf[over:]...)
+	}
+	return len(b), nil
+}
+
+// lastLines is the last n whole lines kept.
+func (t *tail) lastLines(n int) string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	lines := strings.Split(strings.TrimRight(string(t.buf), "\n"), "\n")
+	if len(t.buf) == tailBytes && len(lines) > 1 {
+		lines = lines[1:] // the first may be cut
+	}
+	return strings.Join(lines[max(len(lines)-n, 0):], "\n")
 }
 
 // queuePairsDown says which prefill node lacks a live queue pair to some
@@ -294,13 +362,16 @@ func ClassifyHTTP(err error) (Kind, string) {
 func (p *Procs) Crash(i int) error {
 	name := fmt.Sprintf("prefill-%d", i)
 	p.mu.Lock()
-	cmd := p.procs[name]
+	pr := p.procs[name]
 	p.mu.Unlock()
-	if cmd == nil {
+	if pr == nil {
 		return fmt.Errorf("demo: no %s", name)
 	}
-	cmd.Process.Kill()
-	cmd.Wait()
+	pr.cmd.Process.Kill()
+	<-pr.done
+	p.mu.Lock()
+	delete(p.procs, name) // killed by the demo: not a node that died by itself
+	p.mu.Unlock()
 	return nil
 }
 
@@ -378,21 +449,15 @@ func (p *Procs) scrape(addr, metric, label string) (int, error) {
 func (p *Procs) Stop() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for _, cmd := range p.procs {
-		if cmd.ProcessState == nil {
-			cmd.Process.Signal(syscall.SIGTERM)
-		}
+	for _, pr := range p.procs {
+		pr.cmd.Process.Signal(syscall.SIGTERM) // one that has exited: an error, ignored
 	}
-	for _, cmd := range p.procs {
-		if cmd.ProcessState == nil {
-			done := make(chan struct{})
-			go func() { cmd.Wait(); close(done) }()
-			select {
-			case <-done:
-			case <-time.After(15 * time.Second):
-				cmd.Process.Kill()
-				<-done
-			}
+	for _, pr := range p.procs {
+		select {
+		case <-pr.done:
+		case <-time.After(15 * time.Second):
+			pr.cmd.Process.Kill()
+			<-pr.done
 		}
 	}
 }
@@ -460,6 +525,11 @@ func RunProcs(ctx context.Context, bin string, cfg Config, logs io.Writer) (*Res
 	elapsed := time.Since(start)
 	stopFaults()
 	fw.Wait()
+	if err := p.exited(); err != nil {
+		// Only the demo's own kill ends a node, and it restarts it: a node
+		// that ended by itself is a crash the run must name.
+		return nil, fmt.Errorf("demo: a node died during the run: %w", err)
+	}
 	left := p.PagesLeft(10 * time.Second)
 	rep, err := Check(w, outs, ref, did, left, elapsed)
 	if err != nil {
