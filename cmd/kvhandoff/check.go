@@ -47,6 +47,7 @@ type checkFlags struct {
 	contextLimit              int
 	damage                    string
 	coverage                  bool
+	phases                    bool
 	prefills, decodes         int
 	restarts                  int
 	anySource                 bool
@@ -181,6 +182,7 @@ func (f *checkFlags) define(fs *flag.FlagSet) {
 	fs.StringVar(&f.publicPrefix, "public-prefix", "", "with --prefix-cache: a declared public prefix every tenant may share, as its full pages' letters (a request of a tenant scope whose --contents start with it gets the public scope; its chain past it is salted with its tenant)")
 	fs.StringVar(&f.scopes, "scopes", "", fmt.Sprintf("with --prefix-cache: each request's tenant scope, comma-separated (0: no reuse; 1..%d); default 0 for all", spec.MaxScopes))
 	fs.StringVar(&f.contents, "contents", "", `with --prefix-cache: each request's full pages named by letters, comma-separated (e.g. aa,aa,ab: requests share a prefix as far as their letters agree); default "a" for every page`)
+	fs.BoolVar(&f.phases, "phases", false, "print where an exhaustive exploration's wall time went: each parallel phase's wall time and its workers' busy time, the serial parts, the cores left idle (\"phases\" in --json, always)")
 	fs.BoolVar(&f.coverage, "coverage", false, "count how often each action and each guarded branch of the spec fired; printed after the result (\"coverage\" in --json)")
 }
 
@@ -357,6 +359,9 @@ type jsonReport struct {
 	Coverage []explore.CoverageRow `json:"coverage,omitempty"`
 	// Bitstate: with --bitstate, the bit array and the coverage estimate.
 	Bitstate *jsonBitstate `json:"bitstate,omitempty"`
+	// Phases: an exhaustive exploration's wall time by phase (docs/spec.md);
+	// absent for a simulation.
+	Phases *jsonPhases `json:"phases,omitempty"`
 	// Swarm: with --swarm-count, which member this is.
 	Swarm *jsonSwarm `json:"swarm,omitempty"`
 	// Bounds: with --bitstate, the configuration, so that merge can refuse
@@ -370,6 +375,9 @@ func (out *jsonReport) setStats(s checker.Stats) {
 	if s.Acyclic.Known() {
 		yes := s.Acyclic == checker.Yes
 		out.Acyclic = &yes
+	}
+	if p := s.Phases; p.Workers > 0 && p.Expand.Wall > 0 {
+		out.Phases = newJSONPhases(s)
 	}
 }
 
@@ -417,11 +425,11 @@ func (f *checkFlags) printReport(r *explore.Report, stdout, stderr io.Writer) in
 	}
 	if r.OK && r.Stats.Bitstate.Bits > 0 {
 		fmt.Fprintf(stdout, "ok: no safety violation and no deadlock among the states explored (%s)\n", what)
-		return f.printCoverage(r, stdout, 0)
+		return f.printAfter(r, stdout, 0)
 	}
 	if r.OK {
 		fmt.Fprintf(stdout, "ok: every property holds within the bounds (%s%s)\n", what, acyclicity(r))
-		return f.printCoverage(r, stdout, 0)
+		return f.printAfter(r, stdout, 0)
 	}
 	doc := ""
 	for _, inv := range spec.Invariants {
@@ -458,12 +466,16 @@ func (f *checkFlags) printReport(r *explore.Report, stdout, stderr io.Writer) in
 		explore.WriteText(stdout, r.Trace)
 	}
 	fmt.Fprintf(stdout, "%sviolation of %s in %d steps (%s%s)\n", prefix, r.Property, len(r.Trace), what, acyclicity(r))
-	return f.printCoverage(r, stdout, code)
+	return f.printAfter(r, stdout, code)
 }
 
-// printCoverage prints the coverage table after the result, if there is one,
-// and names the defenses that never fired.
-func (f *checkFlags) printCoverage(r *explore.Report, stdout io.Writer, code int) int {
+// printAfter prints, after the result, the phases table (--phases) and the
+// coverage table (--coverage), naming the defenses that never fired.
+func (f *checkFlags) printAfter(r *explore.Report, stdout io.Writer, code int) int {
+	if f.phases && r.Simulation == nil {
+		fmt.Fprintln(stdout)
+		writePhases(stdout, r.Stats)
+	}
 	if r.Coverage == nil {
 		return code
 	}

@@ -109,3 +109,31 @@ func TestCheckPrefixSwitchWithoutACacheRunsUnderItsBounds(t *testing.T) {
 		}
 	}
 }
+
+// check --phases prints where the exploration's time went, and --json always
+// carries it (but not for a simulation, which has no waves).
+func TestCheckReportsItsPhases(t *testing.T) {
+	_, out, _ := runCLI(t, "check", "--quiet", "--phases", "--workers", "2", "--requests", "2", "--faults", "cancel")
+	for _, want := range []string{"of 2 workers' time", "\nexpand ", "\ncommit ", "\ncollect ", "serial", "idle core time"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("--phases: no %q in\n%s", want, out)
+		}
+	}
+	_, out, _ = runCLI(t, "check", "--quiet", "--requests", "2", "--faults", "cancel")
+	if strings.Contains(out, "idle core time") {
+		t.Errorf("the phases without --phases:\n%s", out)
+	}
+	_, out, _ = runCLI(t, "check", "--json", "--quiet", "--workers", "2", "--requests", "2", "--faults", "cancel")
+	ph, ok := decodeOne(t, out)["phases"].(map[string]any)
+	if !ok || ph["workers"] != 2.0 {
+		t.Fatalf("--json: phases %v, want an object with workers 2", ph)
+	}
+	expand, _ := ph["expand"].(map[string]any)
+	if w, _ := expand["wall_seconds"].(float64); w <= 0 {
+		t.Errorf("--json: phases.expand %v, want a wall time", expand)
+	}
+	_, out, _ = runCLI(t, "check", "--json", "--quiet", "--simulate", "--walks", "10")
+	if obj := decodeOne(t, out); obj["phases"] != nil {
+		t.Errorf("a simulation reports phases: %v", obj["phases"])
+	}
+}

@@ -36,7 +36,7 @@ func TestCheckJSONIsOneObjectWithTheDocumentedKeys(t *testing.T) {
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
-	want := []string{"acyclic", "bugs", "depth", "heap_bytes", "property", "result", "seconds", "states", "trace", "transitions"}
+	want := []string{"acyclic", "bugs", "depth", "heap_bytes", "phases", "property", "result", "seconds", "states", "trace", "transitions"}
 	if !slices.Equal(keys, want) {
 		t.Fatalf("keys %v, want %v", keys, want)
 	}

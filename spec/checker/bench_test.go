@@ -101,6 +101,7 @@ func BenchmarkCheckTwoPageBounds(b *testing.B) {
 func workerRates[S any, A comparable](b *testing.B, m checker.Model[S, A], props checker.Properties[S], opt checker.Options) {
 	var wall [2]time.Duration
 	var cpu [2]time.Duration
+	var idle, serial [2]time.Duration
 	var states [2]int
 	var first *checker.Result[S, A]
 	for b.Loop() {
@@ -115,6 +116,8 @@ func workerRates[S any, A comparable](b *testing.B, m checker.Model[S, A], props
 			wall[i] += time.Since(t0)
 			cpu[i] += cpuTime() - c0
 			states[i] += res.Stats.States
+			idle[i] += res.Stats.Phases.Idle()
+			serial[i] += res.Stats.Phases.Serial()
 			if first == nil {
 				first = res
 			} else if res.Stats.States != first.Stats.States || res.Stats.Transitions != first.Stats.Transitions ||
@@ -129,6 +132,12 @@ func workerRates[S any, A comparable](b *testing.B, m checker.Model[S, A], props
 	b.ReportMetric(rate(1)/rate(0), "speedup-2w")
 	b.ReportMetric(float64(cpu[0])/float64(states[0]), "cpu-ns/state-1w")
 	b.ReportMetric(float64(cpu[1])/float64(states[1]), "cpu-ns/state-2w")
+	// Where the second core went (Stats.Phases): the core time the 2-worker
+	// runs left idle (the serial parts, the parallel phases' tails), as a
+	// share of their two cores' time, and their serial parts, as a share of
+	// their wall time.
+	b.ReportMetric(100*float64(idle[1])/float64(2*wall[1]), "idle-%-2w")
+	b.ReportMetric(100*float64(serial[1])/float64(wall[1]), "serial-%-2w")
 	b.ReportMetric(0, "ns/op") // an op is two explorations: the rates above say it
 }
 

@@ -130,6 +130,8 @@ type Stats struct {
 	// cycle. It is computed only when the model has goals, liveness is checked and
 	// exploration ran to the end; otherwise it is Unknown.
 	Acyclic Verdict
+	// Phases is where the wall time of an exhaustive exploration went.
+	Phases Phases
 }
 
 // Verdict is a yes/no answer that may not have been computed.
@@ -344,6 +346,7 @@ func newRun[S any, A comparable](m Model[S, A], props Properties[S], opt Options
 	if c.workers <= 0 {
 		c.workers = runtime.GOMAXPROCS(0)
 	}
+	c.res.Stats.Phases.Workers = c.workers
 	if opt.Bitstate > 0 {
 		if c.opt.Hashes <= 0 {
 			c.opt.Hashes = 3
@@ -621,17 +624,20 @@ func (c *run[S, A]) run() (*Result[S, A], error) {
 
 	if c.liveness && !c.stop {
 		c.heap.over(0)
+		ph := &c.res.Stats.Phases
+		reversing := time.Now()
 		if n > 1<<20 {
 			runtime.GC() // the index's memory, for the reverse graph
 		}
 		c.edges.close(n)
 		rev := c.edges.reverse(n)
+		ph.Reverse = time.Since(reversing)
 		c.heap.over(0)
 		// The cycle check and the goals' backward search are independent:
 		// they run at once, and are reported in goal order.
 		var unreached [][]int32
 		isAcyclic := false
-		parallel(c.workers, 2, func(i int) {
+		parallel(&ph.Liveness, c.workers, 2, func(i int) {
 			if i == 0 {
 				isAcyclic = acyclic(n, &c.edges, rev)
 				return

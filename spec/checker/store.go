@@ -167,7 +167,7 @@ func (v *visited) insert(fp Fingerprint, parent int32, succ uint16) (idx int32, 
 	}
 	var more [numShards]int
 	more[shardOf(fp)] = 1
-	v.makeRoom(&more, 1)
+	v.makeRoom(new(Phase), &more, 1)
 	idx = int32(v.len())
 	v.reserve(v.len() + 1)
 	v.set(idx, fp, parent, succ)
@@ -178,7 +178,7 @@ func (v *visited) insert(fp Fingerprint, parent int32, succ uint16) (idx int32, 
 // makeRoom grows every shard, together, until each holds its states and
 // more[i] new ones at most 3/4 full, rebuilding the index on up to workers
 // goroutines.
-func (v *visited) makeRoom(more *[numShards]int, workers int) {
+func (v *visited) makeRoom(ph *Phase, more *[numShards]int, workers int) {
 	slots := int(v.mask) + 1
 	for i := range v.shards {
 		for (v.shards[i].n+more[i])*4 > slots*3 {
@@ -190,7 +190,7 @@ func (v *visited) makeRoom(more *[numShards]int, workers int) {
 	}
 	v.setLen(slots)
 	groups := max(1, min(workers, numShards))
-	parallel(groups, groups, func(g int) { v.reindex(g*numShards/groups, (g+1)*numShards/groups) })
+	parallel(ph, groups, groups, func(g int) { v.reindex(g*numShards/groups, (g+1)*numShards/groups) })
 }
 
 // reindex rebuilds shards [from, to) at the current length from the

@@ -5,8 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // A level of the search is expanded in waves of frontier blocks, each wave in
@@ -77,53 +77,23 @@ type waveSet struct {
 	firsts []waveFirst
 }
 
-// parallel runs task(i) for i in [0, n) on up to workers goroutines.
-func parallel(workers, n int, task func(i int)) {
-	if workers <= 1 || n <= 1 {
-		for i := range n {
-			task(i)
-		}
-		return
-	}
-	var next atomic.Int32
-	var wg sync.WaitGroup
-	for range min(workers, n) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= n {
-					return
-				}
-				task(i)
-			}
-		}()
-	}
-	wg.Wait()
-}
-
 // wave expands blocks and commits their new states, in BFS order, to next.
 func (c *run[S, A]) wave(blocks []*block[S], outs []*expansion[S], next *frontier[S], deadlocks *[]stateRef, newBad *[]badState) error {
 	for len(c.scratch) < c.workers {
 		c.scratch = append(c.scratch, newWorker(c))
 	}
 	var wi atomic.Int32
-	var wg sync.WaitGroup
-	for k := range min(c.workers, len(blocks)) {
-		wg.Add(1)
-		go func(w *worker[S, A]) {
-			defer wg.Done()
-			for {
-				i := int(wi.Add(1)) - 1
-				if i >= len(blocks) {
-					return
-				}
-				w.expand(blocks[i], outs[i])
+	ph := &c.res.Stats.Phases
+	spread(&ph.Expand, min(c.workers, len(blocks)), func(k int) {
+		for w := c.scratch[k]; ; {
+			i := int(wi.Add(1)) - 1
+			if i >= len(blocks) {
+				return
 			}
-		}(c.scratch[k])
-	}
-	wg.Wait()
+			w.expand(blocks[i], outs[i])
+		}
+	})
+	serial := time.Now()
 	total := 0
 	for _, out := range outs {
 		if out.err != nil {
@@ -137,20 +107,23 @@ func (c *run[S, A]) wave(blocks []*block[S], outs []*expansion[S], next *frontie
 	}
 	ref, num := c.ref[:total], c.num[:total]
 
+	ph.Number += time.Since(serial)
+
 	// 2. deduplicate, by shard.
-	parallel(c.workers, numShards, func(s int) { c.dedup(s, outs, ref) })
+	parallel(&ph.Dedup, c.workers, numShards, func(s int) { c.dedup(s, outs, ref) })
 	if c.bits != nil {
 		for s := range numShards {
 			c.stored += len(c.waves[s].firsts)
 		}
-		parallel(c.workers, len(outs), func(i int) { c.commitBitstate(outs[i], ref) })
+		parallel(&ph.Commit, c.workers, len(outs), func(i int) { c.commitBitstate(outs[i], ref) })
 		return c.collect(outs, ref, nil, next, deadlocks, newBad)
 	}
 	var more [numShards]int
 	for s := range more {
 		more[s] = len(c.waves[s].firsts)
 	}
-	c.seen.makeRoom(&more, c.workers)
+	c.seen.makeRoom(&ph.Grow, &more, c.workers)
+	serial = time.Now()
 	first := c.seen.len()
 	n := int32(first)
 	for g, r := range ref {
@@ -160,9 +133,10 @@ func (c *run[S, A]) wave(blocks []*block[S], outs []*expansion[S], next *frontie
 		}
 	}
 	c.seen.reserve(int(n))
+	ph.Number += time.Since(serial)
 
 	// 3. commit, by block and by shard.
-	parallel(c.workers, len(outs)+numShards, func(i int) {
+	parallel(&ph.Commit, c.workers, len(outs)+numShards, func(i int) {
 		if i < len(outs) {
 			c.commit(outs[i], ref, num)
 			return
@@ -175,6 +149,8 @@ func (c *run[S, A]) wave(blocks []*block[S], outs []*expansion[S], next *frontie
 
 // collect gathers the wave's results, in block order: the serial part.
 func (c *run[S, A]) collect(outs []*expansion[S], ref, num []int32, next *frontier[S], deadlocks *[]stateRef, newBad *[]badState) error {
+	start := time.Now()
+	defer func() { c.res.Stats.Phases.Collect += time.Since(start) }()
 	for _, out := range outs {
 		if out.err != nil {
 			return out.err

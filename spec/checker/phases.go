@@ -1,0 +1,97 @@
+package checker
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Phases is where an exhaustive exploration's wall time went (Stats.Phases):
+// each parallel phase of the waves, with the time its workers were busy, and
+// the serial parts between them. It says what more workers cannot speed up:
+// the serial parts, and each parallel phase's tail (its last task, while the
+// other workers wait at the barrier).
+type Phases struct {
+	Workers int
+	// The parallel phases of a wave (wave.go): expanding the frontier
+	// blocks, deduplicating the wave's candidates by shard, growing the
+	// visited set's index (by groups of shards), committing the new states
+	// (by block and by shard).
+	Expand, Dedup, Grow, Commit Phase
+	// The serial parts of a wave: numbering its new states, and collecting
+	// its results in block order (counts, violations, the next frontier's
+	// blocks, the protocol edges for the liveness analysis).
+	Number, Collect time.Duration
+	// Reverse is building the reverse graph for the liveness analysis
+	// (serial), and Liveness its two searches (the cycle check and the
+	// goals' backward search, at once).
+	Reverse  time.Duration
+	Liveness Phase
+}
+
+// Phase is a parallel phase's wall time, summed over the waves, and its
+// workers' busy time, summed over the workers: Busy/(Wall×Workers) is the
+// share of the cores it used.
+type Phase struct {
+	Wall, Busy time.Duration
+}
+
+// Serial is the time spent on one core: the serial parts.
+func (p Phases) Serial() time.Duration { return p.Number + p.Collect + p.Reverse }
+
+// Idle is the core time the workers spent waiting: in the parallel phases
+// (their tails), and on every core but one during the serial parts.
+func (p Phases) Idle() time.Duration {
+	idle := time.Duration(p.Workers-1) * p.Serial()
+	for _, ph := range []Phase{p.Expand, p.Dedup, p.Grow, p.Commit, p.Liveness} {
+		idle += time.Duration(p.Workers)*ph.Wall - ph.Busy
+	}
+	return idle
+}
+
+// Timed returns the wall time the phases account for.
+func (p Phases) Timed() time.Duration {
+	return p.Expand.Wall + p.Dedup.Wall + p.Grow.Wall + p.Commit.Wall + p.Liveness.Wall + p.Serial()
+}
+
+// parallel runs task(i) for i in [0, n) on up to workers goroutines, and
+// adds the phase's wall time and the goroutines' busy time to ph.
+func parallel(ph *Phase, workers, n int, task func(i int)) {
+	start := time.Now()
+	if workers <= 1 || n <= 1 {
+		for i := range n {
+			task(i)
+		}
+		d := time.Since(start)
+		ph.Wall += d
+		ph.Busy += d
+		return
+	}
+	var next atomic.Int32
+	spread(ph, min(workers, n), func(int) {
+		for {
+			i := int(next.Add(1)) - 1
+			if i >= n {
+				return
+			}
+			task(i)
+		}
+	})
+}
+
+// spread runs run(k) on goroutines k in [0, g) and waits for them, adding
+// the wall time and each goroutine's time until it returned to ph.
+func spread(ph *Phase, g int, run func(k int)) {
+	start := time.Now()
+	var busy atomic.Int64
+	var wg sync.WaitGroup
+	for k := range g {
+		wg.Go(func() {
+			run(k)
+			busy.Add(int64(time.Since(start)))
+		})
+	}
+	wg.Wait()
+	ph.Wall += time.Since(start)
+	ph.Busy += time.Duration(busy.Load())
+}
