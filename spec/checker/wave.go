@@ -85,7 +85,8 @@ func (c *run[S, A]) wave(blocks []*block[S], outs []*expansion[S], next *frontie
 	var wi atomic.Int32
 	ph := &c.res.Stats.Phases
 	spread(&ph.Expand, min(c.workers, len(blocks)), func(k int) {
-		for w := c.scratch[k]; ; {
+		w := c.scratch[k]
+		for {
 			i := int(wi.Add(1)) - 1
 			if i >= len(blocks) {
 				return
