@@ -167,7 +167,7 @@ func (v *visited) insert(fp Fingerprint, parent int32, succ uint16) (idx int32, 
 	}
 	var more [numShards]int
 	more[shardOf(fp)] = 1
-	v.makeRoom(new(Phase), &more, 1)
+	v.makeRoom(new(Phase), &more)
 	idx = int32(v.len())
 	v.reserve(v.len() + 1)
 	v.set(idx, fp, parent, succ)
@@ -176,9 +176,12 @@ func (v *visited) insert(fp Fingerprint, parent int32, succ uint16) (idx int32, 
 }
 
 // makeRoom grows every shard, together, until each holds its states and
-// more[i] new ones at most 3/4 full, rebuilding the index on up to workers
-// goroutines.
-func (v *visited) makeRoom(ph *Phase, more *[numShards]int, workers int) {
+// more[i] new ones at most 3/4 full, rebuilding the index on one goroutine:
+// split by groups of shards over two (each group scanning every state, its
+// tables' first writes faulting their pages in at once), the rebuild took
+// 69–81 ms of wall time at the default bounds against 37–39 ms on one, and
+// 134–153 ms of core time.
+func (v *visited) makeRoom(ph *Phase, more *[numShards]int) {
 	slots := int(v.mask) + 1
 	for i := range v.shards {
 		for (v.shards[i].n+more[i])*4 > slots*3 {
@@ -189,15 +192,14 @@ func (v *visited) makeRoom(ph *Phase, more *[numShards]int, workers int) {
 		return
 	}
 	v.setLen(slots)
-	groups := max(1, min(workers, numShards))
-	parallel(ph, groups, groups, func(g int) { v.reindex(g*numShards/groups, (g+1)*numShards/groups) })
+	parallel(ph, 1, 1, func(int) { v.reindex(0, numShards) })
 }
 
 // reindex rebuilds shards [from, to) at the current length from the
 // fingerprints themselves, read in state order: a scan of the old tables
 // read a fingerprint at a random place for each state (its number is all
 // a slot holds), a cache miss each, and spent 3.7% of a run's CPU there
-// (BenchmarkCheckDefaultBounds). Each group of shards scans every state.
+// (BenchmarkCheckDefaultBounds).
 // A state's new slot is prefetched placeAhead states before it is written,
 // as placeAll does.
 func (v *visited) reindex(from, to int) {

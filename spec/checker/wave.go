@@ -123,7 +123,7 @@ func (c *run[S, A]) wave(blocks []*block[S], outs []*expansion[S], next *frontie
 	for s := range more {
 		more[s] = len(c.waves[s].firsts)
 	}
-	c.seen.makeRoom(&ph.Grow, &more, c.workers)
+	c.seen.makeRoom(&ph.Grow, &more)
 	serial = time.Now()
 	first := c.seen.len()
 	n := int32(first)
