@@ -182,7 +182,7 @@ func (f *checkFlags) define(fs *flag.FlagSet) {
 	fs.StringVar(&f.publicPrefix, "public-prefix", "", "with --prefix-cache: a declared public prefix every tenant may share, as its full pages' letters (a request of a tenant scope whose --contents start with it gets the public scope; its chain past it is salted with its tenant)")
 	fs.StringVar(&f.scopes, "scopes", "", fmt.Sprintf("with --prefix-cache: each request's tenant scope, comma-separated (0: no reuse; 1..%d); default 0 for all", spec.MaxScopes))
 	fs.StringVar(&f.contents, "contents", "", `with --prefix-cache: each request's full pages named by letters, comma-separated (e.g. aa,aa,ab: requests share a prefix as far as their letters agree); default "a" for every page`)
-	fs.BoolVar(&f.phases, "phases", false, "print where an exhaustive exploration's wall time went: each parallel phase's wall time and its workers' busy time, the serial parts, the cores left idle (\"phases\" in --json, always)")
+	fs.BoolVar(&f.phases, "phases", false, "print where an exploration's wall time went (not a simulation's): each parallel phase's wall time and its workers' busy time, the serial parts, the cores left idle (\"phases\" in --json, without the flag)")
 	fs.BoolVar(&f.coverage, "coverage", false, "count how often each action and each guarded branch of the spec fired; printed after the result (\"coverage\" in --json)")
 }
 
@@ -208,14 +208,17 @@ func (f *checkFlags) explorationFailed(err error, cfg spec.Config, stdout, stder
 		fmt.Fprintln(stderr, "  the bounds are too large to exhaust in memory: lower --max-faults (e.g. 2) or --requests, raise --max-memory if the machine has it, or use --simulate")
 		code, result = 3, "incomplete"
 	}
+	var limit *checker.LimitError
+	isLimit := errors.As(err, &limit)
 	if f.jsonOut {
 		out := jsonReport{Result: result, Error: err.Error(), Bugs: cfg.Bugs.Names(), Trace: []jsonStep{}}
-		var limit *checker.LimitError
-		if errors.As(err, &limit) {
+		if isLimit {
 			out.setStats(limit.Stats)
 			f.setBitstate(&out, limit.Stats)
 		}
 		printJSON(stdout, stderr, out)
+	} else if isLimit && f.phases {
+		writePhases(stdout, limit.Stats) // how the time went up to the limit
 	}
 	return code
 }
@@ -359,8 +362,9 @@ type jsonReport struct {
 	Coverage []explore.CoverageRow `json:"coverage,omitempty"`
 	// Bitstate: with --bitstate, the bit array and the coverage estimate.
 	Bitstate *jsonBitstate `json:"bitstate,omitempty"`
-	// Phases: an exhaustive exploration's wall time by phase (docs/spec.md);
-	// absent for a simulation.
+	// Phases: an exploration's wall time by phase (docs/spec.md), up to its
+	// limit for an incomplete one; absent for a simulation, and for a run
+	// stopped before its first wave.
 	Phases *jsonPhases `json:"phases,omitempty"`
 	// Swarm: with --swarm-count, which member this is.
 	Swarm *jsonSwarm `json:"swarm,omitempty"`
@@ -472,7 +476,7 @@ func (f *checkFlags) printReport(r *explore.Report, stdout, stderr io.Writer) in
 // printAfter prints, after the result, the phases table (--phases) and the
 // coverage table (--coverage), naming the defenses that never fired.
 func (f *checkFlags) printAfter(r *explore.Report, stdout io.Writer, code int) int {
-	if f.phases && r.Simulation == nil {
+	if f.phases && r.Simulation == nil && r.Stats.Phases.Workers > 0 {
 		fmt.Fprintln(stdout)
 		writePhases(stdout, r.Stats)
 	}

@@ -14,18 +14,18 @@ type jsonPhases struct {
 	// The parallel phases, each its wall time and its workers' busy time.
 	Expand   jsonPhase `json:"expand"`
 	Dedup    jsonPhase `json:"dedup"`
-	Grow     jsonPhase `json:"grow"`
 	Commit   jsonPhase `json:"commit"`
 	Liveness jsonPhase `json:"liveness"`
 	// The serial parts.
 	NumberSeconds  float64 `json:"number_seconds"`
+	GrowSeconds    float64 `json:"grow_seconds"`
 	CollectSeconds float64 `json:"collect_seconds"`
 	ReverseSeconds float64 `json:"reverse_seconds"`
-	// OtherSeconds is the wall time no phase accounts for: the initial
-	// states, the levels' frontiers, the counterexamples' replay.
+	// OtherSeconds is the wall time no phase accounts for (Phases.Other).
 	OtherSeconds float64 `json:"other_seconds"`
-	// IdleCoreSeconds is the core time the workers spent waiting: the
-	// parallel phases' tails and the serial parts on every core but one.
+	// IdleCoreSeconds is the core time the workers spent waiting
+	// (Phases.Idle): the parallel phases' tails, and every core but one
+	// during the serial parts and the rest.
 	IdleCoreSeconds float64 `json:"idle_core_seconds"`
 }
 
@@ -37,9 +37,9 @@ type jsonPhase struct {
 func newJSONPhases(s checker.Stats) *jsonPhases {
 	p := s.Phases
 	ph := func(x checker.Phase) jsonPhase { return jsonPhase{x.Wall.Seconds(), x.Busy.Seconds()} }
-	return &jsonPhases{Workers: p.Workers, Expand: ph(p.Expand), Dedup: ph(p.Dedup), Grow: ph(p.Grow), Commit: ph(p.Commit), Liveness: ph(p.Liveness),
-		NumberSeconds: p.Number.Seconds(), CollectSeconds: p.Collect.Seconds(), ReverseSeconds: p.Reverse.Seconds(),
-		OtherSeconds: max(s.Elapsed-p.Timed(), 0).Seconds(), IdleCoreSeconds: p.Idle().Seconds()}
+	return &jsonPhases{Workers: p.Workers, Expand: ph(p.Expand), Dedup: ph(p.Dedup), Commit: ph(p.Commit), Liveness: ph(p.Liveness),
+		NumberSeconds: p.Number.Seconds(), GrowSeconds: p.Grow.Seconds(), CollectSeconds: p.Collect.Seconds(), ReverseSeconds: p.Reverse.Seconds(),
+		OtherSeconds: p.Other(s.Elapsed).Seconds(), IdleCoreSeconds: p.Idle(s.Elapsed).Seconds()}
 }
 
 // writePhases prints where the exploration's wall time went, a line per
@@ -49,25 +49,22 @@ func writePhases(w io.Writer, s checker.Stats) {
 	p := s.Phases
 	ms := func(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond)) }
 	fmt.Fprintf(w, "%-9s %11s %11s  %s\n", "phase", "wall", "busy", fmt.Sprintf("of %d workers' time", p.Workers))
-	for _, row := range []struct {
-		name string
-		ph   checker.Phase
-	}{{"expand", p.Expand}, {"dedup", p.Dedup}, {"grow", p.Grow}, {"commit", p.Commit}, {"liveness", p.Liveness}} {
+	for _, ph := range p.Parallel() {
 		used := "-"
-		if row.ph.Wall > 0 {
-			used = fmt.Sprintf("%.0f%%", 100*float64(row.ph.Busy)/float64(row.ph.Wall*time.Duration(p.Workers)))
+		if ph.Wall > 0 {
+			used = fmt.Sprintf("%.0f%%", 100*float64(ph.Busy)/float64(ph.Wall*time.Duration(p.Workers)))
 		}
-		fmt.Fprintf(w, "%-9s %11s %11s  %s\n", row.name, ms(row.ph.Wall), ms(row.ph.Busy), used)
+		fmt.Fprintf(w, "%-9s %11s %11s  %s\n", ph.Name, ms(ph.Wall), ms(ph.Busy), used)
 	}
 	for _, row := range []struct {
 		name string
 		d    time.Duration
-	}{{"number", p.Number}, {"collect", p.Collect}, {"reverse", p.Reverse}} {
+	}{{"number", p.Number}, {"grow", p.Grow}, {"collect", p.Collect}, {"reverse", p.Reverse}} {
 		fmt.Fprintf(w, "%-9s %11s %11s  serial\n", row.name, ms(row.d), ms(row.d))
 	}
-	fmt.Fprintf(w, "%-9s %11s %11s  initial states, levels' frontiers, counterexamples\n", "other", ms(max(s.Elapsed-p.Timed(), 0)), "")
-	all := s.Elapsed * time.Duration(p.Workers)
-	if all > 0 {
-		fmt.Fprintf(w, "idle core time %s of %s (%.1f%%)\n", ms(p.Idle()), ms(all), 100*float64(p.Idle())/float64(all))
+	fmt.Fprintf(w, "%-9s %11s %11s  serial: initial states, levels' frontiers, memory checks, counterexamples\n", "other", ms(p.Other(s.Elapsed)), ms(p.Other(s.Elapsed)))
+	if all := s.Elapsed * time.Duration(p.Workers); all > 0 {
+		idle := p.Idle(s.Elapsed)
+		fmt.Fprintf(w, "idle core time %s of %s (%.1f%%)\n", ms(idle), ms(all), 100*float64(idle)/float64(all))
 	}
 }

@@ -15,14 +15,14 @@ import (
 //
 // Listening on port 0 and closing, the obvious way, lets the kernel pick
 // from its ephemeral range, independently each time: two picks of one run
-// can be the same port (about 1 run in 100 with the demo's 17 addresses),
-// and a connection's source port comes from the same range. Either way the
-// second process to bind exits with "address already in use", and the
-// deployment never comes up. So the picker draws from below the ephemeral
-// range, where only an explicit bind takes a port, checks each port free
-// when it draws it, and never hands a port out twice.
+// can be the same port (the demo's start-up flake: docs/demo.md), and a
+// connection's source port comes from the same range. Either way the second
+// process to bind the port exits with "address already in use". So the
+// picker draws outside the ephemeral range, where only an explicit bind
+// takes a port, checks each port free when it draws it, and never hands a
+// port out twice.
 type portPicker struct {
-	lo, hi int // the range drawn from, [lo, hi)
+	ranges [][2]int // the ranges drawn from, each [lo, hi)
 	used   map[int]bool
 	rng    *rand.Rand
 }
@@ -31,43 +31,66 @@ type portPicker struct {
 // registered services' ports.
 const portFloor = 10000
 
-// newPortPicker reads the kernel's ephemeral range and draws below it. Its
-// seed is not the demo's: two runs at once with the same --seed must not
-// draw the same ports.
+// newPortPicker reads the kernel's ephemeral range and draws outside it.
+// Its seed is not the demo's, so that two runs at once with the same --seed
+// draw different ports (at random: with the demo's 15 ports, two runs at
+// once share one about 1 time in 100, and the second to start then fails
+// with the node that could not bind, by name).
 func newPortPicker() *portPicker {
-	return &portPicker{lo: portFloor, hi: ephemeralLow(), used: map[int]bool{}, rng: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))}
+	lo, hi := ephemeralRange()
+	p := &portPicker{used: map[int]bool{}, rng: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))}
+	for _, r := range [][2]int{{portFloor, lo}, {hi + 1, 65536}} {
+		if r[1] > r[0] {
+			p.ranges = append(p.ranges, r)
+		}
+	}
+	return p
 }
 
-// ephemeralLow is the first port of the kernel's ephemeral range: Linux's
-// ip_local_port_range, or IANA's 49152 (other systems, or an unreadable
-// file).
-func ephemeralLow() int {
-	const iana = 49152
+// ephemeralRange is the kernel's ephemeral port range: Linux's
+// ip_local_port_range, or IANA's 49152–65535 (other systems, or an
+// unreadable file).
+func ephemeralRange() (lo, hi int) {
+	const ianaLo, ianaHi = 49152, 65535
 	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
 	if err != nil {
-		return iana
+		return ianaLo, ianaHi
 	}
 	f := strings.Fields(string(b))
 	if len(f) != 2 {
-		return iana
+		return ianaLo, ianaHi
 	}
-	lo, err := strconv.Atoi(f[0])
-	if err != nil || lo <= 0 {
-		return iana
+	lo, err1 := strconv.Atoi(f[0])
+	hi, err2 := strconv.Atoi(f[1])
+	if err1 != nil || err2 != nil || lo <= 0 || hi < lo || hi > 65535 {
+		return ianaLo, ianaHi
 	}
-	return lo
+	return lo, hi
 }
 
-// errNoPort: the range is too narrow, or every port drawn was taken.
-var errNoPort = errors.New("demo: no free loopback port below the ephemeral range")
+// errNoPort: too few ports outside the ephemeral range, or every port drawn
+// was taken.
+var errNoPort = errors.New("demo: no free loopback port outside the ephemeral range")
 
 // addr returns 127.0.0.1:PORT for a port free now and not handed out before.
 func (p *portPicker) addr() (string, error) {
-	if p.hi-p.lo < 1000 {
-		return "", fmt.Errorf("%w: the ephemeral range starts at %d", errNoPort, p.hi)
+	total := 0
+	for _, r := range p.ranges {
+		total += r[1] - r[0]
+	}
+	if total < 1000 {
+		return "", fmt.Errorf("%w: %d ports there (ip_local_port_range)", errNoPort, total)
 	}
 	for range 200 {
-		port := p.lo + p.rng.IntN(p.hi-p.lo)
+		n := p.rng.IntN(total)
+		port := 0
+		for _, r := range p.ranges {
+			if n < r[1]-r[0] {
+				port = r[0] + n
+				break
+			}
+			n -= r[1] - r[0]
+		}
 		if p.used[port] {
 			continue
 		}

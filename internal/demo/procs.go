@@ -165,6 +165,7 @@ func (p *Procs) start(name string) error {
 	out := &tail{}
 	w := io.MultiWriter(p.logs, out)
 	cmd.Stdout, cmd.Stderr = w, w
+	cmd.WaitDelay = 5 * time.Second // a pipe held open past the node's exit does not hold Wait
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("demo: starting %s: %w", name, err)
 	}
@@ -194,7 +195,7 @@ func (p *Procs) exited() error {
 		pr := p.procs[name]
 		select {
 		case <-pr.done:
-			return fmt.Errorf("%s exited (%v); the end of its output:\n%s", name, pr.err, pr.out.lastLines(10))
+			return pr.exit(name)
 		default:
 		}
 	}
@@ -226,11 +227,21 @@ func (p *Procs) waitReady(timeout time.Duration) error {
 	}
 }
 
+// exit says how the exited process name ended, with the end of its output.
+func (pr *proc) exit(name string) error {
+	status := "exit status 0"
+	if pr.err != nil {
+		status = pr.err.Error()
+	}
+	return fmt.Errorf("%s exited (%s); the end of its output:\n%s", name, status, pr.out.lastLines(10))
+}
+
 // tail keeps the last tailBytes written to it: a process's output, for the
 // error that says why it exited.
 type tail struct {
 	mu  sync.Mutex
 	buf []byte
+	cut bool // bytes were dropped from the front: the first line kept may be partial
 }
 
 const tailBytes = 8 << 10
@@ -241,6 +252,7 @@ func (t *tail) Write(b []byte) (int, error) {
 	t.buf = append(t.buf, b...)
 	if over := len(t.buf) - tailBytes; over > 0 {
 		t.buf = append(t.buf[:0], t.buf[over:]...)
+		t.cut = true
 	}
 	return len(b), nil
 }
@@ -250,8 +262,8 @@ func (t *tail) lastLines(n int) string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	lines := strings.Split(strings.TrimRight(string(t.buf), "\n"), "\n")
-	if len(t.buf) == tailBytes && len(lines) > 1 {
-		lines = lines[1:] // the first may be cut
+	if t.cut && len(lines) > 1 {
+		lines = lines[1:] // the first may be partial
 	}
 	return strings.Join(lines[max(len(lines)-n, 0):], "\n")
 }
@@ -366,6 +378,11 @@ func (p *Procs) Crash(i int) error {
 	p.mu.Unlock()
 	if pr == nil {
 		return fmt.Errorf("demo: no %s", name)
+	}
+	select {
+	case <-pr.done: // it died by itself first: that is the finding, not the kill
+		return fmt.Errorf("demo: before the demo killed it, %w", pr.exit(name))
+	default:
 	}
 	pr.cmd.Process.Kill()
 	<-pr.done
@@ -525,6 +542,9 @@ func RunProcs(ctx context.Context, bin string, cfg Config, logs io.Writer) (*Res
 	elapsed := time.Since(start)
 	stopFaults()
 	fw.Wait()
+	if ctx.Err() != nil {
+		return nil, ctx.Err() // interrupted: the nodes got the signal too
+	}
 	if err := p.exited(); err != nil {
 		// Only the demo's own kill ends a node, and it restarts it: a node
 		// that ended by itself is a crash the run must name.

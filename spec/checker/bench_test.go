@@ -116,7 +116,7 @@ func workerRates[S any, A comparable](b *testing.B, m checker.Model[S, A], props
 			wall[i] += time.Since(t0)
 			cpu[i] += cpuTime() - c0
 			states[i] += res.Stats.States
-			idle[i] += res.Stats.Phases.Idle()
+			idle[i] += res.Stats.Phases.Idle(res.Stats.Elapsed)
 			serial[i] += res.Stats.Phases.Serial()
 			if first == nil {
 				first = res
@@ -133,9 +133,9 @@ func workerRates[S any, A comparable](b *testing.B, m checker.Model[S, A], props
 	b.ReportMetric(float64(cpu[0])/float64(states[0]), "cpu-ns/state-1w")
 	b.ReportMetric(float64(cpu[1])/float64(states[1]), "cpu-ns/state-2w")
 	// Where the second core went (Stats.Phases): the core time the 2-worker
-	// runs left idle (the serial parts, the parallel phases' tails), as a
-	// share of their two cores' time, and their serial parts, as a share of
-	// their wall time.
+	// runs left idle (the parallel phases' tails, the serial parts and the
+	// rest), as a share of their two cores' time, and the waves' and the
+	// liveness analysis' serial parts, as a share of their wall time.
 	b.ReportMetric(100*float64(idle[1])/float64(2*wall[1]), "idle-%-2w")
 	b.ReportMetric(100*float64(serial[1])/float64(wall[1]), "serial-%-2w")
 	b.ReportMetric(0, "ns/op") // an op is two explorations: the rates above say it

@@ -6,22 +6,22 @@ import (
 	"time"
 )
 
-// Phases is where an exhaustive exploration's wall time went (Stats.Phases):
-// each parallel phase of the waves, with the time its workers were busy, and
-// the serial parts between them. It says what more workers cannot speed up:
-// the serial parts, and each parallel phase's tail (its last task, while the
-// other workers wait at the barrier).
+// Phases is where an exploration's wall time went (Stats.Phases), exhaustive
+// or bitstate: each parallel phase of the waves, with the time its workers
+// were busy, and the serial parts between them. It says what more workers
+// cannot speed up: the serial parts, and each parallel phase's tail (its
+// last task, while the other workers wait at the barrier).
 type Phases struct {
 	Workers int
 	// The parallel phases of a wave (wave.go): expanding the frontier
-	// blocks, deduplicating the wave's candidates by shard, growing the
-	// visited set's index (by groups of shards), committing the new states
-	// (by block and by shard).
-	Expand, Dedup, Grow, Commit Phase
-	// The serial parts of a wave: numbering its new states, and collecting
-	// its results in block order (counts, violations, the next frontier's
-	// blocks, the protocol edges for the liveness analysis).
-	Number, Collect time.Duration
+	// blocks, deduplicating the wave's candidates by shard, committing the
+	// new states (by block and by shard).
+	Expand, Dedup, Commit Phase
+	// The serial parts of a wave: numbering its new states, growing the
+	// visited set's index, and collecting its results in block order
+	// (counts, violations, the next frontier's blocks, the protocol edges
+	// for the liveness analysis).
+	Number, Grow, Collect time.Duration
 	// Reverse is building the reverse graph for the liveness analysis
 	// (serial), and Liveness its two searches (the cycle check and the
 	// goals' backward search, at once).
@@ -36,22 +36,44 @@ type Phase struct {
 	Wall, Busy time.Duration
 }
 
-// Serial is the time spent on one core: the serial parts.
-func (p Phases) Serial() time.Duration { return p.Number + p.Collect + p.Reverse }
+// NamedPhase is one of Phases' parallel phases, by name.
+type NamedPhase struct {
+	Name string
+	Phase
+}
 
-// Idle is the core time the workers spent waiting: in the parallel phases
-// (their tails), and on every core but one during the serial parts.
-func (p Phases) Idle() time.Duration {
-	idle := time.Duration(p.Workers-1) * p.Serial()
-	for _, ph := range []Phase{p.Expand, p.Dedup, p.Grow, p.Commit, p.Liveness} {
+// Parallel lists the parallel phases, in the order a wave runs them.
+func (p Phases) Parallel() []NamedPhase {
+	return []NamedPhase{{"expand", p.Expand}, {"dedup", p.Dedup}, {"commit", p.Commit}, {"liveness", p.Liveness}}
+}
+
+// Serial is the wall time of the serial parts of the waves and of the
+// liveness analysis.
+func (p Phases) Serial() time.Duration { return p.Number + p.Grow + p.Collect + p.Reverse }
+
+// Timed is the wall time the phases account for.
+func (p Phases) Timed() time.Duration {
+	t := p.Serial()
+	for _, ph := range p.Parallel() {
+		t += ph.Wall
+	}
+	return t
+}
+
+// Other is the wall time of a run of elapsed that no phase accounts for:
+// the initial states, the levels' frontiers, the memory checks, the
+// counterexamples' replay. It runs on one core.
+func (p Phases) Other(elapsed time.Duration) time.Duration { return max(elapsed-p.Timed(), 0) }
+
+// Idle is the core time the workers of a run of elapsed spent waiting: in
+// the parallel phases (their tails), and on every core but one during the
+// serial parts and the rest.
+func (p Phases) Idle(elapsed time.Duration) time.Duration {
+	idle := time.Duration(p.Workers-1) * (p.Serial() + p.Other(elapsed))
+	for _, ph := range p.Parallel() {
 		idle += time.Duration(p.Workers)*ph.Wall - ph.Busy
 	}
 	return idle
-}
-
-// Timed returns the wall time the phases account for.
-func (p Phases) Timed() time.Duration {
-	return p.Expand.Wall + p.Dedup.Wall + p.Grow.Wall + p.Commit.Wall + p.Liveness.Wall + p.Serial()
 }
 
 // parallel runs task(i) for i in [0, n) on up to workers goroutines, and

@@ -10,9 +10,10 @@ import (
 
 // Stats.Phases accounts for the run: every phase a run at the spec's
 // bounds takes is timed, no phase's workers are busier than its wall time
-// allows, the phases fit in the run's wall time, and with one worker no
-// core waits but in the goroutines' start-up. A phase left untimed, busy
-// time summed over the wrong goroutines, or Workers unset fails here.
+// allows, the phases fit in the run's wall time, the idle core time is
+// within the cores' time, and one worker runs a phase it does not spread
+// itself, busy all of it. A phase left untimed, busy time summed over the
+// wrong goroutines, or Workers unset fails here.
 func TestPhasesAccountForTheRunsWallTime(t *testing.T) {
 	m, err := spec.New(spec.NewConfig(2, 4, 2))
 	if err != nil {
@@ -27,26 +28,30 @@ func TestPhasesAccountForTheRunsWallTime(t *testing.T) {
 		if p.Workers != workers {
 			t.Fatalf("Phases.Workers = %d, want %d", p.Workers, workers)
 		}
-		for name, ph := range map[string]checker.Phase{"expand": p.Expand, "dedup": p.Dedup, "grow": p.Grow, "commit": p.Commit, "liveness": p.Liveness} {
+		if len(p.Parallel()) != 4 {
+			t.Fatalf("Parallel() lists %d phases, want expand, dedup, commit and liveness", len(p.Parallel()))
+		}
+		for _, ph := range p.Parallel() {
 			if ph.Wall <= 0 || ph.Busy <= 0 {
-				t.Errorf("%d workers: %s not timed: %+v", workers, name, ph)
+				t.Errorf("%d workers: %s not timed: %+v", workers, ph.Name, ph.Phase)
 			}
 			if ph.Busy > time.Duration(workers)*ph.Wall {
-				t.Errorf("%d workers: %s busy %v, more than %d × its wall time %v", workers, name, ph.Busy, workers, ph.Wall)
+				t.Errorf("%d workers: %s busy %v, more than %d × its wall time %v", workers, ph.Name, ph.Busy, workers, ph.Wall)
 			}
 		}
-		if p.Number <= 0 || p.Collect <= 0 || p.Reverse <= 0 {
-			t.Errorf("%d workers: a serial part not timed: number %v, collect %v, reverse %v", workers, p.Number, p.Collect, p.Reverse)
+		if p.Number <= 0 || p.Grow <= 0 || p.Collect <= 0 || p.Reverse <= 0 {
+			t.Errorf("%d workers: a serial part not timed: number %v, grow %v, collect %v, reverse %v", workers, p.Number, p.Grow, p.Collect, p.Reverse)
 		}
-		if p.Timed() > res.Stats.Elapsed {
-			t.Errorf("%d workers: the phases add up to %v, more than the run's %v", workers, p.Timed(), res.Stats.Elapsed)
+		elapsed := res.Stats.Elapsed
+		if p.Timed() > elapsed || p.Timed()+p.Other(elapsed) != elapsed {
+			t.Errorf("%d workers: the phases add up to %v and the rest %v, against the run's %v", workers, p.Timed(), p.Other(elapsed), elapsed)
 		}
-		if idle := p.Idle(); idle < 0 || idle > time.Duration(workers)*res.Stats.Elapsed {
-			t.Errorf("%d workers: idle core time %v outside [0, %v]", workers, idle, time.Duration(workers)*res.Stats.Elapsed)
+		if idle := p.Idle(elapsed); idle < time.Duration(workers-1)*(p.Serial()+p.Other(elapsed)) || idle > time.Duration(workers)*elapsed {
+			t.Errorf("%d workers: idle core time %v outside [%v, %v]", workers, idle, time.Duration(workers-1)*(p.Serial()+p.Other(elapsed)), time.Duration(workers)*elapsed)
 		}
 		if workers == 1 && p.Dedup.Busy != p.Dedup.Wall {
 			t.Errorf("1 worker: dedup busy %v, wall %v: one worker runs a phase itself, busy all of it", p.Dedup.Busy, p.Dedup.Wall)
 		}
-		t.Logf("%d workers, %d states in %v: %+v; serial %v, idle core time %v", workers, res.Stats.States, res.Stats.Elapsed, p, p.Serial(), p.Idle())
+		t.Logf("%d workers, %d states in %v: %+v; serial %v, idle core time %v", workers, res.Stats.States, elapsed, p, p.Serial(), p.Idle(elapsed))
 	}
 }

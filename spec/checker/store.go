@@ -167,7 +167,7 @@ func (v *visited) insert(fp Fingerprint, parent int32, succ uint16) (idx int32, 
 	}
 	var more [numShards]int
 	more[shardOf(fp)] = 1
-	v.makeRoom(new(Phase), &more)
+	v.makeRoom(&more)
 	idx = int32(v.len())
 	v.reserve(v.len() + 1)
 	v.set(idx, fp, parent, succ)
@@ -179,9 +179,9 @@ func (v *visited) insert(fp Fingerprint, parent int32, succ uint16) (idx int32, 
 // more[i] new ones at most 3/4 full, rebuilding the index on one goroutine:
 // split by groups of shards over two (each group scanning every state, its
 // tables' first writes faulting their pages in at once), the rebuild took
-// 69–81 ms of wall time at the default bounds against 37–39 ms on one, and
+// 69–81 ms of wall time at the default bounds against 37–41 ms on one, and
 // 134–153 ms of core time.
-func (v *visited) makeRoom(ph *Phase, more *[numShards]int) {
+func (v *visited) makeRoom(more *[numShards]int) {
 	slots := int(v.mask) + 1
 	for i := range v.shards {
 		for (v.shards[i].n+more[i])*4 > slots*3 {
@@ -192,18 +192,17 @@ func (v *visited) makeRoom(ph *Phase, more *[numShards]int) {
 		return
 	}
 	v.setLen(slots)
-	parallel(ph, 1, 1, func(int) { v.reindex(0, numShards) })
+	v.reindex()
 }
 
-// reindex rebuilds shards [from, to) at the current length from the
-// fingerprints themselves, read in state order: a scan of the old tables
-// read a fingerprint at a random place for each state (its number is all
-// a slot holds), a cache miss each, and spent 3.7% of a run's CPU there
-// (BenchmarkCheckDefaultBounds).
-// A state's new slot is prefetched placeAhead states before it is written,
-// as placeAll does.
-func (v *visited) reindex(from, to int) {
-	for i := from; i < to; i++ {
+// reindex rebuilds every shard at the current length from the fingerprints
+// themselves, read in state order: a scan of the old tables read a
+// fingerprint at a random place for each state (its number is all a slot
+// holds), a cache miss each, and spent 3.7% of a run's CPU there
+// (BenchmarkCheckDefaultBounds). A state's new slot is prefetched
+// placeAhead states before it is written, as placeAll does.
+func (v *visited) reindex() {
+	for i := range v.shards {
 		v.shards[i].table = make([]uint32, v.mask+1)
 	}
 	n := v.len()
@@ -211,19 +210,15 @@ func (v *visited) reindex(from, to int) {
 		chunk := v.fps.chunks[c][:min(1<<chunkBits, n-c*(1<<chunkBits))]
 		for k := range chunk {
 			if k+placeAhead < len(chunk) {
-				if ahead := chunk[k+placeAhead]; shardOf(ahead) >= from && shardOf(ahead) < to {
-					v.prefetch(ahead)
-				}
+				v.prefetch(chunk[k+placeAhead])
 			}
 			fp := &chunk[k]
-			if sh := shardOf(*fp); sh >= from && sh < to {
-				t := v.shards[sh].table
-				j := fp[0] & v.mask
-				for t[j] != 0 {
-					j = (j + 1) & v.mask
-				}
-				t[j] = uint32(c<<chunkBits+k) + 1 | v.tag(*fp)<<v.numBits
+			t := v.shards[shardOf(*fp)].table
+			j := fp[0] & v.mask
+			for t[j] != 0 {
+				j = (j + 1) & v.mask
 			}
+			t[j] = uint32(c<<chunkBits+k) + 1 | v.tag(*fp)<<v.numBits
 		}
 	}
 }

@@ -123,7 +123,9 @@ func (c *run[S, A]) wave(blocks []*block[S], outs []*expansion[S], next *frontie
 	for s := range more {
 		more[s] = len(c.waves[s].firsts)
 	}
-	c.seen.makeRoom(&ph.Grow, &more)
+	serial = time.Now()
+	c.seen.makeRoom(&more)
+	ph.Grow += time.Since(serial)
 	serial = time.Now()
 	first := c.seen.len()
 	n := int32(first)
