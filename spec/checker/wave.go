@@ -11,7 +11,8 @@ import (
 
 // A level of the search is expanded in waves of frontier blocks, each wave in
 // three parallel phases with nothing serial between them but loops over
-// arrays:
+// arrays and, when the index must grow, its rebuild (Stats.Phases times each
+// part):
 //
 //  1. expand (a task per block): generate every successor, fingerprint it,
 //     drop those seen earlier in the block and those already visited (the
