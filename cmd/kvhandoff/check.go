@@ -217,8 +217,8 @@ func (f *checkFlags) explorationFailed(err error, cfg spec.Config, stdout, stder
 			f.setBitstate(&out, limit.Stats)
 		}
 		printJSON(stdout, stderr, out)
-	} else if isLimit && f.phases {
-		writePhases(stdout, limit.Stats) // how the time went up to the limit
+	} else if isLimit {
+		f.printPhases(stdout, limit.Stats) // how the time went up to the limit
 	}
 	return code
 }
@@ -380,7 +380,7 @@ func (out *jsonReport) setStats(s checker.Stats) {
 		yes := s.Acyclic == checker.Yes
 		out.Acyclic = &yes
 	}
-	if p := s.Phases; p.Workers > 0 && p.Expand.Wall > 0 {
+	if hasPhases(s) {
 		out.Phases = newJSONPhases(s)
 	}
 }
@@ -476,10 +476,7 @@ func (f *checkFlags) printReport(r *explore.Report, stdout, stderr io.Writer) in
 // printAfter prints, after the result, the phases table (--phases) and the
 // coverage table (--coverage), naming the defenses that never fired.
 func (f *checkFlags) printAfter(r *explore.Report, stdout io.Writer, code int) int {
-	if f.phases && r.Simulation == nil && r.Stats.Phases.Workers > 0 {
-		fmt.Fprintln(stdout)
-		writePhases(stdout, r.Stats)
-	}
+	f.printPhases(stdout, r.Stats)
 	if r.Coverage == nil {
 		return code
 	}

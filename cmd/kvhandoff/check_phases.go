@@ -42,6 +42,19 @@ func newJSONPhases(s checker.Stats) *jsonPhases {
 		OtherSeconds: p.Other(s.Elapsed).Seconds(), IdleCoreSeconds: p.Idle(s.Elapsed).Seconds()}
 }
 
+// hasPhases says whether s carries phases: an exploration that ran a wave
+// (not a simulation, nor a run stopped before its first wave).
+func hasPhases(s checker.Stats) bool { return s.Phases.Expand.Wall > 0 }
+
+// printPhases prints the phases table after a blank line, with --phases
+// and phases to print.
+func (f *checkFlags) printPhases(w io.Writer, s checker.Stats) {
+	if f.phases && hasPhases(s) {
+		fmt.Fprintln(w)
+		writePhases(w, s)
+	}
+}
+
 // writePhases prints where the exploration's wall time went, a line per
 // phase: its wall time, its workers' busy time and the share of the cores
 // that is; then the idle core time against all the cores' time.

@@ -130,7 +130,7 @@ type Stats struct {
 	// cycle. It is computed only when the model has goals, liveness is checked and
 	// exploration ran to the end; otherwise it is Unknown.
 	Acyclic Verdict
-	// Phases is where the wall time of an exhaustive exploration went.
+	// Phases is where an exploration's wall time went (not a simulation's).
 	Phases Phases
 }
 
@@ -637,7 +637,7 @@ func (c *run[S, A]) run() (*Result[S, A], error) {
 		// they run at once, and are reported in goal order.
 		var unreached [][]int32
 		isAcyclic := false
-		parallel(&ph.Liveness, c.workers, 2, func(i int) {
+		parallel(&ph.Liveness, c.workers, 2, func(_, i int) {
 			if i == 0 {
 				isAcyclic = acyclic(n, &c.edges, rev)
 				return

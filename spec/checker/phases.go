@@ -76,13 +76,15 @@ func (p Phases) Idle(elapsed time.Duration) time.Duration {
 	return idle
 }
 
-// parallel runs task(i) for i in [0, n) on up to workers goroutines, and
-// adds the phase's wall time and the goroutines' busy time to ph.
-func parallel(ph *Phase, workers, n int, task func(i int)) {
+// parallel runs task(k, i) for i in [0, n) on up to workers goroutines, k
+// being the goroutine's number (0 when they run inline, with one worker or
+// one task), and adds the phase's wall time and each goroutine's time until
+// it found no task left to ph.
+func parallel(ph *Phase, workers, n int, task func(k, i int)) {
 	start := time.Now()
 	if workers <= 1 || n <= 1 {
 		for i := range n {
-			task(i)
+			task(0, i)
 		}
 		d := time.Since(start)
 		ph.Wall += d
@@ -90,26 +92,17 @@ func parallel(ph *Phase, workers, n int, task func(i int)) {
 		return
 	}
 	var next atomic.Int32
-	spread(ph, min(workers, n), func(int) {
-		for {
-			i := int(next.Add(1)) - 1
-			if i >= n {
-				return
-			}
-			task(i)
-		}
-	})
-}
-
-// spread runs run(k) on goroutines k in [0, g) and waits for them, adding
-// the wall time and each goroutine's time until it returned to ph.
-func spread(ph *Phase, g int, run func(k int)) {
-	start := time.Now()
 	var busy atomic.Int64
 	var wg sync.WaitGroup
-	for k := range g {
+	for k := range min(workers, n) {
 		wg.Go(func() {
-			run(k)
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= n {
+					break
+				}
+				task(k, i)
+			}
 			busy.Add(int64(time.Since(start)))
 		})
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sync/atomic"
 	"time"
 )
 
@@ -83,18 +82,8 @@ func (c *run[S, A]) wave(blocks []*block[S], outs []*expansion[S], next *frontie
 	for len(c.scratch) < c.workers {
 		c.scratch = append(c.scratch, newWorker(c))
 	}
-	var wi atomic.Int32
 	ph := &c.res.Stats.Phases
-	spread(&ph.Expand, min(c.workers, len(blocks)), func(k int) {
-		w := c.scratch[k]
-		for {
-			i := int(wi.Add(1)) - 1
-			if i >= len(blocks) {
-				return
-			}
-			w.expand(blocks[i], outs[i])
-		}
-	})
+	parallel(&ph.Expand, c.workers, len(blocks), func(k, i int) { c.scratch[k].expand(blocks[i], outs[i]) })
 	serial := time.Now()
 	total := 0
 	for _, out := range outs {
@@ -112,12 +101,12 @@ func (c *run[S, A]) wave(blocks []*block[S], outs []*expansion[S], next *frontie
 	ph.Number += time.Since(serial)
 
 	// 2. deduplicate, by shard.
-	parallel(&ph.Dedup, c.workers, numShards, func(s int) { c.dedup(s, outs, ref) })
+	parallel(&ph.Dedup, c.workers, numShards, func(_, s int) { c.dedup(s, outs, ref) })
 	if c.bits != nil {
 		for s := range numShards {
 			c.stored += len(c.waves[s].firsts)
 		}
-		parallel(&ph.Commit, c.workers, len(outs), func(i int) { c.commitBitstate(outs[i], ref) })
+		parallel(&ph.Commit, c.workers, len(outs), func(_, i int) { c.commitBitstate(outs[i], ref) })
 		return c.collect(outs, ref, nil, next, deadlocks, newBad)
 	}
 	var more [numShards]int
@@ -140,7 +129,7 @@ func (c *run[S, A]) wave(blocks []*block[S], outs []*expansion[S], next *frontie
 	ph.Number += time.Since(serial)
 
 	// 3. commit, by block and by shard.
-	parallel(&ph.Commit, c.workers, len(outs)+numShards, func(i int) {
+	parallel(&ph.Commit, c.workers, len(outs)+numShards, func(_, i int) {
 		if i < len(outs) {
 			c.commit(outs[i], ref, num)
 			return
