@@ -255,8 +255,13 @@ func (e *LimitError) Error() string {
 
 func (e *LimitError) Unwrap() error { return e.Err }
 
-// waveBlocks is how many frontier blocks a wave expands at once (at least):
+// A wave expands frontier blocks until they hold waveBlocks full blocks'
+// worth of states (or 4 per worker), from up to 4 times as many blocks:
 // enough that the phases' barriers cost little and the tasks balance.
+// Counted in states, not blocks, because a level's blocks are far from full
+// (each expansion's new states start blocks of their own: 95 states of 256
+// on average at the default bounds), and waves of 32 blocks were then three
+// times as many, each with its barriers, serial parts and tails.
 const waveBlocks = 32
 
 // defaultFrontierMemory is the default Options.FrontierMemory: past this the
@@ -443,6 +448,7 @@ func (c *run[S, A]) reportMask(bad uint64, at stateRef) error {
 }
 
 // record notes what is known of a new state: its goals, and whether it is bad.
+// (A wave's commit records its new states with recordShared.)
 func (c *run[S, A]) record(idx int32, goals, badMask uint64) {
 	for i := range c.goalSets {
 		if goals&(1<<i) != 0 {
@@ -451,6 +457,27 @@ func (c *run[S, A]) record(idx int32, goals, badMask uint64) {
 	}
 	if badMask != 0 {
 		c.bad.set(idx)
+	}
+}
+
+// reserveRecords makes room to record states up to n at once (recordShared).
+func (c *run[S, A]) reserveRecords(n int) {
+	for i := range c.goalSets {
+		c.goalSets[i].grow(n)
+	}
+	c.bad.grow(n)
+}
+
+// recordShared is record for the goroutines of a wave's commit, each
+// recording its own states, within the room reserveRecords made.
+func (c *run[S, A]) recordShared(idx int32, goals, badMask uint64) {
+	for i := range c.goalSets {
+		if goals&(1<<i) != 0 {
+			c.goalSets[i].setShared(idx)
+		}
+	}
+	if badMask != 0 {
+		c.bad.setShared(idx)
 	}
 }
 
@@ -544,7 +571,8 @@ func (c *run[S, A]) run() (*Result[S, A], error) {
 		}
 	}
 
-	outs := make([]*expansion[S], max(waveBlocks, 4*c.workers))
+	waveStates := max(waveBlocks, 4*c.workers) * blockStates
+	outs := make([]*expansion[S], 4*max(waveBlocks, 4*c.workers))
 	for i := range outs {
 		outs[i] = &expansion[S]{}
 	}
@@ -556,8 +584,8 @@ func (c *run[S, A]) run() (*Result[S, A], error) {
 		var deadlocks []stateRef
 		newBad = newBad[:0]
 		for {
-			n := 0
-			for n < len(blocks) {
+			n, states := 0, 0
+			for n < len(blocks) && states < waveStates {
 				b, err := cur.take()
 				if err != nil {
 					next.close()
@@ -568,6 +596,7 @@ func (c *run[S, A]) run() (*Result[S, A], error) {
 				}
 				blocks[n] = b
 				n++
+				states += b.len()
 			}
 			if n == 0 {
 				break

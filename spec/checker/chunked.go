@@ -22,18 +22,6 @@ func (c *chunked[T]) append(v T) {
 	c.n++
 }
 
-// appendSlice appends vs, a chunk's worth at a time.
-func (c *chunked[T]) appendSlice(vs []T) {
-	for len(vs) > 0 {
-		if c.n>>chunkBits == len(c.chunks) {
-			c.chunks = append(c.chunks, make([]T, 1<<chunkBits))
-		}
-		k := copy(c.chunks[c.n>>chunkBits][c.n&(1<<chunkBits-1):], vs)
-		c.n += k
-		vs = vs[k:]
-	}
-}
-
 // grow sets the length to n (never shrinking), allocating chunks, so that
 // goroutines may then set distinct elements at once.
 func (c *chunked[T]) grow(n int) {
@@ -41,6 +29,15 @@ func (c *chunked[T]) grow(n int) {
 		c.chunks = append(c.chunks, make([]T, 1<<chunkBits))
 	}
 	c.n = max(c.n, n)
+}
+
+// copyAt sets the elements from i on to vs; they must be within the length.
+func (c *chunked[T]) copyAt(i int, vs []T) {
+	for len(vs) > 0 {
+		k := copy(c.chunks[i>>chunkBits][i&(1<<chunkBits-1):], vs)
+		i += k
+		vs = vs[k:]
+	}
 }
 
 func (c *chunked[T]) at(i int) T { return c.chunks[i>>chunkBits][i&(1<<chunkBits-1)] }

@@ -17,24 +17,43 @@ type graph struct {
 
 var errTooManyEdges = errors.New("checker: more than 2^32 protocol transitions; use SkipLiveness")
 
-// addBlock appends the edge lists of the states srcs (in increasing order,
-// after those added before), whose edges are edges, the list of srcs[i]
-// ending at ends[i]; states skipped since the last one (not expanded) get
-// none. A block's edges are appended at once: a call per state cost more
-// than the copy (a wave's edges are added by one goroutine).
-func (g *graph) addBlock(srcs, ends []int32, edges []uint32) error {
-	if uint64(g.dst.len())+uint64(len(edges)) > math.MaxUint32 {
-		return errTooManyEdges
+// edgeBlock is where one expanded block's edge lists go in a graph: the
+// lists of its states srcs (in increasing order, after those of the blocks
+// before it), whose edges are edges, the list of srcs[i] ending at ends[i].
+// The wave's blocks are reserved in order by one goroutine (reserve), then
+// placed by several at once (place): each writes only its own range of
+// start and of dst.
+type edgeBlock struct {
+	from int    // the first state whose list start it sets: those skipped since the block before (not expanded) get empty lists
+	at   uint32 // where its edges start in dst
+}
+
+// reserve makes room for a block's edge lists after those reserved before,
+// and says where they go.
+func (g *graph) reserve(srcs []int32, edges int) (edgeBlock, error) {
+	if uint64(g.dst.len())+uint64(edges) > math.MaxUint32 {
+		return edgeBlock{}, errTooManyEdges
 	}
-	base, from := uint32(g.dst.len()), uint32(0)
+	eb := edgeBlock{from: g.start.len(), at: uint32(g.dst.len())}
+	if len(srcs) > 0 {
+		g.start.grow(int(srcs[len(srcs)-1]) + 1)
+	}
+	g.dst.grow(g.dst.len() + edges)
+	return eb, nil
+}
+
+// place writes a block's edge lists where reserve put them. Blocks reserved
+// apart may be placed at once. A block's edges are copied at once: a call
+// per state cost more than the copy.
+func (g *graph) place(eb edgeBlock, srcs, ends []int32, edges []uint32) {
+	k, from := eb.from, uint32(0)
 	for i, src := range srcs {
-		for g.start.len() <= int(src) {
-			g.start.append(base + from)
+		for ; k <= int(src); k++ {
+			*g.start.ptr(k) = eb.at + from
 		}
 		from = uint32(ends[i])
 	}
-	g.dst.appendSlice(edges)
-	return nil
+	g.dst.copyAt(int(eb.at), edges)
 }
 
 // close ends the lists of n states.

@@ -9,28 +9,42 @@ import (
 // graphOf builds the liveness analysis's graph from edge lists.
 func graphOf(edges [][]uint32) (*graph, *reverse) {
 	// In blocks of up to 3 states, leaving out every fifth (a state not
-	// expanded, whose list is empty).
+	// expanded, whose list is empty). The blocks are reserved in order, as
+	// a wave does, and placed last first: a block's place must not depend
+	// on its neighbours being placed.
 	var g graph
-	var srcs, ends []int32
-	var all []uint32
+	type block struct {
+		eb   edgeBlock
+		srcs []int32
+		ends []int32
+		all  []uint32
+	}
+	var blocks []block
+	var b block
 	flush := func() {
-		if err := g.addBlock(srcs, ends, all); err != nil {
+		eb, err := g.reserve(b.srcs, len(b.all))
+		if err != nil {
 			panic(err)
 		}
-		srcs, ends, all = srcs[:0], ends[:0], all[:0]
+		b.eb = eb
+		blocks = append(blocks, b)
+		b = block{}
 	}
 	for s, out := range edges {
 		if s%5 == 4 && len(out) == 0 {
 			continue
 		}
-		srcs = append(srcs, int32(s))
-		all = append(all, out...)
-		ends = append(ends, int32(len(all)))
-		if len(srcs) == 3 {
+		b.srcs = append(b.srcs, int32(s))
+		b.all = append(b.all, out...)
+		b.ends = append(b.ends, int32(len(b.all)))
+		if len(b.srcs) == 3 {
 			flush()
 		}
 	}
 	flush()
+	for _, b := range slices.Backward(blocks) {
+		g.place(b.eb, b.srcs, b.ends, b.all)
+	}
 	g.close(len(edges))
 	return &g, g.reverse(len(edges))
 }

@@ -17,10 +17,10 @@ type Phases struct {
 	// blocks, deduplicating the wave's candidates by shard, committing the
 	// new states (by block and by shard).
 	Expand, Dedup, Commit Phase
-	// The serial parts of a wave: numbering its new states, growing the
-	// visited set's index, and collecting its results in block order
-	// (counts, violations, the next frontier's blocks, the protocol edges
-	// for the liveness analysis).
+	// The serial parts of a wave: numbering its new states (and reserving
+	// room for their records and edges), growing the visited set's index,
+	// and collecting its results in block order (counts, violations, the
+	// next frontier's blocks).
 	Number, Grow, Collect time.Duration
 	// Reverse is building the reverse graph for the liveness analysis
 	// (serial), and Liveness its two searches (the cycle check and the

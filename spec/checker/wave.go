@@ -22,8 +22,10 @@ import (
 //  2. deduplicate (a task per shard): in block order, keep the first
 //     occurrence of each candidate in the wave;
 //  3. commit (a task per block, and one per shard): the first occurrences,
-//     numbered in wave order by a serial loop, are recorded, indexed in their
-//     shard and written to next level's blocks; edges get their targets.
+//     numbered in wave order by a serial loop, are recorded (with the goals
+//     they reach), indexed in their shard and written to next level's
+//     blocks; edges get their targets and go to the liveness analysis's
+//     graph, at the places the serial loop reserved for each block.
 //
 // States are numbered in the order a sequential search numbers them, so the
 // counterexample is the same on every run and every core count.
@@ -57,6 +59,7 @@ type expansion[S any] struct {
 	byShard  []int32 // candidate indices grouped by shard, in order within a shard
 	shardEnd [numShards + 1]int32
 	offset   int         // the index of its first candidate in the wave
+	edgeAt   edgeBlock   // where its edges go in the liveness analysis's graph
 	next     []*block[S] // its new states, for the next level's frontier
 	bad      []badState  // its new states that violate an invariant
 	block    *block[S]   // the block expanded (bitstate mode: the parents' paths)
@@ -126,6 +129,15 @@ func (c *run[S, A]) wave(blocks []*block[S], outs []*expansion[S], next *frontie
 		}
 	}
 	c.seen.reserve(int(n))
+	c.reserveRecords(int(n))
+	if c.liveness {
+		for _, out := range outs {
+			var err error
+			if out.edgeAt, err = c.edges.reserve(out.src, len(out.edges)); err != nil {
+				return err
+			}
+		}
+	}
 	ph.Number += time.Since(serial)
 
 	// 3. commit, by block and by shard.
@@ -140,7 +152,8 @@ func (c *run[S, A]) wave(blocks []*block[S], outs []*expansion[S], next *frontie
 	return c.collect(outs, ref, num, next, deadlocks, newBad)
 }
 
-// collect gathers the wave's results, in block order: the serial part.
+// collect gathers the wave's results, in block order: the serial part
+// (counts, deadlocks, violations, the next frontier's blocks).
 func (c *run[S, A]) collect(outs []*expansion[S], ref, num []int32, next *frontier[S], deadlocks *[]stateRef, newBad *[]badState) error {
 	start := time.Now()
 	defer func() { c.res.Stats.Phases.Collect += time.Since(start) }()
@@ -157,26 +170,12 @@ func (c *run[S, A]) collect(outs []*expansion[S], ref, num []int32, next *fronti
 			}
 		}
 		*newBad = append(*newBad, out.bad...)
-		for ci := range out.cands {
-			if c.bits != nil {
-				break
-			}
-			cd := &out.cands[ci]
-			if g := out.offset + ci; int(ref[g]) == g && cd.goals|cd.badMask != 0 {
-				c.record(num[g], cd.goals, cd.badMask)
-			}
-		}
 		for _, b := range out.next {
 			if err := next.push(b); err != nil {
 				return err
 			}
 		}
 		out.next = out.next[:0]
-		if c.liveness {
-			if err := c.edges.addBlock(out.src, out.edgeEnd, out.edges); err != nil {
-				return err
-			}
-		}
 	}
 	return nil
 }
@@ -257,6 +256,9 @@ func (c *run[S, A]) commit(out *expansion[S], ref, num []int32) {
 		}
 		idx := num[g]
 		c.seen.set(idx, cd.fp, cd.parent, cd.succ)
+		if cd.goals|cd.badMask != 0 {
+			c.recordShared(idx, cd.goals, cd.badMask)
+		}
 		if cd.badMask != 0 {
 			out.bad = append(out.bad, badState{stateRef{idx: idx}, cd.badMask})
 			continue
@@ -279,6 +281,7 @@ func (c *run[S, A]) commit(out *expansion[S], ref, num []int32) {
 				out.edges[i] = uint32(num[ref[out.offset+int(e&^candRef)]])
 			}
 		}
+		c.edges.place(out.edgeAt, out.src, out.edgeEnd, out.edges)
 	}
 }
 
