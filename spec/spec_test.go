@@ -530,3 +530,71 @@ func TestKeyOutlivesRecordLetsARevokedKeyLand(t *testing.T) {
 		t.Fatal("with key-outlives-record the quarantined page's key must still let the WRITE land")
 	}
 }
+
+// SuccessorsIn (the checker's Builder) emits what Successors emits, in the
+// same order, each successor built in the state next handed out for it,
+// next called once per successor built (a step that changes nothing hands
+// the state itself back, built nowhere), and Successors later writes in
+// none of those states; and neither allocates, as the checker
+// calls them for every state it explores. Tried on reachable states of the
+// default bounds with every fault, and with coverage counted (the steps'
+// hooked path).
+func TestSuccessorsInBuildsWhereItIsTold(t *testing.T) {
+	for _, coverage := range []bool{false, true} {
+		m, err := New(NewConfig(3, 4, 2))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if coverage {
+			m = m.WithCoverage(new(Coverage))
+		}
+		states := reachableBy(m, 2000, func(s *State) string { return string(m.AppendFingerprint(nil, s)) })
+		var bufs [2]State
+		flip, handed := 0, 0
+		next := func() *State {
+			b := &bufs[flip]
+			flip ^= 1
+			handed++
+			return b
+		}
+		for i := range states {
+			type succ struct {
+				a Action
+				s State
+			}
+			var want, got []succ
+			before := bufs
+			m.Successors(&states[i], func(a Action, s *State) { want = append(want, succ{a, *s}) })
+			if bufs != before {
+				t.Fatalf("state %d: Successors wrote in a state SuccessorsIn was handed before", i)
+			}
+			handed = 0
+			back := 0
+			m.SuccessorsIn(&states[i], next, func(a Action, s *State) {
+				switch s {
+				case &states[i]: // a step that changes nothing hands the state back
+					back++
+				case &bufs[flip^1]:
+				default:
+					t.Fatalf("state %d: successor %d (%v) not built in the state last handed out", i, len(got), a)
+				}
+				got = append(got, succ{a, *s})
+			})
+			if !slices.Equal(got, want) || handed+back != len(want) {
+				t.Fatalf("state %d: SuccessorsIn emitted %d successors (%d handed back) from %d states handed out, Successors %d, or they differ", i, len(got), back, handed, len(want))
+			}
+		}
+		if coverage {
+			continue
+		}
+		emit := func(Action, *State) {}
+		if a := testing.AllocsPerRun(3, func() {
+			for i := range states {
+				m.SuccessorsIn(&states[i], next, emit)
+				m.Successors(&states[i], emit)
+			}
+		}); a != 0 {
+			t.Errorf("%.0f allocations expanding %d states", a, len(states))
+		}
+	}
+}

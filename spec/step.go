@@ -157,14 +157,31 @@ func (m *Model) SuccessorsWhere(s *State, keep func(n int, a Action) (take, more
 	m.successors(s, keep, emit)
 }
 
+// SuccessorsIn is Successors with each successor built in the state next
+// returns (the checker's Builder), so that the checker keeps a successor
+// where it was built instead of copying it.
+func (m *Model) SuccessorsIn(s *State, next func() *State, emit func(Action, *State)) {
+	m.successorsIn(s, nil, next, emit)
+}
+
 func (m *Model) successors(s *State, keep func(int, Action) (bool, bool), emit func(Action, *State)) {
-	// The steps are called through function values, so the state they work
-	// on escapes to the heap: it is a scratch state from a pool, not one
+	m.successorsIn(s, keep, nil, emit)
+}
+
+// successorsIn builds each successor in the state next returns, or in a
+// scratch state when next is nil.
+func (m *Model) successorsIn(s *State, keep func(int, Action) (bool, bool), next func() *State, emit func(Action, *State)) {
+	// The steps are called through function values, so the system they work
+	// on escapes to the heap: it is a scratch one from a pool, not one
 	// allocated per step (the checker calls this for every state it explores).
 	x := scratch.Get().(*sys)
-	defer scratch.Put(x)
+	own := x.s
+	defer func() {
+		x.s = own
+		scratch.Put(x)
+	}()
 	x.m = m
-	g := successors{m: m, c: &m.cfg, x: x, s: s, keep: keep, emit: emit}
+	g := successors{m: m, c: &m.cfg, x: x, s: s, keep: keep, next: next, emit: emit}
 	// Direct calls (a loop over the kinds cost 2% of the checker's
 	// instructions); g.done is checked between groups of kinds, enough to
 	// spare a rebuild or a replay most of the enumeration after the
@@ -216,6 +233,7 @@ type successors struct {
 	keep func(n int, a Action) (take, more bool) // nil: every successor
 	n    int                                     // successors offered to keep so far
 	done bool                                    // keep wants no more
+	next func() *State                           // nil: each successor is built in x's own state
 	emit func(Action, *State)
 }
 
@@ -244,6 +262,9 @@ func (g *successors) do(a Action, r, p, d, n int, f step) {
 		return
 	}
 	m, x, s := g.m, g.x, g.s
+	if g.next != nil {
+		x.s = g.next()
+	}
 	if m.cov != nil || m.mutate != nil {
 		m.hooked(x, s, a, func() { f(x, r, p, d, n) })
 		g.emit(a, x.s)

@@ -59,10 +59,12 @@ func BenchmarkCheckDefaultBounds(b *testing.B) {
 	b.ReportMetric(heapPerState, "heap-B/state")
 }
 
-// The spec holds its frontier encoded, and copies its states with memmove.
+// The spec holds its frontier encoded, copies its states with memmove, and
+// builds its successors where the checker asks.
 var (
-	_ checker.Encoder[spec.State]     = (*spec.Model)(nil)
-	_ checker.StateCopier[spec.State] = (*spec.Model)(nil)
+	_ checker.Encoder[spec.State]              = (*spec.Model)(nil)
+	_ checker.StateCopier[spec.State]          = (*spec.Model)(nil)
+	_ checker.Builder[spec.State, spec.Action] = (*spec.Model)(nil)
 )
 
 // BenchmarkCheckTwoPageBounds explores the spec at CI's two-page bounds

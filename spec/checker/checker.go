@@ -44,6 +44,17 @@ type Selector[S any, A comparable] interface {
 	SuccessorsWhere(s *S, keep func(n int, a A) (take, more bool), emit func(a A, next *S))
 }
 
+// Builder is implemented by a model that can build its successors in states
+// the checker provides. SuccessorsIn is Successors, except that the model
+// builds each successor in the state that next returns, calling next once
+// per successor, before it builds it. The checker then keeps a successor
+// whose lookup it defers where it was built, instead of copying it (a
+// copy of kilobytes for each successor of a large state). A successor
+// emitted elsewhere (s itself, or a state of the model's) is copied.
+type Builder[S any, A comparable] interface {
+	SuccessorsIn(s *S, next func() *S, emit func(a A, next *S))
+}
+
 // StateCopier is implemented by a model whose states are large: CopyState
 // sets *dst to *src. The expansion keeps a copy of each successor whose
 // lookup it defers, and Go's assignment copies a struct of kilobytes with
@@ -293,6 +304,7 @@ type run[S any, A comparable] struct {
 	m        Model[S, A]
 	enc      Encoder[S]     // nil: the frontier holds states
 	sel      Selector[S, A] // nil: a rebuild builds every successor on its path
+	build    Builder[S, A]  // nil: each deferred successor is copied
 	invs     []Invariant[S]
 	goals    []Goal[S]
 	opt      Options
@@ -347,6 +359,7 @@ func newRun[S any, A comparable](m Model[S, A], props Properties[S], opt Options
 		rejects: map[string]int{}, firstDeadlock: -1, heap: newHeap()}
 	c.enc, _ = m.(Encoder[S])
 	c.sel, _ = m.(Selector[S, A])
+	c.build, _ = m.(Builder[S, A])
 	c.workers = opt.Workers
 	if c.workers <= 0 {
 		c.workers = runtime.GOMAXPROCS(0)

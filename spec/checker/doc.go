@@ -53,7 +53,9 @@
 // looked up in the visited set only once the next such one has been
 // fingerprinted (or the block ends), with its index slot prefetched
 // meanwhile, so that the lookup's cache miss overlaps that work: the
-// successor waits as a copy (made by the model's CopyState if it
+// successor waits where it was built, if the model is a [Builder] (it
+// builds each successor in one of two states the worker hands out in
+// turn), or else as a copy (made by the model's CopyState if it
 // implements [StateCopier]).
 //
 // Exploration is parallel (one worker per core) and deterministic, with no

@@ -361,11 +361,20 @@ type worker[S any, A comparable] struct {
 	pend      pendingSucc[S]
 	pending   bool
 	copyState func(dst, src *S)
+
+	// With a Builder, the model builds each successor in one of bufs, in
+	// turn (buffer): the pending successor stays where it was built until
+	// the model asks for its buffer again.
+	bufs   [2]S
+	flip   int
+	buffer func() *S
 }
 
-// pendingSucc is a successor whose lookup is deferred: a copy of its state,
-// with what its candidate needs.
+// pendingSucc is a successor whose lookup is deferred: its state (at: in
+// one of the worker's buffers, or a copy in state), with what its
+// candidate needs.
 type pendingSucc[S any] struct {
+	at     *S
 	state  S
 	fp     Fingerprint
 	parent int32
@@ -377,6 +386,7 @@ type pendingSucc[S any] struct {
 func newWorker[S any, A comparable](c *run[S, A]) *worker[S, A] {
 	w := &worker[S, A]{c: c, local: make([]int32, 1024)}
 	w.emit = w.successor
+	w.buffer = w.nextBuffer
 	w.copyState = func(dst, src *S) { *dst = *src }
 	if cp, ok := c.m.(StateCopier[S]); ok {
 		w.copyState = cp.CopyState
@@ -419,7 +429,11 @@ func (w *worker[S, A]) expand(b *block[S], out *expansion[S]) {
 		if c.bits != nil {
 			w.parent = int32(i)
 		}
-		c.m.Successors(s, w.emit)
+		if c.build != nil {
+			c.build.SuccessorsIn(s, w.buffer, w.emit)
+		} else {
+			c.m.Successors(s, w.emit)
+		}
 		out.transitions += w.n
 		out.edgeEnd = append(out.edgeEnd, int32(len(out.edges)))
 		if w.n == 0 && !c.m.Finished(s) {
@@ -506,8 +520,25 @@ func (w *worker[S, A]) successor(a A, next *S) {
 		p.edge = len(out.edges)
 		out.edges = append(out.edges, 0)
 	}
-	w.copyState(&p.state, next)
+	if next == &w.bufs[0] || next == &w.bufs[1] {
+		p.at = next
+	} else {
+		w.copyState(&p.state, next)
+		p.at = &p.state
+	}
 	w.pending = true
+}
+
+// nextBuffer returns the state the model is to build its next successor in
+// (a Builder's next): the worker's two buffers in turn. The pending
+// successor's buffer is handed out again only once it is decided.
+func (w *worker[S, A]) nextBuffer() *S {
+	b := &w.bufs[w.flip]
+	if w.pending && w.pend.at == b {
+		w.resolve()
+	}
+	w.flip ^= 1
+	return b
 }
 
 // resolve decides the pending successor: a state visited before, or a new
@@ -528,7 +559,7 @@ func (w *worker[S, A]) resolve() {
 	}
 	ci := int32(len(out.cands))
 	w.addLocal(fp, ci)
-	next := &p.state
+	next := p.at
 	out.cands = append(out.cands, candidate{parent: p.parent, succ: p.succ, fault: p.fault, fp: fp,
 		badMask: c.evalInvs(next), goals: c.evalGoals(next)})
 	if 2*len(out.cands) > len(w.local) {

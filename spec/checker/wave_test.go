@@ -24,10 +24,10 @@ func (t table) Finished(s *uint64) bool                      { return len(t[*s])
 
 // expandOne expands one block of states (numbered from 0) with a fresh run
 // of m whose visited set holds known, numbered from 0.
-func expandOne(t *testing.T, m table, known []uint64, states ...uint64) *expansion[uint64] {
+func expandOne(t *testing.T, m Model[uint64, int], known []uint64, states ...uint64) *expansion[uint64] {
 	t.Helper()
 	done := Goal[uint64]{Name: "done", Reached: func(s *uint64) bool { return m.Finished(s) }}
-	c, err := newRun(Model[uint64, int](m), Properties[uint64]{Goals: []Goal[uint64]{done}}, Options{Workers: 1}, nil)
+	c, err := newRun(m, Properties[uint64]{Goals: []Goal[uint64]{done}}, Options{Workers: 1}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,5 +93,41 @@ func TestADeferredLookupKeepsItsParentAcrossStates(t *testing.T) {
 	wantEdges := []uint32{candRef, candRef | 1, candRef, candRef | 1, 1, candRef | 2}
 	if !slices.Equal(out.edges, wantEdges) || !slices.Equal(out.edgeEnd, []int32{3, 6}) {
 		t.Fatalf("edges %x ending at %v, want %x ending at [3 6]", out.edges, out.edgeEnd, wantEdges)
+	}
+}
+
+// built is table as a Builder: it builds each successor in the state the
+// checker hands out.
+type built struct{ table }
+
+func (b built) SuccessorsIn(s *uint64, next func() *uint64, emit func(a int, next *uint64)) {
+	for a, n := range b.table[*s] {
+		at := next()
+		*at = n
+		emit(a, at)
+	}
+}
+
+// A Builder's successor pending its lookup stays in the buffer it was built
+// in, and the worker hands out its two buffers in turn: a successor found
+// among the block's candidates (the second 11) leaves the pending one (12)
+// in its buffer, which the next successor (13) asks for, so the pending one
+// must be decided first, or its candidate would carry 13's state. The
+// candidates and edges are those of the same model copying its successors.
+func TestABuiltSuccessorIsDecidedBeforeItsBufferIsReused(t *testing.T) {
+	m := table{10: {11, 12, 11, 13}, 20: {12, 21, 22}}
+	copied := expandOne(t, m, []uint64{99, 21}, 10, 20)
+	out := expandOne(t, built{m}, []uint64{99, 21}, 10, 20)
+	want := []candidateAt{{2, 0, 11}, {2, 1, 12}, {2, 3, 13}, {3, 2, 22}}
+	for _, e := range []struct {
+		name string
+		out  *expansion[uint64]
+	}{{"copied", copied}, {"built", out}} {
+		if got := candidatesOf(e.out); !slices.Equal(got, want) {
+			t.Fatalf("%s: candidates %+v, want %+v", e.name, got, want)
+		}
+	}
+	if !slices.Equal(out.edges, copied.edges) || !slices.Equal(out.edgeEnd, copied.edgeEnd) {
+		t.Fatalf("built: edges %x ending at %v, copied: %x ending at %v", out.edges, out.edgeEnd, copied.edges, copied.edgeEnd)
 	}
 }
