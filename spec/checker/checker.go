@@ -47,10 +47,11 @@ type Selector[S any, A comparable] interface {
 // Builder is implemented by a model that can build its successors in states
 // the checker provides. SuccessorsIn is Successors, except that the model
 // builds each successor in the state that next returns, calling next once
-// per successor, before it builds it. The checker then keeps a successor
-// whose lookup it defers where it was built, instead of copying it (a
-// copy of kilobytes for each successor of a large state). A successor
-// emitted elsewhere (s itself, or a state of the model's) is copied.
+// per successor it builds, before it builds it, and writing no such state
+// after it has emitted it. The checker then keeps a successor whose lookup
+// it defers where it was built, instead of copying it (a copy of kilobytes
+// for each successor of a large state). A successor emitted elsewhere is
+// taken as Successors' are: s itself is s, another state is copied.
 type Builder[S any, A comparable] interface {
 	SuccessorsIn(s *S, next func() *S, emit func(a A, next *S))
 }
@@ -460,8 +461,17 @@ func (c *run[S, A]) reportMask(bad uint64, at stateRef) error {
 	return nil
 }
 
-// record notes what is known of a new state: its goals, and whether it is bad.
-// (A wave's commit records its new states with recordShared.)
+// reserveRecords makes room to record the states below n (record).
+func (c *run[S, A]) reserveRecords(n int) {
+	for i := range c.goalSets {
+		c.goalSets[i].grow(n)
+	}
+	c.bad.grow(n)
+}
+
+// record notes what is known of a new state, within the room
+// reserveRecords made: its goals, and whether it is bad. A wave's commit
+// tasks record their own states at once.
 func (c *run[S, A]) record(idx int32, goals, badMask uint64) {
 	for i := range c.goalSets {
 		if goals&(1<<i) != 0 {
@@ -470,27 +480,6 @@ func (c *run[S, A]) record(idx int32, goals, badMask uint64) {
 	}
 	if badMask != 0 {
 		c.bad.set(idx)
-	}
-}
-
-// reserveRecords makes room to record states up to n at once (recordShared).
-func (c *run[S, A]) reserveRecords(n int) {
-	for i := range c.goalSets {
-		c.goalSets[i].grow(n)
-	}
-	c.bad.grow(n)
-}
-
-// recordShared is record for the goroutines of a wave's commit, each
-// recording its own states, within the room reserveRecords made.
-func (c *run[S, A]) recordShared(idx int32, goals, badMask uint64) {
-	for i := range c.goalSets {
-		if goals&(1<<i) != 0 {
-			c.goalSets[i].setShared(idx)
-		}
-	}
-	if badMask != 0 {
-		c.bad.setShared(idx)
 	}
 }
 
@@ -545,6 +534,7 @@ func (c *run[S, A]) run() (*Result[S, A], error) {
 		}
 		bad := c.evalInvs(s)
 		if c.bits == nil {
+			c.reserveRecords(int(at.idx) + 1)
 			c.record(at.idx, c.evalGoals(s), bad)
 		}
 		if bad != 0 {

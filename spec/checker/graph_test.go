@@ -123,8 +123,10 @@ func TestLivenessAnalysisMatchesTheDefinitions(t *testing.T) {
 		for s := range n - rng.IntN(n) {
 			switch k := rng.IntN(4 + 2*len(goals)); {
 			case k < len(goals):
+				goals[k].grow(s + 1)
 				goals[k].set(int32(s))
 			case k == len(goals):
+				bad.grow(s + 1)
 				bad.set(int32(s))
 			}
 		}

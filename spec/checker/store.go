@@ -246,23 +246,16 @@ func (v *visited) appendPath(p []int32, idx int32) []int32 {
 // bitset is one bit per state.
 type bitset []uint64
 
-func (b *bitset) set(i int32) {
-	for int(i)>>6 >= len(*b) {
-		*b = append(*b, 0)
-	}
-	(*b)[i>>6] |= 1 << (i & 63)
-}
-
 // grow makes room for n bits, so that goroutines may then set bits of the
-// same words at once (setShared).
+// same words at once (set).
 func (b *bitset) grow(n int) {
 	if w := (n + 63) / 64; w > len(*b) {
 		*b = append(*b, make([]uint64, w-len(*b))...)
 	}
 }
 
-// setShared sets bit i, within the room grow made, while other goroutines
-// may set other bits of its word.
-func (b bitset) setShared(i int32) { atomic.OrUint64(&b[i>>6], 1<<(i&63)) }
+// set sets bit i, within the room grow made, while other goroutines may set
+// other bits of its word.
+func (b bitset) set(i int32) { atomic.OrUint64(&b[i>>6], 1<<(i&63)) }
 
 func (b bitset) has(i int32) bool { return int(i)>>6 < len(b) && b[i>>6]&(1<<(i&63)) != 0 }

@@ -257,7 +257,7 @@ func (c *run[S, A]) commit(out *expansion[S], ref, num []int32) {
 		idx := num[g]
 		c.seen.set(idx, cd.fp, cd.parent, cd.succ)
 		if cd.goals|cd.badMask != 0 {
-			c.recordShared(idx, cd.goals, cd.badMask)
+			c.record(idx, cd.goals, cd.badMask)
 		}
 		if cd.badMask != 0 {
 			out.bad = append(out.bad, badState{stateRef{idx: idx}, cd.badMask})
