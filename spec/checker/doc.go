@@ -51,7 +51,8 @@
 // transition and its encoding once per new state, and those two dominate
 // the checker's own costs. A successor not among its block's candidates is
 // looked up in the visited set only once the next such one has been
-// fingerprinted (or the block ends), with its index slot prefetched
+// fingerprinted (or the block ends, or a Builder asks for the state it
+// waits in), with its index slot prefetched
 // meanwhile, so that the lookup's cache miss overlaps that work: the
 // successor waits where it was built, if the model is a [Builder] (it
 // builds each successor in one of two states the worker hands out in

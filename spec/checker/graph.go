@@ -8,8 +8,9 @@ import (
 
 // graph holds the protocol (non-fault) transitions for the liveness analysis,
 // in compressed sparse row form: the edges out of state i go to
-// dst[start[i]:start[i+1]]. States are expanded in number order, so edges are
-// appended source by source: 4 bytes per state and 4 per protocol edge.
+// dst[start[i]:start[i+1]]. States are expanded in number order, so a
+// wave's blocks take consecutive ranges, reserved in order and filled by
+// the commit's tasks at once: 4 bytes per state and 4 per protocol edge.
 type graph struct {
 	start chunked[uint32]
 	dst   chunked[uint32]

@@ -93,7 +93,8 @@ func reachesByDFS(edges [][]uint32, s int, target func(int) bool) bool {
 
 // acyclic and unreachableGoals agree with their definitions on random graphs
 // (sizes around multiples of 64, self loops, goal and bad sets shorter than
-// the graph, as bitsets grow only to their last state), and on a self loop.
+// the graph, which the analysis reads as unset past their end), and on a
+// self loop.
 func TestLivenessAnalysisMatchesTheDefinitions(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
 	if g, r := graphOf([][]uint32{{1}, {1}}); acyclic(2, g, r) {
