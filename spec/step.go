@@ -141,7 +141,7 @@ func (k ActionKind) String() string {
 // State is about 3 KB: passing it by value cost a third of the run), and
 // must not change it: for an action that changes nothing it is s itself.
 func (m *Model) Successors(s *State, emit func(Action, *State)) {
-	m.successors(s, nil, emit)
+	m.successors(s, nil, nil, emit)
 }
 
 // SuccessorsWhere emits, as Successors does and in its order, only the
@@ -154,23 +154,19 @@ func (m *Model) Successors(s *State, emit func(Action, *State)) {
 // filtered combinations), and building the rest was about two fifths of
 // that cost. With coverage on, only the successors built count.
 func (m *Model) SuccessorsWhere(s *State, keep func(n int, a Action) (take, more bool), emit func(Action, *State)) {
-	m.successors(s, keep, emit)
+	m.successors(s, keep, nil, emit)
 }
 
 // SuccessorsIn is Successors with each successor built in the state next
 // returns (the checker's Builder), so that the checker keeps a successor
 // where it was built instead of copying it.
 func (m *Model) SuccessorsIn(s *State, next func() *State, emit func(Action, *State)) {
-	m.successorsIn(s, nil, next, emit)
+	m.successors(s, nil, next, emit)
 }
 
-func (m *Model) successors(s *State, keep func(int, Action) (bool, bool), emit func(Action, *State)) {
-	m.successorsIn(s, keep, nil, emit)
-}
-
-// successorsIn builds each successor in the state next returns, or in a
-// scratch state when next is nil.
-func (m *Model) successorsIn(s *State, keep func(int, Action) (bool, bool), next func() *State, emit func(Action, *State)) {
+// successors emits the successors keep takes (all with a nil keep), each
+// built in the state next returns, or in a scratch state with a nil next.
+func (m *Model) successors(s *State, keep func(int, Action) (bool, bool), next func() *State, emit func(Action, *State)) {
 	// The steps are called through function values, so the system they work
 	// on escapes to the heap: it is a scratch one from a pool, not one
 	// allocated per step (the checker calls this for every state it explores).

@@ -49,10 +49,11 @@ type Selector[S any, A comparable] interface {
 // builds each successor in the state that next returns, calling next once
 // per successor it builds, before it builds it, and writing no such state
 // after it has emitted it. A state handed out holds an earlier successor:
-// the model sets all of it (the spec copies the parent in first). The checker then keeps a successor whose lookup
-// it defers where it was built, instead of copying it (a copy of kilobytes
-// for each successor of a large state). A successor emitted elsewhere is
-// taken as Successors' are: s itself is s, another state is copied.
+// the model sets all of it (the spec copies the parent in first). The
+// checker then keeps a successor whose lookup it defers where it was built,
+// instead of copying it (a copy of kilobytes for each successor of a large
+// state). A successor emitted elsewhere is taken as Successors' are: s
+// itself is s, another state is copied.
 type Builder[S any, A comparable] interface {
 	SuccessorsIn(s *S, next func() *S, emit func(a A, next *S))
 }
@@ -576,8 +577,9 @@ func (c *run[S, A]) run() (*Result[S, A], error) {
 		}
 	}
 
-	waveStates := max(waveBlocks, 4*c.workers) * blockStates
-	outs := make([]*expansion[S], 4*max(waveBlocks, 4*c.workers))
+	waveFull := max(waveBlocks, 4*c.workers) // full blocks' worth of states a wave takes
+	waveStates := waveFull * blockStates
+	outs := make([]*expansion[S], 4*waveFull)
 	for i := range outs {
 		outs[i] = &expansion[S]{}
 	}

@@ -356,9 +356,8 @@ type worker[S any, A comparable] struct {
 	// it is looked up in the visited set only when the next such successor
 	// has been fingerprinted (or one equal to it, or the block ends, or a
 	// Builder asks for the buffer it waits in), so that the cache miss of
-	// its slot, prefetched, has had that time to
-	// arrive (a lookup on the spot waited for memory, about a tenth of the
-	// run's time).
+	// its slot, prefetched, has had that time to arrive (a lookup on the
+	// spot waited for memory, about a tenth of the run's time).
 	pend      pendingSucc[S]
 	pending   bool
 	copyState func(dst, src *S)
