@@ -91,6 +91,33 @@ func TestTraceCheckExitsByTheVerdict(t *testing.T) {
 	}
 }
 
+// Two prefix-cache bugs of the implementation, run by the demo and traced,
+// are refused at the event that shows them, where the per-request replay
+// alone saw nothing (write-shared) or only the Done after the misdirected
+// WRITEs (prefix-count-mismatch): a Grant naming a page tenancy another
+// request's Grant named, and a WRITE to another page than its Grant put its
+// index on.
+func TestTraceCheckRefusesTheDemosPageBugs(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the demo")
+	}
+	for _, tc := range []struct{ bug, rule string }{
+		{"write-shared", "decode send Grant names page tenancies no other request's Grant named"},
+		{"prefix-count-mismatch", "prefill post writes where the Grant put that page"},
+	} {
+		t.Run(tc.bug, func(t *testing.T) {
+			file := filepath.Join(t.TempDir(), "t.jsonl")
+			if code, out, errOut := runCLI(t, "demo", "--requests", "80", "--no-faults", "--bug", tc.bug, "--trace", file); code != 1 {
+				t.Fatalf("demo --bug %s: exit %d, want 1 (the demo's own checks)\n%s%s", tc.bug, code, out, errOut)
+			}
+			code, out, errOut := runCLI(t, "trace", "check", file)
+			if code != 1 || !strings.Contains(out, "DOES NOT CONFORM") || !strings.Contains(out, "rule: "+tc.rule) {
+				t.Fatalf("trace check of demo --bug %s: exit %d, want 1 at %q\n%s%s", tc.bug, code, tc.rule, out, errOut)
+			}
+		})
+	}
+}
+
 func write(t *testing.T, name string, lines []string) {
 	t.Helper()
 	if err := os.WriteFile(name, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {

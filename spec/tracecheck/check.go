@@ -8,6 +8,10 @@
 // states and the events around it, or that the trace conforms; it checks
 // the spec's invariants on every replayed state and, at the trace's end,
 // that each request can still reach the spec's NoLeak by protocol actions.
+// What the per-request replay cannot see is checked on the trace itself:
+// that a WRITE goes to the page and epoch its Grant put its index on, that
+// a read hands the decoder the Grant's pages, and, across requests, that no
+// two requests' Grants name one page tenancy (a decode page at one epoch).
 package tracecheck
 
 import (
@@ -59,10 +63,10 @@ func Check(events []trace.Event) (*Report, error) {
 		rep.Nodes = append(rep.Nodes, n)
 	}
 	sort.Strings(rep.Nodes)
-	c := &checker{merged: merged, roles: roles, links: links, reqs: map[uint64]*replay{}, writes: map[string]map[uint64]uint64{}, rep: rep}
+	c := &checker{merged: merged, roles: roles, links: links, reqs: map[uint64]*replay{}, writes: map[string]map[uint64]uint64{}, rep: rep,
+		tenants: map[tenancy]uint64{}, incarnated: map[string]int{}}
 	c.collect()
-	var first *failure
-	var firstReq *replay
+	first, firstReq := c.shared, c.sharedReq
 	for _, id := range c.order {
 		r := c.reqs[id]
 		f := c.run(r)
@@ -85,6 +89,27 @@ type checker struct {
 	order  []uint64
 	writes map[string]map[uint64]uint64 // prefill node → WRITE id → request
 	rep    *Report
+	// What crosses requests: each decode page tenancy a Grant named, the
+	// first Grant that named one another request's Grant had named, and
+	// the request whose events show it.
+	tenants    map[tenancy]uint64
+	shared     *failure
+	sharedReq  *replay
+	incarnated map[string]int // node → its incarnations so far (Start events)
+}
+
+// tenancy is one page of one decode node incarnation at one epoch. The pool
+// advances a page's epoch at every allocation (protocol.Pool.Allocate), so
+// a Grant's page names one tenancy, and two requests' Grants never name the
+// same one: that would be one page written with two tenants' KV, the bug
+// kvhandoff exists to rule out (write-shared, say, grants a cached page
+// other requests read). The spec replays one request at a time and cannot
+// see it.
+type tenancy struct {
+	node  string
+	inc   int
+	page  uint32
+	epoch uint64
 }
 
 // collect gives each request its events: its own, and the global events of
@@ -103,6 +128,7 @@ func (c *checker) collect() {
 		ev := &c.merged[i]
 		switch {
 		case ev.Kind == trace.Start:
+			c.incarnated[ev.Node]++
 			continue
 		case ev.Kind == trace.Post:
 			if c.writes[ev.Node] == nil {
@@ -162,12 +188,37 @@ func (c *checker) collect() {
 			}
 			if c.roles[ev.Node] == "decode" && ev.Msg == "Grant" {
 				r.prefix = ev.Prefix
+				c.grantTenancies(i, r)
 			}
 			if c.roles[ev.Node] == "decode" && ev.Msg == "Abort" && !r.granted(c) && r.refused == "" && ev.Reason != "timed out" && ev.Reason != "cancelled" {
 				r.refused = "decode intake: " + ev.Reason
 			}
 		}
 		r.events = append(r.events, i)
+	}
+}
+
+// grantTenancies files the page tenancies of the Grant at merged[i], sent
+// for request r, and keeps the first Grant that names a tenancy another
+// request's Grant named.
+func (c *checker) grantTenancies(i int, r *replay) {
+	ev := &c.merged[i]
+	for k, page := range ev.Pages {
+		if k >= len(ev.Epochs) {
+			break
+		}
+		t := tenancy{node: ev.Node, inc: c.incarnated[ev.Node], page: page, epoch: ev.Epochs[k]}
+		other, named := c.tenants[t]
+		if !named {
+			c.tenants[t] = ev.Req
+			continue
+		}
+		if other != ev.Req && c.shared == nil {
+			c.shared = &failure{index: i, rule: "decode send Grant names page tenancies no other request's Grant named",
+				why: fmt.Sprintf("page %d at epoch %d of %s was granted to request %d already: one page would hold two requests' KV (the pool advances a page's epoch at every allocation)",
+					page, ev.Epochs[k], ev.Node, other)}
+			c.sharedReq = r
+		}
 	}
 }
 
@@ -254,6 +305,9 @@ func (c *checker) run(r *replay) *failure {
 		}
 		if err := r.advance(moves); err != nil {
 			f := &failure{index: i, rule: rule, why: err.Error()}
+			if err == errNoMove && r.refusal != "" {
+				f.why = r.refusal
+			}
 			if err == errNoMove && ev.Kind == trace.Cancel && (ev.Cause == "sweep-no-call" || ev.Cause == "shutdown") {
 				f.why += ": the spec's decode releases a verified request's pages only at its read, which the router's call brings (or ends); " +
 					"this node released them on its own, with no call: they were held past the request's end"

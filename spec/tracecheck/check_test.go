@@ -144,6 +144,12 @@ func TestEachMappingRuleRefusesATraceThatBreaksIt(t *testing.T) {
 		{"a WRITE is posted only once its page is computed", moved(moved(happy(), computed2, done), computed1, post2), post2, "post"},
 		{"pages are computed in order", moved(happy(), computed1, post1), computed2, "computed"},
 		{"a Grant names the request's pages", replace(happy(), grant, withPages(grant, 3)), withPages(grant, 3), "Grant"},
+		{"a Grant arrives with the pages decode sent", replace(happy(), grantRecv, withPages(grantRecv, 4, 3)), grantRecv, "recv Grant names the pages decode sent"},
+		{"a WRITE goes where the Grant put its page", replace(happy(), post2, withEpochs(withPages(post2, 3), 1)), post2, "post writes where the Grant put that page"},
+		{"a WRITE carries its page's epoch", replace(happy(), post1, withEpochs(withPages(post1, 3), 2)), post1, "post writes where the Grant put that page"},
+		{"a WRITE writes a page of the Grant", replace(happy(), post2, withIndex(post2, 2)), post2, "post writes a page of the Grant"},
+		{"WRITEs are posted in the Grant's order", replace(replace(happy(), post1, withIndex(withEpochs(withPages(post1, 4), 1), 1)), post2, withIndex(withEpochs(withPages(post2, 3), 1), 0)), post1, "PostWrite of that page"},
+		{"decode reads the pages it granted", replace(happy(), acquire, withEpochs(withPages(acquire, 4, 3), 1, 1)), acquire, "acquire reads the pages it granted"},
 		{"decode reads only a verified request", moved(happy(), acquire, doneRecv), acquire, "acquire"},
 		{"verification follows Done", moved(happy(), verified, doneRecv), verified, "verified"},
 		{"the client's ok is a read's reply", moved(happy(), clientOK, legP), clientOK, "client-end"},
@@ -179,6 +185,16 @@ func replace(evs []trace.Event, old, nw trace.Event) []trace.Event {
 func withPages(ev trace.Event, pages ...uint32) trace.Event {
 	ev.Pages = pages
 	ev.Epochs = make([]uint64, len(pages))
+	return ev
+}
+
+func withEpochs(ev trace.Event, epochs ...uint64) trace.Event {
+	ev.Epochs = epochs
+	return ev
+}
+
+func withIndex(ev trace.Event, i uint32) trace.Event {
+	ev.Index = i
 	return ev
 }
 
@@ -218,5 +234,50 @@ func TestATraceThatCannotBeMergedIsRefused(t *testing.T) {
 	evs = slices.DeleteFunc(evs, func(ev trace.Event) bool { return ev.Node == "p" && ev.Seq == 4 })
 	if _, err := Check(evs); !errors.Is(err, ErrTrace) {
 		t.Fatalf("prefill's fourth event missing: %v", err)
+	}
+}
+
+// A page tenancy (a decode page at one epoch) is one request's: a Grant that
+// names one another request's Grant named is refused there, as one page
+// written with two requests' KV. A later epoch of the page, or the same one
+// after the decode node restarted (its pool starts over), is another
+// tenancy.
+func TestTwoRequestsNeverShareAPageTenancy(t *testing.T) {
+	second := func(epoch uint64, restart bool) []trace.Event {
+		b := newTB()
+		for _, ev := range happy() {
+			b.add(ev)
+		}
+		if restart {
+			b.add(trace.Event{Node: "d", Kind: trace.Start, Role: "decode", Inc: "d2"})
+		}
+		const other = req + 1
+		g := withEpochs(withPages(grant, 4, 5), epoch, 1)
+		g.Req = other
+		for _, ev := range []trace.Event{dispatch, submit, bootstrap, bootRecv, g} {
+			ev.Req = other
+			b.add(ev)
+		}
+		return b.evs
+	}
+	rep, err := Check(second(1, false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := rep.Failure; f == nil || f.Request != req+1 || f.Event.Msg != "Grant" || !strings.Contains(f.Rule, "tenancies") || !strings.Contains(f.Why, "page 4 at epoch 1") {
+		t.Fatalf("page 4 at epoch 1 granted to two requests:\n%s", report(rep))
+	}
+	for _, tc := range []struct {
+		name    string
+		epoch   uint64
+		restart bool
+	}{{"a later epoch", 2, false}, {"a restarted decode node", 1, true}} {
+		rep, err := Check(second(tc.epoch, tc.restart))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f := rep.Failure; f != nil && strings.Contains(f.Rule, "tenancies") {
+			t.Errorf("%s: refused as a shared tenancy:\n%s", tc.name, report(rep))
+		}
 	}
 }

@@ -2,8 +2,10 @@ package tracecheck
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
+	"github.com/kvhandoff/kvhandoff/internal/trace"
 	"github.com/kvhandoff/kvhandoff/spec"
 )
 
@@ -51,6 +53,37 @@ type replay struct {
 	qp              map[string]uint32 // node → its id of the queue pair the request is on there
 	late            map[uint64]bool   // WRITE id → its completion failed (never placed)
 	intake          string            // a prefill intake refusal the spec replays (refusedNoPeer, refusedTooLong)
+	refusal         string            // why the last rule refused its event outright (refuse)
+	// The pages of the Grants, as the trace shows them: those each decode
+	// node sent and the prefill node has not received yet, in order, and
+	// the last one the prefill node received (its WRITEs go there) and the
+	// last one decode sent (its read hands the decoder those).
+	inFlight     map[string][]grantPages
+	prefillGrant *grantPages
+	decodeGrant  *grantPages
+}
+
+// grantPages is a Grant's pages (the written ones, past the prefix) and
+// their epochs.
+type grantPages struct {
+	pages  []uint32
+	epochs []uint64
+}
+
+// grantOf is the pages a Grant event names.
+func grantOf(ev *trace.Event) *grantPages { return &grantPages{pages: ev.Pages, epochs: ev.Epochs} }
+
+// equal reports whether g and h name the same pages at the same epochs.
+func (g *grantPages) equal(h *grantPages) bool {
+	return slices.Equal(g.pages, h.pages) && slices.Equal(g.epochs, h.epochs)
+}
+
+// at returns the page and epoch at index i, and false outside the Grant.
+func (g *grantPages) at(i int64) (uint32, uint64, bool) {
+	if i < 0 || i >= int64(len(g.pages)) || i >= int64(len(g.epochs)) {
+		return 0, 0, false
+	}
+	return g.pages[i], g.epochs[i], true
 }
 
 // The prefill intake refusals the spec replays: over the node's limit (its

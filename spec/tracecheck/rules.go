@@ -1,6 +1,7 @@
 package tracecheck
 
 import (
+	"fmt"
 	"strings"
 
 	"github.com/kvhandoff/kvhandoff/internal/trace"
@@ -118,6 +119,11 @@ func (c *checker) prefillRule(r *replay, ev *trace.Event) (string, moves) {
 		if !ok {
 			return "prefill recv " + ev.Msg, func(*spec.State) []move { return nil }
 		}
+		if ev.Msg == "Grant" {
+			if rule := r.receiveGrant(ev); rule != "" {
+				return rule, refuse
+			}
+		}
 		return "prefill recv " + ev.Msg + " is PrefillRecvQP", func(s *spec.State) []move {
 			return lateOnCut(s, move{act: headIs(spec.PrefillRecvQP, qpBack, mk)})
 		}
@@ -143,6 +149,15 @@ func (c *checker) prefillRule(r *replay, ev *trace.Event) (string, moves) {
 			}})
 		}
 	case trace.Post:
+		// The WRITE of the request's page i goes where the Grant the
+		// prefill node received put that page: its j-th page, j = i less
+		// the pages under the prefix, at that page's epoch. The spec's
+		// request has the written pages only, so j is the index of the
+		// spec's WRITE, and the spec posts them in order.
+		j := int64(ev.Index) - int64(r.prefix/r.pt)
+		if rule := r.postTarget(ev, j); rule != "" {
+			return rule, refuse
+		}
 		// A WRITE whose completion failed was never placed, which the
 		// spec's PostWrite says with its Late variant (else it places a
 		// WRITE posted on an empty queue pair at once); one that completed
@@ -153,14 +168,14 @@ func (c *checker) prefillRule(r *replay, ev *trace.Event) (string, moves) {
 			if r.unplaced == nil {
 				r.unplaced = map[int]bool{}
 			}
-			r.unplaced[int(ev.Index)] = true
+			r.unplaced[int(j)] = true
 		}
-		return "prefill post is PostWrite", func(s *spec.State) []move {
+		return "prefill post is PostWrite of that page", func(s *spec.State) []move {
 			if flushed(s) {
 				return keep // posted on a queue pair the spec has cut: flushed
 			}
-			return one(move{act: func(a spec.Action, _, _ *spec.State) bool {
-				return a.Kind == spec.PostWrite && (!neverPlaced || a.Arg&spec.Late != 0)
+			return one(move{act: func(a spec.Action, _, nx *spec.State) bool {
+				return a.Kind == spec.PostWrite && (!neverPlaced || a.Arg&spec.Late != 0) && int64(nx.Req[0].S.Posted) == j+1
 			}})
 		}
 	case trace.Complete:
@@ -254,12 +269,18 @@ func (c *checker) decodeRule(r *replay, ev *trace.Event) (string, moves) {
 			return lateOnCut(s, move{act: headIs(spec.DecodeRecvQP, qp, mk)})
 		}
 	case trace.Send:
+		if ev.Msg == "Grant" {
+			r.sendGrant(ev)
+		}
 		return c.sendRule(r, ev, qpBack, map[string]spec.MsgKind{"Grant": spec.MGrant, "Abort": spec.MAbort})
 	case trace.Verified:
 		return "decode verified is a receiver ready", require(func(s *spec.State) bool { return s.Req[0].R.Phase == spec.RReady })
 	case trace.Acquire:
 		if ev.Err != "" {
 			return "decode acquire refused", nil
+		}
+		if rule := r.readPages(ev); rule != "" {
+			return rule, refuse
 		}
 		r.reading = true
 		return "decode acquire reads a ready request", require(func(s *spec.State) bool { return s.Req[0].R.Phase == spec.RReady })
@@ -420,4 +441,80 @@ func cutBefore(s *spec.State) {
 	if s.Budget[spec.FaultCut] > 0 {
 		s.Budget[spec.FaultCut]--
 	}
+}
+
+// refuse is the moves of an event that no spec state can take: it breaks a
+// check of the trace's own (a page named where the Grant put another), whose
+// reason the rule put in replay.refusal.
+func refuse(*spec.State) []move { return nil }
+
+// sendGrant records the pages of a Grant decode sent: the read hands the
+// decoder those, and the prefill node is to receive them.
+func (r *replay) sendGrant(ev *trace.Event) {
+	g := grantOf(ev)
+	r.decodeGrant = g
+	if r.inFlight == nil {
+		r.inFlight = map[string][]grantPages{}
+	}
+	r.inFlight[ev.Node] = append(r.inFlight[ev.Node], *g)
+}
+
+// receiveGrant records the pages of a Grant the prefill node received, and
+// refuses a Grant that names other pages or epochs than the one decode sent
+// (the merge pairs the k-th receipt with the k-th send): the rule it
+// breaks, or "".
+func (r *replay) receiveGrant(ev *trace.Event) string {
+	got := grantOf(ev)
+	r.prefillGrant = got
+	sent := r.inFlight[ev.Peer]
+	if len(sent) == 0 {
+		return ""
+	}
+	r.inFlight[ev.Peer] = sent[1:]
+	if sent[0].equal(got) {
+		return ""
+	}
+	r.refusal = fmt.Sprintf("received pages %v at epochs %v; %s sent pages %v at epochs %v", got.pages, got.epochs, ev.Peer, sent[0].pages, sent[0].epochs)
+	return "prefill recv Grant names the pages decode sent"
+}
+
+// postTarget refuses a WRITE that does not go where the Grant the prefill
+// node received put its page, the j-th page past the prefix, at its epoch:
+// the rule it breaks, or "". Before any Grant, the spec refuses the post
+// itself.
+func (r *replay) postTarget(ev *trace.Event, j int64) string {
+	g := r.prefillGrant
+	if g == nil {
+		return ""
+	}
+	page, epoch, ok := g.at(j)
+	switch {
+	case !ok:
+		r.refusal = fmt.Sprintf("the WRITE of page index %d would be the Grant's page %d past a prefix of %d pages; the Grant %s received has %d",
+			ev.Index, j, r.prefix/r.pt, ev.Node, len(g.pages))
+		return "prefill post writes a page of the Grant"
+	case len(ev.Pages) != 1 || len(ev.Epochs) != 1 || ev.Pages[0] != page || ev.Epochs[0] != epoch:
+		r.refusal = fmt.Sprintf("the WRITE of page index %d goes to pages %v at epochs %v; the Grant %s received puts that index on page %d at epoch %d",
+			ev.Index, ev.Pages, ev.Epochs, ev.Node, page, epoch)
+		return "prefill post writes where the Grant put that page"
+	}
+	return ""
+}
+
+// readPages refuses a read that hands the decoder other pages than the
+// request's: those under the prefix (cached, not in the Grant), then the
+// Grant's, at their epochs. It returns the rule broken, or "".
+func (r *replay) readPages(ev *trace.Event) string {
+	g := r.decodeGrant
+	if g == nil {
+		return ""
+	}
+	skip := int(r.prefix / r.pt)
+	if len(ev.Pages) == skip+len(g.pages) && len(ev.Epochs) == len(ev.Pages) &&
+		(&grantPages{pages: ev.Pages[skip:], epochs: ev.Epochs[skip:]}).equal(g) {
+		return ""
+	}
+	r.refusal = fmt.Sprintf("the decoder was handed pages %v at epochs %v; the request's are %d prefix pages, then the Grant's %v at epochs %v",
+		ev.Pages, ev.Epochs, skip, g.pages, g.epochs)
+	return "decode acquire reads the pages it granted"
 }
