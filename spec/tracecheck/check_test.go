@@ -281,3 +281,45 @@ func TestTwoRequestsNeverShareAPageTenancy(t *testing.T) {
 		}
 	}
 }
+
+// prefixHappy is happy() for a request of 3 pages whose first the decode
+// node has cached: the Grant's prefix is 16 tokens, its pages the other two,
+// and the WRITEs carry the request's page indices 1 and 2.
+func prefixHappy() []trace.Event {
+	evs := happy()
+	for i := range evs {
+		ev := &evs[i]
+		if ev.Tokens != 0 {
+			ev.Tokens = 48
+		}
+		switch {
+		case ev.Kind == trace.Submit:
+			ev.Pages = []uint32{0, 1, 2}
+		case ev.Msg == "Grant" || ev.Msg == "Done":
+			ev.Prefix = 16
+		case ev.Kind == trace.Post:
+			ev.Index++
+		case ev.Kind == trace.Acquire:
+			*ev = withEpochs(withPages(*ev, 9, 3, 4), 1, 1, 1)
+		}
+	}
+	computed3 := trace.Event{Node: "p", Kind: trace.Computed, Req: req, NPages: 3}
+	return slices.Insert(evs, slices.IndexFunc(evs, func(ev trace.Event) bool { return eq(ev, computed2) })+1, computed3)
+}
+
+// Past a prefix, the spec's WRITE k is the request's page k plus the
+// prefix's pages: a WRITE whose completion failed is the spec's never-placed
+// one by that index, so the Done behind it never arrives.
+func TestAWriteNeverPlacedPastAPrefixHoldsItsDoneBack(t *testing.T) {
+	if rep := check(t, prefixHappy()); !rep.Conforms() {
+		t.Fatalf("the happy path past a prefix:\n%s", report(rep))
+	}
+	flushed := trace.Event{Node: "p", Kind: trace.Complete, Peer: "d", Write: 2, Err: "flushed"}
+	evs := prefixHappy()
+	i := slices.IndexFunc(evs, func(ev trace.Event) bool { return eq(ev, complete2) })
+	evs = append(append(slices.Clone(evs[:i]), flushed), trace.Event{Node: "d", Kind: trace.Recv, Msg: "Done", Req: req, Peer: "p", Tokens: 48, NPages: 2, Prefix: 16}, verified)
+	rep := check(t, without(evs, prefOK))
+	if f := rep.Failure; f == nil || f.Event.Kind != trace.Recv || f.Event.Msg != "Done" {
+		t.Fatalf("a Done behind a WRITE never placed, past a prefix:\n%s", report(rep))
+	}
+}
