@@ -8,10 +8,12 @@
 // states and the events around it, or that the trace conforms; it checks
 // the spec's invariants on every replayed state and, at the trace's end,
 // that each request can still reach the spec's NoLeak by protocol actions.
-// What the per-request replay cannot see is checked on the trace itself:
-// that a WRITE goes to the page and epoch its Grant put its index on, that
-// a read hands the decoder the Grant's pages, and, across requests, that no
-// two requests' Grants name one page tenancy (a decode page at one epoch).
+// Which pages the events name is checked on the trace itself, for every
+// request, replayed or too large for the spec: that a Grant arrives as it
+// was sent, that a WRITE goes to the page and epoch its Grant put its index
+// on, that a read hands the decoder the Grant's pages, and, across requests,
+// that no two requests' Grants name one page tenancy (a decode page at one
+// epoch), which the per-request replay cannot see.
 package tracecheck
 
 import (
@@ -54,7 +56,7 @@ type Failure struct {
 
 // Check merges the events of every node and replays them in the spec.
 func Check(events []trace.Event) (*Report, error) {
-	merged, roles, links, err := merge(events)
+	merged, incs, roles, links, err := merge(events)
 	if err != nil {
 		return nil, err
 	}
@@ -64,7 +66,7 @@ func Check(events []trace.Event) (*Report, error) {
 	}
 	sort.Strings(rep.Nodes)
 	c := &checker{merged: merged, roles: roles, links: links, reqs: map[uint64]*replay{}, writes: map[string]map[uint64]uint64{}, rep: rep,
-		tenants: map[tenancy]uint64{}, incarnated: map[string]int{}}
+		incs: incs, tenants: map[tenancy]uint64{}}
 	c.collect()
 	first, firstReq := c.shared, c.sharedReq
 	for _, id := range c.order {
@@ -83,6 +85,7 @@ func Check(events []trace.Event) (*Report, error) {
 
 type checker struct {
 	merged []trace.Event
+	incs   []int // the node incarnation of each merged event
 	roles  map[string]string
 	links  map[end]end
 	reqs   map[uint64]*replay
@@ -92,10 +95,9 @@ type checker struct {
 	// What crosses requests: each decode page tenancy a Grant named, the
 	// first Grant that named one another request's Grant had named, and
 	// the request whose events show it.
-	tenants    map[tenancy]uint64
-	shared     *failure
-	sharedReq  *replay
-	incarnated map[string]int // node → its incarnations so far (Start events)
+	tenants   map[tenancy]uint64
+	shared    *failure
+	sharedReq *replay
 }
 
 // tenancy is one page of one decode node incarnation at one epoch. The pool
@@ -106,8 +108,7 @@ type checker struct {
 // other requests read). The spec replays one request at a time and cannot
 // see it.
 type tenancy struct {
-	node  string
-	inc   int
+	inc   int // the decode node incarnation (merge's numbering)
 	page  uint32
 	epoch uint64
 }
@@ -128,7 +129,6 @@ func (c *checker) collect() {
 		ev := &c.merged[i]
 		switch {
 		case ev.Kind == trace.Start:
-			c.incarnated[ev.Node]++
 			continue
 		case ev.Kind == trace.Post:
 			if c.writes[ev.Node] == nil {
@@ -207,7 +207,7 @@ func (c *checker) grantTenancies(i int, r *replay) {
 		if k >= len(ev.Epochs) {
 			break
 		}
-		t := tenancy{node: ev.Node, inc: c.incarnated[ev.Node], page: page, epoch: ev.Epochs[k]}
+		t := tenancy{inc: c.incs[i], page: page, epoch: ev.Epochs[k]}
 		other, named := c.tenants[t]
 		if !named {
 			c.tenants[t] = ev.Req
@@ -288,11 +288,11 @@ func reasonOf(err string) string {
 func (c *checker) run(r *replay) *failure {
 	if r.refused != "" && r.refused != refusedByRouter {
 		c.rep.NotReplayed[r.refused]++
-		return nil
+		return c.checkPages(r)
 	}
 	if err := r.start(); err != nil {
 		c.rep.NotReplayed[err.Error()]++
-		return nil
+		return c.checkPages(r)
 	}
 	c.rep.Replayed++
 	for _, i := range r.events {
@@ -327,6 +327,17 @@ func (c *checker) run(r *replay) *failure {
 			f.states = append(f.states, summary(s))
 		}
 		return f
+	}
+	return nil
+}
+
+// checkPages applies the checks of which pages each event names to a request
+// the spec does not replay; nil if every event passes.
+func (c *checker) checkPages(r *replay) *failure {
+	for _, i := range r.events {
+		if rule := c.pageChecks(r, &c.merged[i]); rule != "" {
+			return &failure{index: i, rule: rule, why: r.refusal}
+		}
 	}
 	return nil
 }

@@ -323,3 +323,82 @@ func TestAWriteNeverPlacedPastAPrefixHoldsItsDoneBack(t *testing.T) {
 		t.Fatalf("a Done behind a WRITE never placed, past a prefix:\n%s", report(rep))
 	}
 }
+
+// A decode node's incarnation is the one that wrote the event, not the last
+// Start the merge placed before it: with the prefill node's clock ahead, the
+// old incarnation's Grant, which waits for a Bootstrap, is merged after its
+// successor's Start, and both pools grant page 0 at epoch 1.
+func TestAGrantMergedAfterItsNodesRestartIsOfTheOldIncarnation(t *testing.T) {
+	at := func(node string, seq uint64, clock int64, ev trace.Event) trace.Event {
+		ev.Node, ev.Seq, ev.T = node, seq, clock
+		return ev
+	}
+	one := func(r uint64, peer string) trace.Event {
+		return trace.Event{Req: r, Peer: peer, Tokens: 16}
+	}
+	with := func(ev trace.Event, kind, msg string) trace.Event {
+		ev.Kind, ev.Msg = kind, msg
+		return ev
+	}
+	grantOf := func(r uint64) trace.Event {
+		g := with(one(r, "p"), trace.Send, "Grant")
+		g.Pages, g.Epochs = []uint32{0}, []uint64{1}
+		return g
+	}
+	dispatchOf := func(r uint64) trace.Event {
+		return trace.Event{Kind: trace.Dispatch, Req: r, Peer: "p", Decode: "d", Tokens: 16, PageTokens: 16}
+	}
+	submitOf := func(r uint64, page uint32) trace.Event {
+		return trace.Event{Kind: trace.Submit, Req: r, Peer: "d", Tokens: 16, PageTokens: 16, Pages: []uint32{page}}
+	}
+	evs := []trace.Event{
+		at("router", 1, 0, trace.Event{Kind: trace.Start, Role: "router", Inc: "r1"}),
+		at("router", 2, 148, dispatchOf(1)),
+		at("router", 3, 158, dispatchOf(2)),
+		at("p", 1, 0, trace.Event{Kind: trace.Start, Role: "prefill", Inc: "p1"}),
+		at("p", 2, 149, submitOf(1, 0)),
+		at("p", 3, 150, with(one(1, "d"), trace.Send, "Bootstrap")),
+		at("p", 4, 159, submitOf(2, 1)),
+		at("p", 5, 160, with(one(2, "d"), trace.Send, "Bootstrap")),
+		at("d", 1, 1, trace.Event{Kind: trace.Start, Role: "decode", Inc: "d1"}),
+		at("d", 2, 100, with(one(1, "p"), trace.Recv, "Bootstrap")),
+		at("d", 3, 101, grantOf(1)),
+		at("d", 1, 130, trace.Event{Kind: trace.Start, Role: "decode", Inc: "d2"}),
+		at("d", 2, 200, with(one(2, "p"), trace.Recv, "Bootstrap")),
+		at("d", 3, 201, grantOf(2)),
+	}
+	rep, err := Check(evs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := rep.Failure; f != nil && strings.Contains(f.Rule, "tenancies") {
+		t.Fatalf("the old incarnation's Grant taken for the new one's:\n%s", report(rep))
+	}
+}
+
+// A request of more pages than the spec's bound is not replayed, but which
+// pages its events name needs no spec: a WRITE to another page than its
+// Grant put its index on is refused there too.
+func TestARequestOverTheSpecsBoundHasItsPagesChecked(t *testing.T) {
+	big := func(target uint32) []trace.Event {
+		const n = 10
+		pages, epochs := make([]uint32, n), make([]uint64, n)
+		for i := range pages {
+			pages[i], epochs[i] = uint32(10+i), 1
+		}
+		g, gr := withEpochs(withPages(grant, pages...), epochs...), withEpochs(withPages(grantRecv, pages...), epochs...)
+		evs := []trace.Event{dispatch, submit, bootstrap, bootRecv, g, gr, computed1, withEpochs(withPages(post1, target), 1)}
+		for i := range evs {
+			evs[i].Tokens = min(evs[i].Tokens, 1) * n * 16
+		}
+		return evs
+	}
+	rep := check(t, big(10))
+	if !rep.Conforms() || rep.Replayed != 0 {
+		t.Fatalf("a request of 10 pages, its first WRITE where its Grant put it:\n%s", report(rep))
+	}
+	rep = check(t, big(11))
+	if f := rep.Failure; f == nil || f.Event.Kind != trace.Post || !strings.Contains(f.Rule, "post writes where the Grant put that page") {
+		t.Fatalf("a request of 10 pages, its first WRITE to the Grant's second page:\n%s", report(rep))
+	}
+}

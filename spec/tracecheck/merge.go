@@ -16,6 +16,7 @@ var ErrTrace = errors.New("tracecheck: inconsistent trace")
 
 // stream is one node incarnation's events, in its own order.
 type stream struct {
+	id              int // its number, in the order the input starts them
 	node, inc, role string
 	events          []trace.Event
 	pos             int
@@ -39,11 +40,14 @@ type msgKey struct {
 // receipt of a message after its k-th send), and a prefill node's Submit
 // after the router's Dispatch when the trace has a router. Among the events
 // causality leaves free, the one with the earliest wall clock goes first.
-// It also returns each node's role, from its Start events.
+// It also returns each node's role, from its Start events, and the node
+// incarnation each event of out came from (incs, numbered in the input's
+// order): the merge may place an old incarnation's events after its
+// successor's Start, so that Start's place does not tell them apart.
 //
 // links pairs the two ends of each queue pair a message crossed (each node
 // names a queue pair by an id of its own).
-func merge(events []trace.Event) (out []trace.Event, roles map[string]string, links map[end]end, err error) {
+func merge(events []trace.Event) (out []trace.Event, incs []int, roles map[string]string, links map[end]end, err error) {
 	var streams []*stream
 	current := map[string]*stream{}
 	roles, links = map[string]string{}, map[end]end{}
@@ -51,7 +55,7 @@ func merge(events []trace.Event) (out []trace.Event, roles map[string]string, li
 	for _, ev := range events {
 		st := current[ev.Node]
 		if ev.Kind == trace.Start || st == nil {
-			st = &stream{node: ev.Node, inc: ev.Inc, role: ev.Role}
+			st = &stream{id: len(streams), node: ev.Node, inc: ev.Inc, role: ev.Role}
 			streams = append(streams, st)
 			current[ev.Node] = st
 			if ev.Role != "" {
@@ -59,7 +63,7 @@ func merge(events []trace.Event) (out []trace.Event, roles map[string]string, li
 			}
 		}
 		if n := len(st.events); n > 0 && ev.Seq != st.events[n-1].Seq+1 {
-			return nil, nil, nil, fmt.Errorf("%w: node %s: event %d follows %d (events missing or out of order)", ErrTrace, ev.Node, ev.Seq, st.events[n-1].Seq)
+			return nil, nil, nil, nil, fmt.Errorf("%w: node %s: event %d follows %d (events missing or out of order)", ErrTrace, ev.Node, ev.Seq, st.events[n-1].Seq)
 		}
 		st.events = append(st.events, ev)
 	}
@@ -79,7 +83,7 @@ func merge(events []trace.Event) (out []trace.Event, roles map[string]string, li
 		}
 		return false
 	}
-	out = make([]trace.Event, 0, len(events))
+	out, incs = make([]trace.Event, 0, len(events)), make([]int, 0, len(events))
 	for {
 		var best *stream
 		left := 0
@@ -97,7 +101,7 @@ func merge(events []trace.Event) (out []trace.Event, roles map[string]string, li
 			}
 		}
 		if left == 0 {
-			return out, roles, links, nil
+			return out, incs, roles, links, nil
 		}
 		if best == nil {
 			var heads []string
@@ -108,7 +112,7 @@ func merge(events []trace.Event) (out []trace.Event, roles map[string]string, li
 				}
 			}
 			sort.Strings(heads)
-			return nil, nil, nil, fmt.Errorf("%w: every node waits for a message no trace sent: %s", ErrTrace, strings.Join(heads, "; "))
+			return nil, nil, nil, nil, fmt.Errorf("%w: every node waits for a message no trace sent: %s", ErrTrace, strings.Join(heads, "; "))
 		}
 		ev := best.events[best.pos]
 		best.pos++
@@ -128,6 +132,6 @@ func merge(events []trace.Event) (out []trace.Event, roles map[string]string, li
 		case trace.Dispatch:
 			dispatched[ev.Req] = true
 		}
-		out = append(out, ev)
+		out, incs = append(out, ev), append(incs, best.id)
 	}
 }

@@ -19,6 +19,9 @@ func one(m move) []move { return []move{m} }
 var keep = []move{{keep: true}}
 
 func (c *checker) rule(r *replay, ev *trace.Event) (string, moves) {
+	if rule := c.pageChecks(r, ev); rule != "" {
+		return rule, refuse
+	}
 	role := c.roles[ev.Node]
 	switch role {
 	case "router":
@@ -119,11 +122,6 @@ func (c *checker) prefillRule(r *replay, ev *trace.Event) (string, moves) {
 		if !ok {
 			return "prefill recv " + ev.Msg, func(*spec.State) []move { return nil }
 		}
-		if ev.Msg == "Grant" {
-			if rule := r.receiveGrant(ev); rule != "" {
-				return rule, refuse
-			}
-		}
 		return "prefill recv " + ev.Msg + " is PrefillRecvQP", func(s *spec.State) []move {
 			return lateOnCut(s, move{act: headIs(spec.PrefillRecvQP, qpBack, mk)})
 		}
@@ -149,15 +147,10 @@ func (c *checker) prefillRule(r *replay, ev *trace.Event) (string, moves) {
 			}})
 		}
 	case trace.Post:
-		// The WRITE of the request's page i goes where the Grant the
-		// prefill node received put that page: its j-th page, j = i less
-		// the pages under the prefix, at that page's epoch. The spec's
-		// request has the written pages only, so j is the index of the
-		// spec's WRITE, and the spec posts them in order.
-		j := int64(ev.Index) - int64(r.prefix/r.pt)
-		if rule := r.postTarget(ev, j); rule != "" {
-			return rule, refuse
-		}
+		// The spec's request has the written pages only, so the WRITE's
+		// index in it is j (pageChecks checked where the WRITE goes), and
+		// the spec posts them in order.
+		j := r.writeIndex(ev)
 		// A WRITE whose completion failed was never placed, which the
 		// spec's PostWrite says with its Late variant (else it places a
 		// WRITE posted on an empty queue pair at once); one that completed
@@ -269,18 +262,12 @@ func (c *checker) decodeRule(r *replay, ev *trace.Event) (string, moves) {
 			return lateOnCut(s, move{act: headIs(spec.DecodeRecvQP, qp, mk)})
 		}
 	case trace.Send:
-		if ev.Msg == "Grant" {
-			r.sendGrant(ev)
-		}
 		return c.sendRule(r, ev, qpBack, map[string]spec.MsgKind{"Grant": spec.MGrant, "Abort": spec.MAbort})
 	case trace.Verified:
 		return "decode verified is a receiver ready", require(func(s *spec.State) bool { return s.Req[0].R.Phase == spec.RReady })
 	case trace.Acquire:
 		if ev.Err != "" {
 			return "decode acquire refused", nil
-		}
-		if rule := r.readPages(ev); rule != "" {
-			return rule, refuse
 		}
 		r.reading = true
 		return "decode acquire reads a ready request", require(func(s *spec.State) bool { return s.Req[0].R.Phase == spec.RReady })
@@ -448,6 +435,32 @@ func cutBefore(s *spec.State) {
 // reason the rule put in replay.refusal.
 func refuse(*spec.State) []move { return nil }
 
+// pageChecks applies to an event the checks of which pages it names, which
+// need no spec state, so that a request the spec cannot replay (more pages
+// than its bound) is checked too: it returns the rule the event breaks, or
+// "" (its reason in r.refusal).
+func (c *checker) pageChecks(r *replay, ev *trace.Event) string {
+	switch role := c.roles[ev.Node]; {
+	case role == "decode" && ev.Kind == trace.Send && ev.Msg == "Grant":
+		r.sendGrant(ev)
+	case role == "decode" && ev.Kind == trace.Acquire && ev.Err == "":
+		return r.readPages(ev)
+	case role == "prefill" && ev.Kind == trace.Recv && ev.Msg == "Grant":
+		return r.receiveGrant(ev)
+	case role == "prefill" && ev.Kind == trace.Post:
+		return r.postTarget(ev, r.writeIndex(ev))
+	}
+	return ""
+}
+
+// prefixPages is how many of the request's pages are under the Grant's
+// prefix: cached at decode, not written.
+func (r *replay) prefixPages() int64 { return int64(r.prefix / max(r.pt, 1)) }
+
+// writeIndex is the index of a WRITE among the pages the Grant gives, the
+// written ones: the request's page index less the prefix's pages.
+func (r *replay) writeIndex(ev *trace.Event) int64 { return int64(ev.Index) - r.prefixPages() }
+
 // sendGrant records the pages of a Grant decode sent: the read hands the
 // decoder those, and the prefill node is to receive them.
 func (r *replay) sendGrant(ev *trace.Event) {
@@ -481,7 +494,7 @@ func (r *replay) receiveGrant(ev *trace.Event) string {
 // postTarget refuses a WRITE that does not go where the Grant the prefill
 // node received put its page, the j-th page past the prefix, at its epoch:
 // the rule it breaks, or "". Before any Grant, the spec refuses the post
-// itself.
+// itself (and a request the spec does not replay has it unchecked).
 func (r *replay) postTarget(ev *trace.Event, j int64) string {
 	g := r.prefillGrant
 	if g == nil {
@@ -491,7 +504,7 @@ func (r *replay) postTarget(ev *trace.Event, j int64) string {
 	switch {
 	case !ok:
 		r.refusal = fmt.Sprintf("the WRITE of page index %d would be the Grant's page %d past a prefix of %d pages; the Grant %s received has %d",
-			ev.Index, j, r.prefix/r.pt, ev.Node, len(g.pages))
+			ev.Index, j, r.prefixPages(), ev.Node, len(g.pages))
 		return "prefill post writes a page of the Grant"
 	case len(ev.Pages) != 1 || len(ev.Epochs) != 1 || ev.Pages[0] != page || ev.Epochs[0] != epoch:
 		r.refusal = fmt.Sprintf("the WRITE of page index %d goes to pages %v at epochs %v; the Grant %s received puts that index on page %d at epoch %d",
@@ -509,7 +522,7 @@ func (r *replay) readPages(ev *trace.Event) string {
 	if g == nil {
 		return ""
 	}
-	skip := int(r.prefix / r.pt)
+	skip := int(r.prefixPages())
 	if len(ev.Pages) == skip+len(g.pages) && len(ev.Epochs) == len(ev.Pages) &&
 		(&grantPages{pages: ev.Pages[skip:], epochs: ev.Epochs[skip:]}).equal(g) {
 		return ""
