@@ -493,8 +493,8 @@ func (r *replay) receiveGrant(ev *trace.Event) string {
 
 // postTarget refuses a WRITE that does not go where the Grant the prefill
 // node received put its page, the j-th page past the prefix, at its epoch:
-// the rule it breaks, or "". Before any Grant, the spec refuses the post
-// itself (and a request the spec does not replay has it unchecked).
+// the rule it breaks, or "". A post before any Grant passes here: the
+// spec's PostWrite refuses it (for a request the spec replays).
 func (r *replay) postTarget(ev *trace.Event, j int64) string {
 	g := r.prefillGrant
 	if g == nil {
