@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"math"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -13,7 +14,8 @@ import (
 // A trace is whatever its files hold: a node killed mid-line, a file from
 // another build, one edited by hand. Check reads it with trace.Read and must
 // answer every input with a report or an error, never a panic, and must not
-// allocate on a count a line claims (a Tokens of 2^32-1 is not 2^28 pages).
+// allocate on a count a line claims (a Tokens of 2^32-1 is not 2^28 pages:
+// TestEditedTracesAreAnswered bounds what each seed allocates).
 
 // fuzzValues are the values an edit sets a numeric field to: the edges of
 // the spec's bounds (16 tokens a page, 8 pages) and of the field's type.
@@ -162,7 +164,16 @@ func checkAnswers(t *testing.T, evs []trace.Event) {
 // edits that break the happy path do not conform.
 func TestEditedTracesAreAnswered(t *testing.T) {
 	for _, s := range fuzzSeeds {
-		checkAnswers(t, editTrace(build(happy()), s))
+		evs := editTrace(build(happy()), s)
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		checkAnswers(t, evs)
+		runtime.ReadMemStats(&after)
+		// The happy path's check allocates about 160 KiB; a count taken
+		// at its word (2^32-1 tokens, pages, an index) would be gigabytes.
+		if n := after.TotalAlloc - before.TotalAlloc; n > 64<<20 {
+			t.Errorf("edit %v: the check allocated %d MiB", s, n>>20)
+		}
 	}
 	// Edits that leave a trace the spec cannot take: a Done that claims
 	// every page, a Grant of a page past the request's, a WRITE of a page
