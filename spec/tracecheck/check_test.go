@@ -380,9 +380,9 @@ func TestAGrantMergedAfterItsNodesRestartIsOfTheOldIncarnation(t *testing.T) {
 // pages its events name needs no spec: a WRITE to another page than its
 // Grant put its index on is refused there too.
 func TestARequestOverTheSpecsBoundHasItsPagesChecked(t *testing.T) {
-	big := func(target uint32) []trace.Event {
+	big := func(target uint32, granted int) []trace.Event {
 		const n = 10
-		pages, epochs := make([]uint32, n), make([]uint64, n)
+		pages, epochs := make([]uint32, granted), make([]uint64, granted)
 		for i := range pages {
 			pages[i], epochs[i] = uint32(10+i), 1
 		}
@@ -393,12 +393,16 @@ func TestARequestOverTheSpecsBoundHasItsPagesChecked(t *testing.T) {
 		}
 		return evs
 	}
-	rep := check(t, big(10))
+	rep := check(t, big(10, 10))
 	if !rep.Conforms() || rep.Replayed != 0 {
 		t.Fatalf("a request of 10 pages, its first WRITE where its Grant put it:\n%s", report(rep))
 	}
-	rep = check(t, big(11))
+	rep = check(t, big(11, 10))
 	if f := rep.Failure; f == nil || f.Event.Kind != trace.Post || !strings.Contains(f.Rule, "post writes where the Grant put that page") {
 		t.Fatalf("a request of 10 pages, its first WRITE to the Grant's second page:\n%s", report(rep))
+	}
+	rep = check(t, big(10, 9))
+	if f := rep.Failure; f == nil || f.Event.Msg != "Grant" || !strings.Contains(f.Rule, "Grant names the request's pages") {
+		t.Fatalf("a request of 10 pages granted 9:\n%s", report(rep))
 	}
 }

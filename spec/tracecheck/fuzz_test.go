@@ -177,8 +177,9 @@ func TestEditedTracesAreAnswered(t *testing.T) {
 	}
 	// Edits that leave a trace the spec cannot take: a Done that claims
 	// every page, a Grant of a page past the request's, a WRITE of a page
-	// past the Grant's.
-	for _, ed := range [][]byte{{13, 3, 20, 0}, {9, 9, 14, 1}, {11, 4, 20, 0}} {
+	// past the Grant's, a dispatch of 2^32-1 tokens (2^28 pages, not
+	// replayed) whose Grant names 2.
+	for _, ed := range [][]byte{{13, 3, 20, 0}, {9, 9, 14, 1}, {11, 4, 20, 0}, {3, 0, 20, 0}} {
 		rep, err := Check(editTrace(build(happy()), ed))
 		if err == nil && rep.Conforms() {
 			t.Errorf("edit %v: the trace conforms", ed)

@@ -42,7 +42,8 @@ type replay struct {
 	events          []int  // indices into the merged trace
 	m               *spec.Model
 	front           []*spec.State
-	pages           int // pages the spec's request has: its written pages
+	pages           int  // pages the spec's request has: its written pages
+	sized           bool // pages is known (start worked it out, replayed or too large for the spec)
 	completes       int
 	cutCall         bool
 	reading         bool              // decode acquired the pages and has not finished
@@ -138,8 +139,8 @@ func (r *replay) start() error {
 	if r.pt == 0 {
 		r.pt = 1
 	}
-	n := int((r.tokens + r.pt - 1) / r.pt)
-	r.pages = n - int(r.prefix/r.pt)
+	n := int((uint64(r.tokens) + uint64(r.pt) - 1) / uint64(r.pt)) // in 64 bits: 2^32-1 tokens do not wrap to 0 pages
+	r.pages, r.sized = n-int(r.prefix/r.pt), true
 	if r.refused == refusedByRouter {
 		r.pages = max(1, min(r.pages, spec.MaxDecodePages))
 	}

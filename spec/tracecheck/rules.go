@@ -234,12 +234,6 @@ func (c *checker) sendRule(r *replay, ev *trace.Event, q func(*spec.State) *spec
 	if !ok {
 		return "send " + ev.Msg, nil
 	}
-	if ev.Msg == "Done" && (int(ev.NPages) != r.pages || ev.Prefix != r.prefix) {
-		return "prefill send Done names the Grant's pages", func(*spec.State) []move { return nil }
-	}
-	if ev.Msg == "Grant" && (len(ev.Pages) != r.pages || ev.Prefix != r.prefix) {
-		return "decode send Grant names the request's pages", func(*spec.State) []move { return nil }
-	}
 	return "send " + ev.Msg + " is queued by the spec", func(s *spec.State) []move {
 		if holds(q(s), mk) || flushed(s) {
 			return keep
@@ -443,6 +437,14 @@ func (c *checker) pageChecks(r *replay, ev *trace.Event) string {
 	switch role := c.roles[ev.Node]; {
 	case role == "decode" && ev.Kind == trace.Send && ev.Msg == "Grant":
 		r.sendGrant(ev)
+		if r.sized && (len(ev.Pages) != r.pages || ev.Prefix != r.prefix) {
+			r.refusal = fmt.Sprintf("the Grant names %d pages past a prefix of %d tokens; the request's %d tokens in pages of %d leave %d to write past the prefix of %d",
+				len(ev.Pages), ev.Prefix, r.tokens, r.pt, r.pages, r.prefix)
+			return "decode send Grant names the request's pages"
+		}
+	case role == "prefill" && ev.Kind == trace.Send && ev.Msg == "Done" && r.sized && (int(ev.NPages) != r.pages || ev.Prefix != r.prefix):
+		r.refusal = fmt.Sprintf("Done says %d pages written past a prefix of %d tokens; the Grant's are %d past %d", ev.NPages, ev.Prefix, r.pages, r.prefix)
+		return "prefill send Done names the Grant's pages"
 	case role == "decode" && ev.Kind == trace.Acquire && ev.Err == "":
 		return r.readPages(ev)
 	case role == "prefill" && ev.Kind == trace.Recv && ev.Msg == "Grant":
