@@ -340,7 +340,7 @@ func TestAGrantMergedAfterItsNodesRestartIsOfTheOldIncarnation(t *testing.T) {
 		ev.Kind, ev.Msg = kind, msg
 		return ev
 	}
-	grantOf := func(r uint64) trace.Event {
+	grantFor := func(r uint64) trace.Event {
 		g := with(one(r, "p"), trace.Send, "Grant")
 		g.Pages, g.Epochs = []uint32{0}, []uint64{1}
 		return g
@@ -362,10 +362,10 @@ func TestAGrantMergedAfterItsNodesRestartIsOfTheOldIncarnation(t *testing.T) {
 		at("p", 5, 160, with(one(2, "d"), trace.Send, "Bootstrap")),
 		at("d", 1, 1, trace.Event{Kind: trace.Start, Role: "decode", Inc: "d1"}),
 		at("d", 2, 100, with(one(1, "p"), trace.Recv, "Bootstrap")),
-		at("d", 3, 101, grantOf(1)),
+		at("d", 3, 101, grantFor(1)),
 		at("d", 1, 130, trace.Event{Kind: trace.Start, Role: "decode", Inc: "d2"}),
 		at("d", 2, 200, with(one(2, "p"), trace.Recv, "Bootstrap")),
-		at("d", 3, 201, grantOf(2)),
+		at("d", 3, 201, grantFor(2)),
 	}
 	rep, err := Check(evs)
 	if err != nil {

@@ -140,7 +140,7 @@ func (r *replay) start() error {
 		r.pt = 1
 	}
 	n := int((uint64(r.tokens) + uint64(r.pt) - 1) / uint64(r.pt)) // in 64 bits: 2^32-1 tokens do not wrap to 0 pages
-	r.pages, r.sized = n-int(r.prefix/r.pt), true
+	r.pages, r.sized = n-int(r.prefixPages()), true
 	if r.refused == refusedByRouter {
 		r.pages = max(1, min(r.pages, spec.MaxDecodePages))
 	}

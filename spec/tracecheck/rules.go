@@ -126,14 +126,14 @@ func (c *checker) prefillRule(r *replay, ev *trace.Event) (string, moves) {
 			return lateOnCut(s, move{act: headIs(spec.PrefillRecvQP, qpBack, mk)})
 		}
 	case trace.Send:
-		return c.sendRule(r, ev, qp, map[string]spec.MsgKind{"Bootstrap": spec.MBootstrap, "Done": spec.MDone, "AbortAck": spec.MAbortAck})
+		return c.sendRule(ev, qp, map[string]spec.MsgKind{"Bootstrap": spec.MBootstrap, "Done": spec.MDone, "AbortAck": spec.MAbortAck})
 	case trace.Computed:
 		// A page computed on a live leg: the spec's Compute of that page.
 		// A leg the spec has ended (a flush, a cut) computes no more.
 		// The spec's request has only the pages written: a page under
 		// the Grant's prefix (cached at decode, computed all the same) is
 		// none of its.
-		k := int(ev.NPages) - int(r.prefix/r.pt)
+		k := int64(ev.NPages) - r.prefixPages()
 		if k <= 0 {
 			return "prefill computed of a page under the prefix", nil
 		}
@@ -229,7 +229,7 @@ func flushed(s *spec.State) bool {
 }
 
 // sendRule: a SEND is the message the spec's last action queued.
-func (c *checker) sendRule(r *replay, ev *trace.Event, q func(*spec.State) *spec.Queue, kinds map[string]spec.MsgKind) (string, moves) {
+func (c *checker) sendRule(ev *trace.Event, q func(*spec.State) *spec.Queue, kinds map[string]spec.MsgKind) (string, moves) {
 	mk, ok := kinds[ev.Msg]
 	if !ok {
 		return "send " + ev.Msg, nil
@@ -256,7 +256,7 @@ func (c *checker) decodeRule(r *replay, ev *trace.Event) (string, moves) {
 			return lateOnCut(s, move{act: headIs(spec.DecodeRecvQP, qp, mk)})
 		}
 	case trace.Send:
-		return c.sendRule(r, ev, qpBack, map[string]spec.MsgKind{"Grant": spec.MGrant, "Abort": spec.MAbort})
+		return c.sendRule(ev, qpBack, map[string]spec.MsgKind{"Grant": spec.MGrant, "Abort": spec.MAbort})
 	case trace.Verified:
 		return "decode verified is a receiver ready", require(func(s *spec.State) bool { return s.Req[0].R.Phase == spec.RReady })
 	case trace.Acquire:
