@@ -105,6 +105,56 @@ type Pool struct {
 	// (SetScopeCap); perScope counts each scope's indexed cached pages.
 	scopeCap int
 	perScope map[Scope]int
+	// journal, when on (Journal), lists every tenancy freed or cached
+	// since the last TakeJournal.
+	journal   bool
+	journaled []PoolChange
+}
+
+// PoolChange is one change of a tenancy the pool's journal records: the
+// page at its epoch given back to the free list (freed), or moved into the
+// prefix cache (Cached: the tenancy goes on, the cache's now, and is freed
+// later by the pool itself), and the request that did it: the one that
+// gave the page back or cached it, or 0 for a cached page the pool freed
+// itself (evicted, purged, or doomed and unpinned at last).
+type PoolChange struct {
+	Owner  RequestID
+	Ref    PageRef
+	Cached bool
+}
+
+// Journal turns on (or off) the journal of freed and cached tenancies,
+// which TakeJournal drains: a driver that traces its node (docs/trace.md)
+// writes each change, so that a trace shows every tenancy's end and a
+// checker can tell a page reallocated, read, freed while a request held it,
+// or never given back. Off by default: a driver that never drains it would
+// grow it without bound.
+func (p *Pool) Journal(on bool) {
+	p.journal = on
+	p.journaled = nil
+}
+
+// TakeJournal returns the changes since the last call, in the order they
+// happened, and empties the journal (nil when it is off).
+func (p *Pool) TakeJournal() []PoolChange {
+	j := p.journaled
+	p.journaled = nil
+	return j
+}
+
+// record journals a change of page id's current tenancy, if the journal
+// is on.
+func (p *Pool) record(owner RequestID, id uint32, cached bool) {
+	if p.journal {
+		p.journaled = append(p.journaled, PoolChange{Owner: owner, Ref: PageRef{Page: id, Epoch: p.pages[id].epoch.Load()}, Cached: cached})
+	}
+}
+
+// freed puts page id on the free list, journaling the end of its tenancy
+// for owner.
+func (p *Pool) freed(owner RequestID, id uint32) {
+	p.free = append(p.free, id)
+	p.record(owner, id, false)
 }
 
 // SetScopeCap caps the cached pages of each scope at n (0, the default, is
@@ -211,7 +261,7 @@ func (p *Pool) drop(id uint32) {
 	p.uncount(pg.key.scope)
 	p.cached--
 	pg.state, pg.key, pg.writer = pageFree, cacheKey{}, noWriter
-	p.free = append(p.free, id)
+	p.freed(0, id)
 }
 
 // uncount takes a page out of its scope's count of cached pages.
@@ -398,7 +448,7 @@ func (p *Pool) Unpin(scope Scope, refs []PageRef) int {
 				p.doomed--
 				p.cached--
 				pg.state, pg.key, pg.writer = pageFree, cacheKey{}, noWriter
-				p.free = append(p.free, ref.Page)
+				p.freed(0, ref.Page)
 			}
 		}
 		n++
@@ -434,6 +484,7 @@ func (p *Pool) InsertFrom(owner RequestID, ref PageRef, scope Scope, hash ChainH
 	p.pushFront(ref.Page)
 	p.cached++
 	p.perScope[scope]++
+	p.record(owner, ref.Page, true)
 	return true
 }
 
@@ -491,7 +542,7 @@ func (p *Pool) Release(owner RequestID, refs []PageRef) int {
 	for _, ref := range refs {
 		if p.holds(owner, ref) || p.doubleFree && int(ref.Page) < len(p.pages) && (p.pages[ref.Page].state == pageOwned || p.pages[ref.Page].state == pageQuarantined) {
 			p.pages[ref.Page].state = pageFree
-			p.free = append(p.free, ref.Page)
+			p.freed(owner, ref.Page)
 			n++
 		}
 	}

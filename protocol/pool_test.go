@@ -3,6 +3,7 @@ package protocol
 import (
 	"errors"
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -235,5 +236,71 @@ func TestEvictPinnedReallocatesAPinnedPage(t *testing.T) {
 	}
 	if err := p.CheckShared(7, pinned[0]); !errors.Is(err, ErrNotShared) {
 		t.Fatalf("the reallocated page still passes: %v", err)
+	}
+}
+
+// The journal names every tenancy's end: a release by its owner, an
+// insertion into the cache by its owner, an eviction, a purge and a doomed
+// page's last unpin by none; it is off by default, and under double-free it
+// shows the releasing request ending another request's tenancy (what trace
+// check refuses).
+func TestThePoolsJournalNamesEveryTenancysEnd(t *testing.T) {
+	p := NewPool(3)
+	refs, _ := p.Allocate(1, 2)
+	p.Release(1, refs[:1])
+	if f := p.TakeJournal(); f != nil {
+		t.Fatalf("journal off by default, took %v", f)
+	}
+	p.Journal(true)
+	p.Release(1, refs) // refs[0] freed already: only refs[1]
+	want := []PoolChange{{Owner: 1, Ref: refs[1]}}
+	if f := p.TakeJournal(); len(f) != 1 || f[0] != want[0] {
+		t.Fatalf("release journaled %v, want %v", f, want)
+	}
+	if f := p.TakeJournal(); len(f) != 0 {
+		t.Fatalf("TakeFrees kept %v", f)
+	}
+	// Cached pages: one evicted by an allocation, one purged, one doomed
+	// while pinned and freed at its last unpin.
+	chain := PrefixChain([]uint32{1, 2, 3, 4, 5, 6}, 2)
+	cached, _ := p.Allocate(2, 3)
+	for i, ref := range cached {
+		if !p.InsertFrom(2, ref, 7, chain[i], 9) {
+			t.Fatalf("page %d not inserted", i)
+		}
+	}
+	if j := p.TakeJournal(); len(j) != 3 || j[0] != (PoolChange{Owner: 2, Ref: cached[0], Cached: true}) || !j[2].Cached {
+		t.Fatalf("insertions journaled %v", j)
+	}
+	pinned := p.Pin(7, chain[:1])
+	if _, err := p.Allocate(3, 1); err != nil { // evicts an unpinned cached page
+		t.Fatal(err)
+	}
+	evicted := p.TakeJournal()
+	if len(evicted) != 1 || evicted[0].Owner != 0 || evicted[0].Ref == pinned[0] || !slices.Contains(cached, evicted[0].Ref) {
+		t.Fatalf("eviction journaled %v, want one of %v but the pinned %v", evicted, cached, pinned[0])
+	}
+	if freed, doomed := p.PurgeWriter(9); freed != 1 || doomed != 1 {
+		t.Fatalf("purge freed %d, doomed %d", freed, doomed)
+	}
+	if f := p.TakeJournal(); len(f) != 1 || f[0].Owner != 0 || f[0].Ref == pinned[0] || f[0].Ref == evicted[0].Ref || !slices.Contains(cached, f[0].Ref) {
+		t.Fatalf("purge journaled %v, want the last unpinned one of %v", f, cached)
+	}
+	p.Unpin(7, pinned)
+	if f := p.TakeJournal(); len(f) != 1 || f[0] != (PoolChange{Ref: pinned[0]}) {
+		t.Fatalf("the doomed page's last unpin journaled %v, want %v", f, pinned[0])
+	}
+	// double-free: a late release of request 3's old page frees request
+	// 4's tenancy, and the journal says so.
+	q := NewPool(1)
+	q.doubleFree = true
+	q.Journal(true)
+	old, _ := q.Allocate(3, 1)
+	q.Release(3, old)
+	cur, _ := q.Allocate(4, 1)
+	q.TakeJournal()
+	q.Release(3, old)
+	if f := q.TakeJournal(); len(f) != 1 || f[0] != (PoolChange{Owner: 3, Ref: cur[0]}) {
+		t.Fatalf("under double-free journaled %v, want request 3 ending %v", f, cur[0])
 	}
 }

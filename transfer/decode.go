@@ -106,6 +106,9 @@ func NewDecode(dev rdma.Device, cfg DecodeConfig) (*Decode, error) {
 		Timeout: cfg.Timeout, Horizon: cfg.Horizon, Memory: pagesOf{d}, TagKeys: d.tagKeyOf, Research: cfg.Research,
 		Authorize: d.authorizer(), PeerRequests: cfg.PeerRequests, PeerPages: cfg.PeerPages, PrefixCache: cfg.PrefixCache, PrefixScopePages: cfg.PrefixScopePages,
 		Region: func(p uint32) (uint64, uint32) { return addr + uint64(int(p)*d.slotBytes()), key }})
+	if err == nil && d.trace != nil {
+		d.receiver.Pool().Journal(true) // drained into free and cache events by carry
+	}
 	return d, err
 }
 
@@ -258,6 +261,11 @@ func (d *Decode) fenced(c *conn) {
 
 func (d *Decode) carry() {
 	for {
+		// The pages freed or cached since the last carry, before the
+		// Sends: a Grant of a page freed in the same step (evicted by its
+		// allocation) comes after its free in the trace, as it did in the
+		// pool.
+		d.traceJournal()
 		re := d.receiver.Effects()
 		if len(re.Sends)+len(re.Cuts)+len(re.Verified)+len(re.Outcomes) == 0 {
 			return
@@ -290,6 +298,28 @@ func (d *Decode) carry() {
 				d.cut(c, fmt.Errorf("%w: the receiver cut it", protocol.ErrPeerFailed))
 			}
 		}
+	}
+}
+
+// traceJournal writes a free or cache event for each run of the pool's
+// changes since the last call (its journal is on only when tracing) of one
+// request and kind, so that the trace shows every tenancy's end
+// (docs/trace.md).
+func (d *Decode) traceJournal() {
+	if d.trace == nil {
+		return
+	}
+	changes := d.receiver.Pool().TakeJournal()
+	for i := 0; i < len(changes); {
+		first := changes[i]
+		ev := trace.Event{Kind: trace.Free, Req: uint64(first.Owner)}
+		if first.Cached {
+			ev.Kind = trace.Cache
+		}
+		for ; i < len(changes) && changes[i].Owner == first.Owner && changes[i].Cached == first.Cached; i++ {
+			ev.Pages, ev.Epochs = append(ev.Pages, changes[i].Ref.Page), append(ev.Epochs, changes[i].Ref.Epoch)
+		}
+		d.trace.Emit(ev)
 	}
 }
 

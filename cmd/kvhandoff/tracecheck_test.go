@@ -91,23 +91,33 @@ func TestTraceCheckExitsByTheVerdict(t *testing.T) {
 	}
 }
 
-// Two prefix-cache bugs of the implementation, run by the demo and traced,
-// are refused at the event that shows them, where the per-request replay
-// alone saw nothing (write-shared) or only the Done after the misdirected
-// WRITEs (prefix-count-mismatch): a Grant naming a page tenancy another
-// request's Grant named, and a WRITE to another page than its Grant put its
-// index on.
+// Three page bugs of the implementation, run by the demo and traced, are
+// refused at the event that shows them, where the per-request replay alone
+// saw nothing (write-shared, leak-on-cancel) or only the Done after the
+// misdirected WRITEs (prefix-count-mismatch): a Grant naming a page tenancy
+// another request's Grant named, a WRITE to another page than its Grant put
+// its index on, and a cancelled request whose pages the pool never freed
+// (its journal's free events).
 func TestTraceCheckRefusesTheDemosPageBugs(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the demo")
 	}
-	for _, tc := range []struct{ bug, rule string }{
-		{"write-shared", "decode send Grant names page tenancies no other request's Grant named"},
-		{"prefix-count-mismatch", "prefill post writes where the Grant put that page"},
+	for _, tc := range []struct {
+		bug, rule string
+		faults    bool // the bug needs the demo's faults (a cancel)
+	}{
+		{"write-shared", "decode send Grant names page tenancies no other request's Grant named", false},
+		{"prefix-count-mismatch", "prefill post writes where the Grant put that page", false},
+		// The pool's journal: a cancelled request's pages never freed.
+		{"leak-on-cancel", "end of trace: the pages the spec gave back were freed or cached", true},
 	} {
 		t.Run(tc.bug, func(t *testing.T) {
 			file := filepath.Join(t.TempDir(), "t.jsonl")
-			if code, out, errOut := runCLI(t, "demo", "--requests", "80", "--no-faults", "--bug", tc.bug, "--trace", file); code != 1 {
+			args := []string{"demo", "--requests", "80", "--bug", tc.bug, "--trace", file}
+			if !tc.faults {
+				args = append(args, "--no-faults")
+			}
+			if code, out, errOut := runCLI(t, args...); code != 1 {
 				t.Fatalf("demo --bug %s: exit %d, want 1 (the demo's own checks)\n%s%s", tc.bug, code, out, errOut)
 			}
 			code, out, errOut := runCLI(t, "trace", "check", file)

@@ -60,6 +60,8 @@ const (
 	Outcome  = "outcome"  // the leg's outcome on this node (Err empty for success)
 	Acquire  = "acquire"  // decode: the pages handed to the decoder (Pages, Epochs), Err if refused
 	Release  = "release"  // decode: Finish, the pages given back (Err if refused)
+	Free     = "free"     // decode: pages back on the pool's free list (Pages, Epochs: the tenancies that ended); Req the request that gave them back, 0 for cached pages the pool freed
+	Cache    = "cache"    // decode: the request's pages (Pages, Epochs) moved into the prefix cache: the tenancies go on, the cache's
 	Cancel   = "cancel"   // a node's Cancel of a request (Cause: call, call-ended, sweep, shutdown, failed)
 	Cut      = "cut"      // the state machine asked to cut the queue pair to Peer
 	Fenced   = "fenced"   // the queue pair to Peer drained in the error state: its requests fail

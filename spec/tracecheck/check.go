@@ -12,8 +12,11 @@
 // request, replayed or too large for the spec: that a Grant arrives as it
 // was sent, that a WRITE goes to the page and epoch its Grant put its index
 // on, that a read hands the decoder the Grant's pages, and, across requests,
-// that no two requests' Grants name one page tenancy (a decode page at one
-// epoch), which the per-request replay cannot see.
+// which the per-request replay cannot see: that no two requests' Grants
+// name one page tenancy (a decode page at one epoch), and that each
+// tenancy ends once (a free or cache event, the decode pool's journal), by
+// its own request or the cache, before its page is granted or read again,
+// and, for a request whose pages the spec gave back, before the trace ends.
 package tracecheck
 
 import (
@@ -66,7 +69,7 @@ func Check(events []trace.Event) (*Report, error) {
 	}
 	sort.Strings(rep.Nodes)
 	c := &checker{merged: merged, roles: roles, links: links, reqs: map[uint64]*replay{}, writes: map[string]map[uint64]uint64{}, rep: rep,
-		incs: incs, tenants: map[tenancy]uint64{}}
+		incs: incs, tenants: map[tenancy]uint64{}, freedAt: map[tenancy]int{}, cachedAt: map[tenancy]int{}, lastGrant: map[decodePage]uint64{}}
 	c.collect()
 	first, firstReq := c.shared, c.sharedReq
 	for _, id := range c.order {
@@ -95,9 +98,20 @@ type checker struct {
 	// What crosses requests: each decode page tenancy a Grant named, the
 	// first Grant that named one another request's Grant had named, and
 	// the request whose events show it.
-	tenants   map[tenancy]uint64
+	tenants map[tenancy]uint64
+	// And each tenancy's end: where a free or a cache event named it (the
+	// pool's journal), and the epoch of each page's last Grant.
+	freedAt   map[tenancy]int
+	cachedAt  map[tenancy]int
+	lastGrant map[decodePage]uint64
 	shared    *failure
 	sharedReq *replay
+}
+
+// decodePage is one page of one decode node incarnation, at any epoch.
+type decodePage struct {
+	inc  int
+	page uint32
 }
 
 // tenancy is one page of one decode node incarnation at one epoch. The pool
@@ -129,6 +143,9 @@ func (c *checker) collect() {
 		ev := &c.merged[i]
 		switch {
 		case ev.Kind == trace.Start:
+			continue
+		case ev.Kind == trace.Free, ev.Kind == trace.Cache:
+			c.poolChange(i) // the pool's, not a request's step: checked across requests
 			continue
 		case ev.Kind == trace.Post:
 			if c.writes[ev.Node] == nil {
@@ -193,6 +210,10 @@ func (c *checker) collect() {
 			if c.roles[ev.Node] == "decode" && ev.Msg == "Abort" && !r.granted(c) && r.refused == "" && ev.Reason != "timed out" && ev.Reason != "cancelled" {
 				r.refused = "decode intake: " + ev.Reason
 			}
+		case trace.Acquire:
+			if c.roles[ev.Node] == "decode" && ev.Err == "" {
+				c.readTenancies(i, r)
+			}
 		}
 		r.events = append(r.events, i)
 	}
@@ -200,7 +221,8 @@ func (c *checker) collect() {
 
 // grantTenancies files the page tenancies of the Grant at merged[i], sent
 // for request r, and keeps the first Grant that names a tenancy another
-// request's Grant named.
+// request's Grant named, or a page whose tenancy at its last Grant was
+// never freed.
 func (c *checker) grantTenancies(i int, r *replay) {
 	ev := &c.merged[i]
 	for k, page := range ev.Pages {
@@ -208,17 +230,132 @@ func (c *checker) grantTenancies(i int, r *replay) {
 			break
 		}
 		t := tenancy{inc: c.incs[i], page: page, epoch: ev.Epochs[k]}
+		r.tenancies = append(r.tenancies, t)
+		at := decodePage{inc: t.inc, page: page}
+		if last, ok := c.lastGrant[at]; ok && last != t.epoch {
+			prev := tenancy{inc: t.inc, page: page, epoch: last}
+			switch _, freed := c.freedAt[prev]; {
+			case last > t.epoch:
+				c.fail(i, r, "decode send Grant names each page at a later epoch than its last Grant",
+					fmt.Sprintf("page %d of %s is granted at epoch %d after its Grant at epoch %d to request %d: the pool advances a page's epoch at every allocation",
+						page, ev.Node, t.epoch, last, c.tenants[prev]))
+			case !freed:
+				c.fail(i, r, "decode send Grant names pages whose earlier tenancy was freed",
+					fmt.Sprintf("page %d of %s is granted at epoch %d while its tenancy at epoch %d, granted to request %d, was never freed: the pool reallocated a page a request held",
+						page, ev.Node, t.epoch, last, c.tenants[prev]))
+			}
+		}
+		if last, ok := c.lastGrant[at]; !ok || t.epoch > last {
+			c.lastGrant[at] = t.epoch
+		}
 		other, named := c.tenants[t]
 		if !named {
 			c.tenants[t] = ev.Req
 			continue
 		}
-		if other != ev.Req && c.shared == nil {
-			c.shared = &failure{index: i, rule: "decode send Grant names page tenancies no other request's Grant named",
-				why: fmt.Sprintf("page %d at epoch %d of %s was granted to request %d already: one page would hold two requests' KV (the pool advances a page's epoch at every allocation)",
-					page, ev.Epochs[k], ev.Node, other)}
-			c.sharedReq = r
+		if other != ev.Req {
+			c.fail(i, r, "decode send Grant names page tenancies no other request's Grant named",
+				fmt.Sprintf("page %d at epoch %d of %s was granted to request %d already: one page would hold two requests' KV (the pool advances a page's epoch at every allocation)",
+					page, ev.Epochs[k], ev.Node, other))
 		}
+	}
+}
+
+// poolChange files the tenancies a free or a cache event at merged[i]
+// names (the pool's journal: a free's request is the one that gave them
+// back, 0 for cached pages the pool freed itself; a cache event's, the one
+// whose pages moved into the prefix cache), and keeps the first that ends a
+// tenancy ended already, or that a request makes of pages it does not hold.
+func (c *checker) poolChange(i int) {
+	ev := &c.merged[i]
+	if c.roles[ev.Node] != "decode" {
+		return
+	}
+	r := c.reqs[ev.Req]
+	if r == nil {
+		r = &replay{id: ev.Req}
+	}
+	cache := ev.Kind == trace.Cache
+	for k, page := range ev.Pages {
+		if k >= len(ev.Epochs) {
+			break
+		}
+		t := tenancy{inc: c.incs[i], page: page, epoch: ev.Epochs[k]}
+		if at, freed := c.freedAt[t]; freed {
+			c.fail(i, r, "decode "+ev.Kind+" ends a tenancy once",
+				fmt.Sprintf("page %d at epoch %d of %s was freed already (%s #%d): a double free", page, t.epoch, ev.Node, ev.Node, c.merged[at].Seq))
+			continue
+		}
+		holder, granted := c.tenants[t]
+		_, cached := c.cachedAt[t]
+		switch {
+		case cache && cached:
+			c.fail(i, r, "decode cache ends a tenancy once", fmt.Sprintf("page %d at epoch %d of %s is cached already", page, t.epoch, ev.Node))
+		case ev.Req != 0 && cached:
+			c.fail(i, r, "decode "+ev.Kind+" is of the request's own pages",
+				fmt.Sprintf("request %d gave back page %d at epoch %d of %s, which the prefix cache holds", ev.Req, page, t.epoch, ev.Node))
+		case ev.Req != 0 && granted && holder != ev.Req:
+			c.fail(i, r, "decode "+ev.Kind+" is of the request's own pages",
+				fmt.Sprintf("request %d gave back page %d at epoch %d of %s, granted to request %d: it ended a tenancy another request holds",
+					ev.Req, page, t.epoch, ev.Node, holder))
+		}
+		if cache {
+			c.cachedAt[t] = i
+		} else {
+			c.freedAt[t] = i
+		}
+	}
+}
+
+// leaked refuses a replayed request whose pages the spec gave back (every
+// explanation released its record's pages: freed, or moved into the prefix
+// cache) while the trace shows no free or cache event of one of the
+// tenancies its Grant named: a page leaked (leak-on-cancel), which the spec
+// replay alone cannot see, as the trace showed no page's end. nil if none.
+func (c *checker) leaked(r *replay) *failure {
+	if len(r.tenancies) == 0 || len(r.front) == 0 {
+		return nil
+	}
+	for _, s := range r.front {
+		if !s.Req[0].R.Released {
+			return nil // an explanation still holds them (quarantined, say)
+		}
+	}
+	for _, t := range r.tenancies {
+		_, freed := c.freedAt[t]
+		_, cached := c.cachedAt[t]
+		if !freed && !cached {
+			return &failure{index: r.events[len(r.events)-1], rule: "end of trace: the pages the spec gave back were freed or cached",
+				why: fmt.Sprintf("the spec gave back request %d's pages, and %s never freed page %d at epoch %d nor moved it into the prefix cache: it leaked",
+					r.id, r.decode, t.page, t.epoch)}
+		}
+	}
+	return nil
+}
+
+// readTenancies keeps the first read (an acquire at merged[i] for request
+// r) that hands the decoder a tenancy freed before it: a page the pool may
+// have reallocated, to be read as this request's KV.
+func (c *checker) readTenancies(i int, r *replay) {
+	ev := &c.merged[i]
+	for k, page := range ev.Pages {
+		if k >= len(ev.Epochs) {
+			break
+		}
+		t := tenancy{inc: c.incs[i], page: page, epoch: ev.Epochs[k]}
+		if at, freed := c.freedAt[t]; freed {
+			c.fail(i, r, "decode acquire reads no page freed",
+				fmt.Sprintf("page %d at epoch %d of %s was freed at %s #%d, before this read: the decoder would read whatever the page holds next",
+					page, t.epoch, ev.Node, ev.Node, c.merged[at].Seq))
+		}
+	}
+}
+
+// fail keeps the first failure across requests (collect sees the events in
+// merged order, so the first kept is the earliest).
+func (c *checker) fail(i int, r *replay, rule, why string) {
+	if c.shared == nil {
+		c.shared, c.sharedReq = &failure{index: i, rule: rule, why: why}, r
 	}
 }
 
@@ -323,6 +460,12 @@ func (c *checker) run(r *replay) *failure {
 	if !r.canQuiesce() {
 		last := r.events[len(r.events)-1]
 		f := &failure{index: last, rule: "end of trace", why: "no protocol action of the spec leads from here to NoLeak (every page, slot and record given back)"}
+		for _, s := range r.front {
+			f.states = append(f.states, summary(s))
+		}
+		return f
+	}
+	if f := c.leaked(r); f != nil {
 		for _, s := range r.front {
 			f.states = append(f.states, summary(s))
 		}

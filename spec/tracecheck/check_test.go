@@ -55,6 +55,7 @@ var (
 	verified  = trace.Event{Node: "d", Kind: trace.Verified, Req: req, Peer: "p"}
 	acquire   = trace.Event{Node: "d", Kind: trace.Acquire, Req: req, Pages: []uint32{3, 4}, Epochs: []uint64{1, 1}}
 	release   = trace.Event{Node: "d", Kind: trace.Release, Req: req}
+	freed     = trace.Event{Node: "d", Kind: trace.Free, Req: req, Pages: []uint32{3, 4}, Epochs: []uint64{1, 1}}
 	decOK     = trace.Event{Node: "d", Kind: trace.Outcome, Req: req, Peer: "p"}
 	legP      = trace.Event{Node: "router", Kind: trace.LegEnd, Req: req, Peer: "p"}
 	legD      = trace.Event{Node: "router", Kind: trace.LegEnd, Req: req, Peer: "d"}
@@ -63,7 +64,7 @@ var (
 
 func happy() []trace.Event {
 	return []trace.Event{dispatch, submit, bootstrap, computed1, computed2, bootRecv, grant, grantRecv, post1, post2, done, complete1, complete2, prefOK,
-		doneRecv, verified, acquire, release, decOK, legP, legD, clientOK}
+		doneRecv, verified, acquire, release, freed, decOK, legP, legD, clientOK}
 }
 
 func build(evs []trace.Event) []trace.Event {
@@ -193,6 +194,23 @@ func withEpochs(ev trace.Event, epochs ...uint64) trace.Event {
 	return ev
 }
 
+// insertedAfter returns evs with ev inserted just after the event after.
+func insertedAfter(evs []trace.Event, after, ev trace.Event) []trace.Event {
+	i := slices.IndexFunc(evs, func(x trace.Event) bool { return eq(x, after) })
+	return slices.Insert(slices.Clone(evs), i+1, ev)
+}
+
+// atEpoch returns evs with every epoch they name set to epoch.
+func atEpoch(evs []trace.Event, epoch uint64) []trace.Event {
+	out := slices.Clone(evs)
+	for i := range out {
+		if out[i].Epochs != nil {
+			out[i].Epochs = slices.Repeat([]uint64{epoch}, len(out[i].Epochs))
+		}
+	}
+	return out
+}
+
 func withIndex(ev trace.Event, i uint32) trace.Event {
 	ev.Index = i
 	return ev
@@ -209,6 +227,7 @@ func TestTheTraceResolvesWhichFaultHappened(t *testing.T) {
 		trace.Event{Node: "p", Kind: trace.Recv, Msg: "Abort", Req: req, Peer: "d", Reason: "verification failed"},
 		trace.Event{Node: "p", Kind: trace.Send, Msg: "AbortAck", Req: req, Peer: "d"},
 		trace.Event{Node: "d", Kind: trace.Recv, Msg: "AbortAck", Req: req, Peer: "p"},
+		freed, // the writer fenced: the quarantined pages go back
 		trace.Event{Node: "router", Kind: trace.ClientEnd, Req: req, Err: "protocol: checksum mismatch: page 1"})
 	if rep := check(t, corrupt); !rep.Conforms() {
 		t.Fatalf("a corrupted WRITE:\n%s", report(rep))
@@ -276,8 +295,8 @@ func TestTwoRequestsNeverShareAPageTenancy(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if f := rep.Failure; f != nil && strings.Contains(f.Rule, "tenancies") {
-			t.Errorf("%s: refused as a shared tenancy:\n%s", tc.name, report(rep))
+		if f := rep.Failure; f != nil {
+			t.Errorf("%s: refused:\n%s", tc.name, report(rep))
 		}
 	}
 }
@@ -404,5 +423,67 @@ func TestARequestOverTheSpecsBoundHasItsPagesChecked(t *testing.T) {
 	rep = check(t, big(10, 9))
 	if f := rep.Failure; f == nil || f.Event.Msg != "Grant" || !strings.Contains(f.Rule, "Grant names the request's pages") {
 		t.Fatalf("a request of 10 pages granted 9:\n%s", report(rep))
+	}
+}
+
+// The pool's free events (its journal, docs/trace.md) end tenancies: a page
+// is granted again only once its last tenancy was freed, at a later epoch;
+// a tenancy is freed once, by the request it was granted to (or by the pool
+// itself, for a cached page); and no read hands the decoder a tenancy freed
+// before it. Each case breaks one of those rules in a trace that conforms
+// otherwise.
+func TestATenancyEndsAtOneFreeBeforeThePageIsGrantedOrReadAgain(t *testing.T) {
+	const other = req + 1
+	// A second request granted page 4 at epoch, after evs.
+	second := func(epoch uint64, evs []trace.Event) []trace.Event {
+		g := withEpochs(withPages(grant, 4, 5), epoch, 1)
+		for _, ev := range []trace.Event{dispatch, submit, bootstrap, bootRecv, g} {
+			ev.Req = other
+			evs = append(evs, ev)
+		}
+		return evs
+	}
+	// The same, while the first request is read, and the rest of it after.
+	during := func(epoch uint64, first []trace.Event) []trace.Event {
+		i := slices.IndexFunc(first, func(x trace.Event) bool { return eq(x, verified) }) + 1
+		return append(second(epoch, slices.Clone(first[:i])), first[i:]...)
+	}
+	cached := freed
+	cached.Kind = trace.Cache
+	cachedBy := func(r uint64) trace.Event {
+		c := cached
+		c.Req = r
+		return c
+	}
+	freedBy := func(r uint64, epochs ...uint64) trace.Event {
+		f := freed
+		f.Req, f.Epochs = r, epochs
+		return f
+	}
+	for _, tc := range []struct {
+		name string
+		evs  []trace.Event
+		rule string // "" conforms
+	}{
+		{"freed, then granted again at a later epoch", second(2, happy()), ""},
+		{"the cache's own free (no request)", second(2, replace(happy(), freed, freedBy(0, 1, 1))), ""},
+		{"granted again without the free", during(2, happy()), "earlier tenancy was freed"},
+		{"never freed (leak-on-cancel)", without(happy(), freed), "were freed or cached"},
+		{"cached instead of freed", replace(happy(), freed, cached), ""},
+		{"cached by another request", replace(happy(), freed, cachedBy(other)), "the request's own pages"},
+		{"freed after it was cached", insertedAfter(replace(happy(), freed, cached), cached, freed), "the request's own pages"},
+		{"the cache's own free after", insertedAfter(replace(happy(), freed, cached), cached, freedBy(0, 1, 1)), ""},
+		{"granted again at an earlier epoch", second(1, atEpoch(happy(), 2)), "later epoch"},
+		{"freed by another request", replace(happy(), freed, freedBy(other, 1, 1)), "the request's own pages"},
+		{"freed twice", insertedAfter(happy(), freed, freed), "ends a tenancy once"},
+		{"read after its free", insertedAfter(without(happy(), freed), verified, freed), "reads no page freed"},
+	} {
+		rep := check(t, tc.evs)
+		switch f := rep.Failure; {
+		case tc.rule == "" && f != nil:
+			t.Errorf("%s: refused:\n%s", tc.name, report(rep))
+		case tc.rule != "" && (f == nil || !strings.Contains(f.Rule, tc.rule)):
+			t.Errorf("%s: want refused by the rule %q:\n%s", tc.name, tc.rule, report(rep))
+		}
 	}
 }

@@ -62,6 +62,9 @@ type replay struct {
 	inFlight     map[string][]grantPages
 	prefillGrant *grantPages
 	decodeGrant  *grantPages
+	// tenancies is the page tenancies its Grants named, as decode sent
+	// them: at the end, those the spec gave back must have been freed.
+	tenancies []tenancy
 }
 
 // grantPages is a Grant's pages (the written ones, past the prefix) and
