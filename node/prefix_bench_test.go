@@ -86,7 +86,7 @@ func BenchmarkPrefixReuseWithTheModel(b *testing.B) {
 	for i, ref := range refs {
 		pool.Insert(1, ref, scope, chain[i])
 	}
-	pinned := pool.Pin(scope, chain)
+	pinned := pool.Pin(1, scope, chain)
 	const reps = 100000
 	start := time.Now()
 	for range reps {

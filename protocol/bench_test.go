@@ -112,7 +112,7 @@ func BenchmarkReadCheck(b *testing.B) {
 	for i := range pages / 2 {
 		p.Insert(1, refs[i], 7, chain[i])
 	}
-	shared := p.Pin(7, chain[:pages/2])
+	shared := p.Pin(reader, 7, chain[:pages/2])
 	private := refs[pages/2:]
 	b.Run("private", func(b *testing.B) {
 		for i := range b.N {

@@ -111,23 +111,37 @@ type Pool struct {
 	journaled []PoolChange
 }
 
-// PoolChange is one change of a tenancy the pool's journal records: the
-// page at its epoch given back to the free list (freed), or moved into the
-// prefix cache (Cached: the tenancy goes on, the cache's now, and is freed
-// later by the pool itself), and the request that did it: the one that
-// gave the page back or cached it, or 0 for a cached page the pool freed
-// itself (evicted, purged, or doomed and unpinned at last).
+// PoolChange is one change of a tenancy the pool's journal records, and
+// the request that made it (Owner): Kind says which.
 type PoolChange struct {
-	Owner  RequestID
-	Ref    PageRef
-	Cached bool
+	Owner RequestID
+	Ref   PageRef
+	Kind  PoolChangeKind
 }
 
-// Journal turns on (or off) the journal of freed and cached tenancies,
-// which TakeJournal drains: a driver that traces its node (docs/trace.md)
-// writes each change, so that a trace shows every tenancy's end and a
-// checker can tell a page reallocated, read, freed while a request held it,
-// or never given back. Off by default: a driver that never drains it would
+// PoolChangeKind is what a PoolChange did to its tenancy.
+type PoolChangeKind uint8
+
+// The changes the journal records.
+const (
+	// PageFreed: the page went back to the free list, its tenancy over.
+	// Owner is the request that gave it back, or 0 for a cached page the
+	// pool freed itself (evicted, purged, or doomed and unpinned at last).
+	PageFreed PoolChangeKind = iota
+	// PageCached: the request's page moved into the prefix cache; the
+	// tenancy goes on, the cache's, until the pool frees it.
+	PageCached
+	// PagePinned, PageUnpinned: a request took or dropped a pin on a
+	// cached page it reads as its prefix (Pin, Unpin).
+	PagePinned
+	PageUnpinned
+)
+
+// Journal turns on (or off) the journal of tenancies freed, cached, pinned
+// and unpinned, which TakeJournal drains: a driver that traces its node
+// (docs/trace.md) writes each change, so that a trace shows every
+// tenancy's end and a checker can tell a page reallocated, read, freed
+// while a request held or pinned it, or never given back. Off by default: a driver that never drains it would
 // grow it without bound.
 func (p *Pool) Journal(on bool) {
 	p.journal = on
@@ -144,9 +158,9 @@ func (p *Pool) TakeJournal() []PoolChange {
 
 // record journals a change of page id's current tenancy, if the journal
 // is on.
-func (p *Pool) record(owner RequestID, id uint32, cached bool) {
+func (p *Pool) record(owner RequestID, id uint32, kind PoolChangeKind) {
 	if p.journal {
-		p.journaled = append(p.journaled, PoolChange{Owner: owner, Ref: PageRef{Page: id, Epoch: p.pages[id].epoch.Load()}, Cached: cached})
+		p.journaled = append(p.journaled, PoolChange{Owner: owner, Ref: PageRef{Page: id, Epoch: p.pages[id].epoch.Load()}, Kind: kind})
 	}
 }
 
@@ -154,7 +168,7 @@ func (p *Pool) record(owner RequestID, id uint32, cached bool) {
 // for owner.
 func (p *Pool) freed(owner RequestID, id uint32) {
 	p.free = append(p.free, id)
-	p.record(owner, id, false)
+	p.record(owner, id, PageFreed)
 }
 
 // SetScopeCap caps the cached pages of each scope at n (0, the default, is
@@ -379,10 +393,11 @@ func (p *Pool) LookupPrefix(scope Scope, chain []ChainHash) int {
 }
 
 // Pin pins the cached pages of chain[0..k) under scope (LookupPrefix's k or
-// less) and returns them in order, each at its current epoch: until Unpin
-// they are never evicted. It pins all or none: if a page of the run is not
-// cached it returns nil.
-func (p *Pool) Pin(scope Scope, chain []ChainHash) []PageRef {
+// less) for owner, the request that reads them as its prefix, and returns
+// them in order, each at its current epoch: until Unpin they are never
+// evicted. It pins all or none: if a page of the run is not cached it
+// returns nil.
+func (p *Pool) Pin(owner RequestID, scope Scope, chain []ChainHash) []PageRef {
 	if p.LookupPrefix(scope, chain) < len(chain) || len(chain) == 0 {
 		return nil
 	}
@@ -398,6 +413,9 @@ func (p *Pool) Pin(scope Scope, chain []ChainHash) []PageRef {
 		pg.pins++
 		p.touch(id)
 		refs[i] = PageRef{Page: id, Epoch: pg.epoch.Load()}
+	}
+	for _, ref := range refs {
+		p.record(owner, ref.Page, PagePinned)
 	}
 	return refs
 }
@@ -430,16 +448,17 @@ func (p *Pool) TouchChain(scope Scope, chain []ChainHash) {
 	}
 }
 
-// Unpin drops one pin from each of refs' pages that is still cached at its
-// epoch under scope and pinned; a page evicted since (under evict-pinned) is
-// left alone. It returns how many pins it dropped.
-func (p *Pool) Unpin(scope Scope, refs []PageRef) int {
+// Unpin drops owner's pin from each of refs' pages that is still cached at
+// its epoch under scope and pinned; a page evicted since (under
+// evict-pinned) is left alone. It returns how many pins it dropped.
+func (p *Pool) Unpin(owner RequestID, scope Scope, refs []PageRef) int {
 	n := 0
 	for _, ref := range refs {
 		if !p.sharedAt(scope, ref) || p.pages[ref.Page].pins == 0 {
 			continue
 		}
 		pg := &p.pages[ref.Page]
+		p.record(owner, ref.Page, PageUnpinned)
 		pg.pins--
 		if pg.pins == 0 {
 			p.pinned--
@@ -484,7 +503,7 @@ func (p *Pool) InsertFrom(owner RequestID, ref PageRef, scope Scope, hash ChainH
 	p.pushFront(ref.Page)
 	p.cached++
 	p.perScope[scope]++
-	p.record(owner, ref.Page, true)
+	p.record(owner, ref.Page, PageCached)
 	return true
 }
 

@@ -181,7 +181,7 @@ func TestEvictionTakesOnlyUnpinnedPagesLeastRecentlyUsedFirst(t *testing.T) {
 	if k := p.LookupPrefix(8, chain); k != 0 {
 		t.Fatalf("another scope's lookup hit %d pages", k)
 	}
-	pinned := p.Pin(7, chain[:1]) // page 0 pinned and most recently used
+	pinned := p.Pin(reader, 7, chain[:1]) // page 0 pinned and most recently used
 	if err := p.CheckShared(7, pinned[0]); err != nil {
 		t.Fatal(err)
 	}
@@ -210,7 +210,7 @@ func TestEvictionTakesOnlyUnpinnedPagesLeastRecentlyUsedFirst(t *testing.T) {
 	if p.Evictions() != 2 || p.LookupPrefix(7, chain) != 1 {
 		t.Fatalf("%d evictions, lookup %d", p.Evictions(), p.LookupPrefix(7, chain))
 	}
-	if p.Unpin(7, pinned) != 1 || p.Unpin(7, pinned) != 0 || p.Pinned() != 0 {
+	if p.Unpin(reader, 7, pinned) != 1 || p.Unpin(reader, 7, pinned) != 0 || p.Pinned() != 0 {
 		t.Fatal("unpin is not once per pin")
 	}
 	if refs, err := p.Allocate(3, 1); err != nil || refs[0].Page != 0 || refs[0].Epoch != 2 {
@@ -230,7 +230,7 @@ func TestEvictPinnedReallocatesAPinnedPage(t *testing.T) {
 	chain := PrefixChain([]uint32{1, 2, 3, 4}, 4)
 	refs, _ := p.Allocate(1, 1)
 	p.Insert(1, refs[0], 7, chain[0])
-	pinned := p.Pin(7, chain)
+	pinned := p.Pin(reader, 7, chain)
 	if _, err := p.Allocate(2, 1); err != nil {
 		t.Fatalf("under evict-pinned: %v", err)
 	}
@@ -239,11 +239,12 @@ func TestEvictPinnedReallocatesAPinnedPage(t *testing.T) {
 	}
 }
 
-// The journal names every tenancy's end: a release by its owner, an
-// insertion into the cache by its owner, an eviction, a purge and a doomed
-// page's last unpin by none; it is off by default, and under double-free it
-// shows the releasing request ending another request's tenancy (what trace
-// check refuses).
+// The journal names every tenancy's end and every pin: a release by its
+// owner, an insertion into the cache by its owner, a pin and an unpin by
+// the reader, an eviction, a purge and a doomed page's last unpin by none;
+// it is off by default; under double-free it shows the releasing request
+// ending another request's tenancy, and under evict-pinned a pinned page
+// freed (what trace check refuses).
 func TestThePoolsJournalNamesEveryTenancysEnd(t *testing.T) {
 	p := NewPool(3)
 	refs, _ := p.Allocate(1, 2)
@@ -269,10 +270,13 @@ func TestThePoolsJournalNamesEveryTenancysEnd(t *testing.T) {
 			t.Fatalf("page %d not inserted", i)
 		}
 	}
-	if j := p.TakeJournal(); len(j) != 3 || j[0] != (PoolChange{Owner: 2, Ref: cached[0], Cached: true}) || !j[2].Cached {
+	if j := p.TakeJournal(); len(j) != 3 || j[0] != (PoolChange{Owner: 2, Ref: cached[0], Kind: PageCached}) || j[2].Kind != PageCached {
 		t.Fatalf("insertions journaled %v", j)
 	}
-	pinned := p.Pin(7, chain[:1])
+	pinned := p.Pin(reader, 7, chain[:1])
+	if j := p.TakeJournal(); len(j) != 1 || j[0] != (PoolChange{Owner: reader, Ref: pinned[0], Kind: PagePinned}) {
+		t.Fatalf("the pin journaled %v", j)
+	}
 	if _, err := p.Allocate(3, 1); err != nil { // evicts an unpinned cached page
 		t.Fatal(err)
 	}
@@ -286,9 +290,9 @@ func TestThePoolsJournalNamesEveryTenancysEnd(t *testing.T) {
 	if f := p.TakeJournal(); len(f) != 1 || f[0].Owner != 0 || f[0].Ref == pinned[0] || f[0].Ref == evicted[0].Ref || !slices.Contains(cached, f[0].Ref) {
 		t.Fatalf("purge journaled %v, want the last unpinned one of %v", f, cached)
 	}
-	p.Unpin(7, pinned)
-	if f := p.TakeJournal(); len(f) != 1 || f[0] != (PoolChange{Ref: pinned[0]}) {
-		t.Fatalf("the doomed page's last unpin journaled %v, want %v", f, pinned[0])
+	p.Unpin(reader, 7, pinned)
+	if f := p.TakeJournal(); len(f) != 2 || f[0] != (PoolChange{Owner: reader, Ref: pinned[0], Kind: PageUnpinned}) || f[1] != (PoolChange{Ref: pinned[0]}) {
+		t.Fatalf("the doomed page's last unpin journaled %v, want the unpin, then %v freed", f, pinned[0])
 	}
 	// double-free: a late release of request 3's old page frees request
 	// 4's tenancy, and the journal says so.
@@ -303,4 +307,22 @@ func TestThePoolsJournalNamesEveryTenancysEnd(t *testing.T) {
 	if f := q.TakeJournal(); len(f) != 1 || f[0] != (PoolChange{Owner: 3, Ref: cur[0]}) {
 		t.Fatalf("under double-free journaled %v, want request 3 ending %v", f, cur[0])
 	}
+	// evict-pinned: the pool frees a page a request still has pinned, and
+	// the journal shows the pin with no unpin before the free.
+	e := NewPool(1)
+	e.evictPinned = true
+	e.Journal(true)
+	refs, _ = e.Allocate(1, 1)
+	e.Insert(1, refs[0], 7, chain[0])
+	pinned = e.Pin(reader, 7, chain[:1])
+	if _, err := e.Allocate(2, 1); err != nil {
+		t.Fatal(err)
+	}
+	want = []PoolChange{{Owner: 1, Ref: refs[0], Kind: PageCached}, {Owner: reader, Ref: pinned[0], Kind: PagePinned}, {Ref: pinned[0]}}
+	if j := e.TakeJournal(); !slices.Equal(j, want) {
+		t.Fatalf("under evict-pinned journaled %v, want %v", j, want)
+	}
 }
+
+// reader is the request that pins cached pages in the tests.
+const reader RequestID = 99

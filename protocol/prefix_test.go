@@ -410,7 +410,7 @@ func TestEvictionTakesAChainsLeafBeforeItsRoot(t *testing.T) {
 		}
 	}
 	// A later request of the scope reads the whole chain (pins, unpins).
-	if pinned := p.Pin(7, chain); len(pinned) != len(chain) || p.Unpin(7, pinned) != len(chain) {
+	if pinned := p.Pin(reader, 7, chain); len(pinned) != len(chain) || p.Unpin(reader, 7, pinned) != len(chain) {
 		t.Fatalf("pinning the chain: %v", pinned)
 	}
 	// Another request needs one page more than is free: one cached page goes.
@@ -666,7 +666,7 @@ func TestACaughtWritersPinnedPagesAreFreedAtTheirLastUnpin(t *testing.T) {
 			t.Fatalf("page %d not inserted", i)
 		}
 	}
-	pinned := p.Pin(7, chain[:2])
+	pinned := p.Pin(reader, 7, chain[:2])
 	if freed, doomed := p.PurgeWriter(3); freed != 2 || doomed != 2 {
 		t.Fatalf("purge freed %d and doomed %d, want 2 and 2", freed, doomed)
 	}
@@ -684,7 +684,7 @@ func TestACaughtWritersPinnedPagesAreFreedAtTheirLastUnpin(t *testing.T) {
 	if p.Free() != 6 || p.Cached() != 2 {
 		t.Fatalf("%d free, %d cached before the unpin, want 6 and 2", p.Free(), p.Cached())
 	}
-	p.Unpin(7, pinned)
+	p.Unpin(reader, 7, pinned)
 	if err := p.Audit(); err != nil {
 		t.Fatal(err)
 	}
@@ -695,3 +695,6 @@ func TestACaughtWritersPinnedPagesAreFreedAtTheirLastUnpin(t *testing.T) {
 		t.Fatal("another writer's purge took pages")
 	}
 }
+
+// reader is the request that pins cached pages in the tests.
+const reader protocol.RequestID = 99

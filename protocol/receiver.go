@@ -258,13 +258,13 @@ func (r *Receiver) finish(id RequestID, q *recvRequest, err error) {
 // release returns q's pages (only those it still holds at its epochs) and its slot.
 func (r *Receiver) release(q *recvRequest, id RequestID) {
 	r.freePages(q, id)
-	r.dropSlot(q)
+	r.dropSlot(q, id)
 }
 
-func (r *Receiver) dropSlot(q *recvRequest) {
+func (r *Receiver) dropSlot(q *recvRequest, id RequestID) {
 	if q.pinned { // the prefix pins end with the slot, on every path
 		q.pinned = false
-		r.pool.Unpin(q.scope, q.prefix)
+		r.pool.Unpin(id, q.scope, q.prefix)
 	}
 	q.chain = nil // only Finish inserts, before it releases: an ended record keeps no chain
 	if q.phase == ReceiverReserved || q.phase == ReceiverReady || q.phase == ReceiverReading {
@@ -415,9 +415,9 @@ func (r *Receiver) bootstrap(peer PeerID, m *Bootstrap, now time.Time) error {
 		// All or nothing: the prefix is pinned first, so that making room
 		// for the fresh pages cannot evict it; if they cannot be had, the
 		// pins go again.
-		prefix = r.pool.Pin(m.Scope, m.Chain[:k])
+		prefix = r.pool.Pin(id, m.Scope, m.Chain[:k])
 		if refs, err = r.pool.Allocate(id, n-k); err != nil {
-			r.pool.Unpin(m.Scope, prefix)
+			r.pool.Unpin(id, m.Scope, prefix)
 		}
 	}
 	if err != nil {
@@ -604,7 +604,7 @@ func (r *Receiver) abort(id RequestID, q *recvRequest, why error, cancelled, ear
 	leak := cancelled && r.bug(research.LeakOnCancel)
 	switch q.phase {
 	case ReceiverReserved:
-		r.dropSlot(q)
+		r.dropSlot(q, id)
 		r.finish(id, q, why)
 		switch {
 		case leak: // the pages are forgotten, never returned
@@ -620,7 +620,7 @@ func (r *Receiver) abort(id RequestID, q *recvRequest, why error, cancelled, ear
 	case ReceiverReady:
 		r.finish(id, q, why)
 		if leak {
-			r.dropSlot(q)
+			r.dropSlot(q, id)
 			r.disown(q)
 			r.end(id, q, ReceiverClosed)
 			return

@@ -31,7 +31,7 @@ func (w *capWorld) request(scope protocol.Scope, chain []protocol.ChainHash) int
 	w.next++
 	id := w.next
 	k := w.pool.LookupPrefix(scope, chain[:len(chain)-1])
-	pinned := w.pool.Pin(scope, chain[:k])
+	pinned := w.pool.Pin(reader, scope, chain[:k])
 	refs, err := w.pool.Allocate(id, len(chain)-k)
 	if err != nil {
 		w.t.Fatalf("request %d: %v", id, err)
@@ -40,7 +40,7 @@ func (w *capWorld) request(scope protocol.Scope, chain []protocol.ChainHash) int
 		w.pool.Insert(id, ref, scope, chain[k+j])
 	}
 	w.pool.TouchChain(scope, chain)
-	w.pool.Unpin(scope, pinned)
+	w.pool.Unpin(reader, scope, pinned)
 	w.pool.Release(id, refs)
 	return k
 }
@@ -165,7 +165,7 @@ func TestAScopeAtItsCapNeverEvictsItsOwnChainOrAPinnedPage(t *testing.T) {
 	if k := w.pool.LookupPrefix(1, chain); k != 3 {
 		t.Fatalf("a hit of %d pages, want the first 3 (the chain's root kept)", k)
 	}
-	pinned := w.pool.Pin(1, chain[:3])
+	pinned := w.pool.Pin(reader, 1, chain[:3])
 	refs, err := w.pool.Allocate(99, 1)
 	if err != nil {
 		t.Fatal(err)
@@ -174,7 +174,7 @@ func TestAScopeAtItsCapNeverEvictsItsOwnChainOrAPinnedPage(t *testing.T) {
 	if w.pool.Insert(99, refs[0], 1, other[0]) {
 		t.Fatal("a scope at its cap with every page pinned inserted a page")
 	}
-	w.pool.Unpin(1, pinned)
+	w.pool.Unpin(reader, 1, pinned)
 	if !w.pool.Insert(99, refs[0], 1, other[0]) || w.pool.ScopeCached(1) != 3 || w.pool.Evictions() != 1 {
 		t.Fatalf("unpinned, the insertion should evict the scope's least recently used page: %d cached, %d evictions", w.pool.ScopeCached(1), w.pool.Evictions())
 	}

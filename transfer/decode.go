@@ -301,9 +301,9 @@ func (d *Decode) carry() {
 	}
 }
 
-// traceJournal writes a free or cache event for each run of the pool's
-// changes since the last call (its journal is on only when tracing) of one
-// request and kind, so that the trace shows every tenancy's end
+// traceJournal writes an event for each run of the pool's changes since
+// the last call (its journal is on only when tracing) of one request and
+// kind, so that the trace shows every tenancy's end and every pin
 // (docs/trace.md).
 func (d *Decode) traceJournal() {
 	if d.trace == nil {
@@ -312,16 +312,17 @@ func (d *Decode) traceJournal() {
 	changes := d.receiver.Pool().TakeJournal()
 	for i := 0; i < len(changes); {
 		first := changes[i]
-		ev := trace.Event{Kind: trace.Free, Req: uint64(first.Owner)}
-		if first.Cached {
-			ev.Kind = trace.Cache
-		}
-		for ; i < len(changes) && changes[i].Owner == first.Owner && changes[i].Cached == first.Cached; i++ {
+		ev := trace.Event{Kind: journalKinds[first.Kind], Req: uint64(first.Owner)}
+		for ; i < len(changes) && changes[i].Owner == first.Owner && changes[i].Kind == first.Kind; i++ {
 			ev.Pages, ev.Epochs = append(ev.Pages, changes[i].Ref.Page), append(ev.Epochs, changes[i].Ref.Epoch)
 		}
 		d.trace.Emit(ev)
 	}
 }
+
+// journalKinds is the trace event of each kind of the pool's changes.
+var journalKinds = [...]string{protocol.PageFreed: trace.Free, protocol.PageCached: trace.Cache,
+	protocol.PagePinned: trace.Pin, protocol.PageUnpinned: trace.Unpin}
 
 func (d *Decode) tick(now time.Time) { d.receiver.Tick(now) }
 

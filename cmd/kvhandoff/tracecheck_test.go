@@ -91,13 +91,14 @@ func TestTraceCheckExitsByTheVerdict(t *testing.T) {
 	}
 }
 
-// Three page bugs of the implementation, run by the demo and traced, are
+// Four page bugs of the implementation, run by the demo and traced, are
 // refused at the event that shows them, where the per-request replay alone
-// saw nothing (write-shared, leak-on-cancel) or only the Done after the
-// misdirected WRITEs (prefix-count-mismatch): a Grant naming a page tenancy
-// another request's Grant named, a WRITE to another page than its Grant put
-// its index on, and a cancelled request whose pages the pool never freed
-// (its journal's free events).
+// saw nothing (write-shared, leak-on-cancel), only the Done after the
+// misdirected WRITEs (prefix-count-mismatch) or only the read that failed
+// after the eviction (evict-pinned): a Grant naming a page tenancy another
+// request's Grant named, a WRITE to another page than its Grant put its
+// index on, a cancelled request whose pages the pool never freed, and a
+// pinned page freed (the pool journal's free and pin events).
 func TestTraceCheckRefusesTheDemosPageBugs(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the demo")
@@ -108,8 +109,10 @@ func TestTraceCheckRefusesTheDemosPageBugs(t *testing.T) {
 	}{
 		{"write-shared", "decode send Grant names page tenancies no other request's Grant named", false},
 		{"prefix-count-mismatch", "prefill post writes where the Grant put that page", false},
-		// The pool's journal: a cancelled request's pages never freed.
+		// The pool's journal: a cancelled request's pages never freed, and
+		// a cached page freed while a request has it pinned.
 		{"leak-on-cancel", "end of trace: the pages the spec gave back were freed or cached", true},
+		{"evict-pinned", "decode free takes no pinned page", false},
 	} {
 		t.Run(tc.bug, func(t *testing.T) {
 			file := filepath.Join(t.TempDir(), "t.jsonl")

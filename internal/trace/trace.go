@@ -62,6 +62,8 @@ const (
 	Release  = "release"  // decode: Finish, the pages given back (Err if refused)
 	Free     = "free"     // decode: pages back on the pool's free list (Pages, Epochs: the tenancies that ended); Req the request that gave them back, 0 for cached pages the pool freed
 	Cache    = "cache"    // decode: the request's pages (Pages, Epochs) moved into the prefix cache: the tenancies go on, the cache's
+	Pin      = "pin"      // decode: the request pinned cached pages (Pages, Epochs) it reads as its prefix
+	Unpin    = "unpin"    // decode: the request dropped those pins
 	Cancel   = "cancel"   // a node's Cancel of a request (Cause: call, call-ended, sweep, shutdown, failed)
 	Cut      = "cut"      // the state machine asked to cut the queue pair to Peer
 	Fenced   = "fenced"   // the queue pair to Peer drained in the error state: its requests fail

@@ -69,7 +69,7 @@ func Check(events []trace.Event) (*Report, error) {
 	}
 	sort.Strings(rep.Nodes)
 	c := &checker{merged: merged, roles: roles, links: links, reqs: map[uint64]*replay{}, writes: map[string]map[uint64]uint64{}, rep: rep,
-		incs: incs, tenants: map[tenancy]uint64{}, freedAt: map[tenancy]int{}, cachedAt: map[tenancy]int{}, lastGrant: map[decodePage]uint64{}}
+		incs: incs, tenants: map[tenancy]uint64{}, freedAt: map[tenancy]int{}, cachedAt: map[tenancy]int{}, pins: map[tenancy]map[uint64]int{}, lastGrant: map[decodePage]uint64{}}
 	c.collect()
 	first, firstReq := c.shared, c.sharedReq
 	for _, id := range c.order {
@@ -103,6 +103,7 @@ type checker struct {
 	// pool's journal), and the epoch of each page's last Grant.
 	freedAt   map[tenancy]int
 	cachedAt  map[tenancy]int
+	pins      map[tenancy]map[uint64]int // a cached tenancy's pins, by request
 	lastGrant map[decodePage]uint64
 	shared    *failure
 	sharedReq *replay
@@ -144,7 +145,7 @@ func (c *checker) collect() {
 		switch {
 		case ev.Kind == trace.Start:
 			continue
-		case ev.Kind == trace.Free, ev.Kind == trace.Cache:
+		case ev.Kind == trace.Free, ev.Kind == trace.Cache, ev.Kind == trace.Pin, ev.Kind == trace.Unpin:
 			c.poolChange(i) // the pool's, not a request's step: checked across requests
 			continue
 		case ev.Kind == trace.Post:
@@ -261,11 +262,14 @@ func (c *checker) grantTenancies(i int, r *replay) {
 	}
 }
 
-// poolChange files the tenancies a free or a cache event at merged[i]
-// names (the pool's journal: a free's request is the one that gave them
-// back, 0 for cached pages the pool freed itself; a cache event's, the one
-// whose pages moved into the prefix cache), and keeps the first that ends a
-// tenancy ended already, or that a request makes of pages it does not hold.
+// poolChange files the tenancies an event of the decode pool's journal at
+// merged[i] names: a free (its request the one that gave them back, 0 for
+// cached pages the pool freed itself), a cache (the request whose pages
+// moved into the prefix cache), a pin or an unpin (the request that reads
+// them as its prefix). It keeps the first that ends a tenancy ended
+// already, that a request makes of pages it does not hold, that pins a
+// page the cache does not hold or drops a pin it never took, or that frees
+// a page a request has pinned.
 func (c *checker) poolChange(i int) {
 	ev := &c.merged[i]
 	if c.roles[ev.Node] != "decode" {
@@ -275,19 +279,40 @@ func (c *checker) poolChange(i int) {
 	if r == nil {
 		r = &replay{id: ev.Req}
 	}
-	cache := ev.Kind == trace.Cache
 	for k, page := range ev.Pages {
 		if k >= len(ev.Epochs) {
 			break
 		}
 		t := tenancy{inc: c.incs[i], page: page, epoch: ev.Epochs[k]}
-		if at, freed := c.freedAt[t]; freed {
+		at, freed := c.freedAt[t]
+		_, cached := c.cachedAt[t]
+		switch ev.Kind {
+		case trace.Pin:
+			if !cached || freed {
+				c.fail(i, r, "decode pin is of a page the cache holds",
+					fmt.Sprintf("request %d pinned page %d at epoch %d of %s, which the prefix cache does not hold (cached: %t, freed: %t)", ev.Req, page, t.epoch, ev.Node, cached, freed))
+			}
+			if c.pins[t] == nil {
+				c.pins[t] = map[uint64]int{}
+			}
+			c.pins[t][ev.Req]++
+			continue
+		case trace.Unpin:
+			if c.pins[t][ev.Req] == 0 {
+				c.fail(i, r, "decode unpin drops a pin the request took",
+					fmt.Sprintf("request %d dropped a pin on page %d at epoch %d of %s that it had not taken", ev.Req, page, t.epoch, ev.Node))
+				continue
+			}
+			c.pins[t][ev.Req]--
+			continue
+		}
+		if freed {
 			c.fail(i, r, "decode "+ev.Kind+" ends a tenancy once",
 				fmt.Sprintf("page %d at epoch %d of %s was freed already (%s #%d): a double free", page, t.epoch, ev.Node, ev.Node, c.merged[at].Seq))
 			continue
 		}
 		holder, granted := c.tenants[t]
-		_, cached := c.cachedAt[t]
+		cache := ev.Kind == trace.Cache
 		switch {
 		case cache && cached:
 			c.fail(i, r, "decode cache ends a tenancy once", fmt.Sprintf("page %d at epoch %d of %s is cached already", page, t.epoch, ev.Node))
@@ -298,6 +323,15 @@ func (c *checker) poolChange(i int) {
 			c.fail(i, r, "decode "+ev.Kind+" is of the request's own pages",
 				fmt.Sprintf("request %d gave back page %d at epoch %d of %s, granted to request %d: it ended a tenancy another request holds",
 					ev.Req, page, t.epoch, ev.Node, holder))
+		case !cache:
+			if reader, pinned := pinnedBy(c.pins[t]); pinned {
+				if rr := c.reqs[reader]; rr != nil {
+					r = rr // the report shows the reader's events
+				}
+				c.fail(i, r, "decode free takes no pinned page",
+					fmt.Sprintf("page %d at epoch %d of %s was freed while request %d has it pinned as its prefix: the pool gave away a page a request reads",
+						page, t.epoch, ev.Node, reader))
+			}
 		}
 		if cache {
 			c.cachedAt[t] = i
@@ -305,6 +339,19 @@ func (c *checker) poolChange(i int) {
 			c.freedAt[t] = i
 		}
 	}
+}
+
+// pinnedBy returns the least request that holds a pin in pins, and false
+// if none does (the least, so that a report names the same one every run).
+func pinnedBy(pins map[uint64]int) (uint64, bool) {
+	var least uint64
+	found := false
+	for reader, n := range pins {
+		if n > 0 && (!found || reader < least) {
+			least, found = reader, true
+		}
+	}
+	return least, found
 }
 
 // leaked refuses a replayed request whose pages the spec gave back (every
@@ -334,8 +381,9 @@ func (c *checker) leaked(r *replay) *failure {
 }
 
 // readTenancies keeps the first read (an acquire at merged[i] for request
-// r) that hands the decoder a tenancy freed before it: a page the pool may
-// have reallocated, to be read as this request's KV.
+// r) that hands the decoder a tenancy freed before it, a page the pool may
+// have reallocated, to be read as this request's KV; or, among its first
+// pages, those under the Grant's prefix, a cached page it has not pinned.
 func (c *checker) readTenancies(i int, r *replay) {
 	ev := &c.merged[i]
 	for k, page := range ev.Pages {
@@ -343,6 +391,11 @@ func (c *checker) readTenancies(i int, r *replay) {
 			break
 		}
 		t := tenancy{inc: c.incs[i], page: page, epoch: ev.Epochs[k]}
+		if int64(k) < r.prefixPages() && c.pins[t][r.id] == 0 {
+			c.fail(i, r, "decode acquire reads prefix pages the request pinned",
+				fmt.Sprintf("the read's page %d (page %d at epoch %d of %s) is under the Grant's prefix, and request %d holds no pin on it",
+					k, page, t.epoch, ev.Node, r.id))
+		}
 		if at, freed := c.freedAt[t]; freed {
 			c.fail(i, r, "decode acquire reads no page freed",
 				fmt.Sprintf("page %d at epoch %d of %s was freed at %s #%d, before this read: the decoder would read whatever the page holds next",

@@ -323,8 +323,21 @@ func prefixHappy() []trace.Event {
 		}
 	}
 	computed3 := trace.Event{Node: "p", Kind: trace.Computed, Req: req, NPages: 3}
-	return slices.Insert(evs, slices.IndexFunc(evs, func(ev trace.Event) bool { return eq(ev, computed2) })+1, computed3)
+	evs = slices.Insert(evs, slices.IndexFunc(evs, func(ev trace.Event) bool { return eq(ev, computed2) })+1, computed3)
+	// The prefix's page 9, cached by an earlier request, pinned at the
+	// Bootstrap and unpinned at the end.
+	evs = insertedAfter(evs, dispatch, prefixCached)
+	evs = insertedAfter(evs, bootRecv, prefixPin)
+	return insertedAfter(evs, freed, prefixUnpin)
 }
+
+// The journal's events of prefixHappy's cached page 9.
+var (
+	prefixCached = trace.Event{Node: "d", Kind: trace.Cache, Req: 3, Pages: []uint32{9}, Epochs: []uint64{1}}
+	prefixPin    = trace.Event{Node: "d", Kind: trace.Pin, Req: req, Pages: []uint32{9}, Epochs: []uint64{1}}
+	prefixUnpin  = trace.Event{Node: "d", Kind: trace.Unpin, Req: req, Pages: []uint32{9}, Epochs: []uint64{1}}
+	prefixEvict  = trace.Event{Node: "d", Kind: trace.Free, Pages: []uint32{9}, Epochs: []uint64{1}}
+)
 
 // Past a prefix, the spec's WRITE k is the request's page k plus the
 // prefix's pages: a WRITE whose completion failed is the spec's never-placed
@@ -477,6 +490,11 @@ func TestATenancyEndsAtOneFreeBeforeThePageIsGrantedOrReadAgain(t *testing.T) {
 		{"freed by another request", replace(happy(), freed, freedBy(other, 1, 1)), "the request's own pages"},
 		{"freed twice", insertedAfter(happy(), freed, freed), "ends a tenancy once"},
 		{"read after its free", insertedAfter(without(happy(), freed), verified, freed), "reads no page freed"},
+		{"a prefix pinned, read, unpinned, then evicted", append(prefixHappy(), prefixEvict), ""},
+		{"a pinned page evicted (evict-pinned)", insertedAfter(prefixHappy(), verified, prefixEvict), "takes no pinned page"},
+		{"a prefix read without its pin", without(prefixHappy(), prefixPin, prefixUnpin), "prefix pages the request pinned"},
+		{"a pin of a page never cached", without(prefixHappy(), prefixCached), "pin is of a page the cache holds"},
+		{"an unpin with no pin", insertedAfter(prefixHappy(), prefixUnpin, prefixUnpin), "unpin drops a pin the request took"},
 	} {
 		rep := check(t, tc.evs)
 		switch f := rep.Failure; {

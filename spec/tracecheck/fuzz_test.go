@@ -24,7 +24,7 @@ var fuzzValues = []uint64{0, 1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 127, 128,
 // fuzzKinds and fuzzMsgs are what an edit sets an event's kind and message to.
 var (
 	fuzzKinds = []string{trace.Start, trace.Dispatch, trace.Submit, trace.Send, trace.Recv, trace.Computed, trace.Post, trace.Complete,
-		trace.Verified, trace.Acquire, trace.Release, trace.Free, trace.Cache, trace.Outcome, trace.LegEnd, trace.ClientEnd, trace.Cancel, trace.Cut, trace.Fenced, "bogus"}
+		trace.Verified, trace.Acquire, trace.Release, trace.Free, trace.Cache, trace.Pin, trace.Unpin, trace.Outcome, trace.LegEnd, trace.ClientEnd, trace.Cancel, trace.Cut, trace.Fenced, "bogus"}
 	fuzzMsgs  = []string{"Bootstrap", "Grant", "Done", "Abort", "AbortAck", "", "bogus"}
 	fuzzNames = []string{"router", "p", "d", "q", ""}
 )
