@@ -259,7 +259,7 @@ func TestThePoolsJournalNamesEveryTenancysEnd(t *testing.T) {
 		t.Fatalf("release journaled %v, want %v", f, want)
 	}
 	if f := p.TakeJournal(); len(f) != 0 {
-		t.Fatalf("TakeFrees kept %v", f)
+		t.Fatalf("TakeJournal kept %v", f)
 	}
 	// Cached pages: one evicted by an allocation, one purged, one doomed
 	// while pinned and freed at its last unpin.

@@ -257,6 +257,11 @@ func (d *Decode) fenced(c *conn) {
 		d.win.fenced(c)
 	}
 	d.receiver.QueuePairFenced(c.peer)
+	// The pages the fence freed, now: a fence can come after the last
+	// carry of a loop that stops (flushAll settles a queue pair after
+	// carry), and a trace that showed the fence without them would show
+	// those pages leaked.
+	d.traceJournal()
 }
 
 func (d *Decode) carry() {

@@ -146,7 +146,12 @@ func (c *checker) collect() {
 		case ev.Kind == trace.Start:
 			continue
 		case ev.Kind == trace.Free, ev.Kind == trace.Cache, ev.Kind == trace.Pin, ev.Kind == trace.Unpin:
-			c.poolChange(i) // the pool's, not a request's step: checked across requests
+			c.poolChange(i) // the pool's: checked across requests
+			// A request's own free or cache is also its own event: the
+			// replay checks that the spec has given its pages back.
+			if r := c.reqs[ev.Req]; r != nil && ev.Req != 0 && ev.Kind != trace.Pin && ev.Kind != trace.Unpin {
+				r.events = append(r.events, i)
+			}
 			continue
 		case ev.Kind == trace.Post:
 			if c.writes[ev.Node] == nil {
@@ -323,6 +328,9 @@ func (c *checker) poolChange(i int) {
 			c.fail(i, r, "decode "+ev.Kind+" is of the request's own pages",
 				fmt.Sprintf("request %d gave back page %d at epoch %d of %s, granted to request %d: it ended a tenancy another request holds",
 					ev.Req, page, t.epoch, ev.Node, holder))
+		case ev.Req == 0 && !cached:
+			c.fail(i, r, "decode "+ev.Kind+" with no request is of a cached page",
+				fmt.Sprintf("page %d at epoch %d of %s was freed by the pool itself (no request), but the prefix cache never held it", page, t.epoch, ev.Node))
 		case !cache:
 			if reader, pinned := pinnedBy(c.pins[t]); pinned {
 				if rr := c.reqs[reader]; rr != nil {
@@ -372,7 +380,15 @@ func (c *checker) leaked(r *replay) *failure {
 		_, freed := c.freedAt[t]
 		_, cached := c.cachedAt[t]
 		if !freed && !cached {
-			return &failure{index: r.events[len(r.events)-1], rule: "end of trace: the pages the spec gave back were freed or cached",
+			// At the request's last own event, not a global one of its
+			// route that came later.
+			last := r.events[len(r.events)-1]
+			for _, i := range r.events {
+				if c.merged[i].Req == r.id {
+					last = i
+				}
+			}
+			return &failure{index: last, rule: "end of trace: the pages the spec gave back were freed or cached",
 				why: fmt.Sprintf("the spec gave back request %d's pages, and %s never freed page %d at epoch %d nor moved it into the prefix cache: it leaked",
 					r.id, r.decode, t.page, t.epoch)}
 		}

@@ -439,6 +439,23 @@ func TestARequestOverTheSpecsBoundHasItsPagesChecked(t *testing.T) {
 	}
 }
 
+// overTheBound is a request of 10 pages (over the spec's bound of 8: not
+// replayed, so only the checks that need no spec state apply), verified,
+// whose pages are freed and then read.
+func overTheBound() []trace.Event {
+	const n = 10
+	pages, epochs := make([]uint32, n), make([]uint64, n)
+	for i := range pages {
+		pages[i], epochs[i] = uint32(10+i), 1
+	}
+	evs := []trace.Event{dispatch, submit, bootstrap, bootRecv, withEpochs(withPages(grant, pages...), epochs...), verified,
+		withEpochs(withPages(freed, pages...), epochs...), withEpochs(withPages(acquire, pages...), epochs...)}
+	for i := range evs {
+		evs[i].Tokens = min(evs[i].Tokens, 1) * n * 16
+	}
+	return evs
+}
+
 // The pool's free events (its journal, docs/trace.md) end tenancies: a page
 // is granted again only once its last tenancy was freed, at a later epoch;
 // a tenancy is freed once, by the request it was granted to (or by the pool
@@ -479,7 +496,6 @@ func TestATenancyEndsAtOneFreeBeforeThePageIsGrantedOrReadAgain(t *testing.T) {
 		rule string // "" conforms
 	}{
 		{"freed, then granted again at a later epoch", second(2, happy()), ""},
-		{"the cache's own free (no request)", second(2, replace(happy(), freed, freedBy(0, 1, 1))), ""},
 		{"granted again without the free", during(2, happy()), "earlier tenancy was freed"},
 		{"never freed (leak-on-cancel)", without(happy(), freed), "were freed or cached"},
 		{"cached instead of freed", replace(happy(), freed, cached), ""},
@@ -489,8 +505,10 @@ func TestATenancyEndsAtOneFreeBeforeThePageIsGrantedOrReadAgain(t *testing.T) {
 		{"granted again at an earlier epoch", second(1, atEpoch(happy(), 2)), "later epoch"},
 		{"freed by another request", replace(happy(), freed, freedBy(other, 1, 1)), "the request's own pages"},
 		{"freed twice", insertedAfter(happy(), freed, freed), "ends a tenancy once"},
-		{"read after its free", insertedAfter(without(happy(), freed), verified, freed), "reads no page freed"},
+		{"freed before the spec gave it back (eager-release)", insertedAfter(without(happy(), freed), verified, freed), "is the spec's release of them"},
+		{"read after its free, a request too large to replay", overTheBound(), "reads no page freed"},
 		{"a prefix pinned, read, unpinned, then evicted", append(prefixHappy(), prefixEvict), ""},
+		{"freed by the pool, never cached", replace(happy(), freed, freedBy(0, 1, 1)), "with no request is of a cached page"},
 		{"a pinned page evicted (evict-pinned)", insertedAfter(prefixHappy(), verified, prefixEvict), "takes no pinned page"},
 		{"a prefix read without its pin", without(prefixHappy(), prefixPin, prefixUnpin), "prefix pages the request pinned"},
 		{"a pin of a page never cached", without(prefixHappy(), prefixCached), "pin is of a page the cache holds"},

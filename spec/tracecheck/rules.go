@@ -281,6 +281,15 @@ func (c *checker) decodeRule(r *replay, ev *trace.Event) (string, moves) {
 			p := s.Req[0].R.Phase
 			return p == spec.RReady || reading && !p.Live()
 		})
+	case trace.Free, trace.Cache:
+		// The pool gives back (or caches) a request's pages when the spec
+		// releases them, or at the Finish of its read, whose DecodeRead the
+		// replay takes later, at the router's leg-end. Earlier, a writer
+		// may still write them (eager-release).
+		read := r.readDone
+		return "decode " + ev.Kind + " of the request's pages is the spec's release of them", require(func(s *spec.State) bool {
+			return read || s.Req[0].R.Released
+		})
 	case trace.Cancel:
 		return "decode cancel (" + ev.Cause + ")", c.cancelMoves(r, ev, false)
 	case trace.Outcome:
