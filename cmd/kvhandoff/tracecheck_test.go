@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -106,12 +107,14 @@ func TestTraceCheckRefusesTheDemosPageBugs(t *testing.T) {
 		t.Skip("runs the demo")
 	}
 	for _, tc := range []struct {
-		bug, rule string
-		faults    bool // the bug needs the demo's faults (a cancel)
-		demoExit  int  // the demo's own checks: 1 if they catch it
+		bug, rule string // rule: the rule that refuses it, or several separated by |
+		faults    bool   // the bug needs the demo's faults (a cancel)
+		demoExit  int    // the demo's own checks: 1 if they catch it
 	}{
 		{"write-shared", "decode send Grant names page tenancies no other request's Grant named", false, 1},
-		{"prefix-count-mismatch", "prefill post writes where the Grant put that page", false, 1},
+		// The first misdirected WRITE, or, where the miscount leaves none
+		// to post (about 1 run in 7), the Done's count.
+		{"prefix-count-mismatch", "prefill post writes where the Grant put that page|prefill send Done names the Grant's pages", false, 1},
 		{"leak-on-cancel", "end of trace: the pages the spec gave back were freed or cached", true, 1},
 		{"evict-pinned", "decode free takes no pinned page", false, 1},
 		// Only where a cancel lands while a WRITE is in flight: about 1 run
@@ -138,7 +141,7 @@ func TestTraceCheckRefusesTheDemosPageBugs(t *testing.T) {
 					break
 				}
 			}
-			if code != 1 || !strings.Contains(out, "DOES NOT CONFORM") || !strings.Contains(out, "rule: "+tc.rule) {
+			if code != 1 || !strings.Contains(out, "DOES NOT CONFORM") || !slices.ContainsFunc(strings.Split(tc.rule, "|"), func(rule string) bool { return strings.Contains(out, "rule: "+rule) }) {
 				t.Fatalf("trace check of demo --bug %s: exit %d, want 1 at %q\n%s%s", tc.bug, code, tc.rule, out, errOut)
 			}
 		})
