@@ -225,17 +225,26 @@ func (c *checker) collect() {
 	}
 }
 
+// tenanciesOf is the page tenancies the event at merged[i] names: its
+// pages at their epochs, on the incarnation that wrote it (a page without
+// an epoch, in a malformed event, names none).
+func (c *checker) tenanciesOf(i int) []tenancy {
+	ev := &c.merged[i]
+	ts := make([]tenancy, min(len(ev.Pages), len(ev.Epochs)))
+	for k := range ts {
+		ts[k] = tenancy{inc: c.incs[i], page: ev.Pages[k], epoch: ev.Epochs[k]}
+	}
+	return ts
+}
+
 // grantTenancies files the page tenancies of the Grant at merged[i], sent
 // for request r, and keeps the first Grant that names a tenancy another
 // request's Grant named, or a page whose tenancy at its last Grant was
 // never freed.
 func (c *checker) grantTenancies(i int, r *replay) {
 	ev := &c.merged[i]
-	for k, page := range ev.Pages {
-		if k >= len(ev.Epochs) {
-			break
-		}
-		t := tenancy{inc: c.incs[i], page: page, epoch: ev.Epochs[k]}
+	for _, t := range c.tenanciesOf(i) {
+		page := t.page
 		r.tenancies = append(r.tenancies, t)
 		at := decodePage{inc: t.inc, page: page}
 		if last, ok := c.lastGrant[at]; ok && last != t.epoch {
@@ -262,7 +271,7 @@ func (c *checker) grantTenancies(i int, r *replay) {
 		if other != ev.Req {
 			c.fail(i, r, "decode send Grant names page tenancies no other request's Grant named",
 				fmt.Sprintf("page %d at epoch %d of %s was granted to request %d already: one page would hold two requests' KV (the pool advances a page's epoch at every allocation)",
-					page, ev.Epochs[k], ev.Node, other))
+					page, t.epoch, ev.Node, other))
 		}
 	}
 }
@@ -284,11 +293,8 @@ func (c *checker) poolChange(i int) {
 	if r == nil {
 		r = &replay{id: ev.Req}
 	}
-	for k, page := range ev.Pages {
-		if k >= len(ev.Epochs) {
-			break
-		}
-		t := tenancy{inc: c.incs[i], page: page, epoch: ev.Epochs[k]}
+	for _, t := range c.tenanciesOf(i) {
+		page := t.page
 		at, freed := c.freedAt[t]
 		_, cached := c.cachedAt[t]
 		switch ev.Kind {
@@ -402,11 +408,8 @@ func (c *checker) leaked(r *replay) *failure {
 // pages, those under the Grant's prefix, a cached page it has not pinned.
 func (c *checker) readTenancies(i int, r *replay) {
 	ev := &c.merged[i]
-	for k, page := range ev.Pages {
-		if k >= len(ev.Epochs) {
-			break
-		}
-		t := tenancy{inc: c.incs[i], page: page, epoch: ev.Epochs[k]}
+	for k, t := range c.tenanciesOf(i) {
+		page := t.page
 		if int64(k) < r.prefixPages() && c.pins[t][r.id] == 0 {
 			c.fail(i, r, "decode acquire reads prefix pages the request pinned",
 				fmt.Sprintf("the read's page %d (page %d at epoch %d of %s) is under the Grant's prefix, and request %d holds no pin on it",
