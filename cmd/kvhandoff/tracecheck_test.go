@@ -101,7 +101,9 @@ func TestTraceCheckExitsByTheVerdict(t *testing.T) {
 // Grant put its index on, and, from the pool journal's events, a cancelled
 // request whose pages were never freed, a pinned page freed, and a
 // request's pages freed while a writer may still write them. The demo's
-// own checks miss the last: its run passes.
+// own checks miss the last in most runs: they catch it only where a late
+// WRITE lands on the page's next tenant and its read fails the tag check
+// (1 run of 200 requests in 10 here).
 func TestTraceCheckRefusesTheDemosPageBugs(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the demo")
@@ -109,7 +111,7 @@ func TestTraceCheckRefusesTheDemosPageBugs(t *testing.T) {
 	for _, tc := range []struct {
 		bug, rule string // rule: the rule that refuses it, or several separated by |
 		faults    bool   // the bug needs the demo's faults (a cancel)
-		demoExit  int    // the demo's own checks: 1 if they catch it
+		demoExit  int    // the demo's own checks: 1 if they catch it, anyExit if only some runs
 	}{
 		{"write-shared", "decode send Grant names page tenancies no other request's Grant named", false, 1},
 		// The first misdirected WRITE, or, where the miscount leaves none
@@ -118,13 +120,24 @@ func TestTraceCheckRefusesTheDemosPageBugs(t *testing.T) {
 		{"leak-on-cancel", "end of trace: the pages the spec gave back were freed or cached", true, 1},
 		{"evict-pinned", "decode free takes no pinned page", false, 1},
 		// Only where a cancel lands while a WRITE is in flight: about 1 run
-		// of 80 requests in 6 has none, so up to 3 runs of 200.
-		{"eager-release", "decode free of the request's pages is the spec's release of them", true, 0},
+		// of 80 requests in 6 has none, so runs of 200.
+		{"eager-release", "decode free of the request's pages is the spec's release of them", true, anyExit},
 	} {
 		t.Run(tc.bug, func(t *testing.T) {
 			runs, requests := 1, "80"
+			if tc.faults {
+				// A run with faults may meet its bug late or not at all
+				// (eager-release), or be refused first where the spec's
+				// queue bound breaks (seen once in CI under leak-on-cancel):
+				// up to 3 runs, until the rule refuses one.
+				runs = 3
+			}
 			if tc.bug == "eager-release" {
-				runs, requests = 3, "200"
+				requests = "200"
+			}
+			refusedBy := func(out string) bool {
+				return strings.Contains(out, "DOES NOT CONFORM") &&
+					slices.ContainsFunc(strings.Split(tc.rule, "|"), func(rule string) bool { return strings.Contains(out, "rule: "+rule) })
 			}
 			var code int
 			var out, errOut string
@@ -134,19 +147,22 @@ func TestTraceCheckRefusesTheDemosPageBugs(t *testing.T) {
 				if !tc.faults {
 					args = append(args, "--no-faults")
 				}
-				if code, out, errOut := runCLI(t, args...); code != tc.demoExit {
+				if code, out, errOut := runCLI(t, args...); code != tc.demoExit && tc.demoExit != anyExit {
 					t.Fatalf("demo --bug %s: exit %d, want %d (the demo's own checks)\n%s%s", tc.bug, code, tc.demoExit, out, errOut)
 				}
-				if code, out, errOut = runCLI(t, "trace", "check", file); code != 0 {
+				if code, out, errOut = runCLI(t, "trace", "check", file); refusedBy(out) {
 					break
 				}
 			}
-			if code != 1 || !strings.Contains(out, "DOES NOT CONFORM") || !slices.ContainsFunc(strings.Split(tc.rule, "|"), func(rule string) bool { return strings.Contains(out, "rule: "+rule) }) {
+			if code != 1 || !refusedBy(out) {
 				t.Fatalf("trace check of demo --bug %s: exit %d, want 1 at %q\n%s%s", tc.bug, code, tc.rule, out, errOut)
 			}
 		})
 	}
 }
+
+// anyExit: the demo's own checks catch the bug in some runs only.
+const anyExit = -1
 
 func write(t *testing.T, name string, lines []string) {
 	t.Helper()
