@@ -105,8 +105,8 @@ type Pool struct {
 	// (SetScopeCap); perScope counts each scope's indexed cached pages.
 	scopeCap int
 	perScope map[Scope]int
-	// journal, when on (Journal), lists every tenancy freed or cached
-	// since the last TakeJournal.
+	// journal, when on (Journal), lists every tenancy freed, cached,
+	// pinned or unpinned since the last TakeJournal.
 	journal   bool
 	journaled []PoolChange
 }
@@ -141,8 +141,8 @@ const (
 // and unpinned, which TakeJournal drains: a driver that traces its node
 // (docs/trace.md) writes each change, so that a trace shows every
 // tenancy's end and a checker can tell a page reallocated, read, freed
-// while a request held or pinned it, or never given back. Off by default: a driver that never drains it would
-// grow it without bound.
+// while a request held or pinned it, or never given back. Off by default:
+// a driver that never drains it would grow it without bound.
 func (p *Pool) Journal(on bool) {
 	p.journal = on
 	p.journaled = nil

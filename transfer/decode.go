@@ -107,7 +107,7 @@ func NewDecode(dev rdma.Device, cfg DecodeConfig) (*Decode, error) {
 		Authorize: d.authorizer(), PeerRequests: cfg.PeerRequests, PeerPages: cfg.PeerPages, PrefixCache: cfg.PrefixCache, PrefixScopePages: cfg.PrefixScopePages,
 		Region: func(p uint32) (uint64, uint32) { return addr + uint64(int(p)*d.slotBytes()), key }})
 	if err == nil && d.trace != nil {
-		d.receiver.Pool().Journal(true) // drained into free and cache events by carry
+		d.receiver.Pool().Journal(true) // drained into trace events by carry and fenced (traceJournal)
 	}
 	return d, err
 }

@@ -112,28 +112,26 @@ func TestTraceCheckRefusesTheDemosPageBugs(t *testing.T) {
 		bug, rule string // rule: the rule that refuses it, or several separated by |
 		faults    bool   // the bug needs the demo's faults (a cancel)
 		demoExit  int    // the demo's own checks: 1 if they catch it, anyExit if only some runs
+		requests  string
 	}{
-		{"write-shared", "decode send Grant names page tenancies no other request's Grant named", false, 1},
+		{"write-shared", "decode send Grant names page tenancies no other request's Grant named", false, 1, "80"},
 		// The first misdirected WRITE, or, where the miscount leaves none
 		// to post (about 1 run in 7), the Done's count.
-		{"prefix-count-mismatch", "prefill post writes where the Grant put that page|prefill send Done names the Grant's pages", false, 1},
-		{"leak-on-cancel", "end of trace: the pages the spec gave back were freed or cached", true, 1},
-		{"evict-pinned", "decode free takes no pinned page", false, 1},
+		{"prefix-count-mismatch", "prefill post writes where the Grant put that page|prefill send Done names the Grant's pages", false, 1, "80"},
+		{"leak-on-cancel", "end of trace: the pages the spec gave back were freed or cached", true, 1, "80"},
+		{"evict-pinned", "decode free takes no pinned page", false, 1, "80"},
 		// Only where a cancel lands while a WRITE is in flight: about 1 run
 		// of 80 requests in 6 has none, so runs of 200.
-		{"eager-release", "decode free of the request's pages is the spec's release of them", true, anyExit},
+		{"eager-release", "decode free of the request's pages is the spec's release of them", true, anyExit, "200"},
 	} {
 		t.Run(tc.bug, func(t *testing.T) {
-			runs, requests := 1, "80"
+			runs := 1
 			if tc.faults {
 				// A run with faults may meet its bug late or not at all
 				// (eager-release), or be refused first where the spec's
 				// queue bound breaks (seen once in CI under leak-on-cancel):
 				// up to 3 runs, until the rule refuses one.
 				runs = 3
-			}
-			if tc.bug == "eager-release" {
-				requests = "200"
 			}
 			refusedBy := func(out string) bool {
 				return strings.Contains(out, "DOES NOT CONFORM") &&
@@ -143,7 +141,7 @@ func TestTraceCheckRefusesTheDemosPageBugs(t *testing.T) {
 			var out, errOut string
 			for range runs {
 				file := filepath.Join(t.TempDir(), "t.jsonl")
-				args := []string{"demo", "--requests", requests, "--bug", tc.bug, "--trace", file}
+				args := []string{"demo", "--requests", tc.requests, "--bug", tc.bug, "--trace", file}
 				if !tc.faults {
 					args = append(args, "--no-faults")
 				}

@@ -149,7 +149,7 @@ func (c *checker) collect() {
 			c.poolChange(i) // the pool's: checked across requests
 			// A request's own free or cache is also its own event: the
 			// replay checks that the spec has given its pages back.
-			if r := c.reqs[ev.Req]; r != nil && ev.Req != 0 && ev.Kind != trace.Pin && ev.Kind != trace.Unpin {
+			if r := c.reqs[ev.Req]; r != nil && (ev.Kind == trace.Free || ev.Kind == trace.Cache) {
 				r.events = append(r.events, i)
 			}
 			continue

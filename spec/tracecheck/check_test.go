@@ -456,12 +456,15 @@ func overTheBound() []trace.Event {
 	return evs
 }
 
-// The pool's free events (its journal, docs/trace.md) end tenancies: a page
-// is granted again only once its last tenancy was freed, at a later epoch;
-// a tenancy is freed once, by the request it was granted to (or by the pool
-// itself, for a cached page); and no read hands the decoder a tenancy freed
-// before it. Each case breaks one of those rules in a trace that conforms
-// otherwise.
+// The pool's journal events (docs/trace.md) end tenancies and pin them: a
+// page is granted again only once its last tenancy was freed, at a later
+// epoch; a tenancy ends once, by the request it was granted to, once the
+// spec has released it (or by the pool itself, for a cached page); a
+// request's released pages are freed or cached by the trace's end; no read
+// hands the decoder a tenancy freed before it, or a prefix page it has not
+// pinned; a pin is of a cached page, an unpin of a pin taken, and no pinned
+// page is freed. Each case breaks one rule in a trace that conforms
+// otherwise, or keeps to them all.
 func TestATenancyEndsAtOneFreeBeforeThePageIsGrantedOrReadAgain(t *testing.T) {
 	const other = req + 1
 	// A second request granted page 4 at epoch, after evs.
@@ -485,9 +488,9 @@ func TestATenancyEndsAtOneFreeBeforeThePageIsGrantedOrReadAgain(t *testing.T) {
 		c.Req = r
 		return c
 	}
-	freedBy := func(r uint64, epochs ...uint64) trace.Event {
+	freedBy := func(r uint64) trace.Event {
 		f := freed
-		f.Req, f.Epochs = r, epochs
+		f.Req = r
 		return f
 	}
 	for _, tc := range []struct {
@@ -501,14 +504,14 @@ func TestATenancyEndsAtOneFreeBeforeThePageIsGrantedOrReadAgain(t *testing.T) {
 		{"cached instead of freed", replace(happy(), freed, cached), ""},
 		{"cached by another request", replace(happy(), freed, cachedBy(other)), "the request's own pages"},
 		{"freed after it was cached", insertedAfter(replace(happy(), freed, cached), cached, freed), "the request's own pages"},
-		{"the cache's own free after", insertedAfter(replace(happy(), freed, cached), cached, freedBy(0, 1, 1)), ""},
+		{"the cache's own free after", insertedAfter(replace(happy(), freed, cached), cached, freedBy(0)), ""},
 		{"granted again at an earlier epoch", second(1, atEpoch(happy(), 2)), "later epoch"},
-		{"freed by another request", replace(happy(), freed, freedBy(other, 1, 1)), "the request's own pages"},
+		{"freed by another request", replace(happy(), freed, freedBy(other)), "the request's own pages"},
 		{"freed twice", insertedAfter(happy(), freed, freed), "ends a tenancy once"},
 		{"freed before the spec gave it back (eager-release)", insertedAfter(without(happy(), freed), verified, freed), "is the spec's release of them"},
 		{"read after its free, a request too large to replay", overTheBound(), "reads no page freed"},
 		{"a prefix pinned, read, unpinned, then evicted", append(prefixHappy(), prefixEvict), ""},
-		{"freed by the pool, never cached", replace(happy(), freed, freedBy(0, 1, 1)), "with no request is of a cached page"},
+		{"freed by the pool, never cached", replace(happy(), freed, freedBy(0)), "with no request is of a cached page"},
 		{"a pinned page evicted (evict-pinned)", insertedAfter(prefixHappy(), verified, prefixEvict), "takes no pinned page"},
 		{"a prefix read without its pin", without(prefixHappy(), prefixPin, prefixUnpin), "prefix pages the request pinned"},
 		{"a pin of a page never cached", without(prefixHappy(), prefixCached), "pin is of a page the cache holds"},
