@@ -68,8 +68,7 @@ func Check(events []trace.Event) (*Report, error) {
 		rep.Nodes = append(rep.Nodes, n)
 	}
 	sort.Strings(rep.Nodes)
-	c := &checker{merged: merged, roles: roles, links: links, reqs: map[uint64]*replay{}, writes: map[string]map[uint64]uint64{}, rep: rep,
-		incs: incs, tenants: map[tenancy]uint64{}, freedAt: map[tenancy]int{}, cachedAt: map[tenancy]int{}, pins: map[tenancy]map[uint64]int{}, lastGrant: map[decodePage]uint64{}}
+	c := newChecker(merged, incs, roles, links, rep)
 	c.collect()
 	first, firstReq := c.shared, c.sharedReq
 	for _, id := range c.order {
@@ -86,6 +85,11 @@ func Check(events []trace.Event) (*Report, error) {
 	return rep, nil
 }
 
+func newChecker(merged []trace.Event, incs []int, roles map[string]string, links map[end]end, rep *Report) *checker {
+	return &checker{merged: merged, roles: roles, links: links, reqs: map[uint64]*replay{}, writes: map[int]map[uint64]uint64{}, rep: rep,
+		incs: incs, tenants: map[tenancy]uint64{}, freedAt: map[tenancy]int{}, cachedAt: map[tenancy]int{}, pins: map[tenancy]map[uint64]int{}, lastGrant: map[decodePage]uint64{}}
+}
+
 type checker struct {
 	merged []trace.Event
 	incs   []int // the node incarnation of each merged event
@@ -93,7 +97,10 @@ type checker struct {
 	links  map[end]end
 	reqs   map[uint64]*replay
 	order  []uint64
-	writes map[string]map[uint64]uint64 // prefill node → WRITE id → request
+	// prefill node incarnation → WRITE id → request: a restarted node
+	// numbers its WRITEs from 1 again, and the merge may place an old
+	// incarnation's completion after its successor's posts.
+	writes map[int]map[uint64]uint64
 	rep    *Report
 	// What crosses requests: each decode page tenancy a Grant named, the
 	// first Grant that named one another request's Grant had named, and
@@ -154,12 +161,12 @@ func (c *checker) collect() {
 			}
 			continue
 		case ev.Kind == trace.Post:
-			if c.writes[ev.Node] == nil {
-				c.writes[ev.Node] = map[uint64]uint64{}
+			if c.writes[c.incs[i]] == nil {
+				c.writes[c.incs[i]] = map[uint64]uint64{}
 			}
-			c.writes[ev.Node][ev.Write] = ev.Req
+			c.writes[c.incs[i]][ev.Write] = ev.Req
 		case ev.Kind == trace.Complete:
-			ev.Req = c.writes[ev.Node][ev.Write]
+			ev.Req = c.writes[c.incs[i]][ev.Write]
 			if r := c.reqs[ev.Req]; r != nil {
 				if r.late == nil {
 					r.late = map[uint64]bool{}

@@ -526,3 +526,42 @@ func TestATenancyEndsAtOneFreeBeforeThePageIsGrantedOrReadAgain(t *testing.T) {
 		}
 	}
 }
+
+// A restarted prefill node numbers its WRITEs from 1 again, and with its
+// old incarnation's clock ahead, the merge places the old incarnation's
+// completion of its WRITE 1 (flushed: the node died) after the new one's
+// post of its own WRITE 1. The completion is the old request's: taken for
+// the new one's, it would mark that WRITE never placed.
+func TestAWritesCompletionIsOfTheIncarnationThatPostedIt(t *testing.T) {
+	const a, b = 1, 2
+	at := func(node string, seq uint64, clock int64, ev trace.Event) trace.Event {
+		ev.Node, ev.Seq, ev.T = node, seq, clock
+		return ev
+	}
+	postOf := func(r uint64) trace.Event {
+		return trace.Event{Kind: trace.Post, Req: r, Peer: "d", Write: 1, Pages: []uint32{0}, Epochs: []uint64{1}}
+	}
+	evs := []trace.Event{
+		at("p", 1, 0, trace.Event{Kind: trace.Start, Role: "prefill", Inc: "p1"}),
+		at("p", 2, 10, postOf(a)),
+		at("p", 3, 300, trace.Event{Kind: trace.Complete, Peer: "d", Write: 1, Err: "flushed"}),
+		at("p", 1, 200, trace.Event{Kind: trace.Start, Role: "prefill", Inc: "p2"}),
+		at("p", 2, 210, postOf(b)),
+		at("p", 3, 220, trace.Event{Kind: trace.Complete, Peer: "d", Write: 1}),
+	}
+	merged, incs, roles, links, err := merge(evs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if merged[len(merged)-1].Kind != trace.Complete || merged[len(merged)-1].Err == "" {
+		t.Fatalf("the merge placed the old incarnation's completion elsewhere than last: %+v", merged)
+	}
+	c := newChecker(merged, incs, roles, links, &Report{NotReplayed: map[string]int{}, Unmodelled: map[string]int{}})
+	c.collect()
+	if late := c.reqs[a].late; !late[1] {
+		t.Errorf("request %d's WRITE 1, flushed: late %v, want it never placed", a, late)
+	}
+	if late := c.reqs[b].late; late[1] {
+		t.Errorf("request %d's WRITE 1, completed: late %v, want it placed", b, late)
+	}
+}

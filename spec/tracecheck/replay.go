@@ -119,7 +119,8 @@ func (r *replay) config() spec.Config {
 	n := max(r.pages, 1)
 	ts := min(n*specPageSize, 127)
 	c := spec.Config{PageSize: specPageSize, Prompts: []int{ts}, ContextLimit: 127, PrefillPages: n, DecodePages: n,
-		DecodeSlots: 1, MaxInFlight: n, Faults: budget, Damage: spec.DamageTag, LowestPages: true}
+		DecodeSlots: 1, MaxInFlight: n, Faults: budget, Damage: spec.DamageTag, LowestPages: true,
+		MaxQueue: queueBound(n)}
 	if !r.damaged {
 		// No verification of it failed: no WRITE of it was damaged (a
 		// damaged one fails verification, or the spec's properties).
@@ -135,6 +136,15 @@ func (r *replay) config() spec.Config {
 }
 
 const refusedByRouter = "router"
+
+// queueBound is the replay's bound on every channel for a request of n
+// pages. Prefill→decode holds the most: every WRITE and the Done behind
+// them, when the first WRITE is one whose completion failed (never placed,
+// the spec's Late: nothing behind it lands). The sender posts its last
+// WRITE and its Done in one step, so a request of 8 pages puts 9 messages
+// there; the spec's default bound (spec.MaxQueue, 8) would refuse a correct
+// run's trace as a WithinBounds violation.
+func queueBound(n int) int { return max(spec.MaxQueue, min(n+1, spec.QueueCapacity)) }
 
 // start builds the request's spec from what its events say: its pages
 // (tokens over the decode pool's page size, less the Grant's prefix).
