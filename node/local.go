@@ -48,6 +48,10 @@ type LocalConfig struct {
 	decodeBackend func(i int) backend.Backend
 	// beforeDecodeCall is the router's RouterConfig.beforeDecodeCall.
 	beforeDecodeCall func(protocol.RequestID)
+	// decodeGrace, if set, is how long a decode node's stop waits for
+	// calls and for its pages (grace otherwise): tests of a leak, whose
+	// pages never come back, need not wait twice grace.
+	decodeGrace time.Duration
 	// ContextTokens is every node's own limit (NodeConfig.ContextTokens),
 	// PrefillContextTokens the prefill nodes' instead if not 0,
 	// AdvertiseContext what the prefill nodes claim (NodeConfig.AdvertiseContext),
@@ -196,7 +200,11 @@ func StartLocal(cfg LocalConfig) (*Local, error) {
 			return fail(err)
 		}
 		l.Decodes = append(l.Decodes, d)
-		l.wg.Go(func() { l.errs <- d.Serve(ctx, ctl, tl, grace) })
+		g := grace
+		if cfg.decodeGrace > 0 {
+			g = cfg.decodeGrace
+		}
+		l.wg.Go(func() { l.errs <- d.Serve(ctx, ctl, tl, g) })
 	}
 	for i := range cfg.Prefills {
 		l.Prefills = append(l.Prefills, nil)

@@ -31,7 +31,7 @@ func TestTraceCheckRefusesPagesHeldPastTheirRequestsEnd(t *testing.T) {
 		bugs research.Switches
 	}{{"fix", research.Switches{}}, {"no-cut-call-cancel", research.On(research.NoCutCallCancel)}} {
 		t.Run(tc.name, func(t *testing.T) {
-			events := tracedCutCall(t, tc.bugs)
+			events := tracedCutCall(t, tc.bugs, 16, strings.Repeat("a prompt. ", 10)) // 7 pages: the spec holds 8
 			rep, err := tracecheck.Check(events)
 			if err != nil {
 				t.Fatal(err)
@@ -62,16 +62,65 @@ func TestTraceCheckRefusesPagesHeldPastTheirRequestsEnd(t *testing.T) {
 	}
 }
 
-// tracedCutCall runs the cut-call scenario with bugs and returns its trace.
-func tracedCutCall(t *testing.T, bugs research.Switches) []trace.Event {
+// A request too large for the spec to replay is checked for leaks on its
+// decode node's own events: the same scenario with a request of more than
+// a hundred pages, its verified pages given back by the cancel of the cut
+// call. With leak-on-cancel the node never frees them, and the trace check
+// refuses the trace at that cancel; without, it conforms.
+func TestTraceCheckRefusesALeakOfARequestTooLargeToReplay(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		bugs research.Switches
+	}{{"fix", research.Switches{}}, {"leak-on-cancel", research.On(research.LeakOnCancel)}} {
+		t.Run(tc.name, func(t *testing.T) {
+			events := tracedCutCall(t, tc.bugs, 2, strings.Repeat("a prompt. ", 40))
+			rep, err := tracecheck.Check(events)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var out strings.Builder
+			rep.Write(&out)
+			if rep.Replayed != 0 || rep.Requests != 1 || rep.EndsChecked != 1 {
+				t.Fatalf("%d of %d requests replayed, %d checked at their end, want the 1 not replayed and checked:\n%s", rep.Replayed, rep.Requests, rep.EndsChecked, out.String())
+			}
+			var pages int
+			for _, ev := range events {
+				if ev.Kind == trace.Send && ev.Msg == "Grant" {
+					pages = len(ev.Pages)
+				}
+			}
+			if pages < 100 {
+				t.Fatalf("the request was granted %d pages, want over 100", pages)
+			}
+			if !tc.bugs.Any() {
+				if !rep.Conforms() {
+					t.Fatalf("the fixed node's trace does not conform:\n%s", out.String())
+				}
+				return
+			}
+			f := rep.Failure
+			if f == nil {
+				t.Fatalf("the trace of the leak conforms:\n%s", out.String())
+			}
+			if f.Event.Kind != trace.Cancel || !strings.Contains(f.Rule, "given back at its end were freed or cached") {
+				t.Fatalf("the check failed at %+v (rule %q), want the decode node's cancel of the verified request:\n%s", f.Event, f.Rule, out.String())
+			}
+			t.Logf("the trace check refuses the leak of a %d-page request:\n%s", pages, out.String())
+		})
+	}
+}
+
+// tracedCutCall runs the cut-call scenario with bugs, pages of pageTokens
+// and the prompt, and returns its trace.
+func tracedCutCall(t *testing.T, bugs research.Switches, pageTokens int, prompt string) []trace.Event {
 	t.Helper()
 	var buf syncBuffer
 	sink := trace.NewSink(&buf)
 	ids, release := make(chan protocol.RequestID, 1), make(chan struct{})
 	var once, released sync.Once
 	free := func() { released.Do(func() { close(release) }) }
-	l, err := StartLocal(LocalConfig{PrefillPages: 64, DecodePages: 64, PageTokens: 16, Timeout: time.Second, Log: quietLog(),
-		Research: bugs, Trace: sink,
+	l, err := StartLocal(LocalConfig{PrefillPages: 512, DecodePages: 512, PageTokens: pageTokens, Timeout: time.Second, Log: quietLog(),
+		Research: bugs, Trace: sink, decodeGrace: 100 * time.Millisecond, // a leak's pages never come back: the stop waits twice this
 		beforeDecodeCall: func(id protocol.RequestID) {
 			once.Do(func() {
 				ids <- id
@@ -86,7 +135,7 @@ func tracedCutCall(t *testing.T, bugs research.Switches) []trace.Event {
 	d := l.Decodes[0]
 	done := make(chan answer, 1)
 	go func() {
-		a, err := complete(context.Background(), l.API, "t", strings.Repeat("a prompt. ", 10), 16) // 7 pages: the spec holds 8
+		a, err := complete(context.Background(), l.API, "t", prompt, 16)
 		if err != nil {
 			a.err = err.Error()
 		}
@@ -101,7 +150,12 @@ func tracedCutCall(t *testing.T, bugs research.Switches) []trace.Event {
 		t.Fatalf("the client got %+v, want the request failed with its prefill node lost", a)
 	}
 	free()
-	allPagesBack(t, l) // with the fix at once; without, at the decode node's sweep (its timeout, a second)
+	if bugs.Has(research.LeakOnCancel) {
+		// The pages never come back: wait for the cancel that forgot them.
+		waitUntil(t, "the request closed on the decode node", func() bool { return d.Endpoint().Status(id) == protocol.ReceiverClosed })
+	} else {
+		allPagesBack(t, l) // with the fix at once; without, at the decode node's sweep (its timeout, a second)
+	}
 	l.Stop()
 	if err := sink.Flush(); err != nil {
 		t.Fatal(err)

@@ -16,7 +16,9 @@
 // name one page tenancy (a decode page at one epoch), and that each
 // tenancy ends once (a free or cache event, the decode pool's journal), by
 // its own request or the cache, before its page is granted or read again,
-// and, for a request whose pages the spec gave back, before the trace ends.
+// and, for a request whose pages the spec gave back (or, for one too large
+// to replay, whose decode node's own events say they went back), before
+// the trace ends.
 package tracecheck
 
 import (
@@ -38,6 +40,10 @@ type Report struct {
 	// NotReplayed counts the requests checked only for their messages'
 	// causality, by why (docs/trace.md).
 	NotReplayed map[string]int
+	// EndsChecked counts the requests not replayed whose pages' return
+	// was checked at their end, on their decode node's own events (a
+	// read's Finish, a cancel of a verified request).
+	EndsChecked int
 	// Unmodelled counts events the spec has no action for, by kind: checked
 	// for consistency or skipped (docs/trace.md).
 	Unmodelled map[string]int
@@ -554,11 +560,81 @@ func (c *checker) run(r *replay) *failure {
 }
 
 // checkPages applies the checks of which pages each event names to a request
-// the spec does not replay; nil if every event passes.
+// the spec does not replay, and then, with no spec state to say when its
+// pages go back, the leak rule where its decode node's own events say it
+// (leakedAtItsEnd); nil if every event passes.
 func (c *checker) checkPages(r *replay) *failure {
 	for _, i := range r.events {
 		if rule := c.pageChecks(r, &c.merged[i]); rule != "" {
 			return &failure{index: i, rule: rule, why: r.refusal}
+		}
+	}
+	return c.leakedAtItsEnd(r)
+}
+
+// givenBack returns the index of the event at which r's decode node, by
+// its own events and the protocol's Receiver alone, gave back the pages of
+// r's Grant, and the decode node incarnation that did: a read's Finish (a
+// release with no error: every page freed, or moved into the prefix
+// cache), or a cancel of r while it was verified and not being read (a
+// ready request's pages are freed at once: its Done fenced the writer).
+// -1 if neither: the other ends (a quarantine that waits for its writer's
+// fence, say) need the spec's state to say when the pages are due.
+func (c *checker) givenBack(r *replay) (int, int) {
+	verifiedAt := -1 // the incarnation that verified r, while r is not being read
+	for _, i := range r.events {
+		ev := &c.merged[i]
+		if ev.Req != r.id || ev.Node != r.decode || c.roles[ev.Node] != "decode" {
+			continue
+		}
+		switch ev.Kind {
+		case trace.Verified:
+			verifiedAt = c.incs[i]
+		case trace.Acquire:
+			if ev.Err == "" {
+				verifiedAt = -1 // being read: its pages go back at Finish
+			}
+		case trace.Release:
+			if ev.Err == "" {
+				return i, c.incs[i]
+			}
+		case trace.Cancel:
+			if verifiedAt == c.incs[i] {
+				return i, c.incs[i]
+			}
+		}
+	}
+	return -1, 0
+}
+
+// leakedAtItsEnd is the leak rule for a request the spec does not replay
+// (over its 8 pages, say): once its decode node gave back its pages
+// (givenBack), every tenancy its Grant named on that incarnation was freed
+// or moved into the prefix cache by the trace's end. The node's Finish and
+// Cancel drain the pool's journal into the trace before any SEND after
+// them flushes it, so a node killed in between loses the end's event with
+// the frees. nil if none leaked.
+func (c *checker) leakedAtItsEnd(r *replay) *failure {
+	at, inc := c.givenBack(r)
+	if at < 0 || len(r.tenancies) == 0 {
+		return nil
+	}
+	c.rep.EndsChecked++
+	for _, t := range r.tenancies {
+		if t.inc != inc {
+			continue
+		}
+		_, freed := c.freedAt[t]
+		_, cached := c.cachedAt[t]
+		if !freed && !cached {
+			ev := &c.merged[at]
+			how := "its read finished"
+			if ev.Kind == trace.Cancel {
+				how = "it was cancelled verified, before its read"
+			}
+			return &failure{index: at, rule: "end of trace: a request's pages given back at its end were freed or cached",
+				why: fmt.Sprintf("request %d's pages went back to %s's pool when %s (%s #%d), and %s never freed page %d at epoch %d nor moved it into the prefix cache: it leaked",
+					r.id, ev.Node, how, ev.Node, ev.Seq, ev.Node, t.page, t.epoch)}
 		}
 	}
 	return nil
@@ -611,6 +687,9 @@ func (r *Report) Write(w io.Writer) {
 	fmt.Fprintf(w, "%d events of %d nodes (%s), %d requests: %d replayed in the spec\n", r.Events, len(r.Nodes), strings.Join(r.Nodes, ", "), r.Requests, r.Replayed)
 	for _, k := range sortedKeys(r.NotReplayed) {
 		fmt.Fprintf(w, "  not replayed (%s): %d\n", k, r.NotReplayed[k])
+	}
+	if r.EndsChecked > 0 {
+		fmt.Fprintf(w, "  not replayed, their pages' return checked at their end: %d\n", r.EndsChecked)
 	}
 	for _, k := range sortedKeys(r.Unmodelled) {
 		fmt.Fprintf(w, "  not modelled (%s): %d\n", k, r.Unmodelled[k])

@@ -527,6 +527,77 @@ func TestATenancyEndsAtOneFreeBeforeThePageIsGrantedOrReadAgain(t *testing.T) {
 	}
 }
 
+// A request the spec does not replay (10 pages, over its 8) has no spec
+// state to say when its pages are due back; its decode node's own events
+// say it for two ends: a read's Finish, and a cancel while it is verified
+// and not being read. From either, every tenancy its Grant named must be
+// freed or cached by the trace's end. Other ends (a cancel while its
+// writer may still write, which quarantines the pages until a fence) are
+// not judged.
+func TestARequestTooLargeToReplayFreesItsPagesAtItsEnd(t *testing.T) {
+	const n = 10
+	pages, epochs := make([]uint32, n), make([]uint64, n)
+	for i := range pages {
+		pages[i], epochs[i] = uint32(10+i), 1
+	}
+	cancel := trace.Event{Node: "d", Kind: trace.Cancel, Req: req, Cause: "call"}
+	free := withEpochs(withPages(freed, pages...), epochs...)
+	cache := free
+	cache.Kind = trace.Cache
+	partial := withEpochs(withPages(freed, pages[:n-1]...), epochs[:n-1]...)
+	restart := trace.Event{Node: "d", Kind: trace.Start, Role: "decode", Inc: "d2"}
+	big := func(end ...trace.Event) []trace.Event {
+		evs := []trace.Event{dispatch, submit, bootstrap, bootRecv, withEpochs(withPages(grant, pages...), epochs...), verified}
+		evs = append(evs, end...)
+		for i := range evs {
+			evs[i].Tokens = min(evs[i].Tokens, 1) * n * 16
+		}
+		return evs
+	}
+	read := withEpochs(withPages(acquire, pages...), epochs...)
+	const leak = "given back at its end were freed or cached"
+	for _, tc := range []struct {
+		name   string
+		evs    []trace.Event
+		rule   string // "" conforms
+		at     string // the event refused
+		judged bool   // the rule applies: the pages went back
+	}{
+		{"read, then freed", big(read, release, free), "", "", true},
+		{"read, then cached", big(read, release, cache), "", "", true},
+		{"read, never freed", big(read, release), leak, trace.Release, true},
+		{"read, one page of ten never freed", big(read, release, partial), leak, trace.Release, true},
+		{"cancelled verified, then freed", big(cancel, free), "", "", true},
+		{"cancelled verified, never freed (leak-on-cancel)", big(cancel), leak, trace.Cancel, true},
+		{"cancelled while read, freed at its Finish", big(read, cancel, release, free), "", "", true},
+		{"cancelled while read, never freed", big(read, cancel, release), leak, trace.Release, true},
+		{"cancelled while read, not yet finished", big(read, cancel), "", "", false},
+		{"verified, not yet read", big(), "", "", false},
+		{"cancelled after its node restarted: the old pool is gone", big(restart, cancel), "", "", false},
+	} {
+		rep := check(t, tc.evs)
+		if rep.Replayed != 0 {
+			t.Fatalf("%s: %d requests replayed, want none:\n%s", tc.name, rep.Replayed, report(rep))
+		}
+		if tc.judged != (rep.EndsChecked == 1) {
+			t.Errorf("%s: %d requests checked at their end, want the rule applied: %t", tc.name, rep.EndsChecked, tc.judged)
+		}
+		switch f := rep.Failure; {
+		case tc.rule == "" && f != nil:
+			t.Errorf("%s: refused:\n%s", tc.name, report(rep))
+		case tc.rule != "" && (f == nil || !strings.Contains(f.Rule, tc.rule) || f.Event.Kind != tc.at):
+			t.Errorf("%s: want refused at its %s by the rule %q:\n%s", tc.name, tc.at, tc.rule, report(rep))
+		}
+	}
+	// A cancel before the pages verified quarantines them until the
+	// writer's fence, which this trace does not show: not judged.
+	early := big(cancel)
+	early = slices.DeleteFunc(early, func(ev trace.Event) bool { return ev.Kind == trace.Verified })
+	if rep := check(t, early); !rep.Conforms() {
+		t.Errorf("cancelled before its pages verified, never freed: refused:\n%s", report(rep))
+	}
+}
+
 // A restarted prefill node numbers its WRITEs from 1 again, and with its
 // old incarnation's clock ahead, the merge places the old incarnation's
 // completion of its WRITE 1 (flushed: the node died) after the new one's
