@@ -3,6 +3,8 @@ package node
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"math/rand/v2"
 	"strings"
 	"sync"
 	"testing"
@@ -80,8 +82,8 @@ func TestTraceCheckRefusesALeakOfARequestTooLargeToReplay(t *testing.T) {
 			}
 			var out strings.Builder
 			rep.Write(&out)
-			if rep.Replayed != 0 || rep.Requests != 1 || rep.EndsChecked != 1 {
-				t.Fatalf("%d of %d requests replayed, %d checked at their end, want the 1 not replayed and checked:\n%s", rep.Replayed, rep.Requests, rep.EndsChecked, out.String())
+			if rep.Replayed != 0 || rep.Requests != 1 || rep.EndsNotReplayed != 1 {
+				t.Fatalf("%d of %d requests replayed, %d checked at their end, want the 1 not replayed and checked:\n%s", rep.Replayed, rep.Requests, rep.EndsNotReplayed, out.String())
 			}
 			var pages int
 			for _, ev := range events {
@@ -183,4 +185,128 @@ func (s *syncBuffer) Bytes() []byte {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return append([]byte(nil), s.b.Bytes()...)
+}
+
+// Requests of realistic sizes, none the spec replays (20 to 200 pages of 2
+// tokens, less a prefix hit), 50 at once on 2 prefill and 2 decode nodes, a third of their
+// clients gone at a random moment (before the Grant, while the WRITEs are
+// in flight, once verified, during the read, after it), a prefill node
+// crashed and restarted mid-run: the trace check judges each request's
+// pages at its end on its decode node's own events, and the trace
+// conforms, with and without the prefix cache. Under leak-on-cancel the
+// cancelled requests' pages are never freed, and the check refuses the
+// trace (a cancel must land on a granted request: up to 3 runs).
+func TestTraceCheckJudgesTheEndsOfLargeRequestsUnderCancels(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		prefix bool
+		bugs   research.Switches
+	}{{"correct", false, research.Switches{}}, {"prefix cache", true, research.Switches{}}, {"leak-on-cancel", false, research.On(research.LeakOnCancel)}} {
+		t.Run(tc.name, func(t *testing.T) {
+			for run := range 3 {
+				rep, out, back := tracedLargeRequests(t, int64(run+1), tc.prefix, tc.bugs)
+				if tc.bugs.Any() {
+					if f := rep.Failure; f != nil {
+						if !strings.Contains(f.Rule, "given back at its end were freed or cached") {
+							t.Fatalf("refused by %q, want the leak rule on decode's own events:\n%s", f.Rule, out)
+						}
+						t.Logf("run %d refused:\n%s", run+1, out)
+						return
+					}
+					continue
+				}
+				if !back {
+					t.Fatalf("run %d: pages still held on a decode node at the end:\n%s", run+1, out)
+				}
+				if !rep.Conforms() || rep.EndsNotReplayed == 0 {
+					t.Fatalf("run %d: want a conforming trace, with requests too large to replay judged at their end:\n%s", run+1, out)
+				}
+				t.Logf("run %d:\n%s", run+1, out)
+				return
+			}
+			t.Fatalf("no run's trace was refused under %v", tc.bugs)
+		})
+	}
+}
+
+// tracedLargeRequests runs the workload of
+// TestTraceCheckJudgesTheEndsOfLargeRequestsUnderCancels from seed and
+// returns the check's report, its text, and whether every decode page came
+// back (free or cached) before the stop.
+func tracedLargeRequests(t *testing.T, seed int64, prefix bool, bugs research.Switches) (*tracecheck.Report, string, bool) {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(uint64(seed), 0))
+	var buf syncBuffer
+	sink := trace.NewSink(&buf)
+	cfg := LocalConfig{Prefills: 2, Decodes: 2, PrefillPages: 4096, DecodePages: 4096, PageTokens: 2, Timeout: 5 * time.Second,
+		Log: quietLog(), Trace: sink, Research: bugs, PrefixCache: prefix, TrustTenantHeader: prefix, decodeGrace: 200 * time.Millisecond}
+	l, err := StartLocal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Stop()
+	shared := []string{strings.Repeat("alpha beta gamma ", 8), strings.Repeat("delta epsilon ", 10)}
+	var wg sync.WaitGroup
+	for i := range 50 {
+		tokens := 2 * (20 + rng.IntN(181)) // 20 to 200 pages
+		var p string
+		if prefix && rng.IntN(2) == 0 {
+			p = shared[rng.IntN(2)]
+		}
+		for len(p) < tokens {
+			p += fmt.Sprintf("w%d.%d ", i, rng.IntN(1000))
+		}
+		p = p[:tokens-2]
+		tenant := fmt.Sprintf("t%d", rng.IntN(3))
+		cancelAt := time.Duration(-1)
+		if rng.IntN(3) == 0 {
+			cancelAt = time.Duration(rng.IntN(20000)) * time.Microsecond
+		}
+		launch := time.Duration(rng.IntN(300)) * time.Millisecond
+		maxTokens := 8 + rng.IntN(120)
+		wg.Go(func() {
+			time.Sleep(launch)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			if cancelAt >= 0 {
+				time.AfterFunc(cancelAt, cancel)
+			}
+			complete(ctx, l.API, tenant, p, maxTokens) // any outcome: the trace check judges the nodes
+		})
+	}
+	time.Sleep(time.Duration(100+rng.IntN(150)) * time.Millisecond)
+	if err := l.CrashPrefill(0); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.RestartPrefill(0); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	back := false
+	for deadline := time.Now().Add(3 * time.Second); !back && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		back = true
+		for _, d := range l.Decodes {
+			if g := d.Endpoint().Gauges(); g.PagesFree+g.PagesCached != g.Pages || g.PagesQuarantined != 0 {
+				back = false
+			}
+		}
+	}
+	l.Stop()
+	if err := sink.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	events, truncated, err := trace.Read(bytes.NewReader(buf.Bytes()))
+	if err != nil || truncated {
+		t.Fatalf("reading the trace: %v (truncated %v)", err, truncated)
+	}
+	rep, err := tracecheck.Check(events)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	rep.Write(&out)
+	if f := rep.Failure; f != nil {
+		fmt.Fprintf(&out, "refused at %+v\n", f.Event)
+	}
+	return rep, out.String(), back
 }

@@ -16,9 +16,9 @@
 // name one page tenancy (a decode page at one epoch), and that each
 // tenancy ends once (a free or cache event, the decode pool's journal), by
 // its own request or the cache, before its page is granted or read again,
-// and, for a request whose pages the spec gave back (or, for one too large
-// to replay, whose decode node's own events say they went back), before
-// the trace ends.
+// and, for a request whose pages the spec gave back, or whose decode
+// node's own events say the protocol gave them back (any request, the one
+// leak rule for those too large to replay), before the trace ends.
 package tracecheck
 
 import (
@@ -40,10 +40,11 @@ type Report struct {
 	// NotReplayed counts the requests checked only for their messages'
 	// causality, by why (docs/trace.md).
 	NotReplayed map[string]int
-	// EndsChecked counts the requests not replayed whose pages' return
-	// was checked at their end, on their decode node's own events (a
-	// read's Finish, a cancel of a verified request).
-	EndsChecked int
+	// Ends counts the requests whose pages' return was checked at their
+	// end on their decode node's own events (a read's Finish, a cancel of
+	// a verified request, a failed verification, a fence), EndsNotReplayed
+	// those of them the spec does not replay.
+	Ends, EndsNotReplayed int
 	// Unmodelled counts events the spec has no action for, by kind: checked
 	// for consistency or skipped (docs/trace.md).
 	Unmodelled map[string]int
@@ -556,7 +557,11 @@ func (c *checker) run(r *replay) *failure {
 		}
 		return f
 	}
-	return nil
+	// The spec-free leak rule too: where the spec still holds the pages
+	// at the end (quarantined, in some explanation), the node's own
+	// events may say they went back.
+	f, _ := c.leakedAtItsEnd(r)
+	return f
 }
 
 // checkPages applies the checks of which pages each event names to a request
@@ -569,57 +574,111 @@ func (c *checker) checkPages(r *replay) *failure {
 			return &failure{index: i, rule: rule, why: r.refusal}
 		}
 	}
-	return c.leakedAtItsEnd(r)
+	f, judged := c.leakedAtItsEnd(r)
+	if judged {
+		c.rep.EndsNotReplayed++
+	}
+	return f
 }
+
+// The decode record's phases as its node's own events show them
+// (givenBack): the protocol's Receiver phases that decide when its pages
+// go back.
+const (
+	recordNone        = iota
+	recordReserved    // its Grant sent: waiting for Done
+	recordReady       // verified
+	recordReading     // acquired by the decoder
+	recordQuarantined // cancelled or timed out while reserved: its pages wait for the writer's fence
+)
 
 // givenBack returns the index of the event at which r's decode node, by
 // its own events and the protocol's Receiver alone, gave back the pages of
-// r's Grant, and the decode node incarnation that did: a read's Finish (a
-// release with no error: every page freed, or moved into the prefix
-// cache), or a cancel of r while it was verified and not being read (a
-// ready request's pages are freed at once: its Done fenced the writer).
-// -1 if neither: the other ends (a quarantine that waits for its writer's
-// fence, say) need the spec's state to say when the pages are due.
+// r's Grant, and the decode node incarnation that did; -1 if none. The
+// Receiver gives them back, and its node traces their free or cache before
+// any SEND after it:
+//   - at a read's Finish (a release with no error);
+//   - at a cancel while verified and not being read (Done fenced the
+//     writer);
+//   - at a Done whose verification failed (decode's Abort "verification
+//     failed");
+//   - at a fence of its queue pair while reserved, or quarantined (a cancel
+//     or a timeout while reserved quarantines the pages for that fence).
+//
+// An AbortAck also ends a quarantine, but the node takes it only once the
+// Grant's keys are revoked, after its receipt is traced: a node killed in
+// between traced the receipt and never freed the pages, so it is not
+// judged here (nor is a late Done).
 func (c *checker) givenBack(r *replay) (int, int) {
-	verifiedAt := -1 // the incarnation that verified r, while r is not being read
+	phase, inc := recordNone, -1
 	for _, i := range r.events {
 		ev := &c.merged[i]
-		if ev.Req != r.id || ev.Node != r.decode || c.roles[ev.Node] != "decode" {
+		if ev.Node != r.decode || c.roles[ev.Node] != "decode" {
+			continue
+		}
+		if c.incs[i] != inc {
+			if ev.Req != r.id {
+				continue // a fence of another incarnation's queue pair
+			}
+			phase, inc = recordNone, c.incs[i] // a restarted node: a new record
+		}
+		if ev.Kind == trace.Fenced { // of r's queue pair (collect: onQP)
+			if phase == recordReserved || phase == recordQuarantined {
+				return i, inc
+			}
+			continue
+		}
+		if ev.Req != r.id {
 			continue
 		}
 		switch ev.Kind {
+		case trace.Send:
+			switch {
+			case ev.Msg == "Grant":
+				phase = recordReserved
+			case ev.Msg == "Abort" && phase == recordReserved && ev.Reason == "verification failed":
+				return i, inc
+			case ev.Msg == "Abort" && phase == recordReserved && ev.Reason == "timed out":
+				phase = recordQuarantined
+			}
 		case trace.Verified:
-			verifiedAt = c.incs[i]
+			phase = recordReady
 		case trace.Acquire:
 			if ev.Err == "" {
-				verifiedAt = -1 // being read: its pages go back at Finish
+				phase = recordReading // its pages go back at Finish
 			}
 		case trace.Release:
 			if ev.Err == "" {
-				return i, c.incs[i]
+				return i, inc
 			}
 		case trace.Cancel:
-			if verifiedAt == c.incs[i] {
-				return i, c.incs[i]
+			switch phase {
+			case recordReady:
+				return i, inc
+			case recordReserved:
+				phase = recordQuarantined
 			}
 		}
 	}
 	return -1, 0
 }
 
-// leakedAtItsEnd is the leak rule for a request the spec does not replay
-// (over its 8 pages, say): once its decode node gave back its pages
-// (givenBack), every tenancy its Grant named on that incarnation was freed
-// or moved into the prefix cache by the trace's end. The node's Finish and
-// Cancel drain the pool's journal into the trace before any SEND after
-// them flushes it, so a node killed in between loses the end's event with
-// the frees. nil if none leaked.
-func (c *checker) leakedAtItsEnd(r *replay) *failure {
+// leakedAtItsEnd is the leak rule on the decode node's own events, for
+// every request, replayed or not (the spec's own leak rule, leaked, needs
+// its replay): once the node gave back its pages (givenBack), every
+// tenancy its Grant named on that incarnation was freed or moved into the
+// prefix cache by the trace's end. The node drains the pool's journal into
+// the trace before any SEND after the end flushes it, so a node killed in
+// between loses the end's event with the frees (unless the sink's buffer
+// filled just between the two: a decode node killed at that instant would
+// be refused wrongly). It reports whether it judged r (its node gave back
+// pages of a Grant), and the leak if one did.
+func (c *checker) leakedAtItsEnd(r *replay) (*failure, bool) {
 	at, inc := c.givenBack(r)
 	if at < 0 || len(r.tenancies) == 0 {
-		return nil
+		return nil, false
 	}
-	c.rep.EndsChecked++
+	c.rep.Ends++
 	for _, t := range r.tenancies {
 		if t.inc != inc {
 			continue
@@ -628,16 +687,14 @@ func (c *checker) leakedAtItsEnd(r *replay) *failure {
 		_, cached := c.cachedAt[t]
 		if !freed && !cached {
 			ev := &c.merged[at]
-			how := "its read finished"
-			if ev.Kind == trace.Cancel {
-				how = "it was cancelled verified, before its read"
-			}
+			how := map[string]string{trace.Release: "its read finished", trace.Cancel: "it was cancelled verified, before its read",
+				trace.Send: "its verification failed", trace.Fenced: "its queue pair was fenced"}[ev.Kind]
 			return &failure{index: at, rule: "end of trace: a request's pages given back at its end were freed or cached",
 				why: fmt.Sprintf("request %d's pages went back to %s's pool when %s (%s #%d), and %s never freed page %d at epoch %d nor moved it into the prefix cache: it leaked",
-					r.id, ev.Node, how, ev.Node, ev.Seq, ev.Node, t.page, t.epoch)}
+					r.id, ev.Node, how, ev.Node, ev.Seq, ev.Node, t.page, t.epoch)}, true
 		}
 	}
-	return nil
+	return nil, true
 }
 
 // canQuiesce searches, from each state of the frontier, the states protocol
@@ -688,8 +745,8 @@ func (r *Report) Write(w io.Writer) {
 	for _, k := range sortedKeys(r.NotReplayed) {
 		fmt.Fprintf(w, "  not replayed (%s): %d\n", k, r.NotReplayed[k])
 	}
-	if r.EndsChecked > 0 {
-		fmt.Fprintf(w, "  not replayed, their pages' return checked at their end: %d\n", r.EndsChecked)
+	if r.Ends > 0 {
+		fmt.Fprintf(w, "  pages' return checked at the request's end on decode's own events: %d (%d not replayed)\n", r.Ends, r.EndsNotReplayed)
 	}
 	for _, k := range sortedKeys(r.Unmodelled) {
 		fmt.Fprintf(w, "  not modelled (%s): %d\n", k, r.Unmodelled[k])
