@@ -33,33 +33,21 @@ func TestTraceCheckRefusesPagesHeldPastTheirRequestsEnd(t *testing.T) {
 		bugs research.Switches
 	}{{"fix", research.Switches{}}, {"no-cut-call-cancel", research.On(research.NoCutCallCancel)}} {
 		t.Run(tc.name, func(t *testing.T) {
-			events := tracedCutCall(t, tc.bugs, 16, strings.Repeat("a prompt. ", 10)) // 7 pages: the spec holds 8
-			rep, err := tracecheck.Check(events)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var out strings.Builder
-			rep.Write(&out)
+			rep, out := checkTrace(t, tracedCutCall(t, tc.bugs, 16, strings.Repeat("a prompt. ", 10))) // 7 pages: the spec holds 8
 			if rep.Replayed != 1 {
-				t.Fatalf("%d requests replayed in the spec, want the 1:\n%s", rep.Replayed, out.String())
+				t.Fatalf("%d requests replayed in the spec, want the 1:\n%s", rep.Replayed, out)
 			}
-			if !tc.bugs.Any() {
-				if !rep.Conforms() {
-					t.Fatalf("the fixed node's trace does not conform:\n%s", out.String())
-				}
+			f := failureUnder(t, rep, out, tc.bugs)
+			if f == nil {
 				return
 			}
-			f := rep.Failure
-			if f == nil {
-				t.Fatalf("the trace of the reverted fix conforms:\n%s", out.String())
-			}
 			if f.Event.Kind != trace.Cancel || f.Event.Cause != "sweep-no-call" || !strings.Contains(f.Rule, "sweep-no-call") {
-				t.Fatalf("the check failed at %+v (rule %q), want the decode node's sweep of the verified pages:\n%s", f.Event, f.Rule, out.String())
+				t.Fatalf("the check failed at %+v (rule %q), want the decode node's sweep of the verified pages:\n%s", f.Event, f.Rule, out)
 			}
 			if len(f.States) == 0 || !strings.Contains(f.States[0], "decode ready holding") {
 				t.Fatalf("spec states %q, want the request ready on decode, its pages held", f.States)
 			}
-			t.Logf("the trace check refuses the reverted fix:\n%s", out.String())
+			t.Logf("the trace check refuses the reverted fix:\n%s", out)
 		})
 	}
 }
@@ -76,14 +64,9 @@ func TestTraceCheckRefusesALeakOfARequestTooLargeToReplay(t *testing.T) {
 	}{{"fix", research.Switches{}}, {"leak-on-cancel", research.On(research.LeakOnCancel)}} {
 		t.Run(tc.name, func(t *testing.T) {
 			events := tracedCutCall(t, tc.bugs, 2, strings.Repeat("a prompt. ", 40))
-			rep, err := tracecheck.Check(events)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var out strings.Builder
-			rep.Write(&out)
+			rep, out := checkTrace(t, events)
 			if rep.Replayed != 0 || rep.Requests != 1 || rep.EndsNotReplayed != 1 {
-				t.Fatalf("%d of %d requests replayed, %d checked at their end, want the 1 not replayed and checked:\n%s", rep.Replayed, rep.Requests, rep.EndsNotReplayed, out.String())
+				t.Fatalf("%d of %d requests replayed, %d checked at their end, want the 1 not replayed and checked:\n%s", rep.Replayed, rep.Requests, rep.EndsNotReplayed, out)
 			}
 			var pages int
 			for _, ev := range events {
@@ -94,20 +77,14 @@ func TestTraceCheckRefusesALeakOfARequestTooLargeToReplay(t *testing.T) {
 			if pages < 100 {
 				t.Fatalf("the request was granted %d pages, want over 100", pages)
 			}
-			if !tc.bugs.Any() {
-				if !rep.Conforms() {
-					t.Fatalf("the fixed node's trace does not conform:\n%s", out.String())
-				}
+			f := failureUnder(t, rep, out, tc.bugs)
+			if f == nil {
 				return
 			}
-			f := rep.Failure
-			if f == nil {
-				t.Fatalf("the trace of the leak conforms:\n%s", out.String())
-			}
 			if f.Event.Kind != trace.Cancel || !strings.Contains(f.Rule, "given back at its end were freed or cached") {
-				t.Fatalf("the check failed at %+v (rule %q), want the decode node's cancel of the verified request:\n%s", f.Event, f.Rule, out.String())
+				t.Fatalf("the check failed at %+v (rule %q), want the decode node's cancel of the verified request:\n%s", f.Event, f.Rule, out)
 			}
-			t.Logf("the trace check refuses the leak of a %d-page request:\n%s", pages, out.String())
+			t.Logf("the trace check refuses the leak of a %d-page request:\n%s", pages, out)
 		})
 	}
 }
@@ -159,6 +136,12 @@ func tracedCutCall(t *testing.T, bugs research.Switches, pageTokens int, prompt 
 		allPagesBack(t, l) // with the fix at once; without, at the decode node's sweep (its timeout, a second)
 	}
 	l.Stop()
+	return stoppedTrace(t, sink, &buf)
+}
+
+// stoppedTrace is the trace a stopped deployment left in buf through sink.
+func stoppedTrace(t *testing.T, sink *trace.Sink, buf *syncBuffer) []trace.Event {
+	t.Helper()
 	if err := sink.Flush(); err != nil {
 		t.Fatal(err)
 	}
@@ -292,21 +275,35 @@ func tracedLargeRequests(t *testing.T, seed int64, prefix bool, bugs research.Sw
 		}
 	}
 	l.Stop()
-	if err := sink.Flush(); err != nil {
-		t.Fatal(err)
+	rep, out := checkTrace(t, stoppedTrace(t, sink, &buf))
+	if f := rep.Failure; f != nil {
+		out += fmt.Sprintf("refused at %+v\n", f.Event)
 	}
-	events, truncated, err := trace.Read(bytes.NewReader(buf.Bytes()))
-	if err != nil || truncated {
-		t.Fatalf("reading the trace: %v (truncated %v)", err, truncated)
+	return rep, out, back
+}
+
+// failureUnder is rep's failure, which a run with bugs must have (the
+// caller checks which) and one without must not: nil for the latter.
+func failureUnder(t *testing.T, rep *tracecheck.Report, out string, bugs research.Switches) *tracecheck.Failure {
+	t.Helper()
+	switch {
+	case !bugs.Any() && !rep.Conforms():
+		t.Fatalf("the correct node's trace does not conform:\n%s", out)
+	case bugs.Any() && rep.Conforms():
+		t.Fatalf("the trace under %v conforms:\n%s", bugs, out)
 	}
+	return rep.Failure
+}
+
+// checkTrace runs the trace check on events and returns its report and
+// the report's text.
+func checkTrace(t *testing.T, events []trace.Event) (*tracecheck.Report, string) {
+	t.Helper()
 	rep, err := tracecheck.Check(events)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var out strings.Builder
 	rep.Write(&out)
-	if f := rep.Failure; f != nil {
-		fmt.Fprintf(&out, "refused at %+v\n", f.Event)
-	}
-	return rep, out.String(), back
+	return rep, out.String()
 }
