@@ -587,6 +587,7 @@ func (c *checker) checkPages(r *replay) *failure {
 const (
 	recordNone        = iota
 	recordReserved    // its Grant sent: waiting for Done
+	recordDoneIn      // its Done received: verified, or held for the keys' revocation, or verified and not yet traced
 	recordReady       // verified
 	recordReading     // acquired by the decoder
 	recordQuarantined // cancelled or timed out while reserved: its pages wait for the writer's fence
@@ -602,8 +603,9 @@ const (
 //     writer);
 //   - at a Done whose verification failed (decode's Abort "verification
 //     failed");
-//   - at a fence of its queue pair while reserved, or quarantined (a cancel
-//     or a timeout while reserved quarantines the pages for that fence).
+//   - at a fence of its queue pair while reserved with no Done received,
+//     or quarantined (a cancel or a timeout while reserved quarantines
+//     the pages for that fence).
 //
 // An AbortAck also ends a quarantine, but the node takes it only once the
 // Grant's keys are revoked, after its receipt is traced: a node killed in
@@ -623,6 +625,10 @@ func (c *checker) givenBack(r *replay) (int, int) {
 			phase, inc = recordNone, c.incs[i] // a restarted node: a new record
 		}
 		if ev.Kind == trace.Fenced { // of r's queue pair (collect: onQP)
+			// Not once its Done came: the batch of completions that steps
+			// a Done held for the keys' revocation into the Receiver (now
+			// ready, untouched by the fence) can fence the queue pair
+			// before its end traces the verification.
 			if phase == recordReserved || phase == recordQuarantined {
 				return i, inc
 			}
@@ -636,10 +642,14 @@ func (c *checker) givenBack(r *replay) (int, int) {
 			switch {
 			case ev.Msg == "Grant":
 				phase = recordReserved
-			case ev.Msg == "Abort" && phase == recordReserved && ev.Reason == "verification failed":
+			case ev.Msg == "Abort" && (phase == recordReserved || phase == recordDoneIn) && ev.Reason == "verification failed":
 				return i, inc
-			case ev.Msg == "Abort" && phase == recordReserved && ev.Reason == "timed out":
+			case ev.Msg == "Abort" && (phase == recordReserved || phase == recordDoneIn) && ev.Reason == "timed out":
 				phase = recordQuarantined
+			}
+		case trace.Recv:
+			if ev.Msg == "Done" && phase == recordReserved {
+				phase = recordDoneIn
 			}
 		case trace.Verified:
 			phase = recordReady
@@ -652,10 +662,13 @@ func (c *checker) givenBack(r *replay) (int, int) {
 				return i, inc
 			}
 		case trace.Cancel:
+			// A cancel takes the node's lock between batches: the
+			// Receiver's phase is the one traced (a held Done leaves it
+			// reserved: quarantined now, freed when the Done comes).
 			switch phase {
 			case recordReady:
 				return i, inc
-			case recordReserved:
+			case recordReserved, recordDoneIn:
 				phase = recordQuarantined
 			}
 		}

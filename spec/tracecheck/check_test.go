@@ -532,7 +532,8 @@ func TestATenancyEndsAtOneFreeBeforeThePageIsGrantedOrReadAgain(t *testing.T) {
 // say it where the protocol's Receiver gives them back at once: a read's
 // Finish, a cancel while verified and not being read, a failed
 // verification, a fence of its queue pair while reserved or quarantined (a
-// cancel or a timeout while reserved quarantines them until that fence).
+// cancel or a timeout while reserved quarantines them until that fence),
+// not once its Done came (a fence may be traced before the verification).
 // From there, every tenancy its Grant named must be freed or cached by the
 // trace's end. An AbortAck's end of a quarantine is not judged: the node
 // takes it only after the Grant's keys are revoked.
@@ -562,8 +563,8 @@ func TestARequestTooLargeToReplayFreesItsPagesAtItsEnd(t *testing.T) {
 	sent, got := done, doneRecv
 	sent.NPages, got.NPages = n, n
 	doneIn = append(doneIn, sent, got)
-	// reserved is the request granted, then end; verified, the same with
-	// its pages verified first.
+	// reserved is the request granted, then end; afterVerified, the same
+	// with its pages verified first.
 	reserved := func(end ...trace.Event) []trace.Event {
 		evs := append([]trace.Event{dispatch, submit, bootstrap, bootRecv, withEpochs(withPages(grant, pages...), epochs...)}, end...)
 		for i := range evs {
@@ -571,7 +572,7 @@ func TestARequestTooLargeToReplayFreesItsPagesAtItsEnd(t *testing.T) {
 		}
 		return evs
 	}
-	verified := func(end ...trace.Event) []trace.Event { return reserved(append([]trace.Event{verified}, end...)...) }
+	afterVerified := func(end ...trace.Event) []trace.Event { return reserved(append([]trace.Event{verified}, end...)...) }
 	const leak = "given back at its end were freed or cached"
 	for _, tc := range []struct {
 		name   string
@@ -580,18 +581,18 @@ func TestARequestTooLargeToReplayFreesItsPagesAtItsEnd(t *testing.T) {
 		at     string // the event refused
 		judged bool   // the rule applies: the pages went back
 	}{
-		{"read, then freed", verified(read, release, free), "", "", true},
-		{"read, then cached", verified(read, release, cache), "", "", true},
-		{"read, never freed", verified(read, release), leak, trace.Release, true},
-		{"read, one page of ten never freed", verified(read, release, partial), leak, trace.Release, true},
-		{"cancelled verified, then freed", verified(cancel, free), "", "", true},
-		{"cancelled verified, never freed (leak-on-cancel)", verified(cancel), leak, trace.Cancel, true},
-		{"cancelled while read, freed at its Finish", verified(read, cancel, release, free), "", "", true},
-		{"cancelled while read, never freed", verified(read, cancel, release), leak, trace.Release, true},
-		{"cancelled while read, not yet finished", verified(read, cancel), "", "", false},
-		{"verified, not yet read", verified(), "", "", false},
-		{"cancelled after its node restarted: the old pool is gone", verified(restart, cancel), "", "", false},
-		{"verified, then its queue pair fenced: a ready record stays", verified(fence), "", "", false},
+		{"read, then freed", afterVerified(read, release, free), "", "", true},
+		{"read, then cached", afterVerified(read, release, cache), "", "", true},
+		{"read, never freed", afterVerified(read, release), leak, trace.Release, true},
+		{"read, one page of ten never freed", afterVerified(read, release, partial), leak, trace.Release, true},
+		{"cancelled verified, then freed", afterVerified(cancel, free), "", "", true},
+		{"cancelled verified, never freed (leak-on-cancel)", afterVerified(cancel), leak, trace.Cancel, true},
+		{"cancelled while read, freed at its Finish", afterVerified(read, cancel, release, free), "", "", true},
+		{"cancelled while read, never freed", afterVerified(read, cancel, release), leak, trace.Release, true},
+		{"cancelled while read, not yet finished", afterVerified(read, cancel), "", "", false},
+		{"verified, not yet read", afterVerified(), "", "", false},
+		{"cancelled after its node restarted: the old pool is gone", afterVerified(restart, cancel), "", "", false},
+		{"verified, then its queue pair fenced: a ready record stays", afterVerified(fence), "", "", false},
 		{"cancelled reserved, fenced, freed", reserved(cancel, fence, free), "", "", true},
 		{"cancelled reserved, fenced, never freed (leak-on-cancel)", reserved(cancel, fence), leak, trace.Fenced, true},
 		{"fenced reserved, never freed", reserved(fence), leak, trace.Fenced, true},
@@ -601,6 +602,13 @@ func TestARequestTooLargeToReplayFreesItsPagesAtItsEnd(t *testing.T) {
 		{"verification failed, never freed", reserved(slices.Concat(doneIn, []trace.Event{verifyFailed})...), leak, trace.Send, true},
 		{"cancelled reserved, its AbortAck taken, never freed: not judged", reserved(append([]trace.Event{cancel}, abortAck...)...), "", "", false},
 		{"cancelled reserved, no fence yet", reserved(cancel), "", "", false},
+		// One batch of completions steps a Done held for the keys'
+		// revocation (verified: ready, which a fence leaves alone), then
+		// fences the queue pair, and only then traces the verification.
+		{"Done in, fenced, then verified: not due at the fence", reserved(slices.Concat(doneIn, []trace.Event{fence, verified})...), "", "", false},
+		{"Done in, fenced, verified, cancelled, freed", reserved(slices.Concat(doneIn, []trace.Event{fence, verified, cancel, free})...), "", "", true},
+		{"Done in, fenced, verified, cancelled, never freed", reserved(slices.Concat(doneIn, []trace.Event{fence, verified, cancel})...), leak, trace.Cancel, true},
+		{"Done in, cancelled while held, fenced, never freed", reserved(slices.Concat(doneIn, []trace.Event{cancel, fence})...), leak, trace.Fenced, true},
 	} {
 		rep := check(t, tc.evs)
 		if rep.Replayed != 0 {
