@@ -600,7 +600,7 @@ const (
 // any SEND after it:
 //   - at a read's Finish (a release with no error);
 //   - at a cancel while verified and not being read (Done fenced the
-//     writer);
+//     writer), or a refused acquire then (its read-time check failed);
 //   - at a Done whose verification failed (decode's Abort "verification
 //     failed");
 //   - at a fence of its queue pair while reserved with no Done received,
@@ -654,8 +654,11 @@ func (c *checker) givenBack(r *replay) (int, int) {
 		case trace.Verified:
 			phase = recordReady
 		case trace.Acquire:
-			if ev.Err == "" {
+			switch {
+			case ev.Err == "":
 				phase = recordReading // its pages go back at Finish
+			case phase == recordReady:
+				return i, inc // the read-time check failed: the Receiver releases them (failRead)
 			}
 		case trace.Release:
 			if ev.Err == "" {
@@ -701,7 +704,7 @@ func (c *checker) leakedAtItsEnd(r *replay) (*failure, bool) {
 		if !freed && !cached {
 			ev := &c.merged[at]
 			how := map[string]string{trace.Release: "its read finished", trace.Cancel: "it was cancelled verified, before its read",
-				trace.Send: "its verification failed", trace.Fenced: "its queue pair was fenced"}[ev.Kind]
+				trace.Send: "its verification failed", trace.Fenced: "its queue pair was fenced", trace.Acquire: "its read-time check failed"}[ev.Kind]
 			return &failure{index: at, rule: "end of trace: a request's pages given back at its end were freed or cached",
 				why: fmt.Sprintf("request %d's pages went back to %s's pool when %s (%s #%d), and %s never freed page %d at epoch %d nor moved it into the prefix cache: it leaked",
 					r.id, ev.Node, how, ev.Node, ev.Seq, ev.Node, t.page, t.epoch)}, true

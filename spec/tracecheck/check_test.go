@@ -530,7 +530,8 @@ func TestATenancyEndsAtOneFreeBeforeThePageIsGrantedOrReadAgain(t *testing.T) {
 // A request the spec does not replay (10 pages, over its 8) has no spec
 // state to say when its pages are due back; its decode node's own events
 // say it where the protocol's Receiver gives them back at once: a read's
-// Finish, a cancel while verified and not being read, a failed
+// Finish, a cancel while verified and not being read (or a refused read:
+// its read-time check failed), a failed
 // verification, a fence of its queue pair while reserved or quarantined (a
 // cancel or a timeout while reserved quarantines them until that fence),
 // not once its Done came (a fence may be traced before the verification).
@@ -573,6 +574,20 @@ func TestARequestTooLargeToReplayFreesItsPagesAtItsEnd(t *testing.T) {
 		return evs
 	}
 	afterVerified := func(end ...trace.Event) []trace.Event { return reserved(append([]trace.Event{verified}, end...)...) }
+	refusedRead := read
+	refusedRead.Pages, refusedRead.Epochs, refusedRead.Err = nil, nil, "protocol: tag mismatch: page 3 of request 7"
+	// onQP numbers the decode node's queue pair of the request 1; ownFence
+	// and otherFence fence that one and another.
+	ownFence, otherFence := fence, fence
+	ownFence.QP, otherFence.QP = 1, 2
+	onQP := func(evs []trace.Event) []trace.Event {
+		for i := range evs {
+			if evs[i].Node == "d" && evs[i].Req == req {
+				evs[i].QP = 1
+			}
+		}
+		return evs
+	}
 	const leak = "given back at its end were freed or cached"
 	for _, tc := range []struct {
 		name   string
@@ -593,6 +608,10 @@ func TestARequestTooLargeToReplayFreesItsPagesAtItsEnd(t *testing.T) {
 		{"verified, not yet read", afterVerified(), "", "", false},
 		{"cancelled after its node restarted: the old pool is gone", afterVerified(restart, cancel), "", "", false},
 		{"verified, then its queue pair fenced: a ready record stays", afterVerified(fence), "", "", false},
+		{"its read-time check failed, freed", afterVerified(refusedRead, free), "", "", true},
+		{"its read-time check failed, never freed", afterVerified(refusedRead), leak, trace.Acquire, true},
+		{"cancelled reserved, another queue pair of its node fenced: not its fence", onQP(reserved(cancel, otherFence)), "", "", false},
+		{"cancelled reserved, its own queue pair fenced, never freed", onQP(reserved(cancel, ownFence)), leak, trace.Fenced, true},
 		{"cancelled reserved, fenced, freed", reserved(cancel, fence, free), "", "", true},
 		{"cancelled reserved, fenced, never freed (leak-on-cancel)", reserved(cancel, fence), leak, trace.Fenced, true},
 		{"fenced reserved, never freed", reserved(fence), leak, trace.Fenced, true},
