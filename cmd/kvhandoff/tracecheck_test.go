@@ -128,9 +128,7 @@ func TestTraceCheckRefusesTheDemosPageBugs(t *testing.T) {
 			runs := 1
 			if tc.faults {
 				// A run with faults may meet its bug late or not at all
-				// (eager-release), or be refused first where the spec's
-				// queue bound breaks (seen once in CI under leak-on-cancel):
-				// up to 3 runs, until the rule refuses one.
+				// (eager-release): up to 3 runs, until the rule refuses one.
 				runs = 3
 			}
 			refusedBy := func(out string) bool {

@@ -396,24 +396,42 @@ func (c *checker) leaked(r *replay) *failure {
 			return nil // an explanation still holds them (quarantined, say)
 		}
 	}
+	t, ok := c.unended(r, anyIncarnation)
+	if !ok {
+		return nil
+	}
+	// At the request's last own event, not a global one of its route that
+	// came later.
+	last := r.events[len(r.events)-1]
+	for _, i := range r.events {
+		if c.merged[i].Req == r.id {
+			last = i
+		}
+	}
+	return &failure{index: last, rule: "end of trace: the pages the spec gave back were freed or cached",
+		why: fmt.Sprintf("the spec gave back request %d's pages, and %s never freed page %d at epoch %d nor moved it into the prefix cache: it leaked",
+			r.id, r.decode, t.page, t.epoch)}
+}
+
+// anyIncarnation is unended's inc for tenancies of every decode node
+// incarnation.
+const anyIncarnation = -1
+
+// unended returns the first tenancy r's Grants named, on decode node
+// incarnation inc (or any), that no free or cache event of the trace
+// ended: a page r leaked, if its pages were due back.
+func (c *checker) unended(r *replay, inc int) (tenancy, bool) {
 	for _, t := range r.tenancies {
+		if inc != anyIncarnation && t.inc != inc {
+			continue
+		}
 		_, freed := c.freedAt[t]
 		_, cached := c.cachedAt[t]
 		if !freed && !cached {
-			// At the request's last own event, not a global one of its
-			// route that came later.
-			last := r.events[len(r.events)-1]
-			for _, i := range r.events {
-				if c.merged[i].Req == r.id {
-					last = i
-				}
-			}
-			return &failure{index: last, rule: "end of trace: the pages the spec gave back were freed or cached",
-				why: fmt.Sprintf("the spec gave back request %d's pages, and %s never freed page %d at epoch %d nor moved it into the prefix cache: it leaked",
-					r.id, r.decode, t.page, t.epoch)}
+			return t, true
 		}
 	}
-	return nil
+	return tenancy{}, false
 }
 
 // readTenancies keeps the first read (an acquire at merged[i] for request
@@ -639,12 +657,13 @@ func (c *checker) givenBack(r *replay) (int, int) {
 		}
 		switch ev.Kind {
 		case trace.Send:
+			waiting := phase == recordReserved || phase == recordDoneIn // for Done, or for its verification
 			switch {
 			case ev.Msg == "Grant":
 				phase = recordReserved
-			case ev.Msg == "Abort" && (phase == recordReserved || phase == recordDoneIn) && ev.Reason == "verification failed":
+			case ev.Msg == "Abort" && waiting && ev.Reason == "verification failed":
 				return i, inc
-			case ev.Msg == "Abort" && (phase == recordReserved || phase == recordDoneIn) && ev.Reason == "timed out":
+			case ev.Msg == "Abort" && waiting && ev.Reason == "timed out":
 				phase = recordQuarantined
 			}
 		case trace.Recv:
@@ -695,23 +714,20 @@ func (c *checker) leakedAtItsEnd(r *replay) (*failure, bool) {
 		return nil, false
 	}
 	c.rep.Ends++
-	for _, t := range r.tenancies {
-		if t.inc != inc {
-			continue
-		}
-		_, freed := c.freedAt[t]
-		_, cached := c.cachedAt[t]
-		if !freed && !cached {
-			ev := &c.merged[at]
-			how := map[string]string{trace.Release: "its read finished", trace.Cancel: "it was cancelled verified, before its read",
-				trace.Send: "its verification failed", trace.Fenced: "its queue pair was fenced", trace.Acquire: "its read-time check failed"}[ev.Kind]
-			return &failure{index: at, rule: "end of trace: a request's pages given back at its end were freed or cached",
-				why: fmt.Sprintf("request %d's pages went back to %s's pool when %s (%s #%d), and %s never freed page %d at epoch %d nor moved it into the prefix cache: it leaked",
-					r.id, ev.Node, how, ev.Node, ev.Seq, ev.Node, t.page, t.epoch)}, true
-		}
+	t, ok := c.unended(r, inc)
+	if !ok {
+		return nil, true
 	}
-	return nil, true
+	ev := &c.merged[at]
+	return &failure{index: at, rule: "end of trace: a request's pages given back at its end were freed or cached",
+		why: fmt.Sprintf("request %d's pages went back to %s's pool when %s (%s #%d), and %s never freed page %d at epoch %d nor moved it into the prefix cache: it leaked",
+			r.id, ev.Node, givenBackWhen[ev.Kind], ev.Node, ev.Seq, ev.Node, t.page, t.epoch)}, true
 }
+
+// givenBackWhen says, by the kind of the event givenBack returns, what
+// gave the pages back.
+var givenBackWhen = map[string]string{trace.Release: "its read finished", trace.Cancel: "it was cancelled verified, before its read",
+	trace.Send: "its verification failed", trace.Fenced: "its queue pair was fenced", trace.Acquire: "its read-time check failed"}
 
 // canQuiesce searches, from each state of the frontier, the states protocol
 // actions reach for one where NoLeak holds.
