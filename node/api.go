@@ -235,7 +235,13 @@ func (rt *Router) answerFailure(w http.ResponseWriter, r *http.Request, err erro
 		rt.answerError(w, r, http.StatusBadRequest, "invalid_request_error", "", "invalid_request",
 			"a node refused the request at its intake", err)
 	case errors.Is(err, ErrShuttingDown):
-		rt.answerError(w, r, http.StatusServiceUnavailable, "server_error", "", "shutting_down", "the router is shutting down", err)
+		says := "the router is shutting down"
+		var he *HandoffError
+		if errors.As(err, &he) {
+			// A node of the handoff refused its leg as it stops.
+			says = fmt.Sprintf("a node of the handoff is shutting down (prefill node %q, decode node %q); nothing was answered, and the request may be retried", he.Prefill, he.Decode)
+		}
+		rt.answerError(w, r, http.StatusServiceUnavailable, "server_error", "", "shutting_down", says, err)
 	case errors.Is(err, protocol.ErrNoNode):
 		rt.answerError(w, r, http.StatusServiceUnavailable, "server_error", "", "no_node",
 			"the router knows no live prefill and decode node", err)

@@ -689,6 +689,10 @@ func (n *Decode) Serve(ctx context.Context, control, transferLn net.Listener, gr
 }
 
 func (n *Decode) shutdown(grace time.Duration) {
+	// The stop's end, traced last: the trace check holds every page a
+	// Grant of this incarnation named to have been freed or cached by then.
+	stopped := trace.Event{Kind: trace.Stopped}
+	defer func() { n.cfg.Trace.Emit(stopped) }()
 	held := func() []protocol.RequestID {
 		n.mu.Lock()
 		defer n.mu.Unlock()
@@ -708,7 +712,9 @@ func (n *Decode) shutdown(grace time.Duration) {
 		ctx, cancel := context.WithTimeout(context.Background(), grace)
 		defer cancel()
 		if !waitPagesBack(ctx, n.ep.Gauges) {
-			n.cfg.Log.Error("decode: pages still held at shutdown", "decode", n.cfg.Name, "gauges", fmt.Sprintf("%+v", n.ep.Gauges()))
+			g := n.ep.Gauges()
+			n.cfg.Log.Error("decode: pages still held at shutdown", "decode", n.cfg.Name, "gauges", fmt.Sprintf("%+v", g))
+			stopped.Err = fmt.Sprintf("%d of %d pages held", g.Pages-g.PagesFree-g.PagesCached, g.Pages)
 		}
 	}
 }

@@ -666,10 +666,18 @@ func (rt *Router) dispatchLocked(d protocol.Dispatch) {
 				RequestID: c.RequestID, Temperature: c.Temperature, TopP: c.TopP, Seed: c.Seed, Logprobs: c.Logprobs, Scope: scope, ScopeLabel: label,
 				PublicPages: rt.scopes.publicPages(label, dec.PageTokens)},
 			func(f legAnswer) error { return rt.relay(d.Request, dec.Name, q, f) })
-		if err != nil && decCtx.Err() != nil && !rt.cfg.Research.Has(research.NoCutCallCancel) {
+		fix := !rt.cfg.Research.Has(research.NoCutCallCancel)
+		if err != nil && decCtx.Err() != nil && fix {
 			rt.cancelCutCall(d.Decode, d.Request, q)
 		}
 		rt.legEnded(d.Decode, d.Request, err, q)
+		if errors.Is(err, ErrShuttingDown) && fix {
+			// The node refused the call as it stops: the call never
+			// reached the leg, which may hold the request's verified
+			// pages waiting for it. Once the request has failed (above),
+			// a cancel call ends the leg, as for a cut call.
+			rt.cancelCutCall(d.Decode, d.Request, q)
+		}
 	}()
 	go func() {
 		defer preCancel()
@@ -767,10 +775,11 @@ func (rt *Router) scopeOf(c Completion, prompt []int, pageTokens int) (protocol.
 
 // cancelCutCall: the router cut a decode leg's call short (the request
 // failed elsewhere, a lost prefill node's above all, which ends the decode
-// leg without a cancel of the protocol's). A call cut in flight may never
-// have reached the node, which may hold the request's verified pages
-// waiting for it: a cancel call says the request is over. Not for a leg
-// whose cancel was sent already, nor for a lost node.
+// leg without a cancel of the protocol's), or the node refused it as it
+// stops. A call cut in flight may never have reached the node, and a
+// refused one did not: the node may hold the request's verified pages
+// waiting for it, and a cancel call says the request is over. Not for a
+// leg whose cancel was sent already, nor for a lost node.
 func (rt *Router) cancelCutCall(node protocol.NodeID, id protocol.RequestID, q *routed) {
 	rt.mu.Lock()
 	m, skip := rt.members[node], q.cancelled[node] || rt.lost[node]

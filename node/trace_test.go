@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -189,14 +190,14 @@ func TestTraceCheckJudgesTheEndsOfLargeRequestsUnderCancels(t *testing.T) {
 			for run := range 3 {
 				rep, out, back := tracedLargeRequests(t, int64(run+1), tc.prefix, tc.bugs)
 				if tc.bugs.Any() {
-					if f := rep.Failure; f != nil {
-						if !strings.Contains(f.Rule, "given back at its end were freed or cached") {
-							t.Fatalf("refused by %q, want the leak rule on decode's own events:\n%s", f.Rule, out)
-						}
-						t.Logf("run %d refused:\n%s", run+1, out)
-						return
+					switch f := rep.Failure; {
+					case f == nil, strings.Contains(f.Rule, stopRule):
+						continue // the leak not judged at the request's end (refused at the node's stop, at most)
+					case !strings.Contains(f.Rule, "given back at its end were freed or cached"):
+						t.Fatalf("refused by %q, want the leak rule on decode's own events:\n%s", f.Rule, out)
 					}
-					continue
+					t.Logf("run %d refused:\n%s", run+1, out)
+					return
 				}
 				if !back {
 					t.Fatalf("run %d: pages still held on a decode node at the end:\n%s", run+1, out)
@@ -211,6 +212,89 @@ func TestTraceCheckJudgesTheEndsOfLargeRequestsUnderCancels(t *testing.T) {
 		})
 	}
 }
+
+// A decode node that stops while a request is verified on it, its call
+// still on the way: the node refuses the call as it stops, and the router,
+// the request failed, sends it a cancel call, as for a call it cut. The
+// node gives the pages back before its stop ends, and the trace conforms.
+// Without the router's cancel (no-cut-call-cancel), the node ends its stop
+// still holding the verified pages, which only its exit gives back, and
+// the trace check refuses the trace at that stop.
+func TestADecodeNodeThatRefusesACallAsItStopsGetsItsCancel(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		bugs research.Switches
+	}{{"fix", research.Switches{}}, {"no-cut-call-cancel", research.On(research.NoCutCallCancel)}} {
+		t.Run(tc.name, func(t *testing.T) {
+			var buf syncBuffer
+			sink := trace.NewSink(&buf)
+			ids, release := make(chan protocol.RequestID, 1), make(chan struct{})
+			var once, released sync.Once
+			free := func() { released.Do(func() { close(release) }) }
+			grace := 2 * time.Second // the pages come back at once with the fix
+			if tc.bugs.Any() {
+				grace = 100 * time.Millisecond // never without: the stop waits twice this
+			}
+			l, err := StartLocal(LocalConfig{PrefillPages: 64, DecodePages: 64, PageTokens: 16, Timeout: time.Minute, Log: quietLog(),
+				Research: tc.bugs, Trace: sink, decodeGrace: grace,
+				beforeDecodeCall: func(id protocol.RequestID) {
+					once.Do(func() {
+						ids <- id
+						<-release
+					})
+				}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Stop()
+			defer free()
+			d := l.Decodes[0]
+			done := make(chan answer, 1)
+			go func() {
+				a, err := complete(context.Background(), l.API, "t", strings.Repeat("a prompt. ", 10), 16)
+				if err != nil {
+					a.err = err.Error()
+				}
+				done <- a
+			}()
+			id := <-ids
+			waitUntil(t, "the request verified on the decode node", func() bool { return d.Endpoint().Status(id) == protocol.ReceiverReady })
+			stopped := make(chan struct{})
+			go func() {
+				l.Stop()
+				close(stopped)
+			}()
+			waitUntil(t, "the decode node draining", d.flight.isDraining)
+			free() // the router's call reaches a node that refuses it
+			if a := <-done; a.code != http.StatusServiceUnavailable || !strings.Contains(a.err, `a node of the handoff is shutting down (prefill node "prefill-0", decode node "decode-0")`) {
+				t.Fatalf("the client got %+v, want the request failed with the decode node shutting down", a)
+			}
+			<-stopped
+			want := protocol.ReceiverClosed
+			if tc.bugs.Any() {
+				want = protocol.ReceiverReady
+			}
+			if st := d.Endpoint().Status(id); st != want {
+				t.Fatalf("the request is %v on the decode node after its stop, want %v", st, want)
+			}
+			rep, out := checkTrace(t, stoppedTrace(t, sink, &buf))
+			if rep.Replayed != 1 || rep.Stops != 1 {
+				t.Fatalf("%d requests replayed and %d decode stops checked, want 1 and 1:\n%s", rep.Replayed, rep.Stops, out)
+			}
+			f := failureUnder(t, rep, out, tc.bugs)
+			if f == nil {
+				return
+			}
+			if f.Event.Kind != trace.Stopped || f.Rule != stopRule || f.Request != uint64(id) {
+				t.Fatalf("the check failed at %+v (rule %q, request %d), want the decode node's stop, holding request %d's pages:\n%s", f.Event, f.Rule, f.Request, id, out)
+			}
+			t.Logf("the trace check refuses the stop that held the pages:\n%s", out)
+		})
+	}
+}
+
+// stopRule is the trace check's rule for a decode node's stop.
+const stopRule = "decode stopped holds no page a Grant named"
 
 // tracedLargeRequests runs the workload of
 // TestTraceCheckJudgesTheEndsOfLargeRequestsUnderCancels from seed and

@@ -103,9 +103,10 @@ const (
 // checker (spec/tracecheck, docs/trace.md) can fail.
 const (
 	// NoCutCallCancel: the router sends no cancel call to a decode node
-	// whose call it cut short (the fix of a request failed while its decode
-	// call was in flight): a call cut before it reached the node leaves the
-	// request's verified pages held until the node's own timeout.
+	// whose call it cut short, or that refused the call as it stops (the
+	// fix of a request failed while its decode call was in flight): a call
+	// that never reached the node leaves the request's verified pages held
+	// until the node's own timeout, or past its stop.
 	NoCutCallCancel Switch = 1 << (numSwitches + 2 + iota)
 )
 

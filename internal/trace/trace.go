@@ -67,6 +67,10 @@ const (
 	Cancel   = "cancel"   // a node's Cancel of a request (Cause: call, call-ended, sweep, shutdown, failed)
 	Cut      = "cut"      // the state machine asked to cut the queue pair to Peer
 	Fenced   = "fenced"   // the queue pair to Peer drained in the error state: its requests fail
+	// Stopped closes a decode node incarnation's events when its graceful
+	// stop has ended: every page a Grant of it named is freed or cached by
+	// then, or it leaked (Err: the pages the pool still held, if any).
+	Stopped = "stopped"
 )
 
 // Event is one line of a trace. Fields a kind does not use are left out.

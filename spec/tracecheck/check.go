@@ -45,6 +45,10 @@ type Report struct {
 	// a verified request, a failed verification, a fence), EndsNotReplayed
 	// those of them the spec does not replay.
 	Ends, EndsNotReplayed int
+	// Stops counts the decode node incarnations whose graceful stop the
+	// trace shows: every page their Grants named was checked to be freed
+	// or cached by then.
+	Stops int
 	// Unmodelled counts events the spec has no action for, by kind: checked
 	// for consistency or skipped (docs/trace.md).
 	Unmodelled map[string]int
@@ -94,7 +98,7 @@ func Check(events []trace.Event) (*Report, error) {
 
 func newChecker(merged []trace.Event, incs []int, roles map[string]string, links map[end]end, rep *Report) *checker {
 	return &checker{merged: merged, roles: roles, links: links, reqs: map[uint64]*replay{}, writes: map[int]map[uint64]uint64{}, rep: rep,
-		incs: incs, tenants: map[tenancy]uint64{}, freedAt: map[tenancy]int{}, cachedAt: map[tenancy]int{}, pins: map[tenancy]map[uint64]int{}, lastGrant: map[decodePage]uint64{}}
+		incs: incs, tenants: map[tenancy]uint64{}, grantedOn: map[int][]tenancy{}, freedAt: map[tenancy]int{}, cachedAt: map[tenancy]int{}, pins: map[tenancy]map[uint64]int{}, lastGrant: map[decodePage]uint64{}}
 }
 
 type checker struct {
@@ -113,6 +117,9 @@ type checker struct {
 	// first Grant that named one another request's Grant had named, and
 	// the request whose events show it.
 	tenants map[tenancy]uint64
+	// grantedOn lists the tenancies of each decode node incarnation, in
+	// the order of their Grants.
+	grantedOn map[int][]tenancy
 	// And each tenancy's end: where a free or a cache event named it (the
 	// pool's journal), and the epoch of each page's last Grant.
 	freedAt   map[tenancy]int
@@ -158,6 +165,11 @@ func (c *checker) collect() {
 		ev := &c.merged[i]
 		switch {
 		case ev.Kind == trace.Start:
+			continue
+		case ev.Kind == trace.Stopped:
+			if c.roles[ev.Node] == "decode" {
+				c.stopped(i)
+			}
 			continue
 		case ev.Kind == trace.Free, ev.Kind == trace.Cache, ev.Kind == trace.Pin, ev.Kind == trace.Unpin:
 			c.poolChange(i) // the pool's: checked across requests
@@ -280,6 +292,7 @@ func (c *checker) grantTenancies(i int, r *replay) {
 		other, named := c.tenants[t]
 		if !named {
 			c.tenants[t] = ev.Req
+			c.grantedOn[t.inc] = append(c.grantedOn[t.inc], t)
 			continue
 		}
 		if other != ev.Req {
@@ -366,6 +379,28 @@ func (c *checker) poolChange(i int) {
 		} else {
 			c.freedAt[t] = i
 		}
+	}
+}
+
+// stopped keeps the first tenancy a Grant of the decode node incarnation
+// whose graceful stop ended at merged[i] named that no free or cache event
+// ended before it: a page the node held past its stop, which only the
+// process's exit gave back. (A node killed has no such event, and is not
+// judged: its pages went with it.)
+func (c *checker) stopped(i int) {
+	c.rep.Stops++
+	ev := &c.merged[i]
+	for _, t := range c.grantedOn[c.incs[i]] {
+		_, freed := c.freedAt[t]
+		_, cached := c.cachedAt[t]
+		if freed || cached {
+			continue
+		}
+		id := c.tenants[t]
+		c.fail(i, c.reqs[id], "decode stopped holds no page a Grant named",
+			fmt.Sprintf("%s ended its graceful stop holding page %d at epoch %d, granted to request %d: never freed nor moved into the prefix cache, it was held past the request's end",
+				ev.Node, t.page, t.epoch, id))
+		return
 	}
 }
 
@@ -758,10 +793,11 @@ func (r *replay) canQuiesce() bool {
 
 func (c *checker) failureOf(r *replay, f *failure) *Failure {
 	out := &Failure{Event: c.merged[f.index], Request: r.id, Rule: f.rule, Why: f.why, States: f.states}
-	// The request's events around it.
+	// The request's events around it (or before it: an event of no
+	// request, as a decode node's stop, is not among them).
 	at := 0
 	for k, i := range r.events {
-		if i == f.index {
+		if i <= f.index {
 			at = k
 		}
 	}
@@ -779,6 +815,9 @@ func (r *Report) Write(w io.Writer) {
 	}
 	if r.Ends > 0 {
 		fmt.Fprintf(w, "  pages' return checked at the request's end on decode's own events: %d (%d not replayed)\n", r.Ends, r.EndsNotReplayed)
+	}
+	if r.Stops > 0 {
+		fmt.Fprintf(w, "  decode nodes' graceful stops checked for pages held: %d\n", r.Stops)
 	}
 	for _, k := range sortedKeys(r.Unmodelled) {
 		fmt.Fprintf(w, "  not modelled (%s): %d\n", k, r.Unmodelled[k])

@@ -683,3 +683,65 @@ func TestAWritesCompletionIsOfTheIncarnationThatPostedIt(t *testing.T) {
 		t.Errorf("request %d's WRITE 1, completed: late %v, want it placed", b, late)
 	}
 }
+
+// A decode node's graceful stop ends with every page its Grants named freed
+// or cached: a verified request whose call never came holds its pages, which
+// a trace that merely ends may still give back, but one whose node says it
+// stopped may not. A node that refused the call as it stops ends the
+// request as the router's cancel does (the spec's Cancel): with the
+// router's cancel call, the pages come back before the stop; without, the
+// stop is refused. A prefill node's refusal ends the request alike. The
+// stop of a restarted node judges only its own incarnation's Grants.
+func TestADecodeNodesStopHoldsNoPageAGrantNamed(t *testing.T) {
+	stopped := trace.Event{Node: "d", Kind: trace.Stopped}
+	const refusal = `node: shutting down: decode node "d"`
+	legRefused := trace.Event{Node: "router", Kind: trace.LegEnd, Req: req, Peer: "d", Err: refusal}
+	clientRefused := trace.Event{Node: "router", Kind: trace.ClientEnd, Req: req, Err: refusal}
+	cutCall := trace.Event{Node: "router", Kind: trace.CutCall, Req: req, Peer: "d"}
+	cancel := trace.Event{Node: "d", Kind: trace.Cancel, Req: req, Cause: "call"}
+	upToVerified := happy()[:slices.IndexFunc(happy(), func(ev trace.Event) bool { return eq(ev, verified) })+1]
+	restart := trace.Event{Node: "d", Kind: trace.Start, Role: "decode", Inc: "d2"}
+	for _, tc := range []struct {
+		name   string
+		evs    []trace.Event
+		refuse bool
+	}{
+		{"read and freed, then stopped", append(happy(), stopped), false},
+		{"verified, the trace ends", upToVerified, false},
+		{"verified, then stopped", append(slices.Clone(upToVerified), stopped), true},
+		{"the call refused, cancelled, freed, then stopped",
+			append(slices.Clone(upToVerified), legP, legRefused, clientRefused, cutCall, cancel, freed, stopped), false},
+		{"the call refused, no cancel, then stopped",
+			append(slices.Clone(upToVerified), legP, legRefused, clientRefused, stopped), true},
+		{"verified, the node restarted, its successor stopped", append(slices.Clone(upToVerified), restart, stopped), false},
+		{"the prefill call refused, the decode leg cancelled, then stopped", []trace.Event{dispatch,
+			{Node: "router", Kind: trace.LegEnd, Req: req, Peer: "p", Err: `node: shutting down: prefill node "p"`},
+			{Node: "router", Kind: trace.CancelLeg, Req: req, Peer: "d"},
+			cancel,
+			{Node: "router", Kind: trace.LegEnd, Req: req, Peer: "d", Err: "cancelled: by the router before the transfer began"},
+			{Node: "router", Kind: trace.ClientEnd, Req: req, Err: `node: shutting down: prefill node "p"`},
+			stopped}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rep := check(t, tc.evs)
+			wantStops := 0
+			if eq(tc.evs[len(tc.evs)-1], stopped) {
+				wantStops = 1
+			}
+			if rep.Stops != wantStops {
+				t.Fatalf("%d stops checked, want %d:\n%s", rep.Stops, wantStops, report(rep))
+			}
+			if !tc.refuse {
+				if !rep.Conforms() {
+					t.Fatalf("want it to conform:\n%s", report(rep))
+				}
+				return
+			}
+			f := rep.Failure
+			if f == nil || f.Event.Kind != trace.Stopped || f.Rule != "decode stopped holds no page a Grant named" || f.Request != req ||
+				!strings.Contains(f.Why, "holding page 3 at epoch 1, granted to request 7") {
+				t.Fatalf("want it refused at the stop, holding page 3 at epoch 1:\n%s", report(rep))
+			}
+		})
+	}
+}

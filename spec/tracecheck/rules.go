@@ -77,6 +77,20 @@ func (c *checker) routerRule(r *replay, ev *trace.Event) (string, moves) {
 			return one(move{act: func(a spec.Action, _, _ *spec.State) bool { return a.Kind == spec.LeaseLost && a.Arg == lost }})
 		}
 	case trace.LegEnd:
+		if strings.Contains(ev.Err, refusedAsItStops) {
+			// The node refused the leg's call as it stops. The spec has no
+			// node stop: the router ends the request as for the client's
+			// cancel, the spec's Cancel (an Abort for each leg; the real
+			// router's, a cancel call for the other leg if still open, and
+			// for a decode leg whose call the node refused, which may hold
+			// verified pages waiting for it, a cut-call's).
+			return "router leg-end of a call refused as its node stops is Cancel", func(s *spec.State) []move {
+				if s.Req[0].Outcome != spec.Pending {
+					return keep
+				}
+				return one(move{act: kind(spec.Cancel)})
+			}
+		}
 		if ev.Peer != r.decode || ev.Err != "" {
 			return "router leg-end of a prefill leg or a failed decode leg", nil
 		}
@@ -97,6 +111,10 @@ func (c *checker) routerRule(r *replay, ev *trace.Event) (string, moves) {
 	}
 	return "router " + ev.Kind, nil
 }
+
+// refusedAsItStops is in the error of a call a node refused as it stops
+// (node.ErrShuttingDown's text; node's trace tests fail if it changes).
+const refusedAsItStops = "node: shutting down"
 
 // finished reports whether the request has ended everywhere in s, with
 // nothing of it in flight: a global event changes nothing of it any more.
