@@ -293,6 +293,100 @@ func TestADecodeNodeThatRefusesACallAsItStopsGetsItsCancel(t *testing.T) {
 	}
 }
 
+// A deployment stopped mid-traffic (40 requests of 2 to 60 pages of 2
+// tokens on 2 prefill and 2 decode nodes, the stop at a random moment of
+// their arrival, with and without the prefix cache): decode calls reach
+// nodes that refuse them as they stop, and every trace conforms, each
+// decode node's stop holding no page. Under no-cut-call-cancel the nodes
+// stop holding the pages of the requests whose calls they refused, and
+// the check refuses a trace at that stop (or at a sweep of the pages of a
+// call the router cut, the switch's other path).
+func TestADeploymentStoppedMidTrafficHoldsNoPagePastItsStop(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		bugs research.Switches
+	}{{"fix", research.Switches{}}, {"no-cut-call-cancel", research.On(research.NoCutCallCancel)}} {
+		t.Run(tc.name, func(t *testing.T) {
+			refused := 0
+			for run := range 12 {
+				rep, out, n := tracedStopMidTraffic(t, uint64(run+1), run%2 == 1, tc.bugs)
+				refused += n
+				if rep.Stops != 2 {
+					t.Fatalf("run %d: %d decode stops checked, want 2:\n%s", run+1, rep.Stops, out)
+				}
+				if !tc.bugs.Any() {
+					if !rep.Conforms() {
+						t.Fatalf("run %d, %d decode calls refused: the trace does not conform:\n%s", run+1, n, out)
+					}
+					continue
+				}
+				if f := rep.Failure; f != nil {
+					// At the stop, or, for a call the router cut (its
+					// prefill node's stop seen first), at the decode node's
+					// sweep of the pages it held for it.
+					if f.Rule != stopRule && f.Rule != "decode cancel (sweep-no-call)" {
+						t.Fatalf("run %d refused by %q, want the decode node's stop or its sweep:\n%s", run+1, f.Rule, out)
+					}
+					t.Logf("run %d, %d decode calls refused:\n%s", run+1, n, out)
+					return
+				}
+			}
+			if tc.bugs.Any() {
+				t.Fatalf("no run's trace was refused under %v (%d decode calls refused in all)", tc.bugs, refused)
+			}
+			if refused == 0 {
+				t.Fatal("no decode call was refused in any run: the stop came too late to test what it should")
+			}
+			t.Logf("%d decode calls refused as their nodes stopped, in 12 runs", refused)
+		})
+	}
+}
+
+// tracedStopMidTraffic runs the workload of
+// TestADeploymentStoppedMidTrafficHoldsNoPagePastItsStop from seed and
+// returns the check's report, its text, and how many decode calls were
+// refused as their node stopped.
+func tracedStopMidTraffic(t *testing.T, seed uint64, prefix bool, bugs research.Switches) (*tracecheck.Report, string, int) {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(seed, 0))
+	var buf syncBuffer
+	sink := trace.NewSink(&buf)
+	l, err := StartLocal(LocalConfig{Prefills: 2, Decodes: 2, PrefillPages: 2048, DecodePages: 2048, PageTokens: 2, Timeout: 2 * time.Second,
+		Log: quietLog(), Trace: sink, Research: bugs, PrefixCache: prefix, TrustTenantHeader: prefix,
+		decodeGrace: time.Second}) // with the fix every page is back long before; without, the stop waits twice this
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Stop()
+	var wg sync.WaitGroup
+	for i := range 40 {
+		tokens := 2 * (2 + rng.IntN(59))
+		p := ""
+		for len(p) < tokens {
+			p += fmt.Sprintf("w%d.%d ", i, rng.IntN(1000))
+		}
+		p = p[:tokens-2]
+		launch := time.Duration(rng.IntN(200)) * time.Millisecond
+		maxTokens := 8 + rng.IntN(60)
+		wg.Go(func() {
+			time.Sleep(launch)
+			complete(context.Background(), l.API, "t", p, maxTokens) // any outcome: the trace check judges the nodes
+		})
+	}
+	time.Sleep(time.Duration(20+rng.IntN(200)) * time.Millisecond)
+	l.Stop()
+	wg.Wait()
+	events := stoppedTrace(t, sink, &buf)
+	refused := 0
+	for _, ev := range events {
+		if ev.Kind == trace.LegEnd && ev.Node == "router" && strings.HasPrefix(ev.Peer, "decode") && strings.Contains(ev.Err, ErrShuttingDown.Error()) {
+			refused++
+		}
+	}
+	rep, out := checkTrace(t, events)
+	return rep, out, refused
+}
+
 // stopRule is the trace check's rule for a decode node's stop.
 const stopRule = "decode stopped holds no page a Grant named"
 
