@@ -537,7 +537,8 @@ func TestATenancyEndsAtOneFreeBeforeThePageIsGrantedOrReadAgain(t *testing.T) {
 // not once its Done came (a fence may be traced before the verification).
 // From there, every tenancy its Grant named must be freed or cached by the
 // trace's end. An AbortAck's end of a quarantine is not judged: the node
-// takes it only after the Grant's keys are revoked.
+// takes it only after the Grant's keys are revoked; the node's graceful
+// stop judges it (a node killed has no stop).
 func TestARequestTooLargeToReplayFreesItsPagesAtItsEnd(t *testing.T) {
 	const n = 10
 	pages, epochs := make([]uint32, n), make([]uint64, n)
@@ -555,6 +556,7 @@ func TestARequestTooLargeToReplayFreesItsPagesAtItsEnd(t *testing.T) {
 	timedOut := trace.Event{Node: "d", Kind: trace.Send, Msg: "Abort", Req: req, Peer: "p", Reason: "timed out"}
 	verifyFailed := trace.Event{Node: "d", Kind: trace.Send, Msg: "Abort", Req: req, Peer: "p", Reason: "verification failed"}
 	abortAck := []trace.Event{{Node: "p", Kind: trace.Send, Msg: "AbortAck", Req: req, Peer: "d"}, {Node: "d", Kind: trace.Recv, Msg: "AbortAck", Req: req, Peer: "p"}}
+	stopped := trace.Event{Node: "d", Kind: trace.Stopped}
 	// Every WRITE posted, then Done sent and received.
 	var doneIn []trace.Event
 	for i := range n {
@@ -620,6 +622,9 @@ func TestARequestTooLargeToReplayFreesItsPagesAtItsEnd(t *testing.T) {
 		{"verification failed, freed", reserved(slices.Concat(doneIn, []trace.Event{verifyFailed, free})...), "", "", true},
 		{"verification failed, never freed", reserved(slices.Concat(doneIn, []trace.Event{verifyFailed})...), leak, trace.Send, true},
 		{"cancelled reserved, its AbortAck taken, never freed: not judged", reserved(append([]trace.Event{cancel}, abortAck...)...), "", "", false},
+		// Its decode node's graceful stop judges it, whatever ended it.
+		{"cancelled reserved, its AbortAck taken, freed, the node stopped", reserved(slices.Concat([]trace.Event{cancel}, abortAck, []trace.Event{free, stopped})...), "", "", false},
+		{"cancelled reserved, its AbortAck taken, never freed, the node stopped", reserved(slices.Concat([]trace.Event{cancel}, abortAck, []trace.Event{stopped})...), stopRule, trace.Stopped, false},
 		{"cancelled reserved, no fence yet", reserved(cancel), "", "", false},
 		// One batch of completions steps a Done held for the keys'
 		// revocation (verified: ready, which a fence leaves alone), then
@@ -684,6 +689,9 @@ func TestAWritesCompletionIsOfTheIncarnationThatPostedIt(t *testing.T) {
 	}
 }
 
+// stopRule is the rule of a decode node's graceful stop.
+const stopRule = "decode stopped holds no page a Grant named"
+
 // A decode node's graceful stop ends with every page its Grants named freed
 // or cached: a verified request whose call never came holds its pages, which
 // a trace that merely ends may still give back, but one whose node says it
@@ -738,7 +746,7 @@ func TestADecodeNodesStopHoldsNoPageAGrantNamed(t *testing.T) {
 				return
 			}
 			f := rep.Failure
-			if f == nil || f.Event.Kind != trace.Stopped || f.Rule != "decode stopped holds no page a Grant named" || f.Request != req ||
+			if f == nil || f.Event.Kind != trace.Stopped || f.Rule != stopRule || f.Request != req ||
 				!strings.Contains(f.Why, "holding page 3 at epoch 1, granted to request 7") {
 				t.Fatalf("want it refused at the stop, holding page 3 at epoch 1:\n%s", report(rep))
 			}
