@@ -689,10 +689,6 @@ func (n *Decode) Serve(ctx context.Context, control, transferLn net.Listener, gr
 }
 
 func (n *Decode) shutdown(grace time.Duration) {
-	// The stop's end, traced last: the trace check holds every page a
-	// Grant of this incarnation named to have been freed or cached by then.
-	stopped := trace.Event{Kind: trace.Stopped}
-	defer func() { n.cfg.Trace.Emit(stopped) }()
 	held := func() []protocol.RequestID {
 		n.mu.Lock()
 		defer n.mu.Unlock()
@@ -703,18 +699,33 @@ func (n *Decode) shutdown(grace time.Duration) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
-	if !waitPagesBack(ctx, n.ep.Gauges) {
-		// Quarantined pages wait for their writers' fence: cutting every
-		// queue pair is that fence.
-		for _, p := range n.ep.Peers() {
-			n.ep.Cut(p)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), grace)
-		defer cancel()
-		if !waitPagesBack(ctx, n.ep.Gauges) {
-			g := n.ep.Gauges()
-			n.cfg.Log.Error("decode: pages still held at shutdown", "decode", n.cfg.Name, "gauges", fmt.Sprintf("%+v", g))
-			stopped.Err = fmt.Sprintf("%d of %d pages held", g.Pages-g.PagesFree-g.PagesCached, g.Pages)
+	if n.stoppedIdle(ctx) {
+		return
+	}
+	// Quarantined pages wait for their writers' fence: cutting every queue
+	// pair is that fence.
+	for _, p := range n.ep.Peers() {
+		n.ep.Cut(p)
+	}
+	ctx, cancel = context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	if n.stoppedIdle(ctx) {
+		return
+	}
+	n.ep.TraceStopped(true)
+	n.cfg.Log.Error("decode: pages still held at shutdown", "decode", n.cfg.Name, "gauges", fmt.Sprintf("%+v", n.ep.Gauges()))
+}
+
+// stoppedIdle waits until every page is back, and traces the stop (its last
+// check of the pool and the event at once: the trace check holds every
+// page a Grant of this incarnation named to be freed or cached by then). A
+// Bootstrap granted in between, as the node still takes them, makes it
+// wait again, until ctx ends: false then.
+func (n *Decode) stoppedIdle(ctx context.Context) bool {
+	for waitPagesBack(ctx, n.ep.Gauges) {
+		if n.ep.TraceStopped(false) {
+			return true
 		}
 	}
+	return false
 }

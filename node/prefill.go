@@ -343,7 +343,7 @@ func (n *Prefill) shutdown(grace time.Duration) {
 		defer n.mu.Unlock()
 		return slices.Collect(maps.Keys(n.waiters))
 	}
-	if k := n.flight.drainOrCancel(grace, held, n.ep.Cancel); k > 0 {
+	if k := n.flight.drainOrCancel(grace, held, func(id protocol.RequestID) { n.ep.CancelBecause(id, "shutdown") }); k > 0 {
 		n.cfg.Log.Warn("prefill: cancelled requests at shutdown", "prefill", n.cfg.Name, "requests", k)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), grace)

@@ -196,6 +196,27 @@ func (d *Decode) CancelBecause(id protocol.RequestID, cause string) {
 	d.carryAndFlush()
 }
 
+// TraceStopped traces the node's stop (trace.Stopped) if every page of the
+// pool is free or cached, and reports whether it was: the check and the
+// event are one critical section, so no Grant comes between them (a node
+// that stops still takes the Bootstraps that reach it). With force it
+// traces the stop whatever the pool holds, naming the pages held.
+func (d *Decode) TraceStopped(force bool) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	pool := d.receiver.Pool()
+	held := pool.Len() - pool.Free() - pool.Cached()
+	if held > 0 && !force {
+		return false
+	}
+	ev := trace.Event{Kind: trace.Stopped}
+	if held > 0 {
+		ev.Err = fmt.Sprintf("%d of %d pages held", held, pool.Len())
+	}
+	d.trace.Emit(ev)
+	return held == 0
+}
+
 // Status is request id's state on this node (protocol.Status...).
 func (d *Decode) Status(id protocol.RequestID) protocol.ReceiverStatus {
 	d.mu.Lock()

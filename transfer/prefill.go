@@ -276,10 +276,14 @@ func (p *Prefill) computingOn(peer protocol.PeerID) bool {
 }
 
 // Cancel stops request id (the client or the router gave up).
-func (p *Prefill) Cancel(id protocol.RequestID) {
+func (p *Prefill) Cancel(id protocol.RequestID) { p.CancelBecause(id, "") }
+
+// CancelBecause is Cancel, its trace event naming why (docs/trace.md: the
+// node's cause shutdown; none for the router's cancel).
+func (p *Prefill) CancelBecause(id protocol.RequestID, cause string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.trace.Emit(trace.Event{Kind: trace.Cancel, Req: uint64(id)})
+	p.trace.Emit(trace.Event{Kind: trace.Cancel, Req: uint64(id), Cause: cause})
 	if st := p.computing[id]; st != nil {
 		st.ended()
 		if !p.cfg.Research.Has(research.FreeComputing) { // the bug: applied while the pages are written

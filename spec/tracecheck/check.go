@@ -98,7 +98,7 @@ func Check(events []trace.Event) (*Report, error) {
 
 func newChecker(merged []trace.Event, incs []int, roles map[string]string, links map[end]end, rep *Report) *checker {
 	return &checker{merged: merged, roles: roles, links: links, reqs: map[uint64]*replay{}, writes: map[int]map[uint64]uint64{}, rep: rep,
-		incs: incs, tenants: map[tenancy]uint64{}, grantedOn: map[int][]tenancy{}, freedAt: map[tenancy]int{}, cachedAt: map[tenancy]int{}, pins: map[tenancy]map[uint64]int{}, lastGrant: map[decodePage]uint64{}}
+		incs: incs, tenants: map[tenancy]uint64{}, grantedOn: map[int][]tenancy{}, stops: map[int]bool{}, freedAt: map[tenancy]int{}, cachedAt: map[tenancy]int{}, pins: map[tenancy]map[uint64]int{}, lastGrant: map[decodePage]uint64{}}
 }
 
 type checker struct {
@@ -120,6 +120,7 @@ type checker struct {
 	// grantedOn lists the tenancies of each decode node incarnation, in
 	// the order of their Grants.
 	grantedOn map[int][]tenancy
+	stops     map[int]bool // the decode node incarnations whose stop was judged
 	// And each tenancy's end: where a free or a cache event named it (the
 	// pool's journal), and the epoch of each page's last Grant.
 	freedAt   map[tenancy]int
@@ -386,8 +387,13 @@ func (c *checker) poolChange(i int) {
 // whose graceful stop ended at merged[i] named that no free or cache event
 // ended before it: a page the node held past its stop, which only the
 // process's exit gave back. (A node killed has no such event, and is not
-// judged: its pages went with it.)
+// judged: its pages went with it. Nor is a Grant traced after the stop:
+// the node's loop runs until its teardown, and takes what reaches it.)
 func (c *checker) stopped(i int) {
+	if c.stops[c.incs[i]] {
+		return // judged at its first stop event
+	}
+	c.stops[c.incs[i]] = true
 	c.rep.Stops++
 	ev := &c.merged[i]
 	for _, t := range c.grantedOn[c.incs[i]] {

@@ -717,6 +717,8 @@ func TestADecodeNodesStopHoldsNoPageAGrantNamed(t *testing.T) {
 		{"read and freed, then stopped", append(happy(), stopped), false},
 		{"verified, the trace ends", upToVerified, false},
 		{"verified, then stopped", append(slices.Clone(upToVerified), stopped), true},
+		{"verified, stopped, then freed", append(slices.Clone(upToVerified), stopped, freed), true},
+		{"verified, stopped twice", append(slices.Clone(upToVerified), stopped, stopped), true},
 		{"the call refused, cancelled, freed, then stopped",
 			append(slices.Clone(upToVerified), legP, legRefused, clientRefused, cutCall, cancel, freed, stopped), false},
 		{"the call refused, no cancel, then stopped",
@@ -733,8 +735,8 @@ func TestADecodeNodesStopHoldsNoPageAGrantNamed(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			rep := check(t, tc.evs)
 			wantStops := 0
-			if eq(tc.evs[len(tc.evs)-1], stopped) {
-				wantStops = 1
+			if slices.ContainsFunc(tc.evs, func(ev trace.Event) bool { return eq(ev, stopped) }) {
+				wantStops = 1 // an incarnation's, however many events
 			}
 			if rep.Stops != wantStops {
 				t.Fatalf("%d stops checked, want %d:\n%s", rep.Stops, wantStops, report(rep))
@@ -749,6 +751,49 @@ func TestADecodeNodesStopHoldsNoPageAGrantNamed(t *testing.T) {
 			if f == nil || f.Event.Kind != trace.Stopped || f.Rule != stopRule || f.Request != req ||
 				!strings.Contains(f.Why, "holding page 3 at epoch 1, granted to request 7") {
 				t.Fatalf("want it refused at the stop, holding page 3 at epoch 1:\n%s", report(rep))
+			}
+		})
+	}
+}
+
+// A node's stop cancels what it holds once calls outlive its grace. The
+// spec has no node stop: a request still pending ends as by the router's
+// cancel (Cancel, then the node's receipt of its Abort), at either node.
+// Once the request has its outcome, a decode node's stop that releases its
+// verified pages released them past its end: refused, as the sweep's.
+func TestANodesStopCancelsWhatItHoldsAsTheRoutersCancel(t *testing.T) {
+	upToVerified := happy()[:slices.IndexFunc(happy(), func(ev trace.Event) bool { return eq(ev, verified) })+1]
+	stopCancel := trace.Event{Node: "d", Kind: trace.Cancel, Req: req, Cause: "shutdown"}
+	decodeErr := trace.Event{Node: "d", Kind: trace.Outcome, Req: req, Peer: "p", Err: "protocol: cancelled"}
+	legErr := trace.Event{Node: "router", Kind: trace.LegEnd, Req: req, Peer: "d", Err: "protocol: cancelled: the decode node stops"}
+	clientErr := trace.Event{Node: "router", Kind: trace.ClientEnd, Req: req, Err: "protocol: cancelled: the decode node stops"}
+	lost := trace.Event{Node: "router", Kind: trace.NodeLost, Peer: "p", Role: "prefill", Cause: "registry"}
+	lostEnd := trace.Event{Node: "router", Kind: trace.ClientEnd, Req: req, Err: "protocol: peer failed: protocol: node lost"}
+	for _, tc := range []struct {
+		name   string
+		evs    []trace.Event
+		refuse bool
+	}{
+		{"verified, the decode node's stop cancels it, frees its pages", append(slices.Clone(upToVerified), stopCancel, freed, decodeErr, legP, legErr, clientErr), false},
+		{"reserved, the decode node's stop cancels it", []trace.Event{dispatch, submit, bootstrap, bootRecv, grant, stopCancel}, false},
+		{"read under way, the decode node's stop cancels it, the read ends failed", append(slices.Clone(upToVerified), legP, acquire, stopCancel, decodeErr,
+			trace.Event{Node: "d", Kind: trace.Cancel, Req: req, Cause: "failed"}, release, freed, legErr, clientErr), false},
+		{"awaiting its Grant, the prefill node's stop cancels it", []trace.Event{dispatch, submit, bootstrap, {Node: "p", Kind: trace.Cancel, Req: req, Cause: "shutdown"}}, false},
+		{"verified, failed by its prefill node's loss, then the decode node's stop frees its pages", append(slices.Clone(upToVerified), legP, lost, lostEnd, stopCancel, freed), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rep := check(t, tc.evs)
+			if rep.Replayed != 1 {
+				t.Fatalf("%d replayed, want 1:\n%s", rep.Replayed, report(rep))
+			}
+			if !tc.refuse {
+				if !rep.Conforms() {
+					t.Fatalf("want it to conform:\n%s", report(rep))
+				}
+				return
+			}
+			if f := rep.Failure; f == nil || !eq(f.Event, stopCancel) || !strings.Contains(f.Why, "held past the request's end") {
+				t.Fatalf("want it refused at the stop's cancel:\n%s", report(rep))
 			}
 		})
 	}

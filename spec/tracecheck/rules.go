@@ -368,9 +368,12 @@ func cutMoves(r *replay) moves {
 // request whose call the router ended (cut, failed, or the client gone,
 // the outcome settled), it is the read's end: DecodeRead, which the spec's
 // decode call is; for a reserved one whose transfer never came (the node's
-// sweep), decode's Timeout. A verified request's pages released by the
-// node's own sweep or shutdown, with no call, is no action of the spec:
-// its decode holds verified pages until the read the router's call brings.
+// sweep), decode's Timeout. A node's stop that cancels a request still
+// pending (at either node) ends it as the router's cancel does: Cancel,
+// then the node's receipt of its Abort. A verified request's pages
+// released by the node's own sweep, or by its stop once the request has
+// its outcome, with no call, is no action of the spec: its decode holds
+// verified pages until the read the router's call brings.
 func (c *checker) cancelMoves(r *replay, ev *trace.Event, prefill bool) moves {
 	node := r.decode
 	recv, q := spec.DecodeRecv, toDecode
@@ -386,6 +389,16 @@ func (c *checker) cancelMoves(r *replay, ev *trace.Event, prefill bool) moves {
 			qu := q(s)
 			qu.Push(spec.Msg{Kind: spec.MAbort, Req: 0}, spec.QueueCapacity)
 			toFront(qu, spec.MAbort, 0)
+		}
+		if ev.Cause == "shutdown" && rq.Outcome == spec.Pending {
+			// The node's stop, once calls outlived its grace, cancels what it
+			// holds, the request's call on its way or in flight (it then
+			// fails), a read under way too. The spec has no node stop: the
+			// request ends as by the router's cancel, the spec's Cancel,
+			// whose Abort the node takes. (Once the request has its
+			// outcome, the cases below: a ready request's pages held past
+			// it are refused.)
+			return one(move{edit: func(s *spec.State) { cancelled(r, s, q) }, act: headIs(recv, q, spec.MAbort)})
 		}
 		if prefill {
 			// The spec's prefill takes an Abort in every phase (a finished
@@ -425,6 +438,23 @@ func (c *checker) cancelMoves(r *replay, ev *trace.Event, prefill bool) moves {
 			return nil
 		}
 		return keep // an ended record: Cancel changes nothing
+	}
+}
+
+// cancelled applies the spec's Cancel of the request to s, its Abort for
+// the node of q at that queue's head; s is left as it is if Cancel is not
+// enabled (its budget spent), which no move then explains.
+func cancelled(r *replay, s *spec.State, q func(s *spec.State) *spec.Queue) {
+	var after spec.State
+	found := false
+	r.m.Successors(s, func(a spec.Action, next *spec.State) {
+		if a.Kind == spec.Cancel && !found {
+			after, found = *next, true
+		}
+	})
+	if found {
+		*s = after
+		toFront(q(s), spec.MAbort, 0)
 	}
 }
 
