@@ -357,31 +357,17 @@ func TestClientDisconnectCancelsBothLegs(t *testing.T) {
 // the end of a kvhandoff demo run. (A call cut once it has reached the node
 // ends there as the client-disconnect test shows.)
 func TestLostPrefillNodeFreesTheDecodePagesOfACallThatNeverReachedIt(t *testing.T) {
-	ids, release := make(chan protocol.RequestID, 1), make(chan struct{})
-	var once, released sync.Once
-	free := func() { released.Do(func() { close(release) }) }
+	call := newHeldCall()
 	l, err := StartLocal(LocalConfig{PrefillPages: 64, DecodePages: 64, PageTokens: 16, Timeout: time.Minute, Log: quietLog(),
-		beforeDecodeCall: func(id protocol.RequestID) {
-			once.Do(func() {
-				ids <- id
-				<-release
-			})
-		}})
+		beforeDecodeCall: call.hold})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer l.Stop()
-	defer free() // before Stop: a failed check must not leave the router's call held
+	defer call.free() // before Stop: a failed check must not leave the router's call held
 	d := l.Decodes[0]
-	done := make(chan answer, 1)
-	go func() {
-		a, err := complete(context.Background(), l.API, "t", strings.Repeat("a long prompt. ", 30), 16)
-		if err != nil {
-			a.err = err.Error()
-		}
-		done <- a
-	}()
-	id := <-ids
+	done := completeLater(l, strings.Repeat("a long prompt. ", 30))
+	id := <-call.ids
 	waitUntil(t, "the request verified on the decode node", func() bool { return d.Endpoint().Status(id) == protocol.ReceiverReady })
 	if err := l.CrashPrefill(0); err != nil {
 		t.Fatal(err)
@@ -389,11 +375,47 @@ func TestLostPrefillNodeFreesTheDecodePagesOfACallThatNeverReachedIt(t *testing.
 	if a := <-done; !strings.Contains(a.err, "node lost") {
 		t.Fatalf("the client got %+v, want the request failed with its prefill node lost", a)
 	}
-	free() // the router's call goes on, its context already ended
+	call.free() // the router's call goes on, its context already ended
 	allPagesBack(t, l)
 	if st := d.Endpoint().Status(id); st != protocol.ReceiverClosed {
 		t.Fatalf("the request is %v on the decode node, want closed (cancelled)", st)
 	}
+}
+
+// heldCall holds the router's first decode call (LocalConfig's
+// beforeDecodeCall: hold) until free: its request's KV verifies on the
+// decode node while the call waits. ids gives the request's id.
+type heldCall struct {
+	ids            chan protocol.RequestID
+	release        chan struct{}
+	once, released sync.Once
+}
+
+func newHeldCall() *heldCall {
+	return &heldCall{ids: make(chan protocol.RequestID, 1), release: make(chan struct{})}
+}
+
+func (h *heldCall) hold(id protocol.RequestID) {
+	h.once.Do(func() {
+		h.ids <- id
+		<-h.release
+	})
+}
+
+func (h *heldCall) free() { h.released.Do(func() { close(h.release) }) }
+
+// completeLater asks l's API for a completion of prompt (16 tokens) and
+// gives its answer, its error in err, when it comes.
+func completeLater(l *Local, prompt string) <-chan answer {
+	done := make(chan answer, 1)
+	go func() {
+		a, err := complete(context.Background(), l.API, "t", prompt, 16)
+		if err != nil {
+			a.err = err.Error()
+		}
+		done <- a
+	}()
+	return done
 }
 
 func waitUntil(t *testing.T, what string, ok func() bool) {

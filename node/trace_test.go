@@ -97,32 +97,18 @@ func tracedCutCall(t *testing.T, bugs research.Switches, pageTokens int, prompt 
 	t.Helper()
 	var buf syncBuffer
 	sink := trace.NewSink(&buf)
-	ids, release := make(chan protocol.RequestID, 1), make(chan struct{})
-	var once, released sync.Once
-	free := func() { released.Do(func() { close(release) }) }
+	call := newHeldCall()
 	l, err := StartLocal(LocalConfig{PrefillPages: 512, DecodePages: 512, PageTokens: pageTokens, Timeout: time.Second, Log: quietLog(),
 		Research: bugs, Trace: sink, decodeGrace: 100 * time.Millisecond, // a leak's pages never come back: the stop waits twice this
-		beforeDecodeCall: func(id protocol.RequestID) {
-			once.Do(func() {
-				ids <- id
-				<-release
-			})
-		}})
+		beforeDecodeCall: call.hold})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer l.Stop()
-	defer free()
+	defer call.free()
 	d := l.Decodes[0]
-	done := make(chan answer, 1)
-	go func() {
-		a, err := complete(context.Background(), l.API, "t", prompt, 16)
-		if err != nil {
-			a.err = err.Error()
-		}
-		done <- a
-	}()
-	id := <-ids
+	done := completeLater(l, prompt)
+	id := <-call.ids
 	waitUntil(t, "the request verified on the decode node", func() bool { return d.Endpoint().Status(id) == protocol.ReceiverReady })
 	if err := l.CrashPrefill(0); err != nil {
 		t.Fatal(err)
@@ -130,7 +116,7 @@ func tracedCutCall(t *testing.T, bugs research.Switches, pageTokens int, prompt 
 	if a := <-done; !strings.Contains(a.err, "node lost") {
 		t.Fatalf("the client got %+v, want the request failed with its prefill node lost", a)
 	}
-	free()
+	call.free()
 	if bugs.Has(research.LeakOnCancel) {
 		// The pages never come back: wait for the cancel that forgot them.
 		waitUntil(t, "the request closed on the decode node", func() bool { return d.Endpoint().Status(id) == protocol.ReceiverClosed })
@@ -229,36 +215,21 @@ func TestADecodeNodeThatRefusesACallAsItStopsGetsItsCancel(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var buf syncBuffer
 			sink := trace.NewSink(&buf)
-			ids, release := make(chan protocol.RequestID, 1), make(chan struct{})
-			var once, released sync.Once
-			free := func() { released.Do(func() { close(release) }) }
+			call := newHeldCall()
 			grace := 2 * time.Second // the pages come back at once with the fix
 			if tc.bugs.Any() {
 				grace = 100 * time.Millisecond // never without: the stop waits twice this
 			}
 			l, err := StartLocal(LocalConfig{PrefillPages: 64, DecodePages: 64, PageTokens: 16, Timeout: time.Minute, Log: quietLog(),
-				Research: tc.bugs, Trace: sink, decodeGrace: grace,
-				beforeDecodeCall: func(id protocol.RequestID) {
-					once.Do(func() {
-						ids <- id
-						<-release
-					})
-				}})
+				Research: tc.bugs, Trace: sink, decodeGrace: grace, beforeDecodeCall: call.hold})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer l.Stop()
-			defer free()
+			defer call.free()
 			d := l.Decodes[0]
-			done := make(chan answer, 1)
-			go func() {
-				a, err := complete(context.Background(), l.API, "t", strings.Repeat("a prompt. ", 10), 16)
-				if err != nil {
-					a.err = err.Error()
-				}
-				done <- a
-			}()
-			id := <-ids
+			done := completeLater(l, strings.Repeat("a prompt. ", 10))
+			id := <-call.ids
 			waitUntil(t, "the request verified on the decode node", func() bool { return d.Endpoint().Status(id) == protocol.ReceiverReady })
 			stopped := make(chan struct{})
 			go func() {
@@ -266,7 +237,7 @@ func TestADecodeNodeThatRefusesACallAsItStopsGetsItsCancel(t *testing.T) {
 				close(stopped)
 			}()
 			waitUntil(t, "the decode node draining", d.flight.isDraining)
-			free() // the router's call reaches a node that refuses it
+			call.free() // the router's call reaches a node that refuses it
 			if a := <-done; a.code != http.StatusServiceUnavailable || !strings.Contains(a.err, `a node of the handoff is shutting down (prefill node "prefill-0", decode node "decode-0")`) {
 				t.Fatalf("the client got %+v, want the request failed with the decode node shutting down", a)
 			}
