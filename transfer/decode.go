@@ -204,6 +204,7 @@ func (d *Decode) CancelBecause(id protocol.RequestID, cause string) {
 func (d *Decode) TraceStopped(force bool) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.traceJournal() // every free the pool made is traced before the stop
 	pool := d.receiver.Pool()
 	held := pool.Len() - pool.Free() - pool.Cached()
 	if held > 0 && !force {

@@ -64,12 +64,14 @@ const (
 	Cache    = "cache"    // decode: the request's pages (Pages, Epochs) moved into the prefix cache: the tenancies go on, the cache's
 	Pin      = "pin"      // decode: the request pinned cached pages (Pages, Epochs) it reads as its prefix
 	Unpin    = "unpin"    // decode: the request dropped those pins
-	Cancel   = "cancel"   // a node's Cancel of a request (Cause: call, call-ended, sweep, shutdown, failed)
+	Cancel   = "cancel"   // a node's Cancel of a request (Cause: decode's call, call-ended, sweep, shutdown, failed; prefill's shutdown or none)
 	Cut      = "cut"      // the state machine asked to cut the queue pair to Peer
 	Fenced   = "fenced"   // the queue pair to Peer drained in the error state: its requests fail
-	// Stopped closes a decode node incarnation's events when its graceful
-	// stop has ended: every page a Grant of it named is freed or cached by
-	// then, or it leaked (Err: the pages the pool still held, if any).
+	// Stopped: a decode node incarnation's graceful stop has ended, traced
+	// with the pool's last check: every page a Grant of it named before is
+	// freed or cached by then, or it leaked (Err: the pages the pool still
+	// held, if any). Its teardown's events may follow it, and the Grant of
+	// a Bootstrap that reached it meanwhile.
 	Stopped = "stopped"
 )
 
