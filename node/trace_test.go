@@ -347,11 +347,7 @@ func tracedStopMidTraffic(t *testing.T, seed uint64, prefix, model bool, bugs re
 		if model {
 			tokens = 16 + rng.IntN(200)
 		}
-		p := ""
-		for len(p) < tokens {
-			p += fmt.Sprintf("w%d.%d ", i, rng.IntN(1000))
-		}
-		p = p[:tokens-2]
+		p := filledPrompt("", i, tokens, rng)
 		launch := time.Duration(rng.IntN(200)) * time.Millisecond
 		maxTokens := 8 + rng.IntN(60)
 		wg.Go(func() {
@@ -374,6 +370,15 @@ func tracedStopMidTraffic(t *testing.T, seed uint64, prefix, model bool, bugs re
 	}
 	rep, out := checkTrace(t, events)
 	return rep, out, refused, cancelled
+}
+
+// filledPrompt is p filled with request i's random words, cut to tokens-2
+// bytes: the two workloads' prompts.
+func filledPrompt(p string, i, tokens int, rng *rand.Rand) string {
+	for len(p) < tokens {
+		p += fmt.Sprintf("w%d.%d ", i, rng.IntN(1000))
+	}
+	return p[:tokens-2]
 }
 
 // stopRule is the trace check's rule for a decode node's stop.
@@ -403,10 +408,7 @@ func tracedLargeRequests(t *testing.T, seed int64, prefix bool, bugs research.Sw
 		if prefix && rng.IntN(2) == 0 {
 			p = shared[rng.IntN(2)]
 		}
-		for len(p) < tokens {
-			p += fmt.Sprintf("w%d.%d ", i, rng.IntN(1000))
-		}
-		p = p[:tokens-2]
+		p = filledPrompt(p, i, tokens, rng)
 		tenant := fmt.Sprintf("t%d", rng.IntN(3))
 		cancelAt := time.Duration(-1)
 		if rng.IntN(3) == 0 {

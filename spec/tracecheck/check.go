@@ -98,7 +98,7 @@ func Check(events []trace.Event) (*Report, error) {
 
 func newChecker(merged []trace.Event, incs []int, roles map[string]string, links map[end]end, rep *Report) *checker {
 	return &checker{merged: merged, roles: roles, links: links, reqs: map[uint64]*replay{}, writes: map[int]map[uint64]uint64{}, rep: rep,
-		incs: incs, tenants: map[tenancy]uint64{}, grantedOn: map[int][]tenancy{}, stops: map[int]bool{}, freedAt: map[tenancy]int{}, cachedAt: map[tenancy]int{}, pins: map[tenancy]map[uint64]int{}, lastGrant: map[decodePage]uint64{}}
+		incs: incs, tenants: map[tenancy]uint64{}, stops: map[int]bool{}, freedAt: map[tenancy]int{}, cachedAt: map[tenancy]int{}, pins: map[tenancy]map[uint64]int{}, lastGrant: map[decodePage]uint64{}}
 }
 
 type checker struct {
@@ -117,10 +117,7 @@ type checker struct {
 	// first Grant that named one another request's Grant had named, and
 	// the request whose events show it.
 	tenants map[tenancy]uint64
-	// grantedOn lists the tenancies of each decode node incarnation, in
-	// the order of their Grants.
-	grantedOn map[int][]tenancy
-	stops     map[int]bool // the decode node incarnations whose stop was judged
+	stops   map[int]bool // the decode node incarnations whose stop was judged
 	// And each tenancy's end: where a free or a cache event named it (the
 	// pool's journal), and the epoch of each page's last Grant.
 	freedAt   map[tenancy]int
@@ -293,7 +290,6 @@ func (c *checker) grantTenancies(i int, r *replay) {
 		other, named := c.tenants[t]
 		if !named {
 			c.tenants[t] = ev.Req
-			c.grantedOn[t.inc] = append(c.grantedOn[t.inc], t)
 			continue
 		}
 		if other != ev.Req {
@@ -390,23 +386,22 @@ func (c *checker) poolChange(i int) {
 // judged: its pages went with it. Nor is a Grant traced after the stop:
 // the node's loop runs until its teardown, and takes what reaches it.)
 func (c *checker) stopped(i int) {
-	if c.stops[c.incs[i]] {
+	inc := c.incs[i]
+	if c.stops[inc] {
 		return // judged at its first stop event
 	}
-	c.stops[c.incs[i]] = true
+	c.stops[inc] = true
 	c.rep.Stops++
-	ev := &c.merged[i]
-	for _, t := range c.grantedOn[c.incs[i]] {
-		_, freed := c.freedAt[t]
-		_, cached := c.cachedAt[t]
-		if freed || cached {
-			continue
+	// collect is at merged[i]: the Grants, frees and caches so far are
+	// those before the stop.
+	for _, id := range c.order {
+		r := c.reqs[id]
+		if t, ok := c.unended(r, inc); ok {
+			c.fail(i, r, "decode stopped holds no page a Grant named",
+				fmt.Sprintf("%s ended its graceful stop holding page %d at epoch %d, granted to request %d: never freed nor moved into the prefix cache, it was held past the request's end",
+					c.merged[i].Node, t.page, t.epoch, id))
+			return
 		}
-		id := c.tenants[t]
-		c.fail(i, c.reqs[id], "decode stopped holds no page a Grant named",
-			fmt.Sprintf("%s ended its graceful stop holding page %d at epoch %d, granted to request %d: never freed nor moved into the prefix cache, it was held past the request's end",
-				ev.Node, t.page, t.epoch, id))
-		return
 	}
 }
 
