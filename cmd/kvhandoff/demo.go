@@ -43,6 +43,7 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 	bugs := fs.String("bug", "", "switches of the bug catalogue to turn on, comma-separated (docs/spec.md)")
 	incident := fs.Bool("incident", false, "the incident's deployment: prefill pools smaller than the advertised context")
 	noFaults := fs.Bool("no-faults", false, "inject no faults")
+	disconnects := fs.Float64("disconnects", 0.05, "the fraction of clients that go away 0.1 ms to 1 s after sending (log-uniform; 0 for none)")
 	procs := fs.Bool("procs", false, "run the nodes as separate kvhandoff serve processes over the socket provider (faults: a prefill node killed and restarted)")
 	etcd := fs.String("etcd", "", "with --procs: the nodes register in this running etcd cluster (host:port,...) instead of static peers")
 	decodePages := fs.Int("decode-pages", 0, "each decode node's pool in pages (default: the deployment's)")
@@ -62,12 +63,19 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "kvhandoff demo: --requests and --concurrency must be positive, --tenants at least 2")
 		return 2
 	}
+	if !(*disconnects >= 0 && *disconnects <= 1) {
+		fmt.Fprintf(stderr, "kvhandoff demo: --disconnects %v: want a fraction from 0 to 1\n", *disconnects)
+		return 2
+	}
 	if *etcd != "" && !*procs {
 		fmt.Fprintln(stderr, "kvhandoff demo: --etcd needs --procs (the in-process deployment uses its own registry)")
 		return 2
 	}
 	cfg := demo.Config{Deployment: demo.Default(), Faults: demo.DefaultFaults(), Concurrency: *concurrency, Etcd: *etcd,
-		Workload: demo.Spec{Seed: *seed, Requests: *requests, Tenants: *tenants}}
+		Workload: demo.Spec{Seed: *seed, Requests: *requests, Tenants: *tenants, Disconnect: *disconnects}}
+	if *disconnects == 0 {
+		cfg.Workload.Disconnect = -1 // the Spec's zero is its default
+	}
 	if *incident {
 		cfg.Deployment = demo.Incident()
 		// The incident's traffic: calm (no disconnects, no faults, whose

@@ -6,6 +6,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -419,5 +423,51 @@ func TestAFailureNoInjectedFaultExplainsFailsTheRun(t *testing.T) {
 	}
 	if rep.Passed() || rep.Incoherent != 1 || !strings.Contains(rep.Incoherences[0], "body names a cache scope") {
 		t.Fatalf("a request naming a scope in its body succeeded and passed: %+v", rep)
+	}
+}
+
+// Disconnects spread evenly over the decades of a request's life, from
+// 0.1 ms to 1 s: a window as narrow as 0.1 to 3.1 ms ended nearly every
+// disconnecting request before its Grant on a loaded machine, and the demo
+// then never cancelled one whose pages were being written.
+func TestDisconnectsSpreadOverEveryDecadeOfARequestsLife(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	const n = 20000
+	var decades [4]int
+	for range n {
+		d := disconnectAfter(rng)
+		if d < 100*time.Microsecond || d > time.Second {
+			t.Fatalf("a disconnect after %v: outside 0.1 ms to 1 s", d)
+		}
+		decades[min(3, int(math.Log10(float64(d)/float64(100*time.Microsecond))))]++
+	}
+	for i, c := range decades {
+		if c < n/5 || c > n*3/10 {
+			t.Errorf("decade %d (from %v): %d of %d disconnects, want about a quarter", i, time.Duration(math.Pow10(i))*100*time.Microsecond, c, n)
+		}
+	}
+}
+
+// A run's trace starts afresh: nodes append to their files (a restarted
+// process continues its predecessor's), so without it a second demo run
+// into the same name is merged with the first by trace check.
+func TestARunStartsItsTraceAfresh(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "t.jsonl")
+	if err := os.WriteFile(path, []byte("{\"node\":\"decode-0\",\"seq\":1,\"ev\":\"start\",\"role\":\"decode\",\"inc\":\"earlier\"}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d := Default()
+	d.Trace = path
+	p, err := Start(d, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Stop()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(b), "earlier") || !strings.Contains(string(b), `"ev":"start"`) {
+		t.Fatalf("the trace after a second run:\n%s", b)
 	}
 }

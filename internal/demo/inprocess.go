@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"sync"
 	"time"
@@ -110,6 +112,9 @@ func Start(d Deployment, log *slog.Logger) (*InProcess, error) {
 	m := llama.Builtin(d.Seed)
 	var sink *trace.Sink
 	if d.Trace != "" {
+		if err := freshTrace(d.Trace); err != nil {
+			return nil, err
+		}
 		var err error
 		if sink, err = trace.Create(d.Trace); err != nil {
 			return nil, err
@@ -128,6 +133,16 @@ func Start(d Deployment, log *slog.Logger) (*InProcess, error) {
 		return nil, err
 	}
 	return &InProcess{Local: l, Model: m, cfg: d, log: log, trace: sink}, nil
+}
+
+// freshTrace removes the trace file a previous run left at path: a node
+// appends to its file (a restarted process continues its predecessor's), so
+// a second run into the same file would be merged with the first.
+func freshTrace(path string) error {
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("demo: a fresh trace: %w", err)
+	}
+	return nil
 }
 
 // publicPrefixes are the deployment's declared public prefixes.

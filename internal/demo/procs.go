@@ -119,6 +119,9 @@ func StartProcs(bin, dir string, d Deployment, etcd string, logs io.Writer) (*Pr
 	}
 	if d.Trace != "" {
 		for name := range p.args {
+			if err := freshTrace(d.Trace + "." + name); err != nil {
+				return nil, err
+			}
 			p.args[name] = append(p.args[name], "--trace", d.Trace+"."+name)
 		}
 	}
