@@ -222,11 +222,17 @@ func checkPrefixRefinement(t *rapid.T, bugs research.Switches) {
 var prefixRefinementStats runStats
 
 // The rapid state machine with the prefix cache: the implementation refines
-// the spec on every drawn run, and a good share of runs serve a request.
+// the spec on every drawn run, a good share of runs serve a request, and
+// some read a prefix from the cache. Hits are rarer: 0 to 10 in the 40 runs
+// -short leaves of 200 (rapid runs a fifth), none in 1 of 30 such checks
+// (a CI run under -race failed so), so a check that hit nothing is followed
+// by more, up to 5 in all: 200 runs, as without -short.
 func TestRapidImplementationWithThePrefixCacheRefinesTheSpec(t *testing.T) {
 	atLeast(t, 200)
 	prefixRefinementStats, prefixHits = runStats{}, 0
-	rapid.Check(t, func(t *rapid.T) { checkPrefixRefinement(t, research.Switches{}) })
+	for round := 0; round == 0 || prefixHits == 0 && testing.Short() && round < 5; round++ {
+		rapid.Check(t, func(t *rapid.T) { checkPrefixRefinement(t, research.Switches{}) })
+	}
 	st := prefixRefinementStats
 	t.Logf("%d runs, %.1f spec steps each (PostWrite not counted), %d with a request served, %d prefix hits",
 		st.runs, float64(st.repeated)/float64(st.runs), st.total, prefixHits)
