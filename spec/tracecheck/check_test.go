@@ -780,6 +780,10 @@ func TestANodesStopCancelsWhatItHoldsAsTheRoutersCancel(t *testing.T) {
 			trace.Event{Node: "d", Kind: trace.Cancel, Req: req, Cause: "failed"}, release, freed, legErr, clientErr), false},
 		{"awaiting its Grant, the prefill node's stop cancels it", []trace.Event{dispatch, submit, bootstrap, {Node: "p", Kind: trace.Cancel, Req: req, Cause: "shutdown"}}, false},
 		{"verified, failed by its prefill node's loss, then the decode node's stop frees its pages", append(slices.Clone(upToVerified), legP, lost, lostEnd, stopCancel, freed), true},
+		// The stop's cancel came after the read, the answer still on its
+		// way to the router: it changes nothing (a run with the model's
+		// generations, the router's leg-end 200 ms behind).
+		{"read, its answer on its way, the decode node's stop cancels it: nothing, the router's success follows", append(slices.Clone(upToVerified), acquire, release, freed, decOK, legP, stopCancel, legD, clientOK), false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rep := check(t, tc.evs)

@@ -390,7 +390,13 @@ func (c *checker) cancelMoves(r *replay, ev *trace.Event, prefill bool) moves {
 			qu.Push(spec.Msg{Kind: spec.MAbort, Req: 0}, spec.QueueCapacity)
 			toFront(qu, spec.MAbort, 0)
 		}
-		if ev.Cause == "shutdown" && rq.Outcome == spec.Pending {
+		// The node's own leg not ended: a read finished, or a prefill leg
+		// ended, the cancel changes nothing (the cases below).
+		ownLive := !r.readDone
+		if prefill {
+			ownLive = rq.S.Phase.Live() || rq.S.Phase == spec.SNone
+		}
+		if ev.Cause == "shutdown" && rq.Outcome == spec.Pending && ownLive {
 			// The node's stop, once calls outlived its grace, cancels what it
 			// holds, the request's call on its way or in flight (it then
 			// fails), a read under way too. The spec has no node stop: the
