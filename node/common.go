@@ -71,6 +71,9 @@ type NodeConfig struct {
 	Trace *trace.Writer
 
 	wrapKV func(transfer.KVSource) transfer.KVSource // tests: hold or fail a KV computation
+	// unannounced: the node's stop is not announced in its registry, as on
+	// a static peer list (tests: the refusals routers meet then).
+	unannounced bool
 }
 
 func (c *NodeConfig) defaults() {
@@ -168,6 +171,38 @@ func waitForStop(ctx context.Context, served <-chan error, lease <-chan struct{}
 		return errors.New("node: the registration was lost")
 	}
 }
+
+// announceStopping registers self again, marked Stopping, as a graceful
+// stop begins, before it drains: routers that watch the registry send the
+// node no new request, rather than learning of the stop from a refused leg
+// each, and retry elsewhere what the stop's end fails. A static peer list
+// keeps records local (its routers learn from the refusals, and from the
+// node's info, which says it stops). It returns the record to answer
+// with. Best effort: a registry it cannot reach is logged, and the stop
+// goes on.
+func announceStopping(ctx context.Context, reg Registry, self Member, unannounced bool, log *slog.Logger) Member {
+	self.Stopping = true
+	if _, ok := reg.(*PeerList); ok || unannounced {
+		return self
+	}
+	if _, err := reg.Register(ctx, self); err != nil {
+		log.Warn("node: announcing the stop in the registry", "node", self.Name, "err", err)
+		return self
+	}
+	// The routers hear of it through their watches, a moment later: until
+	// then they may still dispatch to the node, which serves what comes
+	// (a node whose stop ended first would fail those requests' other legs
+	// before the routers knew to retry them elsewhere).
+	select {
+	case <-time.After(announceSettle):
+	case <-ctx.Done():
+	}
+	return self
+}
+
+// announceSettle is how long a node waits after announcing its stop before
+// it drains: a registry watch's delivery (etcd's is milliseconds).
+const announceSettle = 100 * time.Millisecond
 
 // drainOrCancel stops intake and gives the calls in flight grace to end;
 // past it, every request held() still names is cancelled. It returns how

@@ -59,10 +59,15 @@
 // node the registry knows. Errors cross it with their identity: a node's
 // error matches the same errors.Is sentinels at the router (wire.go).
 //
-// Shutdown (each Serve and Run, on ctx's end): intake stops (new calls get
-// ErrShuttingDown), calls in flight get a grace period, then the rest are
-// cancelled, and a node returns once no page is owned or quarantined (a
-// decode node cuts its queue pairs, the fence, if pages stay quarantined).
+// Shutdown (each Serve and Run, on ctx's end): a node first registers its
+// record again marked Stopping, so routers send it nothing new; then intake
+// stops (new calls get ErrShuttingDown), calls in flight get a grace
+// period, then the rest are cancelled, and a node returns once no page is
+// owned or quarantined (a decode node cuts its queue pairs, the fence, if
+// pages stay quarantined). The router retries on other nodes what a
+// stopping node refuses or its stop's end fails, and takes the loss of a
+// stopped node once its requests' other legs have ended: a rolling restart
+// fails no request.
 //
 // Metrics (metrics.go), one registry per node: kvhandoff_handoffs_total
 // {role,outcome}, kvhandoff_handoff_failures_total{role,reason} (reason

@@ -52,6 +52,9 @@ type LocalConfig struct {
 	// calls and for its pages (grace otherwise): tests of a leak, whose
 	// pages never come back, need not wait twice grace.
 	decodeGrace time.Duration
+	// unannouncedStops: the nodes' stops are not announced in the
+	// registry, as on a static peer list (NodeConfig.unannounced).
+	unannouncedStops bool
 	// ContextTokens is every node's own limit (NodeConfig.ContextTokens),
 	// PrefillContextTokens the prefill nodes' instead if not 0,
 	// AdvertiseContext what the prefill nodes claim (NodeConfig.AdvertiseContext),
@@ -106,6 +109,11 @@ type Local struct {
 	ticketKey ed25519.PrivateKey // the router's (tests: tickets of their own)
 	mu        sync.Mutex
 	stopped   []chan struct{} // per prefill node: closed when its Serve returned
+	// per prefill node: what ends its Serve (a graceful stop)
+	prefillStops []context.CancelFunc
+	// per decode node: what ends its Serve, and closed when it returned
+	decodeStops   []context.CancelFunc
+	decodeStopped []chan struct{}
 }
 
 // StartLocal starts a deployment in one process; Stop ends it.
@@ -135,7 +143,7 @@ func StartLocal(cfg LocalConfig) (*Local, error) {
 	if err != nil {
 		return nil, err
 	}
-	ticketPub, ticketKey, err := pki.NewTicketKey()
+	_, ticketKey, err := pki.NewTicketKey()
 	if err != nil {
 		return nil, err
 	}
@@ -166,49 +174,18 @@ func StartLocal(cfg LocalConfig) (*Local, error) {
 		return Security{TLS: tc}, err
 	}
 	l.security = security
-	decodeBackend := func(i int) backend.Backend {
-		if cfg.decodeBackend == nil {
-			return nil // NodeConfig's default
-		}
-		return cfg.decodeBackend(i)
-	}
 	for i := range cfg.Decodes {
-		name := fmt.Sprintf("decode-%d", i)
-		sec, err := security(name)
-		if err != nil {
+		l.Decodes = append(l.Decodes, nil)
+		l.decodeStops = append(l.decodeStops, nil)
+		l.decodeStopped = append(l.decodeStopped, nil)
+		if err := l.startDecode(i); err != nil {
 			return fail(err)
 		}
-		reg, err := registry(name)
-		if err != nil {
-			return fail(err)
-		}
-		d, err := NewDecode(DecodeConfig{NodeConfig: NodeConfig{Name: name, Device: fabric.Device(name), Pages: cfg.DecodePages,
-			PageTokens: cfg.PageTokens, PageBytes: cfg.PageBytes, Model: cfg.Model, ModelID: cfg.ModelID, Security: sec,
-			Registry: reg, Log: cfg.Log, Timeout: cfg.Timeout, ContextTokens: cfg.ContextTokens, Research: cfg.Research, Backend: decodeBackend(i),
-			Trace: cfg.Trace.NewWriter(name, string(RoleDecode))}, Stop: -1,
-			TicketKey: ticketPub, PeerRequests: cfg.PeerRequests, PeerPages: cfg.PeerPages, PrefixCache: cfg.PrefixCache})
-		if err != nil {
-			return fail(err)
-		}
-		ctl, err := listen()
-		if err != nil {
-			return fail(err)
-		}
-		tl, err := listen()
-		if err != nil {
-			ctl.Close()
-			return fail(err)
-		}
-		l.Decodes = append(l.Decodes, d)
-		g := grace
-		if cfg.decodeGrace > 0 {
-			g = cfg.decodeGrace
-		}
-		l.wg.Go(func() { l.errs <- d.Serve(ctx, ctl, tl, g) })
 	}
 	for i := range cfg.Prefills {
 		l.Prefills = append(l.Prefills, nil)
 		l.stopped = append(l.stopped, nil)
+		l.prefillStops = append(l.prefillStops, nil)
 		if err := l.startPrefill(i); err != nil {
 			return fail(err)
 		}
@@ -251,6 +228,109 @@ func StartLocal(cfg LocalConfig) (*Local, error) {
 // grace is how long a local node's stop waits for calls in flight.
 const grace = 5 * time.Second
 
+// startDecode makes decode node i and serves it until the deployment
+// stops or StopDecode stops it.
+func (l *Local) startDecode(i int) error {
+	cfg := l.cfg
+	name := fmt.Sprintf("decode-%d", i)
+	sec, err := l.security(name)
+	if err != nil {
+		return err
+	}
+	reg, err := l.registry(name)
+	if err != nil {
+		return err
+	}
+	var be backend.Backend // nil: NodeConfig's default
+	if cfg.decodeBackend != nil {
+		be = cfg.decodeBackend(i)
+	}
+	d, err := NewDecode(DecodeConfig{NodeConfig: NodeConfig{Name: name, Device: l.fabric.Device(name), Pages: cfg.DecodePages,
+		PageTokens: cfg.PageTokens, PageBytes: cfg.PageBytes, Model: cfg.Model, ModelID: cfg.ModelID, Security: sec,
+		Registry: reg, Log: cfg.Log, Timeout: cfg.Timeout, ContextTokens: cfg.ContextTokens, Research: cfg.Research, Backend: be,
+		Trace: cfg.Trace.NewWriter(name, string(RoleDecode)), unannounced: cfg.unannouncedStops}, Stop: -1,
+		TicketKey: l.ticketKey.Public().(ed25519.PublicKey), PeerRequests: cfg.PeerRequests, PeerPages: cfg.PeerPages, PrefixCache: cfg.PrefixCache})
+	if err != nil {
+		return err
+	}
+	ctl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	tl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		ctl.Close()
+		return err
+	}
+	g := grace
+	if cfg.decodeGrace > 0 {
+		g = cfg.decodeGrace
+	}
+	ctx, stop := context.WithCancel(l.ctx)
+	done := make(chan struct{})
+	l.mu.Lock()
+	l.Decodes[i], l.decodeStops[i], l.decodeStopped[i] = d, stop, done
+	l.mu.Unlock()
+	l.wg.Go(func() {
+		defer close(done)
+		defer stop()
+		err := d.Serve(ctx, ctl, tl, g)
+		select {
+		case l.errs <- err:
+		default: // a restarted node's end is not the deployment's
+		}
+	})
+	return nil
+}
+
+// StopDecode stops decode node i gracefully, as SIGTERM stops kvhandoff
+// serve (its calls in flight finish, it takes no new one, its pages come
+// back, its registration goes last), and waits for its stop to end. For
+// tests of a rolling restart; RestartDecode brings it back.
+func (l *Local) StopDecode(i int) error {
+	if i < 0 || i >= len(l.Decodes) {
+		return fmt.Errorf("node: no decode node %d", i)
+	}
+	l.mu.Lock()
+	stop, done := l.decodeStops[i], l.decodeStopped[i]
+	l.mu.Unlock()
+	stop()
+	select {
+	case <-done:
+		return nil
+	case <-time.After(4 * grace):
+		return fmt.Errorf("node: decode-%d did not stop", i)
+	}
+}
+
+// RestartDecode starts a fresh decode node i under the same name, once the
+// one before has stopped: a new incarnation, new queue pairs, registered
+// again.
+func (l *Local) RestartDecode(i int) error {
+	if i < 0 || i >= len(l.Decodes) {
+		return fmt.Errorf("node: no decode node %d", i)
+	}
+	l.mu.Lock()
+	done := l.decodeStopped[i]
+	l.mu.Unlock()
+	select {
+	case <-done:
+	default:
+		return fmt.Errorf("node: decode-%d still runs", i)
+	}
+	if l.ctx.Err() != nil {
+		return l.ctx.Err()
+	}
+	return l.startDecode(i)
+}
+
+// Decode is decode node i as it runs now (a restart replaces it).
+func (l *Local) Decode(i int) *Decode {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.Decodes[i]
+}
+
 // startPrefill makes prefill node i and serves it until the deployment stops
 // or the node crashes.
 func (l *Local) startPrefill(i int) error {
@@ -271,6 +351,7 @@ func (l *Local) startPrefill(i int) error {
 		PageBytes: cfg.PageBytes, Model: cfg.Model, ModelID: cfg.ModelID, Security: sec, Registry: reg, Log: cfg.Log, Timeout: cfg.Timeout,
 		ContextTokens: cfg.ContextTokens, AdvertiseContext: cfg.AdvertiseContext, Research: cfg.Research, PrefillChunkPages: cfg.PrefillChunkPages,
 		Trace: cfg.Trace.NewWriter(name, string(RolePrefill))}
+	nc.unannounced = cfg.unannouncedStops
 	if cfg.prefillKV != nil {
 		nc.wrapKV = func(src transfer.KVSource) transfer.KVSource { return cfg.prefillKV(i, src) }
 	}
@@ -283,12 +364,14 @@ func (l *Local) startPrefill(i int) error {
 		return err
 	}
 	done := make(chan struct{})
+	ctx, stop := context.WithCancel(l.ctx)
 	l.mu.Lock()
-	l.Prefills[i], l.stopped[i] = p, done
+	l.Prefills[i], l.stopped[i], l.prefillStops[i] = p, done, stop
 	l.mu.Unlock()
 	l.wg.Go(func() {
 		defer close(done)
-		err := p.Serve(l.ctx, ctl, grace)
+		defer stop()
+		err := p.Serve(ctx, ctl, grace)
 		select {
 		case l.errs <- err:
 		default: // a restarted node's end is not the deployment's
@@ -313,7 +396,26 @@ func (l *Local) CrashPrefill(i int) error {
 	return nil
 }
 
-// RestartPrefill waits for crashed prefill node i to have stopped, then
+// StopPrefill stops prefill node i gracefully, as SIGTERM stops kvhandoff
+// serve, and waits for its stop to end. For tests of a rolling restart;
+// RestartPrefill brings it back.
+func (l *Local) StopPrefill(i int) error {
+	if i < 0 || i >= len(l.Prefills) {
+		return fmt.Errorf("node: no prefill node %d", i)
+	}
+	l.mu.Lock()
+	stop, done := l.prefillStops[i], l.stopped[i]
+	l.mu.Unlock()
+	stop()
+	select {
+	case <-done:
+		return nil
+	case <-time.After(4 * grace):
+		return fmt.Errorf("node: prefill-%d did not stop", i)
+	}
+}
+
+// RestartPrefill waits for crashed or stopped prefill node i to have stopped, then
 // starts a fresh one under the same name: new queue pairs, a new control
 // address, registered again.
 func (l *Local) RestartPrefill(i int) error {

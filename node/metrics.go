@@ -77,7 +77,7 @@ func NewMetrics() *Metrics {
 			Help: "Router: client completions answered, by HTTP status code."}, []string{"code"}),
 	}
 	m.retries = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvhandoff_retries_total",
-		Help: "Router: handoffs retried under the same client request because a pool had no room."})
+		Help: "Router: handoffs retried under the same client request because a pool had no room, or elsewhere than a node that refused a leg as it stops."})
 	m.promptTok = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvhandoff_prompt_tokens_total",
 		Help: "Router: prompt tokens of requests answered 200 (BOS counted)."})
 	m.genTok = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvhandoff_generation_tokens_total",
@@ -94,7 +94,7 @@ func NewMetrics() *Metrics {
 	m.waiting = prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvhandoff_requests_waiting",
 		Help: "Router: requests waiting for a pool to have room, between their retries (the queue)."})
 	m.nodeEvents = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvhandoff_node_events_total",
-		Help: "Router: nodes that joined, were lost (lease, unreachable, restart) or rejoined, by role."}, []string{"role", "event"})
+		Help: "Router: nodes that joined, were lost (lease, unreachable, restart), rejoined, or refused a leg as they stop (out of rotation a while), by role."}, []string{"role", "event"})
 	m.afterCancel = prometheus.NewCounter(prometheus.CounterOpts{Name: "kvhandoff_decode_tokens_after_cancel_total",
 		Help:        "Decode: tokens generated for a request after it was cancelled or failed (the step in flight when the cancel came: at most one per request).",
 		ConstLabels: prometheus.Labels{"role": string(RoleDecode)}})
@@ -139,7 +139,7 @@ func (m *Metrics) prime(role Role) {
 	if role == RoleRouter {
 		m.reg.MustRegister(m.retries, m.promptTok, m.genTok, m.ttft, m.tpot, m.latency, m.waiting, m.nodeEvents)
 		for _, r := range []Role{RolePrefill, RoleDecode} {
-			for _, e := range []string{"joined", "lost", "rejoined"} {
+			for _, e := range []string{"joined", "lost", "rejoined", "stopping"} {
 				m.nodeEvents.WithLabelValues(string(r), e)
 			}
 		}

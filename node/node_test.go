@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -386,9 +387,10 @@ func TestLostPrefillNodeFreesTheDecodePagesOfACallThatNeverReachedIt(t *testing.
 // beforeDecodeCall: hold) until free: its request's KV verifies on the
 // decode node while the call waits. ids gives the request's id.
 type heldCall struct {
-	ids            chan protocol.RequestID
-	release        chan struct{}
-	once, released sync.Once
+	ids      chan protocol.RequestID
+	release  chan struct{}
+	held     atomic.Bool
+	released sync.Once
 }
 
 func newHeldCall() *heldCall {
@@ -396,10 +398,12 @@ func newHeldCall() *heldCall {
 }
 
 func (h *heldCall) hold(id protocol.RequestID) {
-	h.once.Do(func() {
-		h.ids <- id
-		<-h.release
-	})
+	// Not a sync.Once: its other callers would wait for the first.
+	if h.held.Swap(true) {
+		return
+	}
+	h.ids <- id
+	<-h.release
 }
 
 func (h *heldCall) free() { h.released.Do(func() { close(h.release) }) }

@@ -43,6 +43,10 @@ type Member struct {
 	// before its old lease expired is the loss of the old life at the router
 	// (protocol.NodeInfo.Incarnation), not an advertisement update.
 	Incarnation uint64 `json:"incarnation,omitempty"`
+	// Stopping: the node has begun a graceful stop (it registers its record
+	// again so marked before it drains): routers send it no new request,
+	// and retry elsewhere those its stop's end fails.
+	Stopping bool `json:"stopping,omitempty"`
 }
 
 // PoolTokens is the most tokens the node's pool holds.

@@ -16,6 +16,7 @@ import (
 	"github.com/kvhandoff/kvhandoff/internal/research"
 	"github.com/kvhandoff/kvhandoff/internal/trace"
 	"github.com/kvhandoff/kvhandoff/protocol"
+	"github.com/kvhandoff/kvhandoff/transfer"
 )
 
 // RouterConfig configures a Router node.
@@ -91,12 +92,18 @@ type Router struct {
 	flight flight
 	scopes *scopes // nil: no key, scope 0 for every request
 
-	mu       sync.Mutex
-	r        *protocol.Router
-	ids      map[string]protocol.NodeID
-	members  map[protocol.NodeID]Member
-	lost     map[protocol.NodeID]bool
-	suspect  map[protocol.NodeID]bool // lost because its control API stopped answering; probed until it does
+	mu      sync.Mutex
+	r       *protocol.Router
+	ids     map[string]protocol.NodeID
+	members map[protocol.NodeID]Member
+	lost    map[protocol.NodeID]bool
+	suspect map[protocol.NodeID]bool // lost because its control API stopped answering; probed until it does
+	// stopping: the life of the node it knows stops gracefully: its loss is
+	// its stop's end, and the requests that loss fails are retried
+	// elsewhere. True where its record announced it (the registry will say
+	// when it is gone); false where only a leg it refused told (a static
+	// peer list).
+	stopping map[protocol.NodeID]bool
 	pending  map[protocol.RequestID]*routed
 	nextID   protocol.RequestID
 	nextPeer protocol.NodeID
@@ -223,7 +230,7 @@ func NewRouter(cfg RouterConfig) (*Router, error) {
 	rt := &Router{scopes: sc, cfg: cfg, client: newControlClient(cfg.Security),
 		r:   protocol.NewRouter(protocol.RouterConfig{Timeout: cfg.Timeout, Horizon: time.Minute, Policy: LeastOutstanding{}}),
 		ids: map[string]protocol.NodeID{}, members: map[protocol.NodeID]Member{}, lost: map[protocol.NodeID]bool{},
-		suspect: map[protocol.NodeID]bool{}, pending: map[protocol.RequestID]*routed{}, nextID: protocol.RequestID(time.Now().UnixNano()), ready: make(chan struct{})}
+		suspect: map[protocol.NodeID]bool{}, stopping: map[protocol.NodeID]bool{}, pending: map[protocol.RequestID]*routed{}, nextID: protocol.RequestID(time.Now().UnixNano()), ready: make(chan struct{})}
 	rt.client.expect = func(name string) (Role, bool) {
 		// A node's certificate must carry the role its registry record gives it.
 		rt.mu.Lock()
@@ -341,6 +348,13 @@ func (rt *Router) change(ch Change) {
 	}
 	switch ch.Kind {
 	case Joined:
+		if old := rt.members[id]; m.Stopping && old.Role == m.Role && old.Incarnation == m.Incarnation && !rt.lost[id] {
+			// The life it knows announces its graceful stop: no new
+			// request goes to it for the rest of that life.
+			rt.members[id] = m
+			rt.stoppingLocked(id, time.Now().Add(announcedStop), true)
+			return
+		}
 		role := protocol.RolePrefill
 		if m.Role == RoleDecode {
 			role = protocol.RoleDecode
@@ -377,23 +391,68 @@ func (rt *Router) change(ch Change) {
 			event = "rejoined"
 		}
 		rt.cfg.Metrics.nodeEvents.WithLabelValues(string(m.Role), event).Inc()
+		if old := rt.members[id]; old.Incarnation != m.Incarnation {
+			delete(rt.stopping, id) // a new life
+		}
 		rt.members[id] = m
 		delete(rt.lost, id)
 		delete(rt.suspect, id)
+		if m.Stopping {
+			// Stopping when first seen (a router that came up meanwhile).
+			rt.stoppingLocked(id, time.Now().Add(announcedStop), true)
+		}
 		rt.cfg.Log.Info("router: node joined", "node", m.Name, "role", m.Role, "control", m.Control, "pool_tokens", m.PoolTokens(), "context_tokens", m.ContextTokens)
 		rt.checkReadyLocked()
 	case Lost:
-		if !rt.lost[id] {
-			rt.cfg.Metrics.nodeEvents.WithLabelValues(string(m.Role), "lost").Inc()
+		if _, stops := rt.stopping[id]; stops && !rt.lost[id] && rt.r.Undecided(id) > 0 {
+			rt.stoppingLocked(id, time.Now().Add(announcedStop), true) // it is gone: nothing new to it
+			go rt.loseAfterStop(id, m)
+			return
 		}
-		delete(rt.suspect, id)
-		rt.lost[id] = true
-		rt.cfg.Trace.Emit(trace.Event{Kind: trace.NodeLost, Peer: m.Name, Role: string(m.Role), Cause: "registry"})
-		if err := rt.r.NodeLost(id); err != nil {
-			rt.cfg.Log.Error("router: node lost", "node", m.Name, "err", err)
+		rt.loseLocked(id, m)
+	}
+}
+
+// loseLocked takes node id's loss (the registry lost m): every request
+// dispatched to it without an outcome fails. The caller holds mu.
+func (rt *Router) loseLocked(id protocol.NodeID, m Member) {
+	if !rt.lost[id] {
+		rt.cfg.Metrics.nodeEvents.WithLabelValues(string(m.Role), "lost").Inc()
+	}
+	delete(rt.suspect, id)
+	rt.lost[id] = true
+	rt.cfg.Trace.Emit(trace.Event{Kind: trace.NodeLost, Peer: m.Name, Role: string(m.Role), Cause: "registry"})
+	if err := rt.r.NodeLost(id); err != nil {
+		rt.cfg.Log.Error("router: node lost", "node", m.Name, "err", err)
+	}
+	rt.cfg.Log.Warn("router: node lost; its requests fail on every leg", "node", m.Name, "role", m.Role)
+	rt.effectsLocked()
+}
+
+// loseAfterStop takes the loss of a node that stopped gracefully once the
+// requests dispatched to it have their outcomes, or after the router's
+// timeout. Its stop drained its own legs, but not the other legs of its
+// requests: a prefill node's requests still being decoded, a decode node's
+// answers still on their way to the router. Taken at once, the loss would
+// fail them (a lost node fails every request dispatched to it, rule 14),
+// though nothing of theirs needs the node any more. Its pages are back
+// (its stop waited for them), so waiting risks nothing; a new life
+// registered meanwhile takes the old one's loss itself.
+func (rt *Router) loseAfterStop(id protocol.NodeID, m Member) {
+	deadline := time.Now().Add(max(rt.cfg.Timeout, time.Second))
+	for {
+		time.Sleep(10 * time.Millisecond)
+		rt.mu.Lock()
+		if rt.members[id].Incarnation != m.Incarnation || rt.lost[id] {
+			rt.mu.Unlock()
+			return
 		}
-		rt.cfg.Log.Warn("router: node lost; its requests fail on every leg", "node", m.Name, "role", m.Role)
-		rt.effectsLocked()
+		if rt.r.Undecided(id) == 0 || time.Now().After(deadline) {
+			rt.loseLocked(id, m)
+			rt.mu.Unlock()
+			return
+		}
+		rt.mu.Unlock()
 	}
 }
 
@@ -421,7 +480,10 @@ func (rt *Router) checkReadyLocked() {
 // prefill or decode, or over the prefill node's quota on decode: nothing was
 // transferred) is retried under a new ID,
 // with backoff, until the router's timeout: full pools make clients wait,
-// not fail, while room comes back.
+// not fail, while room comes back. So is one whose prefill node had no
+// queue pair to its decode node yet (one just joined), and one a node
+// refused as it stops, while other nodes take it: a rolling restart fails
+// no request.
 func (rt *Router) Complete(ctx context.Context, c Completion) (Result, error) {
 	if !rt.flight.enter() {
 		return Result{}, ErrShuttingDown
@@ -438,14 +500,25 @@ func (rt *Router) Complete(ctx context.Context, c Completion) (Result, error) {
 	}
 	for attempt := 1; ; attempt++ {
 		res, err := rt.complete(ctx, c, attempt, deadline)
-		// Over a peer's quota is no room for that peer now, as a full pool is.
-		full := errors.Is(err, protocol.ErrNoCapacity) || errors.Is(err, protocol.AbortNoCapacity) || errors.Is(err, protocol.AbortOverQuota)
-		if !full || streamed.Load() || time.Now().Add(backoff).After(deadline) {
+		// Over a peer's quota is no room for that peer now, as a full pool
+		// is. No queue pair yet between the two nodes is as passing: one
+		// of them has just joined, and its peers dial it once they see its
+		// record (prefill refuses at its intake, before anything is sent).
+		full := errors.Is(err, protocol.ErrNoCapacity) || errors.Is(err, protocol.AbortNoCapacity) || errors.Is(err, protocol.AbortOverQuota) ||
+			errors.Is(err, transfer.ErrNoPeer)
+		if !full && !rt.elsewhere(err, len(res.Prompt)) || streamed.Load() || time.Now().Add(backoff).After(deadline) {
 			return res, err
 		}
 		rt.cfg.Metrics.retries.Inc()
-		rt.cfg.Trace.Emit(trace.Event{Kind: trace.Retry, Req: uint64(res.ID), Reason: Reason(err)})
-		rt.cfg.Log.Info("request waits for room", "request_id", c.RequestID, "attempt", attempt, "handoff_id", idString(res.ID), "reason", Reason(err))
+		rt.cfg.Trace.Emit(trace.Event{Kind: trace.Retry, Req: uint64(res.ID), Reason: Reason(err), Err: trace.ErrText(err)})
+		says := "request waits for room"
+		switch {
+		case errors.Is(err, transfer.ErrNoPeer):
+			says = "request waits for a queue pair between its nodes"
+		case !full:
+			says = "request retried elsewhere: a node of its handoff is stopping"
+		}
+		rt.cfg.Log.Info(says, "request_id", c.RequestID, "attempt", attempt, "handoff_id", idString(res.ID), "reason", Reason(err))
 		rt.cfg.Metrics.waiting.Inc()
 		select {
 		case <-ctx.Done():
@@ -456,6 +529,35 @@ func (rt *Router) Complete(ctx context.Context, c Completion) (Result, error) {
 		rt.cfg.Metrics.waiting.Dec()
 		backoff = min(2*backoff, 100*time.Millisecond)
 	}
+}
+
+// elsewhere reports whether err is a node's refusal of a leg as it stops,
+// or the end of a node known to stop (lost, unreachable, its queue pairs
+// flushed: a request dispatched to it just before it said so, or whose
+// answer was still on its way), and other nodes can take a request of
+// tokens now: the client need not hear of one node's stop. Complete
+// retries only what streamed no token, and the attempt's legs are ended,
+// so the retry is a new handoff, as for a full pool. With no other node,
+// the client gets the error (503 shutting_down naming the nodes, for a
+// refusal).
+func (rt *Router) elsewhere(err error, tokens int) bool {
+	var he *HandoffError
+	if !errors.As(err, &he) {
+		return false
+	}
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	// A node of the handoff stopping: its loss, its queue pairs flushed or
+	// its control API gone (the stop's end, before the router heard of
+	// it) are the stop's too.
+	_, preStops := rt.stopping[rt.ids[he.Prefill]]
+	_, decStops := rt.stopping[rt.ids[he.Decode]]
+	gone := errors.Is(err, protocol.ErrPeerFailed) || errors.Is(err, ErrUnreachable) // ErrNodeLost is an ErrPeerFailed
+	if !errors.Is(err, ErrShuttingDown) && !(gone && (preStops || decStops)) {
+		return false
+	}
+	now := time.Now()
+	return rt.r.Available(protocol.RolePrefill, tokens, now) && rt.r.Available(protocol.RoleDecode, tokens, now)
 }
 
 // complete is one attempt at c, which fails by deadline: the client's
@@ -809,11 +911,48 @@ func (rt *Router) legEnded(node protocol.NodeID, id protocol.RequestID, err erro
 	if e := rt.r.LegEnded(node, id, err); e != nil && !errors.Is(e, protocol.ErrUnknownRequest) {
 		rt.cfg.Log.Warn("router: a leg's report refused", "handoff_id", idString(id), "node", rt.members[node].Name, "err", e)
 	}
-	if errors.Is(err, ErrUnreachable) && !rt.lost[node] {
+	if errors.Is(err, ErrUnreachable) && !rt.lost[node] && !rt.stopping[node] {
+		// (A node whose record announced its stop is lost when the
+		// registry says so: loseAfterStop lets its requests' other legs end.)
 		rt.suspectLocked(node, err)
+	}
+	if errors.Is(err, ErrShuttingDown) && !rt.lost[node] {
+		// The node refused the leg as it stops gracefully: no new request
+		// goes to it for a while, even where its record did not say so (a
+		// static peer list's stays as it was read), and Complete retries
+		// this one elsewhere.
+		rt.stoppingLocked(node, time.Now().Add(stoppingWindow), false)
 	}
 	rt.effectsLocked()
 }
+
+// stoppingLocked takes node out of rotation until until, its requests
+// running on (protocol.Router.Stopping), and remembers that this life of it
+// stops (announced: by its record): its loss, the stop's end, is retried
+// elsewhere. The caller holds mu.
+func (rt *Router) stoppingLocked(node protocol.NodeID, until time.Time, announced bool) {
+	m := rt.members[node]
+	if err := rt.r.Stopping(node, until); err != nil {
+		return
+	}
+	was, known := rt.stopping[node]
+	rt.stopping[node] = was || announced
+	if !known {
+		rt.cfg.Metrics.nodeEvents.WithLabelValues(string(m.Role), "stopping").Inc()
+		rt.cfg.Log.Info("router: node stopping; no new request to it", "node", m.Name, "role", m.Role, "until", until)
+	}
+}
+
+// stoppingWindow is how long a node that refused a leg as it stops, its
+// stop unannounced, gets no new request: long enough that a stop of
+// seconds costs a few retries, short enough that a node restarted under
+// the same name, which a static peer list does not announce, is back in
+// rotation soon. announcedStop is for a stop the node's record announced:
+// the rest of its life, which its loss or a new incarnation ends.
+const (
+	stoppingWindow = time.Second
+	announcedStop  = 24 * time.Hour
+)
 
 // suspectLocked takes a node whose control API stopped answering out of
 // rotation at once, rather than when the registry loses it (a lease runs

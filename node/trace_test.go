@@ -267,7 +267,8 @@ func TestADecodeNodeThatRefusesACallAsItStopsGetsItsCancel(t *testing.T) {
 
 // A deployment stopped mid-traffic (40 requests of 2 to 60 pages of 2
 // tokens on 2 prefill and 2 decode nodes, the stop at a random moment of
-// their arrival, with and without the prefix cache): decode calls reach
+// their arrival, with and without the prefix cache, the stops unannounced
+// as on a static peer list): decode calls reach
 // nodes that refuse them as they stop, and every trace conforms, each
 // decode node's stop holding no page. Under no-cut-call-cancel the nodes
 // stop holding the pages of the requests whose calls they refused, and
@@ -330,7 +331,12 @@ func tracedStopMidTraffic(t *testing.T, seed uint64, prefix, model bool, bugs re
 	sink := trace.NewSink(&buf)
 	cfg := LocalConfig{Prefills: 2, Decodes: 2, PrefillPages: 2048, DecodePages: 2048, PageTokens: 2, Timeout: 2 * time.Second,
 		Log: quietLog(), Trace: sink, Research: bugs, PrefixCache: prefix, TrustTenantHeader: prefix,
-		decodeGrace: time.Second} // with the fix every page is back long before; without, the stop waits twice this
+		decodeGrace: time.Second, // with the fix every page is back long before; without, the stop waits twice this
+		// The stops unannounced, as on a static peer list: the router
+		// learns of each from the calls the node refuses. (Announced, the
+		// router waits for the node to say so, and the calls in flight
+		// reach it before it drains: none is refused.)
+		unannouncedStops: true}
 	if model {
 		// Generations that outlive the stop's grace: the nodes cancel what
 		// they hold, calls in flight or on their way.

@@ -251,6 +251,7 @@ type route struct {
 type routerNode struct {
 	info     NodeInfo
 	lost     bool
+	stopping time.Time // Stopping's: no new request until then
 	pages    int
 	requests map[RequestID]struct{} // open legs on this node
 }
@@ -389,6 +390,55 @@ func (r *Router) RemoveNode(id NodeID) error {
 	return nil
 }
 
+// Stopping says a node refused a leg because it is stopping (a graceful
+// stop: it finishes what it holds, and takes nothing new): no new request
+// goes to it until until, though its requests run on. A node stops for
+// seconds, and the registry says so only at its end; meanwhile each leg a
+// router sends it is refused, and its client would get an error another
+// node could have spared it. A window rather than for good: the same
+// name may come back (a restart) without the router being told, and if
+// it is still stopping at the window's end, its next refusal opens
+// another. AddNode under a larger Incarnation (the restart, registered)
+// ends it, as a new life has nothing of the old one's.
+func (r *Router) Stopping(id NodeID, until time.Time) error {
+	n := r.nodes[id]
+	if n == nil {
+		return fmt.Errorf("%w: %d", ErrUnknownNode, id)
+	}
+	if until.After(n.stopping) {
+		n.stopping = until
+	}
+	return nil
+}
+
+// Available reports whether a request of tokens would find a node of role
+// at now: a live one, not stopping, whose limits take it.
+func (r *Router) Available(role Role, tokens int, now time.Time) bool {
+	for _, n := range r.nodes {
+		if r.candidate(n, role, tokens, now) {
+			return true
+		}
+	}
+	return false
+}
+
+// Undecided is how many requests dispatched to node have no outcome yet,
+// whether or not its own leg has ended: those NodeLost would fail.
+func (r *Router) Undecided(node NodeID) int {
+	n := 0
+	for _, q := range r.reqs {
+		if q.status == RouteRunning && (q.prefill == node || q.decode == node) {
+			n++
+		}
+	}
+	return n
+}
+
+// candidate reports whether n may be chosen for a request of tokens.
+func (r *Router) candidate(n *routerNode, role Role, tokens int, now time.Time) bool {
+	return n.info.Role == role && !n.lost && !now.Before(n.stopping) && tokens <= n.info.Limit()
+}
+
 func (r *Router) sortedNodes() []NodeID { return slices.Sorted(maps.Keys(r.nodes)) }
 
 // Nodes is every registered node with its load, in ID order; lost ones are
@@ -443,11 +493,11 @@ func (r *Router) SubmitBy(id RequestID, tokens int, now, by time.Time) (Dispatch
 		err := fmt.Errorf("%w: %w: %d tokens, the deployment takes 1..%d", ErrRejected, ErrTooLong, tokens, limit)
 		return Dispatch{}, r.refuse(id, tokens, err)
 	}
-	pre, err := r.choose(RolePrefill, tokens)
+	pre, err := r.choose(RolePrefill, tokens, now)
 	if err != nil {
 		return Dispatch{}, r.refuse(id, tokens, err)
 	}
-	dec, err := r.choose(RoleDecode, tokens)
+	dec, err := r.choose(RoleDecode, tokens, now)
 	if err != nil {
 		return Dispatch{}, r.refuse(id, tokens, err)
 	}
@@ -488,15 +538,20 @@ func (r *Router) refuse(id RequestID, tokens int, err error) error {
 	return err
 }
 
-func (r *Router) choose(role Role, tokens int) (*routerNode, error) {
+func (r *Router) choose(role Role, tokens int, now time.Time) (*routerNode, error) {
 	var cands []NodeLoad
 	for _, id := range r.sortedNodes() {
 		n := r.nodes[id]
-		if n.info.Role == role && !n.lost && tokens <= n.info.Limit() {
+		if r.candidate(n, role, tokens, now) {
 			cands = append(cands, NodeLoad{Info: n.info, PagesInUse: n.pages, Requests: len(n.requests)})
 		}
 	}
 	if len(cands) == 0 {
+		for _, n := range r.nodes {
+			if n.info.Role == role && !n.lost && tokens <= n.info.Limit() {
+				return nil, fmt.Errorf("%w: every live %v node that takes %d tokens is stopping", ErrNoNode, role, tokens)
+			}
+		}
 		return nil, fmt.Errorf("%w: no live %v node takes %d tokens", ErrNoNode, role, tokens)
 	}
 	i := r.cfg.Policy.Choose(role, tokens, cands)

@@ -633,3 +633,65 @@ func TestRouterNewIncarnationIsTheLossOfTheOld(t *testing.T) {
 		}
 	}
 }
+
+// A node that said it is stopping gets no new request until its window
+// ends, while its requests run on to their outcomes; with every node of a
+// role stopping a request is refused (ErrNoNode, saying so), and a
+// registration under a larger incarnation (the node restarted) takes
+// requests at once.
+func TestRouterSendsNoNewRequestToAStoppingNode(t *testing.T) {
+	r := newTestRouter(t, RouterConfig{}, prefillNode(1, 64), prefillNode(2, 64), decodeNode(3, 64), decodeNode(4, 64))
+	d1, _ := r.Submit(1, 4, t0) // on 1 and 3, the least loaded by ID
+	if d1.Prefill != 1 || d1.Decode != 3 {
+		t.Fatalf("dispatch %+v", d1)
+	}
+	mustNil(t, r.Stopping(3, t0.Add(time.Second)))
+	if err := r.Stopping(9, t0); !errors.Is(err, ErrUnknownNode) {
+		t.Fatalf("Stopping of an unknown node: %v, want ErrUnknownNode", err)
+	}
+	for id := RequestID(2); id <= 20; id++ {
+		if d, err := r.Submit(id, 4, t0.Add(time.Duration(id)*time.Millisecond)); err != nil || d.Decode != 4 {
+			t.Fatalf("request %d while decode 3 stops: %+v %v, want decode 4", id, d, err)
+		}
+	}
+	if !r.Available(RoleDecode, 4, t0) || !r.Available(RolePrefill, 4, t0) {
+		t.Fatal("decode 4 and both prefill nodes are available")
+	}
+	// Its request runs on: decode's success is the client's.
+	mustNil(t, r.LegEnded(1, 1, nil))
+	mustNil(t, r.LegEnded(3, 1, nil))
+	if o := r.Effects().Outcomes; len(o) != 1 || o[0].Request != 1 || o[0].Err != nil {
+		t.Fatalf("outcomes %+v: want request 1's success", o)
+	}
+	// Every decode node stopping: refused, saying so.
+	mustNil(t, r.Stopping(4, t0.Add(time.Second)))
+	if r.Available(RoleDecode, 4, t0) {
+		t.Fatal("no decode node is available while both stop")
+	}
+	if _, err := r.Submit(21, 4, t0); !errors.Is(err, ErrNoNode) || !strings.Contains(err.Error(), "stopping") {
+		t.Fatalf("a request while every decode node stops: %v, want ErrNoNode saying they stop", err)
+	}
+	// The window ends: decode 3 (fewer pages in use) takes requests again.
+	if d, err := r.Submit(22, 4, t0.Add(time.Second)); err != nil || d.Decode != 3 {
+		t.Fatalf("after the window: %+v %v, want decode 3", d, err)
+	}
+	// A restart registered under a larger incarnation ends a window at once.
+	mustNil(t, r.Stopping(4, t0.Add(time.Hour)))
+	restarted := decodeNode(4, 64)
+	restarted.Incarnation = 1
+	mustNil(t, r.AddNode(restarted))
+	mustNil(t, r.Stopping(3, t0.Add(time.Hour)))
+	if d, err := r.Submit(23, 4, t0.Add(time.Second)); err != nil || d.Decode != 4 {
+		t.Fatalf("after decode 4's restart: %+v %v, want decode 4", d, err)
+	}
+	// An advertisement update of the same life keeps it.
+	mustNil(t, r.AddNode(decodeNode(3, 64)))
+	mustNil(t, r.Stopping(3, t0))
+	if !r.Available(RoleDecode, 4, t0.Add(time.Minute)) {
+		t.Fatal("decode 4 is available")
+	}
+	mustNil(t, r.Stopping(4, t0.Add(time.Hour)))
+	if r.Available(RoleDecode, 4, t0.Add(time.Minute)) {
+		t.Fatal("decode 3's window survives an advertisement of the same life")
+	}
+}

@@ -1,0 +1,259 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvhandoff/kvhandoff/internal/trace"
+	"github.com/kvhandoff/kvhandoff/protocol"
+	"github.com/kvhandoff/kvhandoff/transfer"
+)
+
+// A decode node's stop is announced in its registry record before it
+// drains: the router sends it no new request from then on. A decode call
+// dispatched before, reaching the node as it stops, is refused; with
+// another decode node up, the client does not hear of it: the router
+// cancels the attempt (its verified pages come back before the stop ends)
+// and retries the request on the other node under a new handoff id, which
+// answers it. The trace conforms, with the stop checked, and the router
+// counts the node stopping.
+func TestADecodeCallRefusedAsItsNodeStopsIsRetriedElsewhere(t *testing.T) {
+	var buf syncBuffer
+	sink := trace.NewSink(&buf)
+	call := newHeldCall()
+	l, err := StartLocal(LocalConfig{Decodes: 2, PrefillPages: 64, DecodePages: 64, PageTokens: 16, Timeout: time.Minute, Log: quietLog(),
+		Trace: sink, decodeGrace: 2 * time.Second, beforeDecodeCall: call.hold})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Stop()
+	defer call.free()
+	done := completeLater(l, strings.Repeat("a prompt. ", 10))
+	id := <-call.ids
+	var on int
+	waitUntil(t, "the request verified on a decode node", func() bool {
+		for i, d := range l.Decodes {
+			if d.Endpoint().Status(id) == protocol.ReceiverReady {
+				on = i
+				return true
+			}
+		}
+		return false
+	})
+	d := l.Decodes[on]
+	stopped := make(chan error, 1)
+	go func() { stopped <- l.StopDecode(on) }()
+	waitUntil(t, "the decode node draining", d.flight.isDraining)
+	// Its record announced the stop before it drained: the router sends
+	// it nothing new, without a refusal to learn it from.
+	waitUntil(t, "the router told of the stop", func() bool {
+		l.Router.mu.Lock()
+		defer l.Router.mu.Unlock()
+		return l.Router.stopping[l.Router.ids[fmt.Sprintf("decode-%d", on)]]
+	})
+	var more sync.WaitGroup
+	for i := range 5 {
+		more.Go(func() {
+			if a, err := complete(context.Background(), l.API, "t", fmt.Sprintf("another prompt %d. ", i), 8); err != nil || a.code != http.StatusOK {
+				t.Errorf("a request while decode-%d stops: %+v %v", on, a, err)
+			}
+		})
+	}
+	more.Wait()
+	call.free() // the router's call reaches a node that refuses it
+	if a := <-done; a.code != http.StatusOK {
+		t.Fatalf("the client got %+v, want the request answered by the other decode node", a)
+	}
+	if err := <-stopped; err != nil {
+		t.Fatal(err)
+	}
+	if st := d.Endpoint().Status(id); st != protocol.ReceiverClosed {
+		t.Fatalf("the refused attempt is %v on the stopped node, want closed (its pages back)", st)
+	}
+	if g := d.Endpoint().Gauges(); g.PagesFree+g.PagesCached != g.Pages {
+		t.Fatalf("the stopped node holds pages: %+v", g)
+	}
+	rec := httptest.NewRecorder()
+	l.Router.Metrics().Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	metrics := rec.Body.String()
+	if want := `kvhandoff_node_events_total{event="stopping",role="decode"} 1`; !strings.Contains(metrics, want) {
+		t.Fatalf("metrics lack %q:\n%s", want, metrics)
+	}
+	l.Stop()
+	events := stoppedTrace(t, sink, &buf)
+	retried := 0
+	for _, ev := range events {
+		if ev.Kind == trace.Retry && ev.Req == uint64(id) && strings.Contains(ev.Err, ErrShuttingDown.Error()) {
+			retried++
+		}
+	}
+	dispatched := 0
+	for _, ev := range events {
+		if ev.Kind == trace.Dispatch && ev.Decode == fmt.Sprintf("decode-%d", on) {
+			dispatched++
+		}
+	}
+	if dispatched != 1 {
+		t.Errorf("%d requests dispatched to decode-%d, want only the first: its stop was announced before the others came", dispatched, on)
+	}
+	rep, out := checkTrace(t, events)
+	if retried != 1 || !rep.Conforms() || rep.Stops != 2 {
+		t.Fatalf("%d retries of request %d as its node stops (want 1); the trace, with both decode stops checked:\n%s", retried, id, out)
+	}
+}
+
+// A rolling restart under traffic: each decode node, then each prefill
+// node, stopped gracefully and started again under the same name, one
+// after the other, while clients keep sending. No request fails: a
+// stopping node's record says so and the router sends it nothing new; a
+// request dispatched to it just before, refused as it stops or failed by
+// its stop's end, and one whose prefill node has no queue pair yet to a
+// restarted decode node, are retried, the other node taking them. Every
+// page comes back and the trace conforms, every decode stop checked. On a
+// static registry in the process, and on an etcd cluster.
+func TestARollingRestartFailsNoRequest(t *testing.T) {
+	for _, registry := range []string{"static", "etcd"} {
+		t.Run(registry, func(t *testing.T) { rollingStop(t, registry) })
+	}
+}
+
+// rollingStop is the rolling restart on a static registry in the process,
+// or on an etcd cluster.
+func rollingStop(t *testing.T, registry string) {
+	var buf syncBuffer
+	sink := trace.NewSink(&buf)
+	cfg := LocalConfig{Prefills: 2, Decodes: 2, PrefillPages: 2048, DecodePages: 2048, PageTokens: 2, Timeout: 20 * time.Second,
+		Log: quietLog(), Trace: sink, decodeGrace: 2 * time.Second}
+	if registry == "etcd" {
+		addr := startEtcd(t)
+		prefix := fmt.Sprintf("/rolling-%d/nodes", time.Now().UnixNano())
+		cfg.NewRegistry = func(string) (Registry, error) {
+			r, err := NewEtcd([]string{addr}, prefix, 2*time.Second, quietLog())
+			if err == nil {
+				t.Cleanup(func() { r.Close() })
+			}
+			return r, err
+		}
+	}
+	l, err := StartLocal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Stop()
+	ctx, stopTraffic := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	var sent, failed atomic.Int64
+	var mu sync.Mutex
+	var failures []string
+	for c := range 6 {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(c), 1))
+			for i := 0; ctx.Err() == nil; i++ {
+				p := filledPrompt("", c*100000+i, 2*(2+rng.IntN(100)), rng)
+				a, err := complete(context.Background(), l.API, "t", p, 4+rng.IntN(20))
+				sent.Add(1)
+				if err != nil || a.code != http.StatusOK {
+					failed.Add(1)
+					mu.Lock()
+					failures = append(failures, fmt.Sprintf("%+v %v", a, err))
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	traffic := func(n int64) {
+		t.Helper()
+		from := sent.Load()
+		waitUntil(t, fmt.Sprintf("%d more requests answered", n), func() bool { return sent.Load() >= from+n })
+	}
+	traffic(20)
+	for _, node := range []struct {
+		name          string
+		stop, restart func(int) error
+		gauges        func(int) transfer.Gauges
+	}{
+		{"decode", l.StopDecode, l.RestartDecode, func(i int) transfer.Gauges { return l.Decode(i).Endpoint().Gauges() }},
+		{"prefill", l.StopPrefill, l.RestartPrefill, func(i int) transfer.Gauges { return l.Prefill(i).Endpoint().Gauges() }},
+	} {
+		for i := range 2 {
+			if err := node.stop(i); err != nil {
+				t.Fatal(err)
+			}
+			if g := node.gauges(i); g.PagesFree+g.PagesCached != g.Pages {
+				t.Fatalf("%s-%d stopped holding pages: %+v", node.name, i, g)
+			}
+			traffic(20) // on the other node alone
+			if err := node.restart(i); err != nil {
+				t.Fatal(err)
+			}
+			if err := l.WaitReady(10 * time.Second); err != nil {
+				t.Fatal(err)
+			}
+			traffic(20)
+		}
+	}
+	stopTraffic()
+	wg.Wait()
+	if failed.Load() > 0 {
+		t.Fatalf("%d of %d requests failed across the rolling restart, e.g. %s", failed.Load(), sent.Load(), failures[0])
+	}
+	l.Stop()
+	events := stoppedTrace(t, sink, &buf)
+	retries := map[string]int{}
+	for _, ev := range events {
+		if ev.Kind == trace.Retry {
+			retries[ev.Reason]++
+		}
+	}
+	rep, out := checkTrace(t, events)
+	if !rep.Conforms() || rep.Stops != 4 {
+		t.Fatalf("want a conforming trace with 4 decode stops checked (2 rolling, 2 at the end):\n%s", out)
+	}
+	t.Logf("%d requests, none failed; retries by reason %v (a refusal as a node stops is other; no queue pair yet, or the stop's end, peer):\n%s", sent.Load(), retries, out)
+}
+
+// A prefill node stopped while a request it prefilled is still being
+// decoded, tokens already streaming to the router: its stop has nothing
+// of the request's to wait for, and ends; the registry loses it. Taken at
+// once, that loss would fail the request (a lost node fails every request
+// dispatched to it, rule 14), and one that has streamed tokens is not
+// retried. The router takes it once the request has its outcome: the
+// client gets its answer.
+func TestAPrefillNodesStopFailsNoRequestStillBeingDecoded(t *testing.T) {
+	l := localBuiltin(t, LocalConfig{Prefills: 2, PrefillPages: 128, DecodePages: 128, Timeout: time.Minute})
+	g := gateDecode(l.Decodes[0])
+	done := completeLater(l, strings.Repeat("a prompt. ", 10))
+	id := <-g.held // its first token published, the rest held
+	l.Router.mu.Lock()
+	name := l.Router.pending[id].prefill
+	pid := l.Router.ids[name]
+	l.Router.mu.Unlock()
+	var i int
+	if _, err := fmt.Sscanf(name, "prefill-%d", &i); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.StopPrefill(i); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the registry losing "+name, func() bool {
+		return !slices.ContainsFunc(l.Registry.Members(), func(m Member) bool { return m.Name == name })
+	})
+	close(g.release)
+	if a := <-done; a.code != http.StatusOK {
+		t.Fatalf("the client got %+v, want its answer: the request no longer needed %s", a, name)
+	}
+	waitUntil(t, "the router taking the loss of "+name, func() bool {
+		l.Router.mu.Lock()
+		defer l.Router.mu.Unlock()
+		return l.Router.lost[pid]
+	})
+}
