@@ -175,19 +175,25 @@ func waitForStop(ctx context.Context, served <-chan error, lease <-chan struct{}
 // announceStopping registers self again, marked Stopping, as a graceful
 // stop begins, before it drains: routers that watch the registry send the
 // node no new request, rather than learning of the stop from a refused leg
-// each, and retry elsewhere what the stop's end fails. A static peer list
-// keeps records local (its routers learn from the refusals, and from the
-// node's info, which says it stops). It returns the record to answer
-// with. Best effort: a registry it cannot reach is logged, and the stop
-// goes on.
-func announceStopping(ctx context.Context, reg Registry, self Member, unannounced bool, log *slog.Logger) Member {
-	self.Stopping = true
+// each, and retry elsewhere what the stop's end fails (*self, under mu, is
+// the record it registered and answers its info with). A static peer list
+// keeps records local: its routers learn of the stop from the legs the
+// node refuses. Best effort: a registry it cannot reach is logged, and the
+// stop goes on.
+func announceStopping(ctx context.Context, reg Registry, mu *sync.Mutex, self *Member, unannounced bool, log *slog.Logger) {
 	if _, ok := reg.(*PeerList); ok || unannounced {
-		return self
+		// Not in its info either: a static peer list reads a record once,
+		// and a router that read this one would keep the node's next life
+		// out of rotation (its stop told by refusals, a second each).
+		return
 	}
-	if _, err := reg.Register(ctx, self); err != nil {
-		log.Warn("node: announcing the stop in the registry", "node", self.Name, "err", err)
-		return self
+	mu.Lock()
+	self.Stopping = true
+	m := *self
+	mu.Unlock()
+	if _, err := reg.Register(ctx, m); err != nil {
+		log.Warn("node: announcing the stop in the registry", "node", m.Name, "err", err)
+		return
 	}
 	// The routers hear of it through their watches, a moment later: until
 	// then they may still dispatch to the node, which serves what comes
@@ -197,7 +203,6 @@ func announceStopping(ctx context.Context, reg Registry, self Member, unannounce
 	case <-time.After(announceSettle):
 	case <-ctx.Done():
 	}
-	return self
 }
 
 // announceSettle is how long a node waits after announcing its stop before

@@ -679,13 +679,7 @@ func (n *Decode) Serve(ctx context.Context, control, transferLn net.Listener, gr
 	n.cfg.Log.Info("decode node up", "decode", n.cfg.Name, "control", listenerAddr(control), "transfer", listenerAddr(transferLn), "pages", n.cfg.Pages, "page_tokens", n.cfg.PageTokens)
 	err = waitForStop(ctx, served, lease)
 	if err == nil { // asked to stop (not its registration lost, as in a crash)
-		n.mu.Lock()
-		self := n.self
-		n.mu.Unlock()
-		self = announceStopping(regCtx, n.cfg.Registry, self, n.cfg.unannounced, n.cfg.Log)
-		n.mu.Lock()
-		n.self = self
-		n.mu.Unlock()
+		announceStopping(regCtx, n.cfg.Registry, &n.mu, &n.self, n.cfg.unannounced, n.cfg.Log)
 	}
 	n.shutdown(grace)
 	deregister()

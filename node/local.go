@@ -294,12 +294,18 @@ func (l *Local) StopDecode(i int) error {
 	l.mu.Lock()
 	stop, done := l.decodeStops[i], l.decodeStopped[i]
 	l.mu.Unlock()
+	return stopAndWait(fmt.Sprintf("decode-%d", i), stop, done)
+}
+
+// stopAndWait ends a node's Serve by stop and waits until done, the stop's
+// end, for at most four graces (two of them a decode node's page waits).
+func stopAndWait(name string, stop context.CancelFunc, done <-chan struct{}) error {
 	stop()
 	select {
 	case <-done:
 		return nil
 	case <-time.After(4 * grace):
-		return fmt.Errorf("node: decode-%d did not stop", i)
+		return fmt.Errorf("node: %s did not stop", name)
 	}
 }
 
@@ -406,13 +412,7 @@ func (l *Local) StopPrefill(i int) error {
 	l.mu.Lock()
 	stop, done := l.prefillStops[i], l.stopped[i]
 	l.mu.Unlock()
-	stop()
-	select {
-	case <-done:
-		return nil
-	case <-time.After(4 * grace):
-		return fmt.Errorf("node: prefill-%d did not stop", i)
-	}
+	return stopAndWait(fmt.Sprintf("prefill-%d", i), stop, done)
 }
 
 // RestartPrefill waits for crashed or stopped prefill node i to have stopped, then

@@ -327,13 +327,7 @@ func (n *Prefill) Serve(ctx context.Context, control net.Listener, grace time.Du
 	n.cfg.Log.Info("prefill node up", "prefill", n.cfg.Name, "control", listenerAddr(control), "pages", n.cfg.Pages, "page_tokens", n.cfg.PageTokens)
 	err = waitForStop(ctx, served, lease)
 	if err == nil { // asked to stop (not its registration lost, as in a crash)
-		n.mu.Lock()
-		self := n.self
-		n.mu.Unlock()
-		self = announceStopping(regCtx, n.cfg.Registry, self, n.cfg.unannounced, n.cfg.Log)
-		n.mu.Lock()
-		n.self = self
-		n.mu.Unlock()
+		announceStopping(regCtx, n.cfg.Registry, &n.mu, &n.self, n.cfg.unannounced, n.cfg.Log)
 	}
 	n.shutdown(grace)
 	deregister()

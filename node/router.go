@@ -104,10 +104,16 @@ type Router struct {
 	// when it is gone); false where only a leg it refused told (a static
 	// peer list).
 	stopping map[protocol.NodeID]bool
-	pending  map[protocol.RequestID]*routed
-	nextID   protocol.RequestID
-	nextPeer protocol.NodeID
-	ready    chan struct{} // closed once both roles have a node
+	// losing: nodes whose loss loseAfterStop holds back, each with the
+	// registration of its new life that came meanwhile (nil if none).
+	losing map[protocol.NodeID]*Change
+	// quietLoss: the loss being taken sends decode nodes no PeerLost
+	// (loseAfterStop, a new life registered).
+	quietLoss bool
+	pending   map[protocol.RequestID]*routed
+	nextID    protocol.RequestID
+	nextPeer  protocol.NodeID
+	ready     chan struct{} // closed once both roles have a node
 }
 
 // routed is a request the router accepted and has not answered yet.
@@ -185,6 +191,10 @@ type Result struct {
 	// CachedTokens are the prompt tokens the decode node found in its
 	// prefix cache (not transferred).
 	CachedTokens int
+	// streamed: tokens of this attempt reached the router (relay), and so
+	// may have reached the client: a failed attempt that streamed is not
+	// retried.
+	streamed bool
 }
 
 // NewRouter makes a router node; Run drives it.
@@ -230,7 +240,7 @@ func NewRouter(cfg RouterConfig) (*Router, error) {
 	rt := &Router{scopes: sc, cfg: cfg, client: newControlClient(cfg.Security),
 		r:   protocol.NewRouter(protocol.RouterConfig{Timeout: cfg.Timeout, Horizon: time.Minute, Policy: LeastOutstanding{}}),
 		ids: map[string]protocol.NodeID{}, members: map[protocol.NodeID]Member{}, lost: map[protocol.NodeID]bool{},
-		suspect: map[protocol.NodeID]bool{}, stopping: map[protocol.NodeID]bool{}, pending: map[protocol.RequestID]*routed{}, nextID: protocol.RequestID(time.Now().UnixNano()), ready: make(chan struct{})}
+		suspect: map[protocol.NodeID]bool{}, stopping: map[protocol.NodeID]bool{}, losing: map[protocol.NodeID]*Change{}, pending: map[protocol.RequestID]*routed{}, nextID: protocol.RequestID(time.Now().UnixNano()), ready: make(chan struct{})}
 	rt.client.expect = func(name string) (Role, bool) {
 		// A node's certificate must carry the role its registry record gives it.
 		rt.mu.Lock()
@@ -348,6 +358,15 @@ func (rt *Router) change(ch Change) {
 	}
 	switch ch.Kind {
 	case Joined:
+		if _, waiting := rt.losing[id]; waiting && m.Incarnation != rt.members[id].Incarnation {
+			// A new life while the old one's loss waits for its requests
+			// (loseAfterStop): it joins once that loss is taken. Taken
+			// now, through AddNode, the loss would fail the old life's
+			// requests still being decoded, and its decode nodes' cut of
+			// the old life, by name, would cut the new one's queue pairs.
+			rt.losing[id] = &ch
+			return
+		}
 		if old := rt.members[id]; m.Stopping && old.Role == m.Role && old.Incarnation == m.Incarnation && !rt.lost[id] {
 			// The life it knows announces its graceful stop: no new
 			// request goes to it for the rest of that life.
@@ -404,8 +423,14 @@ func (rt *Router) change(ch Change) {
 		rt.cfg.Log.Info("router: node joined", "node", m.Name, "role", m.Role, "control", m.Control, "pool_tokens", m.PoolTokens(), "context_tokens", m.ContextTokens)
 		rt.checkReadyLocked()
 	case Lost:
-		if _, stops := rt.stopping[id]; stops && !rt.lost[id] && rt.r.Undecided(id) > 0 {
-			rt.stoppingLocked(id, time.Now().Add(announcedStop), true) // it is gone: nothing new to it
+		if _, waiting := rt.losing[id]; waiting {
+			if m.Incarnation != rt.members[id].Incarnation {
+				rt.losing[id] = nil // the new life, held back, left again
+			}
+			return
+		}
+		if rt.stopping[id] && !rt.lost[id] && rt.r.Undecided(id) > 0 {
+			rt.losing[id] = nil
 			go rt.loseAfterStop(id, m)
 			return
 		}
@@ -435,24 +460,36 @@ func (rt *Router) loseLocked(id protocol.NodeID, m Member) {
 // requests: a prefill node's requests still being decoded, a decode node's
 // answers still on their way to the router. Taken at once, the loss would
 // fail them (a lost node fails every request dispatched to it, rule 14),
-// though nothing of theirs needs the node any more. Its pages are back
-// (its stop waited for them), so waiting risks nothing; a new life
-// registered meanwhile takes the old one's loss itself.
+// though nothing of theirs needs the node any more. A stop that ended has
+// its pages back (it waited for them); a node that crashed as it stopped
+// keeps decode's pages for it quarantined until the loss's fence, so the
+// wait delays that fence, never breaks it. A new life registered
+// meanwhile joins once the loss is taken (change).
 func (rt *Router) loseAfterStop(id protocol.NodeID, m Member) {
 	deadline := time.Now().Add(max(rt.cfg.Timeout, time.Second))
 	for {
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond)
 		rt.mu.Lock()
-		if rt.members[id].Incarnation != m.Incarnation || rt.lost[id] {
+		if !rt.lost[id] && rt.r.Undecided(id) > 0 && time.Now().Before(deadline) {
 			rt.mu.Unlock()
-			return
+			continue
 		}
-		if rt.r.Undecided(id) == 0 || time.Now().After(deadline) {
+		joined := rt.losing[id]
+		if !rt.lost[id] {
+			// With a new life registered, decode nodes are not told to cut
+			// the old one's queue pairs: the cut goes by name and would hit
+			// the new life's, and a new queue pair under the name already
+			// replaced (and failed) the old one's.
+			rt.quietLoss = joined != nil
 			rt.loseLocked(id, m)
-			rt.mu.Unlock()
-			return
+			rt.quietLoss = false
 		}
+		delete(rt.losing, id)
 		rt.mu.Unlock()
+		if joined != nil {
+			rt.change(*joined) // the new life, held back meanwhile
+		}
+		return
 	}
 }
 
@@ -506,7 +543,7 @@ func (rt *Router) Complete(ctx context.Context, c Completion) (Result, error) {
 		// record (prefill refuses at its intake, before anything is sent).
 		full := errors.Is(err, protocol.ErrNoCapacity) || errors.Is(err, protocol.AbortNoCapacity) || errors.Is(err, protocol.AbortOverQuota) ||
 			errors.Is(err, transfer.ErrNoPeer)
-		if !full && !rt.elsewhere(err, len(res.Prompt)) || streamed.Load() || time.Now().Add(backoff).After(deadline) {
+		if !full && !rt.elsewhere(err, len(res.Prompt)) || res.streamed || streamed.Load() || time.Now().Add(backoff).After(deadline) {
 			return res, err
 		}
 		rt.cfg.Metrics.retries.Inc()
@@ -550,10 +587,11 @@ func (rt *Router) elsewhere(err error, tokens int) bool {
 	// A node of the handoff stopping: its loss, its queue pairs flushed or
 	// its control API gone (the stop's end, before the router heard of
 	// it) are the stop's too.
-	_, preStops := rt.stopping[rt.ids[he.Prefill]]
-	_, decStops := rt.stopping[rt.ids[he.Decode]]
+	// (Only a stop its record announced: one only a refusal told of is
+	// out of rotation for a second, and its end is not known to be near.)
+	stops := rt.stopping[rt.ids[he.Prefill]] || rt.stopping[rt.ids[he.Decode]]
 	gone := errors.Is(err, protocol.ErrPeerFailed) || errors.Is(err, ErrUnreachable) // ErrNodeLost is an ErrPeerFailed
-	if !errors.Is(err, ErrShuttingDown) && !(gone && (preStops || decStops)) {
+	if !errors.Is(err, ErrShuttingDown) && !(gone && stops) {
 		return false
 	}
 	now := time.Now()
@@ -641,7 +679,7 @@ func (rt *Router) complete(ctx context.Context, c Completion, attempt int, deadl
 		}
 	}
 	rt.cfg.Metrics.leg(RoleRouter, err, took, bytes)
-	res := Result{ID: id, Prompt: prompt, PromptTokens: len(prompt), Prefill: q.prefill, Decode: q.decode}
+	res := Result{ID: id, Prompt: prompt, PromptTokens: len(prompt), Prefill: q.prefill, Decode: q.decode, streamed: len(tokens) > 0}
 	if err != nil {
 		log.Info("request failed", "tokens", len(prompt), "reason", Reason(err), "err", err, "seconds", took.Seconds())
 		return res, &HandoffError{Prefill: q.prefill, Decode: q.decode, Err: err}
@@ -704,6 +742,9 @@ func (rt *Router) effectsLocked() {
 		rt.cancelLegLocked(c)
 	}
 	for _, pl := range e.PeerLost {
+		if rt.quietLoss {
+			continue // loseAfterStop's, for an old life a new one replaced
+		}
 		node, peer := rt.members[pl.Node], rt.members[pl.Lost]
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -816,6 +857,13 @@ func (rt *Router) relay(id protocol.RequestID, node string, q *routed, f legAnsw
 	if bad != "" {
 		rt.mu.Unlock()
 		return fmt.Errorf("%w: decode node %q streamed %s", protocol.ErrPeerFailed, node, bad)
+	}
+	if rt.pending[id] != q {
+		// The request has its outcome (a failure: the leg's call is being
+		// closed): a frame still buffered is not the client's, which may
+		// be getting a retry's answer.
+		rt.mu.Unlock()
+		return nil
 	}
 	if had == 0 {
 		q.firstToken = time.Now()

@@ -227,33 +227,78 @@ func rollingStop(t *testing.T, registry string) {
 // once, that loss would fail the request (a lost node fails every request
 // dispatched to it, rule 14), and one that has streamed tokens is not
 // retried. The router takes it once the request has its outcome: the
-// client gets its answer.
+// client gets its answer. So too where the node restarts first: its new
+// life joins once the old one's loss is taken, and decode nodes are not
+// told to cut the old life's queue pairs, by name, which would cut the new
+// life's: the new life's queue pair stays up, and takes requests.
 func TestAPrefillNodesStopFailsNoRequestStillBeingDecoded(t *testing.T) {
-	l := localBuiltin(t, LocalConfig{Prefills: 2, PrefillPages: 128, DecodePages: 128, Timeout: time.Minute})
-	g := gateDecode(l.Decodes[0])
-	done := completeLater(l, strings.Repeat("a prompt. ", 10))
-	id := <-g.held // its first token published, the rest held
-	l.Router.mu.Lock()
-	name := l.Router.pending[id].prefill
-	pid := l.Router.ids[name]
-	l.Router.mu.Unlock()
-	var i int
-	if _, err := fmt.Sscanf(name, "prefill-%d", &i); err != nil {
-		t.Fatal(err)
+	for _, restart := range []bool{false, true} {
+		t.Run(fmt.Sprintf("restarted %v", restart), func(t *testing.T) {
+			l := localBuiltin(t, LocalConfig{Prefills: 2, PrefillPages: 128, DecodePages: 128, Timeout: time.Minute})
+			g := gateDecode(l.Decodes[0])
+			done := completeLater(l, strings.Repeat("a prompt. ", 10))
+			id := <-g.held // its first token published, the rest held
+			l.Router.mu.Lock()
+			name := l.Router.pending[id].prefill
+			pid := l.Router.ids[name]
+			l.Router.mu.Unlock()
+			var i int
+			if _, err := fmt.Sscanf(name, "prefill-%d", &i); err != nil {
+				t.Fatal(err)
+			}
+			if err := l.StopPrefill(i); err != nil {
+				t.Fatal(err)
+			}
+			listed := func() bool {
+				return slices.ContainsFunc(l.Registry.Members(), func(m Member) bool { return m.Name == name })
+			}
+			waitUntil(t, "the registry losing "+name, func() bool { return !listed() })
+			var cuts atomic.Int64
+			if restart {
+				if err := l.RestartPrefill(i); err != nil {
+					t.Fatal(err)
+				}
+				waitUntil(t, "the new life's queue pair to decode-0", func() bool { return slices.Contains(l.Decodes[0].Endpoint().Peers(), name) })
+				watching := make(chan struct{})
+				t.Cleanup(func() { close(watching) })
+				go func() {
+					for {
+						select {
+						case <-watching:
+							return
+						case <-time.After(100 * time.Microsecond):
+						}
+						if !slices.Contains(l.Decodes[0].Endpoint().Peers(), name) {
+							cuts.Add(1)
+						}
+					}
+				}()
+			}
+			close(g.release)
+			if a := <-done; a.code != http.StatusOK {
+				t.Fatalf("the client got %+v, want its answer: the request no longer needed %s", a, name)
+			}
+			waitUntil(t, "the router taking the loss of "+name+"'s stopped life", func() bool {
+				l.Router.mu.Lock()
+				defer l.Router.mu.Unlock()
+				_, waiting := l.Router.losing[pid]
+				return !waiting && (l.Router.lost[pid] || restart)
+			})
+			if !restart {
+				return
+			}
+			// The new life in rotation: requests reach it, over its queue
+			// pair, which was never cut.
+			waitUntil(t, "the router routing to "+name+"'s new life", func() bool { return len(l.Router.nodes()) == 3 })
+			for k := range 6 {
+				if a, err := complete(context.Background(), l.API, "t", fmt.Sprintf("after the restart %d. ", k), 4); err != nil || a.code != http.StatusOK {
+					t.Fatalf("a request after the restart: %+v %v", a, err)
+				}
+			}
+			time.Sleep(50 * time.Millisecond)
+			if n := cuts.Load(); n > 0 {
+				t.Fatalf("decode-0's queue pair to %s's new life was down in %d polls after its loss", name, n)
+			}
+		})
 	}
-	if err := l.StopPrefill(i); err != nil {
-		t.Fatal(err)
-	}
-	waitUntil(t, "the registry losing "+name, func() bool {
-		return !slices.ContainsFunc(l.Registry.Members(), func(m Member) bool { return m.Name == name })
-	})
-	close(g.release)
-	if a := <-done; a.code != http.StatusOK {
-		t.Fatalf("the client got %+v, want its answer: the request no longer needed %s", a, name)
-	}
-	waitUntil(t, "the router taking the loss of "+name, func() bool {
-		l.Router.mu.Lock()
-		defer l.Router.mu.Unlock()
-		return l.Router.lost[pid]
-	})
 }

@@ -386,6 +386,7 @@ func TestStreamedTokensAreBoundedByTheRequest(t *testing.T) {
 		var relayed []int
 		q := &routed{prompt: []int{llama.BOS}, completion: Completion{MaxTokens: 4, Logprobs: c.logprobs,
 			Stream: func(g Generated) { relayed = append(relayed, g.Tokens...) }}}
+		rt.pending[7] = q
 		taken := 0
 		var err error
 		for _, f := range c.frames {
@@ -397,6 +398,15 @@ func TestStreamedTokensAreBoundedByTheRequest(t *testing.T) {
 		if taken != c.ok || (taken < len(c.frames)) != errors.Is(err, protocol.ErrPeerFailed) || len(relayed) != len(q.tokens) {
 			t.Errorf("%s: %d frames taken (want %d), err %v, %d tokens relayed, %d kept", c.what, taken, c.ok, err, len(relayed), len(q.tokens))
 		}
+	}
+	// A frame still buffered once its request has its outcome (a failed
+	// attempt, which the router may be retrying) is neither kept nor
+	// passed to the client.
+	var relayed []int
+	q := &routed{prompt: []int{llama.BOS}, completion: Completion{MaxTokens: 4, Stream: func(g Generated) { relayed = append(relayed, g.Tokens...) }}}
+	delete(rt.pending, 7)
+	if err := rt.relay(7, "decode-0", q, legAnswer{Tokens: []int{65}}); err != nil || len(relayed) != 0 || len(q.tokens) != 0 {
+		t.Errorf("a frame after the outcome: err %v, %d tokens relayed, %d kept; want none", err, len(relayed), len(q.tokens))
 	}
 }
 
