@@ -271,16 +271,22 @@ func (l *Local) startDecode(i int) error {
 	l.mu.Lock()
 	l.Decodes[i], l.decodeStops[i], l.decodeStopped[i] = d, stop, done
 	l.mu.Unlock()
+	l.serve(done, stop, func() error { return d.Serve(ctx, ctl, tl, g) })
+	return nil
+}
+
+// serve runs a node's Serve until it returns, then ends its context (stop)
+// and closes done, the mark its stop (or crash) ended.
+func (l *Local) serve(done chan struct{}, stop context.CancelFunc, serve func() error) {
 	l.wg.Go(func() {
 		defer close(done)
 		defer stop()
-		err := d.Serve(ctx, ctl, tl, g)
+		err := serve()
 		select {
 		case l.errs <- err:
 		default: // a restarted node's end is not the deployment's
 		}
 	})
-	return nil
 }
 
 // StopDecode stops decode node i gracefully, as SIGTERM stops kvhandoff
@@ -374,15 +380,7 @@ func (l *Local) startPrefill(i int) error {
 	l.mu.Lock()
 	l.Prefills[i], l.stopped[i], l.prefillStops[i] = p, done, stop
 	l.mu.Unlock()
-	l.wg.Go(func() {
-		defer close(done)
-		defer stop()
-		err := p.Serve(ctx, ctl, grace)
-		select {
-		case l.errs <- err:
-		default: // a restarted node's end is not the deployment's
-		}
-	})
+	l.serve(done, stop, func() error { return p.Serve(ctx, ctl, grace) })
 	return nil
 }
 
