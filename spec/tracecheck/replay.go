@@ -49,10 +49,9 @@ type replay struct {
 	reading         bool              // decode acquired the pages and has not finished
 	readDone        bool              // decode finished reading it (Finish): the router's leg-end is its DecodeRead
 	damaged         bool              // a verification of it failed: a corrupt WRITE explains it
-	unplaced        map[int]bool      // page indices of WRITEs whose completion failed: never placed
 	abortTo         map[string]bool   // nodes the replay queued an Abort for
 	qp              map[string]uint32 // node → its id of the queue pair the request is on there
-	late            map[uint64]bool   // WRITE id → its completion failed (never placed)
+	late            map[uint64]bool   // WRITE id → its completion failed (placed, if at all, only as the spec's Late)
 	intake          string            // a prefill intake refusal the spec replays (refusedNoPeer, refusedTooLong)
 	refusal         string            // why the last rule refused its event outright (refuse)
 	// The pages of the Grants, as the trace shows them: those each decode
@@ -177,8 +176,11 @@ func (r *replay) start() error {
 func (r *replay) silent(a spec.Action, s *spec.State) bool {
 	switch a.Kind {
 	case spec.DecodeRecvQP:
-		// Not a WRITE whose completion failed: it was never placed.
-		return s.QP[0][0].N > 0 && s.QP[0][0].Head().Kind == spec.MWrite && !r.unplaced[int(s.QP[0][0].Head().Index)]
+		// A WRITE whose completion failed too: it may have landed before
+		// its queue pair broke (RC acknowledges a WRITE after placing it,
+		// and the break flushes what is unacknowledged). Placed only where
+		// a later event needs it: the Done behind it received.
+		return s.QP[0][0].N > 0 && s.QP[0][0].Head().Kind == spec.MWrite
 	case spec.PrefillRecv:
 		return s.ToPrefill[0].N > 0 && s.ToPrefill[0].Head().Req < 0
 	}

@@ -2,6 +2,7 @@ package tracecheck
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/kvhandoff/kvhandoff/internal/trace"
@@ -169,18 +170,13 @@ func (c *checker) prefillRule(r *replay, ev *trace.Event) (string, moves) {
 		// index in it is j (pageChecks checked where the WRITE goes), and
 		// the spec posts them in order.
 		j := r.writeIndex(ev)
-		// A WRITE whose completion failed was never placed, which the
-		// spec's PostWrite says with its Late variant (else it places a
-		// WRITE posted on an empty queue pair at once); one that completed
-		// was placed, at once or later (both are kept until an event
-		// tells them apart).
+		// A WRITE whose completion failed may not have been placed, which
+		// the spec's PostWrite says with its Late variant (else it places
+		// a WRITE posted on an empty queue pair at once): queued, placed
+		// only if a later event needs it (replay.silent). One that
+		// completed was placed, at once or later (both are kept until an
+		// event tells them apart).
 		neverPlaced := r.late[ev.Write]
-		if neverPlaced {
-			if r.unplaced == nil {
-				r.unplaced = map[int]bool{}
-			}
-			r.unplaced[int(j)] = true
-		}
 		return "prefill post is PostWrite of that page", func(s *spec.State) []move {
 			if flushed(s) {
 				return keep // posted on a queue pair the spec has cut: flushed
@@ -215,9 +211,29 @@ func (c *checker) prefillRule(r *replay, ev *trace.Event) (string, moves) {
 				!ok && (p == spec.SAborting || p == spec.SFinished && !allDone || !p.Live() && p != spec.SFinished && p != spec.SNone)
 		})
 	case trace.Fenced:
-		return "prefill fenced is Cut", cutMoves(r)
+		return "prefill fenced is Cut", onWire(cutMoves(r), qp)
 	}
 	return "prefill " + ev.Kind, nil
+}
+
+// onWire: a queue pair fenced at one end is the spec's Cut, or, while
+// messages toward the other end are on the wire (q holds them), not yet:
+// the spec's cut is one step that flushes both directions, but a real
+// queue pair breaks at each end when that end sees it, and what one end
+// sent before it broke the pair may still reach the other, which takes
+// it as delivered. A prefill node whose stop ends right after its last
+// leg's outcome closes its queue pairs with that leg's Done on the wire:
+// decode receives it, verifies and reads the request, and then sees the
+// break (its own fenced event, the Cut then if the request still needs
+// one). Refused otherwise, as a rolling restart's trace showed.
+func onWire(m moves, q func(*spec.State) *spec.Queue) moves {
+	return func(s *spec.State) []move {
+		mv := m(s)
+		if q(s).N > 0 && !slices.ContainsFunc(mv, func(x move) bool { return x.keep }) {
+			mv = append(mv, move{keep: true})
+		}
+		return mv
+	}
 }
 
 // lateOnCut: a message received is the spec's receipt of it; or, once the
@@ -329,7 +345,7 @@ func (c *checker) decodeRule(r *replay, ev *trace.Event) (string, moves) {
 			return keep
 		}
 	case trace.Fenced:
-		return "decode fenced is Cut or PeerFailed", cutMoves(r)
+		return "decode fenced is Cut or PeerFailed", onWire(cutMoves(r), qpBack)
 	}
 	return "decode " + ev.Kind, nil
 }
