@@ -71,8 +71,8 @@ type NodeConfig struct {
 	Trace *trace.Writer
 
 	wrapKV func(transfer.KVSource) transfer.KVSource // tests: hold or fail a KV computation
-	// unannounced: the node's stop is not announced in its registry, as on
-	// a static peer list (tests: the refusals routers meet then).
+	// unannounced: the node's stop is not announced (tests: the refusals
+	// routers meet where a registry is slower than the node's drain).
 	unannounced bool
 }
 
@@ -177,21 +177,24 @@ func waitForStop(ctx context.Context, served <-chan error, lease <-chan struct{}
 // node no new request, rather than learning of the stop from a refused leg
 // each, and retry elsewhere what the stop's end fails (*self, under mu, is
 // the record it registered and answers its info with). A static peer list
-// keeps records local: its routers learn of the stop from the legs the
-// node refuses. Best effort: a registry it cannot reach is logged, and the
-// stop goes on.
+// keeps records local: its peers read the record, marked so, from the
+// node's info (PeerList follows it). Best effort: a registry it cannot
+// reach is logged, and the stop goes on.
 func announceStopping(ctx context.Context, reg Registry, mu *sync.Mutex, self *Member, unannounced bool, log *slog.Logger) {
-	if _, ok := reg.(*PeerList); ok || unannounced {
-		// Not in its info either: a static peer list reads a record once,
-		// and a router that read this one would keep the node's next life
-		// out of rotation (its stop told by refusals, a second each).
+	if unannounced {
 		return
 	}
 	mu.Lock()
 	self.Stopping = true
 	m := *self
 	mu.Unlock()
-	if _, err := reg.Register(ctx, m); err != nil {
+	settle := announceSettle
+	if _, ok := reg.(*PeerList); ok {
+		// A static peer list keeps this process's record local: its peers
+		// read it from the node's info (which now says it stops), every
+		// peerRefresh.
+		settle = peerSettle
+	} else if _, err := reg.Register(ctx, m); err != nil {
 		log.Warn("node: announcing the stop in the registry", "node", m.Name, "err", err)
 		return
 	}
@@ -200,14 +203,19 @@ func announceStopping(ctx context.Context, reg Registry, mu *sync.Mutex, self *M
 	// (a node whose stop ended first would fail those requests' other legs
 	// before the routers knew to retry them elsewhere).
 	select {
-	case <-time.After(announceSettle):
+	case <-time.After(settle):
 	case <-ctx.Done():
 	}
 }
 
 // announceSettle is how long a node waits after announcing its stop before
-// it drains: a registry watch's delivery (etcd's is milliseconds).
-const announceSettle = 100 * time.Millisecond
+// it drains: a registry watch's delivery (etcd's is milliseconds). With a
+// static peer list it is peerSettle: two of the peers' reads of its record,
+// and their round trips.
+const (
+	announceSettle = 100 * time.Millisecond
+	peerSettle     = 2*peerRefresh + 50*time.Millisecond
+)
 
 // drainOrCancel stops intake and gives the calls in flight grace to end;
 // past it, every request held() still names is cancelled. It returns how

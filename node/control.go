@@ -292,7 +292,8 @@ func (s *controlServer) serve(ctx context.Context, ln net.Listener, extra map[st
 }
 
 // serveHTTP serves h on ln (TLS 1.3 with client certificates when cfg is
-// set) until ctx ends, then shuts down, giving calls in flight a moment.
+// set) until ctx ends, then shuts down, giving calls in flight a moment
+// (serveUntil).
 func serveHTTP(ctx context.Context, ln net.Listener, h http.Handler, cfg *tls.Config, log *slog.Logger) error {
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
@@ -305,14 +306,28 @@ func serveHTTP(ctx context.Context, ln net.Listener, h http.Handler, cfg *tls.Co
 		}
 		ln = tls.NewListener(ln, c)
 	}
+	return serveUntil(ctx, srv, ln)
+}
+
+// serveUntil serves srv on ln until ctx ends, then shuts it down: no new
+// connection, and the answers being written finish (a second, then what
+// is left is closed). It returns once they have: srv.Serve returns as the
+// shutdown begins, and a node whose stop ended then exited with answers
+// still on their way (a decode node's last tokens to the router, an
+// "unexpected EOF" there in a rolling restart of serve processes).
+func serveUntil(ctx context.Context, srv *http.Server, ln net.Listener) error {
+	shut := make(chan struct{})
 	go func() {
+		defer close(shut)
 		<-ctx.Done()
 		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		srv.Shutdown(sctx)
+		srv.Close()
 	}()
 	err := srv.Serve(ln)
 	if errors.Is(err, http.ErrServerClosed) {
+		<-shut
 		return nil
 	}
 	return err

@@ -661,9 +661,10 @@ func (n *Decode) Serve(ctx context.Context, control, transferLn net.Listener, gr
 			Admit: peers.admit, Log: n.cfg.Log})
 	})
 	serveCtx, stopServe := context.WithCancel(run)
-	served := make(chan error, 1)
+	served, servedDone := make(chan error, 1), make(chan struct{})
 	go func() {
 		served <- n.ctl.serve(serveCtx, control, map[string]http.Handler{"/metrics": n.cfg.Metrics.Handler()})
+		close(servedDone)
 	}()
 	regCtx, deregister := context.WithCancel(run)
 	n.mu.Lock()
@@ -685,6 +686,7 @@ func (n *Decode) Serve(ctx context.Context, control, transferLn net.Listener, gr
 	deregister()
 	stopSetup()
 	stopServe()
+	<-servedDone // the answers still being written reach their callers first
 	stop()
 	n.ep.Close()
 	wg.Wait()

@@ -2,7 +2,6 @@ package node
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -155,18 +154,7 @@ func serveAPI(ctx context.Context, ln net.Listener, h http.Handler, limits HTTPL
 	if limits.MaxConns > 0 {
 		ln = &limitListener{Listener: ln, slots: make(chan struct{}, limits.MaxConns), closed: make(chan struct{})}
 	}
-	go func() {
-		<-ctx.Done()
-		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		srv.Shutdown(sctx)
-		srv.Close()
-	}()
-	err := srv.Serve(ln)
-	if errors.Is(err, http.ErrServerClosed) {
-		return nil
-	}
-	return err
+	return serveUntil(ctx, srv, ln)
 }
 
 // limitListener holds at most cap(slots) connections open: Accept waits for

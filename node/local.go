@@ -52,8 +52,8 @@ type LocalConfig struct {
 	// calls and for its pages (grace otherwise): tests of a leak, whose
 	// pages never come back, need not wait twice grace.
 	decodeGrace time.Duration
-	// unannouncedStops: the nodes' stops are not announced in the
-	// registry, as on a static peer list (NodeConfig.unannounced).
+	// unannouncedStops: the nodes' stops are not announced
+	// (NodeConfig.unannounced).
 	unannouncedStops bool
 	// ContextTokens is every node's own limit (NodeConfig.ContextTokens),
 	// PrefillContextTokens the prefill nodes' instead if not 0,

@@ -37,8 +37,12 @@ func ParsePeers(s string) ([]Peer, error) {
 // PeerList is a static registry across processes (kvhandoff serve
 // --peers): the peers are named up front, and each one's record (role,
 // limits, transfer address) is read from its own control API, over mutual
-// TLS, once it answers. It never loses a peer: a peer that dies shows as
-// failed calls, each an explicit error.
+// TLS, once it answers. It then follows the record as etcd's watch would:
+// read again every peerRefresh, a changed record (a graceful stop
+// announced, a restart's new incarnation) is registered again, and a peer
+// that stops answering is lost, at once where its record announced its
+// stop (the stop's end) and after peerLoseAfter otherwise; it joins again
+// when it answers.
 type PeerList struct {
 	*Static
 	peers []Peer
@@ -54,9 +58,18 @@ type PeerList struct {
 // DefaultJoinWait is PeerList.JoinWait unless set.
 const DefaultJoinWait = 30 * time.Second
 
+// peerRefresh is how often a PeerList reads a joined peer's record again,
+// and peerLoseAfter how long a peer whose record did not announce a stop
+// may fail to answer before it is lost (a lease's role: a node's own calls
+// to it fail at once meanwhile, each an explicit error).
+const (
+	peerRefresh   = 100 * time.Millisecond
+	peerLoseAfter = 5 * time.Second // as serve's default etcd --lease
+)
+
 // NewPeerList resolves peers in the background until ctx ends: each joins
 // the registry when its control API first answers with a record that
-// carries its name.
+// carries its name, and is followed from then on.
 func NewPeerList(ctx context.Context, peers []Peer, sec Security, log *slog.Logger) *PeerList {
 	s, _ := NewStatic()
 	l := &PeerList{Static: s, peers: peers, JoinWait: DefaultJoinWait, answered: map[string]bool{}, all: make(chan struct{})}
@@ -69,39 +82,79 @@ func NewPeerList(ctx context.Context, peers []Peer, sec Security, log *slog.Logg
 	}
 	client := newControlClient(sec)
 	for _, p := range peers {
-		go func() {
-			backoff := 50 * time.Millisecond
-			for ctx.Err() == nil {
-				var m Member
-				cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-				err := client.call(cctx, p.Name, p.Control, pathInfo, nil, &m)
-				cancel()
-				if err == nil && m.Name != p.Name {
-					err = fmt.Errorf("it says it is %q", m.Name)
-				}
-				if r, ok := client.certRole(p.Name); err == nil && ok && Role(r) != m.Role {
-					// The record is the node's own word; its certificate is the
-					// authority's: a node is listed only in the role it is certified for.
-					err = fmt.Errorf("%w: %q says it is a %s node; its certificate is a %s node's", pki.ErrWrongRole, p.Name, m.Role, r)
-				}
-				if err == nil {
-					m.Control = p.Control
-					if err = m.validate(); err == nil {
-						s.Register(ctx, m)
-						l.answer(p.Name)
-						return
-					}
-				}
-				log.Debug("node: peer not answering yet", "peer", p.Name, "control", p.Control, "err", err)
-				select {
-				case <-ctx.Done():
-				case <-time.After(backoff):
-				}
-				backoff = min(2*backoff, 2*time.Second)
-			}
-		}()
+		go l.follow(ctx, client, p, log)
 	}
 	return l
+}
+
+// follow reads p's record until ctx ends, and registers, registers again
+// or loses it as it changes.
+func (l *PeerList) follow(ctx context.Context, client *controlClient, p Peer, log *slog.Logger) {
+	var cur Member // the record registered, while joined
+	joined, seen := false, false
+	var failing time.Time // when the joined peer first failed to answer
+	backoff := 50 * time.Millisecond
+	for ctx.Err() == nil {
+		m, err := l.read(ctx, client, p)
+		wait := peerRefresh
+		switch {
+		case err == nil:
+			failing = time.Time{}
+			if !joined || m != cur {
+				// (A new incarnation is registered as it comes: the router
+				// defers the old life's loss while a stop it announced
+				// still has requests; a loss first would make prefill nodes
+				// cut, by name, a queue pair the new life may have set up.)
+				l.Static.Register(ctx, m)
+				cur, joined, seen = m, true, true
+				l.answer(p.Name)
+			}
+		case joined:
+			if failing.IsZero() {
+				failing = time.Now()
+			}
+			if cur.Stopping || time.Since(failing) >= peerLoseAfter {
+				log.Info("node: peer lost: its control API does not answer", "peer", p.Name, "stopping", cur.Stopping, "err", err)
+				l.Static.Remove(p.Name)
+				joined = false
+			}
+		case seen:
+			// Lost: read again at the refresh, to see its next life soon.
+		default:
+			log.Debug("node: peer not answering yet", "peer", p.Name, "control", p.Control, "err", err)
+			wait = backoff
+			backoff = min(2*backoff, 2*time.Second)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(wait):
+		}
+	}
+}
+
+// read reads p's record from its control API: it must carry p's name, and
+// the role p's certificate names.
+func (l *PeerList) read(ctx context.Context, client *controlClient, p Peer) (Member, error) {
+	var m Member
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	err := client.call(cctx, p.Name, p.Control, pathInfo, nil, &m)
+	cancel()
+	if err != nil {
+		return Member{}, err
+	}
+	if m.Name != p.Name {
+		return Member{}, fmt.Errorf("it says it is %q", m.Name)
+	}
+	if r, ok := client.certRole(p.Name); ok && Role(r) != m.Role {
+		// The record is the node's own word; its certificate is the
+		// authority's: a node is listed only in the role it is certified for.
+		return Member{}, fmt.Errorf("%w: %q says it is a %s node; its certificate is a %s node's", pki.ErrWrongRole, p.Name, m.Role, r)
+	}
+	m.Control = p.Control
+	if err := m.validate(); err != nil {
+		return Member{}, err
+	}
+	return m, nil
 }
 
 func (l *PeerList) answer(name string) {

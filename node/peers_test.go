@@ -69,3 +69,71 @@ func TestPeerListReadsEachPeersRecordUnderItsCertifiedName(t *testing.T) {
 		t.Fatalf("a stranger's certificate read decode-0's record: %+v", m)
 	}
 }
+
+// A static peer list follows a peer as a registry's watch does: the stop
+// its record announces is registered again (routers then send it nothing
+// new), and the stop's end, its control API gone, is its loss at once (the
+// router's retry and deferred loss key on both). A peer that announced no
+// stop is lost only once it has not answered for peerLoseAfter: a node
+// that merely missed a read keeps its requests.
+func TestPeerListFollowsAPeersStopToItsLoss(t *testing.T) {
+	for _, announced := range []bool{true, false} {
+		t.Run(map[bool]string{true: "announced", false: "unannounced"}[announced], func(t *testing.T) {
+			l, err := StartLocal(LocalConfig{Log: quietLog(), unannouncedStops: !announced})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Stop()
+			dec := l.Decode(0)
+			dec.mu.Lock()
+			want := dec.self
+			dec.mu.Unlock()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			list := NewPeerList(ctx, []Peer{{Name: "decode-0", Control: want.Control}}, l.Router.cfg.Security, quietLog())
+			changes, err := list.Watch(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			next := func() Change {
+				t.Helper()
+				select {
+				case ch := <-changes:
+					return ch
+				case <-time.After(15 * time.Second):
+					t.Fatal("no change from the peer list")
+					return Change{}
+				}
+			}
+			if ch := next(); ch.Kind != Joined || ch.Member != want {
+				t.Fatalf("first %v %+v, want joined %+v", ch.Kind, ch.Member, want)
+			}
+			if announced {
+				// As announceStopping marks it (its settle, long enough for
+				// a peer list's reads, is the process test's to show:
+				// TestARollingRestartOfServeProcessesFailsNoRequest).
+				dec.mu.Lock()
+				dec.self.Stopping = true
+				dec.mu.Unlock()
+				stopping := want
+				stopping.Stopping = true
+				if ch := next(); ch.Kind != Joined || ch.Member != stopping {
+					t.Fatalf("as the stop began: %v %+v, want its record again, stopping", ch.Kind, ch.Member)
+				}
+			}
+			asked := time.Now()
+			stopped := make(chan error, 1)
+			go func() { stopped <- l.StopDecode(0) }()
+			ch := next()
+			if ch.Kind != Lost || ch.Member.Name != "decode-0" {
+				t.Fatalf("after the stop: %v %+v, want decode-0 lost", ch.Kind, ch.Member)
+			}
+			if lost := time.Since(asked); !announced && lost < peerLoseAfter {
+				t.Fatalf("a peer that announced no stop was lost %v after its stop began, before peerLoseAfter (%v)", lost, peerLoseAfter)
+			}
+			if err := <-stopped; err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}

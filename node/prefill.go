@@ -310,9 +310,10 @@ func (n *Prefill) Serve(ctx context.Context, control net.Listener, grace time.Du
 	n.ctl.admit = peers.admit
 	wg.Go(func() { n.dialer(run, changes) })
 	serveCtx, stopServe := context.WithCancel(run)
-	served := make(chan error, 1)
+	served, servedDone := make(chan error, 1), make(chan struct{})
 	go func() {
 		served <- n.ctl.serve(serveCtx, control, map[string]http.Handler{"/metrics": n.cfg.Metrics.Handler()})
+		close(servedDone)
 	}()
 	regCtx, deregister := context.WithCancel(run)
 	n.mu.Lock()
@@ -332,6 +333,7 @@ func (n *Prefill) Serve(ctx context.Context, control net.Listener, grace time.Du
 	n.shutdown(grace)
 	deregister()
 	stopServe()
+	<-servedDone // the answers still being written reach their callers first
 	stop()
 	n.ep.Close()
 	wg.Wait()

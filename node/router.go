@@ -101,8 +101,8 @@ type Router struct {
 	// stopping: the life of the node it knows stops gracefully: its loss is
 	// its stop's end, and the requests that loss fails are retried
 	// elsewhere. True where its record announced it (the registry will say
-	// when it is gone); false where only a leg it refused told (a static
-	// peer list).
+	// when it is gone); false where only a leg it refused told (a registry
+	// slower than the node's drain, or a node that announced nothing).
 	stopping map[protocol.NodeID]bool
 	// losing: nodes whose loss loseAfterStop holds back, each with the
 	// registration of its new life that came meanwhile (nil if none).
@@ -365,6 +365,16 @@ func (rt *Router) change(ch Change) {
 			// requests still being decoded, and its decode nodes' cut of
 			// the old life, by name, would cut the new one's queue pairs.
 			rt.losing[id] = &ch
+			return
+		}
+		if old := rt.members[id]; m.Incarnation > old.Incarnation && rt.stopping[id] && !rt.lost[id] && rt.r.Undecided(id) > 0 {
+			// A new life before the registry told of the old one's loss
+			// (a static peer list sees a quick restart so, etcd a new
+			// life registered before the old lease's end): the old life
+			// stopped as it announced, and its loss, the stop's end, waits
+			// for its requests' other legs as if the registry had told it.
+			rt.losing[id] = &ch
+			go rt.loseAfterStop(id, old)
 			return
 		}
 		if old := rt.members[id]; m.Stopping && old.Role == m.Role && old.Incarnation == m.Incarnation && !rt.lost[id] {
@@ -966,9 +976,8 @@ func (rt *Router) legEnded(node protocol.NodeID, id protocol.RequestID, err erro
 	}
 	if errors.Is(err, ErrShuttingDown) && !rt.lost[node] {
 		// The node refused the leg as it stops gracefully: no new request
-		// goes to it for a while, even where its record did not say so (a
-		// static peer list's stays as it was read), and Complete retries
-		// this one elsewhere.
+		// goes to it for a while, even where its record did not say so (yet),
+		// and Complete retries this one elsewhere.
 		rt.stoppingLocked(node, time.Now().Add(stoppingWindow), false)
 	}
 	rt.effectsLocked()
@@ -994,8 +1003,8 @@ func (rt *Router) stoppingLocked(node protocol.NodeID, until time.Time, announce
 // stoppingWindow is how long a node that refused a leg as it stops, its
 // stop unannounced, gets no new request: long enough that a stop of
 // seconds costs a few retries, short enough that a node restarted under
-// the same name, which a static peer list does not announce, is back in
-// rotation soon. announcedStop is for a stop the node's record announced:
+// the same name is back in rotation soon even if no registry tells the
+// router of its new life. announcedStop is for a stop the node's record announced:
 // the rest of its life, which its loss or a new incarnation ends.
 const (
 	stoppingWindow = time.Second

@@ -302,3 +302,54 @@ func TestAPrefillNodesStopFailsNoRequestStillBeingDecoded(t *testing.T) {
 		})
 	}
 }
+
+// A node's new life may be registered before the registry has told of the
+// old life's loss: a static peer list reads a restart quicker than its
+// reads fail, and etcd keeps a lease a crashed stop did not revoke. Where
+// the old life announced its stop, the new life then joins as after that
+// loss: once the old life's requests still running have their outcomes.
+// Taken at once (AddNode under a larger incarnation), the restart would
+// fail them, the request being decoded here among them.
+func TestANewLifeSeenBeforeTheOldLifesLossFailsNoRequestOfTheOld(t *testing.T) {
+	l := localBuiltin(t, LocalConfig{Prefills: 2, PrefillPages: 128, DecodePages: 128, Timeout: time.Minute})
+	g := gateDecode(l.Decodes[0])
+	done := completeLater(l, strings.Repeat("a prompt. ", 10))
+	id := <-g.held // its first token published, the rest held
+	l.Router.mu.Lock()
+	name := l.Router.pending[id].prefill
+	pid := l.Router.ids[name]
+	old := l.Router.members[pid]
+	l.Router.mu.Unlock()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	// The old life's stop, announced; then its next life, before any loss.
+	stopping, next := old, old
+	stopping.Stopping = true
+	next.Incarnation++
+	if _, err := l.Registry.Register(ctx, stopping); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the router seeing "+name+" stop", func() bool {
+		l.Router.mu.Lock()
+		defer l.Router.mu.Unlock()
+		return l.Router.stopping[pid]
+	})
+	if _, err := l.Registry.Register(ctx, next); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the router holding back "+name+"'s new life", func() bool {
+		l.Router.mu.Lock()
+		defer l.Router.mu.Unlock()
+		return l.Router.losing[pid] != nil
+	})
+	close(g.release)
+	if a := <-done; a.code != http.StatusOK {
+		t.Fatalf("the client got %+v, want its answer: the request no longer needed %s's old life", a, name)
+	}
+	waitUntil(t, "the new life joining once the old life's loss is taken", func() bool {
+		l.Router.mu.Lock()
+		defer l.Router.mu.Unlock()
+		_, waiting := l.Router.losing[pid]
+		return !waiting && l.Router.members[pid].Incarnation == next.Incarnation && !l.Router.lost[pid]
+	})
+}

@@ -307,7 +307,7 @@ type Config struct {
 	// every earlier run is unchanged).
 	DecodeRestarts bool
 	// StaticPeers is a deployment whose registry never loses a node
-	// (kvhandoff serve --peers: node.Static): the router loses a decode node
+	// (node.Static, the in-process registry): the router loses a decode node
 	// only when its control API stops answering, and no prefill node is
 	// ever told (no PeerFailed, so no fence). A queue pair to a partitioned
 	// decode node then ends by RC's retry limit, as the RetryExceeded step

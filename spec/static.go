@@ -1,8 +1,8 @@
 package spec
 
 // Static peers (issue 23; docs/spec.md, "Static peers: the router's leg
-// cancel"): a deployment whose registry never loses a node (kvhandoff serve
-// --peers, node.Static: "It never loses a member by itself"). A prefill node
+// cancel"): a deployment whose registry never loses a node (node.Static,
+// the in-process registry: "It never loses a member by itself"). A prefill node
 // hears of no decode node's loss, so it never fences one (no PeerFailed);
 // the router loses a decode node when its control API stops answering
 // (node/router.go, suspectLocked: protocol.Router.NodeLost, whose cancels

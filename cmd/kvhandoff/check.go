@@ -151,7 +151,7 @@ func (f *checkFlags) define(fs *flag.FlagSet) {
 	fs.IntVar(&f.prefills, "prefills", 1, fmt.Sprintf("prefill nodes, each with the prefill pool (1..%d)", spec.MaxPrefills))
 	fs.IntVar(&f.decodes, "decodes", 1, fmt.Sprintf("decode nodes, each with the decode pool and slots (1..%d); a queue pair per (prefill, decode) pair", spec.MaxDecodes))
 	fs.IntVar(&f.restarts, "restarts", -1, "restarts of a crashed prefill node under a new incarnation (0..3; the same as restart=N in --faults, which it overrides; needs a crash budget)")
-	fs.BoolVar(&f.staticPeers, "static-peers", false, "a registry that never loses a node (serve --peers): the router loses a decode node when its control API stops answering, and no prefill node is told; RC's retry limit breaks a queue pair to a partitioned node")
+	fs.BoolVar(&f.staticPeers, "static-peers", false, "a registry that never loses a node (node.Static, the in-process registry): the router loses a decode node when its control API stops answering, and no prefill node is told; RC's retry limit breaks a queue pair to a partitioned node")
 	fs.BoolVar(&f.decodeRestarts, "decode-restarts", false, "the restart fault may also crash a decode node and bring it back at once under a new incarnation (a fresh pool, epochs from zero); needs a restart budget, shared with prefill restarts")
 	fs.BoolVar(&f.anySource, "any-source-pages", false, "a prefill node's intake may take any free source pages, in any order, not only the lowest: every choice explored (the refinement mapping's setting; more states; at most 4096 orders an intake)")
 	fs.IntVar(&f.maxQueue, "max-queue", 0, fmt.Sprintf("the bound of every channel, in messages (0: %d; at most %d); a message sent on a full one breaks WithinBounds", spec.MaxQueue, spec.QueueCapacity))

@@ -45,6 +45,7 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 	noFaults := fs.Bool("no-faults", false, "inject no faults")
 	disconnects := fs.Float64("disconnects", 0.05, "the fraction of clients that go away 0.1 ms to 1 s after sending (log-uniform; 0 for none)")
 	procs := fs.Bool("procs", false, "run the nodes as separate kvhandoff serve processes over the socket provider (faults: a prefill node killed and restarted)")
+	rolling := fs.Bool("rolling", false, "with --procs: instead of the default faults, a rolling restart under traffic (each decode node, then each prefill node, stopped with SIGTERM and restarted in turn): a graceful stop fails no request, so any failure fails the run")
 	etcd := fs.String("etcd", "", "with --procs: the nodes register in this running etcd cluster (host:port,...) instead of static peers")
 	decodePages := fs.Int("decode-pages", 0, "each decode node's pool in pages (default: the deployment's)")
 	asJSON := fs.Bool("json", false, "one JSON object on stdout instead of the table")
@@ -65,6 +66,10 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 	}
 	if !(*disconnects >= 0 && *disconnects <= 1) {
 		fmt.Fprintf(stderr, "kvhandoff demo: --disconnects %v: want a fraction from 0 to 1\n", *disconnects)
+		return 2
+	}
+	if *rolling && !*procs {
+		fmt.Fprintln(stderr, "kvhandoff demo: --rolling needs --procs (it stops and restarts serve processes)")
 		return 2
 	}
 	if *etcd != "" && !*procs {
@@ -103,6 +108,9 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 	}
 	if *noFaults {
 		cfg.Faults = demo.Faults{}
+	}
+	if *rolling {
+		cfg.Faults = demo.Faults{Rolling: true} // alone: no other fault explains a failure
 	}
 	var bar *progressbar.ProgressBar
 	if f, ok := stderr.(*os.File); ok && term.IsTerminal(int(f.Fd())) {

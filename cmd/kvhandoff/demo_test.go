@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -361,5 +362,41 @@ func TestDemoEtcdNeedsProcs(t *testing.T) {
 	var out, errb bytes.Buffer
 	if rc := run([]string{"demo", "--etcd", "127.0.0.1:2379"}, &out, &errb); rc != 2 || !strings.Contains(errb.String(), "--etcd needs --procs") {
 		t.Fatalf("exit %d: %s", rc, errb.String())
+	}
+}
+
+// demo --procs --rolling: each decode node, then each prefill node, of the
+// serve processes is stopped with SIGTERM and restarted under traffic, on
+// the static peer list and on etcd. A graceful stop fails no request, so
+// the demo explains no failure by it: its own check fails the run on any.
+// Every node must have been restarted during the traffic, and the nodes'
+// traces must conform, with every decode node's stop (two in the rolling
+// restart, two at the end) checked for the pages it held.
+func TestARollingRestartOfServeProcessesFailsNoRequest(t *testing.T) {
+	t.Setenv("KVH_TEST_AS_KVHANDOFF", "1") // the nodes are this test binary
+	for _, registry := range []string{"static peers", "etcd"} {
+		t.Run(registry, func(t *testing.T) {
+			dir := t.TempDir()
+			args := []string{"demo", "--procs", "--rolling", "--requests", "600", "-v", "--trace", filepath.Join(dir, "t")}
+			if registry == "etcd" {
+				args = append(args, "--etcd", startEtcd(t))
+			}
+			var out, errb bytes.Buffer
+			if rc := run(args, &out, &errb); rc != 0 {
+				t.Fatalf("exit %d:\n%s%s", rc, out.String(), errb.String())
+			}
+			if n := strings.Count(out.String(), "fault: restarted "); n != 4 {
+				t.Fatalf("%d nodes restarted during the traffic, want the 4:\n%s", n, out.String())
+			}
+			traces, err := filepath.Glob(filepath.Join(dir, "t.*"))
+			if err != nil || len(traces) != 5 {
+				t.Fatalf("traces %v (%v): want the router's and the 4 nodes'", traces, err)
+			}
+			var rep, rerr bytes.Buffer
+			if rc := run(append([]string{"trace", "check"}, traces...), &rep, &rerr); rc != 0 || !strings.Contains(rep.String(), "conforms") ||
+				!strings.Contains(rep.String(), "graceful stops checked for pages held: 4") {
+				t.Fatalf("trace check: exit %d:\n%s%s", rc, rep.String(), rerr.String())
+			}
+		})
 	}
 }

@@ -90,6 +90,10 @@ type Faults struct {
 	Late        int // queue pairs paused for a few milliseconds: late placements
 	Corruptions int // payloads damaged in transit
 	Crash       bool
+	// Rolling, as processes only: every prefill and decode node stopped
+	// as an operator stops it (SIGTERM), and restarted, one after the
+	// other. It explains no failure: a graceful stop fails no request.
+	Rolling bool
 }
 
 // DefaultFaults are the demo's default faults.
