@@ -837,3 +837,27 @@ func TestAQueuePairBreaksAtEachEndWhenThatEndSeesIt(t *testing.T) {
 		t.Fatalf("decode took the Done after its own end broke:\n%s", report(rep))
 	}
 }
+
+// A receipt is traced as the message arrives, before the state machine
+// takes it; the queue pair's break in the same batch can reach the state
+// machine first, which fails the request instead. Decode's fence right
+// after its receipt of the Done (no verification between) is that: the
+// spec's Cut flushes the Done, and the pages freed at the fence are the
+// spec's release of them (a rolling restart's trace was refused so). A
+// fence later than the verification leaves the request verified.
+func TestAReceiptTheFenceOvertookIsNotTaken(t *testing.T) {
+	dFence := trace.Event{Node: "d", Kind: trace.Fenced, Peer: "p"}
+	failed := "protocol: peer failed: queue pair to peer 1 fenced"
+	evs := slices.Concat(happy()[:14], []trace.Event{doneRecv, dFence, freed,
+		{Node: "d", Kind: trace.Outcome, Req: req, Peer: "p", Err: failed},
+		legP,
+		{Node: "router", Kind: trace.LegEnd, Req: req, Peer: "d", Err: failed},
+		{Node: "router", Kind: trace.ClientEnd, Req: req, Err: failed}})
+	if rep := check(t, evs); !rep.Conforms() {
+		t.Fatalf("decode's fence overtook the Done it had received:\n%s", report(rep))
+	}
+	late := insertedAfter(evs, doneRecv, verified)
+	if rep := check(t, late); rep.Conforms() {
+		t.Fatalf("decode verified the request, then freed its pages at a fence, no read:\n%s", report(rep))
+	}
+}

@@ -141,6 +141,9 @@ func (c *checker) prefillRule(r *replay, ev *trace.Event) (string, moves) {
 		if !ok {
 			return "prefill recv " + ev.Msg, func(*spec.State) []move { return nil }
 		}
+		if c.fencedFirst(r, ev) {
+			return "prefill recv " + ev.Msg + " before its pair's fence is nothing (the fence took it)", func(*spec.State) []move { return keep }
+		}
 		return "prefill recv " + ev.Msg + " is PrefillRecvQP", func(s *spec.State) []move {
 			return lateOnCut(s, move{act: headIs(spec.PrefillRecvQP, qpBack, mk)})
 		}
@@ -250,6 +253,28 @@ func lateOnCut(s *spec.State, m move) []move {
 	return one(m)
 }
 
+// fencedFirst reports whether the next event of r at ev's node, after ev,
+// is a fence of the request's queue pair there. A receipt is traced as the
+// message arrives, before the state machine takes it, and the pair's break
+// in the same batch of completions can reach the state machine first: it
+// then fails the request, and the message is never taken (a decode node
+// whose prefill peer stopped right after sending a Done fenced the request
+// before verifying it). The spec's Cut, at that fence, flushes it.
+func (c *checker) fencedFirst(r *replay, ev *trace.Event) bool {
+	after := false
+	for _, i := range r.events {
+		e := &c.merged[i]
+		if e == ev {
+			after = true
+			continue
+		}
+		if after && e.Node == ev.Node {
+			return e.Kind == trace.Fenced
+		}
+	}
+	return false
+}
+
 // cutPair reports whether the spec has cut the request's queue pair: a Cut
 // fault, or the fence of a lost node's.
 func cutPair(s *spec.State) bool {
@@ -285,6 +310,9 @@ func (c *checker) decodeRule(r *replay, ev *trace.Event) (string, moves) {
 		mk, ok := map[string]spec.MsgKind{"Bootstrap": spec.MBootstrap, "Done": spec.MDone, "AbortAck": spec.MAbortAck}[ev.Msg]
 		if !ok {
 			return "decode recv " + ev.Msg, func(*spec.State) []move { return nil }
+		}
+		if c.fencedFirst(r, ev) {
+			return "decode recv " + ev.Msg + " before its pair's fence is nothing (the fence took it)", func(*spec.State) []move { return keep }
 		}
 		return "decode recv " + ev.Msg + " is DecodeRecvQP", func(s *spec.State) []move {
 			return lateOnCut(s, move{act: headIs(spec.DecodeRecvQP, qp, mk)})
