@@ -13,7 +13,9 @@
 //	completion ◄──── ACK or NAK ◄────  (a NAK breaks both queue pairs)
 //
 // So a completion means the placement happened, a WRITE is placed before a
-// later SEND on the same queue pair is delivered (one ordered stream), and a
+// later SEND on the same queue pair is delivered (one ordered stream), and
+// acknowledged before it is (the answers of a burst are flushed before a
+// SEND is executed), and a
 // WRITE with a wrong key, outside the region or into a region without remote
 // write access is refused by the peer and breaks both ends, as on hardware.
 //
@@ -96,6 +98,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvhandoff/kvhandoff/internal/admission"
@@ -850,11 +853,30 @@ func (q *QP) respond(conn net.Conn) {
 		// time cannot hold the queue pair: FrameTimeout, plus the time
 		// MinRate allows for the payload.
 		conn.SetReadDeadline(start.Add(q.d.cfg.FrameTimeout + time.Duration(n)*time.Second/MinRate))
+		// The answers of a burst go out together, when the read buffer
+		// runs dry, but none after the consumer hears of a later message:
+		// a SEND (or WRITE WITH IMMEDIATE) is executed once the answers
+		// before it are flushed, and its own goes right after. A consumer
+		// that acts on a message and then breaks the queue pair (a decode
+		// node whose stop ends once it has read the request a Done
+		// completed) would otherwise drop the ACKs of WRITEs it placed,
+		// and their requester would see them fail.
+		message := op != rdma.OpWrite
+		if message && w.Buffered() > 0 {
+			conn.SetWriteDeadline(time.Now().Add(q.d.cfg.FrameTimeout))
+			if err := w.Flush(); err != nil {
+				q.ToError()
+				return
+			}
+		}
 		st, err := q.execute(r, op, hdr[1]&1 != 0, binary.BigEndian.Uint32(hdr[4:]), binary.BigEndian.Uint64(hdr[8:]),
 			binary.BigEndian.Uint32(hdr[16:]), int(n))
 		if err != nil {
 			q.inboundLost(err) // half a frame: the stream is lost
 			return
+		}
+		if h := executed.Load(); h != nil {
+			(*h)(q, op)
 		}
 		// A peer that stops reading its answers is as stuck as one that
 		// stops sending: every write has a deadline too, the buffer's own
@@ -864,7 +886,7 @@ func (q *QP) respond(conn net.Conn) {
 			q.ToError()
 			return
 		}
-		if r.Buffered() == 0 || st != rdma.Success {
+		if r.Buffered() == 0 || st != rdma.Success || message {
 			if err := w.Flush(); err != nil {
 				q.ToError()
 				return
@@ -876,6 +898,10 @@ func (q *QP) respond(conn net.Conn) {
 		}
 	}
 }
+
+// executed, set by tests only, is called by the responder after each
+// request it executes, before it answers it: a test's consumer acts there.
+var executed atomic.Pointer[func(q *QP, op rdma.Opcode)]
 
 // inboundLost breaks q after the connection carrying the peer's requests
 // failed with err. A frame that did not arrive in time is the peer's fault:

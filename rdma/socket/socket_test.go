@@ -192,3 +192,58 @@ func hostile(network string) rdmatest.Hostile {
 
 func TestHostilePeersTCP(t *testing.T)  { rdmatest.RunHostile(t, hostile("tcp")) }
 func TestHostilePeersUnix(t *testing.T) { rdmatest.RunHostile(t, hostile("unix")) }
+
+// The responder answers a burst of requests together, but never after its
+// consumer has been handed a later message: once a SEND is delivered, the
+// ACKs of the WRITEs before it are on the wire. A consumer that breaks the
+// queue pair as soon as it has the message (a decode node whose stop ends
+// once it has read the request a Done completed) then leaves those WRITEs
+// completed, as placed; before, their ACKs waited in the responder's buffer
+// behind the SEND and went down with the connection, and the requester saw
+// WRITEs it had placed fail (flushed). Here the consumer breaks the queue
+// pair the moment the SEND is delivered, before the responder answers it.
+func TestTheWritesBeforeADeliveredSendAreAcknowledged(t *testing.T) {
+	x := pair(t, "tcp")
+	hook := func(q *QP, op rdma.Opcode) {
+		if op == rdma.OpSend {
+			q.ToError()
+		}
+	}
+	executed.Store(&hook)
+	t.Cleanup(func() { executed.Store(nil) })
+	alloc := func(pd rdma.ProtectionDomain, size int, access rdma.Access) rdma.MemoryRegion {
+		m, err := pd.Alloc(size, access)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	const writes, size = 8, 64
+	src, dst := alloc(x.PDA, writes*size, rdma.LocalWrite), alloc(x.PDB, writes*size, rdma.LocalWrite|rdma.RemoteWrite)
+	msg, inbox := alloc(x.PDA, size, rdma.LocalWrite), alloc(x.PDB, size, rdma.LocalWrite)
+	if err := x.B.PostRecv(rdma.WorkRequest{ID: 99, Op: rdma.OpRecv, Local: rdma.SGE{MR: inbox, Length: size}}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range writes {
+		if err := x.A.PostSend(rdma.WorkRequest{ID: uint64(i), Op: rdma.OpWrite, Local: rdma.SGE{MR: src, Offset: i * size, Length: size},
+			RemoteAddr: dst.Addr() + uint64(i*size), RKey: dst.RKey()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := x.A.PostSend(rdma.WorkRequest{ID: 100, Op: rdma.OpSend, Local: rdma.SGE{MR: msg, Length: 4}}); err != nil {
+		t.Fatal(err)
+	}
+	var got []rdma.Completion
+	deadline := time.Now().Add(10 * time.Second)
+	for len(got) < writes+1 && time.Now().Before(deadline) {
+		got = append(got, x.ASend.Wait(writes+1-len(got), time.Until(deadline))...)
+	}
+	if len(got) != writes+1 {
+		t.Fatalf("%d of %d completions", len(got), writes+1)
+	}
+	for _, c := range got {
+		if c.WRID < writes && c.Status != rdma.Success {
+			t.Errorf("WRITE %d, placed before the SEND was delivered, completed %v", c.WRID, c.Status)
+		}
+	}
+}
