@@ -341,12 +341,14 @@ var (
 // A WRITE whose completion failed may have landed: RC acknowledges a WRITE
 // once it is placed, and a queue pair that breaks flushes what is not
 // acknowledged yet. A decode node whose stop ended right after its last
-// request's read closes its queue pairs: that request's last WRITE, placed
-// and verified, completes flushed at prefill, whose leg fails after the
-// client's success (a rolling restart's trace was refused so, when the
-// replay took every failed completion for a WRITE never placed). Decode's
-// receipt of the Done behind it says it was placed; where no event says
-// so, the replay keeps it unplaced (the spec's Late).
+// request's read closed its queue pairs before the ACKs went out (the
+// socket provider now sends them before it delivers the SEND behind them,
+// but a crash can still do it): that request's WRITEs, placed and
+// verified, completed flushed at prefill, whose leg failed. The spec
+// completes a WRITE where it places it, so such a request is not replayed
+// (its pages are checked); a rolling restart's trace was refused before.
+// With no Done received, the replay keeps the WRITE unplaced (the spec's
+// Late) and follows the request's failure.
 func TestAWriteWhoseCompletionFailedMayHaveLanded(t *testing.T) {
 	flushed := trace.Event{Node: "p", Kind: trace.Complete, Peer: "d", Write: 2, Err: "flushed"}
 	dFence := trace.Event{Node: "d", Kind: trace.Fenced, Peer: "p"}
@@ -354,7 +356,7 @@ func TestAWriteWhoseCompletionFailedMayHaveLanded(t *testing.T) {
 	pFailed := trace.Event{Node: "p", Kind: trace.Outcome, Req: req, Peer: "d", Err: "protocol: peer failed: WRITE of page 1: flushed"}
 	legPFailed := trace.Event{Node: "router", Kind: trace.LegEnd, Req: req, Peer: "p", Err: "protocol: peer failed: WRITE of page 1: flushed"}
 	evs := slices.Concat(happy()[:12], []trace.Event{doneRecv, verified, acquire, release, freed, decOK, dFence, flushed, pFence, pFailed, legD, clientOK, legPFailed})
-	if rep := check(t, evs); !rep.Conforms() {
+	if rep := check(t, evs); !rep.Conforms() || rep.Replayed != 0 || rep.NotReplayed[landedThenFailed] != 1 {
 		t.Fatalf("decode read the request, then its stop broke the queue pair under the last WRITE's acknowledgement:\n%s", report(rep))
 	}
 	// The same failed completion with no Done received: the request fails
@@ -364,7 +366,7 @@ func TestAWriteWhoseCompletionFailedMayHaveLanded(t *testing.T) {
 		{Node: "d", Kind: trace.Outcome, Req: req, Peer: "p", Err: "protocol: peer failed: flushed"},
 		{Node: "router", Kind: trace.LegEnd, Req: req, Peer: "d", Err: "protocol: peer failed: flushed"},
 		{Node: "router", Kind: trace.ClientEnd, Req: req, Err: "protocol: peer failed: flushed"}})
-	if rep := check(t, cut); !rep.Conforms() {
+	if rep := check(t, cut); !rep.Conforms() || rep.Replayed != 1 {
 		t.Fatalf("the queue pair broke under the last WRITE, no Done received:\n%s", report(rep))
 	}
 }
