@@ -234,14 +234,7 @@ func rollingStop(t *testing.T, registry string) {
 func TestAPrefillNodesStopFailsNoRequestStillBeingDecoded(t *testing.T) {
 	for _, restart := range []bool{false, true} {
 		t.Run(fmt.Sprintf("restarted %v", restart), func(t *testing.T) {
-			l := localBuiltin(t, LocalConfig{Prefills: 2, PrefillPages: 128, DecodePages: 128, Timeout: time.Minute})
-			g := gateDecode(l.Decodes[0])
-			done := completeLater(l, strings.Repeat("a prompt. ", 10))
-			id := <-g.held // its first token published, the rest held
-			l.Router.mu.Lock()
-			name := l.Router.pending[id].prefill
-			pid := l.Router.ids[name]
-			l.Router.mu.Unlock()
+			l, g, done, name, pid := beingDecoded(t)
 			var i int
 			if _, err := fmt.Sscanf(name, "prefill-%d", &i); err != nil {
 				t.Fatal(err)
@@ -311,13 +304,8 @@ func TestAPrefillNodesStopFailsNoRequestStillBeingDecoded(t *testing.T) {
 // Taken at once (AddNode under a larger incarnation), the restart would
 // fail them, the request being decoded here among them.
 func TestANewLifeSeenBeforeTheOldLifesLossFailsNoRequestOfTheOld(t *testing.T) {
-	l := localBuiltin(t, LocalConfig{Prefills: 2, PrefillPages: 128, DecodePages: 128, Timeout: time.Minute})
-	g := gateDecode(l.Decodes[0])
-	done := completeLater(l, strings.Repeat("a prompt. ", 10))
-	id := <-g.held // its first token published, the rest held
+	l, g, done, name, pid := beingDecoded(t)
 	l.Router.mu.Lock()
-	name := l.Router.pending[id].prefill
-	pid := l.Router.ids[name]
 	old := l.Router.members[pid]
 	l.Router.mu.Unlock()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -352,4 +340,19 @@ func TestANewLifeSeenBeforeTheOldLifesLossFailsNoRequestOfTheOld(t *testing.T) {
 		_, waiting := l.Router.losing[pid]
 		return !waiting && l.Router.members[pid].Incarnation == next.Incarnation && !l.Router.lost[pid]
 	})
+}
+
+// beingDecoded starts a deployment of two prefill nodes and sends it a
+// request whose decode is held after its first token (g releases it; done
+// is its answer), and returns the name and router id of its prefill node.
+func beingDecoded(t *testing.T) (l *Local, g *tokenGate, done <-chan answer, name string, pid protocol.NodeID) {
+	t.Helper()
+	l = localBuiltin(t, LocalConfig{Prefills: 2, PrefillPages: 128, DecodePages: 128, Timeout: time.Minute})
+	g = gateDecode(l.Decodes[0])
+	done = completeLater(l, strings.Repeat("a prompt. ", 10))
+	id := <-g.held // its first token published, the rest held
+	l.Router.mu.Lock()
+	defer l.Router.mu.Unlock()
+	name = l.Router.pending[id].prefill
+	return l, g, done, name, l.Router.ids[name]
 }
