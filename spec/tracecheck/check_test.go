@@ -863,3 +863,14 @@ func TestAReceiptTheFenceOvertookIsNotTaken(t *testing.T) {
 		t.Fatalf("decode verified the request, then freed its pages at a fence, no read:\n%s", report(rep))
 	}
 }
+
+// Nothing lands on decode after its own end of the queue pair broke, even
+// with its Grant still on the wire: prefill may take the Grant and post,
+// but a Done decode receives and verifies after its own fence is refused.
+func TestNothingReachesDecodePastItsOwnFence(t *testing.T) {
+	dFence := trace.Event{Node: "d", Kind: trace.Fenced, Peer: "p"}
+	rep := check(t, insertedAfter(without(happy(), complete1, complete2, prefOK, legP), grant, dFence))
+	if rep.Conforms() || rep.Failure == nil || rep.Failure.Event.Node != "d" {
+		t.Fatalf("decode took a Done after its own fence:\n%s", report(rep))
+	}
+}

@@ -219,20 +219,22 @@ func (c *checker) prefillRule(r *replay, ev *trace.Event) (string, moves) {
 	return "prefill " + ev.Kind, nil
 }
 
-// onWire: a queue pair fenced at one end is the spec's Cut, or, while
-// messages toward the other end are on the wire (q holds them), not yet:
-// the spec's cut is one step that flushes both directions, but a real
-// queue pair breaks at each end when that end sees it, and what one end
-// sent before it broke the pair may still reach the other, which takes
-// it as delivered. A prefill node whose stop ends right after its last
-// leg's outcome closes its queue pairs with that leg's Done on the wire:
-// decode receives it, verifies and reads the request, and then sees the
-// break (its own fenced event, the Cut then if the request still needs
-// one). Refused otherwise, as a rolling restart's trace showed.
+// onWire: prefill's end of a queue pair fenced is the spec's Cut, or, once
+// the request's sender has finished while its messages (its Done) are
+// still on the wire, not yet: the spec's cut is one step that flushes both
+// directions, but a real queue pair breaks at each end when that end sees
+// it, and what prefill sent before it broke the pair may still reach
+// decode, which takes it as delivered. A prefill node whose stop ends right
+// after its last leg's outcome closes its queue pairs with that leg's Done
+// on the wire: decode receives it, verifies and reads the request, and then
+// sees the break (its own fenced event, the Cut then if the request still
+// needs one). Refused otherwise, as a rolling restart's trace showed. Not
+// at decode's end: nothing lands on decode after its own fence, and a
+// receipt after it stays refused.
 func onWire(m moves, q func(*spec.State) *spec.Queue) moves {
 	return func(s *spec.State) []move {
 		mv := m(s)
-		if q(s).N > 0 && !slices.ContainsFunc(mv, func(x move) bool { return x.keep }) {
+		if s.Req[0].S.Phase == spec.SFinished && q(s).N > 0 && !slices.ContainsFunc(mv, func(x move) bool { return x.keep }) {
 			mv = append(mv, move{keep: true})
 		}
 		return mv
@@ -373,7 +375,7 @@ func (c *checker) decodeRule(r *replay, ev *trace.Event) (string, moves) {
 			return keep
 		}
 	case trace.Fenced:
-		return "decode fenced is Cut or PeerFailed", onWire(cutMoves(r), qpBack)
+		return "decode fenced is Cut or PeerFailed", cutMoves(r)
 	}
 	return "decode " + ev.Kind, nil
 }
