@@ -40,9 +40,9 @@ func ParsePeers(s string) ([]Peer, error) {
 // TLS, once it answers. It then follows the record as etcd's watch would:
 // read again every peerRefresh, a changed record (a graceful stop
 // announced, a restart's new incarnation) is registered again, and a peer
-// that stops answering is lost, at once where its record announced its
-// stop (the stop's end) and after peerLoseAfter otherwise; it joins again
-// when it answers.
+// that stops answering is lost, after two failed reads where its record
+// announced its stop (the stop's end) and after peerLoseAfter otherwise;
+// it joins again when it answers.
 type PeerList struct {
 	*Static
 	peers []Peer
@@ -93,13 +93,14 @@ func (l *PeerList) follow(ctx context.Context, client *controlClient, p Peer, lo
 	var cur Member // the record registered, while joined
 	joined, seen := false, false
 	var failing time.Time // when the joined peer first failed to answer
+	misses := 0           // its failed reads in a row
 	backoff := 50 * time.Millisecond
 	for ctx.Err() == nil {
 		m, err := l.read(ctx, client, p)
 		wait := peerRefresh
 		switch {
 		case err == nil:
-			failing = time.Time{}
+			failing, misses = time.Time{}, 0
 			if !joined || m != cur {
 				// (A new incarnation is registered as it comes: the router
 				// defers the old life's loss while a stop it announced
@@ -113,7 +114,9 @@ func (l *PeerList) follow(ctx context.Context, client *controlClient, p Peer, lo
 			if failing.IsZero() {
 				failing = time.Now()
 			}
-			if cur.Stopping || time.Since(failing) >= peerLoseAfter {
+			// A stopping peer's end is its stop's: two reads in a row
+			// that fail, not one a busy moment failed.
+			if misses++; cur.Stopping && misses >= 2 || time.Since(failing) >= peerLoseAfter {
 				log.Info("node: peer lost: its control API does not answer", "peer", p.Name, "stopping", cur.Stopping, "err", err)
 				l.Static.Remove(p.Name)
 				joined = false
@@ -217,9 +220,11 @@ type roster struct {
 // watchRoster follows reg's members until ctx ends.
 func watchRoster(ctx context.Context, reg Registry) (*roster, error) {
 	r := &roster{roles: map[string]Role{}, changed: make(chan struct{})}
+	listed := map[string]bool{}
 	if l, ok := reg.(*PeerList); ok {
 		for _, p := range l.peers {
 			r.roles[p.Name] = ""
+			listed[p.Name] = true
 		}
 	}
 	changes, err := reg.Watch(ctx)
@@ -233,7 +238,16 @@ func watchRoster(ctx context.Context, reg Registry) (*roster, error) {
 			case Joined:
 				r.roles[c.Member.Name] = c.Member.Role
 			case Lost:
-				delete(r.roles, c.Member.Name)
+				if listed[c.Member.Name] {
+					// A listed peer lost is as at the start: its name
+					// admitted, its role unknown until its record answers
+					// again. Deleted, two peers that lost each other
+					// would each refuse the other's read of its record,
+					// which needs the name, for good.
+					r.roles[c.Member.Name] = ""
+				} else {
+					delete(r.roles, c.Member.Name)
+				}
 			}
 			close(r.changed)
 			r.changed = make(chan struct{})

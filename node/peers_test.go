@@ -137,3 +137,39 @@ func TestPeerListFollowsAPeersStopToItsLoss(t *testing.T) {
 		})
 	}
 }
+
+// A listed peer that a static list loses stays admitted, its role unknown,
+// as at start-up: deleted, two nodes that lost each other (a partition of
+// over 5 s) would each refuse the other's read of its record, which needs
+// the name, and never find each other again.
+func TestALostListedPeerIsStillAdmitted(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	// Nothing answers there: the list's own reads change nothing.
+	list := NewPeerList(ctx, []Peer{{Name: "prefill-0", Control: "127.0.0.1:1"}}, Security{}, quietLog())
+	r, err := watchRoster(ctx, list)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := Member{Name: "prefill-0", Role: RolePrefill, Control: "127.0.0.1:1", PoolPages: 1, PageTokens: 1, PageBytes: 1}
+	if _, err := list.Static.Register(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the roster seeing prefill-0 join", func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return r.roles["prefill-0"] == RolePrefill
+	})
+	list.Static.Remove("prefill-0")
+	waitUntil(t, "the roster seeing prefill-0 lost", func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return r.roles["prefill-0"] == ""
+	})
+	if err := r.admit("prefill-0", pki.Role(RolePrefill)); err != nil {
+		t.Fatalf("a listed peer, lost: %v", err)
+	}
+	if err := r.admit("prefill-9", pki.Role(RolePrefill)); err == nil {
+		t.Fatal("an unlisted name admitted")
+	}
+}
