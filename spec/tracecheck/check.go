@@ -189,6 +189,12 @@ func (c *checker) collect() {
 					r.late = map[uint64]bool{}
 				}
 				r.late[ev.Write] = ev.Err != ""
+				if ev.Err != "" && !mayHaveLanded(ev.Err) {
+					if r.refusedWrites == nil {
+						r.refusedWrites = map[uint64]bool{}
+					}
+					r.refusedWrites[ev.Write] = true
+				}
 			}
 		}
 		if ev.Req == 0 {
@@ -571,12 +577,21 @@ func reasonOf(err string) string {
 // no spec step. The request's pages are still checked (checkPages).
 const landedThenFailed = "a WRITE that landed completed in error (the spec completes a WRITE where it places it)"
 
-// landedThenFailed reports whether a WRITE of r completed in error while
-// decode verified r (landedThenFailed).
+// mayHaveLanded reports whether a WRITE whose completion failed with err
+// may still have been placed: flushed (the queue pair broke before its
+// ACK came back) or a transport error (its retries ran out, the ACK lost).
+// Another error is the responder's refusal (a bad key, no room): nothing
+// landed.
+func mayHaveLanded(err string) bool {
+	return strings.Contains(err, "flushed") || strings.Contains(err, "transport error")
+}
+
+// landedThenFailed reports whether a WRITE of r completed in error, one
+// that may have landed, while decode verified r (landedThenFailed).
 func (c *checker) landedThenFailed(r *replay) bool {
 	failed := false
-	for _, f := range r.late {
-		failed = failed || f
+	for w, f := range r.late {
+		failed = failed || f && !r.refusedWrites[w]
 	}
 	if !failed {
 		return false

@@ -874,3 +874,15 @@ func TestNothingReachesDecodePastItsOwnFence(t *testing.T) {
 		t.Fatalf("decode took a Done after its own fence:\n%s", report(rep))
 	}
 }
+
+// A WRITE the responder refused (a bad key, a region without room) never
+// landed, whatever its queue pair did next: a Done received and verified
+// behind it is refused, not taken for a WRITE that landed and lost its ACK.
+func TestAWriteTheResponderRefusedNeverLanded(t *testing.T) {
+	refused := trace.Event{Node: "p", Kind: trace.Complete, Peer: "d", Write: 2, Err: "rdma: WRITE completion: remote access error"}
+	evs := slices.Concat(happy()[:12], []trace.Event{refused, doneRecv, verified, acquire, release, freed, decOK, legD, clientOK})
+	rep := check(t, evs)
+	if rep.Conforms() || rep.Replayed != 1 {
+		t.Fatalf("a Done behind a refused WRITE was received and verified:\n%s", report(rep))
+	}
+}

@@ -52,6 +52,8 @@ type replay struct {
 	abortTo         map[string]bool   // nodes the replay queued an Abort for
 	qp              map[string]uint32 // node → its id of the queue pair the request is on there
 	late            map[uint64]bool   // WRITE id → its completion failed (placed, if at all, only as the spec's Late)
+	refusedWrites   map[uint64]bool   // WRITE id → its completion failed as the responder's refusal: never placed
+	refusedAt       map[int]bool      // the spec's page indices of those WRITEs
 	intake          string            // a prefill intake refusal the spec replays (refusedNoPeer, refusedTooLong)
 	refusal         string            // why the last rule refused its event outright (refuse)
 	// The pages of the Grants, as the trace shows them: those each decode
@@ -176,11 +178,12 @@ func (r *replay) start() error {
 func (r *replay) silent(a spec.Action, s *spec.State) bool {
 	switch a.Kind {
 	case spec.DecodeRecvQP:
-		// A WRITE whose completion failed too: it may have landed before
-		// its queue pair broke (RC acknowledges a WRITE after placing it,
-		// and the break flushes what is unacknowledged). Placed only where
-		// a later event needs it: the Done behind it received.
-		return s.QP[0][0].N > 0 && s.QP[0][0].Head().Kind == spec.MWrite
+		// A WRITE whose completion was flushed too: it may have landed
+		// before its queue pair broke (RC acknowledges a WRITE after
+		// placing it, and the break flushes what is unacknowledged).
+		// Placed only where a later event needs it: the Done behind it
+		// received. Not one the responder refused: it never landed.
+		return s.QP[0][0].N > 0 && s.QP[0][0].Head().Kind == spec.MWrite && !r.refusedAt[int(s.QP[0][0].Head().Index)]
 	case spec.PrefillRecv:
 		return s.ToPrefill[0].N > 0 && s.ToPrefill[0].Head().Req < 0
 	}

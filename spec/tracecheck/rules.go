@@ -180,6 +180,12 @@ func (c *checker) prefillRule(r *replay, ev *trace.Event) (string, moves) {
 		// completed was placed, at once or later (both are kept until an
 		// event tells them apart).
 		neverPlaced := r.late[ev.Write]
+		if r.refusedWrites[ev.Write] {
+			if r.refusedAt == nil {
+				r.refusedAt = map[int]bool{}
+			}
+			r.refusedAt[int(j)] = true
+		}
 		return "prefill post is PostWrite of that page", func(s *spec.State) []move {
 			if flushed(s) {
 				return keep // posted on a queue pair the spec has cut: flushed
