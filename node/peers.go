@@ -90,8 +90,8 @@ func NewPeerList(ctx context.Context, peers []Peer, sec Security, log *slog.Logg
 // follow reads p's record until ctx ends, and registers, registers again
 // or loses it as it changes.
 func (l *PeerList) follow(ctx context.Context, client *controlClient, p Peer, log *slog.Logger) {
-	var cur Member // the record registered, while joined
-	joined, seen := false, false
+	var cur Member // the record registered last (its Name set once the peer has answered)
+	joined := false
 	var failing time.Time // when the joined peer first failed to answer
 	misses := 0           // its failed reads in a row
 	backoff := 50 * time.Millisecond
@@ -107,7 +107,7 @@ func (l *PeerList) follow(ctx context.Context, client *controlClient, p Peer, lo
 				// still has requests; a loss first would make prefill nodes
 				// cut, by name, a queue pair the new life may have set up.)
 				l.Static.Register(ctx, m)
-				cur, joined, seen = m, true, true
+				cur, joined = m, true
 				l.answer(p.Name)
 			}
 		case joined:
@@ -121,7 +121,7 @@ func (l *PeerList) follow(ctx context.Context, client *controlClient, p Peer, lo
 				l.Static.Remove(p.Name)
 				joined = false
 			}
-		case seen:
+		case cur.Name != "":
 			// Lost: read again at the refresh, to see its next life soon.
 		default:
 			log.Debug("node: peer not answering yet", "peer", p.Name, "control", p.Control, "err", err)

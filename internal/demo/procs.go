@@ -601,8 +601,8 @@ func RunProcs(ctx context.Context, bin string, cfg Config, logs io.Writer) (*Res
 	}
 	// The rolling restart: each decode node, then each prefill node,
 	// stopped and restarted in turn from a tenth of the workload on (four
-	// nodes' restarts took a fifth of 600 requests here, the traffic going
-	// on throughout). A node that does not stop cleanly, or does not
+	// nodes' restarts took about a quarter of 600 requests here, the
+	// traffic going on throughout). A node that does not stop cleanly, or does not
 	// rejoin, fails the run.
 	var rollErr error
 	if cfg.Faults.Rolling {
@@ -613,11 +613,11 @@ func RunProcs(ctx context.Context, bin string, cfg Config, logs io.Writer) (*Res
 				return
 			case <-tenth:
 			}
+			at := func() int { finished.Lock(); defer finished.Unlock(); return count }
 			for _, name := range rollingOrder(d) {
 				if runCtx.Err() != nil {
 					return
 				}
-				at := func() int { finished.Lock(); defer finished.Unlock(); return count }
 				if rollErr = p.StopNode(name, 30*time.Second); rollErr != nil {
 					return
 				}
