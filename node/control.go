@@ -116,6 +116,8 @@ type cancelCall struct {
 
 type peerLostCall struct {
 	Peer string `json:"peer"`
+	// Incarnation is the life lost (0: whichever is live).
+	Incarnation uint64 `json:"incarnation,omitempty"`
 }
 
 // legAnswer is a node's answer to a prefill or decode call: the leg's

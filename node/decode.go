@@ -187,10 +187,19 @@ func NewDecode(cfg DecodeConfig) (*Decode, error) {
 		return struct{}{}, nil
 	})
 	handle(n.ctl, pathPeerLost, func(_ context.Context, c *peerLostCall) (any, error) {
-		// The router lost the prefill node: cut the queue pair to it, the
-		// fence for every page it may still write.
+		// The router lost the prefill node: cut the queue pair of the life
+		// it lost, the fence for every page that life may still write. A
+		// queue pair of its next life stays: it replaced the lost one's
+		// (cutting it), and may be up before the router tells of the loss
+		// (a crash and a quick restart), as the spec's restart fences the
+		// old life's queue pair before the new life's is taken.
+		var err error
+		if err = n.ep.CutIncarnation(c.Peer, c.Incarnation); errors.Is(err, transfer.ErrOtherIncarnation) {
+			n.cfg.Log.Info("decode: prefill node's life lost; its next life's queue pair stays", "decode", n.cfg.Name, "prefill", c.Peer, "lost", c.Incarnation)
+			return struct{}{}, nil
+		}
 		n.cfg.Trace.Emit(trace.Event{Kind: trace.Cut, Peer: c.Peer, Cause: "peer-lost"})
-		if err := n.ep.Cut(c.Peer); err != nil && !errors.Is(err, transfer.ErrNoPeer) {
+		if err != nil && !errors.Is(err, transfer.ErrNoPeer) {
 			return nil, err
 		}
 		n.cfg.Log.Warn("decode: prefill node lost, queue pair cut", "decode", n.cfg.Name, "prefill", c.Peer)
@@ -657,7 +666,7 @@ func (n *Decode) Serve(ctx context.Context, control, transferLn net.Listener, gr
 	wg.Go(func() { n.sweep(run) })
 	setupCtx, stopSetup := context.WithCancel(run)
 	wg.Go(func() {
-		n.ep.Serve(setupCtx, transferLn, transfer.SetupConfig{Name: n.cfg.Name, TLS: n.cfg.Security.TLS, Insecure: n.cfg.Security.TLS == nil,
+		n.ep.Serve(setupCtx, transferLn, transfer.SetupConfig{Name: n.cfg.Name, Incarnation: n.incarnation, TLS: n.cfg.Security.TLS, Insecure: n.cfg.Security.TLS == nil,
 			Admit: peers.admit, Log: n.cfg.Log})
 	})
 	serveCtx, stopServe := context.WithCancel(run)

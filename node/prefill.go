@@ -253,7 +253,9 @@ func (n *Prefill) dialer(ctx context.Context, changes <-chan Change) {
 			}
 			n.mu.Unlock()
 			if ch.Kind == Lost {
-				n.ep.Cut(ch.Member.Name)
+				// The lost life's queue pair: a next life's, if it is up
+				// already, stays (CutIncarnation).
+				n.ep.CutIncarnation(ch.Member.Name, ch.Member.Incarnation)
 				continue
 			}
 		case <-tick.C:
@@ -271,7 +273,7 @@ func (n *Prefill) dialer(ctx context.Context, changes <-chan Change) {
 		}
 		n.mu.Unlock()
 		for _, m := range todo {
-			err := n.ep.Dial(ctx, m.Name, m.Transfer, transfer.SetupConfig{Name: n.cfg.Name, TLS: n.cfg.Security.TLS,
+			err := n.ep.Dial(ctx, m.Name, m.Transfer, transfer.SetupConfig{Name: n.cfg.Name, Incarnation: n.incarnation, TLS: n.cfg.Security.TLS,
 				Insecure: n.cfg.Security.TLS == nil, Log: n.cfg.Log})
 			if err != nil {
 				next[m.Name] = time.Now().Add(time.Second)

@@ -106,14 +106,11 @@ type Router struct {
 	stopping map[protocol.NodeID]bool
 	// losing: nodes whose loss loseAfterStop holds back, each with the
 	// registration of its new life that came meanwhile (nil if none).
-	losing map[protocol.NodeID]*Change
-	// quietLoss: the loss being taken sends decode nodes no PeerLost
-	// (loseAfterStop, a new life registered).
-	quietLoss bool
-	pending   map[protocol.RequestID]*routed
-	nextID    protocol.RequestID
-	nextPeer  protocol.NodeID
-	ready     chan struct{} // closed once both roles have a node
+	losing   map[protocol.NodeID]*Change
+	pending  map[protocol.RequestID]*routed
+	nextID   protocol.RequestID
+	nextPeer protocol.NodeID
+	ready    chan struct{} // closed once both roles have a node
 }
 
 // routed is a request the router accepted and has not answered yet.
@@ -362,8 +359,7 @@ func (rt *Router) change(ch Change) {
 			// A new life while the old one's loss waits for its requests
 			// (loseAfterStop): it joins once that loss is taken. Taken
 			// now, through AddNode, the loss would fail the old life's
-			// requests still being decoded, and its decode nodes' cut of
-			// the old life, by name, would cut the new one's queue pairs.
+			// requests still being decoded.
 			rt.losing[id] = &ch
 			return
 		}
@@ -486,13 +482,10 @@ func (rt *Router) loseAfterStop(id protocol.NodeID, m Member) {
 		}
 		joined := rt.losing[id]
 		if !rt.lost[id] {
-			// With a new life registered, decode nodes are not told to cut
-			// the old one's queue pairs: the cut goes by name and would hit
-			// the new life's, and a new queue pair under the name already
-			// replaced (and failed) the old one's.
-			rt.quietLoss = joined != nil
+			// With a new life registered, decode nodes cut the old life's
+			// queue pair only (PeerLost names the life): the new life's,
+			// if up, replaced it and stays.
 			rt.loseLocked(id, m)
-			rt.quietLoss = false
 		}
 		delete(rt.losing, id)
 		rt.mu.Unlock()
@@ -752,14 +745,11 @@ func (rt *Router) effectsLocked() {
 		rt.cancelLegLocked(c)
 	}
 	for _, pl := range e.PeerLost {
-		if rt.quietLoss {
-			continue // loseAfterStop's, for an old life a new one replaced
-		}
 		node, peer := rt.members[pl.Node], rt.members[pl.Lost]
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
-			if err := rt.client.call(ctx, node.Name, node.Control, pathPeerLost, peerLostCall{Peer: peer.Name}, nil); err != nil {
+			if err := rt.client.call(ctx, node.Name, node.Control, pathPeerLost, peerLostCall{Peer: peer.Name, Incarnation: peer.Incarnation}, nil); err != nil {
 				rt.cfg.Log.Warn("router: telling a decode node of a lost prefill node", "decode", node.Name, "prefill", peer.Name, "err", err)
 			}
 		}()

@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -355,4 +356,138 @@ func beingDecoded(t *testing.T) (l *Local, g *tokenGate, done <-chan answer, nam
 	defer l.Router.mu.Unlock()
 	name = l.Router.pending[id].prefill
 	return l, g, done, name, l.Router.ids[name]
+}
+
+// A crashed prefill node restarted at once shows up at the router as a
+// new life with no loss before it, where its registry record outlived the
+// crash (a static list reads the restart before its reads fail; etcd keeps
+// the crashed life's lease): the router then takes the old life's loss,
+// and tells each decode node to cut that life's queue pair. By then the
+// new life may have connected. The cut names the lost life, so the new
+// life's queue pair, which replaced the old one's, stays, and takes the
+// next requests. (Cut by name, it went too, and the new life's first
+// requests failed.)
+func TestACrashAndQuickRestartKeepsTheNewLifesQueuePair(t *testing.T) {
+	static, err := NewStatic()
+	if err != nil {
+		t.Fatal(err)
+	}
+	router := &heldRegistry{Registry: static, release: make(chan struct{})}
+	logs := &lockedBuffer{}
+	l, err := StartLocal(LocalConfig{Prefills: 1, PrefillPages: 64, DecodePages: 64, PageTokens: 16, Timeout: time.Minute,
+		Log: slog.New(slog.NewJSONHandler(logs, nil)), unannouncedStops: true,
+		NewRegistry: func(node string) (Registry, error) {
+			if node == "router" {
+				return router, nil
+			}
+			return static, nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Stop()
+	if a, err := complete(context.Background(), l.API, "t", "before the crash. ", 4); err != nil || a.code != http.StatusOK {
+		t.Fatalf("a request before the crash: %+v %v", a, err)
+	}
+	l.Router.mu.Lock()
+	pid := l.Router.ids["prefill-0"]
+	old := l.Router.members[pid].Incarnation
+	l.Router.mu.Unlock()
+
+	// The crash, as the router sees it: nothing, until the new life's
+	// record, which it reads once that life is connected to decode-0.
+	router.hold("prefill-0")
+	if err := l.StopPrefill(0); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.RestartPrefill(0); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the new life's queue pair to decode-0", func() bool {
+		return slices.Contains(l.Prefill(0).Endpoint().Peers(), "decode-0")
+	})
+	var cuts atomic.Int64
+	watching := make(chan struct{})
+	defer close(watching)
+	go func() {
+		for {
+			select {
+			case <-watching:
+				return
+			case <-time.After(100 * time.Microsecond):
+			}
+			if !slices.Contains(l.Decodes[0].Endpoint().Peers(), "prefill-0") {
+				cuts.Add(1)
+			}
+		}
+	}()
+	close(router.release)
+	waitUntil(t, "decode-0 hearing of the old life's loss", func() bool {
+		return strings.Contains(logs.String(), "its next life's queue pair stays") || strings.Contains(logs.String(), "queue pair cut")
+	})
+	l.Router.mu.Lock()
+	now := l.Router.members[pid].Incarnation
+	l.Router.mu.Unlock()
+	if now == old {
+		t.Fatalf("the router still knows prefill-0's old life %d", old)
+	}
+	for k := range 6 {
+		if a, err := complete(context.Background(), l.API, "t", fmt.Sprintf("after the restart %d. ", k), 4); err != nil || a.code != http.StatusOK {
+			t.Fatalf("a request after the restart: %+v %v", a, err)
+		}
+	}
+	if n := cuts.Load(); n > 0 || strings.Contains(logs.String(), "queue pair cut") {
+		t.Fatalf("decode-0's queue pair to prefill-0's new life was cut (down in %d polls)", n)
+	}
+}
+
+// heldRegistry is a registry whose watchers do not hear of a held node's
+// loss, and hear of its next record only once release is closed: a
+// registry whose record of a crashed node outlived the crash, and that
+// then reads the node's restart late.
+type heldRegistry struct {
+	Registry
+	mu      sync.Mutex
+	held    string
+	release chan struct{}
+}
+
+func (r *heldRegistry) hold(name string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.held = name
+}
+
+func (r *heldRegistry) Watch(ctx context.Context) (<-chan Change, error) {
+	in, err := r.Registry.Watch(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make(chan Change, watchBuffer)
+	go func() {
+		defer close(out)
+		for ch := range in {
+			r.mu.Lock()
+			held := ch.Member.Name == r.held
+			r.mu.Unlock()
+			if held && ch.Kind == Lost {
+				continue
+			}
+			if held {
+				select {
+				case <-r.release:
+				case <-ctx.Done():
+					return
+				}
+			}
+			out <- ch
+		}
+	}()
+	return out, nil
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

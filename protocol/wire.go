@@ -6,12 +6,14 @@ import (
 	"fmt"
 )
 
-// Version is the wire format version this package speaks. Version 3's
-// Bootstrap carries the request's cache scope and prefix chain, its Grant and
-// Done the prefix length (docs/protocol.md, "Prefix reuse"); version 2's
-// carried a ticket but no prefix. A frame of any other version is refused
-// (ErrVersion), never read as this one.
-const Version = 3
+// Version is the wire format version this package speaks. Version 4's
+// messages are version 3's; its queue pair's hello (transfer's setup) names
+// the node's incarnation, so that a cut of a lost life spares the next
+// one's queue pair. Version 3's Bootstrap carries the request's cache scope
+// and prefix chain, its Grant and Done the prefix length (docs/protocol.md,
+// "Prefix reuse"); version 2's carried a ticket but no prefix. A frame of
+// any other version is refused (ErrVersion), never read as this one.
+const Version = 4
 
 // Limits on every length the wire carries. A frame that exceeds one is an error,
 // and nothing larger than these is ever allocated while decoding.

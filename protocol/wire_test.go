@@ -73,6 +73,7 @@ func TestDecoderRejectsBrokenFramesWithTypedErrors(t *testing.T) {
 	}{
 		"version 1":      {mutate(func(b []byte) []byte { b[0] = 1; return b }), ErrVersion}, // before tickets: refused, not misread
 		"version 2":      {mutate(func(b []byte) []byte { b[0] = 2; return b }), ErrVersion}, // before prefixes: refused, not misread
+		"version 3":      {mutate(func(b []byte) []byte { b[0] = 3; return b }), ErrVersion}, // its hello named no incarnation: refused at setup, and here too
 		"a later one":    {mutate(func(b []byte) []byte { b[0] = Version + 1; return b }), ErrVersion},
 		"unknown type":   {mutate(func(b []byte) []byte { b[1] = 99; return b }), ErrUnknownType},
 		"too long":       {mutate(func(b []byte) []byte { binary.BigEndian.PutUint32(b[2:], MaxBody+1); return b }), ErrFrameTooLong},

@@ -61,14 +61,17 @@ type buffers struct {
 // per side waits in that way, a side is never left without credits while
 // its peer owes it more than creditUpdateAt.
 type conn struct {
-	peer    protocol.PeerID
-	name    string
-	qp      rdma.QueuePair
-	tagKey  *protocol.TagKey // the tag records' key, agreed at setup; set before the queue pair goes live
-	bufs    *buffers
-	inSlot  int
-	outSlot int
-	depth   int // work requests outstanding on the send queue, at most
+	peer protocol.PeerID
+	name string
+	// incarnation is the peer's life that set the queue pair up, as its
+	// hello said (0: not said).
+	incarnation uint64
+	qp          rdma.QueuePair
+	tagKey      *protocol.TagKey // the tag records' key, agreed at setup; set before the queue pair goes live
+	bufs        *buffers
+	inSlot      int
+	outSlot     int
+	depth       int // work requests outstanding on the send queue, at most
 	// maxPages is the largest request whose Grant the peer's receive buffers
 	// hold (decode) or this side's do (prefill).
 	maxPages int

@@ -27,6 +27,11 @@ type SetupConfig struct {
 	// Name is this node's name, as its peers' registry knows it; with TLS,
 	// its certificate must name it (a DNS name of the certificate).
 	Name string
+	// Incarnation is this life of the node, as its registry record says
+	// (0: not said). The hello carries it, and a peer that learns of a
+	// lost life cuts only that life's queue pair (CutIncarnation): the
+	// next life's, set up by then, stays.
+	Incarnation uint64
 	// TLS is the node's mutual TLS configuration: its certificate, and the CA
 	// that signs its peers' (RootCAs for Dial, ClientCAs for Serve). Only TLS
 	// 1.3 is spoken. Required unless Insecure.
@@ -75,11 +80,13 @@ func (s *SetupConfig) check() error {
 // its queue pair cut, rather than after the system's default of minutes.
 var keepAlive = net.KeepAliveConfig{Enable: true, Idle: 5 * time.Second, Interval: 5 * time.Second, Count: 3}
 
-// The hello each side sends: who it is, its page geometry, the largest
-// request its receive buffers take, and its queue pair's connection info.
+// The hello each side sends: who it is (its name and this life's
+// incarnation), its page geometry, the largest request its receive buffers
+// take, and its queue pair's connection info.
 type hello struct {
 	role            byte // 'P' prefill, 'D' decode
 	name            string
+	incarnation     uint64
 	pageTokens      uint32
 	pageBytes       uint32
 	maxRequestPages uint32
@@ -104,6 +111,7 @@ func (h *hello) encode() []byte {
 	b = append(b, protocol.Version, h.role)
 	str := func(s string) { b = append(b, byte(len(s))); b = append(b, s...) }
 	str(h.name)
+	b = binary.BigEndian.AppendUint64(b, h.incarnation)
 	for _, v := range []uint32{h.pageTokens, h.pageBytes, h.maxRequestPages, h.recvSlots, h.info.QPN, h.info.PSN} {
 		b = binary.BigEndian.AppendUint32(b, v)
 	}
@@ -154,6 +162,7 @@ func decodeHello(b []byte) (hello, error) {
 	u32 := func() uint32 { return binary.BigEndian.Uint32(take(4)) }
 	h.role = take(1)[0]
 	h.name = str()
+	h.incarnation = binary.BigEndian.Uint64(take(8))
 	h.pageTokens, h.pageBytes, h.maxRequestPages, h.recvSlots, h.info.QPN, h.info.PSN = u32(), u32(), u32(), u32(), u32(), u32()
 	copy(h.info.GID[:], take(16))
 	h.info.LID = binary.BigEndian.Uint16(take(2))
@@ -286,8 +295,8 @@ func (h *hello) check(role byte, pageTokens, pageBytes int) error {
 	return nil
 }
 
-func (e *endpoint) localHello(role byte, name string, c *conn, pageTokens, pageBytes, maxPages int) *hello {
-	return &hello{role: role, name: name, pageTokens: uint32(pageTokens), pageBytes: uint32(pageBytes),
+func (e *endpoint) localHello(role byte, cfg *SetupConfig, c *conn, pageTokens, pageBytes, maxPages int) *hello {
+	return &hello{role: role, name: cfg.Name, incarnation: cfg.Incarnation, pageTokens: uint32(pageTokens), pageBytes: uint32(pageBytes),
 		maxRequestPages: uint32(maxPages), recvSlots: RecvSlots, info: c.qp.Info()}
 }
 
@@ -371,7 +380,7 @@ func (p *Prefill) Dial(ctx context.Context, peer, addr string, cfg SetupConfig) 
 		p.abandon(c, err)
 		return err
 	}
-	if err := writeHello(conn, p.localHello('P', cfg.Name, c, p.cfg.PageTokens, p.cfg.PageBytes, p.cfg.MaxRequestPages), cfg.Timeout); err != nil {
+	if err := writeHello(conn, p.localHello('P', &cfg, c, p.cfg.PageTokens, p.cfg.PageBytes, p.cfg.MaxRequestPages), cfg.Timeout); err != nil {
 		return abandon("hello", err)
 	}
 	h, err := readHello(conn, cfg.Timeout)
@@ -389,6 +398,7 @@ func (p *Prefill) Dial(ctx context.Context, peer, addr string, cfg SetupConfig) 
 	}
 	p.mu.Lock()
 	c.maxPages = min(c.maxPages, int(h.maxRequestPages)) // the decode node's receive buffers hold Bootstraps of its largest request
+	c.incarnation = h.incarnation
 	p.mu.Unlock()
 	if c.tagKey, err = queuePairKey(conn, cfg.Name, peer); err != nil {
 		return abandon("tag key", err)
@@ -493,6 +503,9 @@ func (d *Decode) accept(ctx context.Context, raw, watched net.Conn, cfg *SetupCo
 	}
 	d.mu.Lock()
 	c, err := d.newConn(h.name, min(d.cfg.MaxRequestPages, int(h.maxRequestPages)))
+	if err == nil {
+		c.incarnation = h.incarnation
+	}
 	d.mu.Unlock()
 	if err != nil {
 		conn.Close()
@@ -513,7 +526,7 @@ func (d *Decode) accept(ctx context.Context, raw, watched net.Conn, cfg *SetupCo
 	if err := c.qp.Connect(h.info); err != nil {
 		return abandon("connect", err)
 	}
-	if err := writeHello(conn, d.localHello('D', cfg.Name, c, d.cfg.PageTokens, d.cfg.PageBytes, d.cfg.MaxRequestPages), cfg.Timeout); err != nil {
+	if err := writeHello(conn, d.localHello('D', cfg, c, d.cfg.PageTokens, d.cfg.PageBytes, d.cfg.MaxRequestPages), cfg.Timeout); err != nil {
 		return abandon("hello", err)
 	}
 	conn.SetReadDeadline(time.Now().Add(cfg.Timeout))

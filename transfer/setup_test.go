@@ -460,6 +460,74 @@ func TestReconnectAfterACutStartsAFreshQueuePair(t *testing.T) {
 	}
 }
 
+// A cut of a lost life (CutIncarnation, the router's PeerLost) cuts that
+// life's queue pair only. The lost life's own is cut; a next life's, set
+// up before the loss is told (a crash and a quick restart: the old life's
+// control connection dropped, the new life dialled), stays and takes
+// requests, where a cut by name would fail them. The hello carries each
+// life's incarnation.
+func TestACutOfALostLifeSparesTheNextLifesQueuePair(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ca := newTestCA(t)
+	devs := devices(t, "inproc", "prefill-1", "prefill-1", "decode-1")
+	d := newDecode(t, devs[2])
+	ln := listen(t)
+	go d.Serve(ctx, ln, SetupConfig{Name: "decode-1", Incarnation: 9, TLS: ca.config(t, "decode-1"), Log: quiet})
+	dn := runNode(t, ctx, d, d)
+	life := func(dev rdma.Device, incarnation uint64) (*Prefill, *node, context.CancelFunc) {
+		lctx, end := context.WithCancel(ctx)
+		p := newPrefill(t, dev)
+		pn := runNode(t, lctx, p, nil)
+		if err := p.Dial(lctx, "decode-1", ln.Addr().String(), SetupConfig{Name: "prefill-1", Incarnation: incarnation, TLS: ca.config(t, "prefill-1"), Log: quiet}); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "decode sees the life's queue pair live", func() bool {
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			c := d.names["prefill-1"]
+			return c != nil && c.incarnation == incarnation
+		})
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if got := p.names["decode-1"].incarnation; got != 9 {
+			t.Fatalf("prefill read decode's incarnation as %d, want 9", got)
+		}
+		return p, pn, end
+	}
+
+	// The lost life's queue pair is the fence's: it is cut.
+	_, _, end1 := life(devs[0], 1)
+	if err := d.CutIncarnation("prefill-1", 1); err != nil {
+		t.Fatalf("a cut of the live life: %v", err)
+	}
+	eventually(t, "the lost life's queue pair gone", func() bool { return len(d.Peers()) == 0 })
+	end1()
+
+	// The next life connects; the loss of life 1, told late, spares its
+	// queue pair.
+	p2, pn2, _ := life(devs[1], 2)
+	if err := d.CutIncarnation("prefill-1", 1); !errors.Is(err, ErrOtherIncarnation) {
+		t.Fatalf("a late cut of life 1 with life 2 live: %v, want ErrOtherIncarnation", err)
+	}
+	if err := p2.Submit(1, "decode-1", 3*pageTokens); err != nil {
+		t.Fatal(err)
+	}
+	if err := pn2.wait(1)[1]; err != nil {
+		t.Fatalf("prefill: a request of the new life: %v", err)
+	}
+	if err := dn.wait(1)[1]; err != nil || dn.peerOf[1] != "prefill-1" {
+		t.Fatalf("decode: a request of the new life: %v", err)
+	}
+	// Life 2's own loss, or a loss whose life is not said, cuts it.
+	if err := d.CutIncarnation("prefill-1", 2); err != nil || len(d.Peers()) != 0 {
+		t.Fatalf("a cut of the live life 2: %v, peers %v", err, d.Peers())
+	}
+	if err := d.CutIncarnation("prefill-1", 0); !errors.Is(err, ErrNoPeer) {
+		t.Fatalf("a cut with no queue pair left: %v, want ErrNoPeer", err)
+	}
+}
+
 // A flood of connections that never finish their handshake holds no more
 // than MaxHandshakes goroutines, and a real prefill node that connects while
 // they all stay open is served at once, not after their Timeout (a minute):
@@ -540,25 +608,27 @@ func TestSetupUnderAFloodOfIdleConnectionsServesARealPeer(t *testing.T) {
 // another version is refused at setup with ErrWireVersion (which wraps
 // protocol.ErrVersion) instead of connecting and breaking the queue pair
 // with its first Bootstrap. A version-2 node's hello (format 1: "KVHS\x01",
-// no version byte) and a later version's are refused; this version's own
-// is accepted.
+// no version byte), a version-3 node's (no incarnation) and a later
+// version's are refused; this version's own is accepted.
 func TestAHelloFromAnotherWireVersionIsRefusedAtSetup(t *testing.T) {
-	h := &hello{role: 'P', name: "prefill-v2", pageTokens: 16, pageBytes: 4096, maxRequestPages: 8, recvSlots: RecvSlots}
+	h := &hello{role: 'P', name: "prefill-v2", incarnation: 7, pageTokens: 16, pageBytes: 4096, maxRequestPages: 8, recvSlots: RecvSlots}
 	now := h.encode()
 	v2 := append([]byte(helloFormat1), now[len(helloMagic)+1:]...) // as a version-2 node sends it
-	v4 := bytes.Clone(now)
-	v4[len(helloMagic)] = protocol.Version + 1
+	v3 := bytes.Clone(now)
+	v3[len(helloMagic)] = 3
+	later := bytes.Clone(now)
+	later[len(helloMagic)] = protocol.Version + 1
 	format3 := bytes.Clone(now)
 	format3[4] = 3
-	for what, b := range map[string][]byte{"version 2": v2, "version 4": v4, "hello format 3": format3} {
+	for what, b := range map[string][]byte{"version 2": v2, "version 3": v3, "a later version": later, "hello format 3": format3} {
 		_, err := decodeHello(b)
 		if !errors.Is(err, ErrWireVersion) || !errors.Is(err, protocol.ErrVersion) {
 			t.Fatalf("%s: %v, want ErrWireVersion", what, err)
 		}
 		t.Logf("%s: %v", what, err)
 	}
-	if _, err := decodeHello(now); err != nil {
-		t.Fatalf("this version's own hello: %v", err)
+	if got, err := decodeHello(now); err != nil || got.name != h.name || got.incarnation != h.incarnation {
+		t.Fatalf("this version's own hello: %+v, %v", got, err)
 	}
 	if _, err := decodeHello([]byte("HTTP/1.1 200 OK")); !errors.Is(err, errHello) || errors.Is(err, ErrWireVersion) {
 		t.Fatalf("garbage: %v, want a malformed hello, not a version", err)
@@ -575,9 +645,9 @@ func TestSetupRefusesAPeerOfAnotherWireVersionOnBothSides(t *testing.T) {
 	frame := func(b []byte) []byte { return append(binary.BigEndian.AppendUint16(nil, uint16(len(b))), b...) }
 	decodeHi := (&hello{role: 'D', name: "d", pageTokens: pageTokens, pageBytes: pageBytes, maxRequestPages: 1, recvSlots: RecvSlots}).encode()
 	v2 := append([]byte(helloFormat1), decodeHi[len(helloMagic)+1:]...)
-	v4 := bytes.Clone(decodeHi)
-	v4[len(helloMagic)] = protocol.Version + 1
-	for what, answer := range map[string][]byte{"version 2": v2, "version 4": v4} {
+	later := bytes.Clone(decodeHi)
+	later[len(helloMagic)] = protocol.Version + 1
+	for what, answer := range map[string][]byte{"version 2": v2, "a later version": later} {
 		ln := listen(t)
 		go func() {
 			c, err := ln.Accept()
@@ -635,7 +705,7 @@ func TestSetupRefusesAPeerOfAnotherWireVersionOnBothSides(t *testing.T) {
 	eventually(t, "the refusal logged", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
-		return strings.Contains(logged.String(), "wire version 2 or earlier, this node speaks version 3")
+		return strings.Contains(logged.String(), fmt.Sprintf("wire version 2 or earlier, this node speaks version %d", protocol.Version))
 	})
 	d.Poll(time.Now())
 	if s := d.Stats(); s.Peers != 0 || len(d.conns) != 0 {
