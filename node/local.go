@@ -97,7 +97,6 @@ type Local struct {
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
-	errs   chan error
 
 	// what CrashPrefill and RestartPrefill need
 	cfg       LocalConfig
@@ -162,7 +161,7 @@ func StartLocal(cfg LocalConfig) (*Local, error) {
 	}
 	fabric := inproc.NewFabric(fmt.Sprintf("local-%d", time.Now().UnixNano()))
 	ctx, cancel := context.WithCancel(context.Background())
-	l := &Local{Registry: static, cancel: cancel, errs: make(chan error, 1+cfg.Prefills+cfg.Decodes), cfg: cfg, ctx: ctx, fabric: fabric, registry: registry,
+	l := &Local{Registry: static, cancel: cancel, cfg: cfg, ctx: ctx, fabric: fabric, registry: registry,
 		ca: ca, ticketKey: ticketKey}
 	fail := func(err error) (*Local, error) {
 		l.Stop()
@@ -281,10 +280,10 @@ func (l *Local) serve(done chan struct{}, stop context.CancelFunc, serve func() 
 	l.wg.Go(func() {
 		defer close(done)
 		defer stop()
-		err := serve()
-		select {
-		case l.errs <- err:
-		default: // a restarted node's end is not the deployment's
+		// A node that ends by itself is a crash the caller may not see
+		// (a restarted node's end is not the deployment's): say so.
+		if err := serve(); err != nil && !errors.Is(err, context.Canceled) {
+			l.cfg.Log.Error("node: a local node ended", "err", err)
 		}
 	})
 }

@@ -102,11 +102,10 @@ func (l *PeerList) follow(ctx context.Context, client *controlClient, p Peer, lo
 		case err == nil:
 			failing, misses = time.Time{}, 0
 			if !joined || m != cur {
-				// (A new incarnation is registered as it comes: the router
-				// defers the old life's loss while a stop it announced
-				// still has requests; a loss first would make prefill nodes
-				// cut, by name, a queue pair the new life may have set up.)
-				l.Static.Register(ctx, m)
+				// (A new incarnation is registered as it comes, with no
+				// loss first: the router takes the old life's loss itself,
+				// deferred while a stop it announced still has requests.)
+				l.Static.publish(m) // read by read, which validated it
 				cur, joined = m, true
 				l.answer(p.Name)
 			}

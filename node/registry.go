@@ -149,6 +149,21 @@ func (s *Static) Register(ctx context.Context, m Member) (<-chan struct{}, error
 	return done, nil
 }
 
+// publish registers m with no lease to end it: it stays until Remove or
+// the next publish (a PeerList, which follows its peers, publishes each
+// record it reads; a lease per record would add a callback on the list's
+// context at every change, kept until the process ends).
+func (s *Static) publish(m Member) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if old := s.leases[m.Name]; old != nil {
+		close(old)
+		delete(s.leases, m.Name)
+	}
+	s.members[m.Name] = m
+	s.notify(Change{Kind: Joined, Member: m})
+}
+
 func (s *Static) end(name string, done chan struct{}) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
