@@ -41,8 +41,8 @@ func ParsePeers(s string) ([]Peer, error) {
 // read again every peerRefresh, a changed record (a graceful stop
 // announced, a restart's new incarnation) is registered again, and a peer
 // that stops answering is lost, after two failed reads where its record
-// announced its stop (the stop's end) and after peerLoseAfter otherwise;
-// it joins again when it answers.
+// announced its stop (the stop's end) and otherwise peerLoseAfter from
+// when its first failed read began; it joins again when it answers.
 type PeerList struct {
 	*Static
 	peers []Peer
@@ -96,6 +96,7 @@ func (l *PeerList) follow(ctx context.Context, client *controlClient, p Peer, lo
 	misses := 0           // its failed reads in a row
 	backoff := 50 * time.Millisecond
 	for ctx.Err() == nil {
+		asked := time.Now()
 		m, err := l.read(ctx, client, p)
 		wait := peerRefresh
 		switch {
@@ -111,7 +112,10 @@ func (l *PeerList) follow(ctx context.Context, client *controlClient, p Peer, lo
 			}
 		case joined:
 			if failing.IsZero() {
-				failing = time.Now()
+				// From when the failed read began: a peer that hangs
+				// fails at the read's timeout (5 s), and is lost then,
+				// not 5 s after that.
+				failing = asked
 			}
 			// A stopping peer's end is its stop's: two reads in a row
 			// that fail, not one a busy moment failed.
