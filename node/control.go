@@ -144,7 +144,7 @@ type controlServer struct {
 	// admit is the registry's word on a prefill or decode peer (a roster's
 	// admit): such a peer may read the node's record, nothing else. Set
 	// before serve; nil refuses every peer but the router.
-	admit func(name string, role pki.Role) error
+	admit func(name string, role pki.Role, incarnation uint64) error
 }
 
 func newControlServer(sec Security, callers []string, log *slog.Logger) *controlServer {
@@ -272,7 +272,7 @@ func (s *controlServer) verifyPeer(cs tls.ConnectionState) error {
 	case s.admit == nil || len(cert.DNSNames) == 0:
 		return fmt.Errorf("node: control API: %w: %q as %s", pki.ErrUnknownPeer, cert.Subject.CommonName, role)
 	}
-	if err := s.admit(cert.DNSNames[0], role); err != nil {
+	if err := s.admit(cert.DNSNames[0], role, 0); err != nil {
 		return fmt.Errorf("node: control API: %w", err)
 	}
 	return nil

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/kvhandoff/kvhandoff/protocol"
@@ -84,5 +85,47 @@ func TestControlStreamDeliversEachFrameAtOnce(t *testing.T) {
 	stop := errors.New("too many")
 	if err := c.stream(context.Background(), "n", addr, "/control/v1/frames", cancelCall{ID: 6}, func(legAnswer) error { return stop }); !errors.Is(err, stop) {
 		t.Fatalf("a refused frame: %v", err)
+	}
+}
+
+// The router tells a decode node which life of a prefill node is lost. A
+// decode node of wire version 3, whose control API refuses the life (an
+// unknown field), is told again without it, as it was then: its cut by
+// name is still the fence during a rolling upgrade.
+func TestAPeerLostCallNamesTheLifeAndFallsBackForAnOlderNode(t *testing.T) {
+	s := newControlServer(Security{Insecure: true}, nil, quietLog())
+	var mu sync.Mutex
+	var got []string
+	handle(s, "/new"+pathPeerLost, func(_ context.Context, c *peerLostCall) (any, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		got = append(got, fmt.Sprintf("new %s %d", c.Peer, c.Incarnation))
+		return struct{}{}, nil
+	})
+	type oldPeerLostCall struct {
+		Peer string `json:"peer"`
+	}
+	handle(s, "/old"+pathPeerLost, func(_ context.Context, c *oldPeerLostCall) (any, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		got = append(got, "old "+c.Peer)
+		return struct{}{}, nil
+	})
+	srv := httptest.NewServer(s.mux)
+	defer srv.Close()
+	addr := strings.TrimPrefix(srv.URL, "http://")
+	c := newControlClient(Security{Insecure: true})
+	defer c.close()
+	peer := Member{Name: "prefill-0", Incarnation: 42}
+	// The path carries the node's version here: the prefix stands in for
+	// an address.
+	for _, version := range []string{"new", "old"} {
+		node := Member{Name: "decode-0", Control: addr + "/" + version}
+		if err := tellPeerLost(context.Background(), c, node, peer); err != nil {
+			t.Fatalf("%s decode node: %v", version, err)
+		}
+	}
+	if want := "[new prefill-0 42 old prefill-0]"; fmt.Sprint(got) != want {
+		t.Fatalf("the decode nodes were told %v, want %s", got, want)
 	}
 }

@@ -214,15 +214,21 @@ const rosterWait = 2 * time.Second
 // A static peer list's names are listed from the start, their role unknown
 // ("") until the peer's record answers; the certificate's role is checked
 // against the record's when it does (PeerList), and by every handshake.
+//
+// It knows each listed node's life too (its record's incarnation; 0 where
+// no record answers): a queue pair's hello must name that life, so that
+// the life a cut spares (transfer's CutIncarnation) is one the registry
+// holds, not only the peer's word.
 type roster struct {
 	mu      sync.Mutex
 	roles   map[string]Role
+	lives   map[string]uint64
 	changed chan struct{} // closed and replaced at every change
 }
 
 // watchRoster follows reg's members until ctx ends.
 func watchRoster(ctx context.Context, reg Registry) (*roster, error) {
-	r := &roster{roles: map[string]Role{}, changed: make(chan struct{})}
+	r := &roster{roles: map[string]Role{}, lives: map[string]uint64{}, changed: make(chan struct{})}
 	listed := map[string]bool{}
 	if l, ok := reg.(*PeerList); ok {
 		for _, p := range l.peers {
@@ -240,7 +246,9 @@ func watchRoster(ctx context.Context, reg Registry) (*roster, error) {
 			switch c.Kind {
 			case Joined:
 				r.roles[c.Member.Name] = c.Member.Role
+				r.lives[c.Member.Name] = c.Member.Incarnation
 			case Lost:
+				delete(r.lives, c.Member.Name)
 				if listed[c.Member.Name] {
 					// A listed peer lost is as at the start: its name
 					// admitted, its role unknown until its record answers
@@ -261,25 +269,33 @@ func watchRoster(ctx context.Context, reg Registry) (*roster, error) {
 }
 
 // admit is nil if the registry lists name in role (or lists the name of a
-// static peer whose record has yet to answer), waiting up to rosterWait for
-// a name it does not list yet; else an error wrapping pki.ErrUnknownPeer.
-func (r *roster) admit(name string, role pki.Role) error {
+// static peer whose record has yet to answer), as life incarnation where
+// the registry knows its life and incarnation is not 0 (the hello's);
+// else an error wrapping pki.ErrUnknownPeer. It waits up to rosterWait for
+// a name it does not list yet, or for the life it names (a node that dials
+// just as it registers, or restarts, before this node's watch has told it).
+func (r *roster) admit(name string, role pki.Role, incarnation uint64) error {
 	deadline := time.NewTimer(rosterWait)
 	defer deadline.Stop()
 	for {
 		r.mu.Lock()
 		got, listed := r.roles[name]
+		life := r.lives[name]
 		changed := r.changed
 		r.mu.Unlock()
+		otherLife := incarnation != 0 && life != 0 && life != incarnation
 		switch {
-		case listed && (got == "" || pki.Role(got) == role):
-			return nil
-		case listed:
+		case listed && got != "" && pki.Role(got) != role:
 			return fmt.Errorf("%w: %q is listed as %s, not %s", pki.ErrUnknownPeer, name, got, role)
+		case listed && !otherLife:
+			return nil
 		}
 		select {
 		case <-changed:
 		case <-deadline.C:
+			if otherLife {
+				return fmt.Errorf("%w: %q says it is life %d; the registry lists life %d", pki.ErrUnknownPeer, name, incarnation, life)
+			}
 			return fmt.Errorf("%w: %q (as %s)", pki.ErrUnknownPeer, name, role)
 		}
 	}

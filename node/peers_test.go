@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -166,10 +167,64 @@ func TestALostListedPeerIsStillAdmitted(t *testing.T) {
 		defer r.mu.Unlock()
 		return r.roles["prefill-0"] == ""
 	})
-	if err := r.admit("prefill-0", pki.Role(RolePrefill)); err != nil {
+	if err := r.admit("prefill-0", pki.Role(RolePrefill), 0); err != nil {
 		t.Fatalf("a listed peer, lost: %v", err)
 	}
-	if err := r.admit("prefill-9", pki.Role(RolePrefill)); err == nil {
+	if err := r.admit("prefill-9", pki.Role(RolePrefill), 0); err == nil {
 		t.Fatal("an unlisted name admitted")
+	}
+}
+
+// A roster admits a queue pair's hello only as the life the registry
+// lists for the node (its record's incarnation): another life is refused
+// once the wait for the registry's news of it runs out, and a restart
+// whose record arrives while its hello waits is admitted. Where no record
+// has answered (a listed peer lost) any life is admitted, as any name of
+// the list is: such a peer may connect again after any cut. So the life a
+// cut spares (a later one) is one the registry names.
+func TestARosterAdmitsOnlyTheLifeTheRegistryLists(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s, err := NewStatic()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := watchRoster(ctx, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := Member{Name: "prefill-0", Role: RolePrefill, Control: "127.0.0.1:1", PoolPages: 1, PageTokens: 1, PageBytes: 1, Incarnation: 7}
+	if _, err := s.Register(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	prefill := pki.Role(RolePrefill)
+	if err := r.admit("prefill-0", prefill, 7); err != nil {
+		t.Fatalf("the registered life: %v", err)
+	}
+	if err := r.admit("prefill-0", prefill, 8); !errors.Is(err, pki.ErrUnknownPeer) {
+		t.Fatalf("a life the registry does not list: %v, want pki.ErrUnknownPeer", err)
+	}
+	// A restart: its hello comes before the registry's news of it.
+	admitted := make(chan error, 1)
+	go func() { admitted <- r.admit("prefill-0", prefill, 9) }()
+	next := m
+	next.Incarnation = 9
+	if _, err := s.Register(ctx, next); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-admitted; err != nil {
+		t.Fatalf("a restart whose record came as its hello waited: %v", err)
+	}
+	if err := r.admit("prefill-0", prefill, 7); !errors.Is(err, pki.ErrUnknownPeer) {
+		t.Fatalf("the old life after the restart: %v, want pki.ErrUnknownPeer", err)
+	}
+
+	list := NewPeerList(ctx, []Peer{{Name: "prefill-1", Control: "127.0.0.1:1"}}, Security{}, quietLog())
+	lr, err := watchRoster(ctx, list)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lr.admit("prefill-1", prefill, 12345); err != nil {
+		t.Fatalf("a listed peer whose record has not answered: %v", err)
 	}
 }

@@ -246,17 +246,24 @@ func (n *Prefill) dialer(ctx context.Context, changes <-chan Change) {
 				continue
 			}
 			n.mu.Lock()
+			was := n.decodes[ch.Member.Name]
 			if ch.Kind == Joined {
 				n.decodes[ch.Member.Name] = ch.Member
 			} else {
 				delete(n.decodes, ch.Member.Name)
 			}
 			n.mu.Unlock()
-			if ch.Kind == Lost {
-				// The lost life's queue pair: a next life's, if it is up
-				// already, stays (CutIncarnation).
+			switch {
+			case ch.Kind == Lost:
+				// The lost life's queue pair, or an earlier one's: a next
+				// life's, if it is up already, stays (CutIncarnation).
 				n.ep.CutIncarnation(ch.Member.Name, ch.Member.Incarnation)
 				continue
+			case was.Incarnation != 0 && was.Incarnation != ch.Member.Incarnation:
+				// A new life with no loss first (etcd lets a restart
+				// register before the old lease ends): the old life's
+				// queue pair goes, and the dialer below connects the new.
+				n.ep.CutIncarnation(ch.Member.Name, was.Incarnation)
 			}
 		case <-tick.C:
 		}
@@ -273,7 +280,7 @@ func (n *Prefill) dialer(ctx context.Context, changes <-chan Change) {
 		}
 		n.mu.Unlock()
 		for _, m := range todo {
-			err := n.ep.Dial(ctx, m.Name, m.Transfer, transfer.SetupConfig{Name: n.cfg.Name, Incarnation: n.incarnation, TLS: n.cfg.Security.TLS,
+			err := n.ep.Dial(ctx, m.Name, m.Transfer, transfer.SetupConfig{Name: n.cfg.Name, Incarnation: n.incarnation, PeerIncarnation: m.Incarnation, TLS: n.cfg.Security.TLS,
 				Insecure: n.cfg.Security.TLS == nil, Log: n.cfg.Log})
 			if err != nil {
 				next[m.Name] = time.Now().Add(time.Second)

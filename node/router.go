@@ -735,6 +735,19 @@ func (rt *Router) tokenize(c Completion, limit int) ([]int, error) {
 // above 2^53 is rounded by most readers).
 func idString(id protocol.RequestID) string { return strconv.FormatUint(uint64(id), 10) }
 
+// tellPeerLost tells decode node node that prefill node peer's life, as
+// peer names it, is lost: the decode node cuts that life's queue pair.
+func tellPeerLost(ctx context.Context, client *controlClient, node, peer Member) error {
+	err := client.call(ctx, node.Name, node.Control, pathPeerLost, peerLostCall{Peer: peer.Name, Incarnation: peer.Incarnation}, nil)
+	if err != nil && strings.Contains(err.Error(), `unknown field "incarnation"`) {
+		// A decode node of wire version 3 (a rolling upgrade) knows no
+		// lives, and refuses the field: its cut, by name, is still the
+		// fence.
+		err = client.call(ctx, node.Name, node.Control, pathPeerLost, peerLostCall{Peer: peer.Name}, nil)
+	}
+	return err
+}
+
 // effectsLocked carries out the router's effects. The caller holds mu.
 func (rt *Router) effectsLocked() {
 	e := rt.r.Effects()
@@ -749,7 +762,7 @@ func (rt *Router) effectsLocked() {
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
-			if err := rt.client.call(ctx, node.Name, node.Control, pathPeerLost, peerLostCall{Peer: peer.Name, Incarnation: peer.Incarnation}, nil); err != nil {
+			if err := tellPeerLost(ctx, rt.client, node, peer); err != nil {
 				rt.cfg.Log.Warn("router: telling a decode node of a lost prefill node", "decode", node.Name, "prefill", peer.Name, "err", err)
 			}
 		}()

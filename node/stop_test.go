@@ -366,8 +366,12 @@ func beingDecoded(t *testing.T) (l *Local, g *tokenGate, done <-chan answer, nam
 // new life may have connected. The cut names the lost life, so the new
 // life's queue pair, which replaced the old one's, stays, and takes the
 // next requests. (Cut by name, it went too, and the new life's first
-// requests failed.)
+// requests failed.) The nodes' traces conform to the spec: the spared cut
+// is the spec's restart, whose fence of the old life's queue pair came
+// first.
 func TestACrashAndQuickRestartKeepsTheNewLifesQueuePair(t *testing.T) {
+	var buf syncBuffer
+	sink := trace.NewSink(&buf)
 	static, err := NewStatic()
 	if err != nil {
 		t.Fatal(err)
@@ -375,7 +379,7 @@ func TestACrashAndQuickRestartKeepsTheNewLifesQueuePair(t *testing.T) {
 	router := &heldRegistry{Registry: static, release: make(chan struct{})}
 	logs := &lockedBuffer{}
 	l, err := StartLocal(LocalConfig{Prefills: 1, PrefillPages: 64, DecodePages: 64, PageTokens: 16, Timeout: time.Minute,
-		Log: slog.New(slog.NewJSONHandler(logs, nil)), unannouncedStops: true,
+		Log: slog.New(slog.NewJSONHandler(logs, nil)), unannouncedStops: true, Trace: sink,
 		NewRegistry: func(node string) (Registry, error) {
 			if node == "router" {
 				return router, nil
@@ -439,6 +443,13 @@ func TestACrashAndQuickRestartKeepsTheNewLifesQueuePair(t *testing.T) {
 	if n := cuts.Load(); n > 0 || strings.Contains(logs.String(), "queue pair cut") {
 		t.Fatalf("decode-0's queue pair to prefill-0's new life was cut (down in %d polls)", n)
 	}
+	allPagesBack(t, l)
+	l.Stop()
+	rep, out := checkTrace(t, stoppedTrace(t, sink, &buf))
+	if !rep.Conforms() {
+		t.Fatalf("the trace does not conform:\n%s", out)
+	}
+	t.Logf("trace check:\n%s", out)
 }
 
 // heldRegistry is a registry whose watchers do not hear of a held node's
@@ -490,4 +501,36 @@ func (b *lockedBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// A decode node's new life may register before the old one's loss (etcd
+// lets a restart register before the old lease ends): a prefill node then
+// cuts the old life's queue pair, and dials the new life. Neither life's
+// loss afterwards spares the old life's queue pair (a registry's loss
+// names its newest record, and the cut takes that life and every earlier
+// one). Kept, the old life's queue pair stood in for the new life, which
+// was never dialled.
+func TestAPrefillNodeCutsADecodeNodesOldLifeAtItsNewLifesRecord(t *testing.T) {
+	l := localBuiltin(t, LocalConfig{Prefills: 1, PrefillPages: 64, DecodePages: 64, Timeout: time.Minute})
+	if a, err := complete(context.Background(), l.API, "t", "warm up. ", 4); err != nil || a.code != http.StatusOK {
+		t.Fatalf("%+v %v", a, err)
+	}
+	d := l.Decodes[0]
+	d.mu.Lock()
+	next := d.self
+	d.mu.Unlock()
+	next.Incarnation++
+	next.Transfer = "127.0.0.1:1" // the new life, elsewhere: nothing answers there
+	// As etcd tells it: the new life's record under the name, the old
+	// life's lease left to run out.
+	l.Registry.mu.Lock()
+	l.Registry.notify(Change{Kind: Joined, Member: next})
+	l.Registry.mu.Unlock()
+	waitUntil(t, "prefill-0 cutting decode-0's old life", func() bool {
+		return !slices.Contains(l.Prefill(0).Endpoint().Peers(), "decode-0")
+	})
+	time.Sleep(300 * time.Millisecond) // the dialer's ticks: it must dial the new life, not the old
+	if slices.Contains(l.Prefill(0).Endpoint().Peers(), "decode-0") {
+		t.Fatal("prefill-0 has a queue pair to decode-0 again: the new life is not there to answer, so it is the old life's")
+	}
 }

@@ -17,9 +17,9 @@ import (
 var (
 	// ErrNoPeer: no live queue pair to the named peer.
 	ErrNoPeer = errors.New("transfer: no live queue pair to that peer")
-	// ErrOtherIncarnation: the live queue pair to the named peer is
-	// another life's than the one named (CutIncarnation), and stays.
-	ErrOtherIncarnation = errors.New("transfer: the live queue pair to that peer is another life's")
+	// ErrOtherIncarnation: the live queue pair to the named peer is a
+	// later life's than the one named (CutIncarnation), and stays.
+	ErrOtherIncarnation = errors.New("transfer: the live queue pair to that peer is a later life's")
 	// ErrTooManyPeers: the endpoint holds MaxPeers queue pairs already.
 	ErrTooManyPeers = errors.New("transfer: too many peers")
 	// ErrSetup: the out-of-band connection setup failed (the peer did not
@@ -246,20 +246,22 @@ func (e *endpoint) cutLocked(peer string) error {
 	return nil
 }
 
-// CutIncarnation is Cut for the queue pair that life incarnation of peer
-// set up (its hello's): the fence for a lost life. A lost node's next life
-// may have connected before this node hears of the loss, and its queue pair
-// then replaced the lost life's (which was cut at that); cut by name, the
-// new one would go too, failing the new life's first requests. So a live
-// queue pair of another life stays, with ErrOtherIncarnation. A queue pair
-// whose hello said no incarnation, or incarnation 0, is cut as by Cut.
+// CutIncarnation is Cut for the queue pair that life incarnation of peer,
+// or an earlier life, set up (its hello's incarnation): the fence for a
+// lost life. A lost node's next life may have connected before this node
+// hears of the loss, and its queue pair then replaced the lost life's
+// (which was cut at that); cut by name, the new one would go too, failing
+// the new life's first requests. So a live queue pair of a later life
+// stays, with ErrOtherIncarnation. A queue pair whose hello said
+// incarnation 0, or a cut of incarnation 0, goes as by Cut.
 //
-// A peer could claim any incarnation in its hello; that gains it nothing,
-// as it may connect again after any cut.
+// A later life is the peer's word in its hello: Serve takes it only where
+// SetupConfig.Admit (the registry) agrees, and Dial only where it is
+// SetupConfig.PeerIncarnation.
 func (e *endpoint) CutIncarnation(peer string, incarnation uint64) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if c := e.names[peer]; c != nil && incarnation != 0 && c.incarnation != 0 && c.incarnation != incarnation {
+	if c := e.names[peer]; c != nil && incarnation != 0 && c.incarnation > incarnation {
 		return fmt.Errorf("%w: %q, life %d (the one named is %d)", ErrOtherIncarnation, peer, c.incarnation, incarnation)
 	}
 	return e.cutLocked(peer)

@@ -64,8 +64,8 @@ func (r *refusals) waitFor(t *testing.T, target error) error {
 
 // listed is a registry's word as SetupConfig.Admit takes it: the names
 // listed in each role.
-func listed(names map[string]pki.Role) func(string, pki.Role) error {
-	return func(name string, role pki.Role) error {
+func listed(names map[string]pki.Role) func(string, pki.Role, uint64) error {
+	return func(name string, role pki.Role, _ uint64) error {
 		if r, ok := names[name]; !ok || r != role {
 			return fmt.Errorf("%w: %q as %s", pki.ErrUnknownPeer, name, role)
 		}

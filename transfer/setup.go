@@ -29,9 +29,12 @@ type SetupConfig struct {
 	Name string
 	// Incarnation is this life of the node, as its registry record says
 	// (0: not said). The hello carries it, and a peer that learns of a
-	// lost life cuts only that life's queue pair (CutIncarnation): the
-	// next life's, set up by then, stays.
+	// lost life cuts only that life's queue pair, or an earlier one's
+	// (CutIncarnation): the next life's, set up by then, stays.
 	Incarnation uint64
+	// PeerIncarnation is, for Dial, the life of the peer the registry
+	// names (0: any): a hello of another life is refused.
+	PeerIncarnation uint64
 	// TLS is the node's mutual TLS configuration: its certificate, and the CA
 	// that signs its peers' (RootCAs for Dial, ClientCAs for Serve). Only TLS
 	// 1.3 is spoken. Required unless Insecure.
@@ -48,10 +51,11 @@ type SetupConfig struct {
 	// from one address evicts only its own. 0 means 64.
 	MaxHandshakes int
 	// Admit is the registry's word on a peer: nil if it lists the node name
-	// in role, else an error wrapping pki.ErrUnknownPeer. Serve asks it of
-	// every prefill node before anything is allocated for it; nil admits any
-	// name (the certificate's role is checked all the same).
-	Admit func(name string, role pki.Role) error
+	// in role, and, where it knows the node's life, as incarnation (the
+	// hello's); else an error wrapping pki.ErrUnknownPeer. Serve asks it
+	// of every prefill node before anything is allocated for it; nil admits
+	// any name and life (the certificate's role is checked all the same).
+	Admit func(name string, role pki.Role, incarnation uint64) error
 	// Log receives warnings (plaintext, refused peers); nil means slog.Default().
 	Log *slog.Logger
 }
@@ -261,8 +265,10 @@ func queuePairKey(conn net.Conn, prefill, decode string) (*protocol.TagKey, erro
 
 // authenticated checks that the peer's certificate names the node its hello
 // says it is and carries role (with TLS; without, the hello's word is all
-// there is), then that the registry lists it in that role (cfg.Admit).
-func authenticated(conn net.Conn, name string, role pki.Role, cfg *SetupConfig) error {
+// there is), then that the registry lists it in that role, and as that
+// life where the hello names one (cfg.Admit; incarnation 0 before the
+// hello).
+func authenticated(conn net.Conn, name string, role pki.Role, incarnation uint64, cfg *SetupConfig) error {
 	if t, ok := conn.(*tls.Conn); ok {
 		certs := t.ConnectionState().PeerCertificates
 		if len(certs) == 0 {
@@ -273,7 +279,7 @@ func authenticated(conn net.Conn, name string, role pki.Role, cfg *SetupConfig) 
 		}
 	}
 	if cfg.Admit != nil {
-		return cfg.Admit(name, role)
+		return cfg.Admit(name, role, incarnation)
 	}
 	return nil
 }
@@ -359,7 +365,7 @@ func (p *Prefill) Dial(ctx context.Context, peer, addr string, cfg SetupConfig) 
 	conn, err := secure(ctx, raw, &cfg, true, peer)
 	if err == nil {
 		// Who the peer is, before anything of this node's goes to it.
-		if err = authenticated(conn, peer, pki.RoleDecode, &cfg); err != nil {
+		if err = authenticated(conn, peer, pki.RoleDecode, 0, &cfg); err != nil {
 			conn.Close()
 		}
 	}
@@ -389,6 +395,9 @@ func (p *Prefill) Dial(ctx context.Context, peer, addr string, cfg SetupConfig) 
 	}
 	if err == nil && h.name != peer {
 		err = fmt.Errorf("it says it is %q", h.name)
+	}
+	if err == nil && cfg.PeerIncarnation != 0 && h.incarnation != cfg.PeerIncarnation {
+		err = fmt.Errorf("%w: it says it is life %d of %q; the registry names life %d", pki.ErrUnknownPeer, h.incarnation, peer, cfg.PeerIncarnation)
 	}
 	if err != nil {
 		return abandon("its hello", err)
@@ -490,7 +499,7 @@ func (d *Decode) accept(ctx context.Context, raw, watched net.Conn, cfg *SetupCo
 		err = h.check('P', d.cfg.PageTokens, d.cfg.PageBytes)
 	}
 	if err == nil {
-		err = authenticated(conn, h.name, pki.RolePrefill, cfg)
+		err = authenticated(conn, h.name, pki.RolePrefill, h.incarnation, cfg)
 	}
 	if err != nil {
 		conn.Close()

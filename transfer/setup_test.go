@@ -461,11 +461,13 @@ func TestReconnectAfterACutStartsAFreshQueuePair(t *testing.T) {
 }
 
 // A cut of a lost life (CutIncarnation, the router's PeerLost) cuts that
-// life's queue pair only. The lost life's own is cut; a next life's, set
-// up before the loss is told (a crash and a quick restart: the old life's
-// control connection dropped, the new life dialled), stays and takes
-// requests, where a cut by name would fail them. The hello carries each
-// life's incarnation.
+// life's queue pair, or an earlier life's (a registry's loss names its
+// newest record), and spares a later life's: a next life that connected
+// before the loss is told (a crash and a quick restart) keeps its queue
+// pair, which takes requests, where a cut by name would fail them. A life
+// that lives on when the next connects (it hung, and was taken for lost)
+// is fenced by the replacement itself. The hello carries each life's
+// incarnation.
 func TestACutOfALostLifeSparesTheNextLifesQueuePair(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -475,38 +477,48 @@ func TestACutOfALostLifeSparesTheNextLifesQueuePair(t *testing.T) {
 	ln := listen(t)
 	go d.Serve(ctx, ln, SetupConfig{Name: "decode-1", Incarnation: 9, TLS: ca.config(t, "decode-1"), Log: quiet})
 	dn := runNode(t, ctx, d, d)
-	life := func(dev rdma.Device, incarnation uint64) (*Prefill, *node, context.CancelFunc) {
-		lctx, end := context.WithCancel(ctx)
-		p := newPrefill(t, dev)
-		pn := runNode(t, lctx, p, nil)
-		if err := p.Dial(lctx, "decode-1", ln.Addr().String(), SetupConfig{Name: "prefill-1", Incarnation: incarnation, TLS: ca.config(t, "prefill-1"), Log: quiet}); err != nil {
+	live := func(incarnation uint64) bool {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		c := d.names["prefill-1"]
+		return c != nil && c.incarnation == incarnation
+	}
+	dial := func(p *Prefill, incarnation uint64) {
+		t.Helper()
+		if err := p.Dial(ctx, "decode-1", ln.Addr().String(), SetupConfig{Name: "prefill-1", Incarnation: incarnation, TLS: ca.config(t, "prefill-1"), Log: quiet}); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, "decode sees the life's queue pair live", func() bool {
-			d.mu.Lock()
-			defer d.mu.Unlock()
-			c := d.names["prefill-1"]
-			return c != nil && c.incarnation == incarnation
-		})
+		eventually(t, "decode sees the life's queue pair live", func() bool { return live(incarnation) })
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		if got := p.names["decode-1"].incarnation; got != 9 {
 			t.Fatalf("prefill read decode's incarnation as %d, want 9", got)
 		}
-		return p, pn, end
+	}
+	p1, p2 := newPrefill(t, devs[0]), newPrefill(t, devs[1])
+	runNode(t, ctx, p1, nil)
+	pn2 := runNode(t, ctx, p2, nil)
+
+	// The lost life's queue pair is the fence's: it is cut, and so is an
+	// earlier life's when a later one is named lost.
+	for _, lost := range []uint64{1, 5} {
+		dial(p1, 1)
+		if err := d.CutIncarnation("prefill-1", lost); err != nil {
+			t.Fatalf("a cut of life %d with life 1 live: %v", lost, err)
+		}
+		eventually(t, "life 1's queue pair gone", func() bool { return len(d.Peers()) == 0 })
 	}
 
-	// The lost life's queue pair is the fence's: it is cut.
-	_, _, end1 := life(devs[0], 1)
-	if err := d.CutIncarnation("prefill-1", 1); err != nil {
-		t.Fatalf("a cut of the live life: %v", err)
-	}
-	eventually(t, "the lost life's queue pair gone", func() bool { return len(d.Peers()) == 0 })
-	end1()
-
-	// The next life connects; the loss of life 1, told late, spares its
-	// queue pair.
-	p2, pn2, _ := life(devs[1], 2)
+	// Life 1 lives on as life 2 connects: the replacement cuts life 1's
+	// queue pair, which drains and goes.
+	dial(p1, 1)
+	dial(p2, 2)
+	eventually(t, "life 1's queue pair fenced by its replacement", func() bool {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return len(d.conns) == 1
+	})
+	// The loss of life 1, told late, spares life 2's queue pair.
 	if err := d.CutIncarnation("prefill-1", 1); !errors.Is(err, ErrOtherIncarnation) {
 		t.Fatalf("a late cut of life 1 with life 2 live: %v, want ErrOtherIncarnation", err)
 	}
@@ -526,6 +538,47 @@ func TestACutOfALostLifeSparesTheNextLifesQueuePair(t *testing.T) {
 	if err := d.CutIncarnation("prefill-1", 0); !errors.Is(err, ErrNoPeer) {
 		t.Fatalf("a cut with no queue pair left: %v, want ErrNoPeer", err)
 	}
+}
+
+// The life a hello names is checked where it matters: a decode node takes
+// a prefill node only as the life its registry lists (SetupConfig.Admit
+// gets the hello's incarnation), and a prefill node dials only the life
+// its registry names (SetupConfig.PeerIncarnation). A life the registry
+// does not name gets no queue pair, on either side: a peer cannot claim a
+// later life to keep its queue pair past its own life's loss.
+func TestASetupIsRefusedForALifeTheRegistryDoesNotName(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ca := newTestCA(t)
+	devs := devices(t, "inproc", "prefill-1", "decode-1")
+	p, d := newPrefill(t, devs[0]), newDecode(t, devs[1])
+	ln := listen(t)
+	registered := func(name string, role pki.Role, incarnation uint64) error {
+		if name != "prefill-1" || role != pki.RolePrefill || incarnation != 7 {
+			return fmt.Errorf("%w: %q life %d", pki.ErrUnknownPeer, name, incarnation)
+		}
+		return nil
+	}
+	go d.Serve(ctx, ln, SetupConfig{Name: "decode-1", Incarnation: 9, TLS: ca.config(t, "decode-1"), Admit: registered, Log: quiet})
+	runNode(t, ctx, p, nil)
+	runNode(t, ctx, d, d)
+	cfg := func(own, peer uint64) SetupConfig {
+		return SetupConfig{Name: "prefill-1", Incarnation: own, PeerIncarnation: peer, TLS: ca.config(t, "prefill-1"), Log: quiet, Timeout: 5 * time.Second}
+	}
+	if err := p.Dial(ctx, "decode-1", ln.Addr().String(), cfg(8, 9)); !errors.Is(err, ErrSetup) {
+		t.Fatalf("a life decode's registry does not list: Dial %v, want ErrSetup", err)
+	}
+	if err := p.Dial(ctx, "decode-1", ln.Addr().String(), cfg(7, 10)); !errors.Is(err, ErrSetup) || !errors.Is(err, pki.ErrUnknownPeer) {
+		t.Fatalf("a decode life prefill's registry does not name: Dial %v, want ErrSetup and pki.ErrUnknownPeer", err)
+	}
+	d.Poll(time.Now())
+	if len(p.Peers()) != 0 || len(d.Peers()) != 0 {
+		t.Fatalf("refused lives got queue pairs: prefill %v, decode %v", p.Peers(), d.Peers())
+	}
+	if err := p.Dial(ctx, "decode-1", ln.Addr().String(), cfg(7, 9)); err != nil {
+		t.Fatalf("the lives both registries name: %v", err)
+	}
+	eventually(t, "decode sees the queue pair live", func() bool { return len(d.Peers()) == 1 })
 }
 
 // A flood of connections that never finish their handshake holds no more
