@@ -466,8 +466,9 @@ func TestReconnectAfterACutStartsAFreshQueuePair(t *testing.T) {
 // before the loss is told (a crash and a quick restart) keeps its queue
 // pair, which takes requests, where a cut by name would fail them. A life
 // that lives on when the next connects (it hung, and was taken for lost)
-// is fenced by the replacement itself. The hello carries each life's
-// incarnation.
+// is fenced by the replacement itself, and a queue pair of a lost life set
+// up after its loss was told never goes live. The hello carries each
+// life's incarnation.
 func TestACutOfALostLifeSparesTheNextLifesQueuePair(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -499,28 +500,42 @@ func TestACutOfALostLifeSparesTheNextLifesQueuePair(t *testing.T) {
 	runNode(t, ctx, p1, nil)
 	pn2 := runNode(t, ctx, p2, nil)
 
-	// The lost life's queue pair is the fence's: it is cut, and so is an
-	// earlier life's when a later one is named lost.
-	for _, lost := range []uint64{1, 5} {
-		dial(p1, 1)
-		if err := d.CutIncarnation("prefill-1", lost); err != nil {
-			t.Fatalf("a cut of life %d with life 1 live: %v", lost, err)
-		}
-		eventually(t, "life 1's queue pair gone", func() bool { return len(d.Peers()) == 0 })
-	}
-
-	// Life 1 lives on as life 2 connects: the replacement cuts life 1's
-	// queue pair, which drains and goes.
+	// The lost life's queue pair is the fence's: it is cut. A queue pair
+	// of that life set up after the loss was told never goes live.
 	dial(p1, 1)
-	dial(p2, 2)
-	eventually(t, "life 1's queue pair fenced by its replacement", func() bool {
+	if err := d.CutIncarnation("prefill-1", 1); err != nil {
+		t.Fatalf("a cut of life 1 with life 1 live: %v", err)
+	}
+	eventually(t, "life 1's queue pair gone", func() bool { return len(d.Peers()) == 0 })
+	p1.Dial(ctx, "decode-1", ln.Addr().String(), SetupConfig{Name: "prefill-1", Incarnation: 1, TLS: ca.config(t, "prefill-1"), Log: quiet})
+	eventually(t, "life 1's queue pair set up after its loss drained", func() bool {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return len(d.conns) == 0
+	})
+	if len(d.Peers()) != 0 {
+		t.Fatalf("a lost life's queue pair went live: %v", d.Peers())
+	}
+	// An earlier life's queue pair goes when a later one is named lost
+	// (a registry's loss names its newest record).
+	dial(p1, 2)
+	if err := d.CutIncarnation("prefill-1", 3); err != nil {
+		t.Fatalf("a cut of life 3 with life 2 live: %v", err)
+	}
+	eventually(t, "life 2's queue pair gone", func() bool { return len(d.Peers()) == 0 })
+
+	// Life 4 lives on as life 5 connects: the replacement cuts life 4's
+	// queue pair, which drains and goes.
+	dial(p1, 4)
+	dial(p2, 5)
+	eventually(t, "life 4's queue pair fenced by its replacement", func() bool {
 		d.mu.Lock()
 		defer d.mu.Unlock()
 		return len(d.conns) == 1
 	})
-	// The loss of life 1, told late, spares life 2's queue pair.
-	if err := d.CutIncarnation("prefill-1", 1); !errors.Is(err, ErrOtherIncarnation) {
-		t.Fatalf("a late cut of life 1 with life 2 live: %v, want ErrOtherIncarnation", err)
+	// The loss of life 4, told late, spares life 5's queue pair.
+	if err := d.CutIncarnation("prefill-1", 4); !errors.Is(err, ErrOtherIncarnation) {
+		t.Fatalf("a late cut of life 4 with life 5 live: %v, want ErrOtherIncarnation", err)
 	}
 	if err := p2.Submit(1, "decode-1", 3*pageTokens); err != nil {
 		t.Fatal(err)
@@ -531,13 +546,17 @@ func TestACutOfALostLifeSparesTheNextLifesQueuePair(t *testing.T) {
 	if err := dn.wait(1)[1]; err != nil || dn.peerOf[1] != "prefill-1" {
 		t.Fatalf("decode: a request of the new life: %v", err)
 	}
-	// Life 2's own loss, or a loss whose life is not said, cuts it.
-	if err := d.CutIncarnation("prefill-1", 2); err != nil || len(d.Peers()) != 0 {
-		t.Fatalf("a cut of the live life 2: %v, peers %v", err, d.Peers())
+	// Life 5's own loss, or a loss whose life is not said, cuts it.
+	if err := d.CutIncarnation("prefill-1", 5); err != nil || len(d.Peers()) != 0 {
+		t.Fatalf("a cut of the live life 5: %v, peers %v", err, d.Peers())
 	}
 	if err := d.CutIncarnation("prefill-1", 0); !errors.Is(err, ErrNoPeer) {
 		t.Fatalf("a cut with no queue pair left: %v, want ErrNoPeer", err)
 	}
+	// A next life under a smaller incarnation than the lost ones (its
+	// wall clock stepped back) connects: only the lost lives themselves
+	// are refused.
+	dial(p1, 2)
 }
 
 // The life a hello names is checked where it matters: a decode node takes
