@@ -270,20 +270,21 @@ func (l *Local) startDecode(i int) error {
 	l.mu.Lock()
 	l.Decodes[i], l.decodeStops[i], l.decodeStopped[i] = d, stop, done
 	l.mu.Unlock()
-	l.serve(done, stop, func() error { return d.Serve(ctx, ctl, tl, g) })
+	l.serve(name, done, stop, func() error { return d.Serve(ctx, ctl, tl, g) })
 	return nil
 }
 
 // serve runs a node's Serve until it returns, then ends its context (stop)
 // and closes done, the mark its stop (or crash) ended.
-func (l *Local) serve(done chan struct{}, stop context.CancelFunc, serve func() error) {
+func (l *Local) serve(name string, done chan struct{}, stop context.CancelFunc, serve func() error) {
 	l.wg.Go(func() {
 		defer close(done)
 		defer stop()
 		// A node that ends by itself is a crash the caller may not see
-		// (a restarted node's end is not the deployment's): say so.
+		// (a restarted node's end is not the deployment's): say so. (A
+		// CrashPrefill ends its node so too.)
 		if err := serve(); err != nil && !errors.Is(err, context.Canceled) {
-			l.cfg.Log.Error("node: a local node ended", "err", err)
+			l.cfg.Log.Warn("node: a local node ended", "node", name, "err", err)
 		}
 	})
 }
@@ -379,7 +380,7 @@ func (l *Local) startPrefill(i int) error {
 	l.mu.Lock()
 	l.Prefills[i], l.stopped[i], l.prefillStops[i] = p, done, stop
 	l.mu.Unlock()
-	l.serve(done, stop, func() error { return p.Serve(ctx, ctl, grace) })
+	l.serve(name, done, stop, func() error { return p.Serve(ctx, ctl, grace) })
 	return nil
 }
 
