@@ -534,3 +534,32 @@ func TestAPrefillNodeCutsADecodeNodesOldLifeAtItsNewLifesRecord(t *testing.T) {
 		t.Fatal("prefill-0 has a queue pair to decode-0 again: the new life is not there to answer, so it is the old life's")
 	}
 }
+
+// A life the router lost may come back: the router suspects a node whose
+// control call broke off, tells decode nodes to cut that life's queue
+// pair (its fence), and takes the node back in rotation once it answers
+// its probe. The same life then connects to decode again, and serves.
+// (A decode node that remembered the life as lost refused it for good.)
+func TestALifeTheRouterLostAndTookBackConnectsAgain(t *testing.T) {
+	l := localBuiltin(t, LocalConfig{Prefills: 1, PrefillPages: 64, DecodePages: 64, Timeout: 10 * time.Second})
+	if a, err := complete(context.Background(), l.API, "t", "before. ", 4); err != nil || a.code != http.StatusOK {
+		t.Fatalf("before: %+v %v", a, err)
+	}
+	rt := l.Router
+	rt.mu.Lock()
+	pid := rt.ids["prefill-0"]
+	rt.suspectLocked(pid, ErrUnreachable)
+	rt.effectsLocked()
+	rt.mu.Unlock()
+	connected := func() bool { return slices.Contains(l.Decodes[0].Endpoint().Peers(), "prefill-0") }
+	waitUntil(t, "decode-0 cutting prefill-0's queue pair", func() bool { return !connected() })
+	waitUntil(t, "prefill-0 back in rotation", func() bool {
+		rt.mu.Lock()
+		defer rt.mu.Unlock()
+		return !rt.suspect[pid] && !rt.lost[pid]
+	})
+	waitUntil(t, "prefill-0's same life connected to decode-0 again", connected)
+	if a, err := complete(context.Background(), l.API, "t", "after. ", 4); err != nil || a.code != http.StatusOK {
+		t.Fatalf("after: %+v %v", a, err)
+	}
+}

@@ -95,6 +95,7 @@ type conn struct {
 	sentHook func(protocol.Message)
 
 	live   bool      // set up and not torn down: new requests may use it
+	doomed bool      // its life was cut while it was being set up: it never goes live
 	broken bool      // in the error state: flush completions are draining
 	ctl    io.Closer // the out-of-band control connection, closed at teardown
 	err    error     // why it broke

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
-	"slices"
 	"sync"
 	"time"
 
@@ -81,10 +80,6 @@ type endpoint struct {
 	tags     bool
 	conns    map[protocol.PeerID]*conn // every queue pair not yet drained
 	names    map[string]*conn          // the live queue pair to each peer
-	// lost is the last lives of each peer that a CutIncarnation named
-	// (at most lostLives): a queue pair of such a life still being set up
-	// then never goes live.
-	lost     map[string][]uint64
 	nextPeer protocol.PeerID
 	spare    []*buffers // buffers of drained queue pairs, for the next one
 	events   []Event
@@ -106,7 +101,7 @@ func (e *endpoint) init(r role, dev rdma.Device, depth, maxPeers, inSlot, outSlo
 		maxPeers = 16
 	}
 	*e = endpoint{role: r, dev: dev, depth: depth, maxPeers: maxPeers, inSlot: inSlot, outSlot: outSlot, tags: tags,
-		conns: map[protocol.PeerID]*conn{}, names: map[string]*conn{}, lost: map[string][]uint64{}, notify: make(chan struct{}, 1), now: time.Unix(0, 0)}
+		conns: map[protocol.PeerID]*conn{}, names: map[string]*conn{}, notify: make(chan struct{}, 1), now: time.Unix(0, 0)}
 	var err error
 	if e.pd, err = dev.AllocPD(); err != nil {
 		return err
@@ -170,11 +165,13 @@ func (e *endpoint) newConn(name string, maxPages int) (*conn, error) {
 
 // goLive makes c the peer's queue pair for new requests; an older one to
 // the same peer is cut, so that nothing of it can complete on the new one.
-func (e *endpoint) goLive(c *conn) {
-	if c.incarnation != 0 && slices.Contains(e.lost[c.name], c.incarnation) {
-		// Set up as its life's loss was told: that cut is its fence too.
-		e.cut(c, fmt.Errorf("%w: life %d of %q is lost", protocol.ErrPeerFailed, c.incarnation, c.name))
-		return
+func (e *endpoint) goLive(c *conn) error {
+	if c.doomed {
+		// Being set up as its life's loss was told: that cut is its fence
+		// too.
+		err := fmt.Errorf("%w: life %d of %q was lost as its queue pair was set up", protocol.ErrPeerFailed, c.incarnation, c.name)
+		e.cut(c, err)
+		return err
 	}
 	if old := e.names[c.name]; old != nil && old != c {
 		old.fail(fmt.Errorf("%w: replaced by a new queue pair", protocol.ErrPeerFailed))
@@ -182,6 +179,7 @@ func (e *endpoint) goLive(c *conn) {
 	c.live = true
 	e.names[c.name] = c
 	e.settle(c)
+	return nil
 }
 
 // settle tells the state machine about a broken queue pair once its flush
@@ -256,9 +254,6 @@ func (e *endpoint) cutLocked(peer string) error {
 	return nil
 }
 
-// lostLives bounds the lives of a peer an endpoint remembers as lost.
-const lostLives = 8
-
 // CutIncarnation is Cut for the queue pair that life incarnation of peer,
 // or an earlier life, set up (its hello's incarnation): the fence for a
 // lost life. A lost node's next life may have connected before this node
@@ -268,8 +263,9 @@ const lostLives = 8
 // stays, with ErrOtherIncarnation. A queue pair whose hello said
 // incarnation 0, or a cut of incarnation 0, goes as by Cut.
 //
-// A queue pair of the life named still being set up never goes live: it
-// is cut as its setup ends.
+// A queue pair of the life named, or an earlier one, that is being set up
+// as the cut comes never goes live: it is cut as its setup ends, which
+// fails.
 //
 // A later life is the peer's word in its hello: Serve takes it only where
 // SetupConfig.Admit (the registry) agrees, and Dial only where it is
@@ -277,10 +273,15 @@ const lostLives = 8
 func (e *endpoint) CutIncarnation(peer string, incarnation uint64) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if lost := e.lost[peer]; incarnation != 0 && !slices.Contains(lost, incarnation) {
-		// Only the life itself: a next life under a smaller incarnation
-		// (its wall clock stepped back) must still connect.
-		e.lost[peer] = append(lost[max(0, len(lost)+1-lostLives):], incarnation)
+	for _, c := range e.conns {
+		// A queue pair of the life, or an earlier one, still being set up
+		// (its life known: the hello's, or for Dial the one the registry
+		// names) goes as its setup ends. Only those: the same life may
+		// come back later (a node the router suspected answers again) and
+		// connect anew.
+		if c.name == peer && !c.live && !c.broken && c.incarnation != 0 && (incarnation == 0 || c.incarnation <= incarnation) {
+			c.doomed = true
+		}
 	}
 	if c := e.names[peer]; c != nil && incarnation != 0 && c.incarnation > incarnation {
 		return fmt.Errorf("%w: %q, life %d (the one named is %d)", ErrOtherIncarnation, peer, c.incarnation, incarnation)

@@ -318,11 +318,17 @@ func (e *endpoint) abandon(c *conn, why error) {
 // attach makes a set-up queue pair live, with its control connection, and
 // watches the connection: when it closes (the peer went away, or broke the
 // exchange by sending more), the queue pair is cut.
-func (e *endpoint) attach(c *conn, ctl net.Conn) {
+func (e *endpoint) attach(c *conn, ctl net.Conn) error {
 	e.mu.Lock()
 	c.ctl = ctl
-	e.goLive(c)
+	err := e.goLive(c)
+	if err != nil {
+		e.role.carry()
+	}
 	e.mu.Unlock()
+	if err != nil {
+		return err
+	}
 	go func() {
 		ctl.SetReadDeadline(time.Time{})
 		var b [1]byte
@@ -338,6 +344,7 @@ func (e *endpoint) attach(c *conn, ctl net.Conn) {
 			e.flushAll()
 		}
 	}()
+	return nil
 }
 
 // Dial sets up a queue pair to the decode node peer listening at addr (its
@@ -375,6 +382,9 @@ func (p *Prefill) Dial(ctx context.Context, peer, addr string, cfg SetupConfig) 
 	}
 	p.mu.Lock()
 	c, err := p.newConn(peer, p.cfg.MaxRequestPages)
+	if err == nil {
+		c.incarnation = cfg.PeerIncarnation // the hello must say so (0: whatever it says)
+	}
 	p.mu.Unlock()
 	if err != nil {
 		conn.Close()
@@ -419,7 +429,9 @@ func (p *Prefill) Dial(ctx context.Context, peer, addr string, cfg SetupConfig) 
 	if _, err := conn.Write([]byte{readyByte}); err != nil {
 		return abandon("ready", err)
 	}
-	p.attach(c, conn)
+	if err := p.attach(c, conn); err != nil {
+		return fail("queue pair", err)
+	}
 	return nil
 }
 
@@ -546,6 +558,8 @@ func (d *Decode) accept(ctx context.Context, raw, watched net.Conn, cfg *SetupCo
 		}
 		return abandon("ready", err)
 	}
-	d.attach(c, conn)
+	if err := d.attach(c, conn); err != nil {
+		return fmt.Errorf("%w: prefill node %q: %w", ErrSetup, h.name, err)
+	}
 	return nil
 }

@@ -466,9 +466,8 @@ func TestReconnectAfterACutStartsAFreshQueuePair(t *testing.T) {
 // before the loss is told (a crash and a quick restart) keeps its queue
 // pair, which takes requests, where a cut by name would fail them. A life
 // that lives on when the next connects (it hung, and was taken for lost)
-// is fenced by the replacement itself, and a queue pair of a lost life set
-// up after its loss was told never goes live. The hello carries each
-// life's incarnation.
+// is fenced by the replacement itself; the same life coming back connects
+// anew. The hello carries each life's incarnation.
 func TestACutOfALostLifeSparesTheNextLifesQueuePair(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -500,22 +499,19 @@ func TestACutOfALostLifeSparesTheNextLifesQueuePair(t *testing.T) {
 	runNode(t, ctx, p1, nil)
 	pn2 := runNode(t, ctx, p2, nil)
 
-	// The lost life's queue pair is the fence's: it is cut. A queue pair
-	// of that life set up after the loss was told never goes live.
+	// The lost life's queue pair is the fence's: it is cut. The same life
+	// may come back (a node the router suspected answers again), and
+	// connects anew.
 	dial(p1, 1)
 	if err := d.CutIncarnation("prefill-1", 1); err != nil {
 		t.Fatalf("a cut of life 1 with life 1 live: %v", err)
 	}
 	eventually(t, "life 1's queue pair gone", func() bool { return len(d.Peers()) == 0 })
-	p1.Dial(ctx, "decode-1", ln.Addr().String(), SetupConfig{Name: "prefill-1", Incarnation: 1, TLS: ca.config(t, "prefill-1"), Log: quiet})
-	eventually(t, "life 1's queue pair set up after its loss drained", func() bool {
-		d.mu.Lock()
-		defer d.mu.Unlock()
-		return len(d.conns) == 0
-	})
-	if len(d.Peers()) != 0 {
-		t.Fatalf("a lost life's queue pair went live: %v", d.Peers())
+	dial(p1, 1)
+	if err := d.CutIncarnation("prefill-1", 1); err != nil {
+		t.Fatalf("a cut of life 1 back: %v", err)
 	}
+	eventually(t, "life 1's queue pair gone", func() bool { return len(d.Peers()) == 0 })
 	// An earlier life's queue pair goes when a later one is named lost
 	// (a registry's loss names its newest record).
 	dial(p1, 2)
@@ -553,10 +549,51 @@ func TestACutOfALostLifeSparesTheNextLifesQueuePair(t *testing.T) {
 	if err := d.CutIncarnation("prefill-1", 0); !errors.Is(err, ErrNoPeer) {
 		t.Fatalf("a cut with no queue pair left: %v, want ErrNoPeer", err)
 	}
-	// A next life under a smaller incarnation than the lost ones (its
-	// wall clock stepped back) connects: only the lost lives themselves
-	// are refused.
-	dial(p1, 2)
+}
+
+// A queue pair being set up as its life's loss is told never goes live:
+// its setup fails (so that the dialer backs off), at both ends, and the
+// same life dialling again connects. Here the prefill node's registry
+// loses decode-1's life 9 while its Dial waits for decode-1's hello.
+func TestAQueuePairSetUpAsItsLifeIsLostNeverGoesLive(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ca := newTestCA(t)
+	devs := devices(t, "inproc", "prefill-1", "decode-1")
+	p, d := newPrefill(t, devs[0]), newDecode(t, devs[1])
+	ln := listen(t)
+	held, release := make(chan struct{}, 1), make(chan struct{})
+	var once sync.Once
+	admit := func(string, pki.Role, uint64) error {
+		once.Do(func() { held <- struct{}{}; <-release })
+		return nil
+	}
+	go d.Serve(ctx, ln, SetupConfig{Name: "decode-1", Incarnation: 9, TLS: ca.config(t, "decode-1"), Admit: admit, Log: quiet})
+	runNode(t, ctx, p, nil)
+	runNode(t, ctx, d, d)
+	cfg := SetupConfig{Name: "prefill-1", Incarnation: 1, PeerIncarnation: 9, TLS: ca.config(t, "prefill-1"), Log: quiet}
+	dialled := make(chan error, 1)
+	go func() { dialled <- p.Dial(ctx, "decode-1", ln.Addr().String(), cfg) }()
+	<-held // decode-1 has prefill-1's hello; prefill-1 waits for decode-1's
+	if err := p.CutIncarnation("decode-1", 9); !errors.Is(err, ErrNoPeer) {
+		t.Fatalf("a cut with the queue pair not live yet: %v, want ErrNoPeer", err)
+	}
+	close(release)
+	if err := <-dialled; !errors.Is(err, ErrSetup) || !errors.Is(err, protocol.ErrPeerFailed) {
+		t.Fatalf("the Dial of a life lost as it was set up: %v, want ErrSetup and ErrPeerFailed", err)
+	}
+	eventually(t, "both ends' queue pairs drained", func() bool {
+		p.mu.Lock()
+		np := len(p.conns)
+		p.mu.Unlock()
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return np == 0 && len(d.conns) == 0
+	})
+	if err := p.Dial(ctx, "decode-1", ln.Addr().String(), cfg); err != nil {
+		t.Fatalf("the same life dialled again: %v", err)
+	}
+	eventually(t, "decode sees the queue pair live", func() bool { return len(d.Peers()) == 1 })
 }
 
 // The life a hello names is checked where it matters: a decode node takes
