@@ -247,26 +247,13 @@ func TestAPrefillNodesStopFailsNoRequestStillBeingDecoded(t *testing.T) {
 				return slices.ContainsFunc(l.Registry.Members(), func(m Member) bool { return m.Name == name })
 			}
 			waitUntil(t, "the registry losing "+name, func() bool { return !listed() })
-			var cuts atomic.Int64
+			cuts := new(atomic.Int64)
 			if restart {
 				if err := l.RestartPrefill(i); err != nil {
 					t.Fatal(err)
 				}
 				waitUntil(t, "the new life's queue pair to decode-0", func() bool { return slices.Contains(l.Decodes[0].Endpoint().Peers(), name) })
-				watching := make(chan struct{})
-				t.Cleanup(func() { close(watching) })
-				go func() {
-					for {
-						select {
-						case <-watching:
-							return
-						case <-time.After(100 * time.Microsecond):
-						}
-						if !slices.Contains(l.Decodes[0].Endpoint().Peers(), name) {
-							cuts.Add(1)
-						}
-					}
-				}()
+				cuts = watchQueuePairDown(t, l.Decodes[0], name)
 			}
 			close(g.release)
 			if a := <-done; a.code != http.StatusOK {
@@ -410,21 +397,7 @@ func TestACrashAndQuickRestartKeepsTheNewLifesQueuePair(t *testing.T) {
 	waitUntil(t, "the new life's queue pair to decode-0", func() bool {
 		return slices.Contains(l.Prefill(0).Endpoint().Peers(), "decode-0")
 	})
-	var cuts atomic.Int64
-	watching := make(chan struct{})
-	defer close(watching)
-	go func() {
-		for {
-			select {
-			case <-watching:
-				return
-			case <-time.After(100 * time.Microsecond):
-			}
-			if !slices.Contains(l.Decodes[0].Endpoint().Peers(), "prefill-0") {
-				cuts.Add(1)
-			}
-		}
-	}()
+	cuts := watchQueuePairDown(t, l.Decodes[0], "prefill-0")
 	close(router.release)
 	waitUntil(t, "decode-0 hearing of the old life's loss", func() bool {
 		return strings.Contains(logs.String(), "its next life's queue pair stays") || strings.Contains(logs.String(), "queue pair cut")
@@ -562,4 +535,25 @@ func TestALifeTheRouterLostAndTookBackConnectsAgain(t *testing.T) {
 	if a, err := complete(context.Background(), l.API, "t", "after. ", 4); err != nil || a.code != http.StatusOK {
 		t.Fatalf("after: %+v %v", a, err)
 	}
+}
+
+// watchQueuePairDown counts, until the test ends, the polls (every 100 µs)
+// that find decode node d with no live queue pair to prefill node name.
+func watchQueuePairDown(t *testing.T, d *Decode, name string) *atomic.Int64 {
+	var down atomic.Int64
+	watching := make(chan struct{})
+	t.Cleanup(func() { close(watching) })
+	go func() {
+		for {
+			select {
+			case <-watching:
+				return
+			case <-time.After(100 * time.Microsecond):
+			}
+			if !slices.Contains(d.Endpoint().Peers(), name) {
+				down.Add(1)
+			}
+		}
+	}()
+	return &down
 }
