@@ -287,13 +287,30 @@ func (rt *Router) run(ctx context.Context, r *http.Request, prompts []prompt, p 
 		}
 		// A stop string ends the generation on the decode node as soon as
 		// the router sees it (the text after it is not the client's).
-		watch := &choiceStream{}
+		// Without a stream, the client sees nothing until the end: the
+		// search only watches, and a failed attempt whose answer had begun
+		// may still be retried, the search starting again on the retry's
+		// parts (a failed attempt's late parts are left out).
+		var mu sync.Mutex
+		var handoff protocol.RequestID
+		var watch *choiceStream
 		stopped := false
-		c.Stream = func(g Generated) {
+		parts := func(g Generated) {
 			if relay != nil {
 				relay.push(relayEvent{index: i, part: &g})
 			}
-			if len(p.stop) == 0 || stopped {
+			if len(p.stop) == 0 {
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if g.Handoff < handoff {
+				return // an earlier attempt's (handoff ids grow)
+			}
+			if g.Handoff != handoff {
+				handoff, watch, stopped = g.Handoff, &choiceStream{}, false
+			}
+			if stopped {
 				return
 			}
 			watch.add(rt.cfg.Tokenizer, &g)
@@ -303,6 +320,11 @@ func (rt *Router) run(ctx context.Context, r *http.Request, prompts []prompt, p 
 				stopped = true
 				rt.enough(g.Handoff)
 			}
+		}
+		if relay != nil {
+			c.Stream = parts
+		} else {
+			c.Watch = parts
 		}
 		wg.Go(func() {
 			res, err := rt.Complete(ctx, c)

@@ -163,6 +163,12 @@ type Completion struct {
 	// decode leg's stream waits for it. A request that streamed a token is
 	// not retried.
 	Stream func(Generated)
+	// Watch, if set, is given each part as Stream is, for the router's own
+	// use (a stop string's search), not the client's: a request watched
+	// but not streamed is retried as one with neither, its retry's parts
+	// following a failed attempt's (Generated.Handoff is the attempt's).
+	// It must not block either.
+	Watch func(Generated)
 }
 
 // Generated is a part of a completion's answer as it is generated.
@@ -189,7 +195,7 @@ type Result struct {
 	// prefix cache (not transferred).
 	CachedTokens int
 	// streamed: tokens of this attempt reached the router (relay), and so
-	// may have reached the client: a failed attempt that streamed is not
+	// may have reached a streaming client: such a failed attempt is not
 	// retried.
 	streamed bool
 }
@@ -521,9 +527,10 @@ func (rt *Router) checkReadyLocked() {
 // transferred) is retried under a new ID,
 // with backoff, until the router's timeout: full pools make clients wait,
 // not fail, while room comes back. So is one whose prefill node had no
-// queue pair to its decode node yet (one just joined), and one a node
-// refused as it stops, while other nodes take it: a rolling restart fails
-// no request.
+// queue pair to its decode node yet (one just joined), one a node
+// refused as it stops (or whose stop's end failed it), while other nodes
+// take it, and one no node took while a node of the role stops
+// (nextLifeDue): a rolling restart fails no request.
 func (rt *Router) Complete(ctx context.Context, c Completion) (Result, error) {
 	if !rt.flight.enter() {
 		return Result{}, ErrShuttingDown
@@ -546,7 +553,19 @@ func (rt *Router) Complete(ctx context.Context, c Completion) (Result, error) {
 		// record (prefill refuses at its intake, before anything is sent).
 		full := errors.Is(err, protocol.ErrNoCapacity) || errors.Is(err, protocol.AbortNoCapacity) || errors.Is(err, protocol.AbortOverQuota) ||
 			errors.Is(err, transfer.ErrNoPeer)
-		if !full && !rt.elsewhere(err, len(res.Prompt)) || res.streamed || streamed.Load() || time.Now().Add(backoff).After(deadline) {
+		// No node to take it, where a node of that role is stopping
+		// gracefully or its next life is held back: a rolling restart
+		// whose next step came before the router saw the last step's new
+		// life (a static list's read, a watch event away). It waits for
+		// that life, as for room.
+		nextLife := errors.Is(err, protocol.ErrNoNode) && rt.nextLifeDue(len(res.Prompt))
+		// Tokens that reached the router reach a streaming client: such an
+		// attempt is not retried. A client that is not streaming has seen
+		// nothing: a decode node's answer begun as the other leg failed (a
+		// WRITE that landed, its completion flushed as the decode node
+		// stopped) is dropped, and the retry answers it.
+		began := streamed.Load() || res.streamed && c.Stream != nil
+		if !full && !nextLife && !rt.elsewhere(err, len(res.Prompt)) || began || time.Now().Add(backoff).After(deadline) {
 			return res, err
 		}
 		rt.cfg.Metrics.retries.Inc()
@@ -555,6 +574,8 @@ func (rt *Router) Complete(ctx context.Context, c Completion) (Result, error) {
 		switch {
 		case errors.Is(err, transfer.ErrNoPeer):
 			says = "request waits for a queue pair between its nodes"
+		case nextLife:
+			says = "request waits for a stopping node's next life"
 		case !full:
 			says = "request retried elsewhere: a node of its handoff is stopping"
 		}
@@ -576,7 +597,7 @@ func (rt *Router) Complete(ctx context.Context, c Completion) (Result, error) {
 // flushed: a request dispatched to it just before it said so, or whose
 // answer was still on its way), and other nodes can take a request of
 // tokens now: the client need not hear of one node's stop. Complete
-// retries only what streamed no token, and the attempt's legs are ended,
+// retries only what streamed no token to its client, and the attempt's legs are ended,
 // so the retry is a new handoff, as for a full pool. With no other node,
 // the client gets the error (503 shutting_down naming the nodes, for a
 // refusal).
@@ -599,6 +620,37 @@ func (rt *Router) elsewhere(err error, tokens int) bool {
 	}
 	now := time.Now()
 	return rt.r.Available(protocol.RolePrefill, tokens, now) && rt.r.Available(protocol.RoleDecode, tokens, now)
+}
+
+// nextLifeDue reports whether a request of tokens that no node took
+// (protocol.ErrNoNode) may yet be taken by a node's next life: for a role
+// with no node to take it, a node of that role announced its stop and is
+// still stopping, or its next life is registered and held back until the
+// old one's loss (loseAfterStop). A node whose stop has ended and whose
+// next life is unknown is not waited for: the router cannot tell a
+// restart from a node removed, and the client hears at once.
+func (rt *Router) nextLifeDue(tokens int) bool {
+	if tokens < 1 {
+		return false // refused before intake chose a node
+	}
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	now := time.Now()
+	for _, role := range [...]Role{RolePrefill, RoleDecode} {
+		pr := protocol.RolePrefill
+		if role == RoleDecode {
+			pr = protocol.RoleDecode
+		}
+		if rt.r.Available(pr, tokens, now) {
+			continue
+		}
+		for id, m := range rt.members {
+			if m.Role == role && (rt.stopping[id] && !rt.lost[id] || rt.losing[id] != nil) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // complete is one attempt at c, which fails by deadline: the client's
@@ -887,8 +939,14 @@ func (rt *Router) relay(id protocol.RequestID, node string, q *routed, f legAnsw
 		q.cached = f.PrefixTokens
 	}
 	rt.mu.Unlock()
-	if c.Stream != nil {
-		c.Stream(Generated{Handoff: id, Prefill: q.prefill, Decode: q.decode, Prompt: q.prompt, Tokens: f.Tokens, Logprobs: f.Logprobs})
+	if c.Stream != nil || c.Watch != nil {
+		g := Generated{Handoff: id, Prefill: q.prefill, Decode: q.decode, Prompt: q.prompt, Tokens: f.Tokens, Logprobs: f.Logprobs}
+		if c.Watch != nil {
+			c.Watch(g)
+		}
+		if c.Stream != nil {
+			c.Stream(g)
+		}
 	}
 	return nil
 }
