@@ -166,6 +166,11 @@ func (e *endpoint) newConn(name string, maxPages int) (*conn, error) {
 // goLive makes c the peer's queue pair for new requests; an older one to
 // the same peer is cut, so that nothing of it can complete on the new one.
 func (e *endpoint) goLive(c *conn) error {
+	if c.broken {
+		// Its provider failed it as it was set up (the peer's end went):
+		// it must not replace the peer's live queue pair.
+		return fmt.Errorf("%w: the queue pair to %q broke as it was set up", protocol.ErrPeerFailed, c.name)
+	}
 	if c.doomed {
 		// Being set up as its life's loss was told: that cut is its fence
 		// too.
@@ -183,9 +188,12 @@ func (e *endpoint) goLive(c *conn) error {
 }
 
 // settle tells the state machine about a broken queue pair once its flush
-// has drained, and forgets the queue pair.
+// has drained, and forgets the queue pair, once: a setup that fails after
+// the provider flushed its queue pair settles it again, and its buffers,
+// spared twice, would go to two queue pairs at once (one's SEND carrying
+// the other's message).
 func (e *endpoint) settle(c *conn) {
-	if !c.drained() {
+	if !c.drained() || e.conns[c.peer] != c {
 		return
 	}
 	if e.names[c.name] == c {

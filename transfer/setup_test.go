@@ -825,3 +825,68 @@ func TestSetupRefusesAPeerOfAnotherWireVersionOnBothSides(t *testing.T) {
 type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
+
+// A queue pair whose setup fails after it connected (the dialer refuses
+// the hello's life, and goes away) can break twice over: its provider
+// flushes it as the peer's end goes, which settles it, and the setup then
+// abandons it, or makes it live. Settled twice, its buffers went back to
+// the spares twice, the next two queue pairs shared them, and one's SEND
+// carried the other's Grant (a rolling restart's request waited 10 s for a
+// Grant that had gone to another prefill node). Made live, a dead queue
+// pair replaced the peer's live one. A queue pair is settled once, and one
+// that broke as it was set up never goes live.
+func TestAQueuePairBrokenAsItIsSetUpIsSettledOnceAndNeverGoesLive(t *testing.T) {
+	devs := devices(t, "inproc", "decode-1")
+	d := newDecode(t, devs[0])
+	settled := func(c *conn) {
+		t.Helper()
+		eventually(t, "the broken queue pair settled", func() bool {
+			d.Poll(time.Now())
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			return d.conns[c.peer] == nil
+		})
+	}
+	broken := func() *conn {
+		t.Helper()
+		d.mu.Lock()
+		c, err := d.newConn("prefill-1", 8)
+		if err == nil {
+			d.cut(c, fmt.Errorf("%w: its peer's end went", protocol.ErrPeerFailed))
+		}
+		d.mu.Unlock()
+		if err != nil {
+			t.Fatal(err)
+		}
+		settled(c)
+		return c
+	}
+	c := broken()
+	d.abandon(c, errors.New("the setup's ready: EOF"))
+	if err := d.attach(broken(), nil); err == nil {
+		t.Fatal("a queue pair broken as it was set up went live")
+	}
+	d.mu.Lock()
+	spared := map[*buffers]int{}
+	for _, b := range d.spare {
+		spared[b]++
+	}
+	d.mu.Unlock()
+	if len(spared) != len(d.spare) {
+		t.Fatalf("%d spares of %d buffers: a queue pair's buffers were spared twice", len(d.spare), len(spared))
+	}
+	// Two queue pairs from the spares get buffers of their own.
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	a, err := d.newConn("prefill-1", 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := d.newConn("prefill-2", 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.bufs == b.bufs {
+		t.Fatal("two queue pairs share their buffers")
+	}
+}
