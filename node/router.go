@@ -337,12 +337,17 @@ func (rt *Router) shutdown(grace time.Duration) {
 }
 
 func (rt *Router) change(ch Change) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	rt.changeLocked(ch)
+}
+
+// changeLocked is change; the caller holds mu.
+func (rt *Router) changeLocked(ch Change) {
 	m := ch.Member
 	if m.Role != RolePrefill && m.Role != RoleDecode {
 		return
 	}
-	rt.mu.Lock()
-	defer rt.mu.Unlock()
 	if rt.cfg.ModelID == "" {
 		rt.cfg.ModelID = m.Model
 	}
@@ -494,10 +499,13 @@ func (rt *Router) loseAfterStop(id protocol.NodeID, m Member) {
 			rt.loseLocked(id, m)
 		}
 		delete(rt.losing, id)
-		rt.mu.Unlock()
 		if joined != nil {
-			rt.change(*joined) // the new life, held back meanwhile
+			// The new life, held back meanwhile, joins under the same
+			// lock: a request between the two would find neither life
+			// (nextLifeDue) and fail with no_node.
+			rt.changeLocked(*joined)
 		}
+		rt.mu.Unlock()
 		return
 	}
 }
@@ -623,12 +631,13 @@ func (rt *Router) elsewhere(err error, tokens int) bool {
 }
 
 // nextLifeDue reports whether a request of tokens that no node took
-// (protocol.ErrNoNode) may yet be taken by a node's next life: for a role
-// with no node to take it, a node of that role announced its stop and is
-// still stopping, or its next life is registered and held back until the
-// old one's loss (loseAfterStop). A node whose stop has ended and whose
-// next life is unknown is not waited for: the router cannot tell a
-// restart from a node removed, and the client hears at once.
+// (protocol.ErrNoNode) may yet be taken by a node's next life: every role
+// with no node to take it has a node that takes that many tokens and
+// announced its stop and is still stopping, or whose next life is
+// registered and held back until the old one's loss (loseAfterStop). A
+// node whose stop has ended and whose next life is unknown is not waited
+// for: the router cannot tell a restart from a node removed, and the
+// client hears at once. So too where another role has no node at all.
 func (rt *Router) nextLifeDue(tokens int) bool {
 	if tokens < 1 {
 		return false // refused before intake chose a node
@@ -636,6 +645,7 @@ func (rt *Router) nextLifeDue(tokens int) bool {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	now := time.Now()
+	short := 0
 	for _, role := range [...]Role{RolePrefill, RoleDecode} {
 		pr := protocol.RolePrefill
 		if role == RoleDecode {
@@ -644,13 +654,20 @@ func (rt *Router) nextLifeDue(tokens int) bool {
 		if rt.r.Available(pr, tokens, now) {
 			continue
 		}
+		short++
+		due := false
 		for id, m := range rt.members {
-			if m.Role == role && (rt.stopping[id] && !rt.lost[id] || rt.losing[id] != nil) {
-				return true
+			takes := tokens <= protocol.NodeInfo{ContextTokens: m.ContextTokens, PoolPages: m.PoolPages, PageTokens: m.PageTokens, MaxTokens: m.MaxTokens}.Limit()
+			if m.Role == role && takes && (rt.stopping[id] && !rt.lost[id] || rt.losing[id] != nil) {
+				due = true
+				break
 			}
 		}
+		if !due {
+			return false
+		}
 	}
-	return false
+	return short > 0
 }
 
 // complete is one attempt at c, which fails by deadline: the client's

@@ -380,24 +380,44 @@ func TestARequestFindingEveryNodeOfARoleStoppingWaitsForANextLife(t *testing.T) 
 	if a := <-done; a.code != http.StatusOK {
 		t.Fatalf("the client got %+v, want its answer from prefill-0's next life", a)
 	}
-	// Both stops end, no next life seen: no_node at once.
+	noNodeAtOnce := func(why string) {
+		t.Helper()
+		retried := counterValue(t, l.Router.Metrics(), "kvhandoff_retries_total")
+		a, err := complete(context.Background(), l.API, "t", "a request after the stops. ", 4)
+		if err != nil || a.code != http.StatusServiceUnavailable || !strings.Contains(a.text+a.err, "no_node") {
+			t.Fatalf("%s: %+v %v, want 503 no_node", why, a, err)
+		}
+		if n := counterValue(t, l.Router.Metrics(), "kvhandoff_retries_total") - retried; n != 0 {
+			t.Fatalf("%s: the request was retried %v times, want no_node at once", why, n)
+		}
+	}
+	// prefill-1 still stopping, but no decode node nor a next life of
+	// one: nothing to wait for.
 	if err := l.StopPrefill(0); err != nil {
 		t.Fatal(err)
 	}
-	l.Registry.Remove("prefill-1")
-	waitUntil(t, "the router losing both prefill nodes", func() bool {
+	if err := l.StopDecode(0); err != nil {
+		t.Fatal(err)
+	}
+	d0 := id("decode-0")
+	waitUntil(t, "the router losing prefill-0 and decode-0", func() bool {
 		l.Router.mu.Lock()
 		defer l.Router.mu.Unlock()
-		return l.Router.lost[p0] && l.Router.lost[p1]
+		return l.Router.lost[p0] && l.Router.lost[d0]
 	})
-	retried = counterValue(t, l.Router.Metrics(), "kvhandoff_retries_total")
-	a, err := complete(context.Background(), l.API, "t", "a request after the stops. ", 4)
-	if err != nil || a.code != http.StatusServiceUnavailable || !strings.Contains(a.text+a.err, "no_node") {
-		t.Fatalf("with no prefill node left: %+v %v, want 503 no_node", a, err)
+	noNodeAtOnce("with no decode node left")
+	// A decode node again, and both prefill stops ended, no next life
+	// seen.
+	l.Registry.Remove("prefill-1")
+	if err := l.RestartDecode(0); err != nil {
+		t.Fatal(err)
 	}
-	if n := counterValue(t, l.Router.Metrics(), "kvhandoff_retries_total") - retried; n != 0 {
-		t.Fatalf("the request was retried %v times: it waited for a life no stop announced", n)
-	}
+	waitUntil(t, "the router losing prefill-1, and decode-0 back", func() bool {
+		l.Router.mu.Lock()
+		defer l.Router.mu.Unlock()
+		return l.Router.lost[p1] && !l.Router.lost[d0]
+	})
+	noNodeAtOnce("with no prefill node left")
 }
 
 // A decode node may begin its answer as the other leg fails: its stop

@@ -327,6 +327,9 @@ func (e *endpoint) attach(c *conn, ctl net.Conn) error {
 	}
 	e.mu.Unlock()
 	if err != nil {
+		if ctl != nil {
+			ctl.Close() // the peer's end hears its setup failed
+		}
 		return err
 	}
 	go func() {
