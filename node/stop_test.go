@@ -1,8 +1,11 @@
 package node
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
@@ -14,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvhandoff/kvhandoff/engine/llama"
 	"github.com/kvhandoff/kvhandoff/internal/trace"
 	"github.com/kvhandoff/kvhandoff/protocol"
 	"github.com/kvhandoff/kvhandoff/transfer"
@@ -432,10 +436,76 @@ func TestARequestFindingEveryNodeOfARoleStoppingWaitsForANextLife(t *testing.T) 
 // token, with its node's stop announced.
 func TestAnAnswerBegunAsTheOtherLegFailsWithTheStopIsRetriedForAClientNotStreaming(t *testing.T) {
 	l := localBuiltin(t, LocalConfig{Decodes: 2, PrefillPages: 128, DecodePages: 128, Timeout: time.Minute})
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	gates := []*tokenGate{gateDecode(l.Decodes[0]), gateDecode(l.Decodes[1])}
 	done := completeLater(l, strings.Repeat("a prompt. ", 10))
+	retried := counterValue(t, l.Router.Metrics(), "kvhandoff_retries_total")
+	failBegunAttempt(t, l, gates, false)
+	if a := <-done; a.code != http.StatusOK {
+		t.Fatalf("the client got %+v, want the answer of a retry on the other decode node", a)
+	}
+	if n := counterValue(t, l.Router.Metrics(), "kvhandoff_retries_total") - retried; n != 1 {
+		t.Fatalf("%v retries, want the one", n)
+	}
+}
+
+// A stop string's search on a request not streaming watches the retry's
+// tokens afresh: the failed attempt's first token is not the start of the
+// retry's text. Here that token is "Q", and the answer "QX7-zeta…" holds
+// no "QQ": a search that kept the failed attempt's "Q" found "QQ" at the
+// retry's first token and ended its generation there.
+func TestAStopStringsSearchStartsAgainOnARetrysTokens(t *testing.T) {
+	l := localBuiltin(t, LocalConfig{Decodes: 2, PrefillPages: 128, DecodePages: 128, Timeout: time.Minute})
+	const p = "the secret is QX7-zeta; again, the secret is "
+	want := colocated(t, llama.Builtin(1), 16, p, 12)
+	if !strings.HasPrefix(want, "QX") || strings.Contains(want, "QQ") {
+		t.Fatalf("the built-in model's answer %q is not the one this test is built on", want)
+	}
+	gates := []*tokenGate{gateDecode(l.Decodes[0]), gateDecode(l.Decodes[1])}
+	type reply struct {
+		code int
+		raw  []byte
+		err  error
+	}
+	done := make(chan reply, 1)
+	go func() {
+		body, _ := json.Marshal(map[string]any{"prompt": p, "max_tokens": 12, "stop": "QQ"})
+		resp, err := http.Post("http://"+l.API+"/v1/completions", "application/json", bytes.NewReader(body))
+		if err != nil {
+			done <- reply{err: err}
+			return
+		}
+		defer resp.Body.Close()
+		raw, err := io.ReadAll(resp.Body)
+		done <- reply{code: resp.StatusCode, raw: raw, err: err}
+	}()
+	on := failBegunAttempt(t, l, gates, true)
+	// The retry, on the other node, holds after its first token too; a
+	// search that kept the failed attempt's tokens has found "QQ" by now,
+	// and its "enough" has reached the node (a few milliseconds).
+	<-gates[1-on].held
+	time.Sleep(200 * time.Millisecond)
+	close(gates[1-on].release)
+	r := <-done
+	var out completionOut
+	if r.err != nil || r.code != http.StatusOK || json.Unmarshal(r.raw, &out) != nil || len(out.Choices) != 1 {
+		t.Fatalf("the client got %d %s (%v), want the retry's answer", r.code, r.raw, r.err)
+	}
+	if c := out.Choices[0]; c.Text != want || c.FinishReason != "length" {
+		t.Fatalf("the retry's answer %q (%s), want %q (length): the stop string was searched for in the failed attempt's tokens too", c.Text, c.FinishReason, want)
+	}
+}
+
+// failBegunAttempt fails a request's attempt as a rolling restart did: its
+// decode node (of two, each gated) holds the answer after its first token,
+// which reaches the router; that node's stop is announced; and the attempt
+// fails as a WRITE completion flushed by the stop (reported on the decode
+// leg: the prefill leg has ended in the process). It returns that node's
+// index. The other node's gate holds the retry's first token too if
+// holdRetry, and is disarmed otherwise.
+func failBegunAttempt(t *testing.T, l *Local, gates []*tokenGate, holdRetry bool) int {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
 	var id protocol.RequestID
 	on := 0
 	select {
@@ -443,8 +513,10 @@ func TestAnAnswerBegunAsTheOtherLegFailsWithTheStopIsRetriedForAClientNotStreami
 	case id = <-gates[1].held:
 		on = 1
 	}
-	gates[1-on].armed.Store(false)
-	defer close(gates[on].release)
+	if !holdRetry {
+		gates[1-on].armed.Store(false)
+	}
+	t.Cleanup(func() { close(gates[on].release) })
 	name := fmt.Sprintf("decode-%d", on)
 	l.Router.mu.Lock()
 	node := l.Router.ids[name]
@@ -459,14 +531,8 @@ func TestAnAnswerBegunAsTheOtherLegFailsWithTheStopIsRetriedForAClientNotStreami
 		defer l.Router.mu.Unlock()
 		return l.Router.stopping[node] && len(q.tokens) > 0
 	})
-	retried := counterValue(t, l.Router.Metrics(), "kvhandoff_retries_total")
 	l.Router.legEnded(node, id, fmt.Errorf("%w: WRITE of page 4: rdma: WRITE completion: flushed", protocol.ErrPeerFailed), q)
-	if a := <-done; a.code != http.StatusOK {
-		t.Fatalf("the client got %+v, want the answer of a retry on the other decode node", a)
-	}
-	if n := counterValue(t, l.Router.Metrics(), "kvhandoff_retries_total") - retried; n != 1 {
-		t.Fatalf("%v retries, want the one", n)
-	}
+	return on
 }
 
 // beingDecoded starts a deployment of two prefill nodes and sends it a
