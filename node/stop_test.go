@@ -256,7 +256,12 @@ func TestAPrefillNodesStopFailsNoRequestStillBeingDecoded(t *testing.T) {
 				if err := l.RestartPrefill(i); err != nil {
 					t.Fatal(err)
 				}
-				waitUntil(t, "the new life's queue pair to decode-0", func() bool { return slices.Contains(l.Decodes[0].Endpoint().Peers(), name) })
+				// Live at both ends: decode-0 alone may still list the
+				// old life's queue pair, which goes as its flush drains
+				// (a moment the watch would count).
+				waitUntil(t, "the new life's queue pair to decode-0", func() bool {
+					return slices.Contains(l.Prefill(i).Endpoint().Peers(), "decode-0") && slices.Contains(l.Decodes[0].Endpoint().Peers(), name)
+				})
 				cuts = watchQueuePairDown(t, l.Decodes[0], name)
 			}
 			close(g.release)
