@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+
+	"github.com/kvhandoff/kvhandoff/protocol"
 )
 
 // Role is what a process does in the deployment.
@@ -51,6 +53,17 @@ type Member struct {
 
 // PoolTokens is the most tokens the node's pool holds.
 func (m Member) PoolTokens() int { return m.PoolPages * m.PageTokens }
+
+// nodeInfo is m, a prefill or decode node, as the router's state machine
+// knows it, under id.
+func (m Member) nodeInfo(id protocol.NodeID) protocol.NodeInfo {
+	role := protocol.RolePrefill
+	if m.Role == RoleDecode {
+		role = protocol.RoleDecode
+	}
+	return protocol.NodeInfo{ID: id, Role: role, ContextTokens: m.ContextTokens, PoolPages: m.PoolPages,
+		PageTokens: m.PageTokens, MaxTokens: m.MaxTokens, Incarnation: m.Incarnation}
+}
 
 func (m Member) validate() error {
 	switch {

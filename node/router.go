@@ -391,10 +391,6 @@ func (rt *Router) changeLocked(ch Change) {
 			rt.stoppingLocked(id, time.Now().Add(announcedStop), true)
 			return
 		}
-		role := protocol.RolePrefill
-		if m.Role == RoleDecode {
-			role = protocol.RoleDecode
-		}
 		if rt.members[id].Role != "" && rt.members[id].Role != m.Role {
 			rt.cfg.Log.Error("router: a node changed role; ignored", "node", m.Name)
 			return
@@ -412,8 +408,7 @@ func (rt *Router) changeLocked(ch Change) {
 			}
 			rt.effectsLocked()
 		}
-		if err := rt.r.AddNode(protocol.NodeInfo{ID: id, Role: role, ContextTokens: m.ContextTokens, PoolPages: m.PoolPages,
-			PageTokens: m.PageTokens, MaxTokens: m.MaxTokens, Incarnation: m.Incarnation}); err != nil {
+		if err := rt.r.AddNode(m.nodeInfo(id)); err != nil {
 			rt.cfg.Log.Error("router: node refused", "node", m.Name, "err", err)
 			return
 		}
@@ -646,19 +641,15 @@ func (rt *Router) nextLifeDue(tokens int) bool {
 	defer rt.mu.Unlock()
 	now := time.Now()
 	short := 0
-	for _, role := range [...]Role{RolePrefill, RoleDecode} {
-		pr := protocol.RolePrefill
-		if role == RoleDecode {
-			pr = protocol.RoleDecode
-		}
-		if rt.r.Available(pr, tokens, now) {
+	for _, role := range [...]protocol.Role{protocol.RolePrefill, protocol.RoleDecode} {
+		if rt.r.Available(role, tokens, now) {
 			continue
 		}
 		short++
 		due := false
 		for id, m := range rt.members {
-			takes := tokens <= protocol.NodeInfo{ContextTokens: m.ContextTokens, PoolPages: m.PoolPages, PageTokens: m.PageTokens, MaxTokens: m.MaxTokens}.Limit()
-			if m.Role == role && takes && (rt.stopping[id] && !rt.lost[id] || rt.losing[id] != nil) {
+			info := m.nodeInfo(id)
+			if info.Role == role && tokens <= info.Limit() && (rt.stopping[id] && !rt.lost[id] || rt.losing[id] != nil) {
 				due = true
 				break
 			}
