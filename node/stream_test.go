@@ -637,6 +637,16 @@ func TestStreamToAClientThatStopsReadingIsCancelledAtTheWriteTimeout(t *testing.
 	waitUntil(t, "the router to count the client gone", func() bool {
 		return counter(t, l.Router.Metrics(), "kvhandoff_client_requests_total", "code", "499") == 1
 	})
+	// The router's cancel reaches the decode node a moment later (a call,
+	// or its leg's call closed): released before, the generation ran on
+	// until it came (4 tokens in a loaded CI run).
+	d := l.Decodes[0]
+	waitUntil(t, "the decode node told of the cancel", func() bool {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		r := d.reqs[id]
+		return r == nil || r.halted.Load()
+	})
 	close(gate.release)
 	dm := l.Decodes[0].Metrics()
 	waitUntil(t, "the decode leg to fail", func() bool {
