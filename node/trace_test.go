@@ -286,7 +286,11 @@ func TestADeploymentStoppedMidTrafficHoldsNoPagePastItsStop(t *testing.T) {
 	}{{"fix", false, 12, research.Switches{}}, {"no-cut-call-cancel", false, 12, research.On(research.NoCutCallCancel)}, {"model", true, 4, research.Switches{}}} {
 		t.Run(tc.name, func(t *testing.T) {
 			refused, cancelled := 0, 0
-			for run := range tc.runs {
+			exercised := func() bool { return refused > 0 || tc.model && cancelled > 0 }
+			// Where the stops came too late in tc.runs runs (a faster
+			// machine), more seeds, up to three times as many: whether a
+			// stop finds a call on the way is the scheduler's choice.
+			for run := 0; run < tc.runs || run < 3*tc.runs && (!exercised() || tc.bugs.Any()); run++ {
 				rep, out, n, k := tracedStopMidTraffic(t, uint64(run+1), run%2 == 1, tc.model, tc.bugs)
 				refused, cancelled = refused+n, cancelled+k
 				if rep.Stops != 2 {
@@ -312,10 +316,10 @@ func TestADeploymentStoppedMidTrafficHoldsNoPagePastItsStop(t *testing.T) {
 			if tc.bugs.Any() {
 				t.Fatalf("no run's trace was refused under %v (%d decode calls refused in all)", tc.bugs, refused)
 			}
-			if refused == 0 && !tc.model || refused+cancelled == 0 {
-				t.Fatalf("%d decode calls refused and %d requests cancelled by a node's stop in %d runs: the stop came too late to test what it should", refused, cancelled, tc.runs)
+			if !exercised() {
+				t.Fatalf("%d decode calls refused and %d requests cancelled by a node's stop in %d runs: the stop came too late to test what it should", refused, cancelled, 3*tc.runs)
 			}
-			t.Logf("%d decode calls refused as their nodes stopped, %d requests cancelled by a node's stop, in %d runs", refused, cancelled, tc.runs)
+			t.Logf("%d decode calls refused as their nodes stopped, %d requests cancelled by a node's stop", refused, cancelled)
 		})
 	}
 }
@@ -336,7 +340,11 @@ func tracedStopMidTraffic(t *testing.T, seed uint64, prefix, model bool, bugs re
 		// learns of each from the calls the node refuses. (Announced, the
 		// router waits for the node to say so, and the calls in flight
 		// reach it before it drains: none is refused.)
-		unannouncedStops: true}
+		unannouncedStops: true,
+		// Each decode call a little slow on its way, as over a network: a
+		// stop then finds calls on the way on most runs, not only where
+		// the scheduler happened to leave one there.
+		beforeDecodeCall: func(protocol.RequestID) { time.Sleep(3 * time.Millisecond) }}
 	if model {
 		// Generations that outlive the stop's grace: the nodes cancel what
 		// they hold, calls in flight or on their way.

@@ -123,7 +123,9 @@ func TestTraceCheckRefusesTheDemosPageBugs(t *testing.T) {
 		// The first misdirected WRITE, or, where the miscount leaves none
 		// to post (about 1 run in 7), the Done's count.
 		{"prefix-count-mismatch", "prefill post writes where the Grant put that page|prefill send Done names the Grant's pages", false, 1, "80", nil},
-		{"leak-on-cancel", "end of trace: the pages the spec gave back were freed or cached", true, 1, "80", nil},
+		// A leak needs a client's cancel after its request verified: with
+		// the default 5% of clients disconnecting, 1 run in 8 here met none.
+		{"leak-on-cancel", "end of trace: the pages the spec gave back were freed or cached", true, 1, "80", []string{"--disconnects", "0.2"}},
 		{"evict-pinned", "decode free takes no pinned page", false, 1, "80", nil},
 		{"eager-release", "decode free of the request's pages is the spec's release of them", true, anyExit, "200", []string{"--disconnects", "0.5"}},
 	} {
@@ -140,16 +142,24 @@ func TestTraceCheckRefusesTheDemosPageBugs(t *testing.T) {
 			}
 			var code int
 			var out, errOut string
-			for range runs {
+			for run := range runs {
 				file := filepath.Join(t.TempDir(), "t.jsonl")
 				args := append([]string{"demo", "--requests", tc.requests, "--bug", tc.bug, "--trace", file}, tc.more...)
 				if !tc.faults {
 					args = append(args, "--no-faults")
 				}
-				if code, out, errOut := runCLI(t, args...); code != tc.demoExit && tc.demoExit != anyExit {
-					t.Fatalf("demo --bug %s: exit %d, want %d (the demo's own checks)\n%s%s", tc.bug, code, tc.demoExit, out, errOut)
+				demoCode, demoOut, demoErr := runCLI(t, args...)
+				code, out, errOut = runCLI(t, "trace", "check", file)
+				met := refusedBy(out)
+				if !met && demoCode == 0 && tc.faults && run < runs-1 {
+					// Neither the demo nor the check saw the bug: its
+					// faults never met it this run.
+					continue
 				}
-				if code, out, errOut = runCLI(t, "trace", "check", file); refusedBy(out) {
+				if demoCode != tc.demoExit && tc.demoExit != anyExit {
+					t.Fatalf("demo --bug %s: exit %d, want %d (the demo's own checks)\n%s%s", tc.bug, demoCode, tc.demoExit, demoOut, demoErr)
+				}
+				if met {
 					break
 				}
 			}
