@@ -52,6 +52,9 @@ type LocalConfig struct {
 	// calls and for its pages (grace otherwise): tests of a leak, whose
 	// pages never come back, need not wait twice grace.
 	decodeGrace time.Duration
+	// routerGrace, if set, is how long the router's stop waits for
+	// requests in flight (grace otherwise).
+	routerGrace time.Duration
 	// unannouncedStops: the nodes' stops are not announced
 	// (NodeConfig.unannounced).
 	unannouncedStops bool
@@ -216,7 +219,11 @@ func StartLocal(cfg LocalConfig) (*Local, error) {
 		<-ctx.Done()
 		stopRun()
 	})
-	l.wg.Go(func() { l.Router.Run(runCtx, grace) })
+	rg := grace
+	if cfg.routerGrace > 0 {
+		rg = cfg.routerGrace
+	}
+	l.wg.Go(func() { l.Router.Run(runCtx, rg) })
 	l.wg.Go(func() { l.Router.ServeAPI(ctx, api) })
 	if err := l.WaitReady(10 * time.Second); err != nil {
 		return fail(err)

@@ -73,7 +73,7 @@ func TestPoolPressureEndsEveryRequestAndStopsCancelledWork(t *testing.T) {
 		{"router timeout", 16, false, false},
 		{"streaming clients that leave after their first text", 24, true, true},
 	} {
-		before := counterValue(t, l.Decodes[0].Metrics(), "kvhandoff_decode_tokens_after_cancel_total")
+		before := metricValue(t, l.Decodes[0].Metrics(), "kvhandoff_decode_tokens_after_cancel_total")
 		cancelledBefore := counter(t, l.Decodes[0].Metrics(), "kvhandoff_handoff_failures_total", "role", "decode")
 		start := time.Now()
 		out := poolPressure(t, l, c.maxTokens, c.stream, c.leave)
@@ -81,7 +81,7 @@ func TestPoolPressureEndsEveryRequestAndStopsCancelledWork(t *testing.T) {
 		// The prefill nodes' computations of requests the router gave up
 		// on run to their end (chunked prefill would stop them: issue 19).
 		waitUntil(t, "every page back", func() bool { return pagesFree(l) })
-		after := counterValue(t, l.Decodes[0].Metrics(), "kvhandoff_decode_tokens_after_cancel_total") - before
+		after := metricValue(t, l.Decodes[0].Metrics(), "kvhandoff_decode_tokens_after_cancel_total") - before
 		failed := counter(t, l.Decodes[0].Metrics(), "kvhandoff_handoff_failures_total", "role", "decode") - cancelledBefore
 		t.Logf("%s: %v in %.1f s (each %.1f s), every page back %.1f s after the last answer; decode legs failed %v, tokens after a cancel %v",
 			c.name, out.codes, ended.Seconds(), out.seconds, (time.Since(start) - ended).Seconds(), failed, after)

@@ -69,7 +69,7 @@ func TestRetriesKeepTheClientsRequestID(t *testing.T) {
 	go func() {
 		second <- call(t, "POST", "http://"+l.API+"/v1/completions", map[string]any{"prompt": prompt, "max_tokens": 2}, nil)
 	}()
-	waitUntil(t, "the second request's retries", func() bool { return counterValue(t, l.Router.Metrics(), "kvhandoff_retries_total") >= 2 })
+	waitUntil(t, "the second request's retries", func() bool { return metricValue(t, l.Router.Metrics(), "kvhandoff_retries_total") >= 2 })
 	close(hold.release)
 	a, b := <-first, <-second
 	if a.code != 200 || b.code != 200 {
@@ -97,8 +97,8 @@ func TestRetriesKeepTheClientsRequestID(t *testing.T) {
 	allPagesBack(t, l)
 }
 
-// counterValue is an unlabelled counter's value.
-func counterValue(t *testing.T, m *Metrics, family string) float64 {
+// metricValue is an unlabelled counter's or gauge's value.
+func metricValue(t *testing.T, m *Metrics, family string) float64 {
 	t.Helper()
 	mfs, err := m.Registry().Gather()
 	if err != nil {
@@ -106,7 +106,10 @@ func counterValue(t *testing.T, m *Metrics, family string) float64 {
 	}
 	for _, mf := range mfs {
 		if mf.GetName() == family {
-			return mf.GetMetric()[0].GetCounter().GetValue()
+			if c := mf.GetMetric()[0].GetCounter(); c != nil {
+				return c.GetValue()
+			}
+			return mf.GetMetric()[0].GetGauge().GetValue()
 		}
 	}
 	return 0

@@ -106,8 +106,12 @@ type Router struct {
 	stopping map[protocol.NodeID]bool
 	// losing: nodes whose loss loseAfterStop holds back, each with the
 	// registration of its new life that came meanwhile (nil if none).
-	losing   map[protocol.NodeID]*Change
-	pending  map[protocol.RequestID]*routed
+	losing  map[protocol.NodeID]*Change
+	pending map[protocol.RequestID]*routed
+	// cut is closed when the shutdown's grace has run out: requests
+	// waiting to retry (for room, a queue pair or a next life) end then
+	// with their last error, as the pending ones are cancelled.
+	cut      chan struct{}
 	nextID   protocol.RequestID
 	nextPeer protocol.NodeID
 	ready    chan struct{} // closed once both roles have a node
@@ -243,7 +247,7 @@ func NewRouter(cfg RouterConfig) (*Router, error) {
 	rt := &Router{scopes: sc, cfg: cfg, client: newControlClient(cfg.Security),
 		r:   protocol.NewRouter(protocol.RouterConfig{Timeout: cfg.Timeout, Horizon: time.Minute, Policy: LeastOutstanding{}}),
 		ids: map[string]protocol.NodeID{}, members: map[protocol.NodeID]Member{}, lost: map[protocol.NodeID]bool{},
-		suspect: map[protocol.NodeID]bool{}, stopping: map[protocol.NodeID]bool{}, losing: map[protocol.NodeID]*Change{}, pending: map[protocol.RequestID]*routed{}, nextID: protocol.RequestID(time.Now().UnixNano()), ready: make(chan struct{})}
+		suspect: map[protocol.NodeID]bool{}, stopping: map[protocol.NodeID]bool{}, losing: map[protocol.NodeID]*Change{}, pending: map[protocol.RequestID]*routed{}, cut: make(chan struct{}), nextID: protocol.RequestID(time.Now().UnixNano()), ready: make(chan struct{})}
 	rt.client.expect = func(name string) (Role, bool) {
 		// A node's certificate must carry the role its registry record gives it.
 		rt.mu.Lock()
@@ -320,6 +324,7 @@ func (rt *Router) shutdown(grace time.Duration) {
 	select {
 	case <-idle:
 	case <-time.After(grace):
+		close(rt.cut)
 		rt.mu.Lock()
 		n := len(rt.pending)
 		for id := range rt.pending {
@@ -588,6 +593,9 @@ func (rt *Router) Complete(ctx context.Context, c Completion) (Result, error) {
 		case <-ctx.Done():
 			rt.cfg.Metrics.waiting.Dec()
 			return res, err
+		case <-rt.cut:
+			rt.cfg.Metrics.waiting.Dec()
+			return res, fmt.Errorf("%w (the router stopped as the request waited)", err)
 		case <-time.After(backoff):
 		}
 		rt.cfg.Metrics.waiting.Dec()

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -375,9 +376,9 @@ func TestARequestFindingEveryNodeOfARoleStoppingWaitsForANextLife(t *testing.T) 
 		defer l.Router.mu.Unlock()
 		return l.Router.stopping[p1] && l.Router.lost[p0]
 	})
-	retried := counterValue(t, l.Router.Metrics(), "kvhandoff_retries_total")
+	retried := metricValue(t, l.Router.Metrics(), "kvhandoff_retries_total")
 	done := completeLater(l, "a request in between two steps. ")
-	waitUntil(t, "the request waiting", func() bool { return counterValue(t, l.Router.Metrics(), "kvhandoff_retries_total") > retried+1 })
+	waitUntil(t, "the request waiting", func() bool { return metricValue(t, l.Router.Metrics(), "kvhandoff_retries_total") > retried+1 })
 	select {
 	case a := <-done:
 		t.Fatalf("with every prefill node stopping, the client got %+v, want it to wait for a next life", a)
@@ -391,12 +392,12 @@ func TestARequestFindingEveryNodeOfARoleStoppingWaitsForANextLife(t *testing.T) 
 	}
 	noNodeAtOnce := func(why string) {
 		t.Helper()
-		retried := counterValue(t, l.Router.Metrics(), "kvhandoff_retries_total")
+		retried := metricValue(t, l.Router.Metrics(), "kvhandoff_retries_total")
 		a, err := complete(context.Background(), l.API, "t", "a request after the stops. ", 4)
 		if err != nil || a.code != http.StatusServiceUnavailable || !strings.Contains(a.text+a.err, "no_node") {
 			t.Fatalf("%s: %+v %v, want 503 no_node", why, a, err)
 		}
-		if n := counterValue(t, l.Router.Metrics(), "kvhandoff_retries_total") - retried; n != 0 {
+		if n := metricValue(t, l.Router.Metrics(), "kvhandoff_retries_total") - retried; n != 0 {
 			t.Fatalf("%s: the request was retried %v times, want no_node at once", why, n)
 		}
 	}
@@ -429,6 +430,50 @@ func TestARequestFindingEveryNodeOfARoleStoppingWaitsForANextLife(t *testing.T) 
 	noNodeAtOnce("with no prefill node left")
 }
 
+// A request waiting to retry (here for a next life, as in
+// TestARequestFindingEveryNodeOfARoleStoppingWaitsForANextLife; for room
+// it is the same wait) ends when the router's stop has waited its grace,
+// as the requests in flight are cancelled then: before, it went on
+// waiting, past the router's stop, until its own deadline.
+func TestARequestWaitingToRetryEndsWithTheRoutersStop(t *testing.T) {
+	l := localBuiltin(t, LocalConfig{Prefills: 2, PrefillPages: 128, DecodePages: 128, Timeout: time.Minute, routerGrace: 200 * time.Millisecond})
+	l.Router.mu.Lock()
+	p0, p1 := l.Router.ids["prefill-0"], l.Router.ids["prefill-1"]
+	stopping := l.Router.members[p1]
+	l.Router.mu.Unlock()
+	stopping.Stopping = true
+	if _, err := l.Registry.Register(context.Background(), stopping); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.StopPrefill(0); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the router seeing prefill-1 stop and prefill-0's stop end", func() bool {
+		l.Router.mu.Lock()
+		defer l.Router.mu.Unlock()
+		return l.Router.stopping[p1] && l.Router.lost[p0]
+	})
+	retried := metricValue(t, l.Router.Metrics(), "kvhandoff_retries_total")
+	done := make(chan error, 1)
+	go func() {
+		_, err := l.Router.Complete(context.Background(), Completion{Prompt: "a request as the router stops. ", MaxTokens: 4})
+		done <- err
+	}()
+	waitUntil(t, "the request waiting", func() bool { return metricValue(t, l.Router.Metrics(), "kvhandoff_retries_total") > retried+1 })
+	l.Stop() // returns once the router's Run has
+	select {
+	case err := <-done:
+		if !errors.Is(err, protocol.ErrNoNode) || !strings.Contains(err.Error(), "the router stopped") {
+			t.Fatalf("the request ended with %v, want no_node as the router stopped", err)
+		}
+	default:
+		t.Fatal("the router's stop ended with the request still waiting to retry")
+	}
+	if n := metricValue(t, l.Router.Metrics(), "kvhandoff_requests_waiting"); n != 0 {
+		t.Fatalf("%v requests waiting after the router's stop, want 0", n)
+	}
+}
+
 // A decode node may begin its answer as the other leg fails: its stop
 // ends with the request, and closes the queue pair before the prefill
 // node's last WRITE completions come back (they landed: the pages were
@@ -443,12 +488,12 @@ func TestAnAnswerBegunAsTheOtherLegFailsWithTheStopIsRetriedForAClientNotStreami
 	l := localBuiltin(t, LocalConfig{Decodes: 2, PrefillPages: 128, DecodePages: 128, Timeout: time.Minute})
 	gates := []*tokenGate{gateDecode(l.Decodes[0]), gateDecode(l.Decodes[1])}
 	done := completeLater(l, strings.Repeat("a prompt. ", 10))
-	retried := counterValue(t, l.Router.Metrics(), "kvhandoff_retries_total")
+	retried := metricValue(t, l.Router.Metrics(), "kvhandoff_retries_total")
 	failBegunAttempt(t, l, gates, false)
 	if a := <-done; a.code != http.StatusOK {
 		t.Fatalf("the client got %+v, want the answer of a retry on the other decode node", a)
 	}
-	if n := counterValue(t, l.Router.Metrics(), "kvhandoff_retries_total") - retried; n != 1 {
+	if n := metricValue(t, l.Router.Metrics(), "kvhandoff_retries_total") - retried; n != 1 {
 		t.Fatalf("%v retries, want the one", n)
 	}
 }

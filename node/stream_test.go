@@ -344,7 +344,7 @@ func TestStreamDisconnectStopsDecodeAtTheNextToken(t *testing.T) {
 	})
 	close(gate.release)
 	allPagesBack(t, l)
-	if n, after := gate.generated(id), counterValue(t, dm, "kvhandoff_decode_tokens_after_cancel_total"); n > 2 || after > 1 {
+	if n, after := gate.generated(id), metricValue(t, dm, "kvhandoff_decode_tokens_after_cancel_total"); n > 2 || after > 1 {
 		t.Fatalf("generated %d of 200 tokens, %v after the cancel; want at most 1 after it", n, after)
 	}
 	waitUntil(t, "the router to count the client gone", func() bool {
@@ -653,7 +653,7 @@ func TestStreamToAClientThatStopsReadingIsCancelledAtTheWriteTimeout(t *testing.
 		return counter(t, dm, "kvhandoff_handoff_failures_total", "reason", "cancelled") == 1
 	})
 	allPagesBack(t, l)
-	if n, after := gate.generated(id), counterValue(t, dm, "kvhandoff_decode_tokens_after_cancel_total"); n > 2 || after > 1 {
+	if n, after := gate.generated(id), metricValue(t, dm, "kvhandoff_decode_tokens_after_cancel_total"); n > 2 || after > 1 {
 		t.Fatalf("generated %d of 200 tokens, %v after the cancel; want at most 1 after it", n, after)
 	}
 	if err := <-answered; err == nil {
