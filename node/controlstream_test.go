@@ -89,9 +89,10 @@ func TestControlStreamDeliversEachFrameAtOnce(t *testing.T) {
 }
 
 // The router tells a decode node which life of a prefill node is lost. A
-// decode node of wire version 3, whose control API refuses the life (an
-// unknown field), is told again without it, as it was then: its cut by
-// name is still the fence during a rolling upgrade.
+// decode node of wire version 3, whose record names no wire version and
+// whose control API refuses the life (an unknown field), is told without
+// it, as it was then: its cut by name is still the fence during a rolling
+// upgrade.
 func TestAPeerLostCallNamesTheLifeAndFallsBackForAnOlderNode(t *testing.T) {
 	s := newControlServer(Security{Insecure: true}, nil, quietLog())
 	var mu sync.Mutex
@@ -120,7 +121,10 @@ func TestAPeerLostCallNamesTheLifeAndFallsBackForAnOlderNode(t *testing.T) {
 	// The path carries the node's version here: the prefix stands in for
 	// an address.
 	for _, version := range []string{"new", "old"} {
-		node := Member{Name: "decode-0", Control: addr + "/" + version}
+		node := Member{Name: "decode-0", Control: addr + "/" + version, Wire: protocol.Version}
+		if version == "old" {
+			node.Wire = 0 // published none
+		}
 		if err := tellPeerLost(context.Background(), c, node, peer); err != nil {
 			t.Fatalf("%s decode node: %v", version, err)
 		}

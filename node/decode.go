@@ -218,7 +218,7 @@ func (n *Decode) Metrics() *Metrics { return n.cfg.Metrics }
 func (n *Decode) Member(control, transferAddr string) Member {
 	return Member{Name: n.cfg.Name, Role: RoleDecode, Control: control, Transfer: transferAddr, PoolPages: n.cfg.Pages,
 		PageTokens: n.cfg.PageTokens, PageBytes: n.cfg.PageBytes, ContextTokens: max(n.cfg.ContextTokens, n.cfg.AdvertiseContext), Model: n.cfg.ModelID,
-		Incarnation: n.incarnation}
+		Incarnation: n.incarnation, Wire: protocol.Version}
 }
 
 // decode is the router's decode call: it waits for the request's KV to

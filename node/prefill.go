@@ -120,7 +120,7 @@ func (n *Prefill) Metrics() *Metrics { return n.cfg.Metrics }
 func (n *Prefill) Member(control string) Member {
 	return Member{Name: n.cfg.Name, Role: RolePrefill, Control: control, PoolPages: n.cfg.Pages, PageTokens: n.cfg.PageTokens,
 		PageBytes: n.cfg.PageBytes, ContextTokens: max(n.cfg.ContextTokens, n.cfg.AdvertiseContext), Model: n.cfg.ModelID,
-		Incarnation: n.incarnation}
+		Incarnation: n.incarnation, Wire: protocol.Version}
 }
 
 // limit is the longest prompt this node's own intake takes.

@@ -45,6 +45,11 @@ type Member struct {
 	// before its old lease expired is the loss of the old life at the router
 	// (protocol.NodeInfo.Incarnation), not an advertisement update.
 	Incarnation uint64 `json:"incarnation,omitempty"`
+	// Wire is the node's wire version (protocol.Version); 0 for a node
+	// older than version 4, which published none: the router tells such a
+	// decode node of a loss by name alone (its control API refuses the
+	// life's field).
+	Wire int `json:"wire,omitempty"`
 	// Stopping: the node has begun a graceful stop (it registers its record
 	// again so marked before it drains): routers send it no new request,
 	// and retry elsewhere those its stop's end fails.

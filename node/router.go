@@ -806,14 +806,14 @@ func idString(id protocol.RequestID) string { return strconv.FormatUint(uint64(i
 // tellPeerLost tells decode node node that prefill node peer's life, as
 // peer names it, is lost: the decode node cuts that life's queue pair.
 func tellPeerLost(ctx context.Context, client *controlClient, node, peer Member) error {
-	err := client.call(ctx, node.Name, node.Control, pathPeerLost, peerLostCall{Peer: peer.Name, Incarnation: peer.Incarnation}, nil)
-	if err != nil && strings.Contains(err.Error(), `unknown field "incarnation"`) {
+	call := peerLostCall{Peer: peer.Name, Incarnation: peer.Incarnation}
+	if node.Wire < 4 {
 		// A decode node of wire version 3 (a rolling upgrade) knows no
 		// lives, and refuses the field: its cut, by name, is still the
 		// fence.
-		err = client.call(ctx, node.Name, node.Control, pathPeerLost, peerLostCall{Peer: peer.Name}, nil)
+		call.Incarnation = 0
 	}
-	return err
+	return client.call(ctx, node.Name, node.Control, pathPeerLost, call, nil)
 }
 
 // effectsLocked carries out the router's effects. The caller holds mu.
