@@ -93,7 +93,7 @@ func TestControlStreamDeliversEachFrameAtOnce(t *testing.T) {
 // whose control API refuses the life (an unknown field), is told without
 // it, as it was then: its cut by name is still the fence during a rolling
 // upgrade.
-func TestAPeerLostCallNamesTheLifeAndFallsBackForAnOlderNode(t *testing.T) {
+func TestAPeerLostCallNamesTheLifeOnlyToANodeThatKnowsLives(t *testing.T) {
 	s := newControlServer(Security{Insecure: true}, nil, quietLog())
 	var mu sync.Mutex
 	var got []string

@@ -324,7 +324,7 @@ func (rt *Router) shutdown(grace time.Duration) {
 	select {
 	case <-idle:
 	case <-time.After(grace):
-		close(rt.cut)
+		close(rt.cut) // before mu: an attempt that registers after the cancels below sees it
 		rt.mu.Lock()
 		n := len(rt.pending)
 		for id := range rt.pending {
@@ -594,11 +594,17 @@ func (rt *Router) Complete(ctx context.Context, c Completion) (Result, error) {
 			rt.cfg.Metrics.waiting.Dec()
 			return res, err
 		case <-rt.cut:
-			rt.cfg.Metrics.waiting.Dec()
-			return res, fmt.Errorf("%w (the router stopped as the request waited)", err)
 		case <-time.After(backoff):
 		}
 		rt.cfg.Metrics.waiting.Dec()
+		select {
+		case <-rt.cut:
+			// The router's stop has cancelled the pending requests: a
+			// waiting one ends too. (An attempt begun as cut closes is
+			// refused by complete.)
+			return res, fmt.Errorf("%w (the router stopped as the request waited)", err)
+		default:
+		}
 		backoff = min(2*backoff, 100*time.Millisecond)
 	}
 }
@@ -690,6 +696,14 @@ func (rt *Router) complete(ctx context.Context, c Completion, attempt int, deadl
 		return Result{}, err
 	}
 	rt.mu.Lock()
+	select {
+	case <-rt.cut:
+		// The router's stop has cancelled its pending requests (it closes
+		// cut before it takes mu to do so): no attempt begins after.
+		rt.mu.Unlock()
+		return Result{Prompt: prompt, PromptTokens: len(prompt)}, ErrShuttingDown
+	default:
+	}
 	if c.Model != "" && rt.cfg.ModelID != "" && c.Model != rt.cfg.ModelID {
 		rt.mu.Unlock()
 		return Result{}, badParam("model", "model_not_found", "model %.64q: this deployment serves %q", c.Model, rt.cfg.ModelID)
@@ -803,11 +817,15 @@ func (rt *Router) tokenize(c Completion, limit int) ([]int, error) {
 // above 2^53 is rounded by most readers).
 func idString(id protocol.RequestID) string { return strconv.FormatUint(uint64(id), 10) }
 
+// wireLives is the first wire version whose nodes know lives
+// (incarnations): a /peer-lost call may name one.
+const wireLives = 4
+
 // tellPeerLost tells decode node node that prefill node peer's life, as
 // peer names it, is lost: the decode node cuts that life's queue pair.
 func tellPeerLost(ctx context.Context, client *controlClient, node, peer Member) error {
 	call := peerLostCall{Peer: peer.Name, Incarnation: peer.Incarnation}
-	if node.Wire < 4 {
+	if node.Wire < wireLives {
 		// A decode node of wire version 3 (a rolling upgrade) knows no
 		// lives, and refuses the field: its cut, by name, is still the
 		// fence.
