@@ -351,31 +351,12 @@ func TestANewLifeSeenBeforeTheOldLifesLossFailsNoRequestOfTheOld(t *testing.T) {
 // node removed, and the client hears at once.
 func TestARequestFindingEveryNodeOfARoleStoppingWaitsForANextLife(t *testing.T) {
 	l := localBuiltin(t, LocalConfig{Prefills: 2, PrefillPages: 128, DecodePages: 128, Timeout: time.Minute})
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	id := func(name string) protocol.NodeID {
 		l.Router.mu.Lock()
 		defer l.Router.mu.Unlock()
 		return l.Router.ids[name]
 	}
-	p0, p1 := id("prefill-0"), id("prefill-1")
-	// prefill-1 announces its stop (the next step); prefill-0's stop (the
-	// last step) has ended, its next life not yet seen.
-	l.Router.mu.Lock()
-	stopping := l.Router.members[p1]
-	l.Router.mu.Unlock()
-	stopping.Stopping = true
-	if _, err := l.Registry.Register(ctx, stopping); err != nil {
-		t.Fatal(err)
-	}
-	if err := l.StopPrefill(0); err != nil {
-		t.Fatal(err)
-	}
-	waitUntil(t, "the router seeing prefill-1 stop and prefill-0's stop end", func() bool {
-		l.Router.mu.Lock()
-		defer l.Router.mu.Unlock()
-		return l.Router.stopping[p1] && l.Router.lost[p0]
-	})
+	p0, p1 := betweenTwoSteps(t, l)
 	retried := metricValue(t, l.Router.Metrics(), "kvhandoff_retries_total")
 	done := completeLater(l, "a request in between two steps. ")
 	waitUntil(t, "the request waiting", func() bool { return metricValue(t, l.Router.Metrics(), "kvhandoff_retries_total") > retried+1 })
@@ -430,15 +411,15 @@ func TestARequestFindingEveryNodeOfARoleStoppingWaitsForANextLife(t *testing.T) 
 	noNodeAtOnce("with no prefill node left")
 }
 
-// A request waiting to retry (here for a next life, as in
-// TestARequestFindingEveryNodeOfARoleStoppingWaitsForANextLife; for room
-// it is the same wait) ends when the router's stop has waited its grace,
-// as the requests in flight are cancelled then: before, it went on
-// waiting, past the router's stop, until its own deadline.
-func TestARequestWaitingToRetryEndsWithTheRoutersStop(t *testing.T) {
-	l := localBuiltin(t, LocalConfig{Prefills: 2, PrefillPages: 128, DecodePages: 128, Timeout: time.Minute, routerGrace: 200 * time.Millisecond})
+// betweenTwoSteps puts l's two prefill nodes where a rolling restart's
+// next step can find them before the router has seen the last step's new
+// life: prefill-1 has announced its stop (the next step) and prefill-0's
+// stop (the last step) has ended, its next life not yet seen. It returns
+// their ids at the router.
+func betweenTwoSteps(t *testing.T, l *Local) (p0, p1 protocol.NodeID) {
+	t.Helper()
 	l.Router.mu.Lock()
-	p0, p1 := l.Router.ids["prefill-0"], l.Router.ids["prefill-1"]
+	p0, p1 = l.Router.ids["prefill-0"], l.Router.ids["prefill-1"]
 	stopping := l.Router.members[p1]
 	l.Router.mu.Unlock()
 	stopping.Stopping = true
@@ -453,6 +434,17 @@ func TestARequestWaitingToRetryEndsWithTheRoutersStop(t *testing.T) {
 		defer l.Router.mu.Unlock()
 		return l.Router.stopping[p1] && l.Router.lost[p0]
 	})
+	return p0, p1
+}
+
+// A request waiting to retry (here for a next life, as in
+// TestARequestFindingEveryNodeOfARoleStoppingWaitsForANextLife; for room
+// it is the same wait) ends when the router's stop has waited its grace,
+// as the requests in flight are cancelled then: before, it went on
+// waiting, past the router's stop, until its own deadline.
+func TestARequestWaitingToRetryEndsWithTheRoutersStop(t *testing.T) {
+	l := localBuiltin(t, LocalConfig{Prefills: 2, PrefillPages: 128, DecodePages: 128, Timeout: time.Minute, routerGrace: 200 * time.Millisecond})
+	betweenTwoSteps(t, l)
 	retried := metricValue(t, l.Router.Metrics(), "kvhandoff_retries_total")
 	done := make(chan error, 1)
 	go func() {
