@@ -112,6 +112,7 @@ type Router struct {
 	// waiting to retry (for room, a queue pair or a next life) end then
 	// with their last error, as the pending ones are cancelled.
 	cut      chan struct{}
+	cutOnce  sync.Once // a second Run's shutdown closes cut no second time
 	nextID   protocol.RequestID
 	nextPeer protocol.NodeID
 	ready    chan struct{} // closed once both roles have a node
@@ -324,7 +325,7 @@ func (rt *Router) shutdown(grace time.Duration) {
 	select {
 	case <-idle:
 	case <-time.After(grace):
-		close(rt.cut) // before mu: an attempt that registers after the cancels below sees it
+		rt.cutOnce.Do(func() { close(rt.cut) }) // before mu: an attempt that registers after the cancels below sees it
 		rt.mu.Lock()
 		n := len(rt.pending)
 		for id := range rt.pending {
