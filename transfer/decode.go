@@ -200,7 +200,10 @@ func (d *Decode) CancelBecause(id protocol.RequestID, cause string) {
 // pool is free or cached, and reports whether it was: the check and the
 // event are one critical section, so no Grant comes between them (a node
 // that stops still takes the Bootstraps that reach it). With force it
-// traces the stop whatever the pool holds, naming the pages held.
+// traces the stop whatever the pool holds, naming the pages held. Once
+// the stop is traced, the endpoint drops every message that reaches it
+// until Close: a Bootstrap that came between the stop's end and the
+// queue pairs' close was granted pages after it.
 func (d *Decode) TraceStopped(force bool) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -215,6 +218,7 @@ func (d *Decode) TraceStopped(force bool) bool {
 		ev.Err = fmt.Sprintf("%d of %d pages held", held, pool.Len())
 	}
 	d.trace.Emit(ev)
+	d.ended = true
 	return held == 0
 }
 

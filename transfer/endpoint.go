@@ -86,8 +86,12 @@ type endpoint struct {
 	notify   chan struct{}
 	now      time.Time
 	closed   bool
-	refused  int           // messages the state machine refused (unknown, duplicate, wrong peer)
-	trace    *trace.Writer // the node's protocol trace; nil: off (docs/trace.md)
+	// ended: the node's stop has ended (Decode.TraceStopped): a message
+	// that reaches it after is dropped, untraced, as the queue pair's
+	// close with the node would have lost it.
+	ended   bool
+	refused int           // messages the state machine refused (unknown, duplicate, wrong peer)
+	trace   *trace.Writer // the node's protocol trace; nil: off (docs/trace.md)
 }
 
 func (e *endpoint) init(r role, dev rdma.Device, depth, maxPeers, inSlot, outSlot int, tags bool) error {
@@ -398,6 +402,13 @@ func (e *endpoint) receive(c *conn, wc rdma.Completion) {
 	}
 	if m == nil {
 		return // a credit update
+	}
+	if e.ended {
+		// The stop ended holding no page: a Bootstrap granted now would
+		// take pages after it (its trace would show them held past the
+		// stop), and any other message names a request that ended.
+		e.refused++
+		return
 	}
 	if e.trace != nil {
 		e.trace.Emit(msgEvent(trace.Recv, c, m))

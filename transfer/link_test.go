@@ -210,3 +210,32 @@ func (l *link) noLeak(t *testing.T, decodePages, prefillPages int) {
 		t.Fatalf("pages free: decode %d of %d, prefill %d of %d", d, decodePages, p, prefillPages)
 	}
 }
+
+// A decode node whose stop has ended (TraceStopped, every page back) takes
+// no message after it: a Bootstrap that reaches it before its queue pairs
+// close is dropped, not granted. Granted, its pages were taken after the
+// stop that said none was held, and the trace check refused the node's
+// trace (a mid-traffic stop under GOMAXPROCS=1, about 1 run in 7).
+func TestADecodeNodeWhoseStopEndedGrantsNoBootstrap(t *testing.T) {
+	overEachProvider(t, defaultLink(), func(t *testing.T, l *link) {
+		if !l.D.TraceStopped(false) {
+			t.Fatal("a decode endpoint that took no request holds pages")
+		}
+		free := l.D.Stats().PagesFree
+		if err := l.submit(1, 3*pageTokens); err != nil {
+			t.Fatal(err)
+		}
+		for range 20 {
+			l.step(time.Millisecond)
+		}
+		if st := l.D.Status(1); st != protocol.ReceiverNone {
+			t.Fatalf("the request is %v on the decode node whose stop ended, want unknown there", st)
+		}
+		if got := l.D.Stats().PagesFree; got != free {
+			t.Fatalf("%d pages free after a Bootstrap reached the stopped node, want %d", got, free)
+		}
+		if l.D.Refused() == 0 {
+			t.Fatal("the Bootstrap was not counted as refused")
+		}
+	})
+}
