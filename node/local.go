@@ -219,11 +219,7 @@ func StartLocal(cfg LocalConfig) (*Local, error) {
 		<-ctx.Done()
 		stopRun()
 	})
-	rg := grace
-	if cfg.routerGrace > 0 {
-		rg = cfg.routerGrace
-	}
-	l.wg.Go(func() { l.Router.Run(runCtx, rg) })
+	l.wg.Go(func() { l.Router.Run(runCtx, graceOr(cfg.routerGrace)) })
 	l.wg.Go(func() { l.Router.ServeAPI(ctx, api) })
 	if err := l.WaitReady(10 * time.Second); err != nil {
 		return fail(err)
@@ -233,6 +229,15 @@ func StartLocal(cfg LocalConfig) (*Local, error) {
 
 // grace is how long a local node's stop waits for calls in flight.
 const grace = 5 * time.Second
+
+// graceOr is d, a test's grace for one node's stop, where set; grace
+// otherwise.
+func graceOr(d time.Duration) time.Duration {
+	if d > 0 {
+		return d
+	}
+	return grace
+}
 
 // startDecode makes decode node i and serves it until the deployment
 // stops or StopDecode stops it.
@@ -268,10 +273,7 @@ func (l *Local) startDecode(i int) error {
 		ctl.Close()
 		return err
 	}
-	g := grace
-	if cfg.decodeGrace > 0 {
-		g = cfg.decodeGrace
-	}
+	g := graceOr(cfg.decodeGrace)
 	ctx, stop := context.WithCancel(l.ctx)
 	done := make(chan struct{})
 	l.mu.Lock()

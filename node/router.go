@@ -598,15 +598,24 @@ func (rt *Router) Complete(ctx context.Context, c Completion) (Result, error) {
 		case <-time.After(backoff):
 		}
 		rt.cfg.Metrics.waiting.Dec()
-		select {
-		case <-rt.cut:
+		if rt.isCut() {
 			// The router's stop has cancelled the pending requests: a
 			// waiting one ends too. (An attempt begun as cut closes is
 			// refused by complete.)
 			return res, fmt.Errorf("%w (the router stopped as the request waited)", err)
-		default:
 		}
 		backoff = min(2*backoff, 100*time.Millisecond)
+	}
+}
+
+// isCut reports whether the router's stop has cut its requests short
+// (cut closed).
+func (rt *Router) isCut() bool {
+	select {
+	case <-rt.cut:
+		return true
+	default:
+		return false
 	}
 }
 
@@ -697,13 +706,11 @@ func (rt *Router) complete(ctx context.Context, c Completion, attempt int, deadl
 		return Result{}, err
 	}
 	rt.mu.Lock()
-	select {
-	case <-rt.cut:
+	if rt.isCut() {
 		// The router's stop has cancelled its pending requests (it closes
 		// cut before it takes mu to do so): no attempt begins after.
 		rt.mu.Unlock()
 		return Result{Prompt: prompt, PromptTokens: len(prompt)}, ErrShuttingDown
-	default:
 	}
 	if c.Model != "" && rt.cfg.ModelID != "" && c.Model != rt.cfg.ModelID {
 		rt.mu.Unlock()

@@ -90,7 +90,7 @@ type endpoint struct {
 	// that reaches it after is dropped, untraced, as the queue pair's
 	// close with the node would have lost it.
 	ended   bool
-	refused int           // messages the state machine refused (unknown, duplicate, wrong peer)
+	refused int           // messages the state machine refused (unknown, duplicate, wrong peer), or dropped once ended
 	trace   *trace.Writer // the node's protocol trace; nil: off (docs/trace.md)
 }
 
@@ -423,7 +423,8 @@ func (e *endpoint) receive(c *conn, wc rdma.Completion) {
 }
 
 // Refused is how many messages the state machine refused (unknown or
-// ended requests, duplicates, a request on another queue pair).
+// ended requests, duplicates, a request on another queue pair), and the
+// messages a decode node whose stop ended dropped.
 func (e *endpoint) Refused() int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
