@@ -110,12 +110,18 @@ func TestARequestNamingItsScopeIsRefused(t *testing.T) {
 	if e, _ := a.body["error"].(map[string]any); a.code == 400 && e["param"] == "cache_salt" {
 		t.Fatalf("under client-scope the body's scope is refused: %q", a.raw)
 	}
-	rt.scopes, _ = newScopes([]byte("key"), nil, llama.Bytes{})
+	// The scopes themselves, on routers of their own: the one above may
+	// still be calling the nodes it dispatched that request to.
+	scopes, err := newScopes([]byte("key"), nil, llama.Bytes{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	buggy := &Router{cfg: RouterConfig{Research: research.On(research.ClientScope)}, scopes: scopes}
+	fixed := &Router{scopes: scopes}
 	prompt := llama.Bytes{}.Encode("a prompt of a few pages, a prompt of a few pages", true, false)
-	victim, _, _ := rt.scopeOf(Completion{Tenant: "tenant-1", Authenticated: true}, prompt, 16)
-	hostile, _, _ := rt.scopeOf(Completion{Tenant: "tenant-2", Authenticated: true, BodyScope: "tenant-1"}, prompt, 16)
-	rt.cfg.Research = research.Switches{}
-	own, _, _ := rt.scopeOf(Completion{Tenant: "tenant-2", Authenticated: true, BodyScope: "tenant-1"}, prompt, 16)
+	victim, _, _ := buggy.scopeOf(Completion{Tenant: "tenant-1", Authenticated: true}, prompt, 16)
+	hostile, _, _ := buggy.scopeOf(Completion{Tenant: "tenant-2", Authenticated: true, BodyScope: "tenant-1"}, prompt, 16)
+	own, _, _ := fixed.scopeOf(Completion{Tenant: "tenant-2", Authenticated: true, BodyScope: "tenant-1"}, prompt, 16)
 	if hostile != victim || own == victim {
 		t.Fatalf("client-scope: the hostile request's scope %#x, the victim's %#x, without the bug %#x", hostile, victim, own)
 	}
