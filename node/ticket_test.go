@@ -145,3 +145,42 @@ func BenchmarkTicket(b *testing.B) {
 		}
 	})
 }
+
+// OpenTicket never panics, and refuses with ErrTicketForged whatever is not
+// a ticket the key signed: the fuzzer's bytes as they come (a signature it
+// cannot forge) and, signed with the key, as a ticket's body (the parse
+// behind the signature: signed by the router, yet not a ticket). A ticket
+// it takes is the one SignTicket writes, byte for byte: nothing in it went
+// unread. CI fuzzes it (.ci/run); go test runs the seeds.
+func FuzzOpenTicket(f *testing.F) {
+	pub, key, err := pki.NewTicketKey()
+	if err != nil {
+		f.Fatal(err)
+	}
+	valid, err := SignTicket(key, Ticket{Request: 7, Tokens: 100, Prefill: "prefill-0", Decode: "decode-0", Expires: time.Unix(1_800_000_000, 0), Scope: 0xa1})
+	if err != nil {
+		f.Fatal(err)
+	}
+	body := valid[:len(valid)-ed25519.SignatureSize]
+	f.Add(valid, false)
+	f.Add(body, true)
+	f.Add(body[:len(body)-3], true)
+	f.Add(append(append([]byte{}, body...), 0), true)
+	f.Add([]byte("KVT2"), true)
+	f.Fuzz(func(t *testing.T, b []byte, signIt bool) {
+		if signIt {
+			b = append(b[:len(b):len(b)], ed25519.Sign(key, b)...)
+		}
+		tk, err := OpenTicket(pub, b)
+		if err != nil {
+			if !errors.Is(err, ErrTicketForged) {
+				t.Fatalf("refused with %v, want ErrTicketForged", err)
+			}
+			return
+		}
+		again, err := SignTicket(key, tk)
+		if err != nil || string(again) != string(b) {
+			t.Fatalf("took %x as %+v, which signs as %x (%v)", b, tk, again, err)
+		}
+	})
+}

@@ -150,6 +150,10 @@ func decodeHello(b []byte) (hello, error) {
 		return h, fmt.Errorf("%w: its hello is of format %d, of a wire version after %d, which this node speaks", ErrWireVersion, b[4], protocol.Version)
 	case !bytes.HasPrefix(b, []byte(helloMagic)):
 		return h, fmt.Errorf("%w: not a kvhandoff hello", errHello)
+	case len(b) == len(helloMagic):
+		// The magic alone: the version byte is missing (read past, it
+		// ended the process on a peer's seven bytes).
+		return h, fmt.Errorf("%w: cut short after its magic", errHello)
 	}
 	b = b[len(helloMagic)+1:]
 	short := false

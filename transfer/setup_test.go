@@ -276,10 +276,11 @@ func TestSetupRefusesPlaintextUnlessInsecure(t *testing.T) {
 // fails with ErrSetup within its timeout and keeps no queue pair.
 func TestSetupWithAPeerThatIsSilentOrTalksGarbageTimesOut(t *testing.T) {
 	for name, answer := range map[string][]byte{
-		"silent":     nil,
-		"garbage":    []byte("\x00\x10HTTP/1.1 200 OK\r\n\r\n"),
-		"huge hello": {0xFF, 0xFF},
-		"wrong role": append([]byte{0, 0}, (&hello{role: 'P', name: "d", pageTokens: pageTokens, pageBytes: pageBytes, maxRequestPages: 1, recvSlots: RecvSlots}).encode()...),
+		"silent":          nil,
+		"garbage":         []byte("\x00\x10HTTP/1.1 200 OK\r\n\r\n"),
+		"huge hello":      {0xFF, 0xFF},
+		"wrong role":      append([]byte{0, 0}, (&hello{role: 'P', name: "d", pageTokens: pageTokens, pageBytes: pageBytes, maxRequestPages: 1, recvSlots: RecvSlots}).encode()...),
+		"the magic alone": append([]byte{0, 0}, helloMagic...), // decodeHello read past it, and the process died
 	} {
 		t.Run(name, func(t *testing.T) {
 			if len(answer) > 4 && answer[0] == 0 && answer[1] == 0 { // fill in the hello's length
@@ -312,6 +313,40 @@ func TestSetupWithAPeerThatIsSilentOrTalksGarbageTimesOut(t *testing.T) {
 				t.Fatalf("a failed setup left %d live and %d draining queue pairs", s.Peers, len(p.conns))
 			}
 		})
+	}
+}
+
+// A hello cut short right after its magic ("KVHS", format 2, no version
+// byte) is refused as malformed on the decode side too: decodeHello read
+// past it, and a peer's seven bytes ended the decode node's process. The
+// node drops the connection and takes a real prefill node after it.
+func TestADecodeNodeRefusesAHelloCutShortAfterItsMagic(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	devs := devices(t, "inproc", "p", "d")
+	p, d := newPrefill(t, devs[0]), newDecode(t, devs[1])
+	ln := listen(t)
+	go d.Serve(ctx, ln, SetupConfig{Name: "d", Insecure: true, Timeout: time.Second, Log: quiet})
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.Write(append([]byte{0, byte(len(helloMagic))}, helloMagic...))
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.Copy(io.Discard, c); err != nil {
+		t.Fatalf("the connection was not dropped: %v", err)
+	}
+	runNode(t, ctx, d, d)
+	pn := runNode(t, ctx, p, nil)
+	if err := p.Dial(ctx, "d", ln.Addr().String(), SetupConfig{Name: "p", Insecure: true, Log: quiet}); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Submit(1, "d", 100); err != nil {
+		t.Fatal(err)
+	}
+	if err := pn.wait(1)[1]; err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -889,4 +924,32 @@ func TestAQueuePairBrokenAsItIsSetUpIsSettledOnceAndNeverGoesLive(t *testing.T) 
 	if a.bufs == b.bufs {
 		t.Fatal("two queue pairs share their buffers")
 	}
+}
+
+// decodeHello never panics on a peer's bytes, refuses them with errHello or
+// ErrWireVersion (the setup says which), and takes only what encode
+// writes, byte for byte: no field is read past, none left unread. CI
+// fuzzes it (.ci/run); go test runs the seeds.
+func FuzzDecodeHello(f *testing.F) {
+	h := &hello{role: 'P', name: "prefill-0", incarnation: 7, pageTokens: 16, pageBytes: 4096, maxRequestPages: 8, recvSlots: RecvSlots}
+	h.info.Fabric, h.info.Node = "inproc", "n"
+	now := h.encode()
+	f.Add(now)
+	f.Add(now[:len(now)-1])
+	f.Add(append(bytes.Clone(now), 0))
+	f.Add(append([]byte(helloFormat1), now[len(helloMagic)+1:]...))
+	f.Add(versionHello())
+	f.Add([]byte("KVHS"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		got, err := decodeHello(b)
+		if err != nil {
+			if !errors.Is(err, errHello) && !errors.Is(err, ErrWireVersion) {
+				t.Fatalf("refused with %v, want errHello or ErrWireVersion", err)
+			}
+			return
+		}
+		if again := got.encode(); !bytes.Equal(again, b) {
+			t.Fatalf("took %x as %+v, which encodes as %x", b, got, again)
+		}
+	})
 }
