@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"runtime"
 	"runtime/metrics"
@@ -319,4 +320,59 @@ func TestTenantHeaderIsBoundedInLengthAndCharacters(t *testing.T) {
 	if err := checkTenant("acme-prod_2:eu.west"); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// The client API answers any body with a status and, for a refusal, an
+// OpenAI error object (message, type, code), never a panic: a completion's
+// and a chat completion's body, as they come, at a router whose prefill and
+// decode node cannot be reached (a request that parses is refused with 503
+// once its calls fail). CI fuzzes it (.ci/run); go test runs the seeds.
+func FuzzClientAPIBodies(f *testing.F) {
+	static, err := NewStatic()
+	if err != nil {
+		f.Fatal(err)
+	}
+	rt, err := NewRouter(RouterConfig{Registry: static, Security: Security{Insecure: true}, Log: quietLog(), Timeout: time.Second})
+	if err != nil {
+		f.Fatal(err)
+	}
+	for _, m := range []Member{{Name: "prefill-0", Role: RolePrefill}, {Name: "decode-0", Role: RoleDecode}} {
+		m.Control, m.PoolPages, m.PageTokens, m.ContextTokens, m.Model, m.Incarnation = "127.0.0.1:1", 64, 16, 1024, "m", 1
+		rt.change(Change{Kind: Joined, Member: m})
+	}
+	h := rt.Handler()
+	for _, seed := range []string{
+		`{"prompt": "hi", "max_tokens": 2}`,
+		`{"prompt": ["a", "b"], "n": 2, "logprobs": 2, "stop": ["x", "yy"], "temperature": 0.5, "seed": 3}`,
+		`{"prompt": [1, 2, 3], "echo": true, "stream": true, "stream_options": {"include_usage": true}}`,
+		`{"prompt": [[1, 2], [3]], "max_tokens": 1e9, "top_p": -1}`,
+		`{"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 3, "logprobs": true, "top_logprobs": 2}`,
+		`{"messages": [{"role": "system", "content": [{"type": "text", "text": "be brief"}]}, {"role": "user", "content": "q"}], "stream": true}`,
+		`{"messages": [], "cache_salt": "t"}`,
+		`{"prompt": "x", "stop": 5}`,
+		`[]`, `null`, `{"prompt": "\u0000"}`,
+	} {
+		f.Add([]byte(seed), false)
+		f.Add([]byte(seed), true)
+	}
+	f.Fuzz(func(t *testing.T, body []byte, chat bool) {
+		path := "/v1/completions"
+		if chat {
+			path = "/v1/chat/completions"
+		}
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, httptest.NewRequest("POST", path, bytes.NewReader(body)))
+		if w.Code == http.StatusOK {
+			return // a stream that began: its error comes as an event
+		}
+		var e struct {
+			Error struct {
+				Message, Type string
+				Code          *string
+			}
+		}
+		if err := json.Unmarshal(w.Body.Bytes(), &e); err != nil || e.Error.Message == "" || e.Error.Type == "" || e.Error.Code == nil {
+			t.Fatalf("%s %q: %d %q, want an OpenAI error object", path, body, w.Code, w.Body.Bytes())
+		}
+	})
 }
