@@ -14,9 +14,9 @@ import (
 
 // Whatever a decode node streams back, the router never panics and the
 // client gets either an answer within what it asked (no more tokens than
-// max_tokens, each a byte of the vocabulary) or an OpenAI error object: the
-// fuzzer is the decode node's answer, frames or not, behind a prefill node
-// that takes every call. CI fuzzes it (.ci/run); go test runs the seeds.
+// max_tokens) or an OpenAI error object: the fuzzer is the decode node's
+// answer, frames or not, behind a prefill node that takes every call. CI
+// fuzzes it (.ci/run); go test runs the seeds.
 func FuzzADecodeNodesAnswerStream(f *testing.F) {
 	var mu sync.Mutex
 	var answer []byte
