@@ -150,12 +150,12 @@ func decodeHello(b []byte) (hello, error) {
 		return h, fmt.Errorf("%w: its hello is of format %d, of a wire version after %d, which this node speaks", ErrWireVersion, b[4], protocol.Version)
 	case !bytes.HasPrefix(b, []byte(helloMagic)):
 		return h, fmt.Errorf("%w: not a kvhandoff hello", errHello)
-	case len(b) == len(helloMagic):
-		// The magic alone: the version byte is missing (read past, it
-		// ended the process on a peer's seven bytes).
-		return h, fmt.Errorf("%w: cut short after its magic", errHello)
 	}
-	b = b[len(helloMagic)+1:]
+	// The version byte, where there is one, is this node's (above); it is
+	// taken as every field is, so that a hello cut short after its magic
+	// is missing bytes like any other (sliced past, it ended the process
+	// on a peer's seven bytes).
+	b = b[len(helloMagic):]
 	short := false
 	take := func(n int) []byte {
 		if short || len(b) < n {
@@ -168,6 +168,7 @@ func decodeHello(b []byte) (hello, error) {
 	}
 	str := func() string { return string(take(int(take(1)[0]))) }
 	u32 := func() uint32 { return binary.BigEndian.Uint32(take(4)) }
+	take(1) // the version
 	h.role = take(1)[0]
 	h.name = str()
 	h.incarnation = binary.BigEndian.Uint64(take(8))
