@@ -25,19 +25,9 @@ import (
 // none), on a loopback port.
 func frontDoor(t *testing.T, limits HTTPLimits, ctxTokens int) (*Router, string) {
 	t.Helper()
-	static, err := NewStatic()
-	if err != nil {
-		t.Fatal(err)
-	}
-	rt, err := NewRouter(RouterConfig{Registry: static, Security: Security{Insecure: true}, Log: quietLog(), HTTP: limits})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rt := testRouter(t, RouterConfig{HTTP: limits})
 	if ctxTokens > 0 {
-		for _, m := range []Member{{Name: "prefill-0", Role: RolePrefill}, {Name: "decode-0", Role: RoleDecode}} {
-			m.Control, m.PoolPages, m.PageTokens, m.ContextTokens, m.Model, m.Incarnation = "127.0.0.1:1", ctxTokens/16, 16, ctxTokens, "m", 1
-			rt.change(Change{Kind: Joined, Member: m})
-		}
+		joinPair(rt, "127.0.0.1:1", ctxTokens)
 		if rt.Limit() != ctxTokens {
 			t.Fatalf("router limit %d, want %d", rt.Limit(), ctxTokens)
 		}
@@ -56,6 +46,51 @@ func frontDoor(t *testing.T, limits HTTPLimits, ctxTokens int) (*Router, string)
 		}
 	})
 	return rt, ln.Addr().String()
+}
+
+// testRouter is a router of cfg over an empty static registry, insecure
+// and quiet, that nobody runs.
+func testRouter(tb testing.TB, cfg RouterConfig) *Router {
+	tb.Helper()
+	static, err := NewStatic()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cfg.Registry, cfg.Security, cfg.Log = static, Security{Insecure: true}, quietLog()
+	rt, err := NewRouter(cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return rt
+}
+
+// joinPair tells rt of a prefill and a decode node, both of ctxTokens in
+// pages of 16 tokens, whose control API is at control, and returns their
+// records.
+func joinPair(rt *Router, control string, ctxTokens int) []Member {
+	members := []Member{{Name: "prefill-0", Role: RolePrefill}, {Name: "decode-0", Role: RoleDecode, Transfer: "127.0.0.1:1"}}
+	for i := range members {
+		m := &members[i]
+		m.Control, m.PoolPages, m.PageTokens, m.PageBytes, m.ContextTokens, m.Model, m.Incarnation = control, ctxTokens/16, 16, 64, ctxTokens, "m", 1
+		rt.change(Change{Kind: Joined, Member: *m})
+	}
+	return members
+}
+
+// openAIErrorCode is the code of the OpenAI error object w's body must be
+// (a message, a type and a code), for a request of body to path.
+func openAIErrorCode(t *testing.T, path string, body []byte, w *httptest.ResponseRecorder) string {
+	t.Helper()
+	var e struct {
+		Error struct {
+			Message, Type string
+			Code          *string
+		}
+	}
+	if err := json.Unmarshal(w.Body.Bytes(), &e); err != nil || e.Error.Message == "" || e.Error.Type == "" || e.Error.Code == nil {
+		t.Fatalf("%s %q: %d %q, want an OpenAI error object", path, body, w.Code, w.Body.Bytes())
+	}
+	return *e.Error.Code
 }
 
 // settledGoroutines waits (bounded) for the goroutine count to fall to at
@@ -328,18 +363,8 @@ func TestTenantHeaderIsBoundedInLengthAndCharacters(t *testing.T) {
 // decode node cannot be reached (a request that parses is refused with 503
 // once its calls fail). CI fuzzes it (.ci/run); go test runs the seeds.
 func FuzzClientAPIBodies(f *testing.F) {
-	static, err := NewStatic()
-	if err != nil {
-		f.Fatal(err)
-	}
-	rt, err := NewRouter(RouterConfig{Registry: static, Security: Security{Insecure: true}, Log: quietLog(), Timeout: time.Second})
-	if err != nil {
-		f.Fatal(err)
-	}
-	for _, m := range []Member{{Name: "prefill-0", Role: RolePrefill}, {Name: "decode-0", Role: RoleDecode}} {
-		m.Control, m.PoolPages, m.PageTokens, m.ContextTokens, m.Model, m.Incarnation = "127.0.0.1:1", 64, 16, 1024, "m", 1
-		rt.change(Change{Kind: Joined, Member: m})
-	}
+	rt := testRouter(f, RouterConfig{Timeout: time.Second})
+	joinPair(rt, "127.0.0.1:1", 1024)
 	h := rt.Handler()
 	for _, seed := range []string{
 		`{"prompt": "hi", "max_tokens": 2}`,
@@ -362,17 +387,8 @@ func FuzzClientAPIBodies(f *testing.F) {
 		}
 		w := httptest.NewRecorder()
 		h.ServeHTTP(w, httptest.NewRequest("POST", path, bytes.NewReader(body)))
-		if w.Code == http.StatusOK {
-			return // a stream that began: its error comes as an event
-		}
-		var e struct {
-			Error struct {
-				Message, Type string
-				Code          *string
-			}
-		}
-		if err := json.Unmarshal(w.Body.Bytes(), &e); err != nil || e.Error.Message == "" || e.Error.Type == "" || e.Error.Code == nil {
-			t.Fatalf("%s %q: %d %q, want an OpenAI error object", path, body, w.Code, w.Body.Bytes())
+		if w.Code != http.StatusOK { // 200: a stream that began, its error an event
+			openAIErrorCode(t, path, body, w)
 		}
 	})
 }

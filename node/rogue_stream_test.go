@@ -34,20 +34,8 @@ func FuzzADecodeNodesAnswerStream(f *testing.F) {
 		w.Write(b)
 	}))
 	f.Cleanup(nodes.Close)
-	static, err := NewStatic()
-	if err != nil {
-		f.Fatal(err)
-	}
-	rt, err := NewRouter(RouterConfig{Registry: static, Security: Security{Insecure: true}, Log: quietLog(), Timeout: time.Second})
-	if err != nil {
-		f.Fatal(err)
-	}
-	members := []Member{{Name: "prefill-0", Role: RolePrefill}, {Name: "decode-0", Role: RoleDecode, Transfer: "127.0.0.1:1"}}
-	for i := range members {
-		m := &members[i]
-		m.Control, m.PoolPages, m.PageTokens, m.PageBytes, m.ContextTokens, m.Model, m.Incarnation = strings.TrimPrefix(nodes.URL, "http://"), 64, 16, 64, 1024, "m", 1
-		rt.change(Change{Kind: Joined, Member: *m})
-	}
+	rt := testRouter(f, RouterConfig{Timeout: time.Second})
+	members := joinPair(rt, strings.TrimPrefix(nodes.URL, "http://"), 1024)
 	// A stream that breaks off makes its node unreachable, out of rotation
 	// until it answers the router's probe: each input gets both nodes back,
 	// as that probe's answer would bring them (suspectLocked).
@@ -94,16 +82,7 @@ func FuzzADecodeNodesAnswerStream(f *testing.F) {
 		w := httptest.NewRecorder()
 		h.ServeHTTP(w, httptest.NewRequest("POST", "/v1/completions", strings.NewReader(body)))
 		if w.Code != http.StatusOK {
-			var e struct {
-				Error struct {
-					Message, Type string
-					Code          *string
-				}
-			}
-			if err := json.Unmarshal(w.Body.Bytes(), &e); err != nil || e.Error.Message == "" || e.Error.Type == "" || e.Error.Code == nil {
-				t.Fatalf("stream %q: %d %q, want an OpenAI error object", stream, w.Code, w.Body.Bytes())
-			}
-			if *e.Error.Code == "no_node" {
+			if openAIErrorCode(t, "the stream", stream, w) == "no_node" {
 				t.Fatalf("stream %q: no_node: the nodes were out of rotation, and the stream went unread", stream)
 			}
 			return
